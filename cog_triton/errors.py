@@ -1,0 +1,104 @@
+"""The error tree of cog-triton.
+
+Every failure the predictor can report derives from :class:`CogTritonError` and carries a stable
+``code`` (a short snake_case string, part of our interface: logs and failed predictions start with
+``[code]``). Messages say what was wrong, the value seen, what is allowed, and how to fix it.
+
+The tree::
+
+    CogTritonError
+    ├── ConfigError            bad settings, templates or engine metadata
+    │   └── TemplateError      a model-repository template could not be filled or is invalid
+    ├── WeightsError           downloading, verifying or extracting weights failed
+    │   ├── DownloadError      HTTP status, timeout, connection failure, truncated transfer
+    │   ├── ChecksumError      sha256 mismatch
+    │   └── ArchiveError       corrupt, unsupported or hostile archive
+    ├── InputError             a prediction input is invalid (also raised for too-long prompts)
+    └── TritonError            the Triton Inference Server failed
+        ├── TritonStartupError Triton did not become ready (carries the tail of its log)
+        ├── TritonDiedError    Triton exited while running
+        └── InferenceError     Triton answered a request with an error
+
+Translation to a prediction failure happens once, at the boundary (``predict.py``).
+"""
+
+from __future__ import annotations
+
+
+class CogTritonError(Exception):
+    """Base of all cog-triton errors. ``code`` identifies the kind of failure."""
+
+    code = "cog_triton_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"[{self.code}] {self.message}"
+
+
+class ConfigError(CogTritonError):
+    """Invalid settings, engine metadata or model-repository configuration."""
+
+    code = "config_error"
+
+
+class TemplateError(ConfigError):
+    """A template could not be filled (unfilled or unknown placeholder) or is not a valid ModelConfig."""
+
+    code = "template_error"
+
+
+class WeightsError(CogTritonError):
+    """Weights could not be fetched, verified or unpacked."""
+
+    code = "weights_error"
+
+
+class DownloadError(WeightsError):
+    """The weights download failed: HTTP error status, timeout, connection error or short read."""
+
+    code = "download_error"
+
+
+class ChecksumError(WeightsError):
+    """The sha256 of the downloaded weights differs from the expected one."""
+
+    code = "checksum_mismatch"
+
+
+class ArchiveError(WeightsError):
+    """The weights archive is corrupt, truncated, of an unsupported kind, or tries to escape its target."""
+
+    code = "archive_error"
+
+
+class InputError(CogTritonError):
+    """A prediction input is invalid. The message names the input, the value and the allowed range."""
+
+    code = "invalid_input"
+
+
+class TritonError(CogTritonError):
+    """The Triton Inference Server failed."""
+
+    code = "triton_error"
+
+
+class TritonStartupError(TritonError):
+    """Triton exited during startup or did not become ready before the deadline."""
+
+    code = "triton_startup_failed"
+
+
+class TritonDiedError(TritonError):
+    """Triton exited while it was serving (for example killed or crashed mid-prediction)."""
+
+    code = "triton_died"
+
+
+class InferenceError(TritonError):
+    """Triton answered an inference request with an error."""
+
+    code = "inference_error"

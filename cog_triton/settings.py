@@ -1,0 +1,184 @@
+"""One typed settings object for cog-triton, read from ``COG_TRITON_*`` environment variables.
+
+Parsing and validation are pydantic-settings': booleans accept only true/false/1/0/yes/no/on/off
+(never ``bool(os.getenv(...))``), numbers are range-checked, and a bad value raises
+:class:`cog_triton.errors.ConfigError` naming the variable, the value and what is allowed.
+
+Every field is documented in README.md ("Settings"); the env name is ``COG_TRITON_<FIELD>``.
+"""
+
+from __future__ import annotations
+
+import os
+from enum import Enum
+from pathlib import Path
+from typing import Optional
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from cog_triton.errors import ConfigError
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+ENV_PREFIX = "COG_TRITON_"
+
+
+class BatchingStrategy(str, Enum):
+    """``gpt_model_type`` of the TensorRT-LLM backend."""
+
+    INFLIGHT_FUSED = "inflight_fused_batching"
+    V1 = "V1"
+
+
+class SchedulerPolicy(str, Enum):
+    """``batch_scheduler_policy`` of the TensorRT-LLM backend."""
+
+    MAX_UTILIZATION = "max_utilization"
+    GUARANTEED_NO_EVICT = "guaranteed_no_evict"
+
+
+
+class Settings(BaseSettings):
+    """All knobs of the predictor, Triton process and model repository.
+
+    Paths are resolved against the repository root when relative. Sizes are in tokens unless the
+    name says otherwise; durations are in seconds (``_s``).
+    """
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", validate_default=True)
+
+    # --- weights -------------------------------------------------------------------------
+    weights: Optional[str] = Field(
+        default=None,
+        description="Default weights when setup() gets none: http(s)/file URL or local path to a "
+        ".tar/.tar.gz archive or a directory. Cog's COG_WEIGHTS is used when this is unset.",
+    )
+    weights_sha256: Optional[str] = Field(
+        default=None, description="Expected sha256 (hex) of the weights archive; checked when set."
+    )
+    weights_dir: Path = Field(
+        default=Path("triton_model_repo/tensorrt_llm/1"),
+        description="Where weights are unpacked: engine files (rank*.engine + config.json) or a "
+        "Hugging Face checkpoint, plus tokenizer files.",
+    )
+    download_timeout_s: float = Field(default=60.0, gt=0, description="Connect/read timeout per network operation.")
+    download_retries: int = Field(default=3, ge=0, le=20, description="Retries on connection errors and 5xx.")
+
+    # --- model repository ----------------------------------------------------------------
+    template_dir: Path = Field(default=Path("triton_model_repo"), description="Model-repository templates.")
+    model_repo_dir: Path = Field(
+        default=Path("build/model_repository"), description="Live model repository that Triton loads (rewritten by setup)."
+    )
+    tokenizer_dir: Optional[Path] = Field(
+        default=None, description="Tokenizer folder; default: weights_dir/tokenizer if present, else weights_dir."
+    )
+    triton_max_batch_size: Optional[int] = Field(
+        default=None, ge=1, description="Triton max_batch_size; default: the engine's max_batch_size."
+    )
+    max_queue_delay_microseconds: int = Field(default=0, ge=0)
+    batching_strategy: BatchingStrategy = BatchingStrategy.INFLIGHT_FUSED
+    batch_scheduler_policy: SchedulerPolicy = SchedulerPolicy.GUARANTEED_NO_EVICT
+    kv_cache_free_gpu_mem_fraction: float = Field(default=0.9, gt=0, le=1)
+    max_tokens_in_paged_kv_cache: Optional[int] = Field(default=None, ge=1)
+    enable_kv_cache_reuse: bool = False
+    enable_chunked_context: bool = False
+    preprocessing_instance_count: int = Field(default=1, ge=1, le=64)
+    postprocessing_instance_count: int = Field(default=1, ge=1, le=64)
+    add_special_tokens: Optional[bool] = Field(
+        default=None,
+        description="Add BOS etc. when tokenizing the prompt; default: off when the chat template "
+        "already starts with the BOS token, on otherwise.",
+    )
+
+    # --- CPU reference backend (Hugging Face checkpoints) ---------------------------------
+    reference_max_batch_size: int = Field(default=8, ge=1, le=256, description="Concurrent requests it interleaves.")
+    reference_max_seq_len: Optional[int] = Field(
+        default=None, ge=2, description="Prompt + output tokens; default min(max_position_embeddings, 4096)."
+    )
+    reference_max_input_len: Optional[int] = Field(
+        default=None, ge=1, description="Prompt tokens; default reference_max_seq_len - 1."
+    )
+    reference_torch_threads: int = Field(default=0, ge=0, description="torch threads; 0 = torch default.")
+
+    # --- Triton process ------------------------------------------------------------------
+    tritonserver: Optional[Path] = Field(default=None, description="tritonserver binary; default: auto-detect.")
+    backend_dir: Optional[Path] = Field(default=None, description="--backend-directory; default: auto-detect.")
+    http_port: int = Field(default=8000, ge=1, le=65535)
+    grpc_port: int = Field(default=8001, ge=1, le=65535)
+    metrics_port: int = Field(default=8002, ge=1, le=65535)
+    startup_timeout_s: float = Field(default=600.0, gt=0, description="Deadline for /v2/health/ready.")
+    stop_timeout_s: float = Field(default=15.0, gt=0, description="Grace period after SIGINT before SIGKILL.")
+    request_timeout_s: float = Field(
+        default=120.0, gt=0, description="Longest wait for the next streamed token before failing."
+    )
+    log_verbose: int = Field(default=0, ge=0, le=5, description="tritonserver --log-verbose.")
+    gpu_device_ids: Optional[str] = Field(default=None, description="Comma-separated GPU ids for the backend.")
+    mpirun: str = Field(default="mpirun", description="mpirun binary for world_size > 1.")
+
+    # --- predictor -----------------------------------------------------------------------
+    self_test: bool = Field(default=True, description="Generate a few tokens at the end of setup().")
+    max_concurrency: int = Field(default=8, ge=1, le=1024, description="Keep equal to cog.yaml concurrency.max.")
+
+    @field_validator("weights_sha256")
+    @classmethod
+    def _check_sha256(cls, value: Optional[str]) -> Optional[str]:
+        if value is None or value == "":
+            return None
+        value = value.strip().lower()
+        if len(value) != 64 or any(c not in "0123456789abcdef" for c in value):
+            raise ValueError("must be 64 hexadecimal characters")
+        return value
+
+    @field_validator("weights", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: object) -> object:
+        return None if value == "" else value
+
+    def path(self, value: Path) -> Path:
+        """Resolve ``value`` against the repository root when it is relative."""
+        return value if value.is_absolute() else (REPO_ROOT / value)
+
+    @property
+    def weights_path(self) -> Path:
+        """Absolute ``weights_dir``."""
+        return self.path(self.weights_dir)
+
+    @property
+    def template_path(self) -> Path:
+        """Absolute ``template_dir``."""
+        return self.path(self.template_dir)
+
+    @property
+    def model_repo_path(self) -> Path:
+        """Absolute ``model_repo_dir``."""
+        return self.path(self.model_repo_dir)
+
+    def default_weights(self) -> Optional[str]:
+        """The weights to use when setup() is given none: this setting, else Cog's ``COG_WEIGHTS``."""
+        return self.weights or os.environ.get("COG_WEIGHTS") or None
+
+    @classmethod
+    def from_env(cls, **overrides: object) -> "Settings":
+        """Read settings from the environment (``COG_TRITON_*``), then apply ``overrides``.
+
+        Raises:
+            ConfigError: a value is invalid or a variable is unknown; the message names the
+                environment variable, the value and the constraint.
+        """
+        unknown = sorted(
+            k for k in os.environ if k.startswith(ENV_PREFIX) and k[len(ENV_PREFIX):].lower() not in cls.model_fields
+        )
+        if unknown:
+            raise ConfigError(
+                f"unknown setting(s) {', '.join(unknown)}; known: "
+                + ", ".join(ENV_PREFIX + name.upper() for name in cls.model_fields)
+            )
+        try:
+            return cls(**overrides)  # type: ignore[arg-type]
+        except ValidationError as exc:
+            problems = []
+            for err in exc.errors():
+                field = ".".join(str(p) for p in err["loc"])
+                env = ENV_PREFIX + field.upper()
+                problems.append(f"{env}={err.get('input')!r}: {err['msg']}")
+            raise ConfigError("invalid settings: " + "; ".join(problems)) from None

@@ -1,0 +1,233 @@
+"""What the unpacked weights hold: a TensorRT-LLM engine or a Hugging Face checkpoint, and its limits.
+
+Engine facts (``trtllm-build`` of TensorRT-LLM 0.8 and later, incl. 1.1.0): the engine folder has
+``config.json`` with ``version``, ``pretrained_config`` (``architecture``, ``dtype``,
+``vocab_size``, ``mapping`` with ``world_size``/``tp_size``/``pp_size``) and ``build_config``
+(``max_batch_size``, ``max_input_len``, ``max_seq_len`` — or ``max_output_len`` up to about 0.10,
+where max_seq_len = max_input_len + max_output_len —, ``max_num_tokens``, ``max_beam_width``), plus
+one ``rank<K>.engine`` per rank. Engines from before 0.8 (``builder_config`` layout) are rejected.
+
+A Hugging Face checkpoint (``config.json`` with ``architectures``/``model_type`` and weight files)
+is served by the CPU reference implementation of the ``tensorrt_llm`` model instead.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+from cog_triton.errors import ConfigError
+from tensorrtllm_backend.pins import TENSORRT_LLM_VERSION, TRITON_IMAGE
+
+log = logging.getLogger(__name__)
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+HF_WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
+REFERENCE_DEFAULT_MAX_SEQ_LEN = 4096
+
+
+@dataclass(frozen=True)
+class ModelLimits:
+    """Sizes the served model accepts, all in tokens except ``max_batch_size`` (requests)."""
+
+    max_batch_size: int
+    max_input_len: int
+    max_seq_len: int
+    max_beam_width: int = 1
+    max_num_tokens: Optional[int] = None
+
+    @property
+    def max_output_len(self) -> int:
+        """Most tokens that can be generated after a 1-token prompt."""
+        return self.max_seq_len - 1
+
+
+@dataclass(frozen=True)
+class WeightsInfo:
+    """Description of unpacked weights.
+
+    Attributes:
+        kind: "engine" (TensorRT-LLM engine, C++ backend) or "hf_checkpoint" (CPU reference).
+        weights_dir: folder holding config.json (and rank*.engine or the checkpoint).
+        tokenizer_dir: folder holding the tokenizer files.
+        limits: batch and sequence limits.
+        world_size / tp_size / pp_size: parallelism (1 for checkpoints).
+        architecture: e.g. "LlamaForCausalLM".
+        dtype: e.g. "float16".
+        trtllm_version: the TensorRT-LLM version that built the engine (None for checkpoints).
+    """
+
+    kind: Literal["engine", "hf_checkpoint"]
+    weights_dir: Path
+    tokenizer_dir: Path
+    limits: ModelLimits
+    world_size: int = 1
+    tp_size: int = 1
+    pp_size: int = 1
+    architecture: str = ""
+    dtype: str = ""
+    trtllm_version: Optional[str] = None
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a JSON object")
+    return data
+
+
+def _positive_int(section: dict[str, Any], key: str, where: str) -> int:
+    value = section.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"{where}: {key} must be a positive integer, got {value!r}")
+    return value
+
+
+def find_tokenizer_dir(weights_dir: Path, override: Optional[Path] = None) -> Path:
+    """The tokenizer folder: ``override``, else ``weights_dir/tokenizer`` if present, else ``weights_dir``.
+
+    Raises:
+        ConfigError: the folder holds none of tokenizer.json, tokenizer.model, vocab.json,
+            tokenizer_config.json.
+    """
+    candidates = [override] if override else [weights_dir / "tokenizer", weights_dir]
+    for folder in candidates:
+        if folder and folder.is_dir() and any((folder / name).is_file() for name in TOKENIZER_FILES):
+            return folder
+    raise ConfigError(
+        f"no tokenizer found in {', '.join(str(c) for c in candidates if c)}: expected one of "
+        f"{', '.join(TOKENIZER_FILES)}; pack the tokenizer files with the weights (top level or tokenizer/)"
+    )
+
+
+def _engine_info(weights_dir: Path, config: dict[str, Any], tokenizer_dir: Path) -> WeightsInfo:
+    where = f"{weights_dir / 'config.json'}"
+    if "builder_config" in config and "build_config" not in config:
+        raise ConfigError(
+            f"{where} uses the pre-0.8 TensorRT-LLM engine layout; rebuild the engine with "
+            f"TensorRT-LLM {TENSORRT_LLM_VERSION} ({TRITON_IMAGE})"
+        )
+    pretrained = config.get("pretrained_config")
+    build = config.get("build_config")
+    if not isinstance(pretrained, dict) or not isinstance(build, dict):
+        raise ConfigError(f"{where} lacks pretrained_config/build_config: not a trtllm-build engine config")
+    mapping = pretrained.get("mapping") or {}
+    tp = int(mapping.get("tp_size", 1))
+    pp = int(mapping.get("pp_size", 1))
+    world = int(mapping.get("world_size", tp * pp))
+    if world != tp * pp:
+        raise ConfigError(f"{where}: mapping.world_size={world} but tp_size*pp_size={tp * pp}")
+    max_input_len = _positive_int(build, "max_input_len", where)
+    if "max_seq_len" in build:
+        max_seq_len = _positive_int(build, "max_seq_len", where)
+    else:
+        max_seq_len = max_input_len + _positive_int(build, "max_output_len", where)
+    if max_input_len >= max_seq_len + 1:
+        raise ConfigError(f"{where}: max_input_len {max_input_len} exceeds max_seq_len {max_seq_len}")
+    missing = [f"rank{r}.engine" for r in range(world) if not (weights_dir / f"rank{r}.engine").is_file()]
+    if missing:
+        raise ConfigError(
+            f"engine in {weights_dir} has world_size {world} but {', '.join(missing)} "
+            "is missing; pack every rank's engine file"
+        )
+    version = str(config.get("version", "")) or None
+    if version and version != TENSORRT_LLM_VERSION:
+        log.warning(
+            "engine was built with TensorRT-LLM %s but the image ships %s: engines only run on the "
+            "version that built them; rebuild with %s if loading fails",
+            version,
+            TENSORRT_LLM_VERSION,
+            TRITON_IMAGE,
+        )
+    return WeightsInfo(
+        kind="engine",
+        weights_dir=weights_dir,
+        tokenizer_dir=tokenizer_dir,
+        limits=ModelLimits(
+            max_batch_size=_positive_int(build, "max_batch_size", where),
+            max_input_len=max_input_len,
+            max_seq_len=max_seq_len,
+            max_beam_width=int(build.get("max_beam_width", 1)),
+            max_num_tokens=build.get("max_num_tokens"),
+        ),
+        world_size=world,
+        tp_size=tp,
+        pp_size=pp,
+        architecture=str(pretrained.get("architecture", "")),
+        dtype=str(pretrained.get("dtype", "")),
+        trtllm_version=version,
+    )
+
+
+def _checkpoint_info(
+    weights_dir: Path,
+    config: dict[str, Any],
+    tokenizer_dir: Path,
+    max_batch_size: int,
+    max_seq_len: Optional[int],
+    max_input_len: Optional[int],
+) -> WeightsInfo:
+    if not any(any(weights_dir.glob(p)) for p in HF_WEIGHT_PATTERNS):
+        raise ConfigError(
+            f"{weights_dir} has a Hugging Face config.json but no weights ({', '.join(HF_WEIGHT_PATTERNS)})"
+        )
+    positions = config.get("max_position_embeddings")
+    limit = int(positions) if isinstance(positions, int) and positions > 1 else REFERENCE_DEFAULT_MAX_SEQ_LEN
+    seq = max_seq_len or min(limit, REFERENCE_DEFAULT_MAX_SEQ_LEN)
+    if seq > limit:
+        raise ConfigError(
+            f"COG_TRITON_REFERENCE_MAX_SEQ_LEN={seq} exceeds the model's max_position_embeddings {limit}"
+        )
+    inp = max_input_len or seq - 1
+    if inp >= seq:
+        raise ConfigError(
+            f"COG_TRITON_REFERENCE_MAX_INPUT_LEN={inp} must be below the max sequence length {seq} "
+            "(at least one token must be generated)"
+        )
+    architectures = config.get("architectures") or [config.get("model_type", "")]
+    return WeightsInfo(
+        kind="hf_checkpoint",
+        weights_dir=weights_dir,
+        tokenizer_dir=tokenizer_dir,
+        limits=ModelLimits(max_batch_size=max_batch_size, max_input_len=inp, max_seq_len=seq),
+        architecture=str(architectures[0]),
+        dtype=str(config.get("torch_dtype") or config.get("dtype") or "float32"),
+    )
+
+
+def inspect_weights(
+    weights_dir: Path,
+    *,
+    tokenizer_dir: Optional[Path] = None,
+    reference_max_batch_size: int = 8,
+    reference_max_seq_len: Optional[int] = None,
+    reference_max_input_len: Optional[int] = None,
+) -> WeightsInfo:
+    """Describe the weights unpacked in ``weights_dir``.
+
+    An engine is recognised by ``rank*.engine`` files (or ``build_config`` in config.json); a
+    Hugging Face checkpoint by ``config.json`` with weights and no engine files.
+
+    Raises:
+        ConfigError: no config.json, an unreadable or incomplete engine config, missing rank
+            files, no tokenizer, or inconsistent limits; the message names the file and value.
+    """
+    config_path = weights_dir / "config.json"
+    if not config_path.is_file():
+        raise ConfigError(
+            f"{config_path} not found: the weights must hold a TensorRT-LLM engine (config.json + "
+            "rank*.engine) or a Hugging Face checkpoint (config.json + *.safetensors)"
+        )
+    config = _read_json(config_path)
+    tokenizer = find_tokenizer_dir(weights_dir, tokenizer_dir)
+    if any(weights_dir.glob("rank*.engine")) or "build_config" in config or "builder_config" in config:
+        return _engine_info(weights_dir, config, tokenizer)
+    return _checkpoint_info(
+        weights_dir, config, tokenizer, reference_max_batch_size, reference_max_seq_len, reference_max_input_len
+    )

@@ -1,0 +1,419 @@
+"""Finding, launching, watching and stopping ``tritonserver``.
+
+Replaces the upstream ``scripts/launch_triton_server.py`` of tensorrtllm_backend. Facts followed:
+
+* Production image (NGC ``tritonserver:<YY.MM>-trtllm-python-py3``): the binary is
+  ``/opt/tritonserver/bin/tritonserver`` with backends (``tensorrtllm``, ``python``) in
+  ``/opt/tritonserver/backends``.
+* Without the image, the ``nvidia-pytriton`` wheel bundles a complete ``tritonserver`` (Triton 2.51)
+  with the Python backend and one backend stub per CPython 3.8-3.13; the stub matching the running
+  interpreter must sit next to ``libtriton_python.so``, the bundle's libraries are found through
+  ``LD_LIBRARY_PATH=<site-packages>/nvidia_pytriton.libs``, and ``PATH`` must start with the
+  virtualenv's ``bin`` so the stub's embedded Python finds the venv's packages.
+* Multi-GPU (tensorrtllm_backend's launch script, leader mode): one ``tritonserver`` per rank under
+  ``mpirun``; ranks above 0 load only ``tensorrt_llm`` (``--model-control-mode=explicit
+  --load-model=tensorrt_llm``) and each rank gets its own
+  ``--backend-config=python,shm-region-prefix-name=prefix<rank>_``. We also switch HTTP, gRPC and
+  metrics off on ranks above 0 so that only rank 0 binds ports.
+
+Every endpoint binds 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Deque, Mapping, Optional, Sequence
+
+import httpx
+
+from cog_triton.errors import ConfigError, TritonDiedError, TritonStartupError
+
+log = logging.getLogger(__name__)
+
+IMAGE_TRITONSERVER = Path("/opt/tritonserver/bin/tritonserver")
+IMAGE_BACKEND_DIR = Path("/opt/tritonserver/backends")
+LOOPBACK = "127.0.0.1"
+LOG_TAIL_LINES = 60
+
+
+@dataclass(frozen=True)
+class TritonInstallation:
+    """Where a usable ``tritonserver`` lives and the environment it needs.
+
+    Attributes:
+        binary: the ``tritonserver`` executable.
+        backend_dir: value for ``--backend-directory``.
+        env: variables to set for the process (``LD_LIBRARY_PATH``, ``PATH`` prefixes are merged).
+        source: "env", "image" or "pytriton" (for logs and error messages).
+    """
+
+    binary: Path
+    backend_dir: Path
+    env: Mapping[str, str] = field(default_factory=dict)
+    source: str = "env"
+
+
+def _pytriton_installation(work_dir: Path) -> Optional[TritonInstallation]:
+    """Build a backend directory from the nvidia-pytriton bundle for the running Python, if installed."""
+    try:
+        import pytriton  # noqa: PLC0415
+    except ImportError:
+        return None
+    dist = Path(pytriton.__file__).resolve().parent / "tritonserver"
+    binary = dist / "bin" / "tritonserver"
+    if not binary.is_file():
+        return None
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = dist / "python_backend_stubs" / version / "triton_python_backend_stub"
+    if not stub.is_file():
+        raise ConfigError(
+            f"nvidia-pytriton has no Python backend stub for Python {version} ({stub} missing); "
+            "use Python 3.8-3.13 or set COG_TRITON_TRITONSERVER and COG_TRITON_BACKEND_DIR"
+        )
+    backend_dir = work_dir / f"triton_backends_py{version}"
+    python_dir = backend_dir / "python"
+    if not (python_dir / "triton_python_backend_stub").is_file():
+        tmp = backend_dir.with_name(backend_dir.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(dist / "backends" / "python", tmp / "python")
+        shutil.copy2(stub, tmp / "python" / "triton_python_backend_stub")
+        shutil.rmtree(backend_dir, ignore_errors=True)
+        tmp.rename(backend_dir)
+    site = dist.parent.parent
+    venv_bin = Path(sys.executable).parent
+    return TritonInstallation(
+        binary=binary,
+        backend_dir=backend_dir,
+        env={"LD_LIBRARY_PATH": str(site / "nvidia_pytriton.libs"), "PATH": str(venv_bin)},
+        source="pytriton",
+    )
+
+
+def locate_tritonserver(
+    binary: Optional[Path] = None, backend_dir: Optional[Path] = None, work_dir: Path = Path("build")
+) -> TritonInstallation:
+    """Find ``tritonserver``: explicit setting, then the NGC image path, then the nvidia-pytriton wheel.
+
+    Args:
+        binary: explicit binary (``COG_TRITON_TRITONSERVER``); its backends default to
+            ``<binary>/../../backends``.
+        backend_dir: explicit ``--backend-directory`` (``COG_TRITON_BACKEND_DIR``).
+        work_dir: where the pytriton backend directory with the matching stub is assembled.
+
+    Raises:
+        ConfigError: nothing usable found, or an explicit path does not exist.
+    """
+    if binary is not None:
+        if not binary.is_file() or not os.access(binary, os.X_OK):
+            raise ConfigError(f"COG_TRITON_TRITONSERVER={binary} is not an executable file")
+        backends = backend_dir or binary.resolve().parent.parent / "backends"
+        if not backends.is_dir():
+            raise ConfigError(f"backend directory {backends} does not exist; set COG_TRITON_BACKEND_DIR")
+        return TritonInstallation(binary=binary, backend_dir=backends, source="env")
+    if IMAGE_TRITONSERVER.is_file():
+        return TritonInstallation(binary=IMAGE_TRITONSERVER, backend_dir=backend_dir or IMAGE_BACKEND_DIR, source="image")
+    found = _pytriton_installation(work_dir)
+    if found is not None:
+        if backend_dir is not None:
+            found = TritonInstallation(found.binary, backend_dir, found.env, found.source)
+        return found
+    raise ConfigError(
+        f"no tritonserver found: not at {IMAGE_TRITONSERVER} (NGC image) and nvidia-pytriton is not "
+        "installed; set COG_TRITON_TRITONSERVER or `pip install nvidia-pytriton`"
+    )
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Arguments of one Triton launch.
+
+    Attributes:
+        model_repo: live model repository.
+        http_port / grpc_port / metrics_port: TCP ports on 127.0.0.1.
+        world_size: number of ranks (tensor x pipeline parallelism); > 1 runs under mpirun.
+        log_verbose: ``--log-verbose`` level.
+        mpirun: the mpirun executable for world_size > 1.
+    """
+
+    model_repo: Path
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    world_size: int = 1
+    log_verbose: int = 0
+    mpirun: str = "mpirun"
+
+
+def _rank_args(installation: TritonInstallation, cfg: LaunchConfig, rank: int) -> list[str]:
+    args = [
+        str(installation.binary),
+        f"--model-repository={cfg.model_repo}",
+        f"--backend-directory={installation.backend_dir}",
+        "--disable-auto-complete-config",
+        f"--backend-config=python,shm-region-prefix-name=prefix{rank}_",
+        f"--log-verbose={cfg.log_verbose}",
+    ]
+    if rank == 0:
+        args += [
+            f"--http-address={LOOPBACK}",
+            f"--http-port={cfg.http_port}",
+            f"--grpc-address={LOOPBACK}",
+            f"--grpc-port={cfg.grpc_port}",
+            f"--metrics-address={LOOPBACK}",
+            f"--metrics-port={cfg.metrics_port}",
+        ]
+    else:
+        args += [
+            "--model-control-mode=explicit",
+            "--load-model=tensorrt_llm",
+            "--allow-http=false",
+            "--allow-grpc=false",
+            "--allow-metrics=false",
+        ]
+    return args
+
+
+def build_command(installation: TritonInstallation, cfg: LaunchConfig) -> list[str]:
+    """The argv that starts Triton: one ``tritonserver``, or one per rank under ``mpirun``.
+
+    Raises:
+        ConfigError: world_size < 1.
+    """
+    if cfg.world_size < 1:
+        raise ConfigError(f"world_size must be >= 1, got {cfg.world_size}")
+    if cfg.world_size == 1:
+        return _rank_args(installation, cfg, 0)
+    cmd = [cfg.mpirun, "--allow-run-as-root"]
+    for rank in range(cfg.world_size):
+        if rank:
+            cmd.append(":")
+        cmd += ["-n", "1", *_rank_args(installation, cfg, rank)]
+    return cmd
+
+
+def _merged_env(extra: Mapping[str, str]) -> dict[str, str]:
+    env = dict(os.environ)
+    for key, value in extra.items():
+        if key in ("PATH", "LD_LIBRARY_PATH") and env.get(key):
+            env[key] = f"{value}{os.pathsep}{env[key]}"
+        else:
+            env[key] = value
+    return env
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _child_setup() -> None:  # runs in the child between fork and exec
+    os.setsid()  # own process group: we signal the whole group (mpirun ranks, backend stubs)
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)  # die with the thread that spawned us
+    except OSError:
+        pass
+
+
+class TritonServer:
+    """Owns one Triton process (or an mpirun of ranks): start, wait_ready, is_alive, stop, log tail.
+
+    The process runs in its own process group; it is spawned from a dedicated thread that lives
+    until the process ends, and carries PR_SET_PDEATHSIG, so it dies if our process dies (no
+    orphans). ``stop()`` sends SIGINT to the group, waits ``stop_timeout_s``, then SIGKILLs it.
+    Output goes to ``log_file`` and a ring buffer of the last lines used in error messages.
+    """
+
+    def __init__(
+        self,
+        installation: TritonInstallation,
+        cfg: LaunchConfig,
+        log_file: Path,
+        stop_timeout_s: float = 15.0,
+    ) -> None:
+        self.installation = installation
+        self.cfg = cfg
+        self.log_file = log_file
+        self.stop_timeout_s = stop_timeout_s
+        self._proc: Optional[subprocess.Popen[bytes]] = None
+        self._tail: Deque[str] = collections.deque(maxlen=400)
+        self._lock = threading.Lock()
+        self._started = threading.Event()
+        self._spawn_error: Optional[BaseException] = None
+
+    @property
+    def command(self) -> list[str]:
+        """The argv used to start Triton."""
+        return build_command(self.installation, self.cfg)
+
+    @property
+    def url(self) -> str:
+        """Base URL of Triton's HTTP endpoint, e.g. ``http://127.0.0.1:8000``."""
+        return f"http://{LOOPBACK}:{self.cfg.http_port}"
+
+    @property
+    def pid(self) -> Optional[int]:
+        """PID of the Triton (or mpirun) process, None before start."""
+        return self._proc.pid if self._proc else None
+
+    def _run(self) -> None:
+        try:
+            self.log_file.parent.mkdir(parents=True, exist_ok=True)
+            proc = subprocess.Popen(  # noqa: S603
+                self.command,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=_merged_env(self.installation.env),
+                preexec_fn=_child_setup,  # noqa: PLW1509
+            )
+        except OSError as exc:
+            self._spawn_error = exc
+            self._started.set()
+            return
+        self._proc = proc
+        self._started.set()
+        assert proc.stdout is not None
+        with open(self.log_file, "ab") as sink:
+            for raw in proc.stdout:  # ends when every holder of the pipe has exited
+                sink.write(raw)
+                sink.flush()
+                self._tail.append(raw.decode("utf-8", "replace").rstrip("\n"))
+        proc.wait()
+
+    def start(self) -> None:
+        """Start Triton in the background (returns at once; see :meth:`wait_ready`).
+
+        Raises:
+            TritonStartupError: the binary could not be executed.
+        """
+        with self._lock:
+            if self.is_alive():
+                return
+            self._started.clear()
+            self._spawn_error = None
+            self._tail.clear()
+            log.info("starting Triton (%s): %s", self.installation.source, " ".join(self.command))
+            thread = threading.Thread(target=self._run, name="tritonserver", daemon=True)
+            thread.start()
+            self._started.wait()
+            if self._spawn_error is not None:
+                raise TritonStartupError(f"could not execute {self.command[0]}: {self._spawn_error}")
+
+    def is_alive(self) -> bool:
+        """True while the Triton process runs."""
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def returncode(self) -> Optional[int]:
+        """Exit status once exited (negative: killed by that signal), else None."""
+        return self._proc.poll() if self._proc else None
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        """The last ``lines`` lines Triton printed."""
+        return "\n".join(list(self._tail)[-lines:])
+
+    def exit_description(self) -> str:
+        """Human-readable exit status, e.g. "exited with status 1" or "was killed by SIGKILL"."""
+        code = self.returncode
+        if code is None:
+            return "is running"
+        if code < 0:
+            try:
+                return f"was killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"was killed by signal {-code}"
+        return f"exited with status {code}"
+
+    def wait_ready(self, timeout_s: float, poll_s: float = 0.25) -> float:
+        """Wait until ``GET /v2/health/ready`` answers 200; return the seconds it took.
+
+        Only connection errors and non-200 answers are retried.
+
+        Raises:
+            TritonStartupError: Triton exited, or was not ready within ``timeout_s`` seconds; the
+                message carries the tail of Triton's log.
+        """
+        started = time.monotonic()
+        deadline = started + timeout_s
+        with httpx.Client(timeout=5.0) as client:
+            while True:
+                if not self.is_alive():
+                    time.sleep(0.2)  # let the pump thread collect the last lines
+                    raise TritonStartupError(
+                        f"Triton {self.exit_description()} during startup. Last log lines:\n{self.log_tail()}"
+                    )
+                try:
+                    if client.get(f"{self.url}/v2/health/ready").status_code == 200:
+                        return time.monotonic() - started
+                except httpx.TransportError:
+                    pass
+                if time.monotonic() >= deadline:
+                    tail = self.log_tail()
+                    self.stop()
+                    raise TritonStartupError(
+                        f"Triton was not ready after {timeout_s:.0f} s (COG_TRITON_STARTUP_TIMEOUT_S); "
+                        f"it was stopped. Last log lines:\n{tail}"
+                    )
+                time.sleep(poll_s)
+
+    def check_alive(self) -> None:
+        """Raise :class:`TritonDiedError` (with the log tail) unless Triton is running."""
+        if not self.is_alive():
+            raise TritonDiedError(f"Triton {self.exit_description()}. Last log lines:\n{self.log_tail(30)}")
+
+    def stop(self) -> Optional[int]:
+        """Stop Triton: SIGINT to its process group, then SIGKILL after ``stop_timeout_s`` seconds.
+
+        Returns the exit status (None if it was never started). Safe to call repeatedly.
+        """
+        proc = self._proc
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            log.info("stopping Triton (pid %d)", proc.pid)
+            self._signal_group(proc.pid, signal.SIGINT)
+            try:
+                proc.wait(timeout=self.stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                log.warning("Triton did not stop within %.0f s; killing it", self.stop_timeout_s)
+                self._signal_group(proc.pid, signal.SIGKILL)
+                proc.wait()
+        # Ranks or backend stubs that outlived the leader go too.
+        self._signal_group(proc.pid, signal.SIGKILL)
+        return proc.returncode
+
+    @staticmethod
+    def _signal_group(pgid: int, sig: signal.Signals) -> None:
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def wait_for_pids_gone(pids: Sequence[int], timeout_s: float) -> bool:
+    """True once none of ``pids`` exists (zombies count as gone), within ``timeout_s`` seconds."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not any(_pid_alive(p) for p in pids):
+            return True
+        time.sleep(0.1)
+    return not any(_pid_alive(p) for p in pids)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            state = fh.read().rsplit(b")", 1)[1].split()[0]
+        return state not in (b"Z", b"X")
+    except (FileNotFoundError, IndexError):
+        return False

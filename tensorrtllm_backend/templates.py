@@ -1,0 +1,362 @@
+"""Filling the model-repository templates and validating them as Triton ``ModelConfig`` protobufs.
+
+Our tested replacement for tensorrtllm_backend's ``tools/fill_template.py``: placeholders are
+Python ``string.Template`` ``${name}`` fields; every filled ``config.pbtxt`` is parsed into
+``inference.ModelConfig`` (``tritonclient.grpc.model_config_pb2``), so a config Triton would reject
+("Expected integer, got: $") fails here first, naming the file and line. Parameters whose value is
+empty are removed from the rendered config, so the backend applies its own default rather than
+failing to parse an empty string.
+
+Template folders -> live model names:
+    ensemble, preprocessing, postprocessing, tensorrt_llm_bls   -> same name
+    tensorrt_llm            (C++ backend, engine weights)      -> tensorrt_llm
+    tensorrt_llm_reference  (CPU reference, HF checkpoint)     -> tensorrt_llm
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import string
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Mapping, Optional
+
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+from cog_triton.errors import TemplateError
+from tensorrtllm_backend.engine import WeightsInfo
+
+log = logging.getLogger(__name__)
+
+# Parameters of the C++ tensorrt_llm model (TensorRT-LLM 1.1.0) that we do not set by default:
+# empty means "not set" and the rendered config omits them. COG_TRITON_TENSORRT_LLM_PARAMETERS
+# may set any of them.
+OPTIONAL_TENSORRT_LLM_PARAMETERS = (
+    "encoder_engine_dir",
+    "max_attention_window_size",
+    "sink_token_length",
+    "cross_kv_cache_fraction",
+    "kv_cache_host_memory_bytes",
+    "kv_cache_onboard_blocks",
+    "cancellation_check_period_ms",
+    "stats_check_period_ms",
+    "iter_stats_max_iterations",
+    "request_stats_max_iterations",
+    "normalize_log_probs",
+    "participant_ids",
+    "num_nodes",
+    "lora_cache_optimal_adapter_size",
+    "lora_cache_max_adapter_size",
+    "lora_cache_gpu_memory_fraction",
+    "lora_cache_host_memory_bytes",
+    "lora_prefetch_dir",
+    "decoding_mode",
+    "lookahead_window_size",
+    "lookahead_ngram_size",
+    "lookahead_verification_set_size",
+    "medusa_choices",
+    "eagle_choices",
+    "gpu_weights_percent",
+    "enable_context_fmha_fp32_acc",
+    "multi_block_mode",
+    "cuda_graph_mode",
+    "cuda_graph_cache_size",
+    "speculative_decoding_fast_logits",
+    "guided_decoding_backend",
+    "xgrammar_tokenizer_info_path",
+)
+
+PYTHON_MODELS = ("preprocessing", "postprocessing", "tensorrt_llm_bls", "tensorrt_llm_reference")
+
+
+def placeholders(text: str) -> set[str]:
+    """Names of the ``${name}`` / ``$name`` placeholders in ``text``."""
+    names = set()
+    for match in string.Template.pattern.finditer(text):
+        name = match.group("named") or match.group("braced")
+        if name:
+            names.add(name)
+    return names
+
+
+def format_value(value: object) -> str:
+    """Render a typed value for a template: bools as true/false, None as "", enums by value."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, Enum):
+        return str(value.value)
+    return str(value)
+
+
+def fill_template(
+    text: str,
+    values: Mapping[str, object],
+    *,
+    source: str,
+    allow_unfilled: bool = False,
+    allow_unknown: bool = False,
+) -> str:
+    """Substitute ``values`` into the template ``text``.
+
+    Args:
+        text: template contents.
+        values: placeholder name -> value (formatted with :func:`format_value`).
+        source: file name used in error messages.
+        allow_unfilled: leave placeholders without a value in place (upstream fill_template
+            behaviour) instead of failing.
+        allow_unknown: accept values for names the template does not contain.
+
+    Raises:
+        TemplateError: a placeholder has no value, a value names no placeholder, or the
+            template has a malformed ``$`` (message names ``source``, the line and the key).
+    """
+    names = placeholders(text)
+    unknown = sorted(set(values) - names)
+    if unknown and not allow_unknown:
+        raise TemplateError(f"{source}: no placeholder named {', '.join(unknown)} (placeholders: {', '.join(sorted(names))})")
+    missing = sorted(names - set(values))
+    if missing and not allow_unfilled:
+        raise TemplateError(f"{source}: placeholder(s) left unfilled: {', '.join('${' + m + '}' for m in missing)}")
+    template = string.Template(text)
+    mapping = {k: format_value(v) for k, v in values.items()}
+    try:
+        return template.safe_substitute(mapping) if allow_unfilled else template.substitute(mapping)
+    except ValueError as exc:  # "Invalid placeholder in string: line N, col M"
+        raise TemplateError(f"{source}: {exc}") from None
+
+
+def parse_model_config(text: str, *, source: str) -> model_config_pb2.ModelConfig:
+    """Parse pbtxt ``text`` into Triton's ``inference.ModelConfig``.
+
+    Raises:
+        TemplateError: not a valid ModelConfig; carries the protobuf parse error (line:column).
+    """
+    config = model_config_pb2.ModelConfig()
+    try:
+        text_format.Parse(text, config)
+    except text_format.ParseError as exc:
+        raise TemplateError(f"{source}: invalid Triton model config: {exc}") from None
+    if not config.name:
+        raise TemplateError(f"{source}: model config has no name")
+    if not config.backend and not config.platform:
+        raise TemplateError(f"{source}: model config sets neither backend nor platform")
+    return config
+
+
+def drop_empty_parameters(config: model_config_pb2.ModelConfig) -> list[str]:
+    """Remove parameters whose string_value is empty; return their keys (sorted)."""
+    empty = sorted(k for k, v in config.parameters.items() if v.string_value == "")
+    for key in empty:
+        del config.parameters[key]
+    return empty
+
+
+def parse_key_values(spec: str, *, what: str) -> dict[str, str]:
+    """Parse ``key:value,key:value`` (``\\,`` for a literal comma) into a dict.
+
+    Raises:
+        TemplateError: an item without ``:`` or an empty key (names ``what`` and the item).
+    """
+    result: dict[str, str] = {}
+    if not spec.strip():
+        return result
+    items, current, escaped = [], "", False
+    for char in spec:
+        if escaped:
+            current += char
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif char == ",":
+            items.append(current)
+            current = ""
+        else:
+            current += char
+    items.append(current)
+    for item in items:
+        if not item.strip():
+            continue
+        key, sep, value = item.partition(":")
+        if not sep or not key.strip():
+            raise TemplateError(f"{what}: {item!r} is not key:value")
+        result[key.strip()] = value
+    return result
+
+
+@dataclass(frozen=True)
+class RenderOptions:
+    """Typed values that, with the weights' metadata, determine every placeholder.
+
+    All fields mirror :class:`cog_triton.settings.Settings`; see README.md "Settings".
+    """
+
+    template_dir: Path
+    model_repo_dir: Path
+    triton_max_batch_size: Optional[int] = None
+    decoupled: bool = True
+    max_queue_delay_microseconds: int = 0
+    batching_strategy: str = "inflight_fused_batching"
+    batch_scheduler_policy: str = "guaranteed_no_evict"
+    kv_cache_free_gpu_mem_fraction: float = 0.9
+    max_tokens_in_paged_kv_cache: Optional[int] = None
+    enable_kv_cache_reuse: bool = False
+    enable_chunked_context: bool = False
+    gpu_device_ids: Optional[str] = None
+    preprocessing_instance_count: int = 1
+    postprocessing_instance_count: int = 1
+    bls_instance_count: int = 1
+    add_special_tokens: bool = True
+    skip_special_tokens: bool = True
+    reference_torch_threads: int = 0
+    tensorrt_llm_parameters: str = ""
+
+
+def template_values(options: RenderOptions, info: WeightsInfo) -> dict[str, dict[str, object]]:
+    """Placeholder values for each template folder (see module docstring for the folders).
+
+    Raises:
+        TemplateError: COG_TRITON_TENSORRT_LLM_PARAMETERS names an unknown parameter.
+    """
+    batch = options.triton_max_batch_size or info.limits.max_batch_size
+    tokenizer = str(info.tokenizer_dir)
+    common = {"triton_max_batch_size": batch}
+    trtllm: dict[str, object] = {
+        **common,
+        "decoupled_mode": options.decoupled,
+        "max_queue_delay_microseconds": options.max_queue_delay_microseconds,
+        "logits_datatype": "TYPE_FP32",
+        "max_beam_width": info.limits.max_beam_width,
+        "batching_strategy": options.batching_strategy,
+        "engine_dir": str(info.weights_dir),
+        "max_tokens_in_paged_kv_cache": options.max_tokens_in_paged_kv_cache,
+        "batch_scheduler_policy": options.batch_scheduler_policy,
+        "kv_cache_free_gpu_mem_fraction": options.kv_cache_free_gpu_mem_fraction,
+        "exclude_input_in_output": True,
+        "enable_kv_cache_reuse": options.enable_kv_cache_reuse,
+        "enable_chunked_context": options.enable_chunked_context,
+        "gpu_device_ids": options.gpu_device_ids,
+        "tokenizer_dir": tokenizer,
+        **{name: None for name in OPTIONAL_TENSORRT_LLM_PARAMETERS},
+    }
+    overrides = parse_key_values(options.tensorrt_llm_parameters, what="COG_TRITON_TENSORRT_LLM_PARAMETERS")
+    structural = set(common) | {"decoupled_mode", "max_queue_delay_microseconds", "logits_datatype"}
+    unknown = sorted(k for k in overrides if k not in trtllm or k in structural)
+    if unknown:
+        allowed = sorted(k for k in trtllm if k not in structural)
+        raise TemplateError(
+            f"COG_TRITON_TENSORRT_LLM_PARAMETERS: unknown parameter(s) {', '.join(unknown)}; allowed: {', '.join(allowed)}"
+        )
+    trtllm.update(overrides)
+    return {
+        "ensemble": dict(common),
+        "preprocessing": {
+            **common,
+            "max_queue_delay_microseconds": options.max_queue_delay_microseconds,
+            "preprocessing_instance_count": options.preprocessing_instance_count,
+            "tokenizer_dir": tokenizer,
+            "add_special_tokens": options.add_special_tokens,
+        },
+        "postprocessing": {
+            **common,
+            "postprocessing_instance_count": options.postprocessing_instance_count,
+            "tokenizer_dir": tokenizer,
+            "skip_special_tokens": options.skip_special_tokens,
+        },
+        "tensorrt_llm_bls": {
+            **common,
+            "decoupled_mode": True,
+            "bls_instance_count": options.bls_instance_count,
+            "tensorrt_llm_model_name": "tensorrt_llm",
+            "tokenizer_dir": tokenizer,
+            "skip_special_tokens": options.skip_special_tokens,
+        },
+        "tensorrt_llm": trtllm,
+        "tensorrt_llm_reference": {
+            **common,
+            "decoupled_mode": options.decoupled,
+            "max_queue_delay_microseconds": options.max_queue_delay_microseconds,
+            "hf_model_dir": str(info.weights_dir),
+            "max_input_len": info.limits.max_input_len,
+            "max_seq_len": info.limits.max_seq_len,
+            "exclude_input_in_output": True,
+            "torch_threads": options.reference_torch_threads,
+        },
+    }
+
+
+def render_config(template: Path, values: Mapping[str, object]) -> model_config_pb2.ModelConfig:
+    """Fill one ``config.pbtxt`` template strictly, parse it, and drop empty parameters.
+
+    Raises:
+        TemplateError: see :func:`fill_template` and :func:`parse_model_config`.
+    """
+    try:
+        text = template.read_text()
+    except OSError as exc:
+        raise TemplateError(f"cannot read template {template}: {exc}") from None
+    filled = fill_template(text, values, source=str(template))
+    config = parse_model_config(filled, source=str(template))
+    drop_empty_parameters(config)
+    return config
+
+
+def render_model_repository(options: RenderOptions, info: WeightsInfo) -> dict[str, model_config_pb2.ModelConfig]:
+    """Write the live model repository for ``info`` into ``options.model_repo_dir``.
+
+    The five models (ensemble, preprocessing, postprocessing, tensorrt_llm_bls, tensorrt_llm)
+    are rendered into a fresh folder which then replaces the old one; a failure leaves the
+    previous repository untouched. ``tensorrt_llm`` comes from the ``tensorrt_llm`` template for
+    engines, and from ``tensorrt_llm_reference`` for Hugging Face checkpoints.
+
+    Returns:
+        live model name -> the validated ModelConfig written to ``<name>/config.pbtxt``.
+
+    Raises:
+        TemplateError: a template is missing, unfilled, or invalid.
+    """
+    values = template_values(options, info)
+    llm_folder = "tensorrt_llm" if info.kind == "engine" else "tensorrt_llm_reference"
+    folders = {
+        "ensemble": "ensemble",
+        "preprocessing": "preprocessing",
+        "postprocessing": "postprocessing",
+        "tensorrt_llm_bls": "tensorrt_llm_bls",
+        "tensorrt_llm": llm_folder,
+    }
+    target = options.model_repo_dir
+    staging = target.with_name(target.name + ".staging")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    rendered: dict[str, model_config_pb2.ModelConfig] = {}
+    try:
+        for name, folder in folders.items():
+            source = options.template_dir / folder
+            config = render_config(source / "config.pbtxt", values[folder])
+            if config.name != name:
+                raise TemplateError(f"{source / 'config.pbtxt'}: model name is {config.name!r}, expected {name!r}")
+            model_dir = staging / name
+            (model_dir / "1").mkdir(parents=True)
+            if folder in PYTHON_MODELS:
+                model_py = source / "1" / "model.py"
+                if not model_py.is_file():
+                    raise TemplateError(f"{model_py} is missing (Python backend model)")
+                shutil.copy2(model_py, model_dir / "1" / "model.py")
+            (model_dir / "config.pbtxt").write_text(text_format.MessageToString(config))
+            rendered[name] = config
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    old = target.with_name(target.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if target.exists():
+        os.replace(target, old)
+    os.replace(staging, target)
+    shutil.rmtree(old, ignore_errors=True)
+    log.info("rendered model repository %s (%s backend)", target, "TensorRT-LLM" if info.kind == "engine" else "CPU reference")
+    return rendered

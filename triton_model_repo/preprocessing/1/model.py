@@ -1,0 +1,126 @@
+"""`preprocessing` model (Triton Python backend): tokenizes prompts and stop/bad words.
+
+Inputs (per request, batch dimension first; tensor names of TensorRT-LLM 1.1.0's
+inflight_batcher_llm preprocessing, text subset):
+    QUERY               BYTES [b, 1]   prompt text, UTF-8
+    REQUEST_OUTPUT_LEN  INT32 [b, 1]   tokens to generate (passed through)
+    BAD_WORDS_DICT      BYTES [b, n]   optional; strings never to generate
+    STOP_WORDS_DICT     BYTES [b, n]   optional; strings that end generation
+    END_ID / PAD_ID     INT32 [b, 1]   optional; default from the tokenizer (eos / pad, else eos)
+Outputs:
+    INPUT_ID            INT32 [b, L]   prompt token ids (right-padded with pad id when b > 1)
+    REQUEST_INPUT_LEN   INT32 [b, 1]   unpadded prompt length in tokens
+    REQUEST_OUTPUT_LEN  INT32 [b, 1]
+    BAD_WORDS_IDS / STOP_WORDS_IDS INT32 [b, 2, W]  TensorRT-LLM word lists: row 0 the words'
+                        token ids concatenated (padded with 0), row 1 the cumulative end offset of
+                        each word (padded with -1); W >= 1.
+    OUT_END_ID / OUT_PAD_ID INT32 [b, 1]
+Parameters: tokenizer_dir (path), add_special_tokens ("true"/"false").
+"""
+
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+from transformers import AutoTokenizer
+
+_TRUE = {"true", "1", "yes", "on"}
+_FALSE = {"false", "0", "no", "off"}
+
+
+def _parse_bool(name, value):
+    value = str(value).strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(f"parameter {name}={value!r} must be true or false")
+
+
+def to_word_list(tokenizer, rows):
+    """Encode ``rows`` (one list of strings per batch item) into an INT32 [b, 2, W] word list."""
+    flat, offsets = [], []
+    for words in rows:
+        ids, ends = [], []
+        for word in words:
+            if not word:
+                continue
+            encoded = tokenizer.encode(word, add_special_tokens=False)
+            if not encoded:
+                continue
+            ids.extend(encoded)
+            ends.append(len(ids))
+        flat.append(ids)
+        offsets.append(ends)
+    width = max(1, max((len(x) for x in flat), default=0))
+    out = np.zeros((len(rows), 2, width), dtype=np.int32)
+    out[:, 1, :] = -1
+    for i, (ids, ends) in enumerate(zip(flat, offsets)):
+        out[i, 0, : len(ids)] = ids
+        out[i, 1, : len(ends)] = ends
+    return out
+
+
+class TritonPythonModel:
+    """Tokenizer step of the ensemble (see the module docstring for tensors)."""
+
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        self.tokenizer = AutoTokenizer.from_pretrained(params["tokenizer_dir"], local_files_only=True)
+        self.add_special_tokens = _parse_bool("add_special_tokens", params.get("add_special_tokens", "true"))
+        tok = self.tokenizer
+        self.default_end_id = tok.eos_token_id if tok.eos_token_id is not None else 0
+        self.default_pad_id = tok.pad_token_id if tok.pad_token_id is not None else self.default_end_id
+
+    @staticmethod
+    def _strings(request, name):
+        tensor = pb_utils.get_input_tensor_by_name(request, name)
+        if tensor is None:
+            return None
+        array = tensor.as_numpy()
+        return [[s.decode("utf-8") if isinstance(s, bytes) else str(s) for s in row] for row in array.reshape(array.shape[0], -1)]
+
+    @staticmethod
+    def _ints(request, name, batch, default):
+        tensor = pb_utils.get_input_tensor_by_name(request, name)
+        if tensor is None:
+            return np.full((batch, 1), default, dtype=np.int32)
+        return tensor.as_numpy().reshape(batch, 1).astype(np.int32)
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            try:
+                responses.append(self._one(request))
+            except Exception as exc:  # one bad request never fails the batch
+                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"preprocessing: {exc}")))
+        return responses
+
+    def _one(self, request):
+        queries = [row[0] for row in self._strings(request, "QUERY")]
+        batch = len(queries)
+        end_id = self._ints(request, "END_ID", batch, self.default_end_id)
+        pad_id = self._ints(request, "PAD_ID", batch, self.default_pad_id)
+        encoded = [self.tokenizer.encode(q, add_special_tokens=self.add_special_tokens) for q in queries]
+        if any(len(ids) == 0 for ids in encoded):
+            raise ValueError("text_input encodes to zero tokens; send a non-empty prompt")
+        width = max(len(ids) for ids in encoded)
+        input_ids = np.empty((batch, width), dtype=np.int32)
+        for i, ids in enumerate(encoded):
+            input_ids[i, :] = pad_id[i, 0]
+            input_ids[i, : len(ids)] = ids
+        input_len = np.array([[len(ids)] for ids in encoded], dtype=np.int32)
+        output_len = pb_utils.get_input_tensor_by_name(request, "REQUEST_OUTPUT_LEN").as_numpy().reshape(batch, 1)
+        bad = self._strings(request, "BAD_WORDS_DICT") or [[] for _ in range(batch)]
+        stop = self._strings(request, "STOP_WORDS_DICT") or [[] for _ in range(batch)]
+        tensors = [
+            pb_utils.Tensor("INPUT_ID", input_ids),
+            pb_utils.Tensor("REQUEST_INPUT_LEN", input_len),
+            pb_utils.Tensor("REQUEST_OUTPUT_LEN", output_len.astype(np.int32)),
+            pb_utils.Tensor("BAD_WORDS_IDS", to_word_list(self.tokenizer, bad)),
+            pb_utils.Tensor("STOP_WORDS_IDS", to_word_list(self.tokenizer, stop)),
+            pb_utils.Tensor("OUT_END_ID", end_id),
+            pb_utils.Tensor("OUT_PAD_ID", pad_id),
+        ]
+        return pb_utils.InferenceResponse(output_tensors=tensors)
