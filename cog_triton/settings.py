@@ -82,6 +82,11 @@ class Settings(BaseSettings):
     max_tokens_in_paged_kv_cache: Optional[int] = Field(default=None, ge=1)
     enable_kv_cache_reuse: bool = False
     enable_chunked_context: bool = False
+    tensorrt_llm_parameters: str = Field(
+        default="",
+        description="Extra parameters of the C++ tensorrt_llm model as key:value,key:value "
+        "(e.g. multi_block_mode:true); only TensorRT-LLM 1.1.0 parameter keys are accepted.",
+    )
     preprocessing_instance_count: int = Field(default=1, ge=1, le=64)
     postprocessing_instance_count: int = Field(default=1, ge=1, le=64)
     add_special_tokens: Optional[bool] = Field(

@@ -25,6 +25,7 @@ import collections
 import ctypes
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -64,6 +65,41 @@ class TritonInstallation:
     source: str = "env"
 
 
+def _check_embedded_libpython(stub: Path, version: str) -> None:
+    """The stub embeds the system ``libpython<version>.so.1.0`` but imports the running interpreter's
+    standard library; a different patch release breaks extension modules (``_ssl``: undefined symbol).
+
+    The library is found with ``ldd`` (what the stub will load) and its ``PY_VERSION`` string read
+    from the file, since loading it here would return the interpreter's own copy.
+
+    Raises:
+        ConfigError: the library is missing, or its version differs from the running Python.
+    """
+    soname = f"libpython{version}.so.1.0"
+    try:
+        ldd = subprocess.run(["ldd", str(stub)], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return  # cannot tell; Triton's own error will show
+    match = re.search(rf"{re.escape(soname)} => (\S+)", ldd)
+    if not match or match.group(1) == "not":
+        raise ConfigError(
+            f"Triton's Python backend stub needs the system library {soname} "
+            f"(Debian/Ubuntu package libpython{version}); install it"
+        )
+    data = Path(match.group(1)).read_bytes()
+    found = re.search(rb"\x00(" + re.escape(version).encode() + rb"\.\d+)\x00", data)
+    if not found:
+        return
+    embedded = found.group(1).decode()
+    running = ".".join(str(p) for p in sys.version_info[:3])
+    if embedded != running:
+        raise ConfigError(
+            f"Triton's Python backend stub embeds the system libpython {embedded} ({match.group(1)}), but this "
+            f"environment runs Python {running} ({sys.executable}); extension modules such as _ssl then fail "
+            f"inside Triton. Create the virtualenv with the system Python {embedded} (scripts/setup uses /usr/bin/python3)"
+        )
+
+
 def _pytriton_installation(work_dir: Path) -> Optional[TritonInstallation]:
     """Build a backend directory from the nvidia-pytriton bundle for the running Python, if installed."""
     try:
@@ -81,6 +117,7 @@ def _pytriton_installation(work_dir: Path) -> Optional[TritonInstallation]:
             f"nvidia-pytriton has no Python backend stub for Python {version} ({stub} missing); "
             "use Python 3.8-3.13 or set COG_TRITON_TRITONSERVER and COG_TRITON_BACKEND_DIR"
         )
+    _check_embedded_libpython(stub, version)
     backend_dir = work_dir / f"triton_backends_py{version}"
     python_dir = backend_dir / "python"
     if not (python_dir / "triton_python_backend_stub").is_file():

@@ -1,0 +1,184 @@
+"""Async client for Triton's generate extension: ``POST /v2/models/<model>/generate_stream`` (SSE).
+
+Request body: the ensemble's inputs as JSON scalars/lists (tensor names of TensorRT-LLM 1.1.0's
+inflight_batcher_llm ensemble: text_input, max_tokens, min_tokens, temperature, top_k, top_p,
+repetition_penalty, presence_penalty, frequency_penalty, seed, stop_words, stream). Each SSE event
+carries one response of the decoupled model as JSON: ``output_ids`` (INT32, the new tokens),
+``sequence_length`` and ``text_output``, or ``{"error": "..."}``. SSE parsing is httpx-sse's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Optional
+
+import httpx
+from httpx_sse import SSEError, aconnect_sse
+
+from cog_triton.errors import InferenceError, TritonError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """One generation request to the ensemble. Token counts are in tokens.
+
+    ``temperature`` 0 or ``top_k`` 1 means greedy decoding; ``top_k`` 0 means no top-k filter.
+    """
+
+    text_input: str
+    max_tokens: int
+    min_tokens: int = 0
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int = 0
+    stop_words: list[str] = field(default_factory=list)
+    stream: bool = True
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON body for the generate extension; optional tensors are left out when unused."""
+        body: dict[str, Any] = {
+            "text_input": self.text_input,
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "top_k": self.top_k,
+            "top_p": self.top_p,
+            "repetition_penalty": self.repetition_penalty,
+            "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty,
+            "seed": self.seed,
+            "stream": self.stream,
+        }
+        if self.min_tokens:
+            body["min_tokens"] = self.min_tokens
+        if self.stop_words:
+            body["stop_words"] = list(self.stop_words)
+        return body
+
+
+@dataclass(frozen=True)
+class GenerateChunk:
+    """One streamed response: the new token ids (INT32 values) and upstream's per-chunk text."""
+
+    output_ids: list[int]
+    text_output: str = ""
+
+
+def _flatten(value: Any) -> list[int]:
+    if isinstance(value, list):
+        out: list[int] = []
+        for item in value:
+            out.extend(_flatten(item))
+        return out
+    return [int(value)]
+
+
+def parse_event(data: str) -> GenerateChunk:
+    """Parse one SSE ``data`` payload into a chunk.
+
+    ``output_ids`` is cut to ``sequence_length`` when present (a response may be padded).
+
+    Raises:
+        InferenceError: the event carries ``error``, or is not the expected JSON.
+    """
+    try:
+        payload = json.loads(data)
+    except json.JSONDecodeError:
+        raise InferenceError(f"Triton sent an event that is not JSON: {data[:200]!r}") from None
+    if not isinstance(payload, dict):
+        raise InferenceError(f"Triton sent an unexpected event: {data[:200]!r}")
+    if "error" in payload:
+        raise InferenceError(f"Triton reported: {payload['error']}")
+    ids = _flatten(payload.get("output_ids", []))
+    if "sequence_length" in payload:
+        lengths = _flatten(payload["sequence_length"])
+        if lengths:
+            ids = ids[: max(0, lengths[0])]
+    text = payload.get("text_output", "")
+    if isinstance(text, list):
+        text = "".join(str(t) for t in text)
+    return GenerateChunk(output_ids=ids, text_output=str(text))
+
+
+class TritonClient:
+    """Streams generations from a Triton model over HTTP (one shared connection pool).
+
+    Args:
+        base_url: e.g. ``http://127.0.0.1:8000``.
+        model: the model to call (``ensemble`` or ``tensorrt_llm_bls``).
+        token_timeout_s: longest wait for the next event, seconds.
+        connect_timeout_s: TCP connect timeout, seconds.
+        max_connections: connection pool size (at least the predictor's concurrency).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        model: str = "ensemble",
+        token_timeout_s: float = 120.0,
+        connect_timeout_s: float = 5.0,
+        max_connections: int = 64,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self._timeout = httpx.Timeout(connect=connect_timeout_s, read=token_timeout_s, write=30.0, pool=30.0)
+        self._limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        self._client: Optional[httpx.AsyncClient] = None
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self.token_timeout_s = token_timeout_s
+
+    def _http(self) -> httpx.AsyncClient:
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._loop is not loop or self._client.is_closed:
+            # An AsyncClient is bound to the event loop it was first used on.
+            self._client = httpx.AsyncClient(base_url=self.base_url, timeout=self._timeout, limits=self._limits)
+            self._loop = loop
+        return self._client
+
+    async def aclose(self) -> None:
+        """Close the connection pool."""
+        if self._client is not None and not self._client.is_closed:
+            await self._client.aclose()
+        self._client = None
+
+    async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
+        """Yield the chunks of one generation as Triton streams them.
+
+        Raises:
+            InferenceError: Triton rejected the request (HTTP status with its error text), sent
+                an error event, or no event came within ``token_timeout_s`` seconds.
+            TritonError: the connection failed or broke off (the caller checks whether Triton
+                died and raises TritonDiedError then).
+        """
+        url = f"/v2/models/{self.model}/generate_stream"
+        try:
+            async with aconnect_sse(self._http(), "POST", url, json=request.to_json()) as source:
+                response = source.response
+                if response.status_code != 200:
+                    body = (await response.aread()).decode("utf-8", "replace")
+                    try:
+                        message = json.loads(body).get("error", body)
+                    except (json.JSONDecodeError, AttributeError):
+                        message = body
+                    raise InferenceError(f"Triton answered HTTP {response.status_code}: {message}")
+                async for event in source.aiter_sse():
+                    if not event.data:
+                        continue
+                    yield parse_event(event.data)
+        except httpx.ReadTimeout:
+            raise InferenceError(
+                f"no token from Triton for {self.token_timeout_s:.0f} s (COG_TRITON_REQUEST_TIMEOUT_S)"
+            ) from None
+        except SSEError as exc:
+            raise InferenceError(f"Triton's response is not an event stream: {exc}") from None
+        except httpx.TransportError as exc:
+            raise TritonError(f"connection to Triton at {self.base_url} failed: {type(exc).__name__}: {exc}") from None

@@ -1,0 +1,193 @@
+"""The local stack used by ``scripts/serve``, ``scripts/demo.py`` and the integration tests.
+
+* :class:`WeightsHTTPServer`: serves a folder (the weights archive) over HTTP on 127.0.0.1, with
+  the standard library's ``SimpleHTTPRequestHandler``; counts GET requests per path.
+* :class:`CogServer`: runs the real Cog HTTP server (``python -m cog.server.http``, coglet) on
+  127.0.0.1 as a subprocess in its own process group, waits for ``/health-check`` to report READY,
+  and stops it (SIGTERM, then SIGKILL of the whole group, so Triton goes too).
+"""
+
+from __future__ import annotations
+
+import collections
+import http.server
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+import httpx
+
+from cog_triton.settings import REPO_ROOT
+
+log = logging.getLogger(__name__)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    counter: "collections.Counter[str]"
+
+    def do_GET(self) -> None:  # noqa: N802 - stdlib naming
+        self.counter[self.path] += 1
+        super().do_GET()
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        log.debug("weights server: " + format, *args)
+
+
+class WeightsHTTPServer:
+    """Serve ``directory`` read-only at ``http://127.0.0.1:<port>/`` in a background thread."""
+
+    def __init__(self, directory: Path, port: int = 0) -> None:
+        self.counter: collections.Counter[str] = collections.Counter()
+        handler = type("Handler", (_QuietHandler,), {"counter": self.counter})
+        self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", port), partial(handler, directory=str(directory)))
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="weights-http", daemon=True)
+
+    @property
+    def url(self) -> str:
+        """Base URL without trailing slash."""
+        return f"http://127.0.0.1:{self._httpd.server_address[1]}"
+
+    def __enter__(self) -> "WeightsHTTPServer":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+
+class CogServer:
+    """The real Cog HTTP server running ``predict.py:Predictor`` from the repository root.
+
+    Args:
+        env: extra environment (COG_WEIGHTS, COG_TRITON_* settings).
+        port: HTTP port on 127.0.0.1 (0 = pick a free one).
+        log_file: where the server's output goes.
+        max_concurrency: COG_MAX_CONCURRENCY (coglet's prediction slots).
+    """
+
+    def __init__(
+        self,
+        env: Mapping[str, str],
+        *,
+        port: int = 0,
+        log_file: Optional[Path] = None,
+        max_concurrency: int = 8,
+        host: str = "127.0.0.1",
+    ) -> None:
+        self.port = port or free_port()
+        self.host = host
+        self.log_file = log_file or REPO_ROOT / "build" / f"cog-{self.port}.log"
+        self.max_concurrency = max_concurrency
+        self.extra_env = dict(env)
+        self.proc: Optional[subprocess.Popen[bytes]] = None
+
+    @property
+    def url(self) -> str:
+        """Base URL, e.g. http://127.0.0.1:5000."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        """Start the server (returns at once)."""
+        venv_bin = str(Path(sys.executable).parent)
+        env = dict(os.environ)
+        env.update(
+            {
+                "PATH": f"{venv_bin}{os.pathsep}{env.get('PATH', '')}",
+                "COG_PREDICT_TYPE_STUB": "predict.py:Predictor",
+                "PORT": str(self.port),
+                "COG_MAX_CONCURRENCY": str(self.max_concurrency),
+                "COG_TRITON_MAX_CONCURRENCY": str(self.max_concurrency),
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        env.update(self.extra_env)
+        self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        sink = open(self.log_file, "ab")  # noqa: SIM115 - owned by the child
+        self.proc = subprocess.Popen(  # noqa: S603
+            [sys.executable, "-m", "cog.server.http", "--host", self.host],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        sink.close()
+        log.info("Cog HTTP server starting on %s (pid %d, log %s)", self.url, self.proc.pid, self.log_file)
+
+    def health(self) -> dict[str, Any]:
+        """The JSON of ``GET /health-check``."""
+        return httpx.get(f"{self.url}/health-check", timeout=5).json()
+
+    def wait_ready(self, timeout_s: float = 600.0) -> dict[str, Any]:
+        """Wait for status READY; return the health document.
+
+        Raises:
+            RuntimeError: SETUP_FAILED (with the setup logs), the process exited, or the deadline passed.
+        """
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"Cog server exited with {self.proc.returncode}; see {self.log_file}")
+            try:
+                doc = self.health()
+            except httpx.TransportError:
+                time.sleep(0.25)
+                continue
+            status = doc.get("status")
+            if status == "READY":
+                return doc
+            if status in ("SETUP_FAILED", "DEFUNCT"):
+                logs = (doc.get("setup") or {}).get("logs", "")
+                raise RuntimeError(f"Cog setup failed ({status}):\n{logs[-4000:]}")
+            time.sleep(0.5)
+        raise RuntimeError(f"Cog server not ready after {timeout_s:.0f} s; see {self.log_file}")
+
+    def predict(self, inputs: Mapping[str, Any], timeout_s: float = 300.0) -> dict[str, Any]:
+        """``POST /predictions`` synchronously; return the prediction document."""
+        response = httpx.post(f"{self.url}/predictions", json={"input": dict(inputs)}, timeout=timeout_s)
+        return response.json()
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        """SIGTERM the server's process group, then SIGKILL it after ``timeout_s`` seconds."""
+        if self.proc is None:
+            return
+        for sig, wait in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
+            if self.proc.poll() is not None:
+                break
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(timeout=wait)
+            except subprocess.TimeoutExpired:
+                continue
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # anything left in the group (Triton)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
+    def __enter__(self) -> "CogServer":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,351 @@
+"""The predictor's logic: setup (weights -> model repository -> Triton) and streaming generation.
+
+``predict.py`` only declares Cog inputs and delegates here. One :class:`LLMService` owns the
+Triton process, the tokenizer and the HTTP client for the lifetime of the Cog worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any, AsyncIterator, Awaitable, Callable, Optional, TypeVar, Union
+
+from cog_triton.client import GenerateChunk, GenerateRequest, TritonClient
+from cog_triton.detokenizer import IncrementalDetokenizer
+from cog_triton.errors import ConfigError, TritonDiedError, TritonError
+from cog_triton.inputs import PredictInputs, chat_template_adds_bos, render_prompt
+from cog_triton.settings import Settings
+from cog_triton.stop import StopSequenceMatcher
+from cog_triton.weights import fetch_weights
+from tensorrtllm_backend.engine import WeightsInfo, inspect_weights
+from tensorrtllm_backend.server import LaunchConfig, TritonServer, locate_tritonserver
+from tensorrtllm_backend.templates import RenderOptions, render_model_repository
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+WATCHDOG_INTERVAL_S = 0.5
+SELF_TEST_PROMPT = "Hello"
+SELF_TEST_TOKENS = 4
+
+MetricSink = Callable[[str, Union[int, float]], None]
+
+
+def _run_coroutine_sync(factory: Callable[[], Awaitable[T]]) -> T:
+    """Run a coroutine to completion from sync code, even if this thread already runs a loop."""
+    result: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            result["value"] = asyncio.run(factory())  # type: ignore[arg-type]
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            result["error"] = exc
+
+    thread = threading.Thread(target=target, name="cog-triton-sync")
+    thread.start()
+    thread.join()
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
+
+
+class LLMService:
+    """Weights, model repository, Triton process and generation for one predictor.
+
+    Lifecycle: :meth:`setup` (blocking, seconds to minutes) -> any number of concurrent
+    :meth:`generate` calls -> :meth:`shutdown` (also registered with ``atexit``).
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.server: Optional[TritonServer] = None
+        self.client: Optional[TritonClient] = None
+        self.info: Optional[WeightsInfo] = None
+        self.tokenizer: Any = None
+        self.add_special_tokens = True
+        self._restart_lock = threading.Lock()
+        atexit.register(self.shutdown)
+
+    # ----------------------------------------------------------------- setup
+    def setup(self, weights: Union[str, Path, None] = None) -> None:
+        """Fetch weights, render the model repository, start Triton, run a self-test.
+
+        Args:
+            weights: URL (http, https, file) or local path of a .tar/.tar.gz archive or folder;
+                default: COG_TRITON_WEIGHTS, else Cog's COG_WEIGHTS.
+
+        Raises:
+            ConfigError: no weights given, bad settings, or unusable weights metadata.
+            WeightsError: download, checksum or extraction failed.
+            TritonStartupError: Triton did not become ready (message has its log tail).
+            TritonError: the self-test generation failed.
+        """
+        started = time.monotonic()
+        settings = self.settings
+        source = str(weights) if weights not in (None, "") else settings.default_weights()
+        if not source:
+            raise ConfigError(
+                "no weights given: pass setup(weights=...), or set COG_WEIGHTS or COG_TRITON_WEIGHTS to a URL or path "
+                "of a .tar/.tar.gz archive or folder holding an engine or a Hugging Face checkpoint"
+            )
+        self.shutdown()
+        fetched = fetch_weights(
+            source,
+            settings.weights_path,
+            sha256=settings.weights_sha256,
+            timeout_s=settings.download_timeout_s,
+            retries=settings.download_retries,
+        )
+        log.info("weights ready in %s (%s)", fetched.path, "reused" if fetched.skipped else "fetched")
+        info = inspect_weights(
+            settings.weights_path,
+            tokenizer_dir=settings.path(settings.tokenizer_dir) if settings.tokenizer_dir else None,
+            reference_max_batch_size=settings.reference_max_batch_size,
+            reference_max_seq_len=settings.reference_max_seq_len,
+            reference_max_input_len=settings.reference_max_input_len,
+        )
+        log.info(
+            "%s %s (%s), world size %d, max_input_len %d, max_seq_len %d, max_batch_size %d",
+            "engine" if info.kind == "engine" else "Hugging Face checkpoint",
+            info.architecture,
+            info.dtype,
+            info.world_size,
+            info.limits.max_input_len,
+            info.limits.max_seq_len,
+            info.limits.max_batch_size,
+        )
+        from transformers import AutoTokenizer  # noqa: PLC0415 - heavy import, only at setup
+
+        self.tokenizer = AutoTokenizer.from_pretrained(str(info.tokenizer_dir), local_files_only=True)
+        self.add_special_tokens = (
+            settings.add_special_tokens
+            if settings.add_special_tokens is not None
+            else not chat_template_adds_bos(self.tokenizer)
+        )
+        render_model_repository(self._render_options(), info)
+        installation = locate_tritonserver(
+            settings.path(settings.tritonserver) if settings.tritonserver else None,
+            settings.path(settings.backend_dir) if settings.backend_dir else None,
+            work_dir=settings.path(Path("build")),
+        )
+        self.server = TritonServer(
+            installation,
+            LaunchConfig(
+                model_repo=settings.model_repo_path,
+                http_port=settings.http_port,
+                grpc_port=settings.grpc_port,
+                metrics_port=settings.metrics_port,
+                world_size=info.world_size,
+                log_verbose=settings.log_verbose,
+                mpirun=settings.mpirun,
+            ),
+            log_file=settings.path(Path("build/triton.log")),
+            stop_timeout_s=settings.stop_timeout_s,
+        )
+        self.info = info
+        self.client = TritonClient(
+            self.server.url,
+            token_timeout_s=settings.request_timeout_s,
+            max_connections=max(settings.max_concurrency * 2, 8),
+        )
+        self.server.start()
+        ready_s = self.server.wait_ready(settings.startup_timeout_s)
+        log.info("Triton ready in %.1f s", ready_s)
+        if settings.self_test:
+            self._self_test()
+        log.info("setup finished in %.1f s", time.monotonic() - started)
+
+    def _render_options(self) -> RenderOptions:
+        s = self.settings
+        return RenderOptions(
+            template_dir=s.template_path,
+            model_repo_dir=s.model_repo_path,
+            triton_max_batch_size=s.triton_max_batch_size,
+            decoupled=True,
+            max_queue_delay_microseconds=s.max_queue_delay_microseconds,
+            batching_strategy=s.batching_strategy.value,
+            batch_scheduler_policy=s.batch_scheduler_policy.value,
+            kv_cache_free_gpu_mem_fraction=s.kv_cache_free_gpu_mem_fraction,
+            max_tokens_in_paged_kv_cache=s.max_tokens_in_paged_kv_cache,
+            enable_kv_cache_reuse=s.enable_kv_cache_reuse,
+            enable_chunked_context=s.enable_chunked_context,
+            gpu_device_ids=s.gpu_device_ids,
+            preprocessing_instance_count=s.preprocessing_instance_count,
+            postprocessing_instance_count=s.postprocessing_instance_count,
+            add_special_tokens=self.add_special_tokens,
+            reference_torch_threads=s.reference_torch_threads,
+            tensorrt_llm_parameters=s.tensorrt_llm_parameters,
+        )
+
+    def _self_test(self) -> None:
+        inputs = PredictInputs.validate(prompt=SELF_TEST_PROMPT, max_tokens=SELF_TEST_TOKENS, temperature=0, seed=0)
+
+        async def run() -> str:
+            parts = [part async for part in self.generate(inputs)]
+            if self.client is not None:
+                await self.client.aclose()
+            return "".join(parts)
+
+        started = time.monotonic()
+        text = _run_coroutine_sync(run)
+        log.info("self-test generated %r in %.2f s", text, time.monotonic() - started)
+
+    # ------------------------------------------------------------- lifecycle
+    def shutdown(self) -> None:
+        """Stop Triton (SIGINT, then SIGKILL after the grace period). Safe to call repeatedly."""
+        if self.server is not None:
+            self.server.stop()
+
+    def _ensure_server(self) -> None:
+        """Restart Triton if it died since the last request (blocking; run in a worker thread)."""
+        server = self.server
+        if server is None:
+            raise TritonError("setup() has not completed: Triton is not running")
+        with self._restart_lock:
+            if server.is_alive():
+                return
+            log.warning("Triton %s; restarting it. Last log lines:\n%s", server.exit_description(), server.log_tail(20))
+            server.stop()
+            server.start()
+            server.wait_ready(self.settings.startup_timeout_s)
+            log.info("Triton restarted")
+
+    # ------------------------------------------------------------ generation
+    def prepare(self, inputs: PredictInputs) -> tuple[GenerateRequest, int]:
+        """Format and measure the prompt; build the request. Returns (request, prompt tokens).
+
+        Raises:
+            InputError: the prompt is too long for the model, or min_tokens cannot fit.
+        """
+        assert self.info is not None and self.tokenizer is not None
+        text = render_prompt(self.tokenizer, inputs.prompt, inputs.system_prompt, inputs.prompt_template)
+        prompt_tokens = len(self.tokenizer.encode(text, add_special_tokens=self.add_special_tokens))
+        limits = self.info.limits
+        budget = inputs.token_budget(prompt_tokens, limits.max_input_len, limits.max_seq_len)
+        greedy = inputs.temperature == 0.0
+        request = GenerateRequest(
+            text_input=text,
+            max_tokens=budget,
+            min_tokens=inputs.min_tokens,
+            # TensorRT-LLM decodes greedily with top_k=1; temperature 0 is mapped to that.
+            temperature=1.0 if greedy else inputs.temperature,
+            top_k=1 if greedy else inputs.top_k,
+            top_p=1.0 if greedy else inputs.top_p,
+            repetition_penalty=inputs.repetition_penalty,
+            presence_penalty=inputs.presence_penalty,
+            frequency_penalty=inputs.frequency_penalty,
+            seed=inputs.seed,
+            stop_words=inputs.stop_sequences,
+        )
+        return request, prompt_tokens
+
+    async def generate(self, inputs: PredictInputs, metric: Optional[MetricSink] = None) -> AsyncIterator[str]:
+        """Stream the completion of ``inputs`` as text deltas.
+
+        The deltas concatenate to the full decode of the generated tokens, cut before the first
+        stop sequence (which is never emitted). ``metric(name, value)`` receives
+        input_token_count, output_token_count (tokens) and time_to_first_token_s (seconds).
+
+        Raises:
+            InputError: see :meth:`prepare`.
+            TritonDiedError: Triton exited during the request (detected within ~0.5 s).
+            InferenceError: Triton rejected the request or stopped sending tokens.
+        """
+        started = time.monotonic()
+        request, prompt_tokens = self.prepare(inputs)
+        if metric:
+            metric("input_token_count", prompt_tokens)
+        if self.server is None or not self.server.is_alive():
+            await asyncio.to_thread(self._ensure_server)
+        detok = IncrementalDetokenizer(self.tokenizer, skip_special_tokens=True)
+        stops = StopSequenceMatcher(inputs.stop_sequences)
+        stopped = False
+        first = True
+        try:
+            async for chunk in self._guarded_stream(request):
+                if first and chunk.output_ids:
+                    first = False
+                    if metric:
+                        metric("time_to_first_token_s", round(time.monotonic() - started, 4))
+                text, stopped = stops.push(detok.push(chunk.output_ids))
+                if text:
+                    yield text
+                if stopped:
+                    break
+            if not stopped:
+                text, stopped = stops.push(detok.finish())
+                if text:
+                    yield text
+                if not stopped:
+                    rest = stops.finish()
+                    if rest:
+                        yield rest
+        finally:
+            if metric:
+                metric("output_token_count", detok.num_tokens)
+            log.info(
+                "generated %d tokens for a %d-token prompt in %.2f s%s",
+                detok.num_tokens,
+                prompt_tokens,
+                time.monotonic() - started,
+                " (stop sequence)" if stopped else "",
+            )
+
+    async def _guarded_stream(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
+        """Chunks from Triton, failing within ~WATCHDOG_INTERVAL_S if the Triton process dies."""
+        assert self.client is not None and self.server is not None
+        server, client = self.server, self.client
+        queue: asyncio.Queue[object] = asyncio.Queue()
+        done = object()
+
+        async def pump() -> None:
+            try:
+                async for chunk in client.generate_stream(request):
+                    queue.put_nowait(chunk)
+                queue.put_nowait(done)
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+                queue.put_nowait(exc)
+
+        pump_task = asyncio.create_task(pump())
+        getter: Optional[asyncio.Future[object]] = None
+        try:
+            while True:
+                if getter is None:
+                    getter = asyncio.ensure_future(queue.get())
+                finished, _ = await asyncio.wait({getter}, timeout=WATCHDOG_INTERVAL_S)
+                if not finished:
+                    if not server.is_alive():
+                        raise self._died()
+                    continue
+                item = getter.result()
+                getter = None
+                if item is done:
+                    return
+                if isinstance(item, TritonError) and not isinstance(item, TritonDiedError):
+                    # A broken connection usually means Triton is going down: give it a moment.
+                    for _ in range(int(2.0 / 0.1)):
+                        if not server.is_alive():
+                            raise self._died() from None
+                        await asyncio.sleep(0.1)
+                    raise item
+                if isinstance(item, BaseException):
+                    raise item
+                yield item  # type: ignore[misc]
+        finally:
+            for task in (getter, pump_task):
+                if task is not None and not task.done():
+                    task.cancel()
+            await asyncio.gather(pump_task, return_exceptions=True)
+
+    def _died(self) -> TritonDiedError:
+        assert self.server is not None
+        return TritonDiedError(
+            f"Triton {self.server.exit_description()} during the prediction; the next prediction restarts it. "
+            f"Last log lines:\n{self.server.log_tail(20)}"
+        )

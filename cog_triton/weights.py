@@ -1,0 +1,804 @@
+"""Fetch model weights into a local folder: download, verify, safely unpack, and skip when unchanged.
+
+:func:`fetch_weights` accepts an http(s) URL, a ``file://`` URL or a local path, pointing to a
+``.tar`` / ``.tar.gz`` (``.tgz``; bzip2 and xz work too) archive or to a directory, and leaves its
+contents in ``target_dir``:
+
+* HTTP downloads are streamed with httpx into a temporary file next to the target, hashed while
+  they stream, checked against ``Content-Length``, and retried (tenacity, exponential backoff with
+  jitter) on connection errors, timeouts, truncated bodies and 5xx answers; 4xx answers are not
+  retried.
+* The archive's sha256 is checked when one is given.
+* Archives are unpacked with :mod:`tarfile` (compression detected from the content, ``"r:*"``)
+  under the ``"data"`` extraction filter, after our own per-member check that names the offending
+  member: absolute paths, ``..`` components, links that resolve outside the target, device files
+  and FIFOs are refused with :class:`~cog_triton.errors.ArchiveError`.
+* Everything is unpacked (or copied) into a staging folder beside ``target_dir`` which then
+  replaces ``target_dir`` by rename, so a failed fetch leaves the previous weights in place.
+* A marker file (:data:`MARKER_NAME`) records what was fetched; the next identical fetch whose
+  files are all still present with their recorded sizes is skipped.
+
+URLs are never logged or put into error messages with their userinfo or query string (see
+:func:`redact_url`); the records of httpx's own request log are redacted the same way.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import logging
+import lzma
+import os
+import posixpath
+import re
+import secrets
+import shutil
+import stat
+import tarfile
+import tempfile
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath, PureWindowsPath
+from typing import Any, BinaryIO, Iterator, Optional, Union
+from urllib.parse import urlsplit, urlunsplit
+from urllib.request import url2pathname
+
+import httpx
+from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
+
+from cog_triton.errors import ArchiveError, ChecksumError, DownloadError, WeightsError
+
+log = logging.getLogger(__name__)
+
+#: File written into the target directory after a successful fetch (JSON).
+MARKER_NAME = ".cog-triton-weights.json"
+#: Files of the target directory that survive a fetch (placeholders tracked by git).
+KEEP_NAMES = frozenset({".gitkeep"})
+MARKER_VERSION = 1
+
+CHUNK_BYTES = 1 << 20
+#: Progress is logged when this fraction of the download has arrived since the last line ...
+PROGRESS_FRACTION = 0.10
+#: ... or when this many seconds have passed since it.
+PROGRESS_INTERVAL_S = 5.0
+#: First retry waits about this long (seconds, plus jitter); each further one twice as long.
+RETRY_INITIAL_BACKOFF_S = 1.0
+#: Longest wait between two attempts (seconds).
+RETRY_MAX_BACKOFF_S = 30.0
+
+SUPPORTED_KINDS = ".tar, .tar.gz/.tgz (also .tar.bz2, .tar.xz) or a directory"
+
+_HAS_DATA_FILTER = hasattr(tarfile, "data_filter")
+_FILTER_ERRORS: tuple[type[BaseException], ...] = (
+    (tarfile.FilterError,) if hasattr(tarfile, "FilterError") else ()  # type: ignore[attr-defined]
+)
+_SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+_COMPRESSION_MAGIC = ((b"\x1f\x8b", "gzip"), (b"BZh", "bzip2"), (b"\xfd7zXZ\x00", "xz"))
+_UNSUPPORTED_MAGIC = (
+    (b"PK\x03\x04", "a zip archive"),
+    (b"PK\x05\x06", "an (empty) zip archive"),
+    (b"(\xb5/\xfd", "zstd-compressed"),
+    (b"7z\xbc\xaf\x27\x1c", "a 7z archive"),
+    (b"Rar!\x1a\x07", "a RAR archive"),
+)
+
+SourceLike = Union[str, "os.PathLike[str]"]
+
+
+@dataclass(frozen=True)
+class WeightsResult:
+    """What :func:`fetch_weights` left in the target directory.
+
+    Attributes:
+        path: the target directory (absolute).
+        source: the source as given, with userinfo and query string removed from URLs.
+        sha256: hex sha256 of the archive (as downloaded / as on disk); ``None`` for a directory.
+        size_bytes: size of the archive in bytes; for a directory, the total bytes of its files.
+        skipped: ``True`` when an earlier identical fetch was found intact and reused.
+    """
+
+    path: Path
+    source: str
+    sha256: Optional[str]
+    size_bytes: int
+    skipped: bool
+
+
+def redact_url(url: str) -> str:
+    """Return ``url`` without userinfo (``user:password@``), query string and fragment.
+
+    Used for every log line and error message that names a URL, so that credentials and signed
+    query parameters (for example pre-signed S3 URLs) never leak.
+    """
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparsable URL>"
+    netloc = parts.netloc.rpartition("@")[2]
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def fetch_weights(
+    source: SourceLike,
+    target_dir: Union[str, "os.PathLike[str]"],
+    *,
+    sha256: Optional[str] = None,
+    timeout_s: float = 60.0,
+    retries: int = 3,
+) -> WeightsResult:
+    """Fetch weights from ``source`` into ``target_dir`` and return what was done.
+
+    Args:
+        source: ``http://`` / ``https://`` URL, ``file://`` URL or local path (str or Path) of a
+            tar archive (plain, gzip, bzip2 or xz; the kind is detected from the content) or of a
+            directory whose contents are copied.
+        target_dir: folder that receives the contents; created when missing. Its previous contents
+            are replaced (a ``.gitkeep`` in it is kept). Temporary files are made beside it.
+        sha256: expected hex sha256 of the archive (any case); verified when given. Not allowed
+            for a directory source.
+        timeout_s: timeout in seconds for each network operation (connect, each read).
+        retries: how many times a failed download is retried (connection errors, timeouts,
+            truncated bodies and HTTP 5xx; never 4xx), with exponential backoff.
+
+    Returns:
+        A :class:`WeightsResult`; ``skipped`` is True when the marker left by an earlier fetch of
+        the same source (same sha256 when given; for local sources, same size and modification
+        time) matches and every recorded file is present with its recorded size in bytes, or when
+        the source directory is ``target_dir`` itself.
+
+    Raises:
+        WeightsError: the source is missing or unsupported, ``sha256`` is malformed or given for a
+            directory, or files could not be written.
+        DownloadError: HTTP 4xx/5xx, timeout, connection failure or truncated download (after the
+            retries).
+        ChecksumError: the archive's sha256 differs from ``sha256``.
+        ArchiveError: the archive is not a tar archive, is corrupt or truncated, or has a member
+            that would land outside ``target_dir`` or is a device file or FIFO.
+        ValueError: ``timeout_s`` is not positive or ``retries`` is negative.
+
+    On any error the previous contents of ``target_dir`` are left untouched.
+    """
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s!r}")
+    if retries < 0:
+        raise ValueError(f"retries must be >= 0, got {retries!r}")
+
+    src = _parse_source(source)
+    expected_sha = _normalize_sha256(sha256, src.display)
+    target = Path(target_dir).absolute()
+    if target.exists() and not target.is_dir():
+        raise WeightsError(f"target {target} exists and is not a directory")
+
+    kind = "archive"
+    fingerprint: Optional[dict[str, Any]] = None
+    if src.path is not None:
+        if not src.path.exists():
+            raise WeightsError(
+                f"weights source {src.display} does not exist; give an http(s) URL, a file:// URL or the "
+                f"path of a {SUPPORTED_KINDS}"
+            )
+        if src.path.is_dir():
+            kind = "directory"
+            if expected_sha is not None:
+                raise WeightsError(
+                    f"a sha256 was given for the directory {src.display}, but checksums apply to archives only; "
+                    "drop the sha256 or point the weights at a .tar/.tar.gz archive"
+                )
+            overlap = _directory_overlap(src.path, target)
+            if overlap == "same":
+                size = sum(e.get("size", 0) for e in _inventory(target))
+                log.info("weights source %s is the target directory itself; nothing to copy", src.display)
+                return WeightsResult(path=target, source=src.display, sha256=None, size_bytes=size, skipped=True)
+            if overlap is not None:
+                raise WeightsError(
+                    f"weights source directory {src.display} and target {target} overlap ({overlap}); "
+                    "use separate folders"
+                )
+        elif not src.path.is_file():
+            raise WeightsError(f"weights source {src.display} is neither a regular file nor a directory")
+        fingerprint = _local_fingerprint(src.path, kind, src.display)
+
+    marker = _read_marker(target)
+    if marker is not None and _marker_matches(marker, src.key, expected_sha, fingerprint, target):
+        log.info("weights from %s already present in %s (%d files); skipping the fetch",
+                 src.display, target, len(marker["files"]))
+        return WeightsResult(
+            path=target, source=src.display, sha256=marker.get("sha256"),
+            size_bytes=int(marker["size_bytes"]), skipped=True,
+        )
+
+    started = time.monotonic()
+    log.info("fetching weights from %s into %s", src.display, target)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        _remove_leftovers(target)
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.staging-", dir=target.parent))
+    except OSError as exc:
+        raise WeightsError(f"could not prepare {target}: {exc}") from exc
+    download: Optional[Path] = None
+    try:
+        digest: Optional[str]
+        if kind == "directory":
+            assert src.path is not None
+            _copy_directory(src.path, staging, src.display)
+            digest, size = None, 0
+        else:
+            if src.url is not None:
+                download = target.parent / f".{target.name}.download-{secrets.token_hex(4)}"
+                digest, size = _download(src.url, src.display, download, timeout_s, retries)
+                archive = download
+            else:
+                assert src.path is not None
+                archive = src.path
+                digest, size = _hash_file(archive, src.display)
+            if expected_sha is not None and digest != expected_sha:
+                raise ChecksumError(
+                    f"sha256 mismatch for {src.display}: expected {expected_sha}, got {digest} ({size} bytes); "
+                    f"the file is corrupt or the expected checksum is wrong. The previous contents of {target} "
+                    "were kept"
+                )
+            _extract_archive(archive, staging, src.display)
+        files = _inventory(staging)
+        if not files:
+            raise (WeightsError if kind == "directory" else ArchiveError)(
+                f"the weights {kind} {src.display} contains no files"
+            )
+        if kind == "directory":
+            size = sum(e.get("size", 0) for e in files)
+        try:
+            for name in KEEP_NAMES:
+                if (target / name).is_file() and not (staging / name).exists():
+                    shutil.copy2(target / name, staging / name)
+            _write_marker(staging, {
+                "version": MARKER_VERSION,
+                "source": src.display,
+                "source_key": src.key,
+                "sha256": digest,
+                "size_bytes": size,
+                "local": fingerprint,
+                "fetched_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "files": files,
+            })
+            os.chmod(staging, stat.S_IMODE(target.stat().st_mode) if target.is_dir() else 0o755)
+            _replace_directory(staging, target)
+        except OSError as exc:
+            raise WeightsError(f"could not move the new weights into {target}: {exc}") from exc
+    finally:
+        if download is not None:
+            download.unlink(missing_ok=True)
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+
+    log.info("weights from %s ready in %s: %d files, source %d bytes, %.1f s",
+             src.display, target, len(files), size, time.monotonic() - started)
+    return WeightsResult(path=target, source=src.display, sha256=digest, size_bytes=size, skipped=False)
+
+
+# --- sources ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Source:
+    key: str  # sha256 of the full source string (URL) or of the absolute path (local)
+    display: str  # safe to log
+    url: Optional[str] = None  # http(s) URL
+    path: Optional[Path] = None  # local file or directory (absolute)
+
+
+def _parse_source(source: SourceLike) -> _Source:
+    if isinstance(source, os.PathLike):
+        path = Path(os.fspath(source))
+    elif isinstance(source, str):
+        text = source.strip()
+        if not text:
+            raise WeightsError(f"the weights source is empty; give an http(s) URL, a file:// URL or a path to a "
+                               f"{SUPPORTED_KINDS}")
+        match = _SCHEME_RE.match(text)
+        if match is None:
+            path = Path(text).expanduser()
+        else:
+            scheme = match.group(1).lower()
+            if scheme in ("http", "https"):
+                try:
+                    host = urlsplit(text).hostname
+                except ValueError:
+                    host = None
+                if not host:
+                    raise WeightsError(f"weights URL {redact_url(text)} has no host")
+                return _Source(key=_sha256_text(text), display=redact_url(text), url=text)
+            if scheme == "file":
+                parts = urlsplit(text)
+                if parts.netloc not in ("", "localhost"):
+                    raise WeightsError(f"file:// URL {redact_url(text)} names the host {parts.netloc!r}; "
+                                       "only local files (file:///path) are supported")
+                path = Path(url2pathname(parts.path))
+            else:
+                raise WeightsError(f"unsupported weights URL scheme {scheme!r} in {redact_url(text)}; "
+                                   "use http://, https://, file:// or a local path")
+    else:
+        raise TypeError(f"source must be a str or a path, got {type(source).__name__}")
+    path = path.absolute()
+    return _Source(key=_sha256_text("local:" + os.fspath(path)), display=os.fspath(path), path=path)
+
+
+def _sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def _normalize_sha256(value: Optional[str], display: str) -> Optional[str]:
+    if value is None:
+        return None
+    normalized = value.strip().lower()
+    if not normalized:
+        return None
+    if not _SHA256_RE.match(normalized):
+        raise WeightsError(f"the expected sha256 for {display} must be 64 hexadecimal characters, got {value!r}")
+    return normalized
+
+
+def _directory_overlap(source: Path, target: Path) -> Optional[str]:
+    src, dst = source.resolve(), target.resolve()
+    if src == dst:
+        return "same"
+    if dst.is_relative_to(src):
+        return "the target is inside the source"
+    if src.is_relative_to(dst):
+        return "the source is inside the target"
+    return None
+
+
+def _local_fingerprint(path: Path, kind: str, display: str) -> dict[str, Any]:
+    """Size and mtime of a local archive, or a digest over (path, size, mtime) of a directory's files."""
+    try:
+        if kind != "directory":
+            st = path.stat()
+            return {"kind": "file", "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+        digest = hashlib.sha256()
+        count = total = 0
+        for dirpath, dirnames, filenames in os.walk(path, followlinks=True):
+            dirnames.sort()
+            rel_dir = os.path.relpath(dirpath, path)
+            for name in sorted(filenames):
+                if rel_dir == "." and name == MARKER_NAME:
+                    continue
+                st = os.stat(os.path.join(dirpath, name))
+                rel = PurePosixPath(rel_dir, name).as_posix()
+                digest.update(f"{rel}\0{st.st_size}\0{st.st_mtime_ns}\n".encode("utf-8", "surrogateescape"))
+                count += 1
+                total += st.st_size
+        return {"kind": "directory", "files": count, "size": total, "digest": digest.hexdigest()}
+    except OSError as exc:
+        raise WeightsError(f"could not read the weights source {display}: {exc}") from exc
+
+
+def _hash_file(path: Path, display: str) -> tuple[str, int]:
+    hasher = hashlib.sha256()
+    size = 0
+    try:
+        with open(path, "rb") as fh:
+            while chunk := fh.read(CHUNK_BYTES):
+                hasher.update(chunk)
+                size += len(chunk)
+    except OSError as exc:
+        raise WeightsError(f"could not read the weights archive {display}: {exc}") from exc
+    return hasher.hexdigest(), size
+
+
+# --- marker ----------------------------------------------------------------------------------
+
+
+def _read_marker(target: Path) -> Optional[dict[str, Any]]:
+    try:
+        data = json.loads((target / MARKER_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("files"), list):
+        return None
+    return data
+
+
+def _write_marker(directory: Path, data: dict[str, Any]) -> None:
+    (directory / MARKER_NAME).write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def _marker_matches(
+    marker: dict[str, Any], key: str, expected_sha: Optional[str], fingerprint: Optional[dict[str, Any]], target: Path
+) -> bool:
+    if marker.get("version") != MARKER_VERSION or marker.get("source_key") != key:
+        return False
+    if expected_sha is not None and marker.get("sha256") != expected_sha:
+        return False
+    if marker.get("local") != fingerprint:
+        return False
+    if not isinstance(marker.get("size_bytes"), int):
+        return False
+    for entry in marker["files"]:
+        try:
+            rel = PurePosixPath(entry["path"])
+            if rel.is_absolute() or ".." in rel.parts:
+                return False
+            st = os.lstat(target / rel)
+            if "link" in entry:
+                if not stat.S_ISLNK(st.st_mode) or os.readlink(target / rel) != entry["link"]:
+                    return False
+            elif not stat.S_ISREG(st.st_mode) or st.st_size != entry["size"]:
+                return False
+        except (OSError, KeyError, TypeError):
+            return False
+    return True
+
+
+def _inventory(root: Path) -> list[dict[str, Any]]:
+    """Regular files (with size in bytes) and symlinks (with target) under ``root``, sorted by path."""
+    entries: list[dict[str, Any]] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel_dir = os.path.relpath(dirpath, root)
+        names = filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]
+        for name in names:
+            if rel_dir == "." and (name == MARKER_NAME or name in KEEP_NAMES):
+                continue
+            full = os.path.join(dirpath, name)
+            rel = PurePosixPath(rel_dir, name).as_posix()
+            st = os.lstat(full)
+            if stat.S_ISLNK(st.st_mode):
+                entries.append({"path": rel, "link": os.readlink(full)})
+            elif stat.S_ISREG(st.st_mode):
+                entries.append({"path": rel, "size": st.st_size})
+    entries.sort(key=lambda e: e["path"])
+    return entries
+
+
+# --- staging and replacement -----------------------------------------------------------------
+
+
+def _remove_leftovers(target: Path) -> None:
+    """Delete staging folders and partial downloads that an interrupted earlier fetch left beside ``target``."""
+    prefixes = tuple(f".{target.name}.{what}-" for what in ("staging", "download", "old"))
+    for entry in target.parent.iterdir():
+        if entry.name.startswith(prefixes):
+            log.info("removing leftover %s from an interrupted fetch", entry)
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+
+
+def _replace_directory(staging: Path, target: Path) -> None:
+    """Make ``staging`` the new ``target``: two renames, or a move of the contents when renaming fails."""
+    if not os.path.lexists(target):
+        os.rename(staging, target)
+        return
+    if target.is_symlink():
+        _replace_contents(staging, target)
+        return
+    old = target.parent / f".{target.name}.old-{secrets.token_hex(4)}"
+    try:
+        os.rename(target, old)
+    except OSError as exc:
+        # e.g. EXDEV for a directory of a lower overlayfs layer, EBUSY for a mount point
+        log.info("could not rename %s (%s); replacing its contents in place", target, exc)
+        _replace_contents(staging, target)
+        return
+    try:
+        os.rename(staging, target)
+    except OSError:
+        os.rename(old, target)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _replace_contents(staging: Path, target: Path) -> None:
+    old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
+    moved_out: list[str] = []
+    moved_in: list[str] = []
+    try:
+        for child in list(target.iterdir()):
+            if child.name not in KEEP_NAMES:
+                shutil.move(os.fspath(child), os.fspath(old / child.name))
+                moved_out.append(child.name)
+        for child in list(staging.iterdir()):
+            if child.name in KEEP_NAMES and (target / child.name).exists():
+                continue
+            shutil.move(os.fspath(child), os.fspath(target / child.name))
+            moved_in.append(child.name)
+    except BaseException:
+        for name in moved_in:
+            path = target / name
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+        for name in moved_out:
+            shutil.move(os.fspath(old / name), os.fspath(target / name))
+        shutil.rmtree(old, ignore_errors=True)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _copy_directory(source: Path, staging: Path, display: str) -> None:
+    def ignore(dirpath: str, names: list[str]) -> list[str]:
+        return [MARKER_NAME] if Path(dirpath) == source and MARKER_NAME in names else []
+
+    try:
+        # symlinks=False: linked files are copied (Hugging Face cache snapshots are symlinks to blobs)
+        shutil.copytree(source, staging, symlinks=False, ignore=ignore, dirs_exist_ok=True)
+    except shutil.Error as exc:
+        problems = exc.args[0] if exc.args and isinstance(exc.args[0], list) else [exc]
+        shown = "; ".join(str(p[-1]) if isinstance(p, tuple) else str(p) for p in problems[:3])
+        raise WeightsError(f"could not copy the weights directory {display}: {shown}") from exc
+    except OSError as exc:
+        raise WeightsError(f"could not copy the weights directory {display}: {exc}") from exc
+
+
+# --- archives --------------------------------------------------------------------------------
+
+
+def _corrupt(display: str, detail: object) -> ArchiveError:
+    return ArchiveError(f"the weights archive {display} is corrupt or truncated ({detail}); "
+                        "download or build it again")
+
+
+def _extract_archive(archive: Path, staging: Path, display: str) -> None:
+    """Unpack the tar archive ``archive`` into the empty folder ``staging``."""
+    with open(archive, "rb") as fh:
+        head = fh.read(tarfile.BLOCKSIZE)
+    if not head:
+        raise ArchiveError(f"the weights archive {display} is empty (0 bytes); expected a {SUPPORTED_KINDS}")
+    for magic, what in _UNSUPPORTED_MAGIC:
+        if head.startswith(magic):
+            raise ArchiveError(f"the weights file {display} is {what}, not a tar archive; supported: {SUPPORTED_KINDS}")
+    compression = next((name for magic, name in _COMPRESSION_MAGIC if head.startswith(magic)), None)
+    try:
+        tar = tarfile.open(archive, "r:*")
+    except (tarfile.ReadError, tarfile.CompressionError, EOFError, zlib.error, lzma.LZMAError, OSError) as exc:
+        if compression is not None:
+            raise _corrupt(display, f"{compression} data without a readable tar archive inside") from exc
+        raise ArchiveError(
+            f"the weights file {display} is not a tar archive (nor a gzip/bzip2/xz-compressed one), or it is "
+            f"corrupt or truncated; supported: {SUPPORTED_KINDS}"
+        ) from exc
+    dest = os.path.realpath(staging)
+    try:
+        with tar:
+            tar.errorlevel = 1
+            members = _checked_members(tar, dest, display)
+            if _HAS_DATA_FILTER:
+                tar.extractall(staging, members=members, filter="data")
+            else:  # Python < 3.10.12 / 3.11.4: our own check is the only guard
+                tar.extractall(staging, members=members)
+            _check_archive_end(tar, display)
+    except ArchiveError:
+        raise
+    except _FILTER_ERRORS as exc:
+        member = getattr(exc, "tarinfo", None)
+        name = member.name if member is not None else "?"
+        raise ArchiveError(f"unsafe weights archive {display}: member {name!r} was refused: {exc}") from exc
+    except (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError, gzip.BadGzipFile) as exc:
+        raise _corrupt(display, exc) from exc
+    except KeyError as exc:  # a hard link to a member that is not in the archive
+        raise ArchiveError(f"the weights archive {display} has a hard link to a missing member: {exc}") from exc
+    except OSError as exc:
+        if exc.errno is None:  # decompressor errors (bz2 "Invalid data stream", ...) carry no errno
+            raise _corrupt(display, exc) from exc
+        raise WeightsError(f"could not unpack {display} into {staging}: {exc}") from exc
+
+
+def _checked_members(tar: tarfile.TarFile, dest: str, display: str) -> Iterator[tarfile.TarInfo]:
+    """Yield the members of ``tar`` one by one, each checked just before it is extracted."""
+    for member in tar:
+        problem = _member_problem(member, dest)
+        if problem is not None:
+            raise ArchiveError(
+                f"unsafe weights archive {display}: member {member.name!r} {problem}; refusing to unpack it "
+                "(nothing was written outside the target directory)"
+            )
+        yield member
+
+
+def _within(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def _member_problem(member: tarfile.TarInfo, dest: str) -> Optional[str]:
+    """Why ``member`` must not be extracted into the real directory ``dest``, or None when it is safe."""
+    name = member.name
+    if not name or "\x00" in name:
+        return "has an empty or invalid name"
+    if name.startswith(("/", "\\")) or os.path.isabs(name) or PureWindowsPath(name).drive:
+        return "has an absolute path"
+    if ".." in PurePosixPath(name).parts or ".." in PureWindowsPath(name).parts:
+        return "has a '..' path component"
+    if member.ischr() or member.isblk():
+        return "is a device file"
+    if member.isfifo():
+        return "is a FIFO (named pipe)"
+    if not (member.isreg() or member.isdir() or member.issym() or member.islnk()):
+        return f"has the unsupported tar member type {member.type!r}"
+    if not _within(os.path.realpath(os.path.join(dest, name)), dest):
+        return "would be written outside the target directory (through a symlink)"
+    if member.issym() or member.islnk():
+        what = "symlink" if member.issym() else "hard link"
+        link = member.linkname
+        if not link:
+            return f"is a {what} with an empty target"
+        if link.startswith(("/", "\\")) or os.path.isabs(link):
+            return f"is a {what} to the absolute path {link!r} (outside the target directory)"
+        base = posixpath.dirname(name) if member.issym() else ""
+        lexical = posixpath.normpath(posixpath.join(base, link))
+        resolved = os.path.realpath(os.path.join(dest, base, link))
+        if lexical == ".." or lexical.startswith("../") or not _within(resolved, dest):
+            return f"is a {what} to {link!r}, which points outside the target directory"
+    return None
+
+
+def _check_archive_end(tar: tarfile.TarFile, display: str) -> None:
+    """Fail unless the archive ended with its end-of-archive block and the compressed stream is complete.
+
+    tarfile treats a missing end-of-archive block (a tar cut at a member boundary) as a normal end
+    and does not read a gzip stream's trailer; both are signs of truncation.
+    """
+    fileobj = tar.fileobj
+    assert fileobj is not None
+    fileobj.seek(tar.offset)  # within the reader's buffer: the block tarfile has just read
+    block = fileobj.read(tarfile.BLOCKSIZE)
+    if len(block) < tarfile.BLOCKSIZE:
+        raise _corrupt(display, f"it ends at byte {tar.offset} of the tar data without the end-of-archive marker")
+    if block.count(0) != tarfile.BLOCKSIZE:
+        raise _corrupt(display, f"unreadable tar header at byte {tar.offset} of the tar data")
+    _drain(fileobj)
+
+
+def _drain(fileobj: BinaryIO) -> None:
+    while fileobj.read(CHUNK_BYTES):
+        pass
+
+
+# --- HTTP --------------------------------------------------------------------------------------
+
+
+class _TransientDownloadError(DownloadError):
+    """A download failure worth retrying (connection, timeout, truncated body, 5xx)."""
+
+
+class _RedactUrlFilter(logging.Filter):
+    """Strips userinfo and query strings from the URLs in httpx's "HTTP Request: ..." log records."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple) and any(isinstance(a, httpx.URL) for a in record.args):
+            record.args = tuple(redact_url(str(a)) if isinstance(a, httpx.URL) else a for a in record.args)
+        return True
+
+
+def _install_httpx_log_filter() -> None:
+    httpx_logger = logging.getLogger("httpx")
+    if not any(isinstance(f, _RedactUrlFilter) for f in httpx_logger.filters):
+        httpx_logger.addFilter(_RedactUrlFilter())
+
+
+class _Progress:
+    def __init__(self, display: str, total: Optional[int]) -> None:
+        self.display = display
+        self.total = total
+        self.started = self.last_time = time.monotonic()
+        self.last_bytes = 0
+
+    def rate(self, done: int, now: float) -> float:
+        return done / max(now - self.started, 1e-6) / 1e6
+
+    def update(self, done: int) -> None:
+        now = time.monotonic()
+        step_due = self.total is not None and done - self.last_bytes >= self.total * PROGRESS_FRACTION
+        if not step_due and now - self.last_time < PROGRESS_INTERVAL_S:
+            return
+        self.last_time, self.last_bytes = now, done
+        if self.total:
+            log.info("downloading %s: %d of %d bytes (%.0f%%), %.1f MB/s",
+                     self.display, done, self.total, 100.0 * done / self.total, self.rate(done, now))
+        else:
+            log.info("downloading %s: %d bytes, %.1f MB/s", self.display, done, self.rate(done, now))
+
+    def finish(self, done: int) -> None:
+        now = time.monotonic()
+        log.info("downloaded %s: %d bytes in %.1f s, %.1f MB/s",
+                 self.display, done, now - self.started, self.rate(done, now))
+
+
+def _download(url: str, display: str, dest: Path, timeout_s: float, retries: int) -> tuple[str, int]:
+    """Download ``url`` into ``dest``; return (sha256 hex, size in bytes). Raises DownloadError."""
+    _install_httpx_log_filter()
+    attempts = retries + 1
+
+    def before_sleep(state: RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome is not None else None
+        wait = state.next_action.sleep if state.next_action is not None else 0.0
+        log.warning("download attempt %d of %d failed: %s; retrying in %.1f s",
+                    state.attempt_number, attempts, getattr(exc, "message", exc), wait)
+
+    retrying = Retrying(
+        stop=stop_after_attempt(attempts),
+        wait=wait_exponential_jitter(
+            initial=RETRY_INITIAL_BACKOFF_S, max=RETRY_MAX_BACKOFF_S, jitter=RETRY_INITIAL_BACKOFF_S / 2
+        ),
+        retry=retry_if_exception_type(_TransientDownloadError),
+        before_sleep=before_sleep,
+        reraise=True,
+    )
+    with httpx.Client(
+        timeout=httpx.Timeout(timeout_s), follow_redirects=True, headers={"Accept-Encoding": "identity"}
+    ) as client:
+        try:
+            return retrying(_download_once, client, url, display, dest, timeout_s)
+        except _TransientDownloadError as exc:
+            tries = f"after {attempts} attempts" if attempts > 1 else "(no retries configured)"
+            raise DownloadError(f"{exc.message}; gave up {tries}") from exc.__cause__
+
+
+def _download_once(client: httpx.Client, url: str, display: str, dest: Path, timeout_s: float) -> tuple[str, int]:
+    hasher = hashlib.sha256()
+    received = 0
+    expected: Optional[int] = None
+    phase = "connecting to"
+    try:
+        with client.stream("GET", url) as response:
+            status = response.status_code
+            if status >= 500:
+                raise _TransientDownloadError(f"HTTP {status} {response.reason_phrase} (server error) from {display}")
+            if status >= 400:
+                hint = "check the URL" + (" and its credentials" if status in (401, 403) else "")
+                raise DownloadError(f"HTTP {status} {response.reason_phrase} for {display}; {hint}")
+            if not 200 <= status < 300:
+                raise DownloadError(f"unexpected HTTP {status} {response.reason_phrase} for {display}")
+            expected = _content_length(response)
+            progress = _Progress(display, expected)
+            log.info("downloading %s (%s)", display, f"{expected} bytes" if expected is not None else "size unknown")
+            phase = "reading from"
+            with open(dest, "wb") as fh:
+                for chunk in response.iter_raw():  # as the bytes arrive (exact counts on a short read)
+                    fh.write(chunk)
+                    hasher.update(chunk)
+                    received += len(chunk)
+                    progress.update(received)
+    except httpx.TimeoutException as exc:
+        raise _TransientDownloadError(
+            f"timed out after {timeout_s:g} s {phase} {display} (timeout_s={timeout_s:g}; "
+            "raise COG_TRITON_DOWNLOAD_TIMEOUT_S for slow servers)"
+        ) from exc
+    except httpx.ConnectError as exc:
+        raise _TransientDownloadError(f"could not connect to {display}: {_scrub(exc, url, display)}") from exc
+    except (httpx.RemoteProtocolError, httpx.NetworkError) as exc:
+        if expected is not None:
+            raise _TransientDownloadError(_truncated(display, expected, received)) from exc
+        raise _TransientDownloadError(
+            f"connection to {display} failed after {received} bytes: {_scrub(exc, url, display)}"
+        ) from exc
+    except httpx.HTTPError as exc:  # invalid URL, too many redirects, ...
+        raise DownloadError(f"could not download {display}: {type(exc).__name__}: {_scrub(exc, url, display)}") from exc
+    except OSError as exc:
+        raise WeightsError(f"could not write the download of {display} to {dest}: {exc}") from exc
+    if expected is not None and received != expected:
+        raise _TransientDownloadError(_truncated(display, expected, received))
+    progress.finish(received)
+    return hasher.hexdigest(), received
+
+
+def _content_length(response: httpx.Response) -> Optional[int]:
+    value = response.headers.get("content-length")
+    if value is None:
+        return None
+    try:
+        length = int(value)
+    except ValueError:
+        return None
+    return length if length >= 0 else None
+
+
+def _truncated(display: str, expected: int, received: int) -> str:
+    return (f"truncated download of {display}: expected {expected} bytes (Content-Length), "
+            f"received {received} bytes before the connection closed")
+
+
+def _scrub(exc: BaseException, url: str, display: str) -> str:
+    return str(exc).replace(url, display) or type(exc).__name__

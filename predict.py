@@ -1,0 +1,87 @@
+"""Cog predictor: declares the inputs and delegates to :class:`cog_triton.service.LLMService`.
+
+``setup()`` fetches the weights (engine or Hugging Face checkpoint + tokenizer), renders the
+Triton model repository, starts Triton and runs a short self-test; ``predict()`` streams text
+from the ensemble's ``/generate_stream`` endpoint. Every input is validated in
+``cog_triton.inputs`` (Cog only validates when the image carries its OpenAPI schema).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import cog
+from cog import AsyncConcatenateIterator, BasePredictor, Input, Path
+
+from cog_triton.inputs import PredictInputs
+from cog_triton.service import LLMService
+from cog_triton.settings import Settings
+
+logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+log = logging.getLogger("predict")
+
+
+def _record_metric(name: str, value: float) -> None:
+    # cog.emit_metric is a deprecated alias of this call in cog 0.23.
+    cog.current_scope().record_metric(name, value)
+
+
+class Predictor(BasePredictor):
+    """LLM served by Triton Inference Server + TensorRT-LLM (or the CPU reference backend)."""
+
+    def setup(self, weights: Optional[Path] = None) -> None:
+        """Fetch ``weights`` (URL or path; default COG_TRITON_WEIGHTS / COG_WEIGHTS) and start Triton."""
+        self.service = LLMService(Settings.from_env())
+        self.service.setup(weights)
+
+    async def predict(
+        self,
+        prompt: str = Input(description="Text to respond to."),
+        system_prompt: str = Input(
+            description="System message; used by the chat template or by {system_prompt} in prompt_template.",
+            default="",
+        ),
+        prompt_template: str = Input(
+            description="Template with {prompt} (and optionally {system_prompt}). Empty: the tokenizer's chat "
+            "template when it has one, else {prompt}.",
+            default="",
+        ),
+        max_tokens: int = Input(
+            description="Maximum tokens to generate (capped by the model's max sequence length).",
+            default=512, ge=1,
+        ),
+        min_tokens: int = Input(description="Minimum tokens to generate before the end token.", default=0, ge=0),
+        temperature: float = Input(description="Sampling temperature; 0 = greedy.", default=0.7, ge=0, le=5),
+        top_p: float = Input(description="Nucleus sampling probability mass, in (0, 1].", default=0.95, ge=0, le=1),
+        top_k: int = Input(description="Sample from the k most likely tokens; 0 = no limit.", default=0, ge=0),
+        repetition_penalty: float = Input(description="Penalty for repeated tokens; 1 = none.", default=1.0, ge=0, le=10),
+        presence_penalty: float = Input(description="Additive penalty for tokens already generated.", default=0.0, ge=-2, le=2),
+        frequency_penalty: float = Input(
+            description="Additive penalty per occurrence of a generated token.", default=0.0, ge=-2, le=2
+        ),
+        stop_sequences: str = Input(
+            description='Comma-separated stop sequences (or a JSON array, e.g. ["a,b", "c"]); never emitted.',
+            default="",
+        ),
+        seed: int = Input(description="Random seed; leave empty for a random one.", default=None),
+    ) -> AsyncConcatenateIterator[str]:
+        """Stream the model's answer as text deltas."""
+        inputs = PredictInputs.validate(
+            prompt=prompt,
+            system_prompt=system_prompt,
+            prompt_template=prompt_template,
+            max_tokens=max_tokens,
+            min_tokens=min_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            repetition_penalty=repetition_penalty,
+            presence_penalty=presence_penalty,
+            frequency_penalty=frequency_penalty,
+            stop_sequences=stop_sequences,
+            seed=seed,
+        )
+        log.info("seed %d", inputs.seed)
+        async for text in self.service.generate(inputs, metric=_record_metric):
+            yield text

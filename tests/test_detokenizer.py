@@ -1,0 +1,395 @@
+"""Tests of cog_triton.detokenizer.IncrementalDetokenizer against the real SmolLM2 tokenizer."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from cog_triton.detokenizer import IncrementalDetokenizer  # noqa: E402
+
+CHECKPOINT = Path(__file__).resolve().parents[1] / "build" / "default_model" / "checkpoint"
+FFFD = "\ufffd"
+
+TEXTS = [
+    "Hello world, this is a plain English sentence with spaces.",
+    "I like 🤖 and 👨‍👩‍👧 families",
+    "机器学习是人工智能的一个分支",
+    "Mixed: naïve café — 日本語のテキスト and emoji 😀🎉 in one line!",
+    "def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n",
+    "Line one\n\nLine three\twith a tab\r\nand CRLF   and  odd   spacing ",
+    "Ünïcödé, Ελληνικά, русский, العربية, हिन्दी, 한국어, ไทย",
+    "  leading spaces and trailing spaces   ",
+    "🏳️‍🌈👍🏽🇫🇷 flags and skin tones",
+    "JSON: {\"key\": [1, 2.5, null], \"ü\": \"✓\"}",
+]
+
+
+def _load_tokenizer(**kwargs):
+    if not (CHECKPOINT / "tokenizer.json").is_file():
+        pytest.skip(f"tokenizer not available at {CHECKPOINT} (run scripts/prepare_default_model.py)")
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(CHECKPOINT), **kwargs)
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return _load_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def cleanup_tokenizer():
+    """The same tokenizer with transformers' clean_up_tokenization forced on (as Llama 3 configs ask)."""
+    return _load_tokenizer(
+        clean_up_tokenization_spaces=True,
+        clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output=True,
+    )
+
+
+class RecordingTokenizer:
+    """Wraps a tokenizer and records the length (in tokens) of every decode call."""
+
+    def __init__(self, tok):
+        self._tok = tok
+        self.lengths: list[int] = []
+
+    def __getattr__(self, name):
+        return getattr(self._tok, name)
+
+    def decode(self, ids, **kwargs):
+        self.lengths.append(len(ids))
+        return self._tok.decode(ids, **kwargs)
+
+
+def stream(tok, ids, chunks=None, skip=True, **kwargs):
+    """Push ``ids`` in the given chunk sizes (default: one at a time); return (deltas, final)."""
+    det = IncrementalDetokenizer(tok, skip_special_tokens=skip, **kwargs)
+    deltas = []
+    pos = 0
+    for size in chunks if chunks is not None else [1] * len(ids):
+        deltas.append(det.push(ids[pos : pos + size]))
+        pos += size
+    assert pos == len(ids), "chunk sizes must cover all ids"
+    final = det.finish()
+    return deltas, final
+
+
+def random_chunks(rng, n, sizes=(0, 1, 1, 1, 2, 3, 5, 8)):
+    chunks = []
+    total = 0
+    while total < n:
+        size = min(rng.choice(sizes), n - total)
+        chunks.append(size)
+        total += size
+    return chunks
+
+
+def check_stream(tok, ids, chunks=None, skip=True):
+    """The invariants: prefix-stable deltas, concat == full decode, no spurious U+FFFD."""
+    full = tok.decode(ids, skip_special_tokens=skip)
+    deltas, final = stream(tok, ids, chunks, skip)
+    emitted = ""
+    for delta in deltas:
+        emitted += delta
+        assert full.startswith(emitted), (ids, emitted, full)
+    assert emitted + final == full, (ids, deltas, final, full)
+    if FFFD not in full:
+        assert not any(FFFD in d for d in deltas + [final]), (ids, deltas)
+    return deltas, final
+
+
+# --- the cases of the brief ------------------------------------------------------------------
+
+
+def test_plain_english_spaces_one_token_at_a_time(tokenizer):
+    text = "Hello world, this is a plain English sentence with spaces."
+    ids = tokenizer.encode(text)
+    deltas, final = check_stream(tokenizer, ids)
+    assert "".join(deltas) == text  # all of it streamed, nothing left for finish()
+    assert final == ""
+    # ASCII tokens come out one per push, each with its own leading space.
+    assert deltas == [tokenizer.decode([i]) for i in ids]
+    assert " world" in deltas and " sentence" in deltas
+
+
+@pytest.mark.parametrize("text", [TEXTS[i] for i in (1, 2, 3, 6, 8, 9)])
+def test_multibyte_characters_never_half_done(tokenizer, text):
+    ids = tokenizer.encode(text)
+    # The tokenization really splits characters across tokens (else this test proves nothing).
+    assert any(FFFD in tokenizer.decode([i]) for i in ids)
+    deltas, final = check_stream(tokenizer, ids)
+    assert "".join(deltas) + final == text
+    assert final == ""  # the text ends in a complete character: all of it was streamed
+
+
+def test_emoji_come_out_whole(tokenizer):
+    text = "I like 🤖 and 👨‍👩‍👧 families"
+    deltas, _ = check_stream(tokenizer, tokenizer.encode(text))
+    # " 🤖" is three byte-level tokens; the space comes first, the emoji in one piece once complete.
+    assert deltas[2:5] == [" ", "", "🤖"]
+    assert "👨" in deltas and "👩" in deltas and "👧" in deltas
+    assert all(FFFD not in d for d in deltas)
+    joined = "".join(deltas)
+    assert joined == text
+
+
+def test_cjk(tokenizer):
+    text = "机器学习是人工智能的一个分支"
+    deltas, final = check_stream(tokenizer, tokenizer.encode(text))
+    assert "".join(deltas) + final == text
+    # Every delta is made of whole characters of the text, in order.
+    assert [d for d in deltas if d] and all(d in text for d in deltas)
+
+
+def test_newlines_and_code(tokenizer):
+    text = TEXTS[4] + TEXTS[5]
+    deltas, final = check_stream(tokenizer, tokenizer.encode(text))
+    assert "".join(deltas) + final == text
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_special_tokens(tokenizer, skip):
+    im_start, im_end = tokenizer.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"])
+    ids = (
+        [im_start]
+        + tokenizer.encode("assistant\nSure 🤖!")
+        + [im_end]
+        + tokenizer.encode("\n机器 after")
+        + [im_end, im_end]
+    )
+    deltas, final = check_stream(tokenizer, ids, skip=skip)
+    text = "".join(deltas) + final
+    if skip:
+        assert text == "assistant\nSure 🤖!\n机器 after"
+        assert "<|im_end|>" not in text
+    else:
+        assert text == "<|im_start|>assistant\nSure 🤖!<|im_end|>\n机器 after<|im_end|><|im_end|>"
+        assert "<|im_end|>" in deltas
+
+
+def test_special_token_between_bytes_of_one_character(tokenizer):
+    """With skip_special_tokens, a special id inside a split character leaves it intact."""
+    robot = tokenizer.encode(" 🤖")
+    assert len(robot) == 3
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    ids = robot[:2] + [im_end] + robot[2:]
+    deltas, final = check_stream(tokenizer, ids, skip=True)
+    assert "".join(deltas) + final == " 🤖"
+    check_stream(tokenizer, ids, skip=False)
+
+
+def test_random_chunk_sizes_and_empty_pushes(tokenizer):
+    rng = random.Random(1234)
+    text = " ".join(TEXTS)
+    ids = tokenizer.encode(text)
+    for _ in range(30):
+        chunks = random_chunks(rng, len(ids))
+        deltas, final = check_stream(tokenizer, ids, chunks)
+        assert "".join(deltas) + final == text
+    # Empty pushes return "" and change nothing.
+    det = IncrementalDetokenizer(tokenizer)
+    assert det.push([]) == ""
+    out = ""
+    for token_id in ids:
+        out += det.push([token_id])
+        assert det.push([]) == ""
+        assert det.push(()) == ""
+    out += det.finish()
+    assert out == text
+    assert det.num_tokens == len(ids)
+
+
+def test_everything_in_one_push(tokenizer):
+    text = " ".join(TEXTS)
+    ids = tokenizer.encode(text)
+    det = IncrementalDetokenizer(tokenizer)
+    assert det.push(ids) + det.finish() == text
+
+
+def test_finish_returns_incomplete_tail(tokenizer):
+    """A stream that ends inside a character: the held-back U+FFFD comes out in finish()."""
+    robot = tokenizer.encode(" 🤖")
+    ids = tokenizer.encode("Robot:") + robot[:2]
+    det = IncrementalDetokenizer(tokenizer)
+    streamed = "".join(det.push([i]) for i in ids)
+    assert streamed == "Robot: "  # the space before the incomplete emoji is already out
+    final = det.finish()
+    assert streamed + final == tokenizer.decode(ids, skip_special_tokens=True)
+    assert final.endswith(FFFD)
+
+
+def test_invariant_on_random_real_token_sequences(tokenizer):
+    """Random slices of real encodings (starting and ending mid-character), random chunking."""
+    rng = random.Random(20240601)
+    encoded = [tokenizer.encode(t) for t in TEXTS]
+    specials = tokenizer.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>", "<|endoftext|>"])
+    for _ in range(400):
+        ids: list[int] = []
+        for _ in range(rng.randint(1, 4)):
+            enc = rng.choice(encoded)
+            a = rng.randrange(len(enc))
+            b = rng.randint(a, len(enc))
+            ids += enc[a:b]
+            if rng.random() < 0.2:
+                ids.insert(rng.randint(0, len(ids)), rng.choice(specials))
+        for skip in (True, False):
+            check_stream(tokenizer, ids, random_chunks(rng, len(ids)), skip=skip)
+
+
+def test_invariant_on_random_vocab_ids(tokenizer):
+    """Arbitrary ids (invalid UTF-8 byte soup included): the concatenation still equals decode()."""
+    rng = random.Random(7)
+    vocab = len(tokenizer)
+    # Byte-level tokens that decode alone to U+FFFD: pieces of multi-byte characters.
+    partial = [i for i in range(vocab) if FFFD in tokenizer.decode([i])]
+    assert len(partial) > 100
+    for n in range(400):
+        length = rng.randint(0, 60)
+        if n % 2:
+            ids = [rng.randrange(vocab) for _ in range(length)]
+        else:  # mostly partial-character tokens: lots of U+FFFD, some of them completed
+            ids = [rng.choice(partial) if rng.random() < 0.8 else rng.randrange(vocab) for _ in range(length)]
+        for skip in (True, False):
+            check_stream(tokenizer, ids, random_chunks(rng, len(ids)), skip=skip)
+
+
+def test_cleanup_tokenization_spaces(cleanup_tokenizer):
+    """clean_up_tokenization rewrites " n't" -> "n't" etc. across token boundaries; still exact."""
+    tok = cleanup_tokenizer
+    assert tok.decode(tok.encode("a . b n't c 's")) == "a. bn't c's"
+    rng = random.Random(99)
+    pieces = [" .", " ?", " !", " ,", " ' ", " n't", " 'm", " 's", " 've", " 're"]
+    pieces += ["n", "'", " ", "  ", "x", "y.", "🤖", "中"]
+    for _ in range(300):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 25)))
+        ids = tok.encode(text)
+        check_stream(tok, ids)
+        check_stream(tok, ids, random_chunks(rng, len(ids)))
+
+
+# --- cost: O(window) per token -----------------------------------------------------------------
+
+
+def test_decode_window_stays_small(tokenizer):
+    text = " ".join(TEXTS) * 20
+    ids = tokenizer.encode(text)
+    assert len(ids) > 2000
+    rec = RecordingTokenizer(tokenizer)
+    det = IncrementalDetokenizer(rec)
+    rec.lengths.clear()  # ignore the construction-time probes
+    out = "".join(det.push([i]) for i in ids)
+    assert max(rec.lengths) <= 12, max(rec.lengths)
+    assert len(rec.lengths) <= 3 * len(ids)
+    rec.lengths.clear()
+    out += det.finish()
+    assert rec.lengths == [len(ids)]  # finish() decodes everything once
+    assert out == text
+
+
+def test_decode_window_small_with_chunks_and_byte_soup(tokenizer):
+    rng = random.Random(5)
+    partial = [i for i in range(len(tokenizer)) if FFFD in tokenizer.decode([i])]
+    ids = [rng.choice(partial) for _ in range(3000)]
+    rec = RecordingTokenizer(tokenizer)
+    det = IncrementalDetokenizer(rec)
+    rec.lengths.clear()
+    chunks = random_chunks(rng, len(ids), sizes=(1, 2, 3))
+    pos = 0
+    out = ""
+    for size in chunks:
+        out += det.push(ids[pos : pos + size])
+        pos += size
+    assert max(rec.lengths) <= 20, max(rec.lengths)
+    assert out + det.finish() == tokenizer.decode(ids, skip_special_tokens=True)
+
+
+# --- a tokenizer whose token boundaries never meet character boundaries ------------------------
+
+
+class StraddlingByteTokenizer:
+    """Minimal byte-level tokenizer: id i decodes to the bytes vocab[i]; decode joins and decodes UTF-8."""
+
+    def __init__(self, vocab: list[bytes]):
+        self.vocab = vocab
+
+    def decode(self, ids, skip_special_tokens=False):
+        return b"".join(self.vocab[i] for i in ids).decode("utf-8", errors="replace")
+
+
+def _straddling(text: str):
+    """Tokens of 3 bytes after a first byte of 1: every boundary falls inside a 3-byte character."""
+    data = text.encode("utf-8")
+    pieces = [data[:1]] + [data[i : i + 3] for i in range(1, len(data), 3)]
+    return StraddlingByteTokenizer(pieces), list(range(len(pieces)))
+
+
+def test_straddling_tokens_stream_whole_characters():
+    text = "机器学习是人工智能的一个分支" * 3
+    tok, ids = _straddling(text)
+    det = IncrementalDetokenizer(tok)
+    deltas = [det.push([i]) for i in ids]
+    final = det.finish()
+    assert "".join(deltas) + final == text
+    assert not any(FFFD in d for d in deltas)
+    # Each token completes one character, which is emitted at once.
+    assert deltas[0] == ""
+    assert deltas[1:] == list(text)
+    assert final == ""
+
+
+def test_gives_up_streaming_past_max_window_but_stays_exact(tokenizer, caplog):
+    """Ids that decode to nothing (unknown ids) pile up in the window; past max_window streaming
+    stops, and finish() still returns exactly the rest."""
+    unknown = len(tokenizer) + 1000
+    assert tokenizer.decode([unknown]) == ""
+    ids = tokenizer.encode("Hello there") + [unknown] * 20 + tokenizer.encode(" world 🤖")
+    det = IncrementalDetokenizer(tokenizer, skip_special_tokens=False, max_window=8)
+    streamed = "".join(det.push([i]) for i in ids)
+    assert streamed == "Hello there"
+    assert det.finish() == " world 🤖"
+    assert det.num_tokens == len(ids)
+    assert "stopped streaming" in caplog.text
+
+
+# --- API details ---------------------------------------------------------------------------------
+
+
+def test_properties_and_numpy_ids(tokenizer):
+    ids = tokenizer.encode("Hello 🤖 world")
+    det = IncrementalDetokenizer(tokenizer)
+    assert det.token_ids == [] and det.num_tokens == 0
+    out = det.push(np.array(ids[:2], dtype=np.int32))
+    out += det.push([np.int64(i) for i in ids[2:]])
+    assert det.token_ids == ids
+    assert det.num_tokens == len(ids)
+    det.token_ids.append(5)  # a copy: the detokenizer is unaffected
+    assert det.num_tokens == len(ids)
+    assert out + det.finish() == "Hello 🤖 world"
+    assert det.finish() == ""  # idempotent
+
+
+def test_invalid_pushes(tokenizer):
+    det = IncrementalDetokenizer(tokenizer)
+    with pytest.raises(TypeError):
+        det.push(5)
+    with pytest.raises(TypeError):
+        det.push("abc")
+    with pytest.raises(TypeError):
+        det.push([1.5])
+    with pytest.raises(TypeError):
+        det.push([True])
+    with pytest.raises(ValueError):
+        det.push([-1])
+    assert det.num_tokens == 0
+    det.finish()
+    with pytest.raises(RuntimeError):
+        det.push([1])
+    with pytest.raises(ValueError):
+        IncrementalDetokenizer(tokenizer, max_window=2)

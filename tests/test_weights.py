@@ -1,0 +1,648 @@
+"""Tests of cog_triton.weights against a real local HTTP server and real archives built with tarfile."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import logging
+import os
+import socket
+import tarfile
+import threading
+import time
+import zipfile
+from collections import Counter
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Iterator, Optional
+from urllib.parse import urlsplit
+
+import pytest
+
+from cog_triton.errors import ArchiveError, ChecksumError, DownloadError, WeightsError
+from cog_triton.weights import MARKER_NAME, WeightsResult, fetch_weights, redact_url
+
+GOOD_FILES = {
+    "config.json": b'{"architectures": ["LlamaForCausalLM"]}\n',
+    "tokenizer/tokenizer.json": b'{"model": "bpe"}\n',
+    "rank0.engine": b"engine bytes " * 100,
+}
+OLD_FILES = {"old.txt": b"previous weights\n"}
+
+
+# --- archive helpers -------------------------------------------------------------------------
+
+
+def _reg(name: str, data: bytes) -> tuple[tarfile.TarInfo, Optional[io.BytesIO]]:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    info.mode = 0o644
+    return info, io.BytesIO(data)
+
+
+def _special(name: str, kind: bytes, linkname: str = "") -> tuple[tarfile.TarInfo, None]:
+    info = tarfile.TarInfo(name)
+    info.type = kind
+    info.linkname = linkname
+    if kind in (tarfile.CHRTYPE, tarfile.BLKTYPE):
+        info.devmajor, info.devminor = 1, 3
+    return info, None
+
+
+def make_tar(path: Path, members: list[tuple[tarfile.TarInfo, Optional[io.BytesIO]]], mode: str = "w:gz") -> Path:
+    with tarfile.open(path, mode) as tar:
+        for info, data in members:
+            tar.addfile(info, data)
+    return path
+
+
+def good_tar(path: Path, files: dict[str, bytes] = GOOD_FILES, mode: str = "w:gz") -> Path:
+    return make_tar(path, [_reg(name, data) for name, data in files.items()], mode)
+
+
+def sha256_of(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def assert_contents(directory: Path, files: dict[str, bytes]) -> None:
+    for name, data in files.items():
+        assert (directory / name).read_bytes() == data, name
+    found = {
+        p.relative_to(directory).as_posix()
+        for p in directory.rglob("*")
+        if (p.is_file() or p.is_symlink()) and p.name not in (MARKER_NAME, ".gitkeep")
+    }
+    assert found == set(files)
+
+
+@pytest.fixture
+def target(tmp_path: Path) -> Path:
+    """A target directory alone in its own parent, holding "previous weights"."""
+    directory = tmp_path / "parent" / "weights"
+    directory.mkdir(parents=True)
+    for name, data in OLD_FILES.items():
+        (directory / name).write_bytes(data)
+    return directory
+
+
+def parent_listing(target: Path) -> list[str]:
+    return sorted(p.name for p in target.parent.iterdir())
+
+
+# --- HTTP server -----------------------------------------------------------------------------
+
+
+@dataclass
+class Route:
+    body: bytes = b""
+    status: int = 200
+    fail_first: int = 0  # answer 500 this many times first
+    delay_s: float = 0.0  # sleep before answering
+    content_length: Optional[int] = None  # announce this length instead of len(body)
+
+
+class WeightsServer:
+    def __init__(self) -> None:
+        self.routes: dict[str, Route] = {}
+        self.hits: Counter[str] = Counter()
+        self.auth_headers: list[Optional[str]] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - silence
+                pass
+
+            def do_GET(self) -> None:  # noqa: N802
+                path = urlsplit(self.path).path
+                server.hits[path] += 1
+                server.auth_headers.append(self.headers.get("Authorization"))
+                route = server.routes.get(path)
+                try:
+                    if route is None or route.status == 404:
+                        self._send(404, b"not found")
+                        return
+                    if server.hits[path] <= route.fail_first or route.status >= 500:
+                        self._send(route.status if route.status >= 500 else 500, b"boom")
+                        return
+                    if route.delay_s:
+                        time.sleep(route.delay_s)
+                    length = len(route.body) if route.content_length is None else route.content_length
+                    self.send_response(route.status)
+                    self.send_header("Content-Type", "application/octet-stream")
+                    self.send_header("Content-Length", str(length))
+                    if length != len(route.body):
+                        self.send_header("Connection", "close")
+                        self.close_connection = True
+                    self.end_headers()
+                    self.wfile.write(route.body)
+                    self.wfile.flush()
+                except (BrokenPipeError, ConnectionResetError):
+                    self.close_connection = True
+
+            def _send(self, status: int, body: bytes) -> None:
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+
+            def handle_error(self, request: object, client_address: object) -> None:
+                pass  # clients that gave up (timeout test) are expected
+
+        self.httpd = Server(("127.0.0.1", 0), Handler)
+        self.port = self.httpd.server_address[1]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def serve(self, path: str, body: bytes = b"", **kwargs: object) -> str:
+        self.routes[path] = Route(body=body, **kwargs)  # type: ignore[arg-type]
+        return self.url(path)
+
+
+@pytest.fixture
+def server() -> Iterator[WeightsServer]:
+    srv = WeightsServer()
+    srv.thread.start()
+    try:
+        yield srv
+    finally:
+        srv.httpd.shutdown()
+        srv.httpd.server_close()
+        srv.thread.join(timeout=5)
+
+
+# --- successful fetches ----------------------------------------------------------------------
+
+
+def test_http_tar_gz(server: WeightsServer, target: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    archive = good_tar(tmp_path / "good.tar.gz")
+    url = server.serve("/good.tar.gz", archive.read_bytes())
+    caplog.set_level(logging.INFO, logger="cog_triton.weights")
+
+    result = fetch_weights(url, target)
+
+    assert result == WeightsResult(
+        path=target, source=url, sha256=sha256_of(archive), size_bytes=archive.stat().st_size, skipped=False
+    )
+    assert_contents(target, GOOD_FILES)  # old.txt is gone: contents were replaced
+    assert (target / MARKER_NAME).is_file()
+    assert parent_listing(target) == ["weights"]  # no temp download or staging folder left behind
+    assert server.hits["/good.tar.gz"] == 1
+    assert any("MB/s" in r.getMessage() and str(archive.stat().st_size) in r.getMessage() for r in caplog.records)
+
+
+def test_progress_is_logged_at_most_every_10_percent(
+    server: WeightsServer, target: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    archive = good_tar(tmp_path / "big.tar", {"blob.bin": os.urandom(4 << 20)}, mode="w")
+    url = server.serve("/big.tar", archive.read_bytes())
+    caplog.set_level(logging.INFO, logger="cog_triton.weights")
+    fetch_weights(url, target)
+    messages = [r.getMessage() for r in caplog.records]
+    progress = [m for m in messages if m.startswith("downloading ") and "%" in m]
+    assert 3 <= len(progress) <= 11, progress
+    assert all("MB/s" in line and "bytes" in line for line in progress)
+
+
+def test_http_plain_tar(server: WeightsServer, target: Path, tmp_path: Path) -> None:
+    archive = good_tar(tmp_path / "good.tar", mode="w")
+    url = server.serve("/good.tar", archive.read_bytes())
+    result = fetch_weights(url, target, sha256=sha256_of(archive))
+    assert result.sha256 == sha256_of(archive) and not result.skipped
+    assert_contents(target, GOOD_FILES)
+
+
+@pytest.mark.parametrize("mode", ["w:gz", "w:bz2", "w:xz", "w"])
+def test_compression_detected_by_content_not_extension(
+    server: WeightsServer, target: Path, tmp_path: Path, mode: str
+) -> None:
+    archive = good_tar(tmp_path / "weights.bin", mode=mode)
+    url = server.serve("/download/weights.bin", archive.read_bytes())
+    fetch_weights(url, target)
+    assert_contents(target, GOOD_FILES)
+
+
+def test_file_url(target: Path, tmp_path: Path) -> None:
+    archive = good_tar(tmp_path / "my weights.tgz")  # a space, percent-encoded in the URL
+    result = fetch_weights(archive.as_uri(), target)
+    assert result.sha256 == sha256_of(archive)
+    assert result.source == str(archive)
+    assert_contents(target, GOOD_FILES)
+
+
+@pytest.mark.parametrize("as_path", [True, False])
+def test_local_archive_path(target: Path, tmp_path: Path, as_path: bool) -> None:
+    archive = good_tar(tmp_path / "good.tar.gz")
+    result = fetch_weights(archive if as_path else str(archive), target)
+    assert (result.sha256, result.size_bytes, result.skipped) == (sha256_of(archive), archive.stat().st_size, False)
+    assert_contents(target, GOOD_FILES)
+    assert archive.is_file()  # a local source is never moved or deleted
+
+
+def test_local_directory(target: Path, tmp_path: Path) -> None:
+    source = tmp_path / "checkpoint"
+    for name, data in GOOD_FILES.items():
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        (source / name).write_bytes(data)
+    result = fetch_weights(source, target)
+    assert result.sha256 is None
+    assert result.size_bytes == sum(len(d) for d in GOOD_FILES.values())
+    assert_contents(target, GOOD_FILES)
+    assert_contents(source, GOOD_FILES)  # source untouched
+    assert parent_listing(target) == ["weights"]
+
+
+def test_local_directory_follows_file_symlinks(target: Path, tmp_path: Path) -> None:
+    # like a Hugging Face cache snapshot: files are symlinks into a blob folder outside the snapshot
+    blobs = tmp_path / "blobs"
+    blobs.mkdir()
+    (blobs / "abc").write_bytes(b"blob data")
+    snapshot = tmp_path / "snapshot"
+    snapshot.mkdir()
+    (snapshot / "model.safetensors").symlink_to(blobs / "abc")
+    fetch_weights(snapshot, target)
+    copied = target / "model.safetensors"
+    assert not copied.is_symlink() and copied.read_bytes() == b"blob data"
+
+
+def test_directory_with_sha256_is_refused(target: Path, tmp_path: Path) -> None:
+    source = tmp_path / "checkpoint"
+    source.mkdir()
+    (source / "config.json").write_text("{}")
+    with pytest.raises(WeightsError, match="checksums apply to archives"):
+        fetch_weights(source, target, sha256="0" * 64)
+    assert_contents(target, OLD_FILES)
+
+
+def test_sha256_ok_any_case(target: Path, tmp_path: Path) -> None:
+    archive = good_tar(tmp_path / "good.tar.gz")
+    result = fetch_weights(archive, target, sha256="  " + sha256_of(archive).upper())
+    assert result.sha256 == sha256_of(archive)
+    assert_contents(target, GOOD_FILES)
+
+
+def test_sha256_mismatch_keeps_previous_weights(server: WeightsServer, target: Path, tmp_path: Path) -> None:
+    first = good_tar(tmp_path / "first.tar.gz")
+    fetch_weights(first, target)
+    marker_before = (target / MARKER_NAME).read_bytes()
+
+    second = good_tar(tmp_path / "second.tar.gz", {"other.bin": b"other"})
+    url = server.serve("/second.tar.gz", second.read_bytes())
+    wrong = "ab" * 32
+    with pytest.raises(ChecksumError) as info:
+        fetch_weights(url, target, sha256=wrong)
+    message = str(info.value)
+    assert wrong in message and sha256_of(second) in message and url in message
+    assert_contents(target, GOOD_FILES)
+    assert (target / MARKER_NAME).read_bytes() == marker_before
+    assert parent_listing(target) == ["weights"]
+
+
+def test_malformed_sha256(target: Path, tmp_path: Path) -> None:
+    with pytest.raises(WeightsError, match="64 hexadecimal"):
+        fetch_weights(good_tar(tmp_path / "a.tgz"), target, sha256="abc123")
+
+
+def test_gitkeep_is_kept(target: Path, tmp_path: Path) -> None:
+    (target / ".gitkeep").write_bytes(b"")
+    fetch_weights(good_tar(tmp_path / "a.tgz"), target)
+    assert (target / ".gitkeep").is_file()
+    fetch_weights(good_tar(tmp_path / "b.tgz", {"x.txt": b"x"}), target)
+    assert (target / ".gitkeep").is_file()
+    assert_contents(target, {"x.txt": b"x"})
+
+
+def test_symlinks_and_hardlinks_inside_the_target_are_fine(target: Path, tmp_path: Path) -> None:
+    archive = make_tar(tmp_path / "links.tgz", [
+        _reg("data/real.txt", b"real"),
+        _special("data/sym.txt", tarfile.SYMTYPE, "real.txt"),
+        _special("top-sym", tarfile.SYMTYPE, "data"),
+        _special("hard.txt", tarfile.LNKTYPE, "data/real.txt"),
+    ])
+    fetch_weights(archive, target)
+    assert (target / "data" / "sym.txt").is_symlink()
+    assert (target / "data" / "sym.txt").read_bytes() == b"real"
+    assert (target / "top-sym" / "real.txt").read_bytes() == b"real"
+    assert (target / "hard.txt").read_bytes() == b"real"
+    assert os.stat(target / "hard.txt").st_ino == os.stat(target / "data" / "real.txt").st_ino
+    # the second fetch checks the recorded links too, and skips
+    assert fetch_weights(archive, target).skipped
+
+
+def test_target_created_when_missing(tmp_path: Path) -> None:
+    target = tmp_path / "a" / "b" / "weights"
+    fetch_weights(good_tar(tmp_path / "a.tgz"), target)
+    assert_contents(target, GOOD_FILES)
+
+
+def test_target_that_is_a_symlink_is_filled_in_place(tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "old.txt").write_text("old")
+    link = tmp_path / "parent" / "weights"
+    link.parent.mkdir()
+    link.symlink_to(real)
+    fetch_weights(good_tar(tmp_path / "a.tgz"), link)
+    assert link.is_symlink()
+    assert_contents(real, GOOD_FILES)
+    assert parent_listing(link) == ["weights"]
+
+
+# --- skipping and re-fetching ----------------------------------------------------------------
+
+
+def test_second_http_fetch_is_skipped(server: WeightsServer, target: Path, tmp_path: Path) -> None:
+    archive = good_tar(tmp_path / "good.tar.gz")
+    url = server.serve("/good.tar.gz", archive.read_bytes())
+    first = fetch_weights(url, target, sha256=sha256_of(archive))
+    second = fetch_weights(url, target, sha256=sha256_of(archive))
+    third = fetch_weights(url, target)  # no sha256 given: the same source is enough
+    assert not first.skipped and second.skipped and third.skipped
+    assert server.hits["/good.tar.gz"] == 1
+    assert (second.sha256, second.size_bytes, second.path) == (first.sha256, first.size_bytes, target)
+    assert_contents(target, GOOD_FILES)
+
+
+def test_refetch_when_a_file_is_missing_or_resized(server: WeightsServer, target: Path, tmp_path: Path) -> None:
+    archive = good_tar(tmp_path / "good.tar.gz")
+    url = server.serve("/good.tar.gz", archive.read_bytes())
+    fetch_weights(url, target)
+    (target / "rank0.engine").write_bytes(b"short")
+    assert not fetch_weights(url, target).skipped
+    (target / "tokenizer" / "tokenizer.json").unlink()
+    assert not fetch_weights(url, target).skipped
+    assert server.hits["/good.tar.gz"] == 3
+    assert_contents(target, GOOD_FILES)
+
+
+def test_refetch_when_source_or_sha256_differ(server: WeightsServer, target: Path, tmp_path: Path) -> None:
+    archive = good_tar(tmp_path / "good.tar.gz")
+    url = server.serve("/good.tar.gz", archive.read_bytes())
+    fetch_weights(url, target)
+    assert not fetch_weights(url + "?v=2", target).skipped  # a different source string
+    assert server.hits["/good.tar.gz"] == 2
+    with pytest.raises(ChecksumError):  # a different expected sha256: downloaded again, and checked
+        fetch_weights(url + "?v=2", target, sha256="cd" * 32)
+    assert server.hits["/good.tar.gz"] == 3
+    assert_contents(target, GOOD_FILES)
+
+
+def test_changed_local_archive_is_refetched(target: Path, tmp_path: Path) -> None:
+    archive = good_tar(tmp_path / "good.tar.gz")
+    fetch_weights(archive, target)
+    assert fetch_weights(archive, target).skipped
+    good_tar(archive, {"new.txt": b"new contents"})
+    os.utime(archive, ns=(time.time_ns() + 10**9,) * 2)  # a distinct mtime even on coarse clocks
+    result = fetch_weights(archive, target)
+    assert not result.skipped and result.sha256 == sha256_of(archive)
+    assert_contents(target, {"new.txt": b"new contents"})
+
+
+def test_changed_local_directory_is_refetched(target: Path, tmp_path: Path) -> None:
+    source = tmp_path / "checkpoint"
+    source.mkdir()
+    (source / "a.txt").write_text("one")
+    fetch_weights(source, target)
+    assert fetch_weights(source, target).skipped
+    (source / "b.txt").write_text("two")
+    assert not fetch_weights(source, target).skipped
+    assert_contents(target, {"a.txt": b"one", "b.txt": b"two"})
+
+
+# --- HTTP failures ---------------------------------------------------------------------------
+
+
+def test_404_is_not_retried(server: WeightsServer, target: Path) -> None:
+    url = server.url("/missing.tar.gz")
+    started = time.monotonic()
+    with pytest.raises(DownloadError) as info:
+        fetch_weights(url, target, retries=3)
+    message = str(info.value)
+    assert "404" in message and url in message and "check the URL" in message
+    assert server.hits["/missing.tar.gz"] == 1
+    assert time.monotonic() - started < 1.0
+    assert_contents(target, OLD_FILES)
+    assert parent_listing(target) == ["weights"]
+
+
+def test_500_then_200_is_retried(
+    server: WeightsServer, target: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    archive = good_tar(tmp_path / "good.tar.gz")
+    url = server.serve("/flaky.tar.gz", archive.read_bytes(), fail_first=1)
+    caplog.set_level(logging.INFO, logger="cog_triton.weights")
+    result = fetch_weights(url, target, retries=2, sha256=sha256_of(archive))
+    assert server.hits["/flaky.tar.gz"] == 2
+    assert not result.skipped
+    assert_contents(target, GOOD_FILES)
+    assert any("500" in r.getMessage() and "retrying" in r.getMessage() for r in caplog.records)
+
+
+def test_persistent_500_gives_up_after_the_retries(server: WeightsServer, target: Path) -> None:
+    url = server.serve("/down.tar.gz", status=503)
+    with pytest.raises(DownloadError) as info:
+        fetch_weights(url, target, retries=1)
+    assert "503" in str(info.value) and "2 attempts" in str(info.value)
+    assert server.hits["/down.tar.gz"] == 2
+    assert_contents(target, OLD_FILES)
+
+
+def test_timeout(server: WeightsServer, target: Path, tmp_path: Path) -> None:
+    url = server.serve("/slow.tar.gz", good_tar(tmp_path / "a.tgz").read_bytes(), delay_s=2.0)
+    started = time.monotonic()
+    with pytest.raises(DownloadError) as info:
+        fetch_weights(url, target, timeout_s=0.5, retries=0)
+    elapsed = time.monotonic() - started
+    assert "timed out after 0.5 s" in str(info.value) and url in str(info.value)
+    assert 0.4 < elapsed < 1.8
+    assert_contents(target, OLD_FILES)
+    assert parent_listing(target) == ["weights"]
+
+
+def test_truncated_download(server: WeightsServer, target: Path, tmp_path: Path) -> None:
+    body = good_tar(tmp_path / "a.tgz").read_bytes()
+    url = server.serve("/truncated.tar.gz", body[:100], content_length=len(body))
+    with pytest.raises(DownloadError) as info:
+        fetch_weights(url, target, retries=0)
+    message = str(info.value)
+    assert f"expected {len(body)} bytes" in message and "received 100 bytes" in message
+    assert_contents(target, OLD_FILES)
+    assert parent_listing(target) == ["weights"]
+
+
+def test_truncated_download_is_retried(server: WeightsServer, target: Path, tmp_path: Path) -> None:
+    body = good_tar(tmp_path / "a.tgz").read_bytes()
+    url = server.serve("/truncated.tar.gz", body[:100], content_length=len(body))
+    with pytest.raises(DownloadError, match="gave up after 2 attempts"):
+        fetch_weights(url, target, retries=1)
+    assert server.hits["/truncated.tar.gz"] == 2
+
+
+def test_connection_refused(target: Path) -> None:
+    with socket.socket() as sock:  # a port that was free a moment ago and has no listener now
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/weights.tar.gz"
+    with pytest.raises(DownloadError) as info:
+        fetch_weights(url, target, retries=0)
+    assert "could not connect" in str(info.value) and url in str(info.value)
+    assert_contents(target, OLD_FILES)
+
+
+def test_credentials_never_logged(
+    server: WeightsServer, target: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    archive = good_tar(tmp_path / "good.tar.gz")
+    server.serve("/private.tar.gz", archive.read_bytes())
+    caplog.set_level(logging.DEBUG)  # every logger, httpx's included
+    base = f"http://alice:hunter2@127.0.0.1:{server.port}"
+    result = fetch_weights(f"{base}/private.tar.gz?X-Amz-Signature=s3cr3t", target)
+    assert result.source == server.url("/private.tar.gz")
+    assert server.auth_headers[-1] is not None and server.auth_headers[-1].startswith("Basic ")  # auth was sent
+    with pytest.raises(DownloadError) as info:
+        fetch_weights(f"{base}/nope.tar.gz?token=s3cr3t", target)
+    assert "404" in str(info.value) and server.url("/nope.tar.gz") in str(info.value)
+    text = caplog.text + str(info.value)
+    assert "httpx" in {r.name for r in caplog.records}  # httpx's request log was captured ...
+    assert "hunter2" not in text and "s3cr3t" not in text and "alice" not in text  # ... and redacted
+
+
+def test_redact_url() -> None:
+    assert redact_url("https://u:p@host:8443/a/b.tgz?sig=1#frag") == "https://host:8443/a/b.tgz"
+
+
+# --- bad archives ----------------------------------------------------------------------------
+
+
+def test_corrupt_gzip_over_http(server: WeightsServer, target: Path) -> None:
+    url = server.serve("/corrupt.tar.gz", b"\x1f\x8b\x08\x00" + os.urandom(2000))
+    with pytest.raises(ArchiveError) as info:
+        fetch_weights(url, target)
+    assert "corrupt or truncated" in str(info.value) and url in str(info.value)
+    assert_contents(target, OLD_FILES)
+    assert parent_listing(target) == ["weights"]
+
+
+@pytest.mark.parametrize("cut", [0.5, 0.9, -4])
+def test_truncated_local_tar_gz(target: Path, tmp_path: Path, cut: float) -> None:
+    data = good_tar(tmp_path / "full.tgz", {"big.bin": os.urandom(50_000), "z.txt": b"z"}).read_bytes()
+    archive = tmp_path / "cut.tgz"
+    archive.write_bytes(data[: int(len(data) * cut)] if cut > 0 else data[: int(cut)])
+    with pytest.raises(ArchiveError) as info:
+        fetch_weights(archive, target)
+    assert "corrupt or truncated" in str(info.value) and str(archive) in str(info.value)
+    assert_contents(target, OLD_FILES)
+    assert parent_listing(target) == ["weights"]
+
+
+def test_plain_tar_cut_at_a_member_boundary(target: Path, tmp_path: Path) -> None:
+    full = good_tar(tmp_path / "full.tar", {"a.txt": b"a" * 512, "b.txt": b"b" * 512}, mode="w")
+    with tarfile.open(full) as tar:
+        second = tar.getmembers()[1].offset
+    archive = tmp_path / "cut.tar"
+    archive.write_bytes(full.read_bytes()[:second])  # only the first member, no end-of-archive blocks
+    with pytest.raises(ArchiveError, match="corrupt or truncated"):
+        fetch_weights(archive, target)
+    assert_contents(target, OLD_FILES)
+
+
+@pytest.mark.parametrize("kind", ["zip", "random", "plain-gzip", "empty"])
+def test_unsupported_files(target: Path, tmp_path: Path, kind: str) -> None:
+    path = tmp_path / "weights.tar.gz"  # the name claims tar.gz; the content decides
+    if kind == "zip":
+        with zipfile.ZipFile(path, "w") as zf:
+            zf.writestr("config.json", "{}")
+    elif kind == "random":
+        path.write_bytes(os.urandom(4096))
+    elif kind == "plain-gzip":
+        path.write_bytes(gzip.compress(b"just text, not a tar archive\n" * 50))
+    else:
+        path.write_bytes(b"")
+    with pytest.raises(ArchiveError) as info:
+        fetch_weights(path, target)
+    assert str(path) in str(info.value)
+    if kind == "zip":
+        assert "zip archive" in str(info.value)
+    assert_contents(target, OLD_FILES)
+    assert parent_listing(target) == ["weights"]
+
+
+def test_missing_local_path(target: Path, tmp_path: Path) -> None:
+    missing = tmp_path / "nope.tar.gz"
+    with pytest.raises(WeightsError, match="does not exist") as info:
+        fetch_weights(missing, target)
+    assert str(missing) in str(info.value)
+    with pytest.raises(WeightsError, match="does not exist"):
+        fetch_weights(missing.as_uri(), target)
+    assert_contents(target, OLD_FILES)
+
+
+def test_unsupported_scheme(target: Path) -> None:
+    with pytest.raises(WeightsError, match="unsupported weights URL scheme 'ftp'"):
+        fetch_weights("ftp://example.com/w.tar.gz", target)
+
+
+# --- hostile archives ------------------------------------------------------------------------
+
+
+def _hostile_cases(tmp_path: Path) -> dict[str, tuple[str, list[tuple[tarfile.TarInfo, Optional[io.BytesIO]]]]]:
+    """name -> (offending member name, members); a harmless member always comes first."""
+    outside = tmp_path / "parent" / "outside.txt"  # beside the target, must never appear
+    first = _reg("ok.txt", b"fine")
+    return {
+        "absolute-path": (str(outside), [first, _reg(str(outside), b"evil")]),
+        "dotdot": ("../outside.txt", [first, _reg("../outside.txt", b"evil")]),
+        "nested-dotdot": ("sub/../../outside.txt", [first, _reg("sub/../../outside.txt", b"evil")]),
+        "symlink-etc-passwd": ("passwd", [first, _special("passwd", tarfile.SYMTYPE, "/etc/passwd")]),
+        "symlink-outside-then-write": (
+            "escape",
+            [first, _special("escape", tarfile.SYMTYPE, ".."), _reg("escape/outside.txt", b"evil")],
+        ),
+        "symlink-chain": (
+            "x/y/z",
+            # x/y -> .. is the target itself (fine); x/y/z -> .. then resolves above the target
+            [first, _special("x/y", tarfile.SYMTYPE, ".."), _special("x/y/z", tarfile.SYMTYPE, "..")],
+        ),
+        "hardlink-outside": ("hl", [first, _special("hl", tarfile.LNKTYPE, "../../secret.txt")]),
+        "hardlink-absolute": ("hl", [first, _special("hl", tarfile.LNKTYPE, "/etc/passwd")]),
+        "char-device": ("dev/null0", [first, _special("dev/null0", tarfile.CHRTYPE)]),
+        "block-device": ("dev/sda0", [first, _special("dev/sda0", tarfile.BLKTYPE)]),
+        "fifo": ("pipe", [first, _special("pipe", tarfile.FIFOTYPE)]),
+    }
+
+
+HOSTILE = [
+    "absolute-path", "dotdot", "nested-dotdot", "symlink-etc-passwd", "symlink-outside-then-write",
+    "symlink-chain", "hardlink-outside", "hardlink-absolute", "char-device", "block-device", "fifo",
+]
+
+
+@pytest.mark.parametrize("case", HOSTILE)
+def test_hostile_archive(target: Path, tmp_path: Path, case: str) -> None:
+    member, members = _hostile_cases(tmp_path)[case]
+    archive = make_tar(tmp_path / f"{case}.tar.gz", members)
+    secret = tmp_path / "secret.txt"  # an existing file outside, for links to aim at
+    secret.write_bytes(b"secret")
+    before = parent_listing(target)
+    with pytest.raises(ArchiveError) as info:
+        fetch_weights(archive, target)
+    message = str(info.value)
+    assert repr(member) in message, message
+    assert str(archive) in message
+    assert parent_listing(target) == before == ["weights"]  # nothing beside the target, no temp dirs
+    assert not (tmp_path / "outside.txt").exists()
+    assert secret.read_bytes() == b"secret" and secret.stat().st_nlink == 1
+    assert_contents(target, OLD_FILES)  # previous weights intact
+    assert not (target / MARKER_NAME).exists()
+
+
+def test_all_hostile_cases_are_tested(tmp_path: Path) -> None:
+    assert sorted(_hostile_cases(tmp_path)) == sorted(HOSTILE)
