@@ -97,11 +97,15 @@ def parse_event(data: str) -> GenerateChunk:
         raise InferenceError(f"Triton sent an unexpected event: {data[:200]!r}")
     if "error" in payload:
         raise InferenceError(f"Triton reported: {payload['error']}")
-    ids = _flatten(payload.get("output_ids", []))
-    if "sequence_length" in payload:
-        lengths = _flatten(payload["sequence_length"])
-        if lengths:
-            ids = ids[: max(0, lengths[0])]
+    try:
+        ids = _flatten(payload.get("output_ids", []))
+        lengths = _flatten(payload["sequence_length"]) if "sequence_length" in payload else []
+    except (TypeError, ValueError):
+        raise InferenceError(
+            f"Triton sent output_ids/sequence_length that are not integers: {data[:200]!r}"
+        ) from None
+    if lengths:
+        ids = ids[: max(0, lengths[0])]
     text = payload.get("text_output", "")
     if isinstance(text, list):
         text = "".join(str(t) for t in text)
@@ -176,7 +180,7 @@ class TritonClient:
                     yield parse_event(event.data)
         except httpx.ReadTimeout:
             raise InferenceError(
-                f"no token from Triton for {self.token_timeout_s:.0f} s (COG_TRITON_REQUEST_TIMEOUT_S)"
+                f"no token from Triton for {self.token_timeout_s:g} s (COG_TRITON_REQUEST_TIMEOUT_S)"
             ) from None
         except SSEError as exc:
             raise InferenceError(f"Triton's response is not an event stream: {exc}") from None

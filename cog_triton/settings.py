@@ -45,7 +45,9 @@ class Settings(BaseSettings):
     name says otherwise; durations are in seconds (``_s``).
     """
 
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", validate_default=True)
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, extra="forbid", validate_default=True, env_ignore_empty=True
+    )
 
     # --- weights -------------------------------------------------------------------------
     weights: Optional[str] = Field(

@@ -118,16 +118,25 @@ def _engine_info(weights_dir: Path, config: dict[str, Any], tokenizer_dir: Path)
     if not isinstance(pretrained, dict) or not isinstance(build, dict):
         raise ConfigError(f"{where} lacks pretrained_config/build_config: not a trtllm-build engine config")
     mapping = pretrained.get("mapping") or {}
-    tp = int(mapping.get("tp_size", 1))
-    pp = int(mapping.get("pp_size", 1))
-    world = int(mapping.get("world_size", tp * pp))
+    try:
+        tp = int(mapping.get("tp_size", 1))
+        pp = int(mapping.get("pp_size", 1))
+        world = int(mapping.get("world_size", tp * pp))
+    except (TypeError, ValueError, AttributeError):
+        raise ConfigError(
+            f"{where}: pretrained_config.mapping must hold integer tp_size/pp_size/world_size, got {mapping!r}"
+        ) from None
     if world != tp * pp:
         raise ConfigError(f"{where}: mapping.world_size={world} but tp_size*pp_size={tp * pp}")
     max_input_len = _positive_int(build, "max_input_len", where)
     if "max_seq_len" in build:
         max_seq_len = _positive_int(build, "max_seq_len", where)
-    else:
+    elif "max_output_len" in build:  # engines built before TensorRT-LLM 0.11
         max_seq_len = max_input_len + _positive_int(build, "max_output_len", where)
+    else:
+        raise ConfigError(f"{where}: build_config needs max_seq_len (or max_output_len for engines before 0.11)")
+    max_beam_width = _positive_int(build, "max_beam_width", where) if "max_beam_width" in build else 1
+    max_num_tokens = _positive_int(build, "max_num_tokens", where) if build.get("max_num_tokens") is not None else None
     if max_input_len >= max_seq_len + 1:
         raise ConfigError(f"{where}: max_input_len {max_input_len} exceeds max_seq_len {max_seq_len}")
     missing = [f"rank{r}.engine" for r in range(world) if not (weights_dir / f"rank{r}.engine").is_file()]
@@ -153,8 +162,8 @@ def _engine_info(weights_dir: Path, config: dict[str, Any], tokenizer_dir: Path)
             max_batch_size=_positive_int(build, "max_batch_size", where),
             max_input_len=max_input_len,
             max_seq_len=max_seq_len,
-            max_beam_width=int(build.get("max_beam_width", 1)),
-            max_num_tokens=build.get("max_num_tokens"),
+            max_beam_width=max_beam_width,
+            max_num_tokens=max_num_tokens,
         ),
         world_size=world,
         tp_size=tp,

@@ -1,7 +1,7 @@
 """The one place where the serving image and its TensorRT-LLM version are pinned.
 
 The Dockerfile's ``FROM`` line, the model-repository templates (tensor names) and engine checks
-all follow these values; ``tests/test_pins.py`` fails when the Dockerfile drifts from them.
+all follow these values; ``tests/test_packaging.py`` fails when the Dockerfile drifts from them.
 
 Source of the pairing: Triton's compatibility matrix (triton-inference-server/server,
 docs/introduction/compatibility.md): NGC ``tritonserver:26.02-trtllm-python-py3`` ships

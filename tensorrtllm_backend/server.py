@@ -251,6 +251,19 @@ def _merged_env(extra: Mapping[str, str]) -> dict[str, str]:
 
 _PR_SET_PDEATHSIG = 1
 
+# Kills Triton's process group when our process dies. PR_SET_PDEATHSIG reaches only tritonserver
+# itself; its Python backend stubs, once they have served a request, hang instead of exiting when
+# tritonserver is killed. The guardian reads its stdin, whose write end only we hold: end of file
+# without the byte b"d" (disarm, sent when the process group has ended) means we died.
+_GUARDIAN = (
+    "import os, signal, sys\n"
+    "if sys.stdin.buffer.read(1) != b'd':\n"
+    "    try:\n"
+    "        os.killpg(int(sys.argv[1]), signal.SIGKILL)\n"
+    "    except OSError:\n"
+    "        pass\n"
+)
+
 
 def _child_setup() -> None:  # runs in the child between fork and exec
     os.setsid()  # own process group: we signal the whole group (mpirun ranks, backend stubs)
@@ -265,9 +278,11 @@ class TritonServer:
     """Owns one Triton process (or an mpirun of ranks): start, wait_ready, is_alive, stop, log tail.
 
     The process runs in its own process group; it is spawned from a dedicated thread that lives
-    until the process ends, and carries PR_SET_PDEATHSIG, so it dies if our process dies (no
-    orphans). ``stop()`` sends SIGINT to the group, waits ``stop_timeout_s``, then SIGKILLs it.
-    Output goes to ``log_file`` and a ring buffer of the last lines used in error messages.
+    until the process ends, and carries PR_SET_PDEATHSIG, so it dies if our process dies; a small
+    guardian process then kills the rest of its group (backend stubs), so there are no orphans.
+    ``start()`` after a crash kills what is left of the previous group first. ``stop()`` sends
+    SIGINT to the group, waits ``stop_timeout_s``, then SIGKILLs it. Output goes to ``log_file`` and a
+    ring buffer of the last lines used in error messages.
     """
 
     def __init__(
@@ -286,6 +301,7 @@ class TritonServer:
         self._lock = threading.Lock()
         self._started = threading.Event()
         self._spawn_error: Optional[BaseException] = None
+        self._thread: Optional[threading.Thread] = None
 
     @property
     def command(self) -> list[str]:
@@ -318,6 +334,7 @@ class TritonServer:
             self._started.set()
             return
         self._proc = proc
+        guardian = self._spawn_guardian(proc.pid)
         self._started.set()
         assert proc.stdout is not None
         with open(self.log_file, "ab") as sink:
@@ -325,7 +342,27 @@ class TritonServer:
                 sink.write(raw)
                 sink.flush()
                 self._tail.append(raw.decode("utf-8", "replace").rstrip("\n"))
+        if guardian is not None:
+            try:
+                guardian.communicate(b"d", timeout=10)  # disarm: the group has ended
+            except (OSError, subprocess.TimeoutExpired):
+                guardian.kill()
+                guardian.wait()
         proc.wait()
+
+    @staticmethod
+    def _spawn_guardian(pgid: int) -> Optional[subprocess.Popen[bytes]]:
+        try:
+            return subprocess.Popen(  # noqa: S603
+                [sys.executable, "-I", "-S", "-c", _GUARDIAN, str(pgid)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,  # terminal signals meant for us do not reach it
+            )
+        except OSError as exc:
+            log.warning("could not start the guardian of Triton's process group: %s", exc)
+            return None
 
     def start(self) -> None:
         """Start Triton in the background (returns at once; see :meth:`wait_ready`).
@@ -336,11 +373,17 @@ class TritonServer:
         with self._lock:
             if self.is_alive():
                 return
+            if self._proc is not None and self._thread is not None and self._thread.is_alive():
+                # The previous run's group still holds the log pipe: backend stubs left behind
+                # by a Triton that died (they hang rather than exit). Kill them before restarting.
+                self._signal_group(self._proc.pid, signal.SIGKILL)
+                self._thread.join(timeout=10)
             self._started.clear()
             self._spawn_error = None
             self._tail.clear()
             log.info("starting Triton (%s): %s", self.installation.source, " ".join(self.command))
             thread = threading.Thread(target=self._run, name="tritonserver", daemon=True)
+            self._thread = thread
             thread.start()
             self._started.wait()
             if self._spawn_error is not None:
@@ -398,7 +441,7 @@ class TritonServer:
                     tail = self.log_tail()
                     self.stop()
                     raise TritonStartupError(
-                        f"Triton was not ready after {timeout_s:.0f} s (COG_TRITON_STARTUP_TIMEOUT_S); "
+                        f"Triton was not ready after {timeout_s:g} s (COG_TRITON_STARTUP_TIMEOUT_S); "
                         f"it was stopped. Last log lines:\n{tail}"
                     )
                 time.sleep(poll_s)

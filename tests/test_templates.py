@@ -1,0 +1,669 @@
+"""Tests of tensorrtllm_backend.templates, scripts/fill_template.py and the real templates in triton_model_repo/."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from enum import Enum
+from pathlib import Path
+
+import pytest
+from tritonclient.grpc import model_config_pb2
+
+from cog_triton.errors import ConfigError, TemplateError
+from cog_triton.settings import REPO_ROOT, BatchingStrategy, SchedulerPolicy
+from tensorrtllm_backend.engine import ModelLimits, WeightsInfo
+from tensorrtllm_backend.templates import (
+    OPTIONAL_TENSORRT_LLM_PARAMETERS,
+    RenderOptions,
+    drop_empty_parameters,
+    fill_template,
+    format_value,
+    parse_key_values,
+    parse_model_config,
+    placeholders,
+    render_model_repository,
+    template_values,
+)
+
+TEMPLATE_DIR = REPO_ROOT / "triton_model_repo"
+FILL_TEMPLATE = REPO_ROOT / "scripts" / "fill_template.py"
+MODELS = ("ensemble", "preprocessing", "postprocessing", "tensorrt_llm_bls", "tensorrt_llm")
+PYTHON_LIVE_MODELS = ("preprocessing", "postprocessing", "tensorrt_llm_bls")
+TEMPLATE_FOLDERS = (
+    "ensemble",
+    "preprocessing",
+    "postprocessing",
+    "tensorrt_llm_bls",
+    "tensorrt_llm",
+    "tensorrt_llm_reference",
+)
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def engine_info(tmp_path: Path, *, max_batch_size: int = 64) -> WeightsInfo:
+    weights = tmp_path / "engine"
+    return WeightsInfo(
+        kind="engine",
+        weights_dir=weights,
+        tokenizer_dir=weights / "tokenizer",
+        limits=ModelLimits(max_batch_size=max_batch_size, max_input_len=2048, max_seq_len=4096, max_num_tokens=8192),
+        world_size=1,
+        architecture="LlamaForCausalLM",
+        dtype="float16",
+        trtllm_version="1.1.0",
+    )
+
+
+def checkpoint_info(tmp_path: Path, *, max_batch_size: int = 8) -> WeightsInfo:
+    weights = tmp_path / "checkpoint"
+    return WeightsInfo(
+        kind="hf_checkpoint",
+        weights_dir=weights,
+        tokenizer_dir=weights,
+        limits=ModelLimits(max_batch_size=max_batch_size, max_input_len=1023, max_seq_len=1024),
+        architecture="LlamaForCausalLM",
+        dtype="float32",
+    )
+
+
+def options(tmp_path: Path, template_dir: Path = TEMPLATE_DIR, **kwargs) -> RenderOptions:
+    return RenderOptions(template_dir=template_dir, model_repo_dir=tmp_path / "model_repository", **kwargs)
+
+
+def params(config: model_config_pb2.ModelConfig) -> dict[str, str]:
+    return {key: value.string_value for key, value in config.parameters.items()}
+
+
+def read_rendered(repo: Path) -> dict[str, model_config_pb2.ModelConfig]:
+    """Parse every written config.pbtxt again, as Triton would read it."""
+    return {
+        name: parse_model_config((repo / name / "config.pbtxt").read_text(), source=str(repo / name))
+        for name in MODELS
+    }
+
+
+def copy_templates(dest: Path) -> Path:
+    """Copy the templates (config.pbtxt and 1/model.py only, not weights that may lie in tensorrt_llm/1)."""
+    for folder in TEMPLATE_FOLDERS:
+        src = TEMPLATE_DIR / folder
+        (dest / folder / "1").mkdir(parents=True)
+        shutil.copy2(src / "config.pbtxt", dest / folder / "config.pbtxt")
+        if (src / "1" / "model.py").is_file():
+            shutil.copy2(src / "1" / "model.py", dest / folder / "1" / "model.py")
+    return dest
+
+
+@pytest.fixture(params=["engine", "hf_checkpoint"])
+def rendered(request, tmp_path: Path) -> tuple[WeightsInfo, dict[str, model_config_pb2.ModelConfig]]:
+    info = engine_info(tmp_path) if request.param == "engine" else checkpoint_info(tmp_path)
+    opts = options(tmp_path)
+    render_model_repository(opts, info)
+    return info, read_rendered(opts.model_repo_dir)
+
+
+# --- placeholders / format_value / fill_template ----------------------------------------------
+
+
+def test_placeholders_finds_braced_and_named_but_not_escaped() -> None:
+    text = 'a: ${alpha} b: $beta c: $$gamma d: "${alpha}" e: $5'
+    assert placeholders(text) == {"alpha", "beta"}
+    assert placeholders("no placeholders here") == set()
+
+
+def test_placeholders_of_real_template() -> None:
+    names = placeholders((TEMPLATE_DIR / "postprocessing" / "config.pbtxt").read_text())
+    assert names == {"triton_max_batch_size", "postprocessing_instance_count", "tokenizer_dir", "skip_special_tokens"}
+
+
+class Color(Enum):
+    RED = "red"
+    NUMBER = 7
+
+
+def test_format_value() -> None:
+    assert format_value(True) == "true"
+    assert format_value(False) == "false"
+    assert format_value(None) == ""
+    assert format_value(Color.RED) == "red"
+    assert format_value(Color.NUMBER) == "7"
+    # str-mixin enums (as in settings) must render their value, not "BatchingStrategy.V1"
+    assert format_value(BatchingStrategy.V1) == "V1"
+    assert format_value(SchedulerPolicy.MAX_UTILIZATION) == "max_utilization"
+    assert format_value(0) == "0"
+    assert format_value(0.9) == "0.9"
+    assert format_value("text") == "text"
+
+
+def test_fill_template_success() -> None:
+    text = 'max_batch_size: ${batch}\ndecoupled: ${flag}\nvalue: "${empty}"\ncost: $$5 $name'
+    out = fill_template(text, {"batch": 8, "flag": True, "empty": None, "name": Color.RED}, source="x.pbtxt")
+    assert out == 'max_batch_size: 8\ndecoupled: true\nvalue: ""\ncost: $5 red'
+
+
+def test_fill_template_unfilled_placeholder_names_file_and_key() -> None:
+    with pytest.raises(TemplateError) as info:
+        fill_template("a: ${one}\nb: ${two}", {"one": 1}, source="models/foo/config.pbtxt")
+    message = str(info.value)
+    assert "models/foo/config.pbtxt" in message
+    assert "${two}" in message
+    assert "${one}" not in message
+    assert info.value.code == "template_error"
+    assert isinstance(info.value, ConfigError)
+
+
+def test_fill_template_unknown_key_names_key() -> None:
+    with pytest.raises(TemplateError) as info:
+        fill_template("a: ${one}", {"one": 1, "bogus_key": 2}, source="cfg.pbtxt")
+    message = str(info.value)
+    assert "bogus_key" in message
+    assert "cfg.pbtxt" in message
+    assert "one" in message  # lists the placeholders that exist
+
+
+def test_fill_template_allow_unfilled_keeps_placeholder() -> None:
+    out = fill_template("a: ${one}\nb: ${two}", {"one": 1}, source="cfg", allow_unfilled=True)
+    assert out == "a: 1\nb: ${two}"
+
+
+def test_fill_template_allow_unknown_ignores_extra_values() -> None:
+    out = fill_template("a: ${one}", {"one": 1, "extra": 2}, source="cfg", allow_unknown=True)
+    assert out == "a: 1"
+    # allow_unknown does not allow unfilled placeholders
+    with pytest.raises(TemplateError, match=r"\$\{two\}"):
+        fill_template("a: ${one} ${two}", {"one": 1, "extra": 2}, source="cfg", allow_unknown=True)
+
+
+def test_fill_template_malformed_dollar_names_file() -> None:
+    with pytest.raises(TemplateError) as info:
+        fill_template("a: ${one}\nprice: $5", {"one": 1}, source="broken/config.pbtxt")
+    message = str(info.value)
+    assert "broken/config.pbtxt" in message
+    assert "line 2" in message
+
+
+# --- parse_model_config / drop_empty_parameters / parse_key_values ----------------------------
+
+
+VALID_CONFIG = """
+name: "m"
+backend: "python"
+max_batch_size: 4
+input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
+parameters: { key: "a" value: { string_value: "1" } }
+parameters: { key: "b" value: { string_value: "" } }
+parameters: { key: "c" value: { string_value: "" } }
+"""
+
+
+def test_parse_model_config_valid() -> None:
+    config = parse_model_config(VALID_CONFIG, source="m/config.pbtxt")
+    assert isinstance(config, model_config_pb2.ModelConfig)
+    assert config.name == "m"
+    assert config.backend == "python"
+    assert config.max_batch_size == 4
+    assert [i.name for i in config.input] == ["X"]
+    assert params(config) == {"a": "1", "b": "", "c": ""}
+
+
+def test_parse_model_config_platform_suffices() -> None:
+    config = parse_model_config('name: "ens" platform: "ensemble"', source="ens")
+    assert config.platform == "ensemble"
+
+
+def test_parse_model_config_leftover_placeholder_is_expected_integer() -> None:
+    text = 'name: "m"\nbackend: "python"\nmax_batch_size: ${x}\n'
+    with pytest.raises(TemplateError) as info:
+        parse_model_config(text, source="live/m/config.pbtxt")
+    message = str(info.value)
+    assert "live/m/config.pbtxt" in message
+    # the C++ parser says "Expected integer, got: $", Python protobuf "Couldn't parse integer: $"
+    assert re.search(r"(Expected|parse) integer", message)
+    assert "3:17" in message  # the protobuf error carries line:column  # the protobuf error carries line:column
+
+
+def test_parse_model_config_unknown_field() -> None:
+    with pytest.raises(TemplateError, match="no_such_field"):
+        parse_model_config('name: "m" backend: "python" no_such_field: 1', source="m")
+
+
+def test_parse_model_config_missing_name() -> None:
+    with pytest.raises(TemplateError, match="has no name") as info:
+        parse_model_config('backend: "python"', source="noname.pbtxt")
+    assert "noname.pbtxt" in str(info.value)
+
+
+def test_parse_model_config_missing_backend() -> None:
+    with pytest.raises(TemplateError, match="neither backend nor platform") as info:
+        parse_model_config('name: "m"', source="nobackend.pbtxt")
+    assert "nobackend.pbtxt" in str(info.value)
+
+
+def test_drop_empty_parameters() -> None:
+    config = parse_model_config(VALID_CONFIG, source="m")
+    assert drop_empty_parameters(config) == ["b", "c"]
+    assert params(config) == {"a": "1"}
+    assert drop_empty_parameters(config) == []
+
+
+def test_parse_key_values() -> None:
+    assert parse_key_values("a:1,b:two", what="subs") == {"a": "1", "b": "two"}
+    assert parse_key_values(r"gpu_device_ids:0\,1,x:y", what="subs") == {"gpu_device_ids": "0,1", "x": "y"}
+    assert parse_key_values("url:http://h:80/p", what="subs") == {"url": "http://h:80/p"}
+    assert parse_key_values(" key :v,,", what="subs") == {"key": "v"}
+    assert parse_key_values("empty:", what="subs") == {"empty": ""}
+
+
+@pytest.mark.parametrize("spec", ["", "   "])
+def test_parse_key_values_empty_spec(spec: str) -> None:
+    assert parse_key_values(spec, what="subs") == {}
+
+
+@pytest.mark.parametrize("spec, item", [("a:1,novalue", "novalue"), (":v", ":v")])
+def test_parse_key_values_rejects_items_without_key(spec: str, item: str) -> None:
+    with pytest.raises(TemplateError) as info:
+        parse_key_values(spec, what="COG_TRITON_SOMETHING")
+    message = str(info.value)
+    assert "COG_TRITON_SOMETHING" in message
+    assert repr(item) in message
+
+
+# --- template_values / render_model_repository -------------------------------------------------
+
+
+def test_template_values_cover_every_placeholder_exactly() -> None:
+    values = template_values(RenderOptions(template_dir=TEMPLATE_DIR, model_repo_dir=Path("/x")), engine_info(Path("/weights")))
+    for folder in TEMPLATE_FOLDERS:
+        names = placeholders((TEMPLATE_DIR / folder / "config.pbtxt").read_text())
+        assert set(values[folder]) == names, folder
+
+
+def test_render_engine_repository(tmp_path: Path) -> None:
+    info = engine_info(tmp_path)
+    opts = options(tmp_path)
+    returned = render_model_repository(opts, info)
+    repo = opts.model_repo_dir
+    assert sorted(p.name for p in repo.iterdir()) == sorted(MODELS)
+    configs = read_rendered(repo)
+    assert set(returned) == set(MODELS)
+    for name in MODELS:
+        assert configs[name] == returned[name], name
+        assert configs[name].name == name
+        assert (repo / name / "1").is_dir()
+    trt = configs["tensorrt_llm"]
+    assert trt.backend == "tensorrtllm"
+    assert trt.max_batch_size == 64
+    assert trt.model_transaction_policy.decoupled is True
+    assert list(trt.dynamic_batching.preferred_batch_size) == [64]
+    p = params(trt)
+    assert p["gpt_model_path"] == str(info.weights_dir)
+    assert p["tokenizer_dir"] == str(info.tokenizer_dir)
+    assert p["max_beam_width"] == "1"
+    assert p["gpt_model_type"] == "inflight_fused_batching"
+    assert p["batch_scheduler_policy"] == "guaranteed_no_evict"
+    assert p["kv_cache_free_gpu_mem_fraction"] == "0.9"
+    assert p["exclude_input_in_output"] == "true"
+    assert p["enable_kv_cache_reuse"] == "false"
+    for key, value in p.items():
+        assert value != "", key
+        assert "${" not in value, key
+    # unset optional parameters are dropped, not written empty
+    for key in ("gpu_device_ids", "max_tokens_in_paged_kv_cache", "multi_block_mode", "encoder_model_path"):
+        assert key not in p
+    # no leftover placeholder anywhere in the written files
+    for name in MODELS:
+        assert "${" not in (repo / name / "config.pbtxt").read_text(), name
+        assert "$" not in (repo / name / "config.pbtxt").read_text(), name
+    # the engine's C++ model has no model.py
+    assert not (repo / "tensorrt_llm" / "1" / "model.py").exists()
+    for name in PYTHON_LIVE_MODELS:
+        assert configs[name].backend == "python"
+        assert (repo / name / "1" / "model.py").read_bytes() == (TEMPLATE_DIR / name / "1" / "model.py").read_bytes()
+    for name in MODELS:
+        assert configs[name].max_batch_size == 64, name
+    assert configs["ensemble"].platform == "ensemble"
+    assert params(configs["preprocessing"])["tokenizer_dir"] == str(info.tokenizer_dir)
+    assert params(configs["postprocessing"])["skip_special_tokens"] == "true"
+    assert params(configs["tensorrt_llm_bls"])["tensorrt_llm_model_name"] == "tensorrt_llm"
+    assert configs["tensorrt_llm_bls"].model_transaction_policy.decoupled is True
+    # no staging or backup folders are left beside the repository
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model_repository"]
+
+
+def test_render_checkpoint_repository(tmp_path: Path) -> None:
+    info = checkpoint_info(tmp_path)
+    opts = options(tmp_path, reference_torch_threads=3)
+    render_model_repository(opts, info)
+    repo = opts.model_repo_dir
+    configs = read_rendered(repo)
+    assert sorted(p.name for p in repo.iterdir()) == sorted(MODELS)
+    trt = configs["tensorrt_llm"]
+    assert trt.name == "tensorrt_llm"
+    assert trt.backend == "python"
+    assert trt.max_batch_size == 8
+    assert trt.model_transaction_policy.decoupled is True
+    assert (repo / "tensorrt_llm" / "1" / "model.py").read_bytes() == (
+        TEMPLATE_DIR / "tensorrt_llm_reference" / "1" / "model.py"
+    ).read_bytes()
+    p = params(trt)
+    assert p["hf_model_dir"] == str(info.weights_dir)
+    assert p["max_input_len"] == "1023"
+    assert p["max_seq_len"] == "1024"
+    assert p["max_active_requests"] == "8"
+    assert p["torch_threads"] == "3"
+    assert "gpt_model_path" not in p
+    for name in PYTHON_LIVE_MODELS:
+        assert (repo / name / "1" / "model.py").is_file()
+    for name in MODELS:
+        text = (repo / name / "config.pbtxt").read_text()
+        assert "${" not in text, name
+        for key, value in params(configs[name]).items():
+            assert value != "", (name, key)
+
+
+def test_triton_max_batch_size_override_wins(tmp_path: Path) -> None:
+    info = engine_info(tmp_path, max_batch_size=64)
+    opts = options(tmp_path, triton_max_batch_size=16)
+    render_model_repository(opts, info)
+    configs = read_rendered(opts.model_repo_dir)
+    for name in MODELS:
+        assert configs[name].max_batch_size == 16, name
+    assert list(configs["tensorrt_llm"].dynamic_batching.preferred_batch_size) == [16]
+
+
+def test_render_options_are_applied(tmp_path: Path) -> None:
+    info = engine_info(tmp_path)
+    opts = options(
+        tmp_path,
+        batching_strategy=BatchingStrategy.V1,
+        batch_scheduler_policy=SchedulerPolicy.MAX_UTILIZATION,
+        max_tokens_in_paged_kv_cache=10000,
+        enable_kv_cache_reuse=True,
+        max_queue_delay_microseconds=250,
+        preprocessing_instance_count=3,
+        add_special_tokens=False,
+        skip_special_tokens=False,
+        gpu_device_ids="0,1",
+    )
+    render_model_repository(opts, info)
+    configs = read_rendered(opts.model_repo_dir)
+    p = params(configs["tensorrt_llm"])
+    assert p["gpt_model_type"] == "V1"
+    assert p["batch_scheduler_policy"] == "max_utilization"
+    assert p["max_tokens_in_paged_kv_cache"] == "10000"
+    assert p["enable_kv_cache_reuse"] == "true"
+    assert p["gpu_device_ids"] == "0,1"
+    assert configs["tensorrt_llm"].dynamic_batching.max_queue_delay_microseconds == 250
+    assert configs["preprocessing"].dynamic_batching.max_queue_delay_microseconds == 250
+    assert configs["preprocessing"].instance_group[0].count == 3
+    assert params(configs["preprocessing"])["add_special_tokens"] == "false"
+    assert params(configs["postprocessing"])["skip_special_tokens"] == "false"
+
+
+def test_tensorrt_llm_parameter_overrides(tmp_path: Path) -> None:
+    info = engine_info(tmp_path)
+    opts = options(tmp_path, tensorrt_llm_parameters="multi_block_mode:true,gpu_device_ids:0\\,1")
+    rendered = render_model_repository(opts, info)
+    p = params(read_rendered(opts.model_repo_dir)["tensorrt_llm"])
+    assert p["multi_block_mode"] == "true"
+    assert p["gpu_device_ids"] == "0,1"
+    assert params(rendered["tensorrt_llm"]) == p
+
+
+def test_tensorrt_llm_parameter_override_replaces_default(tmp_path: Path) -> None:
+    opts = options(tmp_path, tensorrt_llm_parameters="kv_cache_free_gpu_mem_fraction:0.5")
+    render_model_repository(opts, engine_info(tmp_path))
+    assert params(read_rendered(opts.model_repo_dir)["tensorrt_llm"])["kv_cache_free_gpu_mem_fraction"] == "0.5"
+
+
+@pytest.mark.parametrize("bad", ["no_such_parameter:1", "triton_max_batch_size:4", "decoupled_mode:false"])
+def test_tensorrt_llm_parameter_unknown_key(tmp_path: Path, bad: str) -> None:
+    key = bad.split(":")[0]
+    opts = options(tmp_path, tensorrt_llm_parameters=f"multi_block_mode:true,{bad}")
+    with pytest.raises(TemplateError) as info:
+        render_model_repository(opts, engine_info(tmp_path))
+    message = str(info.value)
+    assert "COG_TRITON_TENSORRT_LLM_PARAMETERS" in message
+    assert key in message
+    allowed = message.split("allowed:", 1)[1]
+    for name in ("multi_block_mode", "gpu_device_ids", "batch_scheduler_policy", *OPTIONAL_TENSORRT_LLM_PARAMETERS):
+        assert name in allowed
+    assert "triton_max_batch_size" not in allowed
+    assert not opts.model_repo_dir.exists()
+
+
+def test_tensorrt_llm_parameter_malformed(tmp_path: Path) -> None:
+    opts = options(tmp_path, tensorrt_llm_parameters="multi_block_mode")
+    with pytest.raises(TemplateError, match="COG_TRITON_TENSORRT_LLM_PARAMETERS"):
+        render_model_repository(opts, engine_info(tmp_path))
+
+
+def test_render_replaces_previous_repository(tmp_path: Path) -> None:
+    opts = options(tmp_path)
+    render_model_repository(opts, engine_info(tmp_path))
+    stray = opts.model_repo_dir / "stray_model"
+    stray.mkdir()
+    render_model_repository(opts, checkpoint_info(tmp_path))
+    assert not stray.exists()
+    assert read_rendered(opts.model_repo_dir)["tensorrt_llm"].backend == "python"
+
+
+@pytest.mark.parametrize(
+    "folder, corrupt",
+    [
+        ("postprocessing", lambda t: t.replace('"${tokenizer_dir}"', '"${tokenizer_dir}" ${not_a_value}')),
+        ("preprocessing", lambda t: t.replace("dynamic_batching {", "dynamic_batching { bogus_field: 1")),
+        ("tensorrt_llm_bls", lambda t: t + "\nprice: $5\n"),
+        ("tensorrt_llm", lambda t: t.replace('name: "tensorrt_llm"', 'name: "something_else"')),
+    ],
+)
+def test_broken_template_leaves_previous_repository_intact(tmp_path: Path, folder: str, corrupt) -> None:
+    templates = copy_templates(tmp_path / "templates")
+    opts = options(tmp_path, template_dir=templates)
+    info = engine_info(tmp_path)
+    render_model_repository(opts, info)
+    before = {p.relative_to(opts.model_repo_dir): p.read_bytes() for p in opts.model_repo_dir.rglob("*") if p.is_file()}
+    assert len(before) == len(MODELS) + len(PYTHON_LIVE_MODELS)
+
+    path = templates / folder / "config.pbtxt"
+    path.write_text(corrupt(path.read_text()))
+    with pytest.raises(TemplateError) as err:
+        render_model_repository(opts, info)
+    assert str(path) in str(err.value)
+
+    after = {p.relative_to(opts.model_repo_dir): p.read_bytes() for p in opts.model_repo_dir.rglob("*") if p.is_file()}
+    assert after == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model_repository", "templates"]
+
+
+def test_missing_model_py_is_an_error(tmp_path: Path) -> None:
+    templates = copy_templates(tmp_path / "templates")
+    (templates / "tensorrt_llm_reference" / "1" / "model.py").unlink()
+    opts = options(tmp_path, template_dir=templates)
+    with pytest.raises(TemplateError, match="model.py"):
+        render_model_repository(opts, checkpoint_info(tmp_path))
+    assert not opts.model_repo_dir.exists()
+    # the engine variant does not need it
+    render_model_repository(opts, engine_info(tmp_path))
+    assert (opts.model_repo_dir / "tensorrt_llm" / "config.pbtxt").is_file()
+
+
+def test_missing_template_is_an_error(tmp_path: Path) -> None:
+    templates = copy_templates(tmp_path / "templates")
+    (templates / "ensemble" / "config.pbtxt").unlink()
+    with pytest.raises(TemplateError, match="ensemble"):
+        render_model_repository(options(tmp_path, template_dir=templates), engine_info(tmp_path))
+
+
+# --- ensemble wiring ----------------------------------------------------------------------------
+
+
+def tensors(items) -> dict[str, model_config_pb2.ModelInput]:
+    return {t.name: t for t in items}
+
+
+def test_ensemble_steps_match_model_configs(rendered) -> None:
+    _, configs = rendered
+    ensemble = configs["ensemble"]
+    steps = ensemble.ensemble_scheduling.step
+    assert [s.model_name for s in steps] == ["preprocessing", "tensorrt_llm", "postprocessing"]
+    available = {name: t.data_type for name, t in tensors(ensemble.input).items()}
+    for step in steps:
+        model = configs[step.model_name]
+        inputs, outputs = tensors(model.input), tensors(model.output)
+        for key, value in step.input_map.items():
+            assert key in inputs, f"{step.model_name} has no input {key}"
+            assert value in available, f"{step.model_name}.{key} reads {value}, which nothing produced before"
+            assert inputs[key].data_type == available[value], f"{step.model_name}.{key} <- {value}: type mismatch"
+        required = {name for name, t in inputs.items() if not t.optional}
+        assert required <= set(step.input_map), f"{step.model_name} required inputs not mapped"
+        for key, value in step.output_map.items():
+            assert key in outputs, f"{step.model_name} has no output {key}"
+            available[value] = outputs[key].data_type
+    for name, out in tensors(ensemble.output).items():
+        assert name in available, f"ensemble output {name} is produced by no step"
+        assert available[name] == out.data_type, name
+
+
+def test_every_ensemble_input_is_used(rendered) -> None:
+    _, configs = rendered
+    ensemble = configs["ensemble"]
+    used = {value for step in ensemble.ensemble_scheduling.step for value in step.input_map.values()}
+    unused = {t.name for t in ensemble.input} - used
+    assert not unused
+
+
+def test_reference_declares_every_input_the_ensemble_maps() -> None:
+    ensemble = parse_model_config(
+        fill_template((TEMPLATE_DIR / "ensemble" / "config.pbtxt").read_text(), {"triton_max_batch_size": 8}, source="e"),
+        source="ensemble",
+    )
+    (step,) = [s for s in ensemble.ensemble_scheduling.step if s.model_name == "tensorrt_llm"]
+    values = template_values(RenderOptions(template_dir=TEMPLATE_DIR, model_repo_dir=Path("/x")), engine_info(Path("/weights")))
+    for folder in ("tensorrt_llm", "tensorrt_llm_reference"):
+        text = (TEMPLATE_DIR / folder / "config.pbtxt").read_text()
+        config = parse_model_config(fill_template(text, values[folder], source=folder), source=folder)
+        declared = {t.name for t in config.input}
+        assert set(step.input_map) <= declared, (folder, set(step.input_map) - declared)
+        produced = {t.name for t in config.output}
+        assert set(step.output_map) <= produced, folder
+
+
+def test_bls_inputs_are_a_subset_of_ensemble_inputs(rendered) -> None:
+    _, configs = rendered
+    ensemble = tensors(configs["ensemble"].input)
+    bls = tensors(configs["tensorrt_llm_bls"].input)
+    assert set(bls) <= set(ensemble), set(bls) - set(ensemble)
+    for name, tensor in bls.items():
+        assert tensor.data_type == ensemble[name].data_type, name
+        assert list(tensor.dims) == list(ensemble[name].dims), name
+        assert tensor.optional == ensemble[name].optional, name
+    assert {t.name for t in configs["tensorrt_llm_bls"].output} == {t.name for t in configs["ensemble"].output}
+
+
+# --- scripts/fill_template.py -------------------------------------------------------------------
+
+
+POSTPROCESSING_VALUES = "triton_max_batch_size:8,postprocessing_instance_count:2,tokenizer_dir:/tok,skip_special_tokens:true"
+
+
+def run_fill(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(FILL_TEMPLATE), *args], capture_output=True, text=True, timeout=60, cwd=REPO_ROOT
+    )
+
+
+@pytest.fixture
+def postprocessing_copy(tmp_path: Path) -> Path:
+    dest = tmp_path / "config.pbtxt"
+    shutil.copy2(TEMPLATE_DIR / "postprocessing" / "config.pbtxt", dest)
+    return dest
+
+
+def test_script_writes_to_stdout(postprocessing_copy: Path) -> None:
+    original = postprocessing_copy.read_text()
+    result = run_fill(str(postprocessing_copy), POSTPROCESSING_VALUES)
+    assert result.returncode == 0, result.stderr
+    config = parse_model_config(result.stdout, source="stdout")
+    assert config.max_batch_size == 8
+    assert config.instance_group[0].count == 2
+    assert params(config) == {"tokenizer_dir": "/tok", "skip_special_tokens": "true"}
+    assert postprocessing_copy.read_text() == original
+
+
+def test_script_in_place(postprocessing_copy: Path) -> None:
+    result = run_fill("-i", str(postprocessing_copy), POSTPROCESSING_VALUES)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == ""
+    config = parse_model_config(postprocessing_copy.read_text(), source="file")
+    assert config.max_batch_size == 8
+    assert "${" not in postprocessing_copy.read_text()
+
+
+def test_script_escaped_comma(postprocessing_copy: Path) -> None:
+    result = run_fill(str(postprocessing_copy), POSTPROCESSING_VALUES.replace("/tok", "/a\\,b"))
+    assert result.returncode == 0, result.stderr
+    assert params(parse_model_config(result.stdout, source="stdout"))["tokenizer_dir"] == "/a,b"
+
+
+def test_script_unfilled_fails(postprocessing_copy: Path) -> None:
+    original = postprocessing_copy.read_text()
+    values = "triton_max_batch_size:8,postprocessing_instance_count:2,tokenizer_dir:/tok"
+    result = run_fill("-i", str(postprocessing_copy), values)
+    assert result.returncode == 2
+    assert "${skip_special_tokens}" in result.stderr
+    assert str(postprocessing_copy) in result.stderr
+    assert result.stdout == ""
+    assert postprocessing_copy.read_text() == original
+
+
+def test_script_unknown_key_fails_unless_allowed(postprocessing_copy: Path) -> None:
+    result = run_fill(str(postprocessing_copy), POSTPROCESSING_VALUES + ",bogus:1")
+    assert result.returncode == 2
+    assert "bogus" in result.stderr
+    result = run_fill("--allow-unknown", str(postprocessing_copy), POSTPROCESSING_VALUES + ",bogus:1")
+    assert result.returncode == 0, result.stderr
+
+
+def test_script_allow_unfilled(postprocessing_copy: Path) -> None:
+    values = "triton_max_batch_size:8,postprocessing_instance_count:2,tokenizer_dir:/tok"
+    result = run_fill("--allow-unfilled", str(postprocessing_copy), values)
+    assert result.returncode == 0, result.stderr
+    assert '"${skip_special_tokens}"' in result.stdout
+    assert "max_batch_size: 8" in result.stdout
+
+
+def test_script_allow_unfilled_numeric_needs_no_validate(postprocessing_copy: Path) -> None:
+    values = "postprocessing_instance_count:2,tokenizer_dir:/tok,skip_special_tokens:true"
+    result = run_fill("--allow-unfilled", str(postprocessing_copy), values)
+    assert result.returncode == 2
+    assert re.search(r"(Expected|parse) integer", result.stderr)
+    assert str(postprocessing_copy) in result.stderr
+    result = run_fill("--allow-unfilled", "--no-validate", str(postprocessing_copy), values)
+    assert result.returncode == 0, result.stderr
+    assert "max_batch_size: ${triton_max_batch_size}" in result.stdout
+
+
+def test_script_invalid_result_fails(postprocessing_copy: Path) -> None:
+    original = postprocessing_copy.read_text()
+    values = POSTPROCESSING_VALUES.replace("triton_max_batch_size:8", "triton_max_batch_size:eight")
+    result = run_fill("-i", str(postprocessing_copy), values)
+    assert result.returncode == 2
+    assert "invalid Triton model config" in result.stderr
+    assert postprocessing_copy.read_text() == original
+
+
+def test_script_missing_file(tmp_path: Path) -> None:
+    result = run_fill(str(tmp_path / "nope.pbtxt"), "a:1")
+    assert result.returncode == 2
+    assert "nope.pbtxt" in result.stderr
+
+
+def test_script_malformed_substitutions(postprocessing_copy: Path) -> None:
+    result = run_fill(str(postprocessing_copy), "triton_max_batch_size")
+    assert result.returncode == 2
+    assert "triton_max_batch_size" in result.stderr
