@@ -198,7 +198,6 @@ def test_engine_malformed_mapping(tmp_path: Path, mapping: Any) -> None:
         ({"max_input_len": True}, "max_input_len"),
         ({"max_seq_len": 0}, "max_seq_len"),
         ({"max_seq_len": 4096.0}, "max_seq_len"),
-        ({"max_seq_len": None}, "needs max_seq_len"),  # neither max_seq_len nor the legacy max_output_len
         ({"max_seq_len": None, "max_output_len": 0}, "max_output_len"),
     ],
 )
@@ -208,6 +207,12 @@ def test_engine_bad_build_values(tmp_path: Path, changes: dict[str, Any], key: s
     message = str(info.value)
     assert f"{key} must be a positive integer" in message
     assert "config.json" in message
+
+
+def test_engine_without_any_sequence_limit(tmp_path: Path) -> None:
+    # Neither max_seq_len nor the legacy max_output_len.
+    with pytest.raises(ConfigError, match="build_config needs max_seq_len"):
+        inspect_weights(write_engine(tmp_path / "engine", engine_config(max_seq_len=None)))
 
 
 def test_engine_input_longer_than_sequence(tmp_path: Path) -> None:
