@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import inspect
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -303,3 +304,41 @@ def test_predict_inputs_are_validated(name: str) -> None:
     assert len(calls) == 1
     passed = {kw.arg: kw.value for kw in calls[0].keywords}
     assert isinstance(passed.get(name), ast.Name) and passed[name].id == name
+
+
+# --- README ----------------------------------------------------------------------------------
+README = (REPO_ROOT / "README.md").read_text()
+
+
+def _fenced_commands(text: str) -> list[str]:
+    blocks = re.findall(r"```bash\n(.*?)```", text, flags=re.S)
+    return [line.strip() for block in blocks for line in block.splitlines() if line.strip()]
+
+
+def test_readme_documents_every_setting() -> None:
+    from cog_triton.settings import Settings
+
+    missing = [f"COG_TRITON_{name.upper()}" for name in Settings.model_fields if f"`COG_TRITON_{name.upper()}`" not in README]
+    assert missing == []
+
+
+def test_readme_documents_every_input() -> None:
+    import inspect as _inspect
+
+    import predict
+
+    for name in _inspect.signature(predict.Predictor.predict).parameters:
+        if name != "self":
+            assert f"`{name}`" in README, name
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    commands = _fenced_commands(README)
+    test_command = "./scripts/setup && .venv/bin/python -m pytest"
+    assert test_command in commands
+    assert "./scripts/setup && .venv/bin/python scripts/demo.py" in commands
+    ci = (REPO_ROOT / ".ci" / "run").read_text()
+    assert test_command in ci.splitlines()
+    for script in ("scripts/setup", "scripts/demo.py", "scripts/serve", "scripts/fill_template.py"):
+        assert (REPO_ROOT / script).is_file(), script
+        assert os.access(REPO_ROOT / script, os.X_OK), f"{script} is not executable"

@@ -1,0 +1,382 @@
+"""Tests of cog_triton.inputs: validation of every prediction input, the token budget, and prompt
+rendering with the real SmolLM2 tokenizer of the default model."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import pytest  # noqa: E402
+
+from cog_triton.errors import InputError  # noqa: E402
+from cog_triton.inputs import (  # noqa: E402
+    MAX_SEED,
+    PredictInputs,
+    chat_template_adds_bos,
+    default_inputs,
+    render_prompt,
+)
+from cog_triton.stop import MAX_STOP_SEQUENCE_LENGTH, MAX_STOP_SEQUENCES  # noqa: E402
+
+CHECKPOINT = Path(__file__).resolve().parents[1] / "build" / "default_model" / "checkpoint"
+
+
+def validate(**overrides: Any) -> PredictInputs:
+    kwargs: dict[str, Any] = {"prompt": "Hello", "seed": 1}
+    kwargs.update(overrides)
+    return PredictInputs.validate(**kwargs)
+
+
+def rejected(**overrides: Any) -> str:
+    with pytest.raises(InputError) as info:
+        validate(**overrides)
+    assert info.value.code == "invalid_input"
+    return str(info.value)
+
+
+# --- bad values: the message names the input, the value and what is allowed ------------------
+
+INT_RANGE = {"max_tokens": "1 to 1000000", "min_tokens": "0 to 1000000", "top_k": "0 to 1000000"}
+FLOAT_RANGE = {
+    "temperature": "[0, 5]",
+    "top_p": "(0, 1]",
+    "repetition_penalty": "(0, 10]",
+    "presence_penalty": "[-2, 2]",
+    "frequency_penalty": "[-2, 2]",
+}
+SEED_RANGE = f"0 to {MAX_SEED}"
+
+BAD_VALUES = [
+    # (input, bad value, text showing the value, text showing what is allowed)
+    ("max_tokens", 0, "max_tokens=0", INT_RANGE["max_tokens"]),
+    ("max_tokens", -1, "max_tokens=-1", INT_RANGE["max_tokens"]),
+    ("max_tokens", 1.5, "1.5", INT_RANGE["max_tokens"]),
+    ("max_tokens", "10", "'10'", INT_RANGE["max_tokens"]),
+    ("max_tokens", True, "True", INT_RANGE["max_tokens"]),
+    ("max_tokens", 1_000_001, "max_tokens=1000001", INT_RANGE["max_tokens"]),
+    ("max_tokens", None, "None", INT_RANGE["max_tokens"]),
+    ("max_tokens", float("nan"), "nan", INT_RANGE["max_tokens"]),
+    ("min_tokens", -1, "min_tokens=-1", INT_RANGE["min_tokens"]),
+    ("min_tokens", 0.5, "0.5", INT_RANGE["min_tokens"]),
+    ("temperature", -0.1, "temperature=-0.1", FLOAT_RANGE["temperature"]),
+    ("temperature", 5.1, "temperature=5.1", FLOAT_RANGE["temperature"]),
+    ("temperature", 5.0000001, "temperature=5.0000001", FLOAT_RANGE["temperature"]),
+    ("temperature", float("nan"), "nan", FLOAT_RANGE["temperature"]),
+    ("temperature", float("inf"), "inf", FLOAT_RANGE["temperature"]),
+    ("temperature", float("-inf"), "-inf", FLOAT_RANGE["temperature"]),
+    ("temperature", "hot", "'hot'", FLOAT_RANGE["temperature"]),
+    ("temperature", True, "True", FLOAT_RANGE["temperature"]),
+    ("temperature", 10**400, "temperature=1000", FLOAT_RANGE["temperature"]),  # too big for a float
+    ("top_p", 0, "top_p=0", FLOAT_RANGE["top_p"]),
+    ("top_p", 1.1, "top_p=1.1", FLOAT_RANGE["top_p"]),
+    ("top_p", -0.5, "top_p=-0.5", FLOAT_RANGE["top_p"]),
+    ("top_k", -1, "top_k=-1", INT_RANGE["top_k"]),
+    ("top_k", 2.5, "2.5", INT_RANGE["top_k"]),
+    ("repetition_penalty", 0, "repetition_penalty=0", FLOAT_RANGE["repetition_penalty"]),
+    ("repetition_penalty", 11, "repetition_penalty=11", FLOAT_RANGE["repetition_penalty"]),
+    ("presence_penalty", -2.1, "presence_penalty=-2.1", FLOAT_RANGE["presence_penalty"]),
+    ("presence_penalty", 2.1, "presence_penalty=2.1", FLOAT_RANGE["presence_penalty"]),
+    ("frequency_penalty", -2.1, "frequency_penalty=-2.1", FLOAT_RANGE["frequency_penalty"]),
+    ("frequency_penalty", 2.1, "frequency_penalty=2.1", FLOAT_RANGE["frequency_penalty"]),
+    ("frequency_penalty", [1], "[1]", FLOAT_RANGE["frequency_penalty"]),
+    ("seed", -1, "seed=-1", SEED_RANGE),
+    ("seed", 2**63, f"seed={2**63}", SEED_RANGE),
+    ("seed", "x", "'x'", SEED_RANGE),
+    ("seed", True, "True", SEED_RANGE),
+    ("seed", 1.0, "1.0", SEED_RANGE),
+]
+
+
+@pytest.mark.parametrize(("name", "value", "shown", "allowed"), BAD_VALUES, ids=lambda v: repr(v)[:20])
+def test_bad_numeric_inputs(name: str, value: Any, shown: str, allowed: str) -> None:
+    message = rejected(**{name: value})
+    assert name in message
+    assert shown in message
+    assert allowed in message
+
+
+def test_bad_value_is_shortened_in_the_message() -> None:
+    message = rejected(temperature="x" * 10_000)
+    assert "temperature" in message and "xxx" in message and len(message) < 300
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [(5, "5"), (None, "None"), (b"Hello", "b'Hello'"), (["Hello"], "['Hello']")],
+)
+def test_prompt_not_a_string(value: Any, shown: str) -> None:
+    message = rejected(prompt=value)
+    assert message.startswith("[invalid_input] prompt must be a non-empty string")
+    assert f"got {shown}" in message
+
+
+@pytest.mark.parametrize("value", ["", "   ", "\n\t "])
+def test_prompt_empty_or_whitespace(value: str) -> None:
+    message = rejected(prompt=value)
+    assert f"prompt={value!r}" in message
+    assert "empty or only whitespace" in message and "non-empty" in message
+
+
+def test_prompt_too_long() -> None:
+    message = rejected(prompt="a" * 1_000_001)
+    assert "prompt has 1000001 characters" in message and "at most 1000000" in message
+
+
+def test_system_prompt_not_a_string() -> None:
+    message = rejected(system_prompt=42)
+    assert "system_prompt" in message and "got 42" in message and "must be a string" in message
+
+
+def test_prompt_template_without_prompt_placeholder() -> None:
+    message = rejected(prompt_template="<s>[INST] {system_prompt} [/INST]")
+    assert "prompt_template='<s>[INST] {system_prompt} [/INST]'" in message
+    assert "must contain {prompt}" in message
+
+
+def test_prompt_template_not_a_string() -> None:
+    message = rejected(prompt_template=3)
+    assert "prompt_template" in message and "got 3" in message and "{prompt}" in message
+
+
+@pytest.mark.parametrize(("min_tokens", "max_tokens"), [(11, 10), (2, 1)])
+def test_min_tokens_greater_than_max_tokens(min_tokens: int, max_tokens: int) -> None:
+    message = rejected(min_tokens=min_tokens, max_tokens=max_tokens)
+    assert f"min_tokens={min_tokens}" in message
+    assert f"max_tokens={max_tokens}" in message
+    assert "allowed: 0 to max_tokens" in message
+
+
+@pytest.mark.parametrize(
+    ("value", "fragments"),
+    [
+        (5, ["stop_sequences", "5", "int", "comma-separated"]),
+        ({"a": 1}, ["stop_sequences", "{'a': 1}", "dict"]),
+        ('["a", 1]', ["stop_sequences", "contains 1", "must be a string"]),
+        (["a", None], ["stop_sequences", "contains None"]),
+        ('["a",', ["stop_sequences", "'[\"a\",'", "not valid JSON"]),
+        (",".join(f"s{i}" for i in range(MAX_STOP_SEQUENCES + 1)), ["stop_sequences", "17 distinct", "at most 16"]),
+        ("x" * (MAX_STOP_SEQUENCE_LENGTH + 1), ["stop_sequences", "257 characters", "at most 256"]),
+    ],
+)
+def test_bad_stop_sequences(value: Any, fragments: list[str]) -> None:
+    message = rejected(stop_sequences=value)
+    for fragment in fragments:
+        assert fragment in message
+
+
+# --- valid values ----------------------------------------------------------------------------
+
+
+def test_defaults_are_valid_and_match_default_inputs() -> None:
+    inputs = PredictInputs.validate(prompt="Hello")
+    defaults = default_inputs()
+    assert defaults == {
+        "temperature": 0.7,
+        "top_p": 0.95,
+        "repetition_penalty": 1.0,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "max_tokens": 512,
+        "min_tokens": 0,
+        "top_k": 0,
+    }
+    for name, value in defaults.items():
+        assert getattr(inputs, name) == value, name
+    assert inputs.system_prompt == "" and inputs.prompt_template is None and inputs.stop_sequences == []
+
+
+def test_valid_values_are_typed() -> None:
+    inputs = validate(
+        prompt="  Hi  ",
+        system_prompt=None,
+        prompt_template="   ",
+        max_tokens=10.0,
+        min_tokens=10,
+        temperature=1,
+        top_p=1,
+        top_k=2.0,
+        repetition_penalty=10,
+        presence_penalty=-2,
+        frequency_penalty=2,
+        stop_sequences="<end>,User:",
+        seed=MAX_SEED,
+    )
+    assert inputs.prompt == "  Hi  "  # kept as typed
+    assert inputs.system_prompt == ""
+    assert inputs.prompt_template is None  # blank template: the chat template is used
+    assert inputs.max_tokens == 10 and type(inputs.max_tokens) is int
+    assert inputs.min_tokens == 10
+    assert inputs.top_k == 2 and type(inputs.top_k) is int
+    for name, value in [
+        ("temperature", 1.0),
+        ("top_p", 1.0),
+        ("repetition_penalty", 10.0),
+        ("presence_penalty", -2.0),
+        ("frequency_penalty", 2.0),
+    ]:
+        assert getattr(inputs, name) == value and type(getattr(inputs, name)) is float, name
+    assert inputs.stop_sequences == ["<end>", "User:"]
+    assert inputs.seed == MAX_SEED
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"temperature": 0},
+        {"temperature": 5},
+        {"top_p": 1e-9},
+        {"top_k": 1_000_000},
+        {"max_tokens": 1},
+        {"max_tokens": 1_000_000, "min_tokens": 1_000_000},
+        {"presence_penalty": -2.0, "frequency_penalty": 2.0},
+        {"repetition_penalty": 1e-6},
+        {"seed": 0},
+        {"stop_sequences": '["a,b", "\\nUser:"]'},
+        {"stop_sequences": ["[INST]"]},
+        {"prompt_template": '{"a": 1} {prompt}'},
+    ],
+)
+def test_boundary_values_pass(overrides: dict) -> None:
+    inputs = validate(**overrides)
+    for name, value in overrides.items():
+        if name == "stop_sequences":
+            continue
+        assert getattr(inputs, name) == value
+
+
+def test_stop_sequences_json_array_is_parsed() -> None:
+    assert validate(stop_sequences='["a,b", "\\nUser:"]').stop_sequences == ["a,b", "\nUser:"]
+
+
+@pytest.mark.parametrize("seed", [None, ""])
+def test_missing_seed_is_drawn_within_range(seed: Any) -> None:
+    seeds = {validate(seed=seed).seed for _ in range(50)}
+    assert all(isinstance(s, int) and 0 <= s <= 2**31 - 1 <= MAX_SEED for s in seeds)
+    assert len(seeds) > 1  # drawn afresh each time
+
+
+# --- token_budget ----------------------------------------------------------------------------
+
+
+def test_token_budget_prompt_longer_than_max_input_len() -> None:
+    with pytest.raises(InputError) as info:
+        validate().token_budget(prompt_tokens=4097, max_input_len=4096, max_seq_len=8192)
+    message = str(info.value)
+    assert "4097 tokens" in message and "4096 tokens" in message and "shorten the prompt" in message
+
+
+def test_token_budget_caps_max_tokens_by_max_seq_len() -> None:
+    inputs = validate(max_tokens=512)
+    assert inputs.token_budget(prompt_tokens=100, max_input_len=1000, max_seq_len=150) == 50
+    assert inputs.token_budget(prompt_tokens=100, max_input_len=1000, max_seq_len=2000) == 512
+    assert inputs.token_budget(prompt_tokens=100, max_input_len=1000, max_seq_len=612) == 512
+    assert inputs.token_budget(prompt_tokens=100, max_input_len=1000, max_seq_len=611) == 511
+    assert inputs.token_budget(prompt_tokens=0, max_input_len=1000, max_seq_len=1) == 1
+
+
+def test_token_budget_no_room_to_generate() -> None:
+    with pytest.raises(InputError) as info:
+        validate().token_budget(prompt_tokens=100, max_input_len=100, max_seq_len=100)
+    message = str(info.value)
+    assert "100 tokens" in message and "maximum sequence length of 100 tokens" in message
+
+
+def test_token_budget_min_tokens_must_fit() -> None:
+    inputs = validate(min_tokens=60, max_tokens=100)
+    with pytest.raises(InputError) as info:
+        inputs.token_budget(prompt_tokens=100, max_input_len=1000, max_seq_len=150)
+    message = str(info.value)
+    assert "min_tokens=60" in message and "100 tokens" in message and "150" in message and "at most 50" in message
+    # Exactly fitting is fine.
+    assert validate(min_tokens=50, max_tokens=100).token_budget(100, 1000, 150) == 50
+
+
+# --- render_prompt / chat_template_adds_bos with the real SmolLM2 tokenizer -------------------
+
+
+def load_tokenizer() -> Any:
+    from transformers import AutoTokenizer  # noqa: PLC0415 - heavy import
+
+    return AutoTokenizer.from_pretrained(str(CHECKPOINT), local_files_only=True)
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    return load_tokenizer()
+
+
+SMOL_DEFAULT_SYSTEM = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+
+
+def test_render_prompt_uses_the_chat_template(tokenizer: Any) -> None:
+    assert tokenizer.chat_template
+    text = render_prompt(tokenizer, "What is 2+2?")
+    # No system prompt: no system message of ours; SmolLM2's template adds its default one.
+    assert text == SMOL_DEFAULT_SYSTEM + "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"
+    assert render_prompt(tokenizer, "What is 2+2?", system_prompt="") == text
+
+
+def test_render_prompt_includes_a_non_empty_system_prompt(tokenizer: Any) -> None:
+    text = render_prompt(tokenizer, "Hi", system_prompt="Answer in French.")
+    assert text == (
+        "<|im_start|>system\nAnswer in French.<|im_end|>\n"
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert "SmolLM" not in text
+
+
+def test_render_prompt_template_replaces_placeholders_literally(tokenizer: Any) -> None:
+    template = 'SYS:{system_prompt}\nJSON: {"a": 1} {other} {{x}}\nUSER:{prompt}\nUSER again:{prompt}'
+    text = render_prompt(tokenizer, "hi {there}", system_prompt="be {terse}", prompt_template=template)
+    assert text == 'SYS:be {terse}\nJSON: {"a": 1} {other} {{x}}\nUSER:hi {there}\nUSER again:hi {there}'
+    # The chat template is not used with a prompt_template.
+    assert "<|im_start|>" not in text
+    # Placeholder text inside the user's own strings stays as typed.
+    text = render_prompt(tokenizer, "P{system_prompt}", system_prompt="S{prompt}", prompt_template="[{system_prompt}|{prompt}]")
+    assert text == "[S{prompt}|P{system_prompt}]"
+    # An empty system prompt leaves the placeholder empty.
+    assert render_prompt(tokenizer, "q", prompt_template="<{system_prompt}>{prompt}") == "<>q"
+
+
+def test_render_prompt_without_chat_template_joins_system_and_prompt() -> None:
+    plain = load_tokenizer()
+    plain.chat_template = None
+    assert render_prompt(plain, "Hi", system_prompt="Be brief.") == "Be brief.\n\nHi"
+    assert render_prompt(plain, "Hi") == "Hi"
+    assert render_prompt(plain, "Hi", prompt_template="Q: {prompt}\nA:") == "Q: Hi\nA:"
+    assert chat_template_adds_bos(plain) is False
+
+
+def test_render_prompt_reports_a_template_that_rejects_the_messages() -> None:
+    strict = load_tokenizer()
+    strict.chat_template = (
+        "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
+        "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    )
+    assert render_prompt(strict, "Hi") == "Hi"
+    with pytest.raises(InputError) as info:
+        render_prompt(strict, "Hi", system_prompt="Be brief.")
+    assert "chat template rejected the messages" in str(info.value)
+    assert "System role not supported" in str(info.value)
+
+
+def test_chat_template_adds_bos_for_smollm2(tokenizer: Any) -> None:
+    # SmolLM2's BOS token is "<|im_start|>", and its chat template's output begins with it (the
+    # default system turn), so the template already supplies the BOS text.
+    assert tokenizer.bos_token == "<|im_start|>"
+    assert render_prompt(tokenizer, "hi").startswith("<|im_start|>")
+    assert chat_template_adds_bos(tokenizer) is True
+
+
+def test_chat_template_adds_bos_false_when_template_does_not_start_with_bos() -> None:
+    other = load_tokenizer()
+    other.chat_template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    assert render_prompt(other, "hi") == "user: hi\n"
+    assert chat_template_adds_bos(other) is False
+    other.chat_template = "{{ raise_exception('broken') }}"
+    assert chat_template_adds_bos(other) is False  # a failing template: assume it adds nothing
+
