@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
@@ -35,18 +36,27 @@ INT_RANGES: dict[str, tuple[int, int, int]] = {
 }
 
 
+def _show(value: Any, limit: int = 80) -> str:
+    """repr() of an input value, shortened for error messages."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _check_float(name: str, value: Any) -> float:
     _, low, high, low_exclusive = FLOAT_RANGES[name]
+    allowed = f"{'(' if low_exclusive else '['}{low:g}, {high:g}]"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InputError(f"{name} must be a number, got {value!r}")
-    value = float(value)
-    if not math.isfinite(value):
-        raise InputError(f"{name} must be a finite number, got {value!r}")
-    ok = (low < value if low_exclusive else low <= value) and value <= high
+        raise InputError(f"{name} must be a number in {allowed}, got {_show(value)}")
+    try:
+        number = float(value)
+    except OverflowError:  # an int too large for a float
+        raise InputError(f"{name}={_show(value)} is out of range; allowed: {allowed}") from None
+    if not math.isfinite(number):
+        raise InputError(f"{name} must be a finite number in {allowed}, got {value!r}")
+    ok = (low < number if low_exclusive else low <= number) and number <= high
     if not ok:
-        bracket = "(" if low_exclusive else "["
-        raise InputError(f"{name}={value:g} is out of range; allowed: {bracket}{low:g}, {high:g}]")
-    return value
+        raise InputError(f"{name}={_show(value)} is out of range; allowed: {allowed}")
+    return number
 
 
 def _check_int(name: str, value: Any) -> int:
@@ -55,7 +65,7 @@ def _check_int(name: str, value: Any) -> int:
         if isinstance(value, float) and value.is_integer():
             value = int(value)
         else:
-            raise InputError(f"{name} must be an integer, got {value!r}")
+            raise InputError(f"{name} must be an integer from {low} to {high}, got {_show(value)}")
     if not low <= value <= high:
         raise InputError(f"{name}={value} is out of range; allowed: {low} to {high}")
     return value
@@ -106,17 +116,22 @@ class PredictInputs:
             InputError: the first invalid input, naming it, its value and the allowed values.
         """
         if not isinstance(prompt, str):
-            raise InputError(f"prompt must be a string, got {type(prompt).__name__}")
+            raise InputError(f"prompt must be a non-empty string, got {_show(prompt)} ({type(prompt).__name__})")
         if not prompt.strip():
-            raise InputError("prompt is empty; give the text to respond to")
+            raise InputError(f"prompt={_show(prompt, 40)} is empty or only whitespace; give a non-empty text to respond to")
         if len(prompt) > MAX_PROMPT_CHARS:
             raise InputError(f"prompt has {len(prompt)} characters; at most {MAX_PROMPT_CHARS} are allowed")
         if system_prompt is None:
             system_prompt = ""
         if not isinstance(system_prompt, str):
-            raise InputError(f"system_prompt must be a string, got {type(system_prompt).__name__}")
+            raise InputError(
+                f"system_prompt must be a string (or empty), got {_show(system_prompt)} ({type(system_prompt).__name__})"
+            )
         if prompt_template is not None and not isinstance(prompt_template, str):
-            raise InputError(f"prompt_template must be a string, got {type(prompt_template).__name__}")
+            raise InputError(
+                f"prompt_template must be a string containing {{prompt}} (or empty), got {_show(prompt_template)} "
+                f"({type(prompt_template).__name__})"
+            )
         if prompt_template is not None and prompt_template.strip() == "":
             prompt_template = None
         if prompt_template is not None and "{prompt}" not in prompt_template:
@@ -131,7 +146,7 @@ class PredictInputs:
         if seed is None or seed == "":
             seed = random.SystemRandom().randint(0, 2**31 - 1)
         elif isinstance(seed, bool) or not isinstance(seed, int):
-            raise InputError(f"seed must be an integer, got {seed!r}")
+            raise InputError(f"seed must be an integer from 0 to {MAX_SEED}, or empty for a random seed; got {_show(seed)}")
         elif not 0 <= seed <= MAX_SEED:
             raise InputError(f"seed={seed} is out of range; allowed: 0 to {MAX_SEED}, or empty for a random seed")
         return cls(
@@ -190,7 +205,9 @@ def render_prompt(
         InputError: the chat template fails to render (e.g. it rejects a system message).
     """
     if prompt_template is not None:
-        return prompt_template.replace("{system_prompt}", system_prompt).replace("{prompt}", prompt)
+        # One pass, so that a "{prompt}" inside the system prompt's text stays as typed.
+        values = {"system_prompt": system_prompt, "prompt": prompt}
+        return re.sub(r"\{(system_prompt|prompt)\}", lambda m: values[m.group(1)], prompt_template)
     if getattr(tokenizer, "chat_template", None):
         messages: list[dict[str, str]] = []
         if system_prompt:

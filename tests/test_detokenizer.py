@@ -33,7 +33,7 @@ TEXTS = [
 
 def _load_tokenizer(**kwargs):
     if not (CHECKPOINT / "tokenizer.json").is_file():
-        pytest.skip(f"tokenizer not available at {CHECKPOINT} (run scripts/prepare_default_model.py)")
+        pytest.fail(f"tokenizer not available at {CHECKPOINT}: run scripts/setup", pytrace=False)
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(CHECKPOINT), **kwargs)

@@ -7,15 +7,12 @@ bundle) serves the model as ``tensorrt_llm``, and the tests talk to it over HTTP
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import json
-import os
 import shutil
 import socket
 import string
 import sys
-import sysconfig
 import threading
 import time
 from pathlib import Path
@@ -49,7 +46,7 @@ def _load_reference_module():
 
 ref = _load_reference_module()
 
-pytestmark = pytest.mark.skipif(not (CHECKPOINT / "config.json").is_file(), reason=f"no checkpoint at {CHECKPOINT}")
+
 
 
 # ------------------------------------------------------------------------------------------------
@@ -137,9 +134,9 @@ def request_getter(**tensors):
 
 @pytest.mark.parametrize("key", ["haiku", "photosynthesis"])
 def test_greedy_matches_hf_generate(model, prompt_ids, hf_greedy, key):
-    tokens, gen = run(model, prompt_ids[key], n=20, temperature=0.0)
-    assert tokens == hf_greedy(key, 20)
-    assert gen.finish_reason == "length" and len(tokens) == 20
+    tokens, gen = run(model, prompt_ids[key], n=16, temperature=0.0)
+    assert tokens == hf_greedy(key, 16)
+    assert gen.finish_reason == "length" and len(tokens) == 16
 
 
 def test_greedy_stops_at_end_id_without_returning_it(model, prompt_ids, hf_greedy):
@@ -155,9 +152,9 @@ def test_top_k_1_equals_greedy_at_temperature_1(model, prompt_ids, hf_greedy):
 
 def test_seeded_sampling_is_reproducible(model, prompt_ids):
     ids = prompt_ids["dragon"]
-    a, _ = run(model, ids, n=12, temperature=1.2, top_p=0.98, top_k=50, seed=7)
-    b, _ = run(model, ids, n=12, temperature=1.2, top_p=0.98, top_k=50, seed=7)
-    others = [run(model, ids, n=12, temperature=1.2, top_p=0.98, top_k=50, seed=s)[0] for s in (8, 9)]
+    a, _ = run(model, ids, n=8, temperature=1.2, top_p=0.98, top_k=50, seed=7)
+    b, _ = run(model, ids, n=8, temperature=1.2, top_p=0.98, top_k=50, seed=7)
+    others = [run(model, ids, n=8, temperature=1.2, top_p=0.98, top_k=50, seed=s)[0] for s in (8, 9)]
     assert a == b
     assert any(o != a for o in others), "different seeds gave identical samples"
 
@@ -188,11 +185,13 @@ def test_bad_words_are_never_generated(model, prompt_ids, hf_greedy):
 
 
 @pytest.mark.parametrize(
-    "penalty", [{"repetition_penalty": 1.5}, {"presence_penalty": 1.0}, {"frequency_penalty": 1.0}], ids=lambda p: next(iter(p))
+    "penalty",
+    [{"repetition_penalty": 1.5}, {"presence_penalty": 1.0}, {"frequency_penalty": 1.0}],
+    ids=lambda p: next(iter(p)),
 )
 def test_penalties_change_the_output(model, prompt_ids, hf_greedy, penalty):
-    neutral = hf_greedy("haiku", 24)  # "... of the ... of the ..." repeats tokens
-    tokens, _ = run(model, prompt_ids["haiku"], n=24, temperature=0.0, **penalty)
+    neutral = hf_greedy("haiku", 16)  # "The waves of the sea, a ..., A ... of the" repeats tokens
+    tokens, _ = run(model, prompt_ids["haiku"], n=16, temperature=0.0, **penalty)
     assert tokens != neutral
 
 
@@ -239,7 +238,8 @@ def test_parse_request_defaults_and_values():
     parsed = ref.parse_request(get, LIMITS)
     assert parsed.prompt_ids == [1, 2, 3] and parsed.streaming and parsed.exclude_input_in_output
     p = parsed.params
-    assert (p.max_new_tokens, p.end_id, p.temperature, p.top_k, p.top_p, p.seed) == (8, EOS, 0.5, 40, pytest.approx(0.9), 2**63 + 5)
+    assert (p.max_new_tokens, p.end_id, p.temperature, p.top_k, p.seed) == (8, EOS, 0.5, 40, 2**63 + 5)
+    assert p.top_p == pytest.approx(0.9)
     assert p.stop_words == [[4, 5]] and p.bad_words == [] and p.min_tokens == 0 and p.repetition_penalty == 1.0
     minimal = ref.parse_request(request_getter(input_ids=[7], input_lengths=1, request_output_len=1), LIMITS)
     assert minimal.params.temperature == 1.0 and minimal.params.top_k == 0 and minimal.params.top_p == 1.0
@@ -334,8 +334,9 @@ def test_scheduler_isolates_errors_and_handles_cancel_and_stop(model, prompt_ids
     stopped = FakeSink("stopped", order, on_tokens=lambda s: len(s.tokens) == 2 and sched.request_stop("stop-me"))
     batch = FakeSink("batch", order)
     jobs = {}
-    for sink, streaming, rid in ((ok, True, "ok"), (broken, True, "b"), (cancelled, True, "c"), (stopped, True, "stop-me"),
-                                 (batch, False, "batch")):
+    cases = [(ok, True, "ok"), (broken, True, "b"), (cancelled, True, "c"), (stopped, True, "stop-me"),
+             (batch, False, "x")]
+    for sink, streaming, rid in cases:
         gen = ref.Generation(model, prompt_ids["haiku"], params(6, temperature=0.0))
         jobs[sink.name] = ref.Job(generation=gen, sink=sink, streaming=streaming, request_id=rid,
                                   prefix_ids=[11, 12] if not streaming else [])
@@ -381,7 +382,6 @@ def _free_ports(n: int) -> list[int]:
 
 @pytest.fixture(scope="module")
 def triton_url(tmp_path_factory):
-    from cog_triton.errors import ConfigError
     from tensorrtllm_backend.server import LaunchConfig, TritonServer, locate_tritonserver
 
     tmp = tmp_path_factory.mktemp("reference_triton")
@@ -396,18 +396,7 @@ def triton_url(tmp_path_factory):
             exclude_input_in_output="true", torch_threads=0,
         )
     )
-    try:
-        installation = locate_tritonserver(work_dir=tmp / "work")
-    except ConfigError as exc:
-        pytest.skip(f"no tritonserver: {exc}")
-    libdir = sysconfig.get_config_var("LIBDIR")
-    if installation.source == "pytriton" and libdir:
-        # The bundled stub links libpython3.11.so.1.0; without this the loader may pick another
-        # installation's copy (here /lib/x86_64-linux-gnu), whose ABI differs from this interpreter's
-        # extension modules (_ssl: undefined symbol _PyModule_Add).
-        env = dict(installation.env)
-        env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (libdir, env.get("LD_LIBRARY_PATH")) if p)
-        installation = dataclasses.replace(installation, env=env)
+    installation = locate_tritonserver(work_dir=tmp / "work")
     http, grpc, metrics = _free_ports(3)
     server = TritonServer(
         installation,

@@ -27,7 +27,7 @@ CHECKPOINT = Path(__file__).resolve().parents[1] / "build" / "default_model" / "
 @pytest.fixture(scope="session")
 def tokenizer():
     if not (CHECKPOINT / "tokenizer.json").is_file():
-        pytest.skip(f"tokenizer not available at {CHECKPOINT} (run scripts/prepare_default_model.py)")
+        pytest.fail(f"tokenizer not available at {CHECKPOINT}: run scripts/setup", pytrace=False)
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(CHECKPOINT))

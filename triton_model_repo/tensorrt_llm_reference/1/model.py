@@ -313,7 +313,9 @@ def parse_request(get: Callable[[str], Optional[np.ndarray]], limits: ModelLimit
 
     beam_width = _scalar(get, "beam_width", int, 1)
     if beam_width != 1:
-        raise RequestError(f"beam_width must be 1 (beam search is not supported by this reference model), got {beam_width}")
+        raise RequestError(
+            f"beam_width must be 1 (beam search is not supported by this reference model), got {beam_width}"
+        )
 
     end_id = _scalar(get, "end_id", int, limits.default_end_id)
     params = SamplingParams(
@@ -687,7 +689,8 @@ class Scheduler:
         except Exception as exc:  # noqa: BLE001 - one request's failure must not end the others
             gen.stop("error")
             self._log("error", f"request {job.request_id!r} failed: {traceback.format_exc()}")
-            self._safe(job, lambda: job.sink.send_error(f"generation failed: {type(exc).__name__}: {exc}"))
+            message = f"generation failed: {type(exc).__name__}: {exc}"
+            self._safe(job, lambda: job.sink.send_error(message))
             return False
 
     def _loop(self) -> None:
