@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
 
             def raw_model() -> int:
                 body = {
-                    "input_ids": [ids],
+                    "input_ids": ids,
                     "input_lengths": [len(ids)],
                     "request_output_len": [n],
                     "runtime_top_k": [1],
