@@ -35,6 +35,7 @@ class Predictor(BasePredictor):
         self.service = LLMService(Settings.from_env())
         self.service.setup(weights)
 
+    @cog.streaming  # lets coglet stream over SSE when `cog build` generated the schema
     async def predict(
         self,
         prompt: str = Input(description="Text to respond to."),

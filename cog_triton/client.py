@@ -42,6 +42,7 @@ class GenerateRequest:
     seed: int = 0
     stop_words: list[str] = field(default_factory=list)
     stream: bool = True
+    request_id: str = ""
 
     def to_json(self) -> dict[str, Any]:
         """The JSON body for the generate extension; optional tensors are left out when unused."""
@@ -61,6 +62,8 @@ class GenerateRequest:
             body["min_tokens"] = self.min_tokens
         if self.stop_words:
             body["stop_words"] = list(self.stop_words)
+        if self.request_id:
+            body["id"] = self.request_id
         return body
 
 
@@ -153,6 +156,27 @@ class TritonClient:
         if self._client is not None and not self._client.is_closed:
             await self._client.aclose()
         self._client = None
+
+    async def stop(self, request_id: str, model: str = "tensorrt_llm") -> None:
+        """Ask ``model`` to stop the running request ``request_id`` (TensorRT-LLM's ``stop`` input).
+
+        Triton 2.51 does not pass a client disconnect on to the models of an ensemble, so an
+        abandoned generation would run to ``max_tokens``; the TensorRT-LLM backend (and our CPU
+        reference backend) instead stop a request when a second request with the same request id
+        carries ``stop=true``. The ensemble forwards its request id to ``tensorrt_llm``.
+
+        Raises:
+            InferenceError: Triton rejected the stop request.
+            TritonError: the connection failed.
+        """
+        body = {"id": request_id, "input_ids": [0], "input_lengths": 1, "request_output_len": 1, "stop": True}
+        try:
+            async with self._http().stream("POST", f"/v2/models/{model}/generate_stream", json=body) as response:
+                text = (await response.aread()).decode("utf-8", "replace")
+        except httpx.TransportError as exc:
+            raise TritonError(f"stop request to Triton failed: {type(exc).__name__}: {exc}") from None
+        if response.status_code != 200 or '"error"' in text:
+            raise InferenceError(f"Triton refused to stop request {request_id}: HTTP {response.status_code} {text[:300]}")
 
     async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
         """Yield the chunks of one generation as Triton streams them.

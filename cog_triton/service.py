@@ -11,6 +11,7 @@ import atexit
 import logging
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable, Optional, TypeVar, Union
 
@@ -68,6 +69,7 @@ class LLMService:
         self.tokenizer: Any = None
         self.add_special_tokens = True
         self._restart_lock = threading.Lock()
+        self._background: set[asyncio.Task[None]] = set()
         atexit.register(self.shutdown)
 
     # ----------------------------------------------------------------- setup
@@ -143,7 +145,7 @@ class LLMService:
                 log_verbose=settings.log_verbose,
                 mpirun=settings.mpirun,
             ),
-            log_file=settings.path(Path("build/triton.log")),
+            log_file=settings.path(settings.triton_log_file),
             stop_timeout_s=settings.stop_timeout_s,
         )
         self.info = info
@@ -240,6 +242,7 @@ class LLMService:
             frequency_penalty=inputs.frequency_penalty,
             seed=inputs.seed,
             stop_words=inputs.stop_sequences,
+            request_id=f"cog-triton-{uuid.uuid4().hex}",
         )
         return request, prompt_tokens
 
@@ -265,6 +268,7 @@ class LLMService:
         stops = StopSequenceMatcher(inputs.stop_sequences)
         stopped = False
         first = True
+        finished = False
         try:
             async for chunk in self._guarded_stream(request):
                 if first and chunk.output_ids:
@@ -284,7 +288,11 @@ class LLMService:
                     rest = stops.finish()
                     if rest:
                         yield rest
+            finished = not stopped
         finally:
+            if not finished:
+                # Cancelled, cut by a stop sequence, or failed: make Triton stop generating too.
+                self._stop_in_background(request.request_id)
             if metric:
                 metric("output_token_count", detok.num_tokens)
             log.info(
@@ -294,6 +302,22 @@ class LLMService:
                 time.monotonic() - started,
                 " (stop sequence)" if stopped else "",
             )
+
+    def _stop_in_background(self, request_id: str) -> None:
+        """Send TensorRT-LLM's stop signal for ``request_id`` without waiting (best effort)."""
+        client, server = self.client, self.server
+        if client is None or server is None or not server.is_alive():
+            return
+
+        async def send() -> None:
+            try:
+                await client.stop(request_id)
+            except TritonError as exc:
+                log.warning("could not stop request %s in Triton: %s", request_id, exc)
+
+        task = asyncio.get_running_loop().create_task(send())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _guarded_stream(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
         """Chunks from Triton, failing within ~WATCHDOG_INTERVAL_S if the Triton process dies."""

@@ -118,6 +118,7 @@ class Settings(BaseSettings):
     request_timeout_s: float = Field(
         default=120.0, gt=0, description="Longest wait for the next streamed token before failing."
     )
+    triton_log_file: Path = Field(default=Path("build/triton.log"), description="Where Triton's output is written.")
     log_verbose: int = Field(default=0, ge=0, le=5, description="tritonserver --log-verbose.")
     gpu_device_ids: Optional[str] = Field(default=None, description="Comma-separated GPU ids for the backend.")
     mpirun: str = Field(default="mpirun", description="mpirun binary for world_size > 1.")

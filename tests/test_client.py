@@ -381,3 +381,25 @@ def test_server_closes_connection_before_answering(sse_server: Running) -> None:
     assert chunks == []
     assert type(error) is TritonError
     assert "RemoteProtocolError" in error.message and "disconnected without sending a response" in error.message
+
+
+def test_request_id_is_sent_as_the_generate_extension_id() -> None:
+    body = GenerateRequest(text_input="hi", max_tokens=4, request_id="cog-triton-abc").to_json()
+    assert body["id"] == "cog-triton-abc"
+    assert "id" not in GenerateRequest(text_input="hi", max_tokens=4).to_json()
+
+
+def test_stop_against_a_closed_port_raises_triton_error() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    client = TritonClient(f"http://127.0.0.1:{port}", connect_timeout_s=1.0)
+
+    async def run() -> None:
+        try:
+            await client.stop("some-id")
+        finally:
+            await client.aclose()
+
+    with pytest.raises(TritonError, match="stop request to Triton failed"):
+        asyncio.run(run())

@@ -82,6 +82,7 @@ def stack(tmp_path_factory, default_archive: Path):
             "COG_TRITON_REFERENCE_MAX_INPUT_LEN": str(MAX_INPUT_LEN),
             "COG_TRITON_REFERENCE_MAX_SEQ_LEN": str(MAX_SEQ_LEN),
             "COG_TRITON_STOP_TIMEOUT_S": "5",
+            "COG_TRITON_TRITON_LOG_FILE": str(work / "triton.log"),
         }
         cog = CogServer(env, log_file=work / "cog.log", max_concurrency=4)
         cog.start()
@@ -90,6 +91,23 @@ def stack(tmp_path_factory, default_archive: Path):
             yield {"cog": cog, "weights": weights, "env": env, "work": work, "health": health, "archive": default_archive}
         finally:
             cog.stop()
+
+
+def test_missing_weights_fail_setup_with_a_clear_error(tmp_path, default_archive):
+    """A 404 for the weights URL ends setup (SETUP_FAILED) with the status, URL and the fix."""
+    with WeightsHTTPServer(default_archive.parent) as weights:
+        env = {
+            "COG_WEIGHTS": f"{weights.url}/no-such-model.tar",
+            "COG_TRITON_WEIGHTS_DIR": str(tmp_path / "weights"),
+            "COG_TRITON_MODEL_REPO_DIR": str(tmp_path / "model_repository"),
+            "COG_TRITON_HTTP_PORT": str(free_port()),
+        }
+        with CogServer(env, log_file=tmp_path / "cog.log") as cog:
+            with pytest.raises(RuntimeError) as info:
+                cog.wait_ready(timeout_s=120)
+    message = str(info.value)
+    assert "SETUP_FAILED" in message
+    assert "404" in message and "no-such-model.tar" in message and "check the URL" in message
 
 
 def test_setup_downloads_weights_and_runs_self_test(stack):
@@ -224,6 +242,26 @@ def test_bls_and_ensemble_endpoints_serve_directly(stack, hf_model, hf_tokenizer
                 assert "error" not in event, event
                 ids.extend(event["output_ids"] if isinstance(event["output_ids"], list) else [event["output_ids"]])
     assert hf_tokenizer.decode(ids, skip_special_tokens=True) == expected
+
+
+def test_cancelling_a_prediction_cancels_generation_in_triton(stack):
+    """Cog's cancel reaches the model: the predictor sends TensorRT-LLM's stop signal for its request id."""
+    cog, log = stack["cog"], stack["work"] / "triton.log"
+    prediction_id = f"cancel-{time.monotonic_ns()}"
+    inputs = {"prompt": "Write a very long story about a robot.", "max_tokens": 600, "min_tokens": 600, "temperature": 0}
+    response = httpx.put(
+        f"{cog.url}/predictions/{prediction_id}", json={"input": inputs}, headers={"Prefer": "respond-async"}, timeout=10
+    )
+    assert response.status_code in (200, 202), response.text
+    time.sleep(3.0)
+    assert httpx.post(f"{cog.url}/predictions/{prediction_id}/cancel", timeout=10).status_code == 200
+    deadline = time.monotonic() + 15
+    expected = "1 running request(s) stopped"
+    while expected not in log.read_text(errors="replace") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert expected in log.read_text(errors="replace")
+    good = cog.predict({"prompt": "Say hi.", "max_tokens": 3, "temperature": 0})
+    assert good["status"] == "succeeded", good
 
 
 def test_triton_death_fails_prediction_fast_then_recovers(stack):
