@@ -121,7 +121,11 @@ def test_setup_downloads_weights_and_runs_self_test(stack):
 
 @pytest.mark.parametrize(
     "prompt",
-    ["What is machine learning?", "Write the word 'robot' as an emoji, then say 'machine learning' in Chinese."],
+    [
+        "What is machine learning?",
+        "Write the word 'robot' as an emoji, then say 'machine learning' in Chinese.",  # emoji output
+        "Translate to Chinese: I love machine learning.",  # CJK output
+    ],
 )
 def test_greedy_output_equals_transformers_generate(stack, hf_model, hf_tokenizer, prompt):
     max_tokens = 48
