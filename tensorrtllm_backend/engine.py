@@ -210,6 +210,20 @@ def _checkpoint_info(
     )
 
 
+def find_model_root(weights_dir: Path) -> Path:
+    """The folder holding the model's ``config.json``: ``weights_dir`` itself, or its only subfolder.
+
+    Archives are often packed with one top-level folder (``tar czf model.tgz model/``); hidden
+    files (our download marker, ``.gitkeep``) are ignored when looking for that single folder.
+    """
+    if (weights_dir / "config.json").is_file():
+        return weights_dir
+    visible = [p for p in weights_dir.iterdir() if not p.name.startswith(".")] if weights_dir.is_dir() else []
+    if len(visible) == 1 and visible[0].is_dir() and (visible[0] / "config.json").is_file():
+        return visible[0]
+    return weights_dir
+
+
 def inspect_weights(
     weights_dir: Path,
     *,
@@ -223,10 +237,13 @@ def inspect_weights(
     An engine is recognised by ``rank*.engine`` files (or ``build_config`` in config.json); a
     Hugging Face checkpoint by ``config.json`` with weights and no engine files.
 
+    The model may sit in ``weights_dir`` or in its only subfolder (see :func:`find_model_root`).
+
     Raises:
         ConfigError: no config.json, an unreadable or incomplete engine config, missing rank
             files, no tokenizer, or inconsistent limits; the message names the file and value.
     """
+    weights_dir = find_model_root(weights_dir)
     config_path = weights_dir / "config.json"
     if not config_path.is_file():
         raise ConfigError(

@@ -46,6 +46,8 @@ IMAGE_TRITONSERVER = Path("/opt/tritonserver/bin/tritonserver")
 IMAGE_BACKEND_DIR = Path("/opt/tritonserver/backends")
 LOOPBACK = "127.0.0.1"
 LOG_TAIL_LINES = 60
+LOG_TAIL_MAX_CHARS = 8000
+LOG_LINE_MAX_CHARS = 1200
 
 
 @dataclass(frozen=True)
@@ -398,9 +400,23 @@ class TritonServer:
         """Exit status once exited (negative: killed by that signal), else None."""
         return self._proc.poll() if self._proc else None
 
-    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
-        """The last ``lines`` lines Triton printed."""
-        return "\n".join(list(self._tail)[-lines:])
+    def log_tail(self, lines: int = LOG_TAIL_LINES, max_chars: int = LOG_TAIL_MAX_CHARS) -> str:
+        """The last ``lines`` lines Triton printed, at most ``max_chars`` characters in all.
+
+        Triton logs a model's Python traceback as one long escaped line; each line is shortened
+        to its start and end so the error text stays readable.
+        """
+        picked: list[str] = []
+        total = 0
+        for line in reversed(list(self._tail)[-lines:]):
+            if len(line) > LOG_LINE_MAX_CHARS:
+                half = LOG_LINE_MAX_CHARS // 2
+                line = f"{line[:half]} [...] {line[-half:]}"
+            if total + len(line) > max_chars and picked:
+                break
+            picked.append(line)
+            total += len(line) + 1
+        return "\n".join(reversed(picked))
 
     def exit_description(self) -> str:
         """Human-readable exit status, e.g. "exited with status 1" or "was killed by SIGKILL"."""

@@ -401,3 +401,21 @@ def test_engine_detected_by_rank_files_even_without_build_config(tmp_path: Path)
     (folder / "model.safetensors").write_bytes(b"")
     with pytest.raises(ConfigError, match="not a trtllm-build engine config"):
         inspect_weights(folder)
+
+
+def test_model_in_a_single_top_level_folder_is_found(tmp_path: Path, checkpoint_dir: Path) -> None:
+    import shutil
+
+    nested = tmp_path / "weights" / "smollm2"
+    nested.mkdir(parents=True)
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(checkpoint_dir / name, nested / name)
+    (nested / "model.safetensors").write_bytes(b"")
+    (tmp_path / "weights" / ".cog-triton-weights.json").write_text("{}")  # hidden files are ignored
+    info = inspect_weights(tmp_path / "weights")
+    assert info.weights_dir == nested
+    assert info.tokenizer_dir == nested
+    # Two visible entries: ambiguous, so the top level is used and the error names it.
+    (tmp_path / "weights" / "other").mkdir()
+    with pytest.raises(ConfigError, match="config.json not found"):
+        inspect_weights(tmp_path / "weights")

@@ -580,3 +580,22 @@ def test_wait_for_pids_gone_counts_zombies_as_gone() -> None:
         sleeper.kill()
         sleeper.wait()
 
+
+
+def test_log_tail_is_bounded_and_keeps_the_end_of_long_lines(tmp_path: Path) -> None:
+    from tensorrtllm_backend.server import LOG_LINE_MAX_CHARS, LOG_TAIL_MAX_CHARS
+
+    server = TritonServer(
+        TritonInstallation(binary=tmp_path / "tritonserver", backend_dir=tmp_path),
+        LaunchConfig(model_repo=tmp_path),
+        log_file=tmp_path / "triton.log",
+    )
+    traceback_line = "E1121 model.py failed: " + "x" * 50_000 + " ImportError: the real cause"
+    for i in range(100):
+        server._tail.append(f"I line {i}")
+    server._tail.append(traceback_line)
+    tail = server.log_tail()
+    assert len(tail) <= LOG_TAIL_MAX_CHARS + LOG_LINE_MAX_CHARS
+    assert tail.endswith("ImportError: the real cause")
+    assert "E1121 model.py failed" in tail and "[...]" in tail
+    assert "I line 99" in tail and "I line 0\n" not in tail
