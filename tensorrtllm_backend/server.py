@@ -47,6 +47,7 @@ IMAGE_BACKEND_DIR = Path("/opt/tritonserver/backends")
 LOOPBACK = "127.0.0.1"
 LOG_TAIL_LINES = 60
 LOG_TAIL_MAX_CHARS = 8000
+STARTUP_ABORT_GRACE_S = 2.0  # grace period when stopping a Triton that never became ready
 LOG_LINE_MAX_CHARS = 1200
 
 
@@ -455,7 +456,7 @@ class TritonServer:
                     pass
                 if time.monotonic() >= deadline:
                     tail = self.log_tail()
-                    self.stop()
+                    self.stop(timeout_s=STARTUP_ABORT_GRACE_S)  # it serves nothing yet
                     raise TritonStartupError(
                         f"Triton was not ready after {timeout_s:g} s (COG_TRITON_STARTUP_TIMEOUT_S); "
                         f"it was stopped. Last log lines:\n{tail}"
@@ -467,21 +468,25 @@ class TritonServer:
         if not self.is_alive():
             raise TritonDiedError(f"Triton {self.exit_description()}. Last log lines:\n{self.log_tail(30)}")
 
-    def stop(self) -> Optional[int]:
-        """Stop Triton: SIGINT to its process group, then SIGKILL after ``stop_timeout_s`` seconds.
+    def stop(self, timeout_s: Optional[float] = None) -> Optional[int]:
+        """Stop Triton: SIGINT to its process group, then SIGKILL after the grace period.
+
+        Args:
+            timeout_s: grace period in seconds; default ``stop_timeout_s``.
 
         Returns the exit status (None if it was never started). Safe to call repeatedly.
         """
         proc = self._proc
         if proc is None:
             return None
+        grace = self.stop_timeout_s if timeout_s is None else timeout_s
         if proc.poll() is None:
             log.info("stopping Triton (pid %d)", proc.pid)
             self._signal_group(proc.pid, signal.SIGINT)
             try:
-                proc.wait(timeout=self.stop_timeout_s)
+                proc.wait(timeout=grace)
             except subprocess.TimeoutExpired:
-                log.warning("Triton did not stop within %.0f s; killing it", self.stop_timeout_s)
+                log.warning("Triton did not stop within %.0f s; killing it", grace)
                 self._signal_group(proc.pid, signal.SIGKILL)
                 proc.wait()
         # Ranks or backend stubs that outlived the leader go too.
