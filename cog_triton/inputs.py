@@ -233,7 +233,11 @@ def chat_template_adds_bos(tokenizer: Any) -> bool:
 
 
 def default_inputs() -> dict[str, Any]:
-    """The default value of every optional input (used by predict.py and the README)."""
+    """The default value of every optional numeric input.
+
+    predict.py repeats these as literals (``cog build`` reads its Input defaults statically);
+    tests/test_packaging.py keeps the two equal.
+    """
     values: dict[str, Any] = {name: spec[0] for name, spec in FLOAT_RANGES.items()}
     values.update({name: spec[0] for name, spec in INT_RANGES.items()})
     return values

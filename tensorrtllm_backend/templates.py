@@ -71,6 +71,10 @@ OPTIONAL_TENSORRT_LLM_PARAMETERS = (
 )
 
 PYTHON_MODELS = ("preprocessing", "postprocessing", "tensorrt_llm_bls", "tensorrt_llm_reference")
+# Helper modules copied beside a Python model's model.py (Triton's Python backend puts the model's
+# version folder on sys.path): the BLS model streams text with the predictor's own detokenizer.
+_REPO_ROOT = Path(__file__).resolve().parents[1]
+MODEL_HELPERS = {"tensorrt_llm_bls": (_REPO_ROOT / "cog_triton" / "detokenizer.py",)}
 
 
 def placeholders(text: str) -> set[str]:
@@ -349,6 +353,8 @@ def render_model_repository(options: RenderOptions, info: WeightsInfo) -> dict[s
                 if not model_py.is_file():
                     raise TemplateError(f"{model_py} is missing (Python backend model)")
                 shutil.copy2(model_py, model_dir / "1" / "model.py")
+                for helper in MODEL_HELPERS.get(folder, ()):
+                    shutil.copy2(helper, model_dir / "1" / helper.name)
             (model_dir / "config.pbtxt").write_text(text_format.MessageToString(config))
             rendered[name] = config
     except BaseException:

@@ -343,3 +343,15 @@ def test_ci_runs_the_readme_test_command() -> None:
                    "scripts/launch_triton_server.py", "scripts/benchmark_overhead.py"):
         assert (REPO_ROOT / script).is_file(), script
         assert os.access(REPO_ROOT / script, os.X_OK), f"{script} is not executable"
+
+
+def test_predict_defaults_equal_the_validators_defaults() -> None:
+    """predict.py's literal Input defaults (read statically by `cog build`) match cog_triton.inputs."""
+    import inspect as _inspect
+
+    import predict
+    from cog_triton.inputs import default_inputs
+
+    params = _inspect.signature(predict.Predictor.predict).parameters
+    for name, value in default_inputs().items():
+        assert params[name].default.default == value, name

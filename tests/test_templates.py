@@ -467,7 +467,7 @@ def test_broken_template_leaves_previous_repository_intact(tmp_path: Path, folde
     info = engine_info(tmp_path)
     render_model_repository(opts, info)
     before = {p.relative_to(opts.model_repo_dir): p.read_bytes() for p in opts.model_repo_dir.rglob("*") if p.is_file()}
-    assert len(before) == len(MODELS) + len(PYTHON_LIVE_MODELS)
+    assert len(before) == len(MODELS) + len(PYTHON_LIVE_MODELS) + 1  # + the BLS model's detokenizer.py
 
     path = templates / folder / "config.pbtxt"
     path.write_text(corrupt(path.read_text()))
@@ -667,3 +667,17 @@ def test_script_malformed_substitutions(postprocessing_copy: Path) -> None:
     result = run_fill(str(postprocessing_copy), "triton_max_batch_size")
     assert result.returncode == 2
     assert "triton_max_batch_size" in result.stderr
+
+
+def test_bls_model_gets_the_detokenizer_beside_it(tmp_path: Path) -> None:
+    from tensorrtllm_backend.engine import ModelLimits, WeightsInfo
+
+    info = WeightsInfo(
+        kind="hf_checkpoint", weights_dir=tmp_path / "w", tokenizer_dir=tmp_path / "w",
+        limits=ModelLimits(max_batch_size=2, max_input_len=8, max_seq_len=16),
+    )
+    options = RenderOptions(template_dir=REPO_ROOT / "triton_model_repo", model_repo_dir=tmp_path / "repo")
+    render_model_repository(options, info)
+    copied = tmp_path / "repo" / "tensorrt_llm_bls" / "1" / "detokenizer.py"
+    assert copied.read_text() == (REPO_ROOT / "cog_triton" / "detokenizer.py").read_text()
+    assert "from detokenizer import IncrementalDetokenizer" in (copied.parent / "model.py").read_text()

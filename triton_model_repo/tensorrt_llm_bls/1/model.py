@@ -15,6 +15,9 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 from transformers import AutoTokenizer
 
+# cog_triton/detokenizer.py, copied beside this file when the model repository is rendered.
+from detokenizer import IncrementalDetokenizer
+
 # ensemble input name -> (tensorrt_llm input name)
 _SAMPLING = {
     "top_k": "runtime_top_k",
@@ -95,7 +98,8 @@ class TritonPythonModel:
         responses = pb_utils.InferenceRequest(
             model_name=self.llm_name, inputs=llm_inputs, requested_output_names=["output_ids", "sequence_length"]
         ).exec(decoupled=True)
-        ids, emitted = [], ""
+        detok = IncrementalDetokenizer(self.tokenizer, skip_special_tokens=self.skip_special_tokens)
+        sent = False
         for response in responses:
             if response.has_error():
                 raise RuntimeError(response.error().message())
@@ -104,14 +108,11 @@ class TritonPythonModel:
                 continue  # the empty final response
             n = int(tensors["sequence_length"].reshape(-1)[0])
             new = tensors["output_ids"].reshape(-1)[:n].tolist()
-            ids.extend(new)
-            text = self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
-            stable = text[: len(text) - 1] if text.endswith("\ufffd") else text
-            delta, emitted = stable[len(emitted):], stable if len(stable) > len(emitted) else emitted
-            sender.send(self._response(delta, new))
-        tail_text = self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
-        if len(tail_text) > len(emitted) or not streaming and not ids:
-            sender.send(self._response(tail_text[len(emitted):], []))
+            sender.send(self._response(detok.push(new), new))
+            sent = True
+        tail = detok.finish()
+        if tail or not sent:
+            sender.send(self._response(tail, []))
 
     @staticmethod
     def _response(text, new_ids):
