@@ -21,6 +21,7 @@ import pytest
 
 from cog_triton.inputs import chat_template_adds_bos, render_prompt
 from cog_triton.local import CogServer, WeightsHTTPServer, free_port
+from tests.proc import pids_mentioning
 
 pytestmark = pytest.mark.integration
 
@@ -52,17 +53,7 @@ def _reference_completion(hf_model, hf_tokenizer, prompt: str, max_new_tokens: i
 
 
 def _triton_pids(model_repo: Path) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace")
-        except OSError:
-            continue
-        if "tritonserver" in cmdline and str(model_repo) in cmdline:
-            pids.append(int(entry.name))
-    return pids
+    return pids_mentioning("tritonserver", str(model_repo))
 
 
 @pytest.fixture(scope="module")

@@ -15,17 +15,7 @@ from cog_triton.settings import REPO_ROOT
 from tensorrtllm_backend.engine import inspect_weights
 from tensorrtllm_backend.server import wait_for_pids_gone
 from tensorrtllm_backend.templates import RenderOptions, render_model_repository
-
-def _pids_mentioning(text: str) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and text.encode() in (entry / "cmdline").read_bytes():
-                pids.append(int(entry.name))
-        except OSError:  # the process ended while we looked
-            continue
-    return pids
-
+from tests.proc import pids_mentioning
 
 SCRIPT = [sys.executable, str(REPO_ROOT / "scripts" / "launch_triton_server.py")]
 
@@ -74,7 +64,7 @@ def test_runs_in_foreground_until_sigint(tmp_path: Path, checkpoint_dir: Path) -
             if "Triton ready" in line or not line:
                 break
         assert any(f"http://127.0.0.1:{http}" in line for line in lines), "".join(lines)
-        triton_pids = _pids_mentioning(str(repo))
+        triton_pids = pids_mentioning(str(repo))
         assert triton_pids
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == 0

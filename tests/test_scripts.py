@@ -13,19 +13,9 @@ import pytest
 
 from cog_triton.local import free_port
 from cog_triton.settings import REPO_ROOT
+from tests.proc import pids_mentioning
 
 pytestmark = pytest.mark.integration
-
-
-def _pids_mentioning(text: str) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and text.encode() in (entry / "cmdline").read_bytes():
-                pids.append(int(entry.name))
-        except OSError:
-            continue
-    return pids
 
 
 DEFAULT_REPO = str(REPO_ROOT / "build" / "model_repository")
@@ -35,7 +25,7 @@ def _no_triton_left(timeout_s: float = 20.0) -> bool:
     """True once no tritonserver serving the default model repository is running."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if not [p for p in _pids_mentioning(f"--model-repository={DEFAULT_REPO}")]:
+        if not [p for p in pids_mentioning(f"--model-repository={DEFAULT_REPO}")]:
             return True
         time.sleep(0.2)
     return False
