@@ -9,10 +9,14 @@ The tree::
     CogTritonError
     ├── ConfigError            bad settings, templates or engine metadata
     │   └── TemplateError      a model-repository template could not be filled or is invalid
+    │   ├── BuildConfigError   an engine build config (YAML) is invalid
+    │   └── IncompatibleWeightsError  the weights cannot run here (TensorRT-LLM version, GPUs)
     ├── WeightsError           downloading, verifying or extracting weights failed
     │   ├── DownloadError      HTTP status, timeout, connection failure, truncated transfer
     │   ├── ChecksumError      sha256 mismatch
-    │   └── ArchiveError       corrupt, unsupported or hostile archive
+    │   ├── ArchiveError       corrupt, unsupported or hostile archive
+    │   └── ManifestError      a file listed in manifest.json is missing, resized or altered
+    ├── BuildError             building or packaging an engine failed (scripts/build_engine)
     ├── InputError             a prediction input is invalid (also raised for too-long prompts)
     └── TritonError            the Triton Inference Server failed
         ├── TritonStartupError Triton did not become ready (carries the tail of its log)
@@ -50,6 +54,12 @@ class TemplateError(ConfigError):
     code = "template_error"
 
 
+class BuildConfigError(ConfigError):
+    """An engine build config (YAML) is unreadable, has unknown keys or invalid values."""
+
+    code = "build_config_error"
+
+
 class WeightsError(CogTritonError):
     """Weights could not be fetched, verified or unpacked."""
 
@@ -72,6 +82,24 @@ class ArchiveError(WeightsError):
     """The weights archive is corrupt, truncated, of an unsupported kind, or tries to escape its target."""
 
     code = "archive_error"
+
+
+class ManifestError(WeightsError):
+    """manifest.json is unreadable, or a file it lists is missing or differs in size or sha256."""
+
+    code = "manifest_mismatch"
+
+
+class IncompatibleWeightsError(ConfigError):
+    """The weights cannot run here: other TensorRT-LLM version, too few GPUs, other compute capability."""
+
+    code = "incompatible_weights"
+
+
+class BuildError(CogTritonError):
+    """An engine build failed: no or too few GPUs, no TensorRT-LLM, or a failed build step."""
+
+    code = "build_failed"
 
 
 class InputError(CogTritonError):
