@@ -14,15 +14,12 @@ is served by the CPU reference implementation of the ``tensorrt_llm`` model inst
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Optional
 
 from cog_triton.errors import ConfigError
 from tensorrtllm_backend.pins import TENSORRT_LLM_VERSION, TRITON_IMAGE
-
-log = logging.getLogger(__name__)
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
 HF_WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
@@ -145,15 +142,8 @@ def _engine_info(weights_dir: Path, config: dict[str, Any], tokenizer_dir: Path)
             f"engine in {weights_dir} has world_size {world} but {', '.join(missing)} "
             "is missing; pack every rank's engine file"
         )
+    # Whether this version can serve the engine is checked by tensorrtllm_backend.manifest.
     version = str(config.get("version", "")) or None
-    if version and version != TENSORRT_LLM_VERSION:
-        log.warning(
-            "engine was built with TensorRT-LLM %s but the image ships %s: engines only run on the "
-            "version that built them; rebuild with %s if loading fails",
-            version,
-            TENSORRT_LLM_VERSION,
-            TRITON_IMAGE,
-        )
     return WeightsInfo(
         kind="engine",
         weights_dir=weights_dir,

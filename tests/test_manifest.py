@@ -1,0 +1,292 @@
+"""manifest.json: write, pack, unpack, verify, and every failure setup() must catch before Triton starts.
+
+Engines here are fake files (no GPU to build real ones), and GPUs are GPU records (tests/gpu_fakes.py);
+hashing, packing, extraction and the checks themselves are the real code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cog_triton.errors import IncompatibleWeightsError, ManifestError
+from cog_triton.weights import fetch_weights
+from tensorrtllm_backend.engine import inspect_weights
+from tensorrtllm_backend.manifest import (
+    FORMAT_VERSION,
+    MANIFEST_NAME,
+    check_compatibility,
+    check_weights_match,
+    pack_archive,
+    read_manifest,
+    verify_weights,
+    write_manifest,
+)
+from tensorrtllm_backend.pins import TENSORRT_LLM_VERSION, TRITON_IMAGE
+from tests.gpu_fakes import A100, H100, gpus
+
+BUILD_CONFIG = {"name": "tiny", "backend": "tensorrtllm", "source": {"checkpoint": "org/tiny"}}
+
+
+def engine_config(world: int = 1, version: str = TENSORRT_LLM_VERSION) -> dict[str, Any]:
+    return {
+        "version": version,
+        "pretrained_config": {
+            "architecture": "LlamaForCausalLM",
+            "dtype": "float16",
+            "mapping": {"world_size": world, "tp_size": world, "pp_size": 1},
+        },
+        "build_config": {"max_batch_size": 4, "max_input_len": 32, "max_seq_len": 64, "max_beam_width": 1},
+    }
+
+
+def make_engine(root: Path, world: int = 1, version: str = TENSORRT_LLM_VERSION) -> Path:
+    """An engine folder (fake rank files of distinct bytes) with a tokenizer/ subfolder."""
+    root.mkdir(parents=True)
+    (root / "config.json").write_text(json.dumps(engine_config(world, version)))
+    for rank in range(world):
+        (root / f"rank{rank}.engine").write_bytes(bytes([rank]) * (1000 + rank) + b"engine")
+    (root / "tokenizer").mkdir()
+    (root / "tokenizer" / "tokenizer.json").write_text('{"version": "1.0"}')
+    (root / "tokenizer" / "tokenizer_config.json").write_text("{}")
+    return root
+
+
+def manifest_for(root: Path, world: int = 1, gpu_kind: tuple[str, str] = H100, **kw: Any):
+    return write_manifest(
+        root,
+        name="tiny",
+        backend="tensorrtllm",
+        build_config=BUILD_CONFIG,
+        world_size=world,
+        tp_size=world,
+        pp_size=1,
+        gpu=gpus(1, gpu_kind)[0],
+        tensorrt_llm_version=kw.pop("version", TENSORRT_LLM_VERSION),
+        **kw,
+    )
+
+
+def test_manifest_lists_every_file_with_size_and_sha256(tmp_path: Path) -> None:
+    root = make_engine(tmp_path / "engine", world=2)
+    manifest = manifest_for(root, world=2)
+    data = json.loads((root / MANIFEST_NAME).read_text())
+    assert data["format_version"] == FORMAT_VERSION
+    assert (data["backend"], data["kind"]) == ("tensorrtllm", "engine")
+    assert data["tensorrt_llm_version"] == TENSORRT_LLM_VERSION and data["triton_image"] == TRITON_IMAGE
+    assert (data["world_size"], data["tp_size"], data["pp_size"]) == (2, 2, 1)
+    assert data["gpu"] == {"name": H100[0], "compute_capability": "9.0"}
+    assert data["build_config"] == BUILD_CONFIG
+    paths = [f["path"] for f in data["files"]]
+    assert paths == ["config.json", "rank0.engine", "rank1.engine", "tokenizer/tokenizer.json", "tokenizer/tokenizer_config.json"]
+    for entry in data["files"]:
+        content = (root / entry["path"]).read_bytes()
+        assert entry["size"] == len(content)
+        assert entry["sha256"] == hashlib.sha256(content).hexdigest()
+    assert read_manifest(root) == manifest
+
+
+def test_engine_manifest_needs_version_and_gpu(tmp_path: Path) -> None:
+    root = make_engine(tmp_path / "e")
+    with pytest.raises(ValueError, match="needs the TensorRT-LLM version and the GPU"):
+        write_manifest(root, name="x", backend="tensorrtllm", build_config={})
+    with pytest.raises(ValueError, match="backend must be one of"):
+        write_manifest(root, name="x", backend="vllm", build_config={})
+
+
+def test_packed_archive_unpacks_and_verifies(tmp_path: Path) -> None:
+    root = make_engine(tmp_path / "engine", world=2)
+    manifest_for(root, world=2)
+    archive = tmp_path / "out" / "tiny.tar"
+    digest, size = pack_archive(root, archive, gzip=False)
+    assert archive.stat().st_size == size
+    assert hashlib.sha256(archive.read_bytes()).hexdigest() == digest
+    assert (tmp_path / "out" / "tiny.tar.sha256").read_text() == f"{digest}  tiny.tar\n"
+    assert not list((tmp_path / "out").glob("*.partial"))
+    target = tmp_path / "weights"
+    fetch_weights(str(archive), target, sha256=digest)
+    verification = verify_weights(target, gpus(2), TENSORRT_LLM_VERSION)
+    assert verification is not None and verification.manifest.name == "tiny"
+    info = inspect_weights(target)
+    check_weights_match(info, verification.manifest, gpus(2), TENSORRT_LLM_VERSION)
+    assert info.world_size == 2
+
+
+def test_gzip_archive(tmp_path: Path) -> None:
+    root = make_engine(tmp_path / "engine")
+    manifest_for(root)
+    archive = tmp_path / "tiny.tar.gz"
+    pack_archive(root, archive, gzip=True)
+    assert archive.read_bytes()[:2] == b"\x1f\x8b"
+    fetch_weights(str(archive), tmp_path / "w")
+    assert verify_weights(tmp_path / "w", gpus(1), TENSORRT_LLM_VERSION) is not None
+
+
+def test_no_manifest_means_nothing_to_verify(tmp_path: Path) -> None:
+    assert verify_weights(make_engine(tmp_path / "e"), gpus(1), TENSORRT_LLM_VERSION) is None
+
+
+def test_tampered_file_same_size(tmp_path: Path) -> None:
+    root = make_engine(tmp_path / "e", world=2)
+    manifest_for(root, world=2)
+    blob = bytearray((root / "rank1.engine").read_bytes())
+    blob[10] ^= 0xFF
+    (root / "rank1.engine").write_bytes(bytes(blob))
+    with pytest.raises(ManifestError) as info:
+        verify_weights(root, gpus(2), TENSORRT_LLM_VERSION)
+    message = str(info.value)
+    assert message.startswith("[manifest_mismatch]")
+    assert "rank1.engine has sha256 " + hashlib.sha256(bytes(blob)).hexdigest() in message
+    assert "rank0.engine" not in message
+    assert "download it again, or rebuild it with scripts/build_engine" in message
+
+
+def test_missing_and_resized_files_are_all_listed(tmp_path: Path) -> None:
+    root = make_engine(tmp_path / "e", world=2)
+    manifest = manifest_for(root, world=2)
+    (root / "rank0.engine").unlink()
+    with open(root / "tokenizer" / "tokenizer.json", "a") as fh:
+        fh.write(" ")
+    expected = next(f.size for f in manifest.files if f.path == "tokenizer/tokenizer.json")
+    with pytest.raises(ManifestError) as info:
+        verify_weights(root, gpus(2), TENSORRT_LLM_VERSION)
+    message = str(info.value)
+    assert "rank0.engine is missing" in message
+    assert f"tokenizer/tokenizer.json has {expected + 1} bytes, the manifest says {expected}" in message
+
+
+def test_extra_files_are_tolerated_and_logged(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    root = make_engine(tmp_path / "e")
+    manifest_for(root)
+    (root / "notes.txt").write_text("hi")
+    with caplog.at_level("WARNING", logger="tensorrtllm_backend.manifest"):
+        assert verify_weights(root, gpus(1), TENSORRT_LLM_VERSION) is not None
+    assert "notes.txt" in caplog.text
+
+
+def test_version_mismatch_names_both_versions_and_the_fix(tmp_path: Path) -> None:
+    root = make_engine(tmp_path / "e", version="1.0.0")
+    manifest_for(root, version="1.0.0", triton_image="nvcr.io/nvidia/tritonserver:25.08-trtllm-python-py3")
+    with pytest.raises(IncompatibleWeightsError) as info:
+        verify_weights(root, gpus(1), TENSORRT_LLM_VERSION)
+    message = str(info.value)
+    assert message.startswith("[incompatible_weights]")
+    assert "built with TensorRT-LLM 1.0.0 (nvcr.io/nvidia/tritonserver:25.08-trtllm-python-py3)" in message
+    assert f"this image serves TensorRT-LLM {TENSORRT_LLM_VERSION} ({TRITON_IMAGE})" in message
+    assert f"rebuild it with scripts/build_engine inside this image (FROM {TRITON_IMAGE})" in message
+
+
+def test_too_few_gpus_names_world_size_and_visible_gpus(tmp_path: Path) -> None:
+    root = make_engine(tmp_path / "e", world=4)
+    manifest_for(root, world=4)
+    with pytest.raises(IncompatibleWeightsError) as info:
+        verify_weights(root, gpus(2), TENSORRT_LLM_VERSION)
+    message = str(info.value)
+    assert "world size 4 (tp_size 4 x pp_size 1) and needs 4 GPUs" in message
+    assert "but 2 GPUs (0: NVIDIA H100 80GB HBM3, compute capability 9.0; 1:" in message
+    assert "run it on a machine with 4 GPUs" in message and "tp_size * pp_size = 2" in message
+    with pytest.raises(IncompatibleWeightsError, match="needs 4 GPUs, but no GPU is visible"):
+        verify_weights(root, [], TENSORRT_LLM_VERSION)
+
+
+def test_other_compute_capability(tmp_path: Path) -> None:
+    root = make_engine(tmp_path / "e")
+    manifest_for(root, gpu_kind=H100)
+    with pytest.raises(IncompatibleWeightsError) as info:
+        verify_weights(root, gpus(1, A100), TENSORRT_LLM_VERSION)
+    message = str(info.value)
+    assert "built on NVIDIA H100 80GB HBM3 with compute capability 9.0" in message
+    assert "GPU 0 (NVIDIA A100-SXM4-80GB) has compute capability 8.0" in message
+    assert "rebuild it with scripts/build_engine on a GPU of compute capability 8.0" in message
+
+
+def test_compatibility_is_checked_before_hashing(tmp_path: Path) -> None:
+    # A wrong GPU count is reported even when a file is also missing: it is the cheaper, clearer fault.
+    root = make_engine(tmp_path / "e", world=2)
+    manifest_for(root, world=2)
+    (root / "rank1.engine").unlink()
+    with pytest.raises(IncompatibleWeightsError):
+        verify_weights(root, gpus(1), TENSORRT_LLM_VERSION)
+
+
+def test_reference_archives_need_no_gpu(tmp_path: Path) -> None:
+    root = tmp_path / "ckpt"
+    root.mkdir()
+    (root / "config.json").write_text("{}")
+    manifest = write_manifest(root, name="smol", backend="reference", build_config={})
+    assert manifest.kind == "hf_checkpoint" and manifest.tensorrt_llm_version is None and manifest.compute_capability is None
+    check_compatibility(manifest, [], "9.9.9")
+    assert verify_weights(root, [], "9.9.9") is not None
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (lambda d: d.update(format_version=FORMAT_VERSION + 1), "is newer than this image understands"),
+        (lambda d: d.update(format_version="1"), "format_version must be a positive integer"),
+        (lambda d: d.update(backend="vllm"), "backend 'vllm' is not one of tensorrtllm, reference"),
+        (lambda d: d.update(world_size=3), "world_size 3 must equal tp_size 1 * pp_size 1"),
+        (lambda d: d["files"].append({"path": "../escape", "size": 1, "sha256": "0" * 64}), "must be relative, without '..'"),
+        (lambda d: d["files"].append({"path": "/etc/passwd", "size": 1, "sha256": "0" * 64}), "must be relative"),
+        (lambda d: d["files"][0].update(sha256="abc"), "must be 64 hex characters"),
+        (lambda d: d["files"][0].update(size=-1), "must be a non-negative integer"),
+        (lambda d: d.pop("files"), "files is missing or of the wrong type"),
+        (lambda d: d["gpu"].update(compute_capability="sm90"), "gpu.compute_capability must look like '9.0'"),
+    ],
+)
+def test_invalid_manifests(tmp_path: Path, change: Any, expected: str) -> None:
+    root = make_engine(tmp_path / "e")
+    manifest_for(root)
+    data = json.loads((root / MANIFEST_NAME).read_text())
+    change(data)
+    (root / MANIFEST_NAME).write_text(json.dumps(data))
+    with pytest.raises(ManifestError, match=expected.replace("(", r"\(").replace(")", r"\)").replace("*", r"\*").replace(".", r"\.")):
+        verify_weights(root, gpus(1), TENSORRT_LLM_VERSION)
+
+
+def test_manifest_not_json(tmp_path: Path) -> None:
+    root = make_engine(tmp_path / "e")
+    (root / MANIFEST_NAME).write_text("{not json")
+    with pytest.raises(ManifestError, match="is not readable JSON"):
+        verify_weights(root, gpus(1), TENSORRT_LLM_VERSION)
+
+
+def test_manifest_must_agree_with_the_engine(tmp_path: Path) -> None:
+    root = make_engine(tmp_path / "e", world=2)
+    manifest = manifest_for(root, world=2)
+    info = inspect_weights(root)
+    lying = dataclasses.replace(manifest, world_size=1, tp_size=1)
+    with pytest.raises(ManifestError, match="says world size 1, but the engine's config.json says 2"):
+        check_weights_match(info, lying, gpus(2), TENSORRT_LLM_VERSION)
+    with pytest.raises(ManifestError, match="says kind hf_checkpoint, but the weights are of kind engine"):
+        check_weights_match(info, dataclasses.replace(manifest, kind="hf_checkpoint"), gpus(2), TENSORRT_LLM_VERSION)
+    with pytest.raises(ManifestError, match="says TensorRT-LLM 1.0.0, but the engine's config.json says 1.1.0"):
+        check_weights_match(info, dataclasses.replace(manifest, tensorrt_llm_version="1.0.0"), gpus(2), "1.1.0")
+
+
+def test_engines_without_manifest_are_still_checked(tmp_path: Path) -> None:
+    old = inspect_weights(make_engine(tmp_path / "old", version="0.12.0"))
+    with pytest.raises(IncompatibleWeightsError, match="built with TensorRT-LLM 0.12.0, but this image serves TensorRT-LLM 1.1.0"):
+        check_weights_match(old, None, gpus(1), "1.1.0")
+    wide = inspect_weights(make_engine(tmp_path / "wide", world=2))
+    with pytest.raises(IncompatibleWeightsError, match="needs 2 GPUs, but 1 GPU"):
+        check_weights_match(wide, None, gpus(1), TENSORRT_LLM_VERSION)
+    check_weights_match(wide, None, gpus(2), TENSORRT_LLM_VERSION)
+
+
+def test_unpack_keeps_marker_out_of_verification(tmp_path: Path) -> None:
+    # fetch_weights writes its marker file beside the weights; verification ignores it.
+    root = make_engine(tmp_path / "e")
+    manifest_for(root)
+    pack_archive(root, tmp_path / "a.tar", gzip=False)
+    shutil.rmtree(root)
+    target = tmp_path / "w"
+    fetch_weights(str(tmp_path / "a.tar"), target)
+    assert any(p.name.startswith(".cog-triton") for p in target.iterdir())
+    assert verify_weights(target, gpus(1), TENSORRT_LLM_VERSION) is not None
