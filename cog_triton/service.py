@@ -17,12 +17,14 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Optional, TypeVar, U
 
 from cog_triton.client import GenerateChunk, GenerateRequest, TritonClient
 from cog_triton.detokenizer import IncrementalDetokenizer
-from cog_triton.errors import ConfigError, TritonDiedError, TritonError
+from cog_triton.errors import ConfigError, ManifestError, TritonDiedError, TritonError
 from cog_triton.inputs import PredictInputs, chat_template_adds_bos, render_prompt
 from cog_triton.settings import Settings
 from cog_triton.stop import StopSequenceMatcher
 from cog_triton.weights import fetch_weights
-from tensorrtllm_backend.engine import WeightsInfo, inspect_weights
+from tensorrtllm_backend.engine import WeightsInfo, find_model_root, inspect_weights
+from tensorrtllm_backend.gpus import GPU, visible_gpus
+from tensorrtllm_backend.manifest import MANIFEST_NAME, Manifest, check_weights_match, verify_weights
 from tensorrtllm_backend.server import LaunchConfig, TritonServer, locate_tritonserver
 from tensorrtllm_backend.templates import RenderOptions, render_model_repository
 
@@ -67,6 +69,7 @@ class LLMService:
         self.client: Optional[TritonClient] = None
         self.info: Optional[WeightsInfo] = None
         self.tokenizer: Any = None
+        self._gpus: list[GPU] = []
         self.add_special_tokens = True
         self._restart_lock = threading.Lock()
         self._background: set[asyncio.Task[None]] = set()
@@ -82,7 +85,10 @@ class LLMService:
 
         Raises:
             ConfigError: no weights given, bad settings, or unusable weights metadata.
-            WeightsError: download, checksum or extraction failed.
+            IncompatibleWeightsError: the engine was built by another TensorRT-LLM version, needs more
+                GPUs than are visible, or targets another GPU compute capability.
+            WeightsError: download, checksum or extraction failed; ManifestError: a file differs
+                from manifest.json.
             TritonStartupError: Triton did not become ready (message has its log tail).
             TritonError: the self-test generation failed.
         """
@@ -103,13 +109,20 @@ class LLMService:
             retries=settings.download_retries,
         )
         log.info("weights ready in %s (%s)", fetched.path, "reused" if fetched.skipped else "fetched")
+        manifest = self._verify(find_model_root(settings.weights_path))
+        ref_limits = manifest.build_config.get("limits", {}) if manifest and manifest.backend == "reference" else {}
         info = inspect_weights(
             settings.weights_path,
             tokenizer_dir=settings.path(settings.tokenizer_dir) if settings.tokenizer_dir else None,
-            reference_max_batch_size=settings.reference_max_batch_size,
-            reference_max_seq_len=settings.reference_max_seq_len,
-            reference_max_input_len=settings.reference_max_input_len,
+            reference_max_batch_size=(
+                settings.reference_max_batch_size
+                if "reference_max_batch_size" in settings.model_fields_set
+                else ref_limits.get("max_batch_size", settings.reference_max_batch_size)
+            ),
+            reference_max_seq_len=settings.reference_max_seq_len or ref_limits.get("max_seq_len"),
+            reference_max_input_len=settings.reference_max_input_len or ref_limits.get("max_input_len"),
         )
+        check_weights_match(info, manifest, self._gpus)
         log.info(
             "%s %s (%s), world size %d, max_input_len %d, max_seq_len %d, max_batch_size %d",
             "engine" if info.kind == "engine" else "Hugging Face checkpoint",
@@ -160,6 +173,40 @@ class LLMService:
         if settings.self_test:
             self._self_test()
         log.info("setup finished in %.1f s", time.monotonic() - started)
+
+    def _verify(self, root: Path) -> Optional[Manifest]:
+        """Verify the weights in ``root`` against their manifest.json before Triton starts.
+
+        Raises:
+            ManifestError: missing/resized/altered files, or no manifest with require_manifest set.
+            IncompatibleWeightsError: other TensorRT-LLM version, too few GPUs, other compute capability.
+        """
+        self._gpus = visible_gpus()
+        verification = verify_weights(root, self._gpus)
+        if verification is None:
+            if self.settings.require_manifest:
+                raise ManifestError(
+                    f"no {MANIFEST_NAME} in {root} and COG_TRITON_REQUIRE_MANIFEST is set: package the weights "
+                    "with scripts/build_engine, or unset COG_TRITON_REQUIRE_MANIFEST"
+                )
+            log.warning(
+                "no %s in %s: file integrity and GPU compatibility are not verified (package with scripts/build_engine)",
+                MANIFEST_NAME,
+                root,
+            )
+            return None
+        manifest = verification.manifest
+        log.info(
+            "verified %d files of %s (%s backend, world size %d%s) against %s in %.1f s",
+            len(manifest.files),
+            manifest.name,
+            manifest.backend,
+            manifest.world_size,
+            f", TensorRT-LLM {manifest.tensorrt_llm_version}" if manifest.tensorrt_llm_version else "",
+            MANIFEST_NAME,
+            verification.seconds,
+        )
+        return manifest
 
     def _render_options(self) -> RenderOptions:
         s = self.settings

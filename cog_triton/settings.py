@@ -63,6 +63,11 @@ class Settings(BaseSettings):
         description="Where weights are unpacked: engine files (rank*.engine + config.json) or a "
         "Hugging Face checkpoint, plus tokenizer files.",
     )
+    require_manifest: bool = Field(
+        default=False,
+        description="Refuse weights without manifest.json (archives from scripts/build_engine always have one; "
+        "with it, files, TensorRT-LLM version, world size and GPU compute capability are verified).",
+    )
     download_timeout_s: float = Field(default=60.0, gt=0, description="Connect/read timeout per network operation.")
     download_retries: int = Field(default=3, ge=0, le=20, description="Retries on connection errors and 5xx.")
 
