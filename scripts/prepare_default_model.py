@@ -20,7 +20,6 @@ Idempotent: existing outputs are kept unless ``--force`` is given.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib.util
 import logging
 import shutil
@@ -33,6 +32,9 @@ log = logging.getLogger("prepare_default_model")
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 ARCHIVE_NAME = "smollm2-135m-instruct.tar.gz"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CONFIG = REPO_ROOT / "configs" / "engines" / "smollm2-135m-instruct-reference.yaml"
+sys.path.insert(0, str(REPO_ROOT))
 
 
 def find_gguf() -> Path:
@@ -77,17 +79,26 @@ def convert(gguf: Path, out: Path) -> None:
     log.info("converted %s in %.1f s", gguf.name, time.monotonic() - started)
 
 
-def pack(folder: Path, archive: Path) -> str:
-    """Pack the contents of ``folder`` (no top-level directory) into a gzip tar; return its sha256."""
-    tmp = archive.with_name(archive.name + ".tmp")
-    # Level 1: float weights barely compress further, and level 9 is several times slower.
-    with tarfile.open(tmp, "w:gz", compresslevel=1) as tar:
-        for item in sorted(folder.iterdir()):
-            tar.add(item, arcname=item.name)
-    digest = hashlib.sha256(tmp.read_bytes()).hexdigest()
-    tmp.rename(archive)
-    archive.with_name(archive.name + ".sha256").write_text(f"{digest}  {archive.name}\n")
-    return digest
+def has_manifest(archive: Path) -> bool:
+    """True when ``archive`` holds a top-level manifest.json (read from the stream's first members only)."""
+    try:
+        with tarfile.open(archive, "r|*") as tar:
+            for index, member in enumerate(tar):
+                if member.name == "manifest.json":
+                    return True
+                if index > 20:
+                    return False
+    except (tarfile.TarError, OSError):
+        return False
+    return False
+
+
+def pack(checkpoint: Path, out_dir: Path) -> Path:
+    """Package ``checkpoint`` for the reference backend into ``out_dir``; return the archive path."""
+    from tensorrtllm_backend.build import build  # noqa: PLC0415 - keeps --help fast
+
+    result = build(CONFIG, work_dir=out_dir / "work", output_dir=out_dir, checkpoint=str(checkpoint.resolve()))
+    return result.archive
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,9 +117,10 @@ def main(argv: list[str] | None = None) -> int:
         convert(find_gguf(), checkpoint)
     else:
         log.info("checkpoint already present: %s", checkpoint)
-    if not archive.is_file():
-        digest = pack(checkpoint, archive)
-        log.info("packed %s (%d bytes, sha256 %s)", archive, archive.stat().st_size, digest)
+    if not archive.is_file() or not has_manifest(archive):
+        built = pack(checkpoint, out_dir)
+        if built != archive:
+            raise RuntimeError(f"{CONFIG} produced {built}, expected {archive}")
     else:
         log.info("archive already present: %s", archive)
     return 0

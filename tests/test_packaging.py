@@ -33,6 +33,7 @@ IMPORT_TO_DISTRIBUTION = {
     "tritonclient": "tritonclient",
     "google": "protobuf",  # google.protobuf
     "transformers": "transformers",
+    "huggingface_hub": "huggingface-hub",
     "tenacity": "tenacity",
     "cog": "cog",
 }

@@ -1,0 +1,25 @@
+"""QuantAlgo and quantize_and_export of the stand-in (TensorRT-LLM 1.1.0 names)."""
+
+import enum
+
+from tensorrt_llm import record
+
+
+class QuantAlgo(str, enum.Enum):
+    W8A16 = "W8A16"
+    W4A16 = "W4A16"
+    W4A16_AWQ = "W4A16_AWQ"
+    W4A8_AWQ = "W4A8_AWQ"
+    W8A8_SQ_PER_CHANNEL = "W8A8_SQ_PER_CHANNEL"
+    FP8 = "FP8"
+    NVFP4 = "NVFP4"
+    INT8 = "INT8"
+
+
+def quantize_and_export(*, model_dir, device, calib_dataset, dtype, qformat, kv_cache_dtype, calib_size,
+                        batch_size, calib_max_seq_length, awq_block_size, output_dir, tp_size, pp_size, cp_size,
+                        seed, tokenizer_max_seq_length, num_medusa_heads=None, num_medusa_layers=None,
+                        max_draft_len=None, medusa_hidden_act=None, medusa_model_dir=None, quant_medusa_head=None,
+                        auto_quantize_bits=None, device_map="auto", quantize_lm_head=False):
+    record("quantize_and_export", kwargs={k: v for k, v in locals().items() if v is not None and k != "device_map"
+                                           and k not in ("quantize_lm_head",)})
