@@ -1,5 +1,6 @@
 """MODEL_MAP of the stand-in: HF architecture -> recording model class (TensorRT-LLM 1.1.0 class names)."""
 
+import json
 import os
 
 from tensorrt_llm import record
@@ -13,11 +14,16 @@ class _Recording:
     def from_hugging_face(cls, hf_model_or_dir, dtype="auto", mapping=None, quant_config=None, **kwargs):
         record("from_hugging_face", cls=cls.__name__, model_dir=os.path.basename(str(hf_model_or_dir)), dtype=dtype,
                mapping=mapping.to_json(), quant_config=quant_config.to_json(), kwargs=kwargs)
-        return cls({"rank": mapping.rank})
+        return cls({"architecture": cls.__name__, "dtype": dtype, "mapping": mapping.to_json()})
 
     def save_checkpoint(self, output_dir, save_config=True):
-        record("save_checkpoint", rank=self.config["rank"], output_dir=os.path.basename(str(output_dir)),
-               save_config=save_config)
+        rank = self.config["mapping"]["rank"]
+        record("save_checkpoint", rank=rank, output_dir=os.path.basename(str(output_dir)), save_config=save_config)
+        with open(os.path.join(output_dir, f"rank{rank}.safetensors"), "wb") as fh:
+            fh.write(b"fake weights")
+        if save_config:
+            with open(os.path.join(output_dir, "config.json"), "w") as fh:
+                json.dump(self.config, fh)
 
 
 class LLaMAForCausalLM(_Recording):

@@ -1,6 +1,8 @@
-"""QuantAlgo and quantize_and_export of the stand-in (TensorRT-LLM 1.1.0 names)."""
+"""QuantAlgo and quantize_and_export of the stand-in (TensorRT-LLM 1.1.0 names and keywords)."""
 
 import enum
+import json
+import os
 
 from tensorrt_llm import record
 
@@ -21,5 +23,11 @@ def quantize_and_export(*, model_dir, device, calib_dataset, dtype, qformat, kv_
                         seed, tokenizer_max_seq_length, num_medusa_heads=None, num_medusa_layers=None,
                         max_draft_len=None, medusa_hidden_act=None, medusa_model_dir=None, quant_medusa_head=None,
                         auto_quantize_bits=None, device_map="auto", quantize_lm_head=False):
-    record("quantize_and_export", kwargs={k: v for k, v in locals().items() if v is not None and k != "device_map"
-                                           and k not in ("quantize_lm_head",)})
+    params = dict(locals())
+    kwargs = {k: v for k, v in params.items() if v is not None and k not in ("device_map", "quantize_lm_head")}
+    kwargs["model_dir"], kwargs["output_dir"] = os.path.basename(model_dir), os.path.basename(output_dir)
+    record("quantize_and_export", kwargs=kwargs)
+    os.makedirs(output_dir, exist_ok=True)
+    mapping = {"world_size": tp_size * pp_size, "tp_size": tp_size, "pp_size": pp_size}
+    with open(os.path.join(output_dir, "config.json"), "w") as fh:
+        json.dump({"architecture": "quantized", "dtype": dtype, "qformat": qformat, "mapping": mapping}, fh)
