@@ -72,13 +72,15 @@ class WeightsHTTPServer:
 
 
 class CogServer:
-    """The real Cog HTTP server running ``predict.py:Predictor`` from the repository root.
+    """The real Cog HTTP server running ``predict.py:Predictor`` (or ``train.py:train``) from the repository root.
 
     Args:
         env: extra environment (COG_WEIGHTS, COG_TRITON_* settings).
         port: HTTP port on 127.0.0.1 (0 = pick a free one).
         log_file: where the server's output goes.
         max_concurrency: COG_MAX_CONCURRENCY (coglet's prediction slots).
+        mode: "predict", or "train" (coglet's ``--x-mode train`` with ``COG_TRAIN_TYPE_STUB``;
+            ``/trainings`` then runs ``train.py:train``).
     """
 
     def __init__(
@@ -89,7 +91,11 @@ class CogServer:
         log_file: Optional[Path] = None,
         max_concurrency: int = 8,
         host: str = "127.0.0.1",
+        mode: str = "predict",
     ) -> None:
+        if mode not in ("predict", "train"):
+            raise ValueError(f"mode must be 'predict' or 'train', got {mode!r}")
+        self.mode = mode
         self.port = port or free_port()
         self.host = host
         self.log_file = log_file or REPO_ROOT / "build" / f"cog-{self.port}.log"
@@ -110,6 +116,7 @@ class CogServer:
             {
                 "PATH": f"{venv_bin}{os.pathsep}{env.get('PATH', '')}",
                 "COG_PREDICT_TYPE_STUB": "predict.py:Predictor",
+                "COG_TRAIN_TYPE_STUB": "train.py:train",
                 "PORT": str(self.port),
                 "COG_MAX_CONCURRENCY": str(self.max_concurrency),
                 "COG_TRITON_MAX_CONCURRENCY": str(self.max_concurrency),
@@ -120,7 +127,8 @@ class CogServer:
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         sink = open(self.log_file, "ab")  # noqa: SIM115 - owned by the child
         self.proc = subprocess.Popen(  # noqa: S603
-            [sys.executable, "-m", "cog.server.http", "--host", self.host],
+            [sys.executable, "-m", "cog.server.http", "--host", self.host]
+            + (["--x-mode", "train"] if self.mode == "train" else []),
             cwd=REPO_ROOT,
             env=env,
             stdout=sink,

@@ -13,3 +13,36 @@ TRITON_IMAGE_REPOSITORY = "nvcr.io/nvidia/tritonserver"
 TRITON_IMAGE_TAG = "26.02-trtllm-python-py3"
 TRITON_IMAGE = f"{TRITON_IMAGE_REPOSITORY}:{TRITON_IMAGE_TAG}"
 TENSORRT_LLM_VERSION = "1.1.0"
+
+
+def check_installed() -> str:
+    """Fail unless the installed ``tensorrt_llm`` is :data:`TENSORRT_LLM_VERSION`; return that version.
+
+    Run by the Dockerfile (``python3 -m tensorrtllm_backend.pins``) so an image whose base ships
+    another TensorRT-LLM fails to build instead of serving engines it cannot load.
+
+    Raises:
+        RuntimeError: tensorrt_llm is not installed, or is another version.
+    """
+    from importlib import metadata  # noqa: PLC0415
+
+    try:
+        installed = metadata.version("tensorrt_llm")
+    except metadata.PackageNotFoundError:
+        raise RuntimeError(f"tensorrt_llm is not installed; {TRITON_IMAGE} should ship {TENSORRT_LLM_VERSION}") from None
+    if installed != TENSORRT_LLM_VERSION:
+        raise RuntimeError(
+            f"the base image ships TensorRT-LLM {installed}, but tensorrtllm_backend/pins.py pins "
+            f"{TENSORRT_LLM_VERSION} ({TRITON_IMAGE}): update the pin and the Dockerfile's FROM together"
+        )
+    return installed
+
+
+if __name__ == "__main__":
+    import sys
+
+    try:
+        print(f"TensorRT-LLM {check_installed()} matches the pin ({TRITON_IMAGE})")
+    except RuntimeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(1)

@@ -117,6 +117,7 @@ def test_hadolint_detects_problems(tmp_path: Path) -> None:
 def test_dockerfile_cog_environment() -> None:
     env = dockerfile_env()
     assert env["COG_PREDICT_TYPE_STUB"] == "predict.py:Predictor"
+    assert env["COG_TRAIN_TYPE_STUB"] == cog_config()["train"] == "train.py:train"
     concurrency = cog_config()["concurrency"]["max"]
     assert int(env["COG_MAX_CONCURRENCY"]) == concurrency
     assert int(env["COG_TRITON_MAX_CONCURRENCY"]) == concurrency
@@ -139,14 +140,50 @@ def test_dockerfile_installs_requirements_and_copies_sources() -> None:
     runs = " ".join(rest for keyword, rest in instructions if keyword == "RUN")
     assert "pip install" in runs and "requirements.txt" in runs
     copied = {part.rstrip("/") for keyword, rest in instructions if keyword == "COPY" for part in rest.split()[:-1]}
-    for needed in ("requirements.txt", "predict.py", "cog_triton", "tensorrtllm_backend", "triton_model_repo"):
+    for needed in ("requirements.txt", "predict.py", "train.py", "configs", "cog_triton", "tensorrtllm_backend", "triton_model_repo"):
         assert needed in copied, needed
+
+
+def test_dockerfile_checks_the_pinned_tensorrt_llm_at_build_time() -> None:
+    """The pin is read by the image build itself: a base image with another TensorRT-LLM fails to build."""
+    instructions = dockerfile_instructions()
+    check = instructions.index(("RUN", "python3 -m tensorrtllm_backend.pins"))
+    assert ("COPY", "tensorrtllm_backend/pins.py /src/tensorrtllm_backend/pins.py") in instructions[:check]
+
+
+def test_pins_check_fails_without_the_pinned_tensorrt_llm() -> None:
+    # This machine has no tensorrt_llm (it needs a GPU): the check must refuse, naming the pin.
+    result = subprocess.run(
+        [sys.executable, "-m", "tensorrtllm_backend.pins"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 1
+    assert f"tensorrt_llm is not installed; {TRITON_IMAGE} should ship {TENSORRT_LLM_VERSION}" in result.stderr
+
+
+def test_pins_check_accepts_the_pinned_version_and_refuses_others(tmp_path: Path) -> None:
+    for version, expected_rc in ((TENSORRT_LLM_VERSION, 0), ("1.2.1", 1)):
+        site = tmp_path / version
+        dist = site / f"tensorrt_llm-{version}.dist-info"
+        dist.mkdir(parents=True)
+        (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: tensorrt_llm\nVersion: {version}\n")
+        result = subprocess.run(
+            [sys.executable, "-m", "tensorrtllm_backend.pins"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{REPO_ROOT}"},
+        )
+        assert result.returncode == expected_rc, result.stderr
+        if expected_rc:
+            assert f"ships TensorRT-LLM 1.2.1, but tensorrtllm_backend/pins.py pins {TENSORRT_LLM_VERSION}" in result.stderr
 
 
 def test_cog_yaml() -> None:
     config = cog_config()
     assert config["build"]["gpu"] is True
     assert config["predict"] == "predict.py:Predictor"
+    assert config["train"] == "train.py:train"
     assert config["build"]["python_requirements"] == "requirements.txt"
     assert isinstance(config["concurrency"]["max"], int) and config["concurrency"]["max"] >= 1
 
@@ -197,7 +234,7 @@ def required_imports(source: str) -> set[str]:
 
 def project_sources() -> list[Path]:
     files = sorted((REPO_ROOT / "cog_triton").rglob("*.py")) + sorted((REPO_ROOT / "tensorrtllm_backend").rglob("*.py"))
-    return files + [REPO_ROOT / "predict.py"]
+    return files + [REPO_ROOT / "predict.py", REPO_ROOT / "train.py"]
 
 
 def test_required_imports_helper() -> None:

@@ -1,0 +1,113 @@
+"""`cog train`: train.py builds the weights archive, called directly and through the real Cog server
+in training mode (coglet ``--x-mode train``, ``PUT /trainings/{id}``).
+
+The CPU path (reference backend) runs for real on a tiny random Llama checkpoint with the SmolLM2
+tokenizer, served over local HTTP as a .tar.gz (small enough for coglet's data-URL output). The
+GPU path is exercised up to its preflight refusal, the only part a machine without GPU can run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import shutil
+import tarfile
+from pathlib import Path
+
+import httpx
+import pytest
+
+from cog_triton.errors import BuildConfigError, BuildError
+from cog_triton.local import CogServer, WeightsHTTPServer
+from cog_triton.weights import fetch_weights
+from tensorrtllm_backend.manifest import read_manifest, verify_weights
+from train import CONFIG_DIR, OUTPUT_DIR, resolve_config, train
+
+TINY_CONFIG = """\
+name: tiny-llama
+backend: reference
+source:
+  checkpoint: org/placeholder   # replaced by the checkpoint input
+limits:
+  max_batch_size: 2
+  max_input_len: 127
+  max_seq_len: 128
+"""
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint_url(tmp_path_factory: pytest.TempPathFactory, checkpoint_dir: Path):
+    """A 1-layer random Llama with the SmolLM2 tokenizer, packed as .tar.gz and served over HTTP."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    root = tmp_path_factory.mktemp("tiny")
+    folder = root / "tiny-llama"
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=49152, hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=256, tie_word_embeddings=True,
+    )  # fmt: skip
+    LlamaForCausalLM(config).save_pretrained(folder, safe_serialization=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(checkpoint_dir / name, folder / name)
+    serve = root / "serve"
+    serve.mkdir()
+    with tarfile.open(serve / "tiny-llama.tar.gz", "w:gz") as tar:
+        tar.add(folder, arcname="tiny-llama")  # one top-level folder, as people pack them
+    with WeightsHTTPServer(serve) as server:
+        yield f"{server.url}/tiny-llama.tar.gz"
+
+
+def test_resolve_config_by_name_or_yaml(tmp_path: Path) -> None:
+    assert resolve_config("gpt2-medium-fp16", tmp_path) == CONFIG_DIR / "gpt2-medium-fp16.yaml"
+    written = resolve_config(TINY_CONFIG, tmp_path)
+    assert written.parent == tmp_path and "tiny-llama" in written.read_text()
+    with pytest.raises(BuildConfigError) as info:
+        resolve_config("llama-4", tmp_path)
+    assert "config 'llama-4' is not one of gemma-2b-it, gpt2-medium-fp16, llama-2-7b-fp16-tp4" in str(info.value)
+
+
+def test_train_builds_a_reference_archive(tiny_checkpoint_url: str, tmp_path: Path) -> None:
+    output = asyncio.run(train(config=TINY_CONFIG, checkpoint=tiny_checkpoint_url, hf_token=None))
+    archive = Path(output.weights)
+    assert archive == OUTPUT_DIR / "tiny-llama.tar.gz" and archive.is_file()
+    assert not [p for p in OUTPUT_DIR.iterdir() if p.name.startswith("cog-triton-train-")]  # scratch removed
+    fetch_weights(str(archive), tmp_path / "w")
+    manifest = read_manifest(tmp_path / "w")
+    assert manifest is not None and (manifest.name, manifest.backend) == ("tiny-llama", "reference")
+    assert manifest.build_config["source"]["checkpoint"].endswith("/checkpoint/tiny-llama")
+    assert {f.path for f in manifest.files} >= {"config.json", "model.safetensors", "tokenizer.json"}
+    assert verify_weights(tmp_path / "w", []) is not None
+
+
+def test_train_refuses_an_engine_without_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no nvidia-smi
+    with pytest.raises(BuildError, match="needs an NVIDIA GPU, and none is visible"):
+        asyncio.run(train(config="llama-3-8b-instruct-bf16", checkpoint="", hf_token=None))
+
+
+@pytest.mark.integration
+def test_cog_train_through_the_real_cog_server(tiny_checkpoint_url: str, tmp_path: Path) -> None:
+    with CogServer({}, log_file=tmp_path / "cog-train.log", mode="train") as cog:
+        cog.wait_ready(timeout_s=120)
+        response = httpx.put(
+            f"{cog.url}/trainings/train-1",
+            json={"input": {"config": TINY_CONFIG, "checkpoint": tiny_checkpoint_url}},
+            timeout=300,
+        )
+        doc = response.json()
+        assert doc["status"] == "succeeded", doc.get("error") or doc.get("logs")
+        data_url = doc["output"]["weights"]
+        assert data_url.startswith("data:")
+        archive = tmp_path / "tiny-llama.tar.gz"
+        archive.write_bytes(base64.b64decode(data_url.split(",", 1)[1]))
+        fetch_weights(str(archive), tmp_path / "w")
+        assert verify_weights(tmp_path / "w", []) is not None
+        assert "built " in doc["logs"] and "manifest: " in doc["logs"]
+
+        failed = httpx.put(
+            f"{cog.url}/trainings/train-2", json={"input": {"config": "llama-3-8b-instruct-bf16"}}, timeout=120
+        ).json()
+        assert failed["status"] == "failed"
+        assert "[build_failed]" in failed["error"] and "needs an NVIDIA GPU" in failed["error"]

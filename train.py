@@ -1,0 +1,116 @@
+"""Cog training entry (``cog.yaml`` ``train: "train.py:train"``): build a weights archive with ``cog train``.
+
+``cog train -i config=llama-3-8b-instruct-bf16 -i hf_token=...`` on a GPU machine runs
+``scripts/build_engine``'s pipeline (the same code, :func:`tensorrtllm_backend.build.build`) inside
+this image, so the TensorRT-LLM that builds the engine is the one that serves it, and returns the
+archive (engine + tokenizer + manifest.json) as ``weights``: on Replicate the training's output
+weights become the new version's ``COG_WEIGHTS``, as replicate/cog-vllm does it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path as FsPath
+from typing import Optional
+
+from cog import BaseModel, Input, Path, Secret
+
+from cog_triton.errors import BuildConfigError
+from cog_triton.settings import REPO_ROOT
+
+CONFIG_DIR = REPO_ROOT / "configs" / "engines"
+OUTPUT_DIR = REPO_ROOT / "build" / "train"
+_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+
+
+class TrainingOutput(BaseModel):
+    """The built archive (``.tar`` engine or ``.tar.gz`` reference checkpoint, manifest.json inside)."""
+
+    weights: Path
+
+
+def resolve_config(config: str, work: FsPath) -> FsPath:
+    """The build config file for ``config``: a name from configs/engines, or a whole YAML document.
+
+    Raises:
+        BuildConfigError: the name is unknown (the message lists the known ones).
+    """
+    text = config.strip()
+    if _NAME.match(text):
+        path = CONFIG_DIR / f"{text.removesuffix('.yaml')}.yaml"
+        if path.is_file():
+            return path
+        known = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")))
+        raise BuildConfigError(f"config {text!r} is not one of {known}; pass one of them or a whole YAML build config")
+    path = work / "config.yaml"
+    path.write_text(text + "\n")
+    return path
+
+
+def fetch_checkpoint(checkpoint: str, work: FsPath) -> str:
+    """A Hub id is returned as is; a URL or archive path is fetched and unpacked, its folder returned.
+
+    Raises:
+        WeightsError: the download or extraction failed.
+    """
+    from cog_triton.weights import fetch_weights  # noqa: PLC0415
+    from tensorrtllm_backend.engine import find_model_root  # noqa: PLC0415
+
+    looks_remote = checkpoint.startswith(("http://", "https://", "file://"))
+    looks_archive = checkpoint.endswith((".tar", ".tar.gz", ".tgz"))
+    if not (looks_remote or looks_archive):
+        return checkpoint
+    target = work / "checkpoint"
+    fetch_weights(checkpoint, target)
+    return str(find_model_root(target).resolve())
+
+
+async def train(
+    config: str = Input(
+        description="Build config: the name of one in configs/engines (e.g. llama-3-8b-instruct-bf16, "
+        "gpt2-medium-fp16) or a whole YAML build config (see README, 'Engines')."
+    ),
+    checkpoint: str = Input(
+        default="",
+        description="Replaces the config's source.checkpoint: a Hugging Face Hub id (org/name), or an http(s) "
+        "URL or path of a .tar/.tar.gz of a Hugging Face checkpoint folder.",
+    ),
+    hf_token: Optional[Secret] = Input(
+        default=None, description="Hugging Face token for gated or private checkpoints (Llama, Gemma)."
+    ),
+) -> TrainingOutput:
+    """Build the archive for ``config`` and return it as the training's ``weights``.
+
+    Async (the build runs in a worker thread) because the image sets ``COG_MAX_CONCURRENCY`` > 1,
+    which coglet only allows for async entry points.
+
+    Raises:
+        CogTritonError: invalid config, no/too few GPUs for an engine, or a failed build step;
+            the message says what was wrong and how to fix it.
+    """
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+    if hf_token is not None and hf_token.get_secret_value():
+        os.environ["HF_TOKEN"] = hf_token.get_secret_value()
+    archive = await asyncio.to_thread(build_archive, config, checkpoint.strip())
+    return TrainingOutput(weights=Path(archive))
+
+
+def build_archive(config: str, checkpoint: str = "") -> FsPath:
+    """The blocking body of :func:`train`: resolve the config, fetch the checkpoint, build; return the archive.
+
+    Raises:
+        BuildConfigError, BuildError, WeightsError: see :func:`tensorrtllm_backend.build.build`.
+    """
+    from tensorrtllm_backend.build import build  # noqa: PLC0415 - keeps the worker's start fast
+
+    OUTPUT_DIR.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="cog-triton-train-", dir=OUTPUT_DIR) as scratch:
+        work = FsPath(scratch)
+        config_path = resolve_config(config, work)
+        override = fetch_checkpoint(checkpoint, work) if checkpoint else None
+        return build(config_path, work_dir=work / "build", output_dir=OUTPUT_DIR, checkpoint=override).archive
