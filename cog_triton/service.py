@@ -56,6 +56,27 @@ def _run_coroutine_sync(factory: Callable[[], Awaitable[T]]) -> T:
     return result["value"]
 
 
+def reference_limits(settings: Settings, manifest: Optional[Manifest]) -> dict[str, Optional[int]]:
+    """Limits of the CPU reference backend: each ``COG_TRITON_REFERENCE_*`` setting that is set wins,
+    else the ``limits`` of the archive's build config (reference-backend manifests), else the defaults.
+
+    Returns:
+        ``reference_max_batch_size`` (requests), ``reference_max_seq_len`` and
+        ``reference_max_input_len`` (tokens; None = derive from the checkpoint), as
+        :func:`tensorrtllm_backend.engine.inspect_weights` takes them.
+    """
+    packed = manifest.build_config.get("limits", {}) if manifest and manifest.backend == "reference" else {}
+    explicit = settings.model_fields_set
+    batch = settings.reference_max_batch_size
+    if "reference_max_batch_size" not in explicit and isinstance(packed.get("max_batch_size"), int):
+        batch = packed["max_batch_size"]
+    return {
+        "reference_max_batch_size": batch,
+        "reference_max_seq_len": settings.reference_max_seq_len or packed.get("max_seq_len"),
+        "reference_max_input_len": settings.reference_max_input_len or packed.get("max_input_len"),
+    }
+
+
 class LLMService:
     """Weights, model repository, Triton process and generation for one predictor.
 
@@ -110,17 +131,10 @@ class LLMService:
         )
         log.info("weights ready in %s (%s)", fetched.path, "reused" if fetched.skipped else "fetched")
         manifest = self._verify(find_model_root(settings.weights_path))
-        ref_limits = manifest.build_config.get("limits", {}) if manifest and manifest.backend == "reference" else {}
         info = inspect_weights(
             settings.weights_path,
             tokenizer_dir=settings.path(settings.tokenizer_dir) if settings.tokenizer_dir else None,
-            reference_max_batch_size=(
-                settings.reference_max_batch_size
-                if "reference_max_batch_size" in settings.model_fields_set
-                else ref_limits.get("max_batch_size", settings.reference_max_batch_size)
-            ),
-            reference_max_seq_len=settings.reference_max_seq_len or ref_limits.get("max_seq_len"),
-            reference_max_input_len=settings.reference_max_input_len or ref_limits.get("max_input_len"),
+            **reference_limits(settings, manifest),
         )
         check_weights_match(info, manifest, self._gpus)
         log.info(
@@ -154,7 +168,9 @@ class LLMService:
                 http_port=settings.http_port,
                 grpc_port=settings.grpc_port,
                 metrics_port=settings.metrics_port,
-                world_size=info.world_size,
+                # Tensor/pipeline parallelism: one rank per GPU under mpirun. check_weights_match
+                # made sure the manifest's world size (when there is one) equals the engine's.
+                world_size=manifest.world_size if manifest else info.world_size,
                 log_verbose=settings.log_verbose,
                 mpirun=settings.mpirun,
             ),

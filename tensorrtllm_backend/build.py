@@ -267,7 +267,7 @@ def preflight(config: EngineBuildConfig, gpus: list[GPU], trtllm_version: Option
         raise BuildError(
             f"{config.name} has tp_size {config.parallelism.tp_size} x pp_size {config.parallelism.pp_size} = "
             f"{need} ranks and needs {need} GPUs, but {describe(gpus)} {'is' if len(gpus) == 1 else 'are'} visible: run on a machine with {need} GPUs, "
-            f"or lower tp_size/pp_size to at most {len(gpus)} GPUs in total"
+            f"or lower tp_size * pp_size to {len(gpus)} or fewer"
         )
     used = gpus[:need]
     capabilities = sorted({g.compute_capability for g in used})

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from cog_triton.errors import BuildError, IncompatibleWeightsError, ManifestError
+from cog_triton.errors import BuildError, IncompatibleWeightsError, ManifestError, TritonStartupError
 from cog_triton.inputs import PredictInputs
 from cog_triton.local import WeightsHTTPServer, free_port
 from cog_triton.service import LLMService
@@ -207,7 +207,7 @@ def test_preflight_with_too_few_gpus() -> None:
     with pytest.raises(BuildError) as info:
         preflight(config, gpus(2), TENSORRT_LLM_VERSION)
     assert "tp_size 4 x pp_size 1 = 4 ranks and needs 4 GPUs, but 2 GPUs (0: NVIDIA H100" in str(info.value)
-    assert "lower tp_size/pp_size to at most 2 GPUs in total" in str(info.value)
+    assert "lower tp_size * pp_size to 2 or fewer" in str(info.value)
 
 
 def test_preflight_compute_capability_and_mixed_gpus() -> None:
@@ -341,6 +341,28 @@ def test_setup_refuses_the_engine_on_another_gpu_architecture(tp4_build: dict[st
     assert service.server is None
 
 
+def test_setup_launches_the_tp4_engine_as_four_mpirun_ranks(tp4_build: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With 4 (fake) GPUs, setup() verifies the archive, renders the C++ backend's model repository and
+    launches Triton with the manifest's world size under mpirun. mpirun here is a stand-in that records
+    its argv and exits (no GPUs, no TensorRT-LLM backend to run), so setup ends in a startup error."""
+    monkeypatch.setenv("PATH", path_with(fake_nvidia_smi(tmp_path / "smi", gpus(4, H100))))
+    record = tmp_path / "mpirun.argv"
+    mpirun = tmp_path / "mpirun"
+    mpirun.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" > {record}\necho 'mpirun stand-in: no GPUs here' >&2\nexit 3\n")
+    mpirun.chmod(0o755)
+    settings = _settings(tmp_path, mpirun=str(mpirun), startup_timeout_s=30)
+    service = LLMService(settings)
+    with pytest.raises(TritonStartupError) as info:
+        service.setup(str(tp4_build["archive"]))
+    assert "mpirun stand-in: no GPUs here" in str(info.value)
+    argv = record.read_text().splitlines()
+    assert argv.count("tritonserver") == 0  # the binary is a full path
+    ranks = [i for i, a in enumerate(argv) if a.endswith("/tritonserver")]
+    assert len(ranks) == 4 and argv.count(":") == 3
+    config = (settings.model_repo_path / "tensorrt_llm" / "config.pbtxt").read_text()
+    assert 'backend: "tensorrtllm"' in config
+
+
 # --- the real CPU path: reference backend ----------------------------------------------------------
 
 
@@ -380,7 +402,9 @@ def test_reference_archive_serves_end_to_end(reference_archive: Path, tmp_path: 
         with WeightsHTTPServer(reference_archive.parent) as server, caplog.at_level("INFO"):
             service.setup(f"{server.url}/{reference_archive.name}")
         assert "verified 6 files of smollm2-135m-instruct (reference backend, world size 1) against manifest.json" in caplog.text
-        assert service.info is not None and service.info.limits.max_seq_len == 4096  # from the build config's limits
+        # the limits of the build config (configs/engines/smollm2-135m-instruct-reference.yaml) apply
+        assert service.info is not None
+        assert (service.info.limits.max_input_len, service.info.limits.max_seq_len) == (3072, 4096)
 
         async def run() -> str:
             inputs = PredictInputs.validate(prompt="What is 2+2?", max_tokens=12, temperature=0)

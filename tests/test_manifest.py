@@ -290,3 +290,32 @@ def test_unpack_keeps_marker_out_of_verification(tmp_path: Path) -> None:
     fetch_weights(str(tmp_path / "a.tar"), target)
     assert any(p.name.startswith(".cog-triton") for p in target.iterdir())
     assert verify_weights(target, gpus(1), TENSORRT_LLM_VERSION) is not None
+
+
+def test_reference_limits_come_from_the_build_config_unless_set(tmp_path: Path) -> None:
+    from cog_triton.service import reference_limits
+    from cog_triton.settings import Settings
+
+    root = tmp_path / "ckpt"
+    root.mkdir()
+    (root / "config.json").write_text("{}")
+    limits = {"max_batch_size": 2, "max_input_len": 127, "max_seq_len": 128}
+    manifest = write_manifest(root, name="tiny", backend="reference", build_config={"limits": limits})
+    assert reference_limits(Settings(), manifest) == {
+        "reference_max_batch_size": 2,
+        "reference_max_seq_len": 128,
+        "reference_max_input_len": 127,
+    }
+    explicit = Settings(reference_max_batch_size=8, reference_max_seq_len=64)
+    assert reference_limits(explicit, manifest) == {
+        "reference_max_batch_size": 8,
+        "reference_max_seq_len": 64,
+        "reference_max_input_len": 127,
+    }
+    assert reference_limits(Settings(), None) == {
+        "reference_max_batch_size": 8,
+        "reference_max_seq_len": None,
+        "reference_max_input_len": None,
+    }
+    engine = make_engine(tmp_path / "engine")
+    assert reference_limits(Settings(), manifest_for(engine))["reference_max_seq_len"] is None
