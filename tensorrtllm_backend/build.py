@@ -258,10 +258,10 @@ def preflight(config: EngineBuildConfig, gpus: list[GPU], trtllm_version: Option
     need = config.parallelism.world_size
     if not gpus:
         raise BuildError(
-            f"building a TensorRT-LLM engine needs an NVIDIA GPU, and none is visible (no nvidia-smi, no device, "
-            f"or CUDA_VISIBLE_DEVICES hides them): run scripts/build_engine on a GPU machine inside the image built "
-            f"from our Dockerfile (docker run --gpus all ...), or use backend: reference to package a checkpoint "
-            f"for the CPU reference backend"
+            "building a TensorRT-LLM engine needs an NVIDIA GPU, and none is visible (no nvidia-smi, no device, "
+            "or CUDA_VISIBLE_DEVICES hides them): run scripts/build_engine on a GPU machine inside the image built "
+            "from our Dockerfile (docker run --gpus all ...), or use backend: reference to package a checkpoint "
+            "for the CPU reference backend"
         )
     if len(gpus) < need:
         raise BuildError(
