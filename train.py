@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import re
 import sys
 import tempfile
 from pathlib import Path as FsPath
@@ -22,10 +21,10 @@ from cog import BaseModel, Input, Path, Secret
 
 from cog_triton.errors import BuildConfigError
 from cog_triton.settings import REPO_ROOT
+from tensorrtllm_backend.build_config import NAME_PATTERN
 
 CONFIG_DIR = REPO_ROOT / "configs" / "engines"
 OUTPUT_DIR = REPO_ROOT / "build" / "train"
-_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 
 
 class TrainingOutput(BaseModel):
@@ -41,7 +40,7 @@ def resolve_config(config: str, work: FsPath) -> FsPath:
         BuildConfigError: the name is unknown (the message lists the known ones).
     """
     text = config.strip()
-    if _NAME.match(text):
+    if NAME_PATTERN.match(text.removesuffix(".yaml")):
         path = CONFIG_DIR / f"{text.removesuffix('.yaml')}.yaml"
         if path.is_file():
             return path

@@ -374,17 +374,26 @@ def _local_fingerprint(path: Path, kind: str, display: str) -> dict[str, Any]:
         raise WeightsError(f"could not read the weights source {display}: {exc}") from exc
 
 
-def _hash_file(path: Path, display: str) -> tuple[str, int]:
+def sha256_file(path: Path, chunk_bytes: int = CHUNK_BYTES) -> tuple[str, int]:
+    """(hex sha256, size in bytes) of the file at ``path``, read in chunks.
+
+    Raises:
+        OSError: the file cannot be read.
+    """
     hasher = hashlib.sha256()
     size = 0
+    with open(path, "rb") as fh:
+        while chunk := fh.read(chunk_bytes):
+            hasher.update(chunk)
+            size += len(chunk)
+    return hasher.hexdigest(), size
+
+
+def _hash_file(path: Path, display: str) -> tuple[str, int]:
     try:
-        with open(path, "rb") as fh:
-            while chunk := fh.read(CHUNK_BYTES):
-                hasher.update(chunk)
-                size += len(chunk)
+        return sha256_file(path)
     except OSError as exc:
         raise WeightsError(f"could not read the weights archive {display}: {exc}") from exc
-    return hasher.hexdigest(), size
 
 
 # --- marker ----------------------------------------------------------------------------------

@@ -34,7 +34,6 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -49,7 +48,7 @@ from tensorrtllm_backend.build_config import (
 )
 from tensorrtllm_backend.gpus import GPU, describe, visible_gpus
 from tensorrtllm_backend.manifest import pack_archive, write_manifest
-from tensorrtllm_backend.pins import TENSORRT_LLM_VERSION, TRITON_IMAGE
+from tensorrtllm_backend.pins import TENSORRT_LLM_VERSION, TRITON_IMAGE, installed_tensorrt_llm_version
 
 log = logging.getLogger("build_engine")
 
@@ -233,14 +232,6 @@ def plan_build(
         package_dir=package_dir,
         archive=archive,
     )
-
-
-def installed_tensorrt_llm_version() -> Optional[str]:
-    """The version of the installed ``tensorrt_llm`` package, or None when it is not installed."""
-    try:
-        return metadata.version("tensorrt_llm")
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def preflight(config: EngineBuildConfig, gpus: list[GPU], trtllm_version: Optional[str]) -> Optional[GPU]:

@@ -27,7 +27,6 @@ capability (:class:`IncompatibleWeightsError`).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -36,14 +35,14 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from importlib import metadata
 from pathlib import Path, PurePosixPath
 from typing import Any, Iterable, Optional
 
 from cog_triton.errors import IncompatibleWeightsError, ManifestError
+from cog_triton.weights import KEEP_NAMES, MARKER_NAME, sha256_file
 from tensorrtllm_backend.engine import WeightsInfo
 from tensorrtllm_backend.gpus import GPU, describe
-from tensorrtllm_backend.pins import TENSORRT_LLM_VERSION, TRITON_IMAGE
+from tensorrtllm_backend.pins import TENSORRT_LLM_VERSION, TRITON_IMAGE, installed_tensorrt_llm_version
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +51,8 @@ FORMAT_VERSION = 1
 BACKENDS = ("tensorrtllm", "reference")
 KINDS = {"tensorrtllm": "engine", "reference": "hf_checkpoint"}
 HASH_CHUNK_BYTES = 8 * 1024 * 1024
-# Files that may sit beside the archive's contents without being listed (our download marker).
-IGNORED_NAMES = frozenset({".cog-triton-weights.json", ".gitkeep"})
+# Files that may sit beside the archive's contents without being listed (fetch_weights' marker).
+IGNORED_NAMES = frozenset({MARKER_NAME}) | KEEP_NAMES
 
 
 @dataclass(frozen=True)
@@ -182,17 +181,6 @@ def _safe_relative(path: str) -> bool:
     return bool(path) and not pure.is_absolute() and ".." not in pure.parts and "\\" not in path
 
 
-def sha256_file(path: Path) -> tuple[str, int]:
-    """(hex sha256, size in bytes) of the file at ``path``, read in 8 MiB chunks."""
-    hasher = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as fh:
-        while chunk := fh.read(HASH_CHUNK_BYTES):
-            hasher.update(chunk)
-            size += len(chunk)
-    return hasher.hexdigest(), size
-
-
 def _walk(root: Path) -> list[str]:
     """Every regular file under ``root`` as a sorted POSIX relative path (manifest and marker excluded)."""
     found = []
@@ -210,7 +198,7 @@ def _hash_all(root: Path, paths: Iterable[str]) -> dict[str, tuple[str, int]]:
     """sha256 and size of each path, hashed on a few threads (hashlib releases the GIL)."""
     paths = list(paths)
     with ThreadPoolExecutor(max_workers=max(1, min(4, len(paths)))) as pool:
-        results = pool.map(lambda p: sha256_file(root / p), paths)
+        results = pool.map(lambda p: sha256_file(root / p, HASH_CHUNK_BYTES), paths)
         return dict(zip(paths, results))
 
 
@@ -284,7 +272,7 @@ def pack_archive(root: Path, archive: Path, *, gzip: bool = True) -> tuple[str, 
                 if item.name in IGNORED_NAMES:
                     continue
                 tar.add(item, arcname=item.name, filter=_normalize_member)
-        digest, size = sha256_file(tmp)
+        digest, size = sha256_file(tmp, HASH_CHUNK_BYTES)
         tmp.replace(archive)
     finally:
         tmp.unlink(missing_ok=True)
@@ -319,10 +307,7 @@ def read_manifest(root: Path) -> Optional[Manifest]:
 
 def runtime_tensorrt_llm_version() -> str:
     """The TensorRT-LLM version this image serves: the installed ``tensorrt_llm`` package, else the pin."""
-    try:
-        return metadata.version("tensorrt_llm")
-    except metadata.PackageNotFoundError:
-        return TENSORRT_LLM_VERSION
+    return installed_tensorrt_llm_version() or TENSORRT_LLM_VERSION
 
 
 def check_files(root: Path, manifest: Manifest) -> None:

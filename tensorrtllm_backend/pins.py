@@ -15,6 +15,16 @@ TRITON_IMAGE = f"{TRITON_IMAGE_REPOSITORY}:{TRITON_IMAGE_TAG}"
 TENSORRT_LLM_VERSION = "1.1.0"
 
 
+def installed_tensorrt_llm_version() -> "str | None":
+    """The version of the installed ``tensorrt_llm`` package, or None when it is not installed."""
+    from importlib import metadata  # noqa: PLC0415
+
+    try:
+        return metadata.version("tensorrt_llm")
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def check_installed() -> str:
     """Fail unless the installed ``tensorrt_llm`` is :data:`TENSORRT_LLM_VERSION`; return that version.
 
@@ -24,12 +34,9 @@ def check_installed() -> str:
     Raises:
         RuntimeError: tensorrt_llm is not installed, or is another version.
     """
-    from importlib import metadata  # noqa: PLC0415
-
-    try:
-        installed = metadata.version("tensorrt_llm")
-    except metadata.PackageNotFoundError:
-        raise RuntimeError(f"tensorrt_llm is not installed; {TRITON_IMAGE} should ship {TENSORRT_LLM_VERSION}") from None
+    installed = installed_tensorrt_llm_version()
+    if installed is None:
+        raise RuntimeError(f"tensorrt_llm is not installed; {TRITON_IMAGE} should ship {TENSORRT_LLM_VERSION}")
     if installed != TENSORRT_LLM_VERSION:
         raise RuntimeError(
             f"the base image ships TensorRT-LLM {installed}, but tensorrtllm_backend/pins.py pins "
