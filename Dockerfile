@@ -25,6 +25,7 @@ COPY tensorrtllm_backend/pins.py /src/tensorrtllm_backend/pins.py
 RUN python3 -m tensorrtllm_backend.pins
 
 COPY predict.py train.py cog.yaml /src/
+COPY common /src/common
 COPY cog_triton /src/cog_triton
 COPY tensorrtllm_backend /src/tensorrtllm_backend
 COPY configs /src/configs

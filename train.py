@@ -19,7 +19,7 @@ from typing import Optional
 
 from cog import BaseModel, Input, Path, Secret
 
-from cog_triton.errors import BuildConfigError
+from common.errors import BuildConfigError
 from cog_triton.settings import REPO_ROOT
 from tensorrtllm_backend.build_config import NAME_PATTERN
 

@@ -18,7 +18,7 @@ from typing import Any, AsyncIterator, Optional
 import httpx
 from httpx_sse import SSEError, aconnect_sse
 
-from cog_triton.errors import InferenceError, TritonError
+from common.errors import InferenceError, TritonError
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
-from cog_triton.errors import InputError
+from common.errors import InputError
 from cog_triton.stop import parse_stop_sequences
 
 MAX_SEED = 2**63 - 1

@@ -17,7 +17,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Optional, TypeVar, U
 
 from cog_triton.client import GenerateChunk, GenerateRequest, TritonClient
 from cog_triton.detokenizer import IncrementalDetokenizer
-from cog_triton.errors import ConfigError, ManifestError, TritonDiedError, TritonError
+from common.errors import ConfigError, ManifestError, TritonDiedError, TritonError
 from cog_triton.inputs import PredictInputs, chat_template_adds_bos, render_prompt
 from cog_triton.settings import Settings
 from cog_triton.stop import StopSequenceMatcher

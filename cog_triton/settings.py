@@ -2,7 +2,7 @@
 
 Parsing and validation are pydantic-settings': booleans accept only true/false/1/0/yes/no/on/off
 (never ``bool(os.getenv(...))``), numbers are range-checked, and a bad value raises
-:class:`cog_triton.errors.ConfigError` naming the variable, the value and what is allowed.
+:class:`common.errors.ConfigError` naming the variable, the value and what is allowed.
 
 Every field is documented in README.md ("Settings"); the env name is ``COG_TRITON_<FIELD>``.
 """
@@ -17,7 +17,7 @@ from typing import Optional
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from cog_triton.errors import ConfigError
+from common.errors import ConfigError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ENV_PREFIX = "COG_TRITON_"

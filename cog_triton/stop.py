@@ -10,7 +10,7 @@ import json
 import re
 from collections.abc import Sequence
 
-from cog_triton.errors import InputError
+from common.errors import InputError
 
 MAX_STOP_SEQUENCES = 16
 """At most this many (distinct, non-empty) stop sequences per prediction."""

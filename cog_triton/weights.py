@@ -12,7 +12,7 @@ contents in ``target_dir``:
 * Archives are unpacked with :mod:`tarfile` (compression detected from the content, ``"r:*"``)
   under the ``"data"`` extraction filter, after our own per-member check that names the offending
   member: absolute paths, ``..`` components, links that resolve outside the target, device files
-  and FIFOs are refused with :class:`~cog_triton.errors.ArchiveError`.
+  and FIFOs are refused with :class:`~common.errors.ArchiveError`.
 * Everything is unpacked (or copied) into a staging folder beside ``target_dir`` which then
   replaces ``target_dir`` by rename, so a failed fetch leaves the previous weights in place.
 * A marker file (:data:`MARKER_NAME`) records what was fetched; the next identical fetch whose
@@ -48,17 +48,12 @@ from urllib.request import url2pathname
 import httpx
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
-from cog_triton.errors import ArchiveError, ChecksumError, DownloadError, WeightsError
+from common.errors import ArchiveError, ChecksumError, DownloadError, WeightsError
+from common.files import CHUNK_BYTES, KEEP_NAMES, MARKER_NAME, sha256_file
 
 log = logging.getLogger(__name__)
 
-#: File written into the target directory after a successful fetch (JSON).
-MARKER_NAME = ".cog-triton-weights.json"
-#: Files of the target directory that survive a fetch (placeholders tracked by git).
-KEEP_NAMES = frozenset({".gitkeep"})
 MARKER_VERSION = 1
-
-CHUNK_BYTES = 1 << 20
 #: Progress is logged when this fraction of the download has arrived since the last line ...
 PROGRESS_FRACTION = 0.10
 #: ... or when this many seconds have passed since it.
@@ -372,21 +367,6 @@ def _local_fingerprint(path: Path, kind: str, display: str) -> dict[str, Any]:
         return {"kind": "directory", "files": count, "size": total, "digest": digest.hexdigest()}
     except OSError as exc:
         raise WeightsError(f"could not read the weights source {display}: {exc}") from exc
-
-
-def sha256_file(path: Path, chunk_bytes: int = CHUNK_BYTES) -> tuple[str, int]:
-    """(hex sha256, size in bytes) of the file at ``path``, read in chunks.
-
-    Raises:
-        OSError: the file cannot be read.
-    """
-    hasher = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as fh:
-        while chunk := fh.read(chunk_bytes):
-            hasher.update(chunk)
-            size += len(chunk)
-    return hasher.hexdigest(), size
 
 
 def _hash_file(path: Path, display: str) -> tuple[str, int]:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cog_triton.errors import TemplateError  # noqa: E402
+from common.errors import TemplateError  # noqa: E402
 from tensorrtllm_backend.templates import fill_template, parse_key_values, parse_model_config  # noqa: E402
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cog_triton.errors import CogTritonError  # noqa: E402
+from common.errors import CogTritonError  # noqa: E402
 from cog_triton.settings import REPO_ROOT  # noqa: E402
 from tensorrtllm_backend.server import LaunchConfig, TritonServer, build_command, locate_tritonserver  # noqa: E402
 

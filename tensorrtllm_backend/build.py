@@ -15,7 +15,7 @@ Steps (each logged with its wall time; the plan is printed first and by ``--dry-
 
 The tensorrtllm backend must run inside the image built from our Dockerfile, so the TensorRT-LLM
 that builds is the one that serves (:data:`tensorrtllm_backend.pins.TENSORRT_LLM_VERSION`). Before
-any work it fails with :class:`~cog_triton.errors.BuildError` when no GPU is visible, when fewer
+any work it fails with :class:`~common.errors.BuildError` when no GPU is visible, when fewer
 GPUs than ``tp_size * pp_size`` are, when their compute capability is too low for the chosen
 quantization, or when the installed TensorRT-LLM is missing or another version.
 
@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from cog_triton.errors import BuildError, CogTritonError
+from common.errors import BuildError, CogTritonError
 from tensorrtllm_backend.build_config import (
     CALIBRATED_QFORMAT,
     KV_CACHE_QUANT_ALGO,

@@ -25,7 +25,7 @@ from typing import Any, Literal, Optional, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from cog_triton.errors import BuildConfigError
+from common.errors import BuildConfigError
 
 
 class Backend(str, Enum):

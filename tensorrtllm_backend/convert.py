@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from cog_triton.errors import BuildError, CogTritonError
+from common.errors import BuildError, CogTritonError
 
 log = logging.getLogger("build_engine.convert")
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-from cog_triton.errors import ConfigError
+from common.errors import ConfigError
 from tensorrtllm_backend.pins import TENSORRT_LLM_VERSION, TRITON_IMAGE
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")

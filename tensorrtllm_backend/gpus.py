@@ -18,7 +18,7 @@ import subprocess
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
-from cog_triton.errors import ConfigError
+from common.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -38,8 +38,8 @@ from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 from typing import Any, Iterable, Optional
 
-from cog_triton.errors import IncompatibleWeightsError, ManifestError
-from cog_triton.weights import KEEP_NAMES, MARKER_NAME, sha256_file
+from common.errors import IncompatibleWeightsError, ManifestError
+from common.files import KEEP_NAMES, MARKER_NAME, sha256_file
 from tensorrtllm_backend.engine import WeightsInfo
 from tensorrtllm_backend.gpus import GPU, describe
 from tensorrtllm_backend.pins import TENSORRT_LLM_VERSION, TRITON_IMAGE, installed_tensorrt_llm_version

@@ -38,7 +38,7 @@ from typing import Deque, Mapping, Optional, Sequence
 
 import httpx
 
-from cog_triton.errors import ConfigError, TritonDiedError, TritonStartupError
+from common.errors import ConfigError, TritonDiedError, TritonStartupError
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from typing import Mapping, Optional
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from cog_triton.errors import TemplateError
+from common.errors import TemplateError
 from tensorrtllm_backend.engine import WeightsInfo
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from cog_triton.errors import BuildConfigError, ConfigError
+from common.errors import BuildConfigError, ConfigError
 from cog_triton.settings import REPO_ROOT
 from tensorrtllm_backend.build_config import (
     Backend,

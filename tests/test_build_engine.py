@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from cog_triton.errors import BuildError, IncompatibleWeightsError, ManifestError, TritonStartupError
+from common.errors import BuildError, IncompatibleWeightsError, ManifestError, TritonStartupError
 from cog_triton.inputs import PredictInputs
 from cog_triton.local import WeightsHTTPServer, free_port
 from cog_triton.service import LLMService

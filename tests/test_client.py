@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator, Optional
 import pytest
 
 from cog_triton.client import GenerateChunk, GenerateRequest, TritonClient, parse_event
-from cog_triton.errors import InferenceError, TritonError
+from common.errors import InferenceError, TritonError
 
 # --- GenerateRequest.to_json -----------------------------------------------------------------
 

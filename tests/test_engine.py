@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 import pytest
 
-from cog_triton.errors import ConfigError
+from common.errors import ConfigError
 from cog_triton.settings import REPO_ROOT
 from tensorrtllm_backend.engine import (
     REFERENCE_DEFAULT_MAX_SEQ_LEN,

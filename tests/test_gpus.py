@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cog_triton.errors import ConfigError
+from common.errors import ConfigError
 from tensorrtllm_backend.gpus import GPU, describe, filter_visible, parse_nvidia_smi, visible_gpus
 from tests.gpu_fakes import A100, H100, fake_nvidia_smi, gpus, path_with
 

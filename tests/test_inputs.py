@@ -12,7 +12,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import pytest  # noqa: E402
 
-from cog_triton.errors import InputError  # noqa: E402
+from common.errors import InputError  # noqa: E402
 from cog_triton.inputs import (  # noqa: E402
     MAX_SEED,
     PredictInputs,

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from cog_triton.errors import IncompatibleWeightsError, ManifestError
+from common.errors import IncompatibleWeightsError, ManifestError
 from cog_triton.weights import fetch_weights
 from tensorrtllm_backend.engine import inspect_weights
 from tensorrtllm_backend.manifest import (

@@ -23,7 +23,7 @@ DOCKERFILE = REPO_ROOT / "Dockerfile"
 COG_YAML = REPO_ROOT / "cog.yaml"
 REQUIREMENTS = REPO_ROOT / "requirements.txt"
 HADOLINT = REPO_ROOT / ".venv" / "bin" / "hadolint"
-LOCAL_PACKAGES = {"cog_triton", "tensorrtllm_backend", "predict"}
+LOCAL_PACKAGES = {"common", "cog_triton", "tensorrtllm_backend", "predict"}
 IMPORT_TO_DISTRIBUTION = {
     "yaml": "pyyaml",
     "httpx": "httpx",
@@ -140,7 +140,7 @@ def test_dockerfile_installs_requirements_and_copies_sources() -> None:
     runs = " ".join(rest for keyword, rest in instructions if keyword == "RUN")
     assert "pip install" in runs and "requirements.txt" in runs
     copied = {part.rstrip("/") for keyword, rest in instructions if keyword == "COPY" for part in rest.split()[:-1]}
-    for needed in ("requirements.txt", "predict.py", "train.py", "configs", "cog_triton", "tensorrtllm_backend", "triton_model_repo"):
+    for needed in ("requirements.txt", "predict.py", "train.py", "configs", "common", "cog_triton", "tensorrtllm_backend", "triton_model_repo"):
         assert needed in copied, needed
 
 
@@ -233,7 +233,7 @@ def required_imports(source: str) -> set[str]:
 
 
 def project_sources() -> list[Path]:
-    files = sorted((REPO_ROOT / "cog_triton").rglob("*.py")) + sorted((REPO_ROOT / "tensorrtllm_backend").rglob("*.py"))
+    files = sorted((REPO_ROOT / "common").rglob("*.py")) + sorted((REPO_ROOT / "cog_triton").rglob("*.py")) + sorted((REPO_ROOT / "tensorrtllm_backend").rglob("*.py"))
     return files + [REPO_ROOT / "predict.py", REPO_ROOT / "train.py"]
 
 

@@ -17,7 +17,7 @@ from typing import Iterator, Optional
 import httpx
 import pytest
 
-from cog_triton.errors import ConfigError, TritonDiedError, TritonStartupError
+from common.errors import ConfigError, TritonDiedError, TritonStartupError
 from tensorrtllm_backend.server import (
     LaunchConfig,
     TritonInstallation,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cog_triton.errors import ConfigError
+from common.errors import ConfigError
 from cog_triton.settings import ENV_PREFIX, REPO_ROOT, BatchingStrategy, SchedulerPolicy, Settings
 
 GOOD_SHA = "0123456789abcdef" * 4

@@ -13,7 +13,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import pytest  # noqa: E402
 
 from cog_triton.detokenizer import IncrementalDetokenizer  # noqa: E402
-from cog_triton.errors import InputError  # noqa: E402
+from common.errors import InputError  # noqa: E402
 from cog_triton.stop import (  # noqa: E402
     MAX_STOP_SEQUENCE_LENGTH,
     MAX_STOP_SEQUENCES,

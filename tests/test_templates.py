@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from tritonclient.grpc import model_config_pb2
 
-from cog_triton.errors import ConfigError, TemplateError
+from common.errors import ConfigError, TemplateError
 from cog_triton.settings import REPO_ROOT, BatchingStrategy, SchedulerPolicy
 from tensorrtllm_backend.engine import ModelLimits, WeightsInfo
 from tensorrtllm_backend.templates import (

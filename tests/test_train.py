@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cog_triton.errors import BuildConfigError, BuildError
+from common.errors import BuildConfigError, BuildError
 from cog_triton.local import CogServer, WeightsHTTPServer
 from cog_triton.weights import fetch_weights
 from tensorrtllm_backend.manifest import read_manifest, verify_weights

@@ -21,8 +21,9 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from cog_triton.errors import ArchiveError, ChecksumError, DownloadError, WeightsError
-from cog_triton.weights import MARKER_NAME, WeightsResult, fetch_weights, redact_url
+from common.errors import ArchiveError, ChecksumError, DownloadError, WeightsError
+from common.files import MARKER_NAME
+from cog_triton.weights import WeightsResult, fetch_weights, redact_url
 
 GOOD_FILES = {
     "config.json": b'{"architectures": ["LlamaForCausalLM"]}\n',
