@@ -17,14 +17,24 @@ ENV PYTHONUNBUFFERED=1 \
 
 WORKDIR /src
 
+# coglet starts its worker as `python` from PATH (replicate/cog crates/coglet/src/orchestrator.rs,
+# SimpleSpawner) and `cog build` runs `python -m pip freeze` in the image; the NGC image has only
+# python3. The link is checked at once, so a base image without python3 fails the build here.
+RUN ln -sf "$(command -v python3)" /usr/local/bin/python && python -c "import sys; print(sys.version)"
+
 COPY requirements.txt /src/requirements.txt
-RUN python3 -m pip install --no-cache-dir -r /src/requirements.txt
+RUN python -m pip install --no-cache-dir -r /src/requirements.txt && python -c "import coglet, cog"
 
 COPY tensorrtllm_backend/pins.py /src/tensorrtllm_backend/pins.py
 # Fail the build if the base image's TensorRT-LLM is not the pinned one.
-RUN python3 -m tensorrtllm_backend.pins
+RUN python -m tensorrtllm_backend.pins
 
 COPY predict.py train.py cog.yaml /src/
+# The Cog schema generated from predict.py and train.py (cog_triton/schema.py): coglet reads it from
+# .cog/ under the working directory to validate inputs and stream over SSE. `cog build` adds the
+# same file again; a plain `docker build` gets it from here. (cog build keeps .cog/ out of the
+# build context, so the committed copy lives in cog_triton/.)
+COPY cog_triton/openapi_schema.json /src/.cog/openapi_schema.json
 COPY common /src/common
 COPY cog_triton /src/cog_triton
 COPY tensorrtllm_backend /src/tensorrtllm_backend
@@ -33,4 +43,4 @@ COPY triton_model_repo /src/triton_model_repo
 COPY scripts /src/scripts
 
 EXPOSE 5000
-CMD ["python3", "-m", "cog.server.http"]
+CMD ["python", "-m", "cog.server.http"]

@@ -2,24 +2,32 @@
 
 ``setup()`` fetches the weights (engine or Hugging Face checkpoint + tokenizer), renders the
 Triton model repository, starts Triton and runs a short self-test; ``predict()`` streams text
-from the ensemble's ``/generate_stream`` endpoint. Every input is validated in
-``cog_triton.inputs`` (Cog only validates when the image carries its OpenAPI schema).
+from the ensemble's ``/generate_stream`` endpoint.
+
+The ``Input(...)`` declarations below are read *statically* by ``cog build`` (Cog's schema
+generator parses this file's source): every default and bound must be a literal, every
+description one string literal, and an input that may be empty is ``Optional[...]``. Those
+literals are the one source of the inputs' bounds: the generated ``.cog/openapi_schema.json``
+(committed, checked by tests/test_schema.py) is what coglet validates against and what
+``cog_triton.inputs`` reads.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Optional
+from typing import Iterator, Optional
 
 import cog
-from cog import AsyncConcatenateIterator, BasePredictor, Input, Path
+from cog import BasePredictor, ConcatenateIterator, Input, Path
 
+from cog_triton import cog_bridge
 from cog_triton.inputs import PredictInputs
 from cog_triton.service import LLMService
 from cog_triton.settings import Settings
 
 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 log = logging.getLogger("predict")
+cog_bridge.install_cancel_hook()
 
 
 def _record_metric(name: str, value: float) -> None:
@@ -35,39 +43,59 @@ class Predictor(BasePredictor):
         self.service = LLMService(Settings.from_env())
         self.service.setup(weights)
 
-    @cog.streaming  # lets coglet stream over SSE when `cog build` generated the schema
+    @cog.streaming  # x-cog-streaming in the schema: coglet then streams the output over SSE
     async def predict(
         self,
-        prompt: str = Input(description="Text to respond to."),
+        prompt: str = Input(description="Text to respond to.", max_length=1000000),
         system_prompt: str = Input(
             description="System message; used by the chat template or by {system_prompt} in prompt_template.",
             default="",
+            max_length=1000000,
         ),
         prompt_template: str = Input(
-            description="Template with {prompt} (and optionally {system_prompt}). Empty: the tokenizer's chat "
-            "template when it has one, else {prompt}.",
+            description="Template with {prompt} (and optionally {system_prompt}). Empty: the tokenizer's chat template when it has one, else {prompt}.",  # noqa: E501 - one literal: cog's schema generator does not join implicitly concatenated strings
             default="",
+            max_length=100000,
         ),
         max_tokens: int = Input(
             description="Maximum tokens to generate (capped by the model's max sequence length).",
-            default=512, ge=1,
+            default=512,
+            ge=1,
+            le=2147483647,
         ),
-        min_tokens: int = Input(description="Minimum tokens to generate before the end token.", default=0, ge=0),
+        min_tokens: int = Input(
+            description="Minimum tokens to generate before the end token.", default=0, ge=0, le=2147483647
+        ),
         temperature: float = Input(description="Sampling temperature; 0 = greedy.", default=0.7, ge=0, le=5),
-        top_p: float = Input(description="Nucleus sampling probability mass, in (0, 1].", default=0.95, ge=0, le=1),
-        top_k: int = Input(description="Sample from the k most likely tokens; 0 = no limit.", default=0, ge=0),
-        repetition_penalty: float = Input(description="Penalty for repeated tokens; 1 = none.", default=1.0, ge=0, le=10),
-        presence_penalty: float = Input(description="Additive penalty for tokens already generated.", default=0.0, ge=-2, le=2),
+        top_p: float = Input(
+            description="Nucleus sampling probability mass; 1 = off, 0 = greedy.", default=0.95, ge=0, le=1
+        ),
+        top_k: int = Input(
+            description="Sample from the k most likely tokens; 0 = no limit.", default=0, ge=0, le=2147483647
+        ),
+        repetition_penalty: float = Input(
+            description="Penalty for repeated tokens; 1 = none.", default=1.0, ge=0.01, le=10
+        ),
+        presence_penalty: float = Input(
+            description="Additive penalty for tokens already generated.", default=0.0, ge=-2, le=2
+        ),
         frequency_penalty: float = Input(
             description="Additive penalty per occurrence of a generated token.", default=0.0, ge=-2, le=2
         ),
         stop_sequences: str = Input(
             description='Comma-separated stop sequences (or a JSON array, e.g. ["a,b", "c"]); never emitted.',
             default="",
+            max_length=8192,
         ),
-        seed: int = Input(description="Random seed; leave empty for a random one.", default=None),
-    ) -> AsyncConcatenateIterator[str]:
-        """Stream the model's answer as text deltas."""
+        seed: Optional[int] = Input(
+            description="Random seed; leave empty for a random one.", default=None, ge=0, le=9007199254740991
+        ),
+    ) -> ConcatenateIterator[str]:
+        """Stream the model's answer as text deltas.
+
+        Input errors (bad values, a prompt too long for the model) are raised here, before any
+        output; the returned generator is what coglet iterates to stream (see cog_triton.cog_bridge).
+        """
         inputs = PredictInputs.validate(
             prompt=prompt,
             system_prompt=system_prompt,
@@ -84,5 +112,5 @@ class Predictor(BasePredictor):
             seed=seed,
         )
         log.info("seed %d", inputs.seed)
-        async for text in self.service.generate(inputs, metric=_record_metric):
-            yield text
+        stream: Iterator[str] = await self.service.stream(inputs, metric=_record_metric)
+        return stream

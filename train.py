@@ -71,13 +71,11 @@ def fetch_checkpoint(checkpoint: str, work: FsPath) -> str:
 
 async def train(
     config: str = Input(
-        description="Build config: the name of one in configs/engines (e.g. llama-3-8b-instruct-bf16, "
-        "gpt2-medium-fp16) or a whole YAML build config (see README, 'Engines')."
+        description="Build config: the name of one in configs/engines (e.g. llama-3-8b-instruct-bf16, gpt2-medium-fp16) or a whole YAML build config (see README, 'Engines').",  # noqa: E501 - one literal for cog's schema generator
     ),
     checkpoint: str = Input(
         default="",
-        description="Replaces the config's source.checkpoint: a Hugging Face Hub id (org/name), or an http(s) "
-        "URL or path of a .tar/.tar.gz of a Hugging Face checkpoint folder.",
+        description="Replaces the config's source.checkpoint: a Hugging Face Hub id (org/name), or an http(s) URL or path of a .tar/.tar.gz of a Hugging Face checkpoint folder.",  # noqa: E501 - one literal for cog's schema generator
     ),
     hf_token: Optional[Secret] = Input(
         default=None, description="Hugging Face token for gated or private checkpoints (Llama, Gemma)."

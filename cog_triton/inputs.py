@@ -1,9 +1,12 @@
 """Validation of prediction inputs and prompt formatting.
 
-Cog's HTTP server validates inputs only when the image has an OpenAPI schema (``cog build``
-writes it); this module validates every input itself, so a bad value always fails with a message
-naming the input, the value and the allowed range. Limits that depend on the engine
-(max input/sequence length) are checked in :meth:`PredictInputs.token_budget`.
+Every input's type, default and bounds come from the predictor's Cog schema
+(:mod:`cog_triton.schema`, generated from ``predict.py``'s literal ``Input(...)`` declarations), so
+our validation and coglet's (HTTP 422, when the schema is bundled) apply the same values. This
+module validates them again because ``predict()`` can be reached without coglet's validation (no
+schema bundled, or a direct call), and adds what the schema cannot say: float32 representability
+(the dtype of TensorRT-LLM's sampling tensors), min_tokens <= max_tokens, and the limits that
+depend on the engine (max input/sequence length, :meth:`PredictInputs.token_budget`).
 """
 
 from __future__ import annotations
@@ -15,25 +18,12 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 from common.errors import InputError
+from cog_triton.schema import InputSpec, input_specs
 from cog_triton.stop import parse_stop_sequences
 
-MAX_SEED = 2**63 - 1
-MAX_PROMPT_CHARS = 1_000_000
-
-# name -> (default, minimum, maximum, description of exclusive bounds)
-FLOAT_RANGES: dict[str, tuple[float, float, float, bool]] = {
-    # (default, low, high, low_exclusive)
-    "temperature": (0.7, 0.0, 5.0, False),
-    "top_p": (0.95, 0.0, 1.0, True),
-    "repetition_penalty": (1.0, 0.0, 10.0, True),
-    "presence_penalty": (0.0, -2.0, 2.0, False),
-    "frequency_penalty": (0.0, -2.0, 2.0, False),
-}
-INT_RANGES: dict[str, tuple[int, int, int]] = {
-    "max_tokens": (512, 1, 1_000_000),
-    "min_tokens": (0, 0, 1_000_000),
-    "top_k": (0, 0, 1_000_000),
-}
+#: Smallest positive normal float32: a smaller non-zero value would reach the engine as 0 or a
+#: denormal (TensorRT-LLM's temperature, top_p and penalties are FP32 tensors).
+FLOAT32_TINY = 1.1754943508222875e-38
 
 
 def _show(value: Any, limit: int = 80) -> str:
@@ -42,33 +32,75 @@ def _show(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _check_float(name: str, value: Any) -> float:
-    _, low, high, low_exclusive = FLOAT_RANGES[name]
-    allowed = f"{'(' if low_exclusive else '['}{low:g}, {high:g}]"
+def _spec(name: str) -> InputSpec:
+    return input_specs()[name]
+
+
+def _check_range(spec: InputSpec, value: Any, shown: Any = None) -> None:
+    if (spec.minimum is not None and value < spec.minimum) or (spec.maximum is not None and value > spec.maximum):
+        raise InputError(f"{spec.name}={_show(value if shown is None else shown)} is out of range; allowed: {spec.allowed()}")
+
+
+def check_number(name: str, value: Any) -> float:
+    """Validate a ``number`` input against its schema bounds and float32; return it as a float.
+
+    Raises:
+        InputError: not a number, not finite, out of range, or a non-zero value that float32
+            cannot represent (it would reach the engine as 0).
+    """
+    spec = _spec(name)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InputError(f"{name} must be a number in {allowed}, got {_show(value)}")
+        raise InputError(f"{name} must be a number from {spec.allowed()}, got {_show(value)}")
     try:
         number = float(value)
     except OverflowError:  # an int too large for a float
-        raise InputError(f"{name}={_show(value)} is out of range; allowed: {allowed}") from None
+        raise InputError(f"{name}={_show(value)} is out of range; allowed: {spec.allowed()}") from None
     if not math.isfinite(number):
-        raise InputError(f"{name} must be a finite number in {allowed}, got {value!r}")
-    ok = (low < number if low_exclusive else low <= number) and number <= high
-    if not ok:
-        raise InputError(f"{name}={_show(value)} is out of range; allowed: {allowed}")
+        raise InputError(f"{name} must be a finite number from {spec.allowed()}, got {value!r}")
+    _check_range(spec, number, value)
+    if number != 0.0 and abs(number) < FLOAT32_TINY:
+        raise InputError(
+            f"{name}={number!r} cannot be represented in float32, the dtype TensorRT-LLM uses for it: it would "
+            f"become 0; use 0 or a magnitude of at least {FLOAT32_TINY:.3g}"
+        )
     return number
 
 
-def _check_int(name: str, value: Any) -> int:
-    _, low, high = INT_RANGES[name]
+def check_integer(name: str, value: Any) -> int:
+    """Validate an ``integer`` input against its schema bounds; return it.
+
+    Raises:
+        InputError: not an integer (a float with an integral value is accepted), or out of range.
+    """
+    spec = _spec(name)
     if isinstance(value, bool) or not isinstance(value, int):
         if isinstance(value, float) and value.is_integer():
             value = int(value)
         else:
-            raise InputError(f"{name} must be an integer from {low} to {high}, got {_show(value)}")
-    if not low <= value <= high:
-        raise InputError(f"{name}={value} is out of range; allowed: {low} to {high}")
+            raise InputError(f"{name} must be an integer from {spec.allowed()}, got {_show(value)}")
+    _check_range(spec, value)
     return value
+
+
+def check_text(name: str, value: Any, *, empty_ok: bool = True, expected: str = "a string") -> str:
+    """Validate a ``string`` input: its type and its schema ``maxLength`` (characters), before any parsing.
+
+    Raises:
+        InputError: not a string, or longer than allowed.
+    """
+    if value is None and empty_ok:
+        return ""
+    if not isinstance(value, str):
+        raise InputError(f"{name} must be {expected}, got {_show(value)} ({type(value).__name__})")
+    limit = _spec(name).max_length
+    if limit is not None and len(value) > limit:
+        raise InputError(f"{name} has {len(value)} characters; at most {limit} are allowed")
+    return value
+
+
+def default_of(name: str) -> Any:
+    """The schema default of input ``name`` (None when it has none)."""
+    return _spec(name).default
 
 
 @dataclass(frozen=True)
@@ -92,76 +124,72 @@ class PredictInputs:
     stop_sequences: list[str] = field(default_factory=list)
     seed: int = 0
 
+    @property
+    def greedy(self) -> bool:
+        """True when decoding is greedy: temperature 0, top_k 1 or top_p 0."""
+        return self.temperature == 0.0 or self.top_k == 1 or self.top_p == 0.0
+
     @classmethod
-    def validate(
-        cls,
-        *,
-        prompt: Any,
-        system_prompt: Any = "",
-        prompt_template: Any = None,
-        max_tokens: Any = 512,
-        min_tokens: Any = 0,
-        temperature: Any = 0.7,
-        top_p: Any = 0.95,
-        top_k: Any = 0,
-        repetition_penalty: Any = 1.0,
-        presence_penalty: Any = 0.0,
-        frequency_penalty: Any = 0.0,
-        stop_sequences: Any = None,
-        seed: Any = None,
-    ) -> "PredictInputs":
+    def validate(cls, **values: Any) -> "PredictInputs":
         """Check every input; return the validated, typed inputs.
 
+        Args:
+            values: the predict() inputs by name; a missing one takes the schema default.
+
         Raises:
-            InputError: the first invalid input, naming it, its value and the allowed values.
+            InputError: an unknown input, or the first invalid one, naming it, its value and
+                the allowed values.
         """
+        specs = input_specs()
+        unknown = sorted(set(values) - set(specs))
+        if unknown:
+            raise InputError(f"unknown input(s) {', '.join(unknown)}; the inputs are: {', '.join(specs)}")
+        get = lambda name: values.get(name, specs[name].default)  # noqa: E731
+        prompt = get("prompt")
         if not isinstance(prompt, str):
             raise InputError(f"prompt must be a non-empty string, got {_show(prompt)} ({type(prompt).__name__})")
+        check_text("prompt", prompt, empty_ok=False)
         if not prompt.strip():
             raise InputError(f"prompt={_show(prompt, 40)} is empty or only whitespace; give a non-empty text to respond to")
-        if len(prompt) > MAX_PROMPT_CHARS:
-            raise InputError(f"prompt has {len(prompt)} characters; at most {MAX_PROMPT_CHARS} are allowed")
-        if system_prompt is None:
-            system_prompt = ""
-        if not isinstance(system_prompt, str):
-            raise InputError(
-                f"system_prompt must be a string (or empty), got {_show(system_prompt)} ({type(system_prompt).__name__})"
-            )
-        if prompt_template is not None and not isinstance(prompt_template, str):
-            raise InputError(
-                f"prompt_template must be a string containing {{prompt}} (or empty), got {_show(prompt_template)} "
-                f"({type(prompt_template).__name__})"
-            )
-        if prompt_template is not None and prompt_template.strip() == "":
+        system_prompt = check_text("system_prompt", get("system_prompt"), expected="a string (or empty)")
+        prompt_template: Optional[str] = check_text(
+            "prompt_template", get("prompt_template"), expected="a string containing {prompt} (or empty)"
+        )
+        if not (prompt_template or "").strip():
             prompt_template = None
-        if prompt_template is not None and "{prompt}" not in prompt_template:
+        elif "{prompt}" not in prompt_template:  # type: ignore[operator]
             raise InputError(
-                f"prompt_template={prompt_template[:80]!r} must contain {{prompt}} "
+                f"prompt_template={prompt_template[:80]!r} must contain {{prompt}} "  # type: ignore[index]
                 "(and may contain {system_prompt}); leave it empty to use the model's chat template"
             )
-        max_tokens = _check_int("max_tokens", max_tokens)
-        min_tokens = _check_int("min_tokens", min_tokens)
+        max_tokens = check_integer("max_tokens", get("max_tokens"))
+        min_tokens = check_integer("min_tokens", get("min_tokens"))
         if min_tokens > max_tokens:
             raise InputError(f"min_tokens={min_tokens} is greater than max_tokens={max_tokens}; allowed: 0 to max_tokens")
+        seed = get("seed")
         if seed is None or seed == "":
             seed = random.SystemRandom().randint(0, 2**31 - 1)
-        elif isinstance(seed, bool) or not isinstance(seed, int):
-            raise InputError(f"seed must be an integer from 0 to {MAX_SEED}, or empty for a random seed; got {_show(seed)}")
-        elif not 0 <= seed <= MAX_SEED:
-            raise InputError(f"seed={seed} is out of range; allowed: 0 to {MAX_SEED}, or empty for a random seed")
+        else:
+            try:
+                seed = check_integer("seed", seed)
+            except InputError as exc:
+                raise InputError(f"{exc.message}, or empty for a random seed") from None
+        stop_value = get("stop_sequences")
+        if isinstance(stop_value, str):  # its size is bounded before it is parsed
+            check_text("stop_sequences", stop_value)
         return cls(
             prompt=prompt,
             system_prompt=system_prompt,
             prompt_template=prompt_template,
             max_tokens=max_tokens,
             min_tokens=min_tokens,
-            temperature=_check_float("temperature", temperature),
-            top_p=_check_float("top_p", top_p),
-            top_k=_check_int("top_k", top_k),
-            repetition_penalty=_check_float("repetition_penalty", repetition_penalty),
-            presence_penalty=_check_float("presence_penalty", presence_penalty),
-            frequency_penalty=_check_float("frequency_penalty", frequency_penalty),
-            stop_sequences=parse_stop_sequences(stop_sequences),
+            temperature=check_number("temperature", get("temperature")),
+            top_p=check_number("top_p", get("top_p")),
+            top_k=check_integer("top_k", get("top_k")),
+            repetition_penalty=check_number("repetition_penalty", get("repetition_penalty")),
+            presence_penalty=check_number("presence_penalty", get("presence_penalty")),
+            frequency_penalty=check_number("frequency_penalty", get("frequency_penalty")),
+            stop_sequences=parse_stop_sequences(stop_value),
             seed=seed,
         )
 
@@ -232,15 +260,4 @@ def chat_template_adds_bos(tokenizer: Any) -> bool:
     return text.startswith(bos)
 
 
-def default_inputs() -> dict[str, Any]:
-    """The default value of every optional numeric input.
-
-    predict.py repeats these as literals (``cog build`` reads its Input defaults statically);
-    tests/test_packaging.py keeps the two equal.
-    """
-    values: dict[str, Any] = {name: spec[0] for name, spec in FLOAT_RANGES.items()}
-    values.update({name: spec[0] for name, spec in INT_RANGES.items()})
-    return values
-
-
-__all__: Sequence[str] = ("PredictInputs", "render_prompt", "chat_template_adds_bos", "default_inputs")
+__all__: Sequence[str] = ("PredictInputs", "render_prompt", "chat_template_adds_bos", "check_number", "check_integer")

@@ -3,14 +3,17 @@
 * :class:`WeightsHTTPServer`: serves a folder (the weights archive) over HTTP on 127.0.0.1, with
   the standard library's ``SimpleHTTPRequestHandler``; counts GET requests per path.
 * :class:`CogServer`: runs the real Cog HTTP server (``python -m cog.server.http``, coglet) on
-  127.0.0.1 as a subprocess in its own process group, waits for ``/health-check`` to report READY,
-  and stops it (SIGTERM, then SIGKILL of the whole group, so Triton goes too).
+  127.0.0.1 as a subprocess in its own process group, with the committed Cog schema in place (as
+  ``cog build`` bundles it, so inputs are validated and SSE streaming works as in the image), waits
+  for ``/health-check`` to report READY, and stops it (SIGTERM, then SIGKILL of the whole group, so
+  Triton goes too).
 """
 
 from __future__ import annotations
 
 import collections
 import http.server
+import json
 import logging
 import os
 import signal
@@ -21,10 +24,11 @@ import threading
 import time
 from functools import partial
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Iterator, Mapping, Optional
 
 import httpx
 
+from cog_triton.schema import install_for_coglet
 from cog_triton.settings import REPO_ROOT
 
 log = logging.getLogger(__name__)
@@ -124,6 +128,7 @@ class CogServer:
             }
         )
         env.update(self.extra_env)
+        install_for_coglet(REPO_ROOT)  # coglet reads .cog/openapi_schema.json from its working directory
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         sink = open(self.log_file, "ab")  # noqa: SIM115 - owned by the child
         self.proc = subprocess.Popen(  # noqa: S603
@@ -171,6 +176,29 @@ class CogServer:
         """``POST /predictions`` synchronously; return the prediction document."""
         response = httpx.post(f"{self.url}/predictions", json={"input": dict(inputs)}, timeout=timeout_s)
         return response.json()
+
+    def stream(self, inputs: Mapping[str, Any], timeout_s: float = 300.0) -> Iterator[tuple[str, Any]]:
+        """``POST /predictions`` with ``Accept: text/event-stream``: yield (event, data) as coglet sends them.
+
+        Events (coglet 0.23.1, crates/coglet/src/prediction.rs): ``start``, ``output`` (data
+        ``{"chunk": text, "index": n}``), ``log``, ``metric``, and last ``completed`` with the whole
+        prediction. A non-200 answer (422 for an invalid input, 406 without the schema) raises
+        httpx.HTTPStatusError with the body.
+        """
+        headers = {"Accept": "text/event-stream"}
+        with httpx.stream(
+            "POST", f"{self.url}/predictions", json={"input": dict(inputs)}, headers=headers, timeout=timeout_s
+        ) as response:
+            if response.status_code != 200:
+                response.read()
+                response.raise_for_status()
+            event = "message"
+            for line in response.iter_lines():
+                if line.startswith("event:"):
+                    event = line[6:].strip()
+                elif line.startswith("data:"):
+                    yield event, json.loads(line[5:].strip())
+                    event = "message"
 
     def stop(self, timeout_s: float = 20.0) -> None:
         """SIGTERM the server's process group, then SIGKILL it after ``timeout_s`` seconds."""

@@ -12,9 +12,11 @@ import logging
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, AsyncIterator, Awaitable, Callable, Optional, TypeVar, Union
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Optional, TypeVar, Union
 
+from cog_triton.cog_bridge import open_stream
 from cog_triton.client import GenerateChunk, GenerateRequest, TritonClient
 from cog_triton.detokenizer import IncrementalDetokenizer
 from common.errors import ConfigError, ManifestError, TritonDiedError, TritonError
@@ -94,6 +96,9 @@ class LLMService:
         self.add_special_tokens = True
         self._restart_lock = threading.Lock()
         self._background: set[asyncio.Task[None]] = set()
+        # Prompt formatting and tokenization run here, off the event loop. One thread: a Hugging
+        # Face fast tokenizer is not safe to call from several threads at once ("Already borrowed").
+        self._prepare_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cog-triton-prepare")
         atexit.register(self.shutdown)
 
     # ----------------------------------------------------------------- setup
@@ -291,12 +296,13 @@ class LLMService:
         prompt_tokens = len(self.tokenizer.encode(text, add_special_tokens=self.add_special_tokens))
         limits = self.info.limits
         budget = inputs.token_budget(prompt_tokens, limits.max_input_len, limits.max_seq_len)
-        greedy = inputs.temperature == 0.0
+        greedy = inputs.greedy
         request = GenerateRequest(
             text_input=text,
             max_tokens=budget,
             min_tokens=inputs.min_tokens,
-            # TensorRT-LLM decodes greedily with top_k=1; temperature 0 is mapped to that.
+            # TensorRT-LLM decodes greedily with top_k=1; temperature 0 and top_p 0 are mapped to that (the
+            # C++ backend would treat runtime_top_p <= 0 as "no top-p", utils.cc getSamplingConfigFromTensors).
             temperature=1.0 if greedy else inputs.temperature,
             top_k=1 if greedy else inputs.top_k,
             top_p=1.0 if greedy else inputs.top_p,
@@ -308,6 +314,20 @@ class LLMService:
             request_id=f"cog-triton-{uuid.uuid4().hex}",
         )
         return request, prompt_tokens
+
+    async def stream(self, inputs: PredictInputs, metric: Optional[MetricSink] = None) -> Iterator[str]:
+        """Prepare ``inputs`` and start generating; return the sync generator coglet streams.
+
+        The prompt is formatted and tokenized in a worker thread (not on the event loop), and
+        any input error is raised here, before the first output. See :mod:`cog_triton.cog_bridge`
+        for why predict() returns a generator rather than yielding.
+
+        Raises:
+            InputError: see :meth:`prepare`.
+        """
+        started = time.monotonic()
+        prepared = await asyncio.get_running_loop().run_in_executor(self._prepare_pool, self.prepare, inputs)
+        return await open_stream(self._generate(inputs, prepared, metric, started))
 
     async def generate(self, inputs: PredictInputs, metric: Optional[MetricSink] = None) -> AsyncIterator[str]:
         """Stream the completion of ``inputs`` as text deltas.
@@ -322,7 +342,18 @@ class LLMService:
             InferenceError: Triton rejected the request or stopped sending tokens.
         """
         started = time.monotonic()
-        request, prompt_tokens = self.prepare(inputs)
+        prepared = self.prepare(inputs)
+        async for text in self._generate(inputs, prepared, metric, started):
+            yield text
+
+    async def _generate(
+        self,
+        inputs: PredictInputs,
+        prepared: tuple[GenerateRequest, int],
+        metric: Optional[MetricSink],
+        started: float,
+    ) -> AsyncIterator[str]:
+        request, prompt_tokens = prepared
         if metric:
             metric("input_token_count", prompt_tokens)
         if self.server is None or not self.server.is_alive():

@@ -53,8 +53,9 @@ def main(argv: list[str] | None = None) -> int:
             except RuntimeError as exc:
                 log.error("%s", exc)
                 return 1
-            log.info("ready: POST %s/predictions  (e.g. curl -s %s/predictions -H 'Content-Type: application/json' "
-                     "-d '{\"input\": {\"prompt\": \"What is machine learning?\"}}')", cog.url, cog.url)
+            log.info("ready: POST %s/predictions  (stream it: curl -N %s/predictions -H 'Accept: text/event-stream' "
+                     "-H 'Content-Type: application/json' -d '{\"input\": {\"prompt\": \"What is machine learning?\"}}')",
+                     cog.url, cog.url)
             while not stop.wait(1.0):
                 if cog.proc is not None and cog.proc.poll() is not None:
                     log.error("Cog server exited with %s", cog.proc.returncode)

@@ -14,12 +14,12 @@ import pytest  # noqa: E402
 
 from common.errors import InputError  # noqa: E402
 from cog_triton.inputs import (  # noqa: E402
-    MAX_SEED,
+    FLOAT32_TINY,
     PredictInputs,
     chat_template_adds_bos,
-    default_inputs,
     render_prompt,
 )
+from cog_triton.schema import input_specs  # noqa: E402
 from cog_triton.stop import MAX_STOP_SEQUENCE_LENGTH, MAX_STOP_SEQUENCES  # noqa: E402
 
 CHECKPOINT = Path(__file__).resolve().parents[1] / "build" / "default_model" / "checkpoint"
@@ -40,13 +40,15 @@ def rejected(**overrides: Any) -> str:
 
 # --- bad values: the message names the input, the value and what is allowed ------------------
 
-INT_RANGE = {"max_tokens": "1 to 1000000", "min_tokens": "0 to 1000000", "top_k": "0 to 1000000"}
+MAX_SEED = 2**53 - 1
+INT32_MAX = 2**31 - 1
+INT_RANGE = {"max_tokens": f"1 to {INT32_MAX}", "min_tokens": f"0 to {INT32_MAX}", "top_k": f"0 to {INT32_MAX}"}
 FLOAT_RANGE = {
-    "temperature": "[0, 5]",
-    "top_p": "(0, 1]",
-    "repetition_penalty": "(0, 10]",
-    "presence_penalty": "[-2, 2]",
-    "frequency_penalty": "[-2, 2]",
+    "temperature": "0 to 5",
+    "top_p": "0 to 1",
+    "repetition_penalty": "0.01 to 10",
+    "presence_penalty": "-2 to 2",
+    "frequency_penalty": "-2 to 2",
 }
 SEED_RANGE = f"0 to {MAX_SEED}"
 
@@ -57,7 +59,7 @@ BAD_VALUES = [
     ("max_tokens", 1.5, "1.5", INT_RANGE["max_tokens"]),
     ("max_tokens", "10", "'10'", INT_RANGE["max_tokens"]),
     ("max_tokens", True, "True", INT_RANGE["max_tokens"]),
-    ("max_tokens", 1_000_001, "max_tokens=1000001", INT_RANGE["max_tokens"]),
+    ("max_tokens", INT32_MAX + 1, f"max_tokens={INT32_MAX + 1}", INT_RANGE["max_tokens"]),
     ("max_tokens", None, "None", INT_RANGE["max_tokens"]),
     ("max_tokens", float("nan"), "nan", INT_RANGE["max_tokens"]),
     ("min_tokens", -1, "min_tokens=-1", INT_RANGE["min_tokens"]),
@@ -71,12 +73,12 @@ BAD_VALUES = [
     ("temperature", "hot", "'hot'", FLOAT_RANGE["temperature"]),
     ("temperature", True, "True", FLOAT_RANGE["temperature"]),
     ("temperature", 10**400, "temperature=1000", FLOAT_RANGE["temperature"]),  # too big for a float
-    ("top_p", 0, "top_p=0", FLOAT_RANGE["top_p"]),
     ("top_p", 1.1, "top_p=1.1", FLOAT_RANGE["top_p"]),
     ("top_p", -0.5, "top_p=-0.5", FLOAT_RANGE["top_p"]),
     ("top_k", -1, "top_k=-1", INT_RANGE["top_k"]),
     ("top_k", 2.5, "2.5", INT_RANGE["top_k"]),
     ("repetition_penalty", 0, "repetition_penalty=0", FLOAT_RANGE["repetition_penalty"]),
+    ("repetition_penalty", 0.00999, "repetition_penalty=0.00999", FLOAT_RANGE["repetition_penalty"]),
     ("repetition_penalty", 11, "repetition_penalty=11", FLOAT_RANGE["repetition_penalty"]),
     ("presence_penalty", -2.1, "presence_penalty=-2.1", FLOAT_RANGE["presence_penalty"]),
     ("presence_penalty", 2.1, "presence_penalty=2.1", FLOAT_RANGE["presence_penalty"]),
@@ -84,10 +86,10 @@ BAD_VALUES = [
     ("frequency_penalty", 2.1, "frequency_penalty=2.1", FLOAT_RANGE["frequency_penalty"]),
     ("frequency_penalty", [1], "[1]", FLOAT_RANGE["frequency_penalty"]),
     ("seed", -1, "seed=-1", SEED_RANGE),
-    ("seed", 2**63, f"seed={2**63}", SEED_RANGE),
+    ("seed", 2**53, f"seed={2**53}", SEED_RANGE),
     ("seed", "x", "'x'", SEED_RANGE),
     ("seed", True, "True", SEED_RANGE),
-    ("seed", 1.0, "1.0", SEED_RANGE),
+    ("seed", 1.5, "1.5", SEED_RANGE),
 ]
 
 
@@ -171,9 +173,10 @@ def test_bad_stop_sequences(value: Any, fragments: list[str]) -> None:
 # --- valid values ----------------------------------------------------------------------------
 
 
-def test_defaults_are_valid_and_match_default_inputs() -> None:
+def test_defaults_are_valid_and_come_from_the_schema() -> None:
     inputs = PredictInputs.validate(prompt="Hello")
-    defaults = default_inputs()
+    defaults = {name: spec.default for name, spec in input_specs().items() if spec.type in ("number", "integer")}
+    defaults.pop("seed")
     assert defaults == {
         "temperature": 0.7,
         "top_p": 0.95,
@@ -233,7 +236,8 @@ def test_valid_values_are_typed() -> None:
         {"max_tokens": 1},
         {"max_tokens": 1_000_000, "min_tokens": 1_000_000},
         {"presence_penalty": -2.0, "frequency_penalty": 2.0},
-        {"repetition_penalty": 1e-6},
+        {"repetition_penalty": 0.01},
+        {"top_p": 0},
         {"seed": 0},
         {"stop_sequences": '["a,b", "\\nUser:"]'},
         {"stop_sequences": ["[INST]"]},
@@ -380,3 +384,54 @@ def test_chat_template_adds_bos_false_when_template_does_not_start_with_bos() ->
     other.chat_template = "{{ raise_exception('broken') }}"
     assert chat_template_adds_bos(other) is False  # a failing template: assume it adds nothing
 
+
+
+# --- one source of truth: the schema's bounds are exactly the ones enforced --------------------
+
+NUMERIC = [(name, spec) for name, spec in input_specs().items() if spec.type in ("number", "integer")]
+
+
+@pytest.mark.parametrize(("name", "spec"), NUMERIC, ids=[n for n, _ in NUMERIC])
+def test_schema_bounds_are_the_enforced_bounds(name: str, spec) -> None:
+    """Every bound in the generated Cog schema (from predict.py's literals) passes at the bound and
+    fails just outside it: coglet's 422 check and ours agree, value for value."""
+    assert spec.minimum is not None and spec.maximum is not None, f"{name} has no bounds in predict.py"
+    step = 1 if spec.type == "integer" else max(abs(spec.minimum), abs(spec.maximum), 1) * 1e-9
+    extra = {"max_tokens": spec.maximum} if name == "min_tokens" else {}
+    for ok in (spec.minimum, spec.maximum):
+        if name == "max_tokens" and ok < 1:
+            continue
+        validate(**{name: ok, **extra})
+    for bad in (spec.minimum - step, spec.maximum + step):
+        message = rejected(**{name: bad, **extra})
+        assert name in message and spec.allowed() in message
+
+
+def test_top_p_zero_means_greedy() -> None:
+    assert validate(top_p=0, temperature=0.7).greedy
+    assert validate(temperature=0).greedy and validate(top_k=1).greedy
+    assert not validate(top_p=0.5, temperature=0.7, top_k=0).greedy
+
+
+@pytest.mark.parametrize("name", ["temperature", "presence_penalty", "frequency_penalty"])
+def test_values_float32_cannot_represent_are_refused(name: str) -> None:
+    """repetition_penalty=1e-300 used to pass, become 0.0 in float32 and fail inside Triton: values
+    are checked in the engine's dtype."""
+    message = rejected(**{name: 1e-300})
+    assert f"{name}=1e-300" in message and "float32" in message and "become 0" in message
+    validate(**{name: FLOAT32_TINY})  # the smallest normal float32 is fine
+
+
+@pytest.mark.parametrize(
+    ("name", "limit"), [("prompt", 1_000_000), ("system_prompt", 1_000_000), ("prompt_template", 100_000), ("stop_sequences", 8192)]
+)
+def test_text_inputs_are_bounded_before_parsing(name: str, limit: int) -> None:
+    assert input_specs()[name].max_length == limit
+    value = "{prompt}" + "x" * (limit - 7)
+    message = rejected(**{name: value})
+    assert f"{name} has {limit + 1} characters; at most {limit} are allowed" in message
+
+
+def test_unknown_input_is_refused_with_the_list_of_inputs() -> None:
+    message = rejected(temprature=0.5)
+    assert "unknown input(s) temprature" in message and "temperature" in message

@@ -131,7 +131,7 @@ def test_dockerfile_cog_environment() -> None:
 def test_dockerfile_runs_cog_http_server() -> None:
     cmds = [rest for keyword, rest in dockerfile_instructions() if keyword == "CMD"]
     assert len(cmds) == 1
-    assert json.loads(cmds[0]) == ["python3", "-m", "cog.server.http"]
+    assert json.loads(cmds[0]) == ["python", "-m", "cog.server.http"]
     assert not [rest for keyword, rest in dockerfile_instructions() if keyword == "ENTRYPOINT"]
 
 
@@ -147,7 +147,7 @@ def test_dockerfile_installs_requirements_and_copies_sources() -> None:
 def test_dockerfile_checks_the_pinned_tensorrt_llm_at_build_time() -> None:
     """The pin is read by the image build itself: a base image with another TensorRT-LLM fails to build."""
     instructions = dockerfile_instructions()
-    check = instructions.index(("RUN", "python3 -m tensorrtllm_backend.pins"))
+    check = instructions.index(("RUN", "python -m tensorrtllm_backend.pins"))
     assert ("COPY", "tensorrtllm_backend/pins.py /src/tensorrtllm_backend/pins.py") in instructions[:check]
 
 
@@ -320,7 +320,10 @@ def test_predict_inputs() -> None:
     assert params["top_p"].default.le == 1
     assert params["seed"].default.default is None
     assert params["stop_sequences"].default.default == ""
-    assert inspect.isasyncgenfunction(predict.Predictor.predict)
+    # async (COG_MAX_CONCURRENCY > 1 needs it) and *returning* a generator: coglet 0.23.1 streams
+    # that, while an async generator's output is collected to the end (cog_triton/cog_bridge.py)
+    assert inspect.iscoroutinefunction(predict.Predictor.predict)
+    assert not inspect.isasyncgenfunction(predict.Predictor.predict)
     setup_params = [name for name in inspect.signature(predict.Predictor.setup).parameters if name != "self"]
     assert setup_params == ["weights"]
 
@@ -383,13 +386,29 @@ def test_ci_runs_the_readme_test_command() -> None:
         assert os.access(REPO_ROOT / script, os.X_OK), f"{script} is not executable"
 
 
-def test_predict_defaults_equal_the_validators_defaults() -> None:
-    """predict.py's literal Input defaults (read statically by `cog build`) match cog_triton.inputs."""
-    import inspect as _inspect
+def test_dockerfile_guarantees_python_and_the_cog_schema() -> None:
+    """coglet spawns its worker as `python` (crates/coglet/src/orchestrator.rs) and reads
+    .cog/openapi_schema.json from its working directory (crates/coglet/src/worker.rs)."""
+    instructions = dockerfile_instructions()
+    runs = [rest for keyword, rest in instructions if keyword == "RUN"]
+    link = next(i for i, (k, rest) in enumerate(instructions) if k == "RUN" and "/usr/local/bin/python" in rest)
+    assert "python -c" in instructions[link][1]  # checked where it is made
+    pip = next(i for i, (k, rest) in enumerate(instructions) if k == "RUN" and "pip install" in rest)
+    assert link < pip and "import coglet" in runs[runs.index(instructions[pip][1])]
+    assert ("WORKDIR", "/src") in instructions
+    assert ("COPY", "cog_triton/openapi_schema.json /src/.cog/openapi_schema.json") in instructions
+    # `cog build` keeps .cog/ out of the build context (pkg/image/build.go): nothing may COPY from it
+    assert not [rest for k, rest in instructions if k == "COPY" and rest.startswith(".cog")]
 
-    import predict
-    from cog_triton.inputs import default_inputs
 
-    params = _inspect.signature(predict.Predictor.predict).parameters
-    for name, value in default_inputs().items():
-        assert params[name].default.default == value, name
+def test_requirements_pin_coglet() -> None:
+    lines = [line.split("#")[0].strip() for line in REQUIREMENTS.read_text().splitlines()]
+    import coglet
+
+    assert f"coglet=={coglet.__version__}" in lines
+    assert f"cog=={coglet.__version__}" in lines
+
+
+def test_cog_yaml_records_the_base_image_cuda() -> None:
+    assert cog_config()["build"]["cuda"] == "13.1"  # Triton 26.02 release notes: "based on CUDA 13.1.1"
+    assert TRITON_IMAGE.endswith(":26.02-trtllm-python-py3")

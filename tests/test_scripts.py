@@ -68,6 +68,14 @@ def test_serve_logs_ready_serves_and_stops_on_sigint(default_archive: Path) -> N
         ).json()
         assert doc["status"] == "succeeded", doc
         assert "".join(doc["output"]).startswith("Machine learning is")
+        # served as the built image serves: schema bundled, so SSE streaming and /openapi.json work
+        assert httpx.get(f"http://127.0.0.1:{port}/openapi.json", timeout=10).status_code == 200
+        with httpx.stream("POST", f"http://127.0.0.1:{port}/predictions", timeout=120,
+                          json={"input": {"prompt": "Hi", "max_tokens": 4, "temperature": 0}},
+                          headers={"Accept": "text/event-stream"}) as response:
+            assert response.status_code == 200
+            events = [line for line in response.iter_lines() if line.startswith("event:")]
+        assert "event: output" in events and events[-1] == "event: completed", events
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == 0
         with pytest.raises(httpx.TransportError):
