@@ -10,9 +10,16 @@ contents in ``target_dir``:
   retried.
 * The archive's sha256 is checked when one is given.
 * Archives are unpacked with :mod:`tarfile` (compression detected from the content, ``"r:*"``)
-  under the ``"data"`` extraction filter, after our own per-member check that names the offending
-  member: absolute paths, ``..`` components, links that resolve outside the target, device files
-  and FIFOs are refused with :class:`~common.errors.ArchiveError`.
+  under the rules of tarfile's ``"data"`` extraction filter, enforced by our own code on every
+  Python (the filter is missing before 3.10.12 / 3.11.4): modes lose setuid, setgid, sticky and
+  group/other write bits, files get owner read+write, directory modes and all owners in the archive
+  are ignored (nothing is ever chowned). A per-member check names the offending member: absolute
+  paths, ``..`` components, paths deeper than :data:`MAX_MEMBER_DEPTH` components or longer than
+  :data:`MAX_MEMBER_PATH_BYTES`, links that resolve outside the target, device files, FIFOs and
+  sparse files are refused with :class:`~common.errors.ArchiveError`.
+* The unpacked size is bounded (see :func:`fetch_weights`, ``max_extracted_bytes``): every
+  member's declared size and every byte written count, and free disk space is checked before the
+  extraction and before each file.
 * Everything is unpacked (or copied) into a staging folder beside ``target_dir`` which then
   replaces ``target_dir`` by rename, so a failed fetch leaves the previous weights in place.
 * A marker file (:data:`MARKER_NAME`) records what was fetched; the next identical fetch whose
@@ -48,8 +55,9 @@ from urllib.request import url2pathname
 import httpx
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
-from common.errors import ArchiveError, ChecksumError, DownloadError, WeightsError
+from common.errors import ArchiveError, ChecksumError, DownloadError, ManifestError, WeightsError
 from common.files import CHUNK_BYTES, KEEP_NAMES, MARKER_NAME, sha256_file
+from tensorrtllm_backend.manifest import MANIFEST_NAME, Manifest
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +70,22 @@ PROGRESS_INTERVAL_S = 5.0
 RETRY_INITIAL_BACKOFF_S = 1.0
 #: Longest wait between two attempts (seconds).
 RETRY_MAX_BACKOFF_S = 30.0
+#: Without manifest.json and without an explicit limit, the unpacked files may total this many
+#: times the archive's size ...
+EXTRACT_RATIO = 20
+#: ... or this many bytes, whichever is more.
+EXTRACT_FLOOR_BYTES = 1 << 30
+#: With manifest.json (at the archive root or in its only folder): the sizes of the files it lists,
+#: plus manifest.json itself, plus this many bytes.
+MANIFEST_SLACK_BYTES = 1 << 20
+#: A manifest.json larger than this (bytes) is not read to set the limit.
+MANIFEST_MAX_BYTES = 64 << 20
+#: Members nested deeper than this many path components are refused ...
+MAX_MEMBER_DEPTH = 64
+#: ... and so are member paths and link targets longer than this many bytes (UTF-8; Linux's PATH_MAX).
+MAX_MEMBER_PATH_BYTES = 4096
+#: Member names in error messages are cut to this many characters.
+SHOWN_NAME_CHARS = 120
 
 SUPPORTED_KINDS = ".tar, .tar.gz/.tgz (also .tar.bz2, .tar.xz) or a directory"
 
@@ -123,6 +147,7 @@ def fetch_weights(
     sha256: Optional[str] = None,
     timeout_s: float = 60.0,
     retries: int = 3,
+    max_extracted_bytes: Optional[int] = None,
 ) -> WeightsResult:
     """Fetch weights from ``source`` into ``target_dir`` and return what was done.
 
@@ -137,6 +162,11 @@ def fetch_weights(
         timeout_s: timeout in seconds for each network operation (connect, each read).
         retries: how many times a failed download is retried (connection errors, timeouts,
             truncated bodies and HTTP 5xx; never 4xx), with exponential backoff.
+        max_extracted_bytes: most bytes an archive may unpack to. ``None`` (automatic): the sizes
+            of the files listed in the archive's own manifest.json plus
+            :data:`MANIFEST_SLACK_BYTES` once that member is met, until then (and without one)
+            :data:`EXTRACT_RATIO` times the archive's size, at least :data:`EXTRACT_FLOOR_BYTES`.
+
 
     Returns:
         A :class:`WeightsResult`; ``skipped`` is True when the marker left by an earlier fetch of
@@ -146,13 +176,14 @@ def fetch_weights(
 
     Raises:
         WeightsError: the source is missing or unsupported, ``sha256`` is malformed or given for a
-            directory, or files could not be written.
+            directory, files could not be written, or there is not enough free disk space.
         DownloadError: HTTP 4xx/5xx, timeout, connection failure or truncated download (after the
             retries).
         ChecksumError: the archive's sha256 differs from ``sha256``.
-        ArchiveError: the archive is not a tar archive, is corrupt or truncated, or has a member
-            that would land outside ``target_dir`` or is a device file or FIFO.
-        ValueError: ``timeout_s`` is not positive or ``retries`` is negative.
+        ArchiveError: the archive is not a tar archive, is corrupt or truncated, unpacks to more
+            than the limit, or has a member that would land outside ``target_dir``, is nested too
+            deep, or is a device file, FIFO or sparse file.
+        ValueError: ``timeout_s`` or ``max_extracted_bytes`` is not positive or ``retries`` is negative.
 
     On any error the previous contents of ``target_dir`` are left untouched.
     """
@@ -160,6 +191,8 @@ def fetch_weights(
         raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s!r}")
     if retries < 0:
         raise ValueError(f"retries must be >= 0, got {retries!r}")
+    if max_extracted_bytes is not None and not max_extracted_bytes > 0:
+        raise ValueError(f"max_extracted_bytes must be > 0 bytes, or None for automatic, got {max_extracted_bytes!r}")
 
     src = _parse_source(source)
     expected_sha = _normalize_sha256(sha256, src.display)
@@ -235,7 +268,7 @@ def fetch_weights(
                     f"the file is corrupt or the expected checksum is wrong. The previous contents of {target} "
                     "were kept"
                 )
-            _extract_archive(archive, staging, src.display)
+            _extract_archive(archive, staging, src.display, max_extracted_bytes)
         files = _inventory(staging)
         if not files:
             raise (WeightsError if kind == "directory" else ArchiveError)(
@@ -367,6 +400,8 @@ def _local_fingerprint(path: Path, kind: str, display: str) -> dict[str, Any]:
         return {"kind": "directory", "files": count, "size": total, "digest": digest.hexdigest()}
     except OSError as exc:
         raise WeightsError(f"could not read the weights source {display}: {exc}") from exc
+    except RecursionError:  # os.walk recurses once per folder level before Python 3.12
+        raise WeightsError(f"the weights directory {display} nests folders too deeply to read") from None
 
 
 def _hash_file(path: Path, display: str) -> tuple[str, int]:
@@ -520,6 +555,8 @@ def _copy_directory(source: Path, staging: Path, display: str) -> None:
         raise WeightsError(f"could not copy the weights directory {display}: {shown}") from exc
     except OSError as exc:
         raise WeightsError(f"could not copy the weights directory {display}: {exc}") from exc
+    except RecursionError:  # shutil.copytree recurses once per folder level
+        raise WeightsError(f"the weights directory {display} nests folders too deeply to copy") from None
 
 
 # --- archives --------------------------------------------------------------------------------
@@ -530,8 +567,162 @@ def _corrupt(display: str, detail: object) -> ArchiveError:
                         "download or build it again")
 
 
-def _extract_archive(archive: Path, staging: Path, display: str) -> None:
-    """Unpack the tar archive ``archive`` into the empty folder ``staging``."""
+def _show(name: str) -> str:
+    """``name`` quoted for a message, cut to :data:`SHOWN_NAME_CHARS` characters."""
+    if len(name) <= SHOWN_NAME_CHARS:
+        return repr(name)
+    return f"{name[:SHOWN_NAME_CHARS]!r}... ({len(name)} characters)"
+
+
+def _check_free_space(directory: Path, need: int, what: str) -> None:
+    """Raise WeightsError when the file system of ``directory`` has fewer than ``need`` bytes free."""
+    try:
+        free = shutil.disk_usage(directory).free
+    except OSError:
+        return  # not knowing is no reason to fail; a full disk still fails the write itself
+    if free < need:
+        raise WeightsError(
+            f"not enough free disk space in {directory} for {what}: {need} bytes needed, {free} bytes free; "
+            "free some space, or set COG_TRITON_WEIGHTS_DIR to a folder on a larger disk"
+        )
+
+
+@dataclass
+class _Budget:
+    """How many bytes an archive may unpack to (``limit``, and why: ``reason``), and how many it has.
+
+    ``declared`` sums the regular members' header sizes, checked before each member is written;
+    ``written`` counts the bytes actually written. An automatic limit is tightened by the archive's
+    own manifest.json once that member has been unpacked.
+    """
+
+    display: str
+    staging: Path
+    limit: int
+    reason: str
+    explicit: bool
+    declared: int = 0
+    written: int = 0
+    manifest_seen: bool = False
+
+    @classmethod
+    def for_archive(cls, display: str, staging: Path, archive_size: int, explicit: Optional[int]) -> "_Budget":
+        if explicit is not None:
+            return cls(display, staging, explicit, f"COG_TRITON_MAX_EXTRACTED_BYTES={explicit}", True)
+        limit = max(EXTRACT_RATIO * archive_size, EXTRACT_FLOOR_BYTES)
+        reason = (f"{EXTRACT_RATIO} times the archive's {archive_size} bytes, at least {EXTRACT_FLOOR_BYTES} bytes, "
+                  f"as it has no {MANIFEST_NAME} to tell")
+        return cls(display, staging, limit, reason, False)
+
+    def _over(self, what: str) -> ArchiveError:
+        return ArchiveError(
+            f"the weights archive {self.display} unpacks to more than allowed: {what}, over the limit of {self.limit} "
+            f"bytes ({self.reason}); refusing to unpack it. If the archive is genuine, set "
+            "COG_TRITON_MAX_EXTRACTED_BYTES to a larger number of bytes"
+        )
+
+    def declare(self, member: tarfile.TarInfo) -> None:
+        """Count a regular member's declared size before it is written; check the limit and free space."""
+        self.declared += member.size
+        if self.declared > self.limit:
+            raise self._over(f"member {_show(member.name)} ({member.size} bytes) brings it to {self.declared} bytes")
+        _check_free_space(self.staging, member.size,
+                          f"member {_show(member.name)} ({member.size} bytes) of {self.display}")
+
+    def wrote(self, count: int, name: str) -> None:
+        """Count ``count`` bytes just read for member ``name``, before they are written."""
+        self.written += count
+        if self.written > self.limit:
+            raise self._over(f"{self.written} bytes were written, the last of them for member {_show(name)}")
+
+    def apply_manifest(self, member: tarfile.TarInfo) -> None:
+        """Tighten an automatic limit to what the just-unpacked manifest.json ``member`` lists."""
+        self.manifest_seen = True
+        where = f"{self.display}: {member.name}"
+        try:
+            with open(self.staging / member.name, "rb") as fh:
+                data = json.loads(fh.read(MANIFEST_MAX_BYTES + 1))
+            manifest = Manifest.from_json(data, where)
+        except (OSError, ValueError, ManifestError) as exc:
+            log.info("%s is not a manifest we can read (%s); the unpacked size stays limited to %d bytes",
+                     where, exc, self.limit)
+            return
+        listed = sum(f.size for f in manifest.files)
+        expected = listed + member.size
+        if not self.explicit and expected + MANIFEST_SLACK_BYTES < self.limit:
+            self.limit = expected + MANIFEST_SLACK_BYTES
+            self.reason = (f"the {listed} bytes of files listed in its {MANIFEST_NAME}, plus {member.size} bytes for "
+                           f"{MANIFEST_NAME} itself and {MANIFEST_SLACK_BYTES} bytes of slack")
+            log.debug("%s: unpacked size limited to %d bytes by %s", self.display, self.limit, MANIFEST_NAME)
+            if self.declared > self.limit:
+                raise self._over(f"{self.declared} bytes were unpacked up to and including {_show(member.name)}")
+        if expected > self.declared:
+            _check_free_space(self.staging, expected - self.declared,
+                              f"the rest of {self.display} (its {MANIFEST_NAME} lists {listed} bytes of files)")
+
+
+def _data_mode(member: tarfile.TarInfo) -> Optional[int]:
+    """The mode tarfile's ``data`` filter gives ``member``; None: leave the default (directories, symlinks)."""
+    if member.mode is None or not (member.isreg() or member.islnk()):
+        return None
+    mode = member.mode & 0o755  # no setuid/setgid/sticky, no group/other write
+    if not mode & stat.S_IXUSR:
+        mode &= ~0o111  # executable for group/other only if for the owner too
+    return mode | 0o600  # the owner can read and write
+
+
+class _SafeTarFile(tarfile.TarFile):
+    """A TarFile that unpacks by the rules of tarfile's ``data`` filter on every Python, and counts bytes.
+
+    Regular files and hard links get :func:`_data_mode`; directories are made with the default mode
+    (the archive's is ignored); owners are never set, whoever runs it (``chown`` does nothing);
+    every byte of a regular file counts against ``budget`` before it is written.
+    """
+
+    budget: Optional[_Budget] = None
+
+    def chown(self, tarinfo: tarfile.TarInfo, targetpath: str, numeric_owner: bool) -> None:
+        """Never change owners: the archive's uid/gid/uname/gname are ignored."""
+
+    def chmod(self, tarinfo: tarfile.TarInfo, targetpath: str) -> None:
+        """Apply :func:`_data_mode`, or nothing for directories and symlinks."""
+        mode = _data_mode(tarinfo)
+        if mode is None:
+            return
+        try:
+            os.chmod(targetpath, mode)
+        except OSError as exc:
+            raise tarfile.ExtractError("could not change mode") from exc
+
+    def makedir(self, tarinfo: tarfile.TarInfo, targetpath: str) -> None:
+        """Make a directory with the process's default mode (umask applies)."""
+        try:
+            os.mkdir(targetpath)
+        except FileExistsError:
+            if not os.path.isdir(targetpath):
+                raise
+
+    def makefile(self, tarinfo: tarfile.TarInfo, targetpath: str) -> None:
+        """Write a regular member, counting each chunk against ``budget`` first."""
+        if tarinfo.sparse is not None:  # refused earlier by _member_problem; never half-supported here
+            raise tarfile.ExtractError(f"sparse member {tarinfo.name!r}")
+        source = self.fileobj
+        assert source is not None
+        source.seek(tarinfo.offset_data)
+        remaining = tarinfo.size
+        with open(targetpath, "wb") as target:
+            while remaining > 0:
+                chunk = source.read(min(CHUNK_BYTES, remaining))
+                if not chunk:
+                    raise tarfile.ReadError("unexpected end of data")
+                if self.budget is not None:
+                    self.budget.wrote(len(chunk), tarinfo.name)
+                target.write(chunk)
+                remaining -= len(chunk)
+
+
+def _extract_archive(archive: Path, staging: Path, display: str, max_extracted_bytes: Optional[int] = None) -> None:
+    """Unpack the tar archive ``archive`` into the empty folder ``staging`` (see :func:`fetch_weights`)."""
     with open(archive, "rb") as fh:
         head = fh.read(tarfile.BLOCKSIZE)
     if not head:
@@ -540,8 +731,12 @@ def _extract_archive(archive: Path, staging: Path, display: str) -> None:
         if head.startswith(magic):
             raise ArchiveError(f"the weights file {display} is {what}, not a tar archive; supported: {SUPPORTED_KINDS}")
     compression = next((name for magic, name in _COMPRESSION_MAGIC if head.startswith(magic)), None)
+    size = archive.stat().st_size
+    budget = _Budget.for_archive(display, staging, size, max_extracted_bytes)
+    # the unpacked files take at least about the archive's size (less its tar headers)
+    _check_free_space(staging, min(size - size // 100, budget.limit), f"unpacking {display} ({size} bytes)")
     try:
-        tar = tarfile.open(archive, "r:*")
+        tar = _SafeTarFile.open(archive, "r:*")
     except (tarfile.ReadError, tarfile.CompressionError, EOFError, zlib.error, lzma.LZMAError, OSError) as exc:
         if compression is not None:
             raise _corrupt(display, f"{compression} data without a readable tar archive inside") from exc
@@ -553,38 +748,59 @@ def _extract_archive(archive: Path, staging: Path, display: str) -> None:
     try:
         with tar:
             tar.errorlevel = 1
-            members = _checked_members(tar, dest, display)
-            if _HAS_DATA_FILTER:
+            tar.budget = budget
+            members = _checked_members(tar, dest, display, budget)
+            if _HAS_DATA_FILTER:  # the same rules as _SafeTarFile's, checked twice where Python has them
                 tar.extractall(staging, members=members, filter="data")
-            else:  # Python < 3.10.12 / 3.11.4: our own check is the only guard
+            else:  # Python < 3.10.12 / 3.11.4: _checked_members and _SafeTarFile are the guards
                 tar.extractall(staging, members=members)
             _check_archive_end(tar, display)
-    except ArchiveError:
+    except WeightsError:
         raise
     except _FILTER_ERRORS as exc:
         member = getattr(exc, "tarinfo", None)
         name = member.name if member is not None else "?"
-        raise ArchiveError(f"unsafe weights archive {display}: member {name!r} was refused: {exc}") from exc
+        raise ArchiveError(f"unsafe weights archive {display}: member {_show(name)} was refused: {exc}") from exc
     except (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError, gzip.BadGzipFile) as exc:
         raise _corrupt(display, exc) from exc
     except KeyError as exc:  # a hard link to a member that is not in the archive
         raise ArchiveError(f"the weights archive {display} has a hard link to a missing member: {exc}") from exc
+    except RecursionError:  # not expected with members at most MAX_MEMBER_DEPTH deep; never a bare one
+        raise ArchiveError(f"the weights archive {display} nests folders too deeply to unpack") from None
     except OSError as exc:
         if exc.errno is None:  # decompressor errors (bz2 "Invalid data stream", ...) carry no errno
             raise _corrupt(display, exc) from exc
         raise WeightsError(f"could not unpack {display} into {staging}: {exc}") from exc
 
 
-def _checked_members(tar: tarfile.TarFile, dest: str, display: str) -> Iterator[tarfile.TarInfo]:
-    """Yield the members of ``tar`` one by one, each checked just before it is extracted."""
+def _checked_members(
+    tar: tarfile.TarFile, dest: str, display: str, budget: _Budget
+) -> Iterator[tarfile.TarInfo]:
+    """Yield the members of ``tar`` one by one, each checked just before it is extracted.
+
+    A generator: extractall unpacks each member before asking for the next, so a manifest.json
+    yielded here has been written when the loop comes back, and can tighten ``budget``.
+    """
+    manifest: Optional[tarfile.TarInfo] = None
     for member in tar:
+        if manifest is not None:
+            budget.apply_manifest(manifest)
+            manifest = None
         problem = _member_problem(member, dest)
         if problem is not None:
             raise ArchiveError(
-                f"unsafe weights archive {display}: member {member.name!r} {problem}; refusing to unpack it "
+                f"unsafe weights archive {display}: member {_show(member.name)} {problem}; refusing to unpack it "
                 "(nothing was written outside the target directory)"
             )
+        if member.isreg():
+            budget.declare(member)
+            parts = PurePosixPath(member.name).parts
+            if (not budget.manifest_seen and parts[-1] == MANIFEST_NAME and len(parts) <= 2
+                    and member.size <= MANIFEST_MAX_BYTES):
+                manifest = member
         yield member
+    if manifest is not None:
+        budget.apply_manifest(manifest)
 
 
 def _within(path: str, root: str) -> bool:
@@ -596,6 +812,12 @@ def _member_problem(member: tarfile.TarInfo, dest: str) -> Optional[str]:
     name = member.name
     if not name or "\x00" in name:
         return "has an empty or invalid name"
+    depth = len(PurePosixPath(name).parts)
+    if depth > MAX_MEMBER_DEPTH:
+        return f"is nested {depth} path components deep, more than the {MAX_MEMBER_DEPTH} allowed"
+    length = len(name.encode("utf-8", "surrogateescape"))
+    if length > MAX_MEMBER_PATH_BYTES:
+        return f"has a path {length} bytes long, more than {MAX_MEMBER_PATH_BYTES} allowed"
     if name.startswith(("/", "\\")) or os.path.isabs(name) or PureWindowsPath(name).drive:
         return "has an absolute path"
     if ".." in PurePosixPath(name).parts or ".." in PureWindowsPath(name).parts:
@@ -604,6 +826,8 @@ def _member_problem(member: tarfile.TarInfo, dest: str) -> Optional[str]:
         return "is a device file"
     if member.isfifo():
         return "is a FIFO (named pipe)"
+    if member.issparse():
+        return "is a sparse file, which is not supported; pack the archive without --sparse"
     if not (member.isreg() or member.isdir() or member.issym() or member.islnk()):
         return f"has the unsupported tar member type {member.type!r}"
     if not _within(os.path.realpath(os.path.join(dest, name)), dest):
@@ -613,13 +837,15 @@ def _member_problem(member: tarfile.TarInfo, dest: str) -> Optional[str]:
         link = member.linkname
         if not link:
             return f"is a {what} with an empty target"
+        if len(link.encode("utf-8", "surrogateescape")) > MAX_MEMBER_PATH_BYTES:
+            return f"is a {what} to a path longer than {MAX_MEMBER_PATH_BYTES} bytes"
         if link.startswith(("/", "\\")) or os.path.isabs(link):
-            return f"is a {what} to the absolute path {link!r} (outside the target directory)"
+            return f"is a {what} to the absolute path {_show(link)} (outside the target directory)"
         base = posixpath.dirname(name) if member.issym() else ""
         lexical = posixpath.normpath(posixpath.join(base, link))
         resolved = os.path.realpath(os.path.join(dest, base, link))
         if lexical == ".." or lexical.startswith("../") or not _within(resolved, dest):
-            return f"is a {what} to {link!r}, which points outside the target directory"
+            return f"is a {what} to {_show(link)}, which points outside the target directory"
     return None
 
 

@@ -5,9 +5,12 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
+import json
 import logging
 import os
+import shutil
 import socket
+import stat
 import tarfile
 import threading
 import time
@@ -647,3 +650,170 @@ def test_hostile_archive(target: Path, tmp_path: Path, case: str) -> None:
 
 def test_all_hostile_cases_are_tested(tmp_path: Path) -> None:
     assert sorted(_hostile_cases(tmp_path)) == sorted(HOSTILE)
+
+
+# --- extraction: modes and owners (the rules of tarfile.data_filter on every Python) ---------------
+
+
+def _owned(name: str, mode: int, uid: int, gid: int, uname: str = "", gname: str = "", data: bytes = b"x"):
+    info, body = _reg(name, data)
+    info.mode, info.uid, info.gid, info.uname, info.gname = mode, uid, gid, uname, gname
+    return info, body
+
+
+def test_modes_and_owners_follow_the_data_filter_rules(target: Path, tmp_path: Path) -> None:
+    # expected modes: tarfile.data_filter's rules (CPython docs): high bits and group/other write
+    # cleared, owner read+write set, exec bits dropped when the owner cannot execute; the archive's
+    # directory modes and all owners are ignored
+    cases = {
+        "setuid-all": (0o4777, 0o755),
+        "setgid-sticky": (0o3775, 0o755),
+        "world-writable": (0o666, 0o644),
+        "no-bits": (0o000, 0o600),
+        "group-exec-only": (0o070, 0o640),
+        "owner-exec-only": (0o700, 0o700),
+    }
+    members = [_owned(name, mode, 0, 0, "root", "root") for name, (mode, _) in cases.items()]
+    members.append(_owned("someone-elses", 0o644, 4242, 4343))  # numeric owner only, as tar --numeric-owner
+    directory = tarfile.TarInfo("bin")
+    directory.type, directory.mode, directory.uid, directory.gid = tarfile.DIRTYPE, 0o7777, 4242, 4343
+    members.append((directory, None))
+    members.append(_owned("bin/tool", 0o6755, 4242, 4343))
+    hard = tarfile.TarInfo("hard-setuid")  # shares the inode of world-writable, whose mode it sets again
+    hard.type, hard.linkname, hard.mode = tarfile.LNKTYPE, "world-writable", 0o4666
+    members.append((hard, None))
+    archive = make_tar(tmp_path / "modes.tar", members, mode="w")
+
+    fetch_weights(archive, target)
+
+    umask = os.umask(0)
+    os.umask(umask)
+    found = {name: stat.S_IMODE(os.lstat(target / name).st_mode) for name in [*cases, "bin", "bin/tool"]}
+    assert found == {**{name: want for name, (_, want) in cases.items()}, "bin": 0o777 & ~umask, "bin/tool": 0o755}
+    for path in [target / name for name in [*cases, "someone-elses", "bin", "bin/tool", "hard-setuid"]]:
+        st = os.lstat(path)
+        assert (st.st_uid, st.st_gid) == (os.geteuid(), os.getegid()), path  # never chowned to 4242/4343
+        assert not st.st_mode & (stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX | stat.S_IWGRP | stat.S_IWOTH), path
+
+
+# --- extraction: depth -----------------------------------------------------------------------
+
+
+def test_deeply_nested_member_is_refused(target: Path, tmp_path: Path) -> None:
+    deep = "/".join(["d"] * 3000) + "/f.bin"
+    archive = make_tar(tmp_path / "deep.tar.gz", [_reg("ok.txt", b"fine"), _reg(deep, b"x")])
+    with pytest.raises(ArchiveError) as info:
+        fetch_weights(archive, target)
+    message = str(info.value)
+    assert str(archive) in message and "'d/d/d/d/d" in message and "3001 path components" in message
+    assert "64" in message and len(message) < 1000, message  # the member's name is shortened
+    assert_contents(target, OLD_FILES)
+    assert parent_listing(target) == ["weights"]
+
+
+def test_overlong_member_path_is_refused(target: Path, tmp_path: Path) -> None:
+    long_name = "/".join(["x" * 200] * 25)  # 25 components, 5024 bytes
+    archive = make_tar(tmp_path / "long.tar", [_reg(long_name, b"x")], mode="w")
+    with pytest.raises(ArchiveError, match="5024 bytes long, more than 4096"):
+        fetch_weights(archive, target)
+    assert_contents(target, OLD_FILES)
+
+
+def test_nesting_within_the_limit_is_fine(target: Path, tmp_path: Path) -> None:
+    name = "/".join(["d"] * 63) + "/f.bin"
+    fetch_weights(make_tar(tmp_path / "ok.tar", [_reg(name, b"deep")], mode="w"), target)
+    assert (target / name).read_bytes() == b"deep"
+
+
+# --- extraction: size limits -----------------------------------------------------------------
+
+
+def _zeros_tar(path: Path, size: int, extra: Optional[list] = None, first: Optional[list] = None) -> Path:
+    zeros = tarfile.TarInfo("zeros.bin")
+    zeros.size = size
+    return make_tar(path, [*(first or []), (zeros, io.BytesIO(bytes(size))), *(extra or [])])
+
+
+def test_extracted_size_is_bounded_by_the_setting(target: Path, tmp_path: Path) -> None:
+    archive = _zeros_tar(tmp_path / "bomb.tar.gz", 8 << 20)  # about 8 KB of gzip
+    assert archive.stat().st_size < 100_000
+    with pytest.raises(ArchiveError) as info:
+        fetch_weights(archive, target, max_extracted_bytes=1 << 20)
+    message = str(info.value)
+    assert "'zeros.bin'" in message and f"{8 << 20} bytes" in message and f"{1 << 20} bytes" in message
+    assert "COG_TRITON_MAX_EXTRACTED_BYTES" in message and str(archive) in message
+    assert_contents(target, OLD_FILES)
+    assert parent_listing(target) == ["weights"]
+
+
+def test_default_extraction_limit_is_a_multiple_of_the_archive_size(
+    target: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import cog_triton.weights as weights
+
+    monkeypatch.setattr(weights, "EXTRACT_FLOOR_BYTES", 1 << 20)  # instead of 1 GiB, to keep the test small
+    archive = _zeros_tar(tmp_path / "bomb.tar.gz", 8 << 20)
+    with pytest.raises(ArchiveError) as info:
+        fetch_weights(archive, target)
+    message = str(info.value)
+    assert f"{weights.EXTRACT_RATIO} times" in message and "COG_TRITON_MAX_EXTRACTED_BYTES" in message
+    fetch_weights(_zeros_tar(tmp_path / "ok.tar.gz", 512 << 10), target)  # 512 KiB: under the floor
+    assert (target / "zeros.bin").stat().st_size == 512 << 10
+
+
+def _manifest_member(sizes: dict[str, int]) -> tuple[tarfile.TarInfo, io.BytesIO]:
+    from tensorrtllm_backend.manifest import FileEntry, Manifest
+
+    manifest = Manifest(
+        name="m", backend="reference", kind="hf_checkpoint", tensorrt_llm_version=None, triton_image="img",
+        world_size=1, tp_size=1, pp_size=1, gpu_name=None, compute_capability=None, build_config={},
+        files=tuple(FileEntry(path, size, "0" * 64) for path, size in sizes.items()),
+    )  # fmt: skip
+    return _reg("manifest.json", json.dumps(manifest.to_json()).encode())
+
+
+@pytest.mark.parametrize("where", ["first", "last"])
+def test_manifest_tightens_the_extraction_limit(target: Path, tmp_path: Path, where: str) -> None:
+    manifest = _manifest_member({"zeros.bin": 1000})  # the archive's own manifest says 1000 bytes
+    size = 3 << 20  # more than 1000 bytes + manifest.json + 1 MiB of slack
+    if where == "first":
+        archive = _zeros_tar(tmp_path / "lying.tar.gz", size, first=[manifest])
+    else:
+        archive = _zeros_tar(tmp_path / "lying.tar.gz", size, extra=[manifest])
+    with pytest.raises(ArchiveError) as info:
+        fetch_weights(archive, target)
+    message = str(info.value)
+    assert "manifest.json" in message and "1000 bytes" in message and str(archive) in message, message
+    assert_contents(target, OLD_FILES)
+    assert parent_listing(target) == ["weights"]
+    honest = _zeros_tar(tmp_path / "honest.tar.gz", size, first=[_manifest_member({"zeros.bin": size})])
+    fetch_weights(honest, target)
+    assert (target / "zeros.bin").stat().st_size == size
+
+
+def test_not_enough_disk_space(target: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    archive = _zeros_tar(tmp_path / "a.tar.gz", 2 << 20)
+    real = shutil.disk_usage
+
+    def small_disk(path: object) -> object:  # a nearly full disk cannot be made here portably
+        usage = real(path)  # type: ignore[arg-type]
+        return type(usage)(usage.total, usage.total - 1_000_000, 1_000_000)
+
+    monkeypatch.setattr(shutil, "disk_usage", small_disk)
+    with pytest.raises(WeightsError) as info:
+        fetch_weights(archive, target)
+    message = str(info.value)
+    assert "free disk space" in message and "1000000 bytes free" in message and str(2 << 20) in message, message
+    assert_contents(target, OLD_FILES)
+    assert parent_listing(target) == ["weights"]
+
+
+def test_sparse_members_are_refused(target: Path, tmp_path: Path) -> None:
+    sparse = tarfile.TarInfo("sparse.bin")
+    sparse.type = tarfile.GNUTYPE_SPARSE
+    archive = make_tar(tmp_path / "sparse.tar", [_reg("ok.txt", b"ok"), (sparse, None)], mode="w")
+    with tarfile.open(archive) as tar:
+        assert tar.getmember("sparse.bin").issparse()  # what tarfile reads back
+    with pytest.raises(ArchiveError, match="'sparse.bin' is a sparse file"):
+        fetch_weights(archive, target)
+    assert_contents(target, OLD_FILES)
