@@ -4,6 +4,8 @@
 ``.tar`` / ``.tar.gz`` (``.tgz``; bzip2 and xz work too) archive or to a directory, and leaves its
 contents in ``target_dir``:
 
+* One fetch at a time per target: the whole fetch holds an exclusive lock (``flock``) on
+  ``.<target name>.lock`` beside the target; a second fetch waits, then finds the marker and skips.
 * HTTP downloads are streamed with httpx into a temporary file next to the target, hashed while
   they stream, checked against ``Content-Length``, and retried (tenacity, exponential backoff with
   jitter) on connection errors, timeouts, truncated bodies and 5xx answers; 4xx answers are not
@@ -31,6 +33,8 @@ URLs are never logged or put into error messages with their userinfo or query st
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import gzip
 import hashlib
 import json
@@ -46,6 +50,7 @@ import tarfile
 import tempfile
 import time
 import zlib
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any, BinaryIO, Iterator, Optional, Union
@@ -156,7 +161,8 @@ def fetch_weights(
             tar archive (plain, gzip, bzip2 or xz; the kind is detected from the content) or of a
             directory whose contents are copied.
         target_dir: folder that receives the contents; created when missing. Its previous contents
-            are replaced (a ``.gitkeep`` in it is kept). Temporary files are made beside it.
+            are replaced (a ``.gitkeep`` in it is kept). Temporary files and the lock file
+            ``.<name>.lock`` are made beside it.
         sha256: expected hex sha256 of the archive (any case); verified when given. Not allowed
             for a directory source.
         timeout_s: timeout in seconds for each network operation (connect, each read).
@@ -229,19 +235,30 @@ def fetch_weights(
             raise WeightsError(f"weights source {src.display} is neither a regular file nor a directory")
         fingerprint = _local_fingerprint(src.path, kind, src.display)
 
-    marker = _read_marker(target)
-    if marker is not None and _marker_matches(marker, src.key, expected_sha, fingerprint, target):
-        log.info("weights from %s already present in %s (%d files); skipping the fetch",
-                 src.display, target, len(marker["files"]))
-        return WeightsResult(
-            path=target, source=src.display, sha256=marker.get("sha256"),
-            size_bytes=int(marker["size_bytes"]), skipped=True,
-        )
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise WeightsError(f"could not prepare {target}: {exc}") from exc
+    with _exclusive_lock(target):
+        marker = _read_marker(target)
+        if marker is not None and _marker_matches(marker, src.key, expected_sha, fingerprint, target):
+            log.info("weights from %s already present in %s (%d files); skipping the fetch",
+                     src.display, target, len(marker["files"]))
+            return WeightsResult(
+                path=target, source=src.display, sha256=marker.get("sha256"),
+                size_bytes=int(marker["size_bytes"]), skipped=True,
+            )
+        return _fetch(src, kind, fingerprint, expected_sha, target, timeout_s, retries, max_extracted_bytes)
 
+
+def _fetch(
+    src: "_Source", kind: str, fingerprint: Optional[dict[str, Any]], expected_sha: Optional[str], target: Path,
+    timeout_s: float, retries: int, max_extracted_bytes: Optional[int],
+) -> WeightsResult:
+    """The body of :func:`fetch_weights`, run under the target's lock once the marker did not match."""
     started = time.monotonic()
     log.info("fetching weights from %s into %s", src.display, target)
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
         _remove_leftovers(target)
         staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.staging-", dir=target.parent))
     except OSError as exc:
@@ -303,6 +320,78 @@ def fetch_weights(
     log.info("weights from %s ready in %s: %d files, source %d bytes, %.1f s",
              src.display, target, len(files), size, time.monotonic() - started)
     return WeightsResult(path=target, source=src.display, sha256=digest, size_bytes=size, skipped=False)
+
+
+# --- locking ---------------------------------------------------------------------------------
+
+
+@contextmanager
+def _exclusive_lock(target: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``.<target name>.lock`` in ``target``'s parent for the block.
+
+    A second process blocks until the first is done (or dies: the kernel drops its lock). The
+    file is removed while still locked; a waiter that then gets the lock on the removed file sees
+    that its inode is no longer the path's and locks the new file instead, so there is never more
+    than one holder.
+
+    Where the lock file cannot be created for lack of permission or a read-only file system, the
+    block runs unlocked (with a warning): nothing can be fetched there anyway, and weights that are
+    already in place are still found and reused.
+
+    Raises:
+        WeightsError: the lock file cannot be created or locked for another reason.
+    """
+    path = target.parent / f".{target.name}.lock"
+    fd = _acquire_lock(path, target)
+    if fd is None:
+        yield
+        return
+    try:
+        yield
+    finally:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        os.close(fd)
+
+
+def _acquire_lock(path: Path, target: Path) -> Optional[int]:
+    waited = False
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+                log.warning("cannot create the lock file %s (%s); going on without a lock: weights already in %s "
+                            "are reused, new ones cannot be written there", path, exc, target)
+                return None
+            raise WeightsError(f"could not create the lock file {path} for fetching into {target}: {exc}") from exc
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if not waited:
+                    log.info("another process is fetching weights into %s; waiting for it to finish (lock %s)",
+                             target, path)
+                    waited = True
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            held = os.fstat(fd)
+            try:
+                current: Optional[os.stat_result] = os.stat(path)
+            except FileNotFoundError:
+                current = None
+        except OSError as exc:
+            os.close(fd)
+            raise WeightsError(f"could not lock {path} for fetching into {target}: {exc}") from exc
+        except BaseException:
+            os.close(fd)
+            raise
+        if current is not None and (current.st_dev, current.st_ino) == (held.st_dev, held.st_ino):
+            if waited:
+                log.info("the other fetch into %s is done; going on", target)
+            return fd
+        os.close(fd)  # the previous holder removed the file we locked: lock the current one
 
 
 # --- sources ---------------------------------------------------------------------------------

@@ -817,3 +817,69 @@ def test_sparse_members_are_refused(target: Path, tmp_path: Path) -> None:
     with pytest.raises(ArchiveError, match="'sparse.bin' is a sparse file"):
         fetch_weights(archive, target)
     assert_contents(target, OLD_FILES)
+
+
+# --- concurrent fetches ----------------------------------------------------------------------
+
+
+FETCH_IN_CHILD = """
+import json, sys, time
+from pathlib import Path
+from cog_triton.weights import fetch_weights
+url, target, work, me = sys.argv[1:]
+Path(work, f"ready-{me}").touch()
+while not Path(work, "go").exists():
+    time.sleep(0.005)
+result = fetch_weights(url, target)
+Path(work, f"result-{me}").write_text(json.dumps({"skipped": result.skipped, "sha256": result.sha256}))
+"""
+
+
+def test_concurrent_fetches_into_one_folder(server: WeightsServer, target: Path, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    files = {f"shard-{i:03d}.bin": os.urandom(20_000) for i in range(150)}
+    archive = good_tar(tmp_path / "many.tar.gz", files)
+    url = server.serve("/many.tar.gz", archive.read_bytes())
+    work = tmp_path / "work"
+    work.mkdir()
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    children = [
+        subprocess.Popen([sys.executable, "-c", FETCH_IN_CHILD, url, str(target), str(work), str(n)], env=env)
+        for n in (1, 2)
+    ]
+    deadline = time.monotonic() + 60
+    while not all((work / f"ready-{n}").exists() for n in (1, 2)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    (work / "go").touch()
+    assert [child.wait(timeout=120) for child in children] == [0, 0]
+
+    results = [json.loads((work / f"result-{n}").read_text()) for n in (1, 2)]
+    assert sorted(r["skipped"] for r in results) == [False, True]  # the second waited, then found the marker
+    assert {r["sha256"] for r in results} == {sha256_of(archive)}
+    assert server.hits["/many.tar.gz"] == 1
+    assert_contents(target, files)
+    assert parent_listing(target) == ["weights"]
+    assert fetch_weights(url, target).skipped
+
+
+def test_a_read_only_parent_still_reuses_the_weights(
+    target: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    archive = good_tar(tmp_path / "good.tar.gz")
+    fetch_weights(archive, target)
+    real_open = os.open
+    lock = str(target.parent / ".weights.lock")
+
+    def read_only_open(path: object, *args: object, **kwargs: object) -> int:  # root ignores permissions:
+        if os.fspath(path) == lock:  # a read-only file system is the case that cannot be made here
+            raise OSError(30, "Read-only file system", lock)
+        return real_open(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", read_only_open)
+    with caplog.at_level(logging.WARNING, logger="cog_triton.weights"):
+        assert fetch_weights(archive, target).skipped
+    assert "going on without a lock" in caplog.text
+    assert parent_listing(target) == ["weights"]
