@@ -8,8 +8,11 @@ contents in ``target_dir``:
   ``.<target name>.lock`` beside the target; a second fetch waits, then finds the marker and skips.
 * HTTP downloads are streamed with httpx into a temporary file next to the target, hashed while
   they stream, checked against ``Content-Length``, and retried (tenacity, exponential backoff with
-  jitter) on connection errors, timeouts, truncated bodies and 5xx answers; 4xx answers are not
-  retried.
+  jitter) on connection errors, timeouts, truncated bodies, transfers below the minimum rate and
+  5xx answers; 4xx answers are not retried. A retry resumes where the previous attempt stopped
+  (``Range``, validated with ``If-Range`` against the ETag or Last-Modified) when the server
+  allows it, and starts from byte 0 otherwise; the sha256 covers every byte either way. The whole
+  download, retries included, has a deadline.
 * The archive's sha256 is checked when one is given.
 * Archives are unpacked with :mod:`tarfile` (compression detected from the content, ``"r:*"``)
   under the rules of tarfile's ``"data"`` extraction filter, enforced by our own code on every
@@ -51,7 +54,7 @@ import tempfile
 import time
 import zlib
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any, BinaryIO, Iterator, Optional, Union
 from urllib.parse import urlsplit, urlunsplit
@@ -75,6 +78,12 @@ PROGRESS_INTERVAL_S = 5.0
 RETRY_INITIAL_BACKOFF_S = 1.0
 #: Longest wait between two attempts (seconds).
 RETRY_MAX_BACKOFF_S = 30.0
+#: Default deadline of a whole download, all attempts and the waits between them (seconds; 0: none).
+DEFAULT_DOWNLOAD_DEADLINE_S = 6 * 3600.0
+#: Default lowest transfer rate (bytes per second; 0: no minimum) ...
+DEFAULT_DOWNLOAD_MIN_RATE_BYTES_S = 100_000
+#: ... measured over consecutive windows of this many seconds, the first from the start of each attempt.
+DEFAULT_DOWNLOAD_RATE_GRACE_S = 60.0
 #: Without manifest.json and without an explicit limit, the unpacked files may total this many
 #: times the archive's size ...
 EXTRACT_RATIO = 20
@@ -99,6 +108,7 @@ _FILTER_ERRORS: tuple[type[BaseException], ...] = (
     (tarfile.FilterError,) if hasattr(tarfile, "FilterError") else ()  # type: ignore[attr-defined]
 )
 _SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+_CONTENT_RANGE_RE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", re.IGNORECASE)
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _COMPRESSION_MAGIC = ((b"\x1f\x8b", "gzip"), (b"BZh", "bzip2"), (b"\xfd7zXZ\x00", "xz"))
 _UNSUPPORTED_MAGIC = (
@@ -145,6 +155,16 @@ def redact_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
+@dataclass(frozen=True)
+class _Limits:
+    timeout_s: float
+    retries: int
+    deadline_s: float
+    min_rate_bytes_s: float
+    rate_grace_s: float
+    max_extracted_bytes: Optional[int]
+
+
 def fetch_weights(
     source: SourceLike,
     target_dir: Union[str, "os.PathLike[str]"],
@@ -152,6 +172,9 @@ def fetch_weights(
     sha256: Optional[str] = None,
     timeout_s: float = 60.0,
     retries: int = 3,
+    deadline_s: float = DEFAULT_DOWNLOAD_DEADLINE_S,
+    min_rate_bytes_s: float = DEFAULT_DOWNLOAD_MIN_RATE_BYTES_S,
+    rate_grace_s: float = DEFAULT_DOWNLOAD_RATE_GRACE_S,
     max_extracted_bytes: Optional[int] = None,
 ) -> WeightsResult:
     """Fetch weights from ``source`` into ``target_dir`` and return what was done.
@@ -167,12 +190,17 @@ def fetch_weights(
             for a directory source.
         timeout_s: timeout in seconds for each network operation (connect, each read).
         retries: how many times a failed download is retried (connection errors, timeouts,
-            truncated bodies and HTTP 5xx; never 4xx), with exponential backoff.
+            truncated bodies, transfers below ``min_rate_bytes_s`` and HTTP 5xx; never 4xx), with
+            exponential backoff; a retry resumes the transfer where the server allows it.
+        deadline_s: the whole download, all attempts and waits included, must finish within this
+            many seconds (0: no deadline); a missed deadline is not retried.
+        min_rate_bytes_s: an attempt fails when fewer than this many bytes per second arrive over
+            a window of ``rate_grace_s`` seconds (0: no minimum).
+        rate_grace_s: length of that window in seconds; the first starts with each attempt.
         max_extracted_bytes: most bytes an archive may unpack to. ``None`` (automatic): the sizes
             of the files listed in the archive's own manifest.json plus
             :data:`MANIFEST_SLACK_BYTES` once that member is met, until then (and without one)
             :data:`EXTRACT_RATIO` times the archive's size, at least :data:`EXTRACT_FLOOR_BYTES`.
-
 
     Returns:
         A :class:`WeightsResult`; ``skipped`` is True when the marker left by an earlier fetch of
@@ -183,13 +211,13 @@ def fetch_weights(
     Raises:
         WeightsError: the source is missing or unsupported, ``sha256`` is malformed or given for a
             directory, files could not be written, or there is not enough free disk space.
-        DownloadError: HTTP 4xx/5xx, timeout, connection failure or truncated download (after the
-            retries).
+        DownloadError: HTTP 4xx/5xx, timeout, connection failure, truncated download or a transfer
+            below the minimum rate (after the retries), or the deadline passed.
         ChecksumError: the archive's sha256 differs from ``sha256``.
         ArchiveError: the archive is not a tar archive, is corrupt or truncated, unpacks to more
             than the limit, or has a member that would land outside ``target_dir``, is nested too
             deep, or is a device file, FIFO or sparse file.
-        ValueError: ``timeout_s`` or ``max_extracted_bytes`` is not positive or ``retries`` is negative.
+        ValueError: a timeout, rate or limit argument is out of range.
 
     On any error the previous contents of ``target_dir`` are left untouched.
     """
@@ -197,8 +225,15 @@ def fetch_weights(
         raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s!r}")
     if retries < 0:
         raise ValueError(f"retries must be >= 0, got {retries!r}")
+    if not deadline_s >= 0:
+        raise ValueError(f"deadline_s must be >= 0 seconds (0: no deadline), got {deadline_s!r}")
+    if not min_rate_bytes_s >= 0:
+        raise ValueError(f"min_rate_bytes_s must be >= 0 bytes per second (0: no minimum), got {min_rate_bytes_s!r}")
+    if not rate_grace_s > 0:
+        raise ValueError(f"rate_grace_s must be > 0 seconds, got {rate_grace_s!r}")
     if max_extracted_bytes is not None and not max_extracted_bytes > 0:
         raise ValueError(f"max_extracted_bytes must be > 0 bytes, or None for automatic, got {max_extracted_bytes!r}")
+    limits = _Limits(timeout_s, retries, deadline_s, min_rate_bytes_s, rate_grace_s, max_extracted_bytes)
 
     src = _parse_source(source)
     expected_sha = _normalize_sha256(sha256, src.display)
@@ -248,12 +283,12 @@ def fetch_weights(
                 path=target, source=src.display, sha256=marker.get("sha256"),
                 size_bytes=int(marker["size_bytes"]), skipped=True,
             )
-        return _fetch(src, kind, fingerprint, expected_sha, target, timeout_s, retries, max_extracted_bytes)
+        return _fetch(src, kind, fingerprint, expected_sha, target, limits)
 
 
 def _fetch(
     src: "_Source", kind: str, fingerprint: Optional[dict[str, Any]], expected_sha: Optional[str], target: Path,
-    timeout_s: float, retries: int, max_extracted_bytes: Optional[int],
+    limits: _Limits,
 ) -> WeightsResult:
     """The body of :func:`fetch_weights`, run under the target's lock once the marker did not match."""
     started = time.monotonic()
@@ -273,7 +308,7 @@ def _fetch(
         else:
             if src.url is not None:
                 download = target.parent / f".{target.name}.download-{secrets.token_hex(4)}"
-                digest, size = _download(src.url, src.display, download, timeout_s, retries)
+                digest, size = _download(src.url, src.display, download, limits)
                 archive = download
             else:
                 assert src.path is not None
@@ -285,7 +320,7 @@ def _fetch(
                     f"the file is corrupt or the expected checksum is wrong. The previous contents of {target} "
                     "were kept"
                 )
-            _extract_archive(archive, staging, src.display, max_extracted_bytes)
+            _extract_archive(archive, staging, src.display, limits.max_extracted_bytes)
         files = _inventory(staging)
         if not files:
             raise (WeightsError if kind == "directory" else ArchiveError)(
@@ -964,7 +999,7 @@ def _drain(fileobj: BinaryIO) -> None:
 
 
 class _TransientDownloadError(DownloadError):
-    """A download failure worth retrying (connection, timeout, truncated body, 5xx)."""
+    """A download failure worth retrying (connection, timeout, truncated body, too slow, 5xx)."""
 
 
 class _RedactUrlFilter(logging.Filter):
@@ -983,14 +1018,14 @@ def _install_httpx_log_filter() -> None:
 
 
 class _Progress:
-    def __init__(self, display: str, total: Optional[int]) -> None:
+    def __init__(self, display: str, total: Optional[int], done: int = 0) -> None:
         self.display = display
         self.total = total
         self.started = self.last_time = time.monotonic()
-        self.last_bytes = 0
+        self.base = self.last_bytes = done  # bytes that were there before this attempt (a resumed download)
 
     def rate(self, done: int, now: float) -> float:
-        return done / max(now - self.started, 1e-6) / 1e6
+        return (done - self.base) / max(now - self.started, 1e-6) / 1e6
 
     def update(self, done: int) -> None:
         now = time.monotonic()
@@ -1010,82 +1045,218 @@ class _Progress:
                  self.display, done, now - self.started, self.rate(done, now))
 
 
-def _download(url: str, display: str, dest: Path, timeout_s: float, retries: int) -> tuple[str, int]:
+@dataclass
+class _Transfer:
+    """One download across its attempts: the bytes in ``dest`` so far (``received``, all of them in
+    ``hasher``) and what the server said about the file (for resuming)."""
+
+    dest: Path
+    deadline: Optional[float]  # time.monotonic() value; None: no deadline
+    hasher: Any = field(default_factory=hashlib.sha256)
+    received: int = 0
+    total: Optional[int] = None  # the whole file's size in bytes, when the server said
+    validator: Optional[str] = None  # strong ETag, else Last-Modified: sent as If-Range when resuming
+    resumable: bool = False
+    started: float = field(default_factory=time.monotonic)
+    last_error: Optional[str] = None
+
+    def restart(self) -> None:
+        """Forget the bytes so far: the next write starts the file (and the hash) from byte 0."""
+        self.hasher = hashlib.sha256()
+        self.received = 0
+
+    def past_deadline(self) -> bool:
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+def _deadline_error(display: str, transfer: _Transfer, limits: _Limits) -> DownloadError:
+    elapsed = time.monotonic() - transfer.started
+    of = f" of {transfer.total}" if transfer.total is not None else ""
+    last = f"; the last attempt failed with: {transfer.last_error}" if transfer.last_error else ""
+    return DownloadError(
+        f"the download of {display} did not finish within the deadline of {_num(limits.deadline_s)} s "
+        f"(COG_TRITON_DOWNLOAD_DEADLINE_S): {transfer.received}{of} bytes arrived in {elapsed:.1f} s{last}. "
+        "Raise COG_TRITON_DOWNLOAD_DEADLINE_S (0: no deadline) or use a faster source"
+    )
+
+
+def _too_slow(display: str, rate: float, window_s: float, limits: _Limits) -> str:
+    return (
+        f"the download of {display} is too slow: {rate:.0f} bytes/s over the last {window_s:.1f} s, below the minimum "
+        f"of {_num(limits.min_rate_bytes_s)} bytes/s (COG_TRITON_DOWNLOAD_MIN_RATE_BYTES_S, measured over "
+        f"COG_TRITON_DOWNLOAD_RATE_GRACE_S={_num(limits.rate_grace_s)} s); use a faster source, or lower the "
+        "minimum (0 disables it)"
+    )
+
+
+def _download(url: str, display: str, dest: Path, limits: _Limits) -> tuple[str, int]:
     """Download ``url`` into ``dest``; return (sha256 hex, size in bytes). Raises DownloadError."""
     _install_httpx_log_filter()
-    attempts = retries + 1
+    attempts = limits.retries + 1
+    transfer = _Transfer(dest, deadline=time.monotonic() + limits.deadline_s if limits.deadline_s > 0 else None)
+    backoff = wait_exponential_jitter(
+        initial=RETRY_INITIAL_BACKOFF_S, max=RETRY_MAX_BACKOFF_S, jitter=RETRY_INITIAL_BACKOFF_S / 2
+    )
+
+    def wait(state: RetryCallState) -> float:  # never sleep past the deadline
+        seconds = backoff(state)
+        if transfer.deadline is not None:
+            seconds = max(0.0, min(seconds, transfer.deadline - time.monotonic()))
+        return seconds
 
     def before_sleep(state: RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome is not None else None
-        wait = state.next_action.sleep if state.next_action is not None else 0.0
+        transfer.last_error = str(getattr(exc, "message", exc))
+        sleep = state.next_action.sleep if state.next_action is not None else 0.0
         log.warning("download attempt %d of %d failed: %s; retrying in %.1f s",
-                    state.attempt_number, attempts, getattr(exc, "message", exc), wait)
+                    state.attempt_number, attempts, transfer.last_error, sleep)
 
     retrying = Retrying(
-        stop=stop_after_attempt(attempts),
-        wait=wait_exponential_jitter(
-            initial=RETRY_INITIAL_BACKOFF_S, max=RETRY_MAX_BACKOFF_S, jitter=RETRY_INITIAL_BACKOFF_S / 2
-        ),
+        stop=stop_after_attempt(attempts) | (lambda state: transfer.past_deadline()),
+        wait=wait,
         retry=retry_if_exception_type(_TransientDownloadError),
         before_sleep=before_sleep,
         reraise=True,
     )
     with httpx.Client(
-        timeout=httpx.Timeout(timeout_s), follow_redirects=True, headers={"Accept-Encoding": "identity"}
+        timeout=httpx.Timeout(limits.timeout_s), follow_redirects=True, headers={"Accept-Encoding": "identity"}
     ) as client:
         try:
-            return retrying(_download_once, client, url, display, dest, timeout_s)
+            retrying(_download_once, client, url, display, transfer, limits)
         except _TransientDownloadError as exc:
+            if transfer.past_deadline():
+                transfer.last_error = exc.message
+                raise _deadline_error(display, transfer, limits) from exc
             tries = f"after {attempts} attempts" if attempts > 1 else "(no retries configured)"
             raise DownloadError(f"{exc.message}; gave up {tries}") from exc.__cause__
+    return transfer.hasher.hexdigest(), transfer.received
 
 
-def _download_once(client: httpx.Client, url: str, display: str, dest: Path, timeout_s: float) -> tuple[str, int]:
-    hasher = hashlib.sha256()
-    received = 0
+def _download_once(client: httpx.Client, url: str, display: str, transfer: _Transfer, limits: _Limits) -> None:
+    """One attempt: fetch the rest of the file (or all of it) into ``transfer.dest``."""
+    if transfer.past_deadline():
+        raise _deadline_error(display, transfer, limits)
+    headers: dict[str, str] = {}
+    if transfer.received and transfer.resumable and _size_of(transfer.dest) == transfer.received:
+        headers["Range"] = f"bytes={transfer.received}-"
+        if transfer.validator:
+            headers["If-Range"] = transfer.validator
+    elif transfer.received:
+        transfer.restart()
+    timeout = limits.timeout_s
+    if transfer.deadline is not None:
+        timeout = max(0.001, min(timeout, transfer.deadline - time.monotonic()))
     expected: Optional[int] = None
     phase = "connecting to"
     try:
-        with client.stream("GET", url) as response:
+        with client.stream("GET", url, headers=headers, timeout=timeout) as response:
             status = response.status_code
             if status >= 500:
                 raise _TransientDownloadError(f"HTTP {status} {response.reason_phrase} (server error) from {display}")
+            if status == 416 and "Range" in headers:
+                transfer.restart()
+                transfer.resumable = False
+                raise _TransientDownloadError(
+                    f"{display} refused to resume at byte {headers['Range'][6:-1]} (HTTP 416); starting over"
+                )
             if status >= 400:
                 hint = "check the URL" + (" and its credentials" if status in (401, 403) else "")
                 raise DownloadError(f"HTTP {status} {response.reason_phrase} for {display}; {hint}")
-            if not 200 <= status < 300:
+            if status == 206 and "Range" in headers:
+                _check_resumed_range(response, display, transfer)
+                mode = "ab"
+                log.info("resuming the download of %s at byte %d of %s", display, transfer.received, transfer.total)
+            elif status == 200:
+                if transfer.received:
+                    log.info("%s answered the request to resume at byte %d with the whole file (HTTP 200): the server "
+                             "does not resume, or the file changed; starting over from byte 0",
+                             display, transfer.received)
+                    transfer.restart()
+                transfer.total = _content_length(response)
+                transfer.validator = _validator(response)
+                accept = response.headers.get("accept-ranges", "").strip().lower()
+                transfer.resumable = transfer.total is not None and accept != "none"
+                mode = "wb"
+                log.info("downloading %s (%s)", display,
+                         f"{transfer.total} bytes" if transfer.total is not None else "size unknown")
+                if transfer.total is not None:
+                    _check_free_space(transfer.dest.parent, transfer.total, f"the download of {display}")
+            else:
                 raise DownloadError(f"unexpected HTTP {status} {response.reason_phrase} for {display}")
-            expected = _content_length(response)
-            progress = _Progress(display, expected)
-            log.info("downloading %s (%s)", display, f"{expected} bytes" if expected is not None else "size unknown")
+            expected = transfer.total
+            progress = _Progress(display, expected, transfer.received)
             phase = "reading from"
-            with open(dest, "wb") as fh:
+            window_start, window_bytes = time.monotonic(), transfer.received
+            with open(transfer.dest, mode) as fh:
                 for chunk in response.iter_raw():  # as the bytes arrive (exact counts on a short read)
                     fh.write(chunk)
-                    hasher.update(chunk)
-                    received += len(chunk)
-                    progress.update(received)
+                    transfer.hasher.update(chunk)
+                    transfer.received += len(chunk)
+                    progress.update(transfer.received)
+                    now = time.monotonic()
+                    if transfer.deadline is not None and now >= transfer.deadline:
+                        raise _deadline_error(display, transfer, limits)
+                    if limits.min_rate_bytes_s and now - window_start >= limits.rate_grace_s:
+                        rate = (transfer.received - window_bytes) / (now - window_start)
+                        if rate < limits.min_rate_bytes_s:
+                            raise _TransientDownloadError(_too_slow(display, rate, now - window_start, limits))
+                        window_start, window_bytes = now, transfer.received
     except httpx.TimeoutException as exc:
+        if transfer.past_deadline():
+            raise _deadline_error(display, transfer, limits) from exc
         raise _TransientDownloadError(
-            f"timed out after {timeout_s:g} s {phase} {display} (timeout_s={timeout_s:g}; "
+            f"timed out after {limits.timeout_s:g} s {phase} {display} (timeout_s={limits.timeout_s:g}; "
             "raise COG_TRITON_DOWNLOAD_TIMEOUT_S for slow servers)"
         ) from exc
     except httpx.ConnectError as exc:
         raise _TransientDownloadError(f"could not connect to {display}: {_scrub(exc, url, display)}") from exc
     except (httpx.RemoteProtocolError, httpx.NetworkError) as exc:
         if expected is not None:
-            raise _TransientDownloadError(_truncated(display, expected, received)) from exc
+            raise _TransientDownloadError(_truncated(display, expected, transfer.received)) from exc
         raise _TransientDownloadError(
-            f"connection to {display} failed after {received} bytes: {_scrub(exc, url, display)}"
+            f"connection to {display} failed after {transfer.received} bytes: {_scrub(exc, url, display)}"
         ) from exc
     except httpx.HTTPError as exc:  # invalid URL, too many redirects, ...
         raise DownloadError(f"could not download {display}: {type(exc).__name__}: {_scrub(exc, url, display)}") from exc
     except OSError as exc:
-        raise WeightsError(f"could not write the download of {display} to {dest}: {exc}") from exc
-    if expected is not None and received != expected:
-        raise _TransientDownloadError(_truncated(display, expected, received))
-    progress.finish(received)
-    return hasher.hexdigest(), received
+        raise WeightsError(f"could not write the download of {display} to {transfer.dest}: {exc}") from exc
+    if expected is not None and transfer.received != expected:
+        raise _TransientDownloadError(_truncated(display, expected, transfer.received))
+    progress.finish(transfer.received)
+
+
+def _check_resumed_range(response: httpx.Response, display: str, transfer: _Transfer) -> None:
+    """Accept a 206 answer only if it continues exactly where ``transfer`` stopped, in the same file."""
+    header = response.headers.get("content-range", "")
+    match = _CONTENT_RANGE_RE.match(header)
+    total = None if match is None or match.group(3) == "*" else int(match.group(3))
+    if match is None or int(match.group(1)) != transfer.received or total not in (None, transfer.total):
+        at = transfer.received
+        transfer.restart()
+        transfer.resumable = False
+        raise _TransientDownloadError(
+            f"{display} answered the request to resume at byte {at} with Content-Range {header!r} (the file has "
+            f"{transfer.total} bytes); starting over"
+        )
+
+
+def _validator(response: httpx.Response) -> Optional[str]:
+    """What to send as If-Range: a strong ETag, else Last-Modified (weak ETags are not allowed there)."""
+    etag = response.headers.get("etag")
+    if etag and not etag.startswith("W/"):
+        return etag
+    return response.headers.get("last-modified") or None
+
+
+def _size_of(path: Path) -> Optional[int]:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return None
 
 
 def _content_length(response: httpx.Response) -> Optional[int]:

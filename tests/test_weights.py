@@ -105,6 +105,13 @@ class Route:
     fail_first: int = 0  # answer 500 this many times first
     delay_s: float = 0.0  # sleep before answering
     content_length: Optional[int] = None  # announce this length instead of len(body)
+    trickle_bytes: int = 0  # send the body in pieces of this many bytes ...
+    trickle_interval_s: float = 0.0  # ... with this pause between them
+    drop_first_after: Optional[int] = None  # first request: announce the full body, send this many bytes, hang up
+    ranges: bool = False  # honour "Range: bytes=N-" (206), checking If-Range against the ETag
+    etag: Optional[str] = None
+    redirect_to: Optional[str] = None  # answer 302 with this Location
+    then: Optional["Route"] = None  # answers from the second request on
 
 
 class WeightsServer:
@@ -112,6 +119,7 @@ class WeightsServer:
         self.routes: dict[str, Route] = {}
         self.hits: Counter[str] = Counter()
         self.auth_headers: list[Optional[str]] = []
+        self.requests: list[tuple[str, dict[str, str], int]] = []  # (path, request headers, status answered)
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -125,6 +133,8 @@ class WeightsServer:
                 server.hits[path] += 1
                 server.auth_headers.append(self.headers.get("Authorization"))
                 route = server.routes.get(path)
+                if route is not None and route.then is not None and server.hits[path] > 1:
+                    route = route.then
                 try:
                     if route is None or route.status == 404:
                         self._send(404, b"not found")
@@ -132,20 +142,51 @@ class WeightsServer:
                     if server.hits[path] <= route.fail_first or route.status >= 500:
                         self._send(route.status if route.status >= 500 else 500, b"boom")
                         return
+                    if route.redirect_to is not None:
+                        self._record(path, 302)
+                        self.send_response(302)
+                        self.send_header("Location", route.redirect_to)
+                        self.send_header("Content-Length", "0")
+                        self.end_headers()
+                        return
                     if route.delay_s:
                         time.sleep(route.delay_s)
-                    length = len(route.body) if route.content_length is None else route.content_length
-                    self.send_response(route.status)
+                    body, status, start = route.body, route.status, 0
+                    wanted = self.headers.get("Range")
+                    if route.ranges and wanted and wanted.startswith("bytes=") and wanted.endswith("-"):
+                        if_range = self.headers.get("If-Range")
+                        if if_range is None or if_range == route.etag:
+                            start, status = int(wanted[len("bytes="):-1]), 206
+                            body = route.body[start:]
+                    length = len(body) if route.content_length is None else route.content_length
+                    self._record(path, status)
+                    self.send_response(status)
                     self.send_header("Content-Type", "application/octet-stream")
                     self.send_header("Content-Length", str(length))
-                    if length != len(route.body):
+                    if route.ranges:
+                        self.send_header("Accept-Ranges", "bytes")
+                    if route.etag:
+                        self.send_header("ETag", route.etag)
+                    if status == 206:
+                        self.send_header("Content-Range", f"bytes {start}-{len(route.body) - 1}/{len(route.body)}")
+                    drop = route.drop_first_after if server.hits[path] == 1 else None
+                    if length != len(body) or drop is not None:
                         self.send_header("Connection", "close")
                         self.close_connection = True
                     self.end_headers()
-                    self.wfile.write(route.body)
-                    self.wfile.flush()
+                    if drop is not None:
+                        body = body[:drop]
+                    step = route.trickle_bytes or len(body) or 1
+                    for offset in range(0, len(body), step):
+                        if offset and route.trickle_interval_s:
+                            time.sleep(route.trickle_interval_s)
+                        self.wfile.write(body[offset:offset + step])
+                        self.wfile.flush()
                 except (BrokenPipeError, ConnectionResetError):
                     self.close_connection = True
+
+            def _record(self, path: str, status: int) -> None:
+                server.requests.append((path, {k.lower(): v for k, v in self.headers.items()}, status))
 
             def _send(self, status: int, body: bytes) -> None:
                 self.send_response(status)
@@ -883,3 +924,89 @@ def test_a_read_only_parent_still_reuses_the_weights(
         assert fetch_weights(archive, target).skipped
     assert "going on without a lock" in caplog.text
     assert parent_listing(target) == ["weights"]
+
+
+# --- slow servers ----------------------------------------------------------------------------
+
+
+def test_a_trickling_server_fails_the_minimum_rate(server: WeightsServer, target: Path, tmp_path: Path) -> None:
+    body = os.urandom(1 << 20)
+    url = server.serve("/trickle.tar.gz", body, trickle_bytes=1024, trickle_interval_s=0.05)  # ~20 KB/s
+    started = time.monotonic()
+    with pytest.raises(DownloadError) as info:
+        fetch_weights(url, target, retries=0, timeout_s=5, min_rate_bytes_s=100_000, rate_grace_s=0.5)
+    elapsed = time.monotonic() - started
+    message = str(info.value)
+    assert "bytes/s" in message and "below the minimum of 100000 bytes/s" in message, message
+    assert "COG_TRITON_DOWNLOAD_MIN_RATE_BYTES_S" in message and url in message
+    assert elapsed < 5, elapsed  # not the 50 s the whole body would take
+    assert_contents(target, OLD_FILES)
+    assert parent_listing(target) == ["weights"]
+
+
+def test_the_whole_download_has_a_deadline(server: WeightsServer, target: Path, tmp_path: Path) -> None:
+    body = os.urandom(1 << 20)
+    url = server.serve("/trickle.tar.gz", body, trickle_bytes=4096, trickle_interval_s=0.05)  # ~80 KB/s
+    started = time.monotonic()
+    with pytest.raises(DownloadError) as info:
+        fetch_weights(url, target, retries=3, timeout_s=5, min_rate_bytes_s=0, deadline_s=1.0)
+    elapsed = time.monotonic() - started
+    message = str(info.value)
+    assert "deadline of 1 s" in message and "COG_TRITON_DOWNLOAD_DEADLINE_S" in message, message
+    assert 0.9 < elapsed < 4, elapsed
+    assert server.hits["/trickle.tar.gz"] == 1  # a missed deadline is not retried
+    assert parent_listing(target) == ["weights"]
+
+
+def test_download_limits_are_validated(target: Path, tmp_path: Path) -> None:
+    archive = good_tar(tmp_path / "a.tgz")
+    for kwargs in ({"deadline_s": -1}, {"min_rate_bytes_s": -1}, {"rate_grace_s": 0}, {"max_extracted_bytes": 0}):
+        with pytest.raises(ValueError, match=next(iter(kwargs))):
+            fetch_weights(archive, target, **kwargs)  # type: ignore[arg-type]
+
+
+# --- resuming downloads ----------------------------------------------------------------------
+
+
+def test_a_dropped_download_resumes_with_a_range_request(
+    server: WeightsServer, target: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    archive = good_tar(tmp_path / "big.tar.gz", {"blob.bin": os.urandom(300_000)})
+    body = archive.read_bytes()
+    cut = len(body) // 2
+    url = server.serve("/big.tar.gz", body, drop_first_after=cut, ranges=True, etag='"v1"')
+    caplog.set_level(logging.INFO, logger="cog_triton.weights")
+    result = fetch_weights(url, target, retries=1, sha256=sha256_of(archive))
+    assert (result.sha256, result.size_bytes) == (sha256_of(archive), len(body))
+    assert [(r[1].get("range"), r[1].get("if-range"), r[2]) for r in server.requests] == [
+        (None, None, 200),
+        (f"bytes={cut}-", '"v1"', 206),
+    ]
+    assert any(f"resuming" in r.getMessage() and str(cut) in r.getMessage() for r in caplog.records)
+    assert_contents(target, _members_of(archive))
+
+
+def test_a_server_that_ignores_range_restarts_from_zero(server: WeightsServer, target: Path, tmp_path: Path) -> None:
+    archive = good_tar(tmp_path / "big.tar.gz", {"blob.bin": os.urandom(300_000)})
+    body = archive.read_bytes()
+    url = server.serve("/big.tar.gz", body, drop_first_after=len(body) // 2, etag='"v1"')  # no range support
+    result = fetch_weights(url, target, retries=1, sha256=sha256_of(archive))
+    assert result.sha256 == sha256_of(archive)
+    assert [(r[1].get("range") is not None, r[2]) for r in server.requests] == [(False, 200), (True, 200)]
+    assert_contents(target, _members_of(archive))
+
+
+def test_a_changed_file_is_not_resumed(server: WeightsServer, target: Path, tmp_path: Path) -> None:
+    first = good_tar(tmp_path / "v1.tar.gz", {"blob.bin": os.urandom(300_000)}).read_bytes()
+    archive = good_tar(tmp_path / "v2.tar.gz", {"blob.bin": os.urandom(300_000)})
+    changed = Route(body=archive.read_bytes(), ranges=True, etag='"v2"')  # replaced on the server meanwhile
+    url = server.serve("/big.tar.gz", first, drop_first_after=len(first) // 2, ranges=True, etag='"v1"', then=changed)
+    result = fetch_weights(url, target, retries=1)
+    assert result.sha256 == sha256_of(archive)
+    assert [(r[1].get("if-range"), r[2]) for r in server.requests] == [(None, 200), ('"v1"', 200)]  # the whole new file
+    assert_contents(target, _members_of(archive))
+
+
+def _members_of(archive: Path) -> dict[str, bytes]:
+    with tarfile.open(archive) as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isreg()}  # type: ignore[union-attr]
