@@ -31,7 +31,8 @@ contents in ``target_dir``:
   files are all still present with their recorded sizes is skipped.
 
 URLs are never logged or put into error messages with their userinfo or query string (see
-:func:`redact_url`); the records of httpx's own request log are redacted the same way.
+:func:`redact_url`); the records of httpx's and httpcore's own logs (request lines, and at DEBUG
+level the response headers with a redirect's ``Location``) are redacted the same way.
 """
 
 from __future__ import annotations
@@ -108,6 +109,10 @@ _FILTER_ERRORS: tuple[type[BaseException], ...] = (
     (tarfile.FilterError,) if hasattr(tarfile, "FilterError") else ()  # type: ignore[attr-defined]
 )
 _SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+# userinfo of an absolute URL ("//user:password@") and any query string ("?X-Amz-Signature=..."),
+# also in relative URLs such as a redirect's Location, as they appear in log text and bytes reprs
+_URL_USERINFO_RE = re.compile(r"(?<=//)[^/?#\s'\"<>@]+@")
+_URL_QUERY_RE = re.compile(r"\?[^\s'\"<>)\]]+")
 _CONTENT_RANGE_RE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", re.IGNORECASE)
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _COMPRESSION_MAGIC = ((b"\x1f\x8b", "gzip"), (b"BZh", "bzip2"), (b"\xfd7zXZ\x00", "xz"))
@@ -153,6 +158,15 @@ def redact_url(url: str) -> str:
         return "<unparsable URL>"
     netloc = parts.netloc.rpartition("@")[2]
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def redact_text(text: str) -> str:
+    """``text`` with the userinfo of every absolute URL and every query string (``?...``) removed.
+
+    For free text that may hold URLs, such as httpx's and httpcore's log messages (a redirect's
+    ``Location`` header, absolute or relative) and exception messages.
+    """
+    return _URL_QUERY_RE.sub("?<redacted>", _URL_USERINFO_RE.sub("", text))
 
 
 @dataclass(frozen=True)
@@ -1002,19 +1016,44 @@ class _TransientDownloadError(DownloadError):
     """A download failure worth retrying (connection, timeout, truncated body, too slow, 5xx)."""
 
 
+#: Loggers whose records are redacted (plus any other httpx*/httpcore* logger that exists by then).
+_REDACTED_LOGGERS = (
+    "httpx", "httpcore", "httpcore.connection", "httpcore.connection_pool", "httpcore.http11", "httpcore.http2",
+    "httpcore.proxy", "httpcore.socks", "hpack",
+)  # fmt: skip
+
+
 class _RedactUrlFilter(logging.Filter):
-    """Strips userinfo and query strings from the URLs in httpx's "HTTP Request: ..." log records."""
+    """Removes userinfo and query strings from the URLs in httpx's and httpcore's log records.
+
+    httpx logs each request line ("HTTP Request: GET <url> ..."), at INFO level; httpcore logs, at
+    DEBUG level, the response headers, a redirect's ``Location`` (absolute or relative) included.
+    The whole formatted message is redacted with :func:`redact_text` and replaces the record's
+    ``msg`` (``args`` emptied) whenever it changed.
+    """
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if isinstance(record.args, tuple) and any(isinstance(a, httpx.URL) for a in record.args):
-            record.args = tuple(redact_url(str(a)) if isinstance(a, httpx.URL) else a for a in record.args)
+        try:
+            message = record.getMessage()
+        except Exception:  # noqa: BLE001 - a broken record is the handler's to report, not ours
+            return True
+        redacted = redact_text(message)
+        if redacted != message:
+            record.msg, record.args = redacted, ()
         return True
 
 
-def _install_httpx_log_filter() -> None:
-    httpx_logger = logging.getLogger("httpx")
-    if not any(isinstance(f, _RedactUrlFilter) for f in httpx_logger.filters):
-        httpx_logger.addFilter(_RedactUrlFilter())
+def _install_log_redaction() -> None:
+    """Attach :class:`_RedactUrlFilter` to every httpx/httpcore logger (a logger's filters only see
+    the records logged on it, not those its children propagate, hence each one by name)."""
+    existing = [name for name in logging.root.manager.loggerDict if name.split(".")[0] in ("httpx", "httpcore")]
+    for name in {*_REDACTED_LOGGERS, *existing}:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _RedactUrlFilter) for f in logger.filters):
+            logger.addFilter(_RedactUrlFilter())
+
+
+_install_log_redaction()
 
 
 class _Progress:
@@ -1095,7 +1134,7 @@ def _too_slow(display: str, rate: float, window_s: float, limits: _Limits) -> st
 
 def _download(url: str, display: str, dest: Path, limits: _Limits) -> tuple[str, int]:
     """Download ``url`` into ``dest``; return (sha256 hex, size in bytes). Raises DownloadError."""
-    _install_httpx_log_filter()
+    _install_log_redaction()
     attempts = limits.retries + 1
     transfer = _Transfer(dest, deadline=time.monotonic() + limits.deadline_s if limits.deadline_s > 0 else None)
     backoff = wait_exponential_jitter(
@@ -1276,4 +1315,4 @@ def _truncated(display: str, expected: int, received: int) -> str:
 
 
 def _scrub(exc: BaseException, url: str, display: str) -> str:
-    return str(exc).replace(url, display) or type(exc).__name__
+    return redact_text(str(exc).replace(url, display)) or type(exc).__name__

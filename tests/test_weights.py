@@ -1010,3 +1010,25 @@ def test_a_changed_file_is_not_resumed(server: WeightsServer, target: Path, tmp_
 def _members_of(archive: Path) -> dict[str, bytes]:
     with tarfile.open(archive) as tar:
         return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isreg()}  # type: ignore[union-attr]
+
+
+# --- redaction of redirects ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("absolute", [True, False])
+def test_a_redirects_signed_query_is_never_logged(
+    server: WeightsServer, target: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture, absolute: bool
+) -> None:
+    archive = good_tar(tmp_path / "good.tar.gz")
+    server.serve("/blob/good.tar.gz", archive.read_bytes())
+    signed = "/blob/good.tar.gz?X-Amz-Credential=AKIAEXAMPLE&X-Amz-Signature=t0ps3cr3t"
+    url = server.serve("/signed", redirect_to=server.url(signed) if absolute else signed)
+    caplog.set_level(logging.DEBUG)  # every logger: httpx, httpcore, ours
+    result = fetch_weights(url + "?token=m1ne", target)
+    assert result.sha256 == sha256_of(archive)
+    assert [r[0] for r in server.requests] == ["/signed", "/blob/good.tar.gz"]  # the redirect was followed
+    assert any(r.name.startswith("httpcore") for r in caplog.records)  # debug logs were on
+    for record in caplog.records:
+        for text in (record.getMessage(), repr(record.args), str(record.msg)):
+            for secret in ("t0ps3cr3t", "AKIAEXAMPLE", "m1ne"):
+                assert secret not in text, (record.name, text)
