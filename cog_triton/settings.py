@@ -37,6 +37,14 @@ class SchedulerPolicy(str, Enum):
     GUARANTEED_NO_EVICT = "guaranteed_no_evict"
 
 
+class VerifyMode(str, Enum):
+    """How setup checks weights it reuses against their manifest.json (weights it just fetched are
+    always hashed in full)."""
+
+    FAST = "fast"  # hash only files whose size or mtime changed since the last successful full hash
+    FULL = "full"  # hash every file on every setup
+
+
 
 class Settings(BaseSettings):
     """All knobs of the predictor, Triton process and model repository.
@@ -70,6 +78,11 @@ class Settings(BaseSettings):
     )
     download_timeout_s: float = Field(default=60.0, gt=0, description="Connect/read timeout per network operation.")
     download_retries: int = Field(default=3, ge=0, le=20, description="Retries on connection errors and 5xx.")
+    verify_weights: VerifyMode = Field(
+        default=VerifyMode.FAST,
+        description="Reused weights: 'fast' hashes only files whose size or mtime changed since the last full "
+        "check; 'full' hashes every file on every setup. Freshly fetched weights are always hashed in full.",
+    )
 
     # --- model repository ----------------------------------------------------------------
     template_dir: Path = Field(default=Path("triton_model_repo"), description="Model-repository templates.")

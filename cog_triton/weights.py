@@ -28,7 +28,9 @@ contents in ``target_dir``:
 * Everything is unpacked (or copied) into a staging folder beside ``target_dir`` which then
   replaces ``target_dir`` by rename, so a failed fetch leaves the previous weights in place.
 * A marker file (:data:`MARKER_NAME`) records what was fetched; the next identical fetch whose
-  files are all still present with their recorded sizes is skipped.
+  files are all still present with their recorded sizes is skipped. Verification records
+  (:data:`~common.files.VERIFIED_NAME`) in an archive or a copied folder are dropped: only this
+  machine's own hashing writes them.
 
 URLs are never logged or put into error messages with their userinfo or query string (see
 :func:`redact_url`); the records of httpx's and httpcore's own logs (request lines, and at DEBUG
@@ -65,7 +67,7 @@ import httpx
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
 from common.errors import ArchiveError, ChecksumError, DownloadError, ManifestError, WeightsError
-from common.files import CHUNK_BYTES, KEEP_NAMES, MARKER_NAME, sha256_file
+from common.files import CHUNK_BYTES, KEEP_NAMES, MARKER_NAME, VERIFIED_NAME, sha256_file
 from tensorrtllm_backend.manifest import MANIFEST_NAME, Manifest
 
 log = logging.getLogger(__name__)
@@ -600,7 +602,7 @@ def _inventory(root: Path) -> list[dict[str, Any]]:
         rel_dir = os.path.relpath(dirpath, root)
         names = filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]
         for name in names:
-            if rel_dir == "." and (name == MARKER_NAME or name in KEEP_NAMES):
+            if rel_dir == "." and (name == MARKER_NAME or name in KEEP_NAMES) or name == VERIFIED_NAME:
                 continue
             full = os.path.join(dirpath, name)
             rel = PurePosixPath(rel_dir, name).as_posix()
@@ -682,7 +684,8 @@ def _replace_contents(staging: Path, target: Path) -> None:
 
 def _copy_directory(source: Path, staging: Path, display: str) -> None:
     def ignore(dirpath: str, names: list[str]) -> list[str]:
-        return [MARKER_NAME] if Path(dirpath) == source and MARKER_NAME in names else []
+        ignored = [VERIFIED_NAME] if VERIFIED_NAME in names else []  # vouches for the source's files, not ours
+        return ignored + ([MARKER_NAME] if Path(dirpath) == source and MARKER_NAME in names else [])
 
     try:
         # symlinks=False: linked files are copied (Hugging Face cache snapshots are symlinks to blobs)
@@ -930,6 +933,10 @@ def _checked_members(
                 f"unsafe weights archive {display}: member {_show(member.name)} {problem}; refusing to unpack it "
                 "(nothing was written outside the target directory)"
             )
+        if PurePosixPath(member.name).name == VERIFIED_NAME:
+            log.warning("skipping %s in %s: verification records are only trusted when written on this machine",
+                        _show(member.name), display)
+            continue
         if member.isreg():
             budget.declare(member)
             parts = PurePosixPath(member.name).parts
