@@ -128,6 +128,10 @@ class LLMService:
             sha256=settings.weights_sha256,
             timeout_s=settings.download_timeout_s,
             retries=settings.download_retries,
+            deadline_s=settings.download_deadline_s,
+            min_rate_bytes_s=settings.download_min_rate_bytes_s,
+            rate_grace_s=settings.download_rate_grace_s,
+            max_extracted_bytes=settings.max_extracted_bytes,
         )
         log.info("weights ready in %s (%s)", fetched.path, "reused" if fetched.skipped else "fetched")
         manifest = self._verify(find_model_root(settings.weights_path), reused=fetched.skipped)
