@@ -14,6 +14,7 @@ import logging
 import os
 import sys
 import tempfile
+from functools import partial
 from pathlib import Path as FsPath
 from typing import Optional
 
@@ -91,23 +92,31 @@ async def train(
             the message says what was wrong and how to fix it.
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
-    if hf_token is not None and hf_token.get_secret_value():
-        os.environ["HF_TOKEN"] = hf_token.get_secret_value()
-    archive = await asyncio.to_thread(build_archive, config, checkpoint.strip())
+    token = hf_token.get_secret_value() if hf_token is not None else ""
+    archive = await asyncio.to_thread(build_archive, config, checkpoint.strip(), hf_token=token or None)
     return TrainingOutput(weights=Path(archive))
 
 
-def build_archive(config: str, checkpoint: str = "") -> FsPath:
+def build_archive(config: str, checkpoint: str = "", hf_token: Optional[str] = None) -> FsPath:
     """The blocking body of :func:`train`: resolve the config, fetch the checkpoint, build; return the archive.
+
+    Args:
+        hf_token: Hugging Face token for this build only: it is put into the environment of this
+            build's steps (``HF_TOKEN``, which ``tensorrtllm_backend.convert`` passes to
+            ``snapshot_download(token=...)``), never into this process's ``os.environ``, so a later
+            training without a token does not inherit it.
 
     Raises:
         BuildConfigError, BuildError, WeightsError: see :func:`tensorrtllm_backend.build.build`.
     """
-    from tensorrtllm_backend.build import build  # noqa: PLC0415 - keeps the worker's start fast
+    from tensorrtllm_backend.build import build, run_subprocess  # noqa: PLC0415 - keeps the worker's start fast
 
+    runner = run_subprocess if not hf_token else partial(run_subprocess, env={**os.environ, "HF_TOKEN": hf_token})
     OUTPUT_DIR.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="cog-triton-train-", dir=OUTPUT_DIR) as scratch:
         work = FsPath(scratch)
         config_path = resolve_config(config, work)
         override = fetch_checkpoint(checkpoint, work) if checkpoint else None
-        return build(config_path, work_dir=work / "build", output_dir=OUTPUT_DIR, checkpoint=override).archive
+        return build(
+            config_path, work_dir=work / "build", output_dir=OUTPUT_DIR, checkpoint=override, runner=runner
+        ).archive

@@ -21,7 +21,7 @@ from cog_triton.client import GenerateChunk, GenerateRequest, TritonClient
 from cog_triton.detokenizer import IncrementalDetokenizer
 from common.errors import ConfigError, ManifestError, TritonDiedError, TritonError
 from cog_triton.inputs import PredictInputs, chat_template_adds_bos, render_prompt
-from cog_triton.settings import Settings
+from cog_triton.settings import Settings, VerifyMode
 from cog_triton.stop import StopSequenceMatcher
 from cog_triton.weights import fetch_weights
 from tensorrtllm_backend.engine import WeightsInfo, find_model_root, inspect_weights
@@ -133,9 +133,13 @@ class LLMService:
             sha256=settings.weights_sha256,
             timeout_s=settings.download_timeout_s,
             retries=settings.download_retries,
+            deadline_s=settings.download_deadline_s,
+            min_rate_bytes_s=settings.download_min_rate_bytes_s,
+            rate_grace_s=settings.download_rate_grace_s,
+            max_extracted_bytes=settings.max_extracted_bytes,
         )
         log.info("weights ready in %s (%s)", fetched.path, "reused" if fetched.skipped else "fetched")
-        manifest = self._verify(find_model_root(settings.weights_path))
+        manifest = self._verify(find_model_root(settings.weights_path), reused=fetched.skipped)
         info = inspect_weights(
             settings.weights_path,
             tokenizer_dir=settings.path(settings.tokenizer_dir) if settings.tokenizer_dir else None,
@@ -195,15 +199,19 @@ class LLMService:
             self._self_test()
         log.info("setup finished in %.1f s", time.monotonic() - started)
 
-    def _verify(self, root: Path) -> Optional[Manifest]:
+    def _verify(self, root: Path, reused: bool = False) -> Optional[Manifest]:
         """Verify the weights in ``root`` against their manifest.json before Triton starts.
+
+        ``reused``: the fetch was skipped; with COG_TRITON_VERIFY_WEIGHTS=fast (the default) files
+        unchanged in size and mtime since the last successful full check are not hashed again.
 
         Raises:
             ManifestError: missing/resized/altered files, or no manifest with require_manifest set.
             IncompatibleWeightsError: other TensorRT-LLM version, too few GPUs, other compute capability.
         """
         self._gpus = visible_gpus()
-        verification = verify_weights(root, self._gpus)
+        trust = reused and self.settings.verify_weights is VerifyMode.FAST
+        verification = verify_weights(root, self._gpus, trust_record=trust)
         if verification is None:
             if self.settings.require_manifest:
                 raise ManifestError(

@@ -37,6 +37,14 @@ class SchedulerPolicy(str, Enum):
     GUARANTEED_NO_EVICT = "guaranteed_no_evict"
 
 
+class VerifyMode(str, Enum):
+    """How setup checks weights it reuses against their manifest.json (weights it just fetched are
+    always hashed in full)."""
+
+    FAST = "fast"  # hash only files whose size or mtime changed since the last successful full hash
+    FULL = "full"  # hash every file on every setup
+
+
 
 class Settings(BaseSettings):
     """All knobs of the predictor, Triton process and model repository.
@@ -70,6 +78,27 @@ class Settings(BaseSettings):
     )
     download_timeout_s: float = Field(default=60.0, gt=0, description="Connect/read timeout per network operation.")
     download_retries: int = Field(default=3, ge=0, le=20, description="Retries on connection errors and 5xx.")
+    # the defaults equal cog_triton.weights.DEFAULT_DOWNLOAD_* (tests/test_settings.py checks)
+    download_deadline_s: float = Field(
+        default=21600.0, ge=0, description="Deadline of the whole download, retries and waits included; 0: none."
+    )
+    download_min_rate_bytes_s: int = Field(
+        default=100_000, ge=0, description="An attempt slower than this (bytes/s) over the grace window fails; 0: off."
+    )
+    download_rate_grace_s: float = Field(
+        default=60.0, gt=0, le=86400, description="Window (seconds) over which the download rate is measured."
+    )
+    max_extracted_bytes: Optional[int] = Field(
+        default=None,
+        ge=1,
+        description="Most bytes an archive may unpack to; default: its manifest.json's file sizes plus 1 MiB, "
+        "without one 20 times the archive's size, at least 1 GiB.",
+    )
+    verify_weights: VerifyMode = Field(
+        default=VerifyMode.FAST,
+        description="Reused weights: 'fast' hashes only files whose size or mtime changed since the last full "
+        "check; 'full' hashes every file on every setup. Freshly fetched weights are always hashed in full.",
+    )
 
     # --- model repository ----------------------------------------------------------------
     template_dir: Path = Field(default=Path("triton_model_repo"), description="Model-repository templates.")

@@ -9,6 +9,10 @@ from pathlib import Path
 
 #: File written into the weights folder after a successful fetch (JSON; see cog_triton.weights).
 MARKER_NAME = ".cog-triton-weights.json"
+#: File written beside manifest.json after a successful hash of the files it lists: each file's size,
+#: mtime (ns) and sha256, so a later setup that reuses the folder need not hash it again (JSON; see
+#: tensorrtllm_backend.manifest). Never taken from an archive or a copied folder.
+VERIFIED_NAME = ".cog-triton-verified.json"
 #: Files of the weights folder that survive a fetch (placeholders tracked by git).
 KEEP_NAMES = frozenset({".gitkeep"})
 #: Default read size when hashing, bytes.

@@ -35,7 +35,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 from common.errors import BuildError, CogTritonError
 from tensorrtllm_backend.build_config import (
@@ -339,11 +339,14 @@ def stage_package(plan: BuildPlan) -> None:
 Runner = Callable[[Sequence[str]], None]
 
 
-def run_subprocess(argv: Sequence[str]) -> None:
-    """Run one build step, streaming its output; raise BuildError naming the step when it fails."""
+def run_subprocess(argv: Sequence[str], env: Optional[Mapping[str, str]] = None) -> None:
+    """Run one build step, streaming its output; raise BuildError naming the step when it fails.
+
+    ``env``: the step's whole environment (default: this process's), e.g. with one build's HF_TOKEN.
+    """
     log.info("$ %s", shlex.join(argv))
     try:
-        result = subprocess.run(list(argv), check=False)
+        result = subprocess.run(list(argv), check=False, env=None if env is None else dict(env))
     except OSError as exc:
         raise BuildError(f"could not run {argv[0]}: {exc}") from None
     if result.returncode != 0:

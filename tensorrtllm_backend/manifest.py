@@ -23,13 +23,22 @@ relative to the archive root, sizes in bytes and lowercase hex sha256.
 the fix, on: a missing, resized or altered file (:class:`ManifestError`); an engine from another
 TensorRT-LLM version, fewer visible GPUs than the world size, or a GPU of another compute
 capability (:class:`IncompatibleWeightsError`).
+
+Every successful hash of the listed files is recorded beside manifest.json in
+:data:`~common.files.VERIFIED_NAME` (each file's size, mtime in ns and sha256, keyed to the
+manifest's own sha256). With ``trust_record`` (a setup that reuses weights it fetched and checked
+before), files whose size and mtime still equal the record's are not read again; any other file
+is hashed. A full check removes the record first and writes it again only when every file
+matched, so the record never vouches for bytes that were not hashed.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
+import stat
 import tarfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -39,7 +48,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Iterable, Optional
 
 from common.errors import IncompatibleWeightsError, ManifestError
-from common.files import KEEP_NAMES, MARKER_NAME, sha256_file
+from common.files import KEEP_NAMES, MARKER_NAME, VERIFIED_NAME, sha256_file
 from tensorrtllm_backend.engine import WeightsInfo
 from tensorrtllm_backend.gpus import GPU, describe
 from tensorrtllm_backend.pins import TENSORRT_LLM_VERSION, TRITON_IMAGE, installed_tensorrt_llm_version
@@ -51,8 +60,10 @@ FORMAT_VERSION = 1
 BACKENDS = ("tensorrtllm", "reference")
 KINDS = {"tensorrtllm": "engine", "reference": "hf_checkpoint"}
 HASH_CHUNK_BYTES = 8 * 1024 * 1024
-# Files that may sit beside the archive's contents without being listed (fetch_weights' marker).
-IGNORED_NAMES = frozenset({MARKER_NAME}) | KEEP_NAMES
+# Files that may sit beside the archive's contents without being listed (fetch_weights' marker,
+# the verification record).
+IGNORED_NAMES = frozenset({MARKER_NAME, VERIFIED_NAME}) | KEEP_NAMES
+RECORD_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -188,7 +199,7 @@ def _walk(root: Path) -> list[str]:
         dirnames.sort()
         for name in filenames:
             rel = Path(dirpath, name).relative_to(root).as_posix()
-            if rel == MANIFEST_NAME or name in IGNORED_NAMES:
+            if rel == MANIFEST_NAME or name in IGNORED_NAMES or name.startswith(VERIFIED_NAME + "."):
                 continue
             found.append(rel)
     return sorted(found)
@@ -310,30 +321,115 @@ def runtime_tensorrt_llm_version() -> str:
     return installed_tensorrt_llm_version() or TENSORRT_LLM_VERSION
 
 
-def check_files(root: Path, manifest: Manifest) -> None:
+@dataclass(frozen=True)
+class FileCheck:
+    """What :func:`check_files` read: files and bytes hashed, and files trusted from the record."""
+
+    hashed_files: int = 0
+    hashed_bytes: int = 0
+    trusted_files: int = 0
+
+
+def _manifest_sha256(root: Path) -> Optional[str]:
+    try:
+        return hashlib.sha256((root / MANIFEST_NAME).read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def _read_record(root: Path, manifest_sha256: str) -> dict[str, Any]:
+    """The record's files (path -> size, mtime_ns, sha256), or {} when it is missing, unreadable or
+    was written for another manifest."""
+    try:
+        data = json.loads((root / VERIFIED_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict) or data.get("version") != RECORD_VERSION:
+        return {}
+    files = data.get("files")
+    if data.get("manifest_sha256") != manifest_sha256 or not isinstance(files, dict):
+        return {}
+    return files
+
+
+def _remove_record(root: Path) -> None:
+    try:
+        (root / VERIFIED_NAME).unlink(missing_ok=True)
+    except OSError as exc:
+        log.warning("could not remove %s: %s", root / VERIFIED_NAME, exc)
+
+
+def _write_record(root: Path, manifest_sha256: str, files: dict[str, Any]) -> None:
+    """Write the record atomically (temporary file, then rename); a read-only folder only costs a warning."""
+    path = root / VERIFIED_NAME
+    tmp = root / f"{VERIFIED_NAME}.{os.getpid()}.tmp"
+    document = {"version": RECORD_VERSION, "manifest_sha256": manifest_sha256, "files": files}
+    try:
+        tmp.write_text(json.dumps(document, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        log.warning("could not write %s (%s): the next setup hashes the weights again", path, exc)
+
+
+def _same_record(known: Any, st: os.stat_result, sha256: str) -> bool:
+    return (
+        isinstance(known, dict)
+        and known.get("size") == st.st_size
+        and known.get("mtime_ns") == st.st_mtime_ns
+        and known.get("sha256") == sha256
+    )
+
+
+def check_files(root: Path, manifest: Manifest, *, trust_record: bool = False) -> FileCheck:
     """Check that every listed file exists with its size and sha256.
+
+    Args:
+        trust_record: skip hashing the files whose size and modification time (ns) equal those in
+            the verification record of an earlier successful check (:data:`VERIFIED_NAME`, for
+            this same manifest.json). False: hash every file, whatever the record says.
+
+    Returns:
+        How many files (and bytes) were hashed, and how many were trusted from the record. After
+        a successful check the record lists every file hashed now or trusted; after a failed one
+        there is no record.
 
     Raises:
         ManifestError: listing every missing, resized or altered file (expected vs found).
     """
+    manifest_sha256 = _manifest_sha256(root)
+    record = _read_record(root, manifest_sha256) if trust_record and manifest_sha256 else {}
+    if not trust_record:
+        _remove_record(root)  # a full check vouches anew, or not at all
     problems = []
-    present = []
+    to_hash: list[FileEntry] = []
+    seen: dict[str, os.stat_result] = {}
+    kept: dict[str, Any] = {}
     for entry in manifest.files:
         path = root / entry.path
-        if not path.is_file():
+        try:
+            st = path.stat()
+        except OSError:
+            st = None
+        if st is None or not stat.S_ISREG(st.st_mode):
             problems.append(f"{entry.path} is missing")
             continue
-        size = path.stat().st_size
-        if size != entry.size:
-            problems.append(f"{entry.path} has {size} bytes, the manifest says {entry.size}")
+        if st.st_size != entry.size:
+            problems.append(f"{entry.path} has {st.st_size} bytes, the manifest says {entry.size}")
             continue
-        present.append(entry)
-    hashed = _hash_all(root, [e.path for e in present])
-    for entry in present:
+        seen[entry.path] = st
+        if _same_record(record.get(entry.path), st, entry.sha256):
+            kept[entry.path] = record[entry.path]
+        else:
+            to_hash.append(entry)
+    hashed = _hash_all(root, [e.path for e in to_hash])
+    for entry in to_hash:
         digest, _ = hashed[entry.path]
         if digest != entry.sha256:
             problems.append(f"{entry.path} has sha256 {digest}, the manifest says {entry.sha256}")
     if problems:
+        if trust_record:  # (a full check removed it already)
+            _remove_record(root)
         raise ManifestError(
             f"weights in {root} do not match {MANIFEST_NAME}: " + "; ".join(problems)
             + ". The archive was damaged or altered: download it again, or rebuild it with scripts/build_engine"
@@ -342,6 +438,21 @@ def check_files(root: Path, manifest: Manifest) -> None:
     extra = [p for p in _walk(root) if p not in listed]
     if extra:
         log.warning("files not listed in %s (ignored by verification): %s", MANIFEST_NAME, ", ".join(extra[:20]))
+    if manifest_sha256 is not None and (to_hash or set(kept) != set(record)):
+        files = dict(kept)
+        for entry in to_hash:
+            before = seen[entry.path]
+            try:
+                after = (root / entry.path).stat()
+            except OSError:
+                continue
+            if (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns):  # unchanged while hashed
+                files[entry.path] = {"size": after.st_size, "mtime_ns": after.st_mtime_ns, "sha256": entry.sha256}
+        _write_record(root, manifest_sha256, files)
+    result = FileCheck(hashed_files=len(to_hash), hashed_bytes=sum(e.size for e in to_hash), trusted_files=len(kept))
+    log.info("checked %d files against %s: %d hashed (%d bytes), %d unchanged since the last full check",
+             len(manifest.files), MANIFEST_NAME, result.hashed_files, result.hashed_bytes, result.trusted_files)
+    return result
 
 
 def check_engine_runs_here(
@@ -467,17 +578,27 @@ def check_weights_match(
 
 @dataclass
 class Verification:
-    """Result of :func:`verify_weights`: the manifest and the seconds spent hashing."""
+    """Result of :func:`verify_weights`: the manifest, the seconds spent checking, and what was read
+    (see :class:`FileCheck`)."""
 
     manifest: Manifest
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    files: FileCheck = field(default_factory=FileCheck)
 
 
-def verify_weights(root: Path, gpus: list[GPU], runtime_version: Optional[str] = None) -> Optional[Verification]:
+def verify_weights(
+    root: Path, gpus: list[GPU], runtime_version: Optional[str] = None, *, trust_record: bool = False
+) -> Optional[Verification]:
     """Verify the unpacked weights in ``root`` against their ``manifest.json``.
 
     Compatibility (cheap) is checked before the files (hashing reads every byte).
+
+    Args:
+        trust_record: for weights reused as they were (not fetched just now): files unchanged in
+            size and modification time since the last successful check are not hashed again
+            (see :func:`check_files`). False (a fetch just happened, or a full check was asked
+            for): every file is hashed.
 
     Returns:
         None when ``root`` has no manifest (nothing to verify), else the :class:`Verification`.
@@ -491,5 +612,5 @@ def verify_weights(root: Path, gpus: list[GPU], runtime_version: Optional[str] =
         return None
     started = time.monotonic()
     check_compatibility(manifest, gpus, runtime_version or runtime_tensorrt_llm_version())
-    check_files(root, manifest)
-    return Verification(manifest=manifest, seconds=time.monotonic() - started)
+    files = check_files(root, manifest, trust_record=trust_record)
+    return Verification(manifest=manifest, seconds=time.monotonic() - started, files=files)

@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import json
+import os
 import shutil
+import tarfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from common.errors import IncompatibleWeightsError, ManifestError
+from common.files import VERIFIED_NAME
 from cog_triton.weights import fetch_weights
 from tensorrtllm_backend.engine import inspect_weights
 from tensorrtllm_backend.manifest import (
@@ -319,3 +323,137 @@ def test_reference_limits_come_from_the_build_config_unless_set(tmp_path: Path) 
     }
     engine = make_engine(tmp_path / "engine")
     assert reference_limits(Settings(), manifest_for(engine))["reference_max_seq_len"] is None
+
+
+# --- the verification record: full check after a fetch, trusted size+mtime on reuse -----------
+
+
+def _verified_engine(tmp_path: Path, world: int = 2) -> Path:
+    root = make_engine(tmp_path / "e", world=world)
+    manifest_for(root, world=world)
+    return root
+
+
+def _flip_byte_keep_mtime(path: Path) -> None:
+    st = path.stat()
+    blob = bytearray(path.read_bytes())
+    blob[10] ^= 0xFF
+    path.write_bytes(bytes(blob))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))  # same size, same mtime: only hashing can tell
+
+
+def test_a_full_check_writes_the_record_and_reuse_trusts_it(tmp_path: Path) -> None:
+    root = _verified_engine(tmp_path)
+    manifest = read_manifest(root)
+    assert manifest is not None
+    first = verify_weights(root, gpus(2), TENSORRT_LLM_VERSION)
+    assert first is not None
+    assert (first.files.hashed_files, first.files.hashed_bytes) == (len(manifest.files), sum(f.size for f in manifest.files))
+    record = json.loads((root / VERIFIED_NAME).read_text())
+    assert record["manifest_sha256"] == hashlib.sha256((root / MANIFEST_NAME).read_bytes()).hexdigest()
+    assert set(record["files"]) == {f.path for f in manifest.files}
+    for entry in manifest.files:
+        st = (root / entry.path).stat()
+        assert record["files"][entry.path] == {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": entry.sha256}
+
+    reused = verify_weights(root, gpus(2), TENSORRT_LLM_VERSION, trust_record=True)
+    assert reused is not None
+    assert (reused.files.hashed_files, reused.files.hashed_bytes, reused.files.trusted_files) == (0, 0, len(manifest.files))
+
+    full = verify_weights(root, gpus(2), TENSORRT_LLM_VERSION)  # not trusting: everything again
+    assert full is not None and full.files.hashed_files == len(manifest.files)
+
+
+def test_a_file_touched_since_the_record_is_hashed_again(tmp_path: Path) -> None:
+    root = _verified_engine(tmp_path)
+    verify_weights(root, gpus(2), TENSORRT_LLM_VERSION)
+    path = root / "rank1.engine"
+    blob = bytearray(path.read_bytes())
+    blob[10] ^= 0xFF
+    path.write_bytes(bytes(blob))  # same size, new mtime
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))  # distinct even on coarse clocks
+    with pytest.raises(ManifestError, match="rank1.engine has sha256"):
+        verify_weights(root, gpus(2), TENSORRT_LLM_VERSION, trust_record=True)
+    assert not (root / VERIFIED_NAME).exists()  # a failed check leaves no record
+
+
+def test_the_record_is_only_as_good_as_size_and_mtime_and_a_full_check_is_not_fooled(tmp_path: Path) -> None:
+    root = _verified_engine(tmp_path)
+    verify_weights(root, gpus(2), TENSORRT_LLM_VERSION)
+    _flip_byte_keep_mtime(root / "rank0.engine")
+    assert verify_weights(root, gpus(2), TENSORRT_LLM_VERSION, trust_record=True) is not None  # by design
+    with pytest.raises(ManifestError, match="rank0.engine has sha256"):
+        verify_weights(root, gpus(2), TENSORRT_LLM_VERSION)  # COG_TRITON_VERIFY_WEIGHTS=full
+    assert not (root / VERIFIED_NAME).exists()
+    with pytest.raises(ManifestError, match="rank0.engine has sha256"):  # nothing vouches any more
+        verify_weights(root, gpus(2), TENSORRT_LLM_VERSION, trust_record=True)
+
+
+def test_a_record_for_another_manifest_is_ignored(tmp_path: Path) -> None:
+    root = _verified_engine(tmp_path)
+    verify_weights(root, gpus(2), TENSORRT_LLM_VERSION)
+    rewritten = manifest_for(root, world=2, triton_image="other-image")  # manifest.json rewritten
+    assert VERIFIED_NAME not in {f.path for f in rewritten.files}
+    again = verify_weights(root, gpus(2), TENSORRT_LLM_VERSION, trust_record=True)
+    assert again is not None and again.files.trusted_files == 0
+    assert again.files.hashed_files == len(rewritten.files)
+
+
+def test_a_record_never_comes_from_an_archive(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    root = _verified_engine(tmp_path)
+    verify_weights(root, gpus(2), TENSORRT_LLM_VERSION)
+    forged = (root / VERIFIED_NAME).read_bytes()
+    _flip_byte_keep_mtime(root / "rank1.engine")  # the record (from before) now vouches for altered bytes
+    archive = tmp_path / "a.tar"
+    with tarfile.open(archive, "w") as tar:  # pack_archive leaves the record out; a hand-made tar need not
+        for path in sorted(root.rglob("*")):
+            tar.add(path, arcname=path.relative_to(root).as_posix(), recursive=False)
+    with tarfile.open(archive) as tar:
+        assert VERIFIED_NAME in tar.getnames() and tar.extractfile(VERIFIED_NAME).read() == forged  # type: ignore[union-attr]
+    target = tmp_path / "w"
+    with caplog.at_level("WARNING"):
+        fetch_weights(str(archive), target)
+    assert f"skipping '{VERIFIED_NAME}'" in caplog.text
+    assert not (target / VERIFIED_NAME).exists()  # dropped while unpacking
+    with pytest.raises(ManifestError, match="rank1.engine has sha256"):
+        verify_weights(target, gpus(2), TENSORRT_LLM_VERSION, trust_record=True)
+
+
+def test_setup_sequence_full_check_after_a_fetch_then_trusted_reuse(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = _verified_engine(tmp_path)
+    archive = tmp_path / "a.tar"
+    pack_archive(root, archive, gzip=False)
+    target = tmp_path / "w"
+    assert not fetch_weights(str(archive), target).skipped
+    first = verify_weights(target, gpus(2), TENSORRT_LLM_VERSION)  # after a fetch: full
+    assert first is not None and first.files.trusted_files == 0 and (target / VERIFIED_NAME).is_file()
+    with caplog.at_level("WARNING"):
+        assert fetch_weights(str(archive), target).skipped  # the record does not disturb the marker's check
+        reused = verify_weights(target, gpus(2), TENSORRT_LLM_VERSION, trust_record=True)
+    assert reused is not None and reused.files.hashed_bytes == 0
+    assert reused.files.trusted_files == len(reused.manifest.files)
+    assert VERIFIED_NAME not in caplog.text  # not reported as a file the manifest does not list
+
+
+@pytest.mark.parametrize("mode", ["fast", "full"])
+def test_setup_trusts_the_record_only_for_reused_weights_in_fast_mode(tmp_path: Path, mode: str) -> None:
+    from cog_triton.service import LLMService
+    from cog_triton.settings import Settings
+
+    root = tmp_path / "ckpt"  # a reference-backend checkpoint: no GPU needed to verify it
+    root.mkdir()
+    (root / "config.json").write_text("{}")
+    (root / "model.safetensors").write_bytes(b"weights " * 1000)
+    write_manifest(root, name="tiny", backend="reference", build_config={})
+    service = LLMService(Settings(verify_weights=mode))
+    assert service._verify(root) is not None  # just fetched: full check, writes the record
+    _flip_byte_keep_mtime(root / "model.safetensors")
+    if mode == "fast":
+        assert service._verify(root, reused=True) is not None  # unchanged size and mtime: trusted
+    else:
+        with pytest.raises(ManifestError, match="model.safetensors has sha256"):
+            service._verify(root, reused=True)
+    with pytest.raises(ManifestError, match="model.safetensors has sha256"):
+        service._verify(root, reused=False)  # a fresh fetch is always hashed in full

@@ -261,3 +261,50 @@ def test_bad_enum_lists_allowed(clean_env: pytest.MonkeyPatch, name: str, raw: s
     assert f"{name}={raw!r}" in message
     for value in allowed:
         assert f"'{value}'" in message
+
+
+def test_weights_hardening_defaults_match_fetch_weights() -> None:
+    import inspect
+
+    from cog_triton.settings import VerifyMode
+    from cog_triton.weights import fetch_weights
+
+    s = Settings.from_env()
+    defaults = {k: p.default for k, p in inspect.signature(fetch_weights).parameters.items()}
+    assert s.download_deadline_s == defaults["deadline_s"] == 21600
+    assert s.download_min_rate_bytes_s == defaults["min_rate_bytes_s"] == 100_000
+    assert s.download_rate_grace_s == defaults["rate_grace_s"] == 60
+    assert s.max_extracted_bytes is defaults["max_extracted_bytes"] is None
+    assert s.verify_weights is VerifyMode.FAST
+
+
+def test_weights_hardening_settings_from_env(clean_env: pytest.MonkeyPatch) -> None:
+    from cog_triton.settings import VerifyMode
+
+    clean_env.setenv("COG_TRITON_DOWNLOAD_DEADLINE_S", "0")
+    clean_env.setenv("COG_TRITON_DOWNLOAD_MIN_RATE_BYTES_S", "1000000")
+    clean_env.setenv("COG_TRITON_DOWNLOAD_RATE_GRACE_S", "30")
+    clean_env.setenv("COG_TRITON_MAX_EXTRACTED_BYTES", "5000000000")
+    clean_env.setenv("COG_TRITON_VERIFY_WEIGHTS", "full")
+    s = Settings.from_env()
+    assert (s.download_deadline_s, s.download_min_rate_bytes_s, s.download_rate_grace_s) == (0, 1_000_000, 30)
+    assert s.max_extracted_bytes == 5_000_000_000
+    assert s.verify_weights is VerifyMode.FULL
+
+
+@pytest.mark.parametrize(
+    "name, raw, bound",
+    [
+        ("COG_TRITON_DOWNLOAD_DEADLINE_S", "-1", "greater than or equal to 0"),
+        ("COG_TRITON_DOWNLOAD_MIN_RATE_BYTES_S", "-5", "greater than or equal to 0"),
+        ("COG_TRITON_DOWNLOAD_MIN_RATE_BYTES_S", "1.5", "integer"),
+        ("COG_TRITON_DOWNLOAD_RATE_GRACE_S", "0", "greater than 0"),
+        ("COG_TRITON_MAX_EXTRACTED_BYTES", "0", "greater than or equal to 1"),
+        ("COG_TRITON_VERIFY_WEIGHTS", "sometimes", "'fast' or 'full'"),
+    ],
+)
+def test_weights_hardening_settings_are_validated(
+    clean_env: pytest.MonkeyPatch, name: str, raw: str, bound: str
+) -> None:
+    message = config_error(clean_env, name, raw)
+    assert f"{name}={raw!r}" in message and bound in message, message

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import os
 import shutil
 import tarfile
 from pathlib import Path
@@ -22,6 +23,7 @@ from cog_triton.local import CogServer, WeightsHTTPServer
 from cog_triton.weights import fetch_weights
 from tensorrtllm_backend.manifest import read_manifest, verify_weights
 from train import CONFIG_DIR, OUTPUT_DIR, resolve_config, train
+from cog import Secret
 
 TINY_CONFIG = """\
 name: tiny-llama
@@ -79,6 +81,36 @@ def test_train_builds_a_reference_archive(tiny_checkpoint_url: str, tmp_path: Pa
     assert manifest.build_config["source"]["checkpoint"].endswith("/checkpoint/tiny-llama")
     assert {f.path for f in manifest.files} >= {"config.json", "model.safetensors", "tokenizer.json"}
     assert verify_weights(tmp_path / "w", []) is not None
+
+
+def test_hf_token_reaches_its_own_build_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+
+    monkeypatch.setenv("HF_TOKEN", "unset-below")  # so monkeypatch restores "no HF_TOKEN" afterwards
+    monkeypatch.delenv("HF_TOKEN")
+    real_run = subprocess.run
+    seen: list[tuple[str, object]] = []
+
+    def run(argv: list[str], *args: object, **kwargs: object) -> object:
+        if "tensorrtllm_backend.convert" not in argv:
+            return real_run(argv, *args, **kwargs)  # type: ignore[call-overload]
+        # stands in for `python -m tensorrtllm_backend.convert download` (no Hub to reach here): records
+        # the HF_TOKEN the step's process would see, and leaves a minimal checkpoint where it would
+        env = kwargs.get("env")
+        environment = dict(os.environ if env is None else env)  # type: ignore[call-overload]
+        seen.append((argv[argv.index("--repo-id") + 1], environment.get("HF_TOKEN")))
+        out = Path(argv[argv.index("--output-dir") + 1])
+        out.mkdir(parents=True)
+        (out / "config.json").write_text("{}")
+        return subprocess.CompletedProcess(argv, 0)
+
+    monkeypatch.setattr(subprocess, "run", run)
+    first = asyncio.run(train(config=TINY_CONFIG, checkpoint="org/gated", hf_token=Secret("hf_s3cret")))
+    assert os.environ.get("HF_TOKEN") is None  # (not `in os.environ`: a failure would print the environment)
+    second = asyncio.run(train(config=TINY_CONFIG, checkpoint="org/public", hf_token=None))
+    assert os.environ.get("HF_TOKEN") is None
+    assert seen == [("org/gated", "hf_s3cret"), ("org/public", None)]  # the second training got no token
+    assert Path(first.weights).name == Path(second.weights).name == "tiny-llama.tar.gz"
 
 
 def test_train_refuses_an_engine_without_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,9 +5,12 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
+import json
 import logging
 import os
+import shutil
 import socket
+import stat
 import tarfile
 import threading
 import time
@@ -102,6 +105,13 @@ class Route:
     fail_first: int = 0  # answer 500 this many times first
     delay_s: float = 0.0  # sleep before answering
     content_length: Optional[int] = None  # announce this length instead of len(body)
+    trickle_bytes: int = 0  # send the body in pieces of this many bytes ...
+    trickle_interval_s: float = 0.0  # ... with this pause between them
+    drop_first_after: Optional[int] = None  # first request: announce the full body, send this many bytes, hang up
+    ranges: bool = False  # honour "Range: bytes=N-" (206), checking If-Range against the ETag
+    etag: Optional[str] = None
+    redirect_to: Optional[str] = None  # answer 302 with this Location
+    then: Optional["Route"] = None  # answers from the second request on
 
 
 class WeightsServer:
@@ -109,6 +119,7 @@ class WeightsServer:
         self.routes: dict[str, Route] = {}
         self.hits: Counter[str] = Counter()
         self.auth_headers: list[Optional[str]] = []
+        self.requests: list[tuple[str, dict[str, str], int]] = []  # (path, request headers, status answered)
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -122,6 +133,8 @@ class WeightsServer:
                 server.hits[path] += 1
                 server.auth_headers.append(self.headers.get("Authorization"))
                 route = server.routes.get(path)
+                if route is not None and route.then is not None and server.hits[path] > 1:
+                    route = route.then
                 try:
                     if route is None or route.status == 404:
                         self._send(404, b"not found")
@@ -129,20 +142,51 @@ class WeightsServer:
                     if server.hits[path] <= route.fail_first or route.status >= 500:
                         self._send(route.status if route.status >= 500 else 500, b"boom")
                         return
+                    if route.redirect_to is not None:
+                        self._record(path, 302)
+                        self.send_response(302)
+                        self.send_header("Location", route.redirect_to)
+                        self.send_header("Content-Length", "0")
+                        self.end_headers()
+                        return
                     if route.delay_s:
                         time.sleep(route.delay_s)
-                    length = len(route.body) if route.content_length is None else route.content_length
-                    self.send_response(route.status)
+                    body, status, start = route.body, route.status, 0
+                    wanted = self.headers.get("Range")
+                    if route.ranges and wanted and wanted.startswith("bytes=") and wanted.endswith("-"):
+                        if_range = self.headers.get("If-Range")
+                        if if_range is None or if_range == route.etag:
+                            start, status = int(wanted[len("bytes="):-1]), 206
+                            body = route.body[start:]
+                    length = len(body) if route.content_length is None else route.content_length
+                    self._record(path, status)
+                    self.send_response(status)
                     self.send_header("Content-Type", "application/octet-stream")
                     self.send_header("Content-Length", str(length))
-                    if length != len(route.body):
+                    if route.ranges:
+                        self.send_header("Accept-Ranges", "bytes")
+                    if route.etag:
+                        self.send_header("ETag", route.etag)
+                    if status == 206:
+                        self.send_header("Content-Range", f"bytes {start}-{len(route.body) - 1}/{len(route.body)}")
+                    drop = route.drop_first_after if server.hits[path] == 1 else None
+                    if length != len(body) or drop is not None:
                         self.send_header("Connection", "close")
                         self.close_connection = True
                     self.end_headers()
-                    self.wfile.write(route.body)
-                    self.wfile.flush()
+                    if drop is not None:
+                        body = body[:drop]
+                    step = route.trickle_bytes or len(body) or 1
+                    for offset in range(0, len(body), step):
+                        if offset and route.trickle_interval_s:
+                            time.sleep(route.trickle_interval_s)
+                        self.wfile.write(body[offset:offset + step])
+                        self.wfile.flush()
                 except (BrokenPipeError, ConnectionResetError):
                     self.close_connection = True
+
+            def _record(self, path: str, status: int) -> None:
+                server.requests.append((path, {k.lower(): v for k, v in self.headers.items()}, status))
 
             def _send(self, status: int, body: bytes) -> None:
                 self.send_response(status)
@@ -647,3 +691,344 @@ def test_hostile_archive(target: Path, tmp_path: Path, case: str) -> None:
 
 def test_all_hostile_cases_are_tested(tmp_path: Path) -> None:
     assert sorted(_hostile_cases(tmp_path)) == sorted(HOSTILE)
+
+
+# --- extraction: modes and owners (the rules of tarfile.data_filter on every Python) ---------------
+
+
+def _owned(name: str, mode: int, uid: int, gid: int, uname: str = "", gname: str = "", data: bytes = b"x"):
+    info, body = _reg(name, data)
+    info.mode, info.uid, info.gid, info.uname, info.gname = mode, uid, gid, uname, gname
+    return info, body
+
+
+def test_modes_and_owners_follow_the_data_filter_rules(target: Path, tmp_path: Path) -> None:
+    # expected modes: tarfile.data_filter's rules (CPython docs): high bits and group/other write
+    # cleared, owner read+write set, exec bits dropped when the owner cannot execute; the archive's
+    # directory modes and all owners are ignored
+    cases = {
+        "setuid-all": (0o4777, 0o755),
+        "setgid-sticky": (0o3775, 0o755),
+        "world-writable": (0o666, 0o644),
+        "no-bits": (0o000, 0o600),
+        "group-exec-only": (0o070, 0o640),
+        "owner-exec-only": (0o700, 0o700),
+    }
+    members = [_owned(name, mode, 0, 0, "root", "root") for name, (mode, _) in cases.items()]
+    members.append(_owned("someone-elses", 0o644, 4242, 4343))  # numeric owner only, as tar --numeric-owner
+    directory = tarfile.TarInfo("bin")
+    directory.type, directory.mode, directory.uid, directory.gid = tarfile.DIRTYPE, 0o7777, 4242, 4343
+    members.append((directory, None))
+    members.append(_owned("bin/tool", 0o6755, 4242, 4343))
+    hard = tarfile.TarInfo("hard-setuid")  # shares the inode of world-writable, whose mode it sets again
+    hard.type, hard.linkname, hard.mode = tarfile.LNKTYPE, "world-writable", 0o4666
+    members.append((hard, None))
+    archive = make_tar(tmp_path / "modes.tar", members, mode="w")
+
+    fetch_weights(archive, target)
+
+    umask = os.umask(0)
+    os.umask(umask)
+    found = {name: stat.S_IMODE(os.lstat(target / name).st_mode) for name in [*cases, "bin", "bin/tool"]}
+    assert found == {**{name: want for name, (_, want) in cases.items()}, "bin": 0o777 & ~umask, "bin/tool": 0o755}
+    for path in [target / name for name in [*cases, "someone-elses", "bin", "bin/tool", "hard-setuid"]]:
+        st = os.lstat(path)
+        assert (st.st_uid, st.st_gid) == (os.geteuid(), os.getegid()), path  # never chowned to 4242/4343
+        assert not st.st_mode & (stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX | stat.S_IWGRP | stat.S_IWOTH), path
+
+
+# --- extraction: depth -----------------------------------------------------------------------
+
+
+def test_deeply_nested_member_is_refused(target: Path, tmp_path: Path) -> None:
+    deep = "/".join(["d"] * 3000) + "/f.bin"
+    archive = make_tar(tmp_path / "deep.tar.gz", [_reg("ok.txt", b"fine"), _reg(deep, b"x")])
+    with pytest.raises(ArchiveError) as info:
+        fetch_weights(archive, target)
+    message = str(info.value)
+    assert str(archive) in message and "'d/d/d/d/d" in message and "3001 path components" in message
+    assert "64" in message and len(message) < 1000, message  # the member's name is shortened
+    assert_contents(target, OLD_FILES)
+    assert parent_listing(target) == ["weights"]
+
+
+def test_overlong_member_path_is_refused(target: Path, tmp_path: Path) -> None:
+    long_name = "/".join(["x" * 200] * 25)  # 25 components, 5024 bytes
+    archive = make_tar(tmp_path / "long.tar", [_reg(long_name, b"x")], mode="w")
+    with pytest.raises(ArchiveError, match="5024 bytes long, more than 4096"):
+        fetch_weights(archive, target)
+    assert_contents(target, OLD_FILES)
+
+
+def test_nesting_within_the_limit_is_fine(target: Path, tmp_path: Path) -> None:
+    name = "/".join(["d"] * 63) + "/f.bin"
+    fetch_weights(make_tar(tmp_path / "ok.tar", [_reg(name, b"deep")], mode="w"), target)
+    assert (target / name).read_bytes() == b"deep"
+
+
+# --- extraction: size limits -----------------------------------------------------------------
+
+
+def _zeros_tar(path: Path, size: int, extra: Optional[list] = None, first: Optional[list] = None) -> Path:
+    zeros = tarfile.TarInfo("zeros.bin")
+    zeros.size = size
+    return make_tar(path, [*(first or []), (zeros, io.BytesIO(bytes(size))), *(extra or [])])
+
+
+def test_extracted_size_is_bounded_by_the_setting(target: Path, tmp_path: Path) -> None:
+    archive = _zeros_tar(tmp_path / "bomb.tar.gz", 8 << 20)  # about 8 KB of gzip
+    assert archive.stat().st_size < 100_000
+    with pytest.raises(ArchiveError) as info:
+        fetch_weights(archive, target, max_extracted_bytes=1 << 20)
+    message = str(info.value)
+    assert "'zeros.bin'" in message and f"{8 << 20} bytes" in message and f"{1 << 20} bytes" in message
+    assert "COG_TRITON_MAX_EXTRACTED_BYTES" in message and str(archive) in message
+    assert_contents(target, OLD_FILES)
+    assert parent_listing(target) == ["weights"]
+
+
+def test_default_extraction_limit_is_a_multiple_of_the_archive_size(
+    target: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import cog_triton.weights as weights
+
+    monkeypatch.setattr(weights, "EXTRACT_FLOOR_BYTES", 1 << 20)  # instead of 1 GiB, to keep the test small
+    archive = _zeros_tar(tmp_path / "bomb.tar.gz", 8 << 20)
+    with pytest.raises(ArchiveError) as info:
+        fetch_weights(archive, target)
+    message = str(info.value)
+    assert f"{weights.EXTRACT_RATIO} times" in message and "COG_TRITON_MAX_EXTRACTED_BYTES" in message
+    fetch_weights(_zeros_tar(tmp_path / "ok.tar.gz", 512 << 10), target)  # 512 KiB: under the floor
+    assert (target / "zeros.bin").stat().st_size == 512 << 10
+
+
+def _manifest_member(sizes: dict[str, int]) -> tuple[tarfile.TarInfo, io.BytesIO]:
+    from tensorrtllm_backend.manifest import FileEntry, Manifest
+
+    manifest = Manifest(
+        name="m", backend="reference", kind="hf_checkpoint", tensorrt_llm_version=None, triton_image="img",
+        world_size=1, tp_size=1, pp_size=1, gpu_name=None, compute_capability=None, build_config={},
+        files=tuple(FileEntry(path, size, "0" * 64) for path, size in sizes.items()),
+    )  # fmt: skip
+    return _reg("manifest.json", json.dumps(manifest.to_json()).encode())
+
+
+@pytest.mark.parametrize("where", ["first", "last"])
+def test_manifest_tightens_the_extraction_limit(target: Path, tmp_path: Path, where: str) -> None:
+    manifest = _manifest_member({"zeros.bin": 1000})  # the archive's own manifest says 1000 bytes
+    size = 3 << 20  # more than 1000 bytes + manifest.json + 1 MiB of slack
+    if where == "first":
+        archive = _zeros_tar(tmp_path / "lying.tar.gz", size, first=[manifest])
+    else:
+        archive = _zeros_tar(tmp_path / "lying.tar.gz", size, extra=[manifest])
+    with pytest.raises(ArchiveError) as info:
+        fetch_weights(archive, target)
+    message = str(info.value)
+    assert "manifest.json" in message and "1000 bytes" in message and str(archive) in message, message
+    assert_contents(target, OLD_FILES)
+    assert parent_listing(target) == ["weights"]
+    honest = _zeros_tar(tmp_path / "honest.tar.gz", size, first=[_manifest_member({"zeros.bin": size})])
+    fetch_weights(honest, target)
+    assert (target / "zeros.bin").stat().st_size == size
+
+
+def test_not_enough_disk_space(target: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    archive = _zeros_tar(tmp_path / "a.tar.gz", 2 << 20)
+    real = shutil.disk_usage
+
+    def small_disk(path: object) -> object:  # a nearly full disk cannot be made here portably
+        usage = real(path)  # type: ignore[arg-type]
+        return type(usage)(usage.total, usage.total - 1_000_000, 1_000_000)
+
+    monkeypatch.setattr(shutil, "disk_usage", small_disk)
+    with pytest.raises(WeightsError) as info:
+        fetch_weights(archive, target)
+    message = str(info.value)
+    assert "free disk space" in message and "1000000 bytes free" in message and str(2 << 20) in message, message
+    assert_contents(target, OLD_FILES)
+    assert parent_listing(target) == ["weights"]
+
+
+def test_sparse_members_are_refused(target: Path, tmp_path: Path) -> None:
+    sparse = tarfile.TarInfo("sparse.bin")
+    sparse.type = tarfile.GNUTYPE_SPARSE
+    archive = make_tar(tmp_path / "sparse.tar", [_reg("ok.txt", b"ok"), (sparse, None)], mode="w")
+    with tarfile.open(archive) as tar:
+        assert tar.getmember("sparse.bin").issparse()  # what tarfile reads back
+    with pytest.raises(ArchiveError, match="'sparse.bin' is a sparse file"):
+        fetch_weights(archive, target)
+    assert_contents(target, OLD_FILES)
+
+
+# --- concurrent fetches ----------------------------------------------------------------------
+
+
+FETCH_IN_CHILD = """
+import json, sys, time
+from pathlib import Path
+from cog_triton.weights import fetch_weights
+url, target, work, me = sys.argv[1:]
+Path(work, f"ready-{me}").touch()
+while not Path(work, "go").exists():
+    time.sleep(0.005)
+result = fetch_weights(url, target)
+Path(work, f"result-{me}").write_text(json.dumps({"skipped": result.skipped, "sha256": result.sha256}))
+"""
+
+
+def test_concurrent_fetches_into_one_folder(server: WeightsServer, target: Path, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    files = {f"shard-{i:03d}.bin": os.urandom(20_000) for i in range(150)}
+    archive = good_tar(tmp_path / "many.tar.gz", files)
+    url = server.serve("/many.tar.gz", archive.read_bytes())
+    work = tmp_path / "work"
+    work.mkdir()
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    children = [
+        subprocess.Popen([sys.executable, "-c", FETCH_IN_CHILD, url, str(target), str(work), str(n)], env=env)
+        for n in (1, 2)
+    ]
+    deadline = time.monotonic() + 60
+    while not all((work / f"ready-{n}").exists() for n in (1, 2)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    (work / "go").touch()
+    assert [child.wait(timeout=120) for child in children] == [0, 0]
+
+    results = [json.loads((work / f"result-{n}").read_text()) for n in (1, 2)]
+    assert sorted(r["skipped"] for r in results) == [False, True]  # the second waited, then found the marker
+    assert {r["sha256"] for r in results} == {sha256_of(archive)}
+    assert server.hits["/many.tar.gz"] == 1
+    assert_contents(target, files)
+    assert parent_listing(target) == ["weights"]
+    assert fetch_weights(url, target).skipped
+
+
+def test_a_read_only_parent_still_reuses_the_weights(
+    target: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    archive = good_tar(tmp_path / "good.tar.gz")
+    fetch_weights(archive, target)
+    real_open = os.open
+    lock = str(target.parent / ".weights.lock")
+
+    def read_only_open(path: object, *args: object, **kwargs: object) -> int:  # root ignores permissions:
+        if os.fspath(path) == lock:  # a read-only file system is the case that cannot be made here
+            raise OSError(30, "Read-only file system", lock)
+        return real_open(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", read_only_open)
+    with caplog.at_level(logging.WARNING, logger="cog_triton.weights"):
+        assert fetch_weights(archive, target).skipped
+    assert "going on without a lock" in caplog.text
+    assert parent_listing(target) == ["weights"]
+
+
+# --- slow servers ----------------------------------------------------------------------------
+
+
+def test_a_trickling_server_fails_the_minimum_rate(server: WeightsServer, target: Path, tmp_path: Path) -> None:
+    body = os.urandom(1 << 20)
+    url = server.serve("/trickle.tar.gz", body, trickle_bytes=1024, trickle_interval_s=0.05)  # ~20 KB/s
+    started = time.monotonic()
+    with pytest.raises(DownloadError) as info:
+        fetch_weights(url, target, retries=0, timeout_s=5, min_rate_bytes_s=100_000, rate_grace_s=0.5)
+    elapsed = time.monotonic() - started
+    message = str(info.value)
+    assert "bytes/s" in message and "below the minimum of 100000 bytes/s" in message, message
+    assert "COG_TRITON_DOWNLOAD_MIN_RATE_BYTES_S" in message and url in message
+    assert elapsed < 5, elapsed  # not the 50 s the whole body would take
+    assert_contents(target, OLD_FILES)
+    assert parent_listing(target) == ["weights"]
+
+
+def test_the_whole_download_has_a_deadline(server: WeightsServer, target: Path, tmp_path: Path) -> None:
+    body = os.urandom(1 << 20)
+    url = server.serve("/trickle.tar.gz", body, trickle_bytes=4096, trickle_interval_s=0.05)  # ~80 KB/s
+    started = time.monotonic()
+    with pytest.raises(DownloadError) as info:
+        fetch_weights(url, target, retries=3, timeout_s=5, min_rate_bytes_s=0, deadline_s=1.0)
+    elapsed = time.monotonic() - started
+    message = str(info.value)
+    assert "deadline of 1 s" in message and "COG_TRITON_DOWNLOAD_DEADLINE_S" in message, message
+    assert 0.9 < elapsed < 4, elapsed
+    assert server.hits["/trickle.tar.gz"] == 1  # a missed deadline is not retried
+    assert parent_listing(target) == ["weights"]
+
+
+def test_download_limits_are_validated(target: Path, tmp_path: Path) -> None:
+    archive = good_tar(tmp_path / "a.tgz")
+    for kwargs in ({"deadline_s": -1}, {"min_rate_bytes_s": -1}, {"rate_grace_s": 0}, {"max_extracted_bytes": 0}):
+        with pytest.raises(ValueError, match=next(iter(kwargs))):
+            fetch_weights(archive, target, **kwargs)  # type: ignore[arg-type]
+
+
+# --- resuming downloads ----------------------------------------------------------------------
+
+
+def test_a_dropped_download_resumes_with_a_range_request(
+    server: WeightsServer, target: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    archive = good_tar(tmp_path / "big.tar.gz", {"blob.bin": os.urandom(300_000)})
+    body = archive.read_bytes()
+    cut = len(body) // 2
+    url = server.serve("/big.tar.gz", body, drop_first_after=cut, ranges=True, etag='"v1"')
+    caplog.set_level(logging.INFO, logger="cog_triton.weights")
+    result = fetch_weights(url, target, retries=1, sha256=sha256_of(archive))
+    assert (result.sha256, result.size_bytes) == (sha256_of(archive), len(body))
+    assert [(r[1].get("range"), r[1].get("if-range"), r[2]) for r in server.requests] == [
+        (None, None, 200),
+        (f"bytes={cut}-", '"v1"', 206),
+    ]
+    assert any(f"resuming" in r.getMessage() and str(cut) in r.getMessage() for r in caplog.records)
+    assert_contents(target, _members_of(archive))
+
+
+def test_a_server_that_ignores_range_restarts_from_zero(server: WeightsServer, target: Path, tmp_path: Path) -> None:
+    archive = good_tar(tmp_path / "big.tar.gz", {"blob.bin": os.urandom(300_000)})
+    body = archive.read_bytes()
+    url = server.serve("/big.tar.gz", body, drop_first_after=len(body) // 2, etag='"v1"')  # no range support
+    result = fetch_weights(url, target, retries=1, sha256=sha256_of(archive))
+    assert result.sha256 == sha256_of(archive)
+    assert [(r[1].get("range") is not None, r[2]) for r in server.requests] == [(False, 200), (True, 200)]
+    assert_contents(target, _members_of(archive))
+
+
+def test_a_changed_file_is_not_resumed(server: WeightsServer, target: Path, tmp_path: Path) -> None:
+    first = good_tar(tmp_path / "v1.tar.gz", {"blob.bin": os.urandom(300_000)}).read_bytes()
+    archive = good_tar(tmp_path / "v2.tar.gz", {"blob.bin": os.urandom(300_000)})
+    changed = Route(body=archive.read_bytes(), ranges=True, etag='"v2"')  # replaced on the server meanwhile
+    url = server.serve("/big.tar.gz", first, drop_first_after=len(first) // 2, ranges=True, etag='"v1"', then=changed)
+    result = fetch_weights(url, target, retries=1)
+    assert result.sha256 == sha256_of(archive)
+    assert [(r[1].get("if-range"), r[2]) for r in server.requests] == [(None, 200), ('"v1"', 200)]  # the whole new file
+    assert_contents(target, _members_of(archive))
+
+
+def _members_of(archive: Path) -> dict[str, bytes]:
+    with tarfile.open(archive) as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isreg()}  # type: ignore[union-attr]
+
+
+# --- redaction of redirects ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("absolute", [True, False])
+def test_a_redirects_signed_query_is_never_logged(
+    server: WeightsServer, target: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture, absolute: bool
+) -> None:
+    archive = good_tar(tmp_path / "good.tar.gz")
+    server.serve("/blob/good.tar.gz", archive.read_bytes())
+    signed = "/blob/good.tar.gz?X-Amz-Credential=AKIAEXAMPLE&X-Amz-Signature=t0ps3cr3t"
+    url = server.serve("/signed", redirect_to=server.url(signed) if absolute else signed)
+    caplog.set_level(logging.DEBUG)  # every logger: httpx, httpcore, ours
+    result = fetch_weights(url + "?token=m1ne", target)
+    assert result.sha256 == sha256_of(archive)
+    assert [r[0] for r in server.requests] == ["/signed", "/blob/good.tar.gz"]  # the redirect was followed
+    assert any(r.name.startswith("httpcore") for r in caplog.records)  # debug logs were on
+    for record in caplog.records:
+        for text in (record.getMessage(), repr(record.args), str(record.msg)):
+            for secret in ("t0ps3cr3t", "AKIAEXAMPLE", "m1ne"):
+                assert secret not in text, (record.name, text)
