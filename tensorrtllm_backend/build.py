@@ -48,7 +48,13 @@ from tensorrtllm_backend.build_config import (
 )
 from tensorrtllm_backend.gpus import GPU, describe, visible_gpus
 from tensorrtllm_backend.manifest import pack_archive, write_manifest
-from tensorrtllm_backend.pins import TENSORRT_LLM_VERSION, TRITON_IMAGE, installed_tensorrt_llm_version
+from tensorrtllm_backend.pins import (
+    TENSORRT_LLM_VERSION,
+    TRITON_IMAGE,
+    describe_version,
+    installed_tensorrt_llm_version,
+    same_release,
+)
 
 log = logging.getLogger("build_engine")
 
@@ -280,9 +286,9 @@ def preflight(config: EngineBuildConfig, gpus: list[GPU], trtllm_version: Option
             f"our Dockerfile (FROM {TRITON_IMAGE}, TensorRT-LLM {TENSORRT_LLM_VERSION}), so the version that "
             f"builds the engine is the one that serves it"
         )
-    if trtllm_version != TENSORRT_LLM_VERSION:
+    if not same_release(trtllm_version, TENSORRT_LLM_VERSION):
         raise BuildError(
-            f"installed TensorRT-LLM is {trtllm_version} but this project serves {TENSORRT_LLM_VERSION} "
+            f"installed TensorRT-LLM is {describe_version(trtllm_version)} but this project serves {TENSORRT_LLM_VERSION} "
             f"({TRITON_IMAGE}); an engine only loads in the version that built it: build inside the image built "
             f"from our Dockerfile"
         )

@@ -51,7 +51,13 @@ from common.errors import IncompatibleWeightsError, ManifestError
 from common.files import KEEP_NAMES, MARKER_NAME, VERIFIED_NAME, sha256_file
 from tensorrtllm_backend.engine import WeightsInfo
 from tensorrtllm_backend.gpus import GPU, describe
-from tensorrtllm_backend.pins import TENSORRT_LLM_VERSION, TRITON_IMAGE, installed_tensorrt_llm_version
+from tensorrtllm_backend.pins import (
+    TENSORRT_LLM_VERSION,
+    TRITON_IMAGE,
+    describe_version,
+    installed_tensorrt_llm_version,
+    same_release,
+)
 
 log = logging.getLogger(__name__)
 
@@ -480,10 +486,11 @@ def check_engine_runs_here(
         IncompatibleWeightsError: another TensorRT-LLM version; fewer GPUs than the world size; a
             GPU of another compute capability. The message names both values and the fix.
     """
-    if built_with is not None and built_with != runtime_version:
+    if built_with is not None and not same_release(built_with, runtime_version):
         raise IncompatibleWeightsError(
-            f"engine {name!r} was built with TensorRT-LLM {built_with}"
-            f"{f' ({built_image})' if built_image else ''}, but this image serves TensorRT-LLM {runtime_version} "
+            f"engine {name!r} was built with TensorRT-LLM {describe_version(built_with)}"
+            f"{f' ({built_image})' if built_image else ''}, but this image serves TensorRT-LLM "
+            f"{describe_version(runtime_version)} "
             f"({TRITON_IMAGE}); engines only load in the version that built them: rebuild it with "
             f"scripts/build_engine inside this image (FROM {TRITON_IMAGE}), or serve it with an image that ships "
             f"TensorRT-LLM {built_with}"

@@ -457,3 +457,13 @@ def test_setup_trusts_the_record_only_for_reused_weights_in_fast_mode(tmp_path: 
             service._verify(root, reused=True)
     with pytest.raises(ManifestError, match="model.safetensors has sha256"):
         service._verify(root, reused=False)  # a fresh fetch is always hashed in full
+
+
+def test_an_ngc_build_suffix_is_the_same_release(tmp_path: Path) -> None:
+    """NGC images report suffixed versions (25.11 reported 1.0.3.2510): the release is compared."""
+    root = make_engine(tmp_path / "e")
+    manifest_for(root)
+    assert verify_weights(root, gpus(1), f"{TENSORRT_LLM_VERSION}.2602") is not None
+    with pytest.raises(IncompatibleWeightsError) as info:
+        verify_weights(root, gpus(1), "1.0.3.2510")
+    assert "this image serves TensorRT-LLM 1.0.3.2510 (release 1.0.3)" in str(info.value)

@@ -410,5 +410,48 @@ def test_requirements_pin_coglet() -> None:
 
 
 def test_cog_yaml_records_the_base_image_cuda() -> None:
-    assert cog_config()["build"]["cuda"] == "13.1"  # Triton 26.02 release notes: "based on CUDA 13.1.1"
+    # Triton's compatibility matrix: tritonserver:26.02-trtllm-python-py3 has CUDA 13.0.2.006
+    assert cog_config()["build"]["cuda"] == "13.0"
     assert TRITON_IMAGE.endswith(":26.02-trtllm-python-py3")
+
+
+# --- TensorRT-LLM version strings (NGC builds report suffixed versions) -------------------------
+
+
+@pytest.mark.parametrize(
+    ("reported", "pinned", "same"),
+    [
+        ("1.1.0", "1.1.0", True),
+        ("1.0.3.2510", "1.0.3", True),  # tritonserver:25.11-trtllm-python-py3 (Triton's compatibility matrix)
+        ("1.1.0.2602", "1.1.0", True),
+        ("1.1.0.post1", "1.1.0", True),
+        ("1.1.0+cu130", "1.1.0", True),
+        ("1.1.0rc5", "1.1.0", False),  # a pre-release is another release
+        ("1.1.0rc5", "1.1.0rc5", True),
+        ("1.2.0", "1.1.0", False),
+        ("1.0.3.2510", "1.1.0", False),
+        ("garbage", "1.1.0", False),
+    ],
+)
+def test_versions_are_compared_by_release(reported: str, pinned: str, same: bool) -> None:
+    from tensorrtllm_backend.pins import same_release
+
+    assert same_release(reported, pinned) is same
+    assert same_release(pinned, reported) is same
+
+
+def test_pins_check_accepts_a_suffixed_build_and_names_the_release(tmp_path: Path) -> None:
+    for version, expected_rc, text in (
+        (f"{TENSORRT_LLM_VERSION}.2602", 0, "matches the pin"),
+        ("1.0.3.2510", 1, "ships TensorRT-LLM 1.0.3.2510 (release 1.0.3), but tensorrtllm_backend/pins.py pins"),
+    ):
+        site = tmp_path / version
+        dist = site / f"tensorrt_llm-{version}.dist-info"
+        dist.mkdir(parents=True)
+        (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: tensorrt_llm\nVersion: {version}\n")
+        result = subprocess.run(
+            [sys.executable, "-m", "tensorrtllm_backend.pins"], cwd=REPO_ROOT, capture_output=True, text=True,
+            timeout=60, env={**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{REPO_ROOT}"},
+        )
+        assert result.returncode == expected_rc, result.stderr
+        assert text in result.stdout + result.stderr
