@@ -160,7 +160,8 @@ def prompts(hf_tokenizer) -> dict[str, list[int]]:
     texts = {"haiku": "Write a haiku about the sea.", "one_word": "Answer with one word: is water wet?"}
     out = {}
     for key, text in texts.items():
-        enc = hf_tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
+        messages = [{"role": "user", "content": text}]
+        enc = hf_tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         out[key] = list(enc["input_ids"] if not isinstance(enc, list) else enc)
     return out
 
@@ -314,7 +315,7 @@ def test_non_streaming_returns_one_response_with_prompt_and_generated(url, promp
     assert status == 200 and _ids(body["output_ids"]) == prompt + greedy("one_word", 3)
 
 
-def test_exclude_input_in_output_defaults_to_false_and_requests_override_it(url, prompts, greedy):
+def test_exclude_input_in_output_defaults_to_false_and_requests_override_it(server, url, prompts, greedy):
     """4. The model config has no exclude_input_in_output parameter, so the constructor default
     (false) applies; the per-request input overrides it (backend constructor and ``utils.cc``
     ``createRequestsFromInputTensors``: "If specified in request, set from request")."""
@@ -324,6 +325,7 @@ def test_exclude_input_in_output_defaults_to_false_and_requests_override_it(url,
     assert body["sequence_length"] == len(prompt) + 3
     status, body = generate(url, request(prompt, 3, exclude_input_in_output=[True]))
     assert status == 200 and _ids(body["output_ids"]) == greedy("haiku", 3) and body["sequence_length"] == 3
+    assert "exclude_input_in_output is not specified, will be set to false" in server["log"].read_text(errors="replace")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -432,10 +434,12 @@ def test_stop_words_match_over_prompt_and_output_and_stay_in_the_output(url, pro
     in output_ids (stopCriteriaKernels.cu ``stopWordsCriterion`` @9b931c0f)."""
     prompt, g = prompts["haiku"], greedy("haiku", 8)
     straddling = [prompt[-1], g[0]]
-    status, body = generate(url, request(prompt, 8, exclude_input_in_output=[True], stop_words_list=_word_list([straddling])))
+    words = _word_list([straddling])
+    status, body = generate(url, request(prompt, 8, exclude_input_in_output=[True], stop_words_list=words))
     assert status == 200 and _ids(body["output_ids"]) == g[:1]
     in_prompt, later = prompt[-3:-1], g[2:4]
-    status, body = generate(url, request(prompt, 8, exclude_input_in_output=[True], stop_words_list=_word_list([in_prompt, later])))
+    words = _word_list([in_prompt, later])
+    status, body = generate(url, request(prompt, 8, exclude_input_in_output=[True], stop_words_list=words))
     assert status == 200 and _ids(body["output_ids"]) == g[:4] and body["sequence_length"] == 4
 
 
@@ -467,7 +471,7 @@ def test_invalid_values_are_errors_with_upstreams_text(url, prompts, extra, phra
     assert phrase in error_of(status, events)
 
 
-def test_silently_adjusted_values(url, prompts, greedy, hf_tokenizer):
+def test_silently_adjusted_values(server, url, prompts, greedy, hf_tokenizer):
     """8. What upstream adjusts instead of rejecting: runtime_top_p <= 0 is unset (``utils.cc``
     ``getSamplingConfigFromTensors``), and with top_k 0 that is greedy (9b); temperature 0 is greedy
     (runtime ``SamplingConfig::validate``); prompt + request_output_len > max_seq_len reduces
@@ -476,12 +480,17 @@ def test_silently_adjusted_values(url, prompts, greedy, hf_tokenizer):
     prompt = prompts["haiku"]
     for extra in ({"runtime_top_p": [0.0]}, {"runtime_top_p": [-1.0], "temperature": [1.3]},
                   {"temperature": [0.0], "runtime_top_k": [0], "runtime_top_p": [0.9], "seed": [5]}):
-        status, body = generate(url, request(prompt, 4, **{"runtime_top_k": None, "exclude_input_in_output": [True], **extra}))
+        body = request(prompt, 4, **{"runtime_top_k": None, "exclude_input_in_output": [True], **extra})
+        status, body = generate(url, body)
         assert status == 200 and _ids(body["output_ids"]) == greedy("haiku", 4), extra
 
     long_prompt = (hf_tokenizer.encode("word " * 400) * 2)[:MAX_INPUT_LEN]
     status, body = generate(url, request(long_prompt, 100, exclude_input_in_output=[True], end_id=[-1]))
     assert status == 200 and body["sequence_length"] == MAX_SEQ_LEN - MAX_INPUT_LEN, body
+    assert (
+        f"exceeds maximum sequence length ({MAX_SEQ_LEN}). Number of requested output tokens is changed to "
+        f"({MAX_SEQ_LEN - MAX_INPUT_LEN})." in server["log"].read_text(errors="replace")
+    )
     status, body = generate(url, request(long_prompt + [1], 4))
     assert (
         f"Prompt length ({MAX_INPUT_LEN + 1}) exceeds maximum input length ({MAX_INPUT_LEN})" in error_of(status, body)

@@ -254,7 +254,8 @@ def test_parse_request_defaults_and_values():
     )
     assert excluded.exclude_input_in_output and excluded.params.end_id == EOS
     by_default = ref.ModelLimits(max_input_len=512, max_seq_len=1024, vocab_size=49152, exclude_input_in_output=True)
-    assert ref.parse_request(request_getter(input_ids=[7], input_lengths=1, request_output_len=1), by_default).exclude_input_in_output
+    minimal_getter = request_getter(input_ids=[7], input_lengths=1, request_output_len=1)
+    assert ref.parse_request(minimal_getter, by_default).exclude_input_in_output
 
 
 @pytest.mark.parametrize(
@@ -269,7 +270,8 @@ def test_parse_request_defaults_and_values():
     ],
 )
 def test_parse_request_silent_adjustments(tensors, expected):
-    parsed = ref.parse_request(request_getter(input_ids=[1, 2, 3], input_lengths=3, request_output_len=4, **tensors), LIMITS)
+    get = request_getter(input_ids=[1, 2, 3], input_lengths=3, request_output_len=4, **tensors)
+    parsed = ref.parse_request(get, LIMITS)
     for name, value in expected.items():
         assert getattr(parsed.params, name) == value, name
 
@@ -307,7 +309,8 @@ def test_stop_word_end_matches_over_prompt_and_output():
         ({"runtime_top_k": -1}, ["Assertion failed: topK.value() >= 0", "runtime_top_k is -1"]),
         ({"len_penalty": -1.0}, ["Assertion failed: lengthPenalty.value() >= 0.f", "len_penalty is -1.0"]),
         ({"beam_width": 2}, ["beam_width must be 1", "got 2"]),
-        ({"repetition_penalty": 0.0}, ["Assertion failed: repetitionpenalty.value() > 0.f", "repetition_penalty is 0.0"]),
+        ({"repetition_penalty": 0.0},
+         ["Assertion failed: repetitionpenalty.value() > 0.f", "repetition_penalty is 0.0"]),
         ({"min_tokens": -1}, ["Assertion failed: minTokens.value() >= 0", "min_tokens is -1"]),
         ({"end_id": 49152}, ["EndId (49152) is not within acceptable range [-1, 49152)."]),
         ({"end_id": -2}, ["EndId (-2) is not within acceptable range [-1, 49152)."]),
@@ -457,7 +460,10 @@ class ScriptedGeneration:
 def test_scheduler_queue_limit_counts_only_waiting_jobs():
     sched = ref.Scheduler(max_active=1, max_queue_size=1)
     sinks = [FakeSink(str(i), []) for i in range(3)]
-    jobs = [ref.Job(generation=ScriptedGeneration(), sink=s, streaming=True, request_id=f"q{i}") for i, s in enumerate(sinks)]
+    jobs = [
+        ref.Job(generation=ScriptedGeneration(), sink=sink, streaming=True, request_id=f"q{i}")
+        for i, sink in enumerate(sinks)
+    ]
     sched.submit(jobs[0])  # active at once: does not count against the queue
     sched.submit(jobs[1])  # waits
     with pytest.raises(ref.QueueFullError, match=r"^Maximum queue size of 1 has been reached, please try again later$"):
@@ -479,7 +485,9 @@ def test_scheduler_stop_finds_the_latest_job_with_an_id_even_while_queued():
     sched = ref.Scheduler(max_active=1)
     first, second, other = FakeSink("first", []), FakeSink("second", []), FakeSink("other", [])
     running = ref.Job(generation=ScriptedGeneration(), sink=other, streaming=True, request_id="other")
-    older = ref.Job(generation=ScriptedGeneration([5] * 30), sink=first, streaming=False, request_id="dup", prefix_ids=[1])
+    older = ref.Job(
+        generation=ScriptedGeneration([5] * 30), sink=first, streaming=False, request_id="dup", prefix_ids=[1]
+    )
     newer = ref.Job(generation=ScriptedGeneration(), sink=second, streaming=True, request_id="dup")
     for job in (running, older, newer):
         sched.submit(job)
@@ -584,7 +592,9 @@ def test_triton_streaming_matches_greedy(triton_url, prompt_ids, hf_greedy):
 @pytest.mark.integration
 def test_triton_non_streaming_with_prompt_and_log_probs(triton_url, prompt_ids, hf_greedy):
     ids = prompt_ids["one_word"]
-    payload = _payload(ids, 16, streaming=[False], exclude_input_in_output=[False], return_log_probs=[True], end_id=[EOS])
+    payload = _payload(
+        ids, 16, streaming=[False], exclude_input_in_output=[False], return_log_probs=[True], end_id=[EOS]
+    )
     with httpx.Client(timeout=120) as client:
         answer = client.post(f"{triton_url}/v2/models/tensorrt_llm/generate", json=payload)
     assert answer.status_code == 200, answer.text

@@ -239,13 +239,19 @@ class SamplingParams:
             RequestError: upstream's failed assertion text plus the tensor name and value.
         """
         if self.max_new_tokens < 1:
-            raise RequestError(_assertion("mMaxNewTokens > 0", f"request_output_len is {self.max_new_tokens}; it must be >= 1"))
+            raise RequestError(
+                _assertion("mMaxNewTokens > 0", f"request_output_len is {self.max_new_tokens}; it must be >= 1")
+            )
         if not np.isfinite(self.temperature) or self.temperature < 0:
             raise RequestError(
-                _assertion("temperature.value() >= 0.f", f"temperature is {self.temperature}; it must be >= 0, 0 = greedy")
+                _assertion(
+                    "temperature.value() >= 0.f", f"temperature is {self.temperature}; it must be >= 0, 0 = greedy"
+                )
             )
         if self.top_k < 0:
-            raise RequestError(_assertion("topK.value() >= 0", f"runtime_top_k is {self.top_k}; it must be >= 0, 0 = off"))
+            raise RequestError(
+                _assertion("topK.value() >= 0", f"runtime_top_k is {self.top_k}; it must be >= 0, 0 = off")
+            )
         if self.top_p is not None and not (0.0 < self.top_p <= 1.0):
             raise RequestError(
                 _assertion("topP.value() <= 1.f", f"runtime_top_p is {self.top_p}; it must be <= 1, <= 0 = unset")
@@ -267,7 +273,9 @@ class SamplingParams:
         if not np.isfinite(self.frequency_penalty):
             raise RequestError(f"frequency_penalty must be a finite number, got {self.frequency_penalty}")
         if self.min_tokens < 0:
-            raise RequestError(_assertion("minTokens.value() >= 0", f"min_tokens is {self.min_tokens}; it must be >= 0"))
+            raise RequestError(
+                _assertion("minTokens.value() >= 0", f"min_tokens is {self.min_tokens}; it must be >= 0")
+            )
         if not (0 <= self.seed < 2**64):
             raise RequestError(f"seed must be in [0, 2**64), got {self.seed}")
 
@@ -376,7 +384,9 @@ def parse_request(
         if input_len != len(prompt):
             raise RequestError(f"input_lengths is {input_len} but input_ids has {len(prompt)} tokens; they must match")
     if not prompt:
-        raise RequestError(_assertion("!mInputTokenIds.empty()", "input_ids is empty; the prompt needs at least 1 token"))
+        raise RequestError(
+            _assertion("!mInputTokenIds.empty()", "input_ids is empty; the prompt needs at least 1 token")
+        )
     bad_ids = [t for t in prompt if not 0 <= t < limits.vocab_size]
     if bad_ids:
         # Upstream does not check prompt ids; out-of-range ids would index past the embedding.
@@ -653,7 +663,9 @@ class Generation:
             self._pending = None
             logits = self._process(logits)
             token, final_logits = self._choose(logits)
-            log_prob = float(torch.log_softmax(final_logits, dim=-1)[0, token]) if self.params.return_log_probs else None
+            log_prob = None
+            if self.params.return_log_probs:
+                log_prob = float(torch.log_softmax(final_logits, dim=-1)[0, token])
         p = self.params
         if p.end_id is not None and token == p.end_id:
             self.stop("end_id")  # the end token is not returned, so neither is its log-prob
@@ -944,9 +956,8 @@ class TritonSink:
         ]
         if log_probs is not None:
             outputs.append(pb_utils.Tensor("cum_log_probs", np.asarray([[cum_log_prob]], dtype=np.float32)))
-            outputs.append(
-                pb_utils.Tensor("output_log_probs", np.asarray(log_probs, dtype=np.float32).reshape(1, 1, len(log_probs)))
-            )
+            lp = np.asarray(log_probs, dtype=np.float32).reshape(1, 1, len(log_probs))
+            outputs.append(pb_utils.Tensor("output_log_probs", lp))
         flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
         self.sender.send(pb_utils.InferenceResponse(output_tensors=outputs), flags=flags)
 
@@ -1070,7 +1081,8 @@ class TritonPythonModel:
             except Exception as exc:  # noqa: BLE001 - never fail the whole batch
                 self._log("error", f"could not handle a request: {traceback.format_exc()}")
                 try:
-                    send_error(request.get_response_sender(), f"could not handle the request: {type(exc).__name__}: {exc}")
+                    message = f"could not handle the request: {type(exc).__name__}: {exc}"
+                    send_error(request.get_response_sender(), message)
                 except Exception:  # noqa: BLE001
                     pass
         return None
