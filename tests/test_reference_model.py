@@ -111,7 +111,7 @@ def word_list(words: list[list[int]]) -> np.ndarray:
     return np.array([flat + [0] * (width - len(flat)), offsets + [-1] * (width - len(offsets))], dtype=np.int32)
 
 
-LIMITS = ref.ModelLimits(max_input_len=512, max_seq_len=1024, vocab_size=49152, default_end_id=EOS)
+LIMITS = ref.ModelLimits(max_input_len=512, max_seq_len=1024, vocab_size=49152)
 
 
 def request_getter(**tensors):
@@ -236,14 +236,62 @@ def test_parse_request_defaults_and_values():
         runtime_top_p=0.9, seed=np.uint64(2**63 + 5), streaming=True, stop_words_list=word_list([[4, 5]]),
     )
     parsed = ref.parse_request(get, LIMITS)
-    assert parsed.prompt_ids == [1, 2, 3] and parsed.streaming and parsed.exclude_input_in_output
+    # exclude_input_in_output defaults to the model parameter, whose own default is false (upstream)
+    assert parsed.prompt_ids == [1, 2, 3] and parsed.streaming and not parsed.exclude_input_in_output
+    assert parsed.warnings == []
     p = parsed.params
-    assert (p.max_new_tokens, p.end_id, p.temperature, p.top_k, p.seed) == (8, EOS, 0.5, 40, 2**63 + 5)
-    assert p.top_p == pytest.approx(0.9)
+    assert (p.max_new_tokens, p.end_id, p.temperature, p.top_k, p.seed) == (8, None, 0.5, 40, 2**63 + 5)
+    assert p.top_p == pytest.approx(0.9) and not p.greedy
     assert p.stop_words == [[4, 5]] and p.bad_words == [] and p.min_tokens == 0 and p.repetition_penalty == 1.0
     minimal = ref.parse_request(request_getter(input_ids=[7], input_lengths=1, request_output_len=1), LIMITS)
-    assert minimal.params.temperature == 1.0 and minimal.params.top_k == 0 and minimal.params.top_p == 1.0
+    # absent end_id: no end token; absent top_k and top_p: TensorRT-LLM decodes greedily
+    assert minimal.params.temperature == 1.0 and minimal.params.top_k == 0 and minimal.params.top_p is None
+    assert minimal.params.end_id is None and minimal.params.greedy
     assert not minimal.streaming and minimal.params.seed == 0
+    excluded = ref.parse_request(
+        request_getter(input_ids=[7], input_lengths=1, request_output_len=1, end_id=EOS, exclude_input_in_output=True),
+        LIMITS,
+    )
+    assert excluded.exclude_input_in_output and excluded.params.end_id == EOS
+    by_default = ref.ModelLimits(max_input_len=512, max_seq_len=1024, vocab_size=49152, exclude_input_in_output=True)
+    minimal_getter = request_getter(input_ids=[7], input_lengths=1, request_output_len=1)
+    assert ref.parse_request(minimal_getter, by_default).exclude_input_in_output
+
+
+@pytest.mark.parametrize(
+    "tensors, expected",
+    [
+        ({"runtime_top_p": 0.0}, {"top_p": None, "greedy": True}),  # <= 0 is unset; with top_k 0: greedy
+        ({"runtime_top_p": -3.0, "runtime_top_k": 5}, {"top_p": None, "top_k": 5, "greedy": False}),
+        ({"runtime_top_p": 1.0}, {"top_p": 1.0, "greedy": False}),
+        ({"temperature": 0.0, "runtime_top_p": 0.5}, {"greedy": True}),
+        ({"end_id": -1}, {"end_id": None}),  # -1: no end token
+        ({"end_id": 0}, {"end_id": 0}),
+    ],
+)
+def test_parse_request_silent_adjustments(tensors, expected):
+    get = request_getter(input_ids=[1, 2, 3], input_lengths=3, request_output_len=4, **tensors)
+    parsed = ref.parse_request(get, LIMITS)
+    for name, value in expected.items():
+        assert getattr(parsed.params, name) == value, name
+
+
+def test_parse_request_reduces_output_len_to_max_seq_len():
+    parsed = ref.parse_request(
+        request_getter(input_ids=np.ones(500, np.int32), input_lengths=500, request_output_len=600), LIMITS
+    )
+    assert parsed.params.max_new_tokens == 1024 - 500
+    assert parsed.warnings == [
+        "Prompt length + number of requested output tokens + draft tokens per step (500 + 600 + 0) exceeds maximum "
+        "sequence length (1024). Number of requested output tokens is changed to (524)."
+    ]
+
+
+def test_stop_word_end_matches_over_prompt_and_output():
+    assert ref.stop_word_end([1, 2, 3, 4], 1, [[3, 4]]) == 4  # starts in the prompt, ends at the new token
+    assert ref.stop_word_end([1, 2, 3, 4], 1, [[2, 3]]) is None  # wholly before the new token
+    assert ref.stop_word_end([1, 2, 3, 4, 5], 2, [[3, 4], [9]]) == 4  # the first completed word wins
+    assert ref.stop_word_end([1, 2], 1, []) is None
 
 
 @pytest.mark.parametrize(
@@ -251,23 +299,30 @@ def test_parse_request_defaults_and_values():
     [
         ({"input_lengths": 4}, ["input_lengths is 4", "3 tokens"]),
         ({"input_ids": np.zeros((0,), np.int32), "input_lengths": 0}, ["input_ids is empty"]),
-        ({"input_ids": np.ones(600, np.int32), "input_lengths": 600}, ["prompt has 600 tokens, max_input_len is 512"]),
+        ({"input_ids": np.ones(600, np.int32), "input_lengths": 600},
+         ["Executor failed process requestId 0 due to the following error: Encountered an error when fetching new "
+          "request: Prompt length (600) exceeds maximum input length (512)."]),
         ({"input_ids": [1, 2, 60000]}, ["input_ids", "49152"]),
-        ({"request_output_len": 0}, ["request_output_len must be >= 1, got 0"]),
-        ({"input_ids": np.ones(500, np.int32), "input_lengths": 500, "request_output_len": 600},
-         ["input_lengths (500)", "request_output_len (600)", "max_seq_len 1024"]),
-        ({"temperature": -0.5}, ["temperature", "-0.5", ">= 0"]),
-        ({"runtime_top_p": 1.5}, ["runtime_top_p", "1.5", "[0, 1]"]),
-        ({"runtime_top_k": -1}, ["runtime_top_k", "-1", ">= 0"]),
+        ({"request_output_len": 0}, ["Assertion failed: mMaxNewTokens > 0", "request_output_len is 0"]),
+        ({"temperature": -0.5}, ["Assertion failed: temperature.value() >= 0.f", "temperature is -0.5"]),
+        ({"runtime_top_p": 1.5}, ["Assertion failed: topP.value() <= 1.f", "runtime_top_p is 1.5"]),
+        ({"runtime_top_k": -1}, ["Assertion failed: topK.value() >= 0", "runtime_top_k is -1"]),
+        ({"len_penalty": -1.0}, ["Assertion failed: lengthPenalty.value() >= 0.f", "len_penalty is -1.0"]),
         ({"beam_width": 2}, ["beam_width must be 1", "got 2"]),
-        ({"repetition_penalty": 0.0}, ["repetition_penalty", "> 0"]),
-        ({"min_tokens": -1}, ["min_tokens", ">= 0"]),
+        ({"repetition_penalty": 0.0},
+         ["Assertion failed: repetitionpenalty.value() > 0.f", "repetition_penalty is 0.0"]),
+        ({"min_tokens": -1}, ["Assertion failed: minTokens.value() >= 0", "min_tokens is -1"]),
+        ({"end_id": 49152}, ["EndId (49152) is not within acceptable range [-1, 49152)."]),
+        ({"end_id": -2}, ["EndId (-2) is not within acceptable range [-1, 49152)."]),
+        ({"input_ids": None}, ["input_ids is not present in the request."]),
+        ({"request_output_len": None}, ["request_output_len is not present in the request"]),
         ({"stop_words_list": np.array([[5, 6], [3, -1]], np.int32)}, ["stop_words_list", "strictly increasing"]),
         ({"bad_words_list": np.array([1, 2, 3], np.int32)}, ["bad_words_list", "shape"]),
     ],
 )
 def test_parse_request_rejects(overrides, fragments):
     tensors = {"input_ids": [1, 2, 3], "input_lengths": 3, "request_output_len": 4, **overrides}
+    tensors = {name: value for name, value in tensors.items() if value is not None}  # None: absent
     with pytest.raises(ref.RequestError) as info:
         ref.parse_request(request_getter(**tensors), LIMITS)
     for fragment in fragments:
@@ -282,11 +337,14 @@ def test_parse_request_rejects(overrides, fragments):
 class FakeSink:
     def __init__(self, name, order, cancel_after=None, on_tokens=None):
         self.name, self.order, self.cancel_after, self.on_tokens = name, order, cancel_after, on_tokens
-        self.tokens, self.final, self.error, self.cancelled = [], False, None, False
+        self.tokens, self.final, self.error = [], False, None
+        self.responses: list[list[int]] = []  # tokens of each response, in order
         self.done = threading.Event()
 
     def send_tokens(self, tokens, log_probs, cum_log_prob, final):
+        assert not self.final, "a response after the FINAL one"
         self.order.append(self.name)
+        self.responses.append(list(tokens))
         self.tokens += tokens
         if self.on_tokens:
             self.on_tokens(self)
@@ -294,12 +352,8 @@ class FakeSink:
             self.final = True
             self.done.set()
 
-    def send_final(self):
-        self.final = True
-        self.done.set()
-
-    def send_error(self, message, cancelled=False):
-        self.error, self.cancelled = message, cancelled
+    def send_error(self, message):
+        self.error = message
         self.done.set()
 
     def is_cancelled(self):
@@ -323,6 +377,7 @@ def test_scheduler_round_robin_fifo(model, prompt_ids, hf_greedy):
     assert order[8:] == ["C"] * 4  # C waited (FIFO) for a free slot
     for sink in sinks.values():
         assert sink.tokens == hf_greedy("haiku", 4) and sink.final and sink.error is None
+        assert sink.responses == [[t] for t in hf_greedy("haiku", 4)]  # the last token went with FINAL
 
 
 def test_scheduler_isolates_errors_and_handles_cancel_and_stop(model, prompt_ids, hf_greedy):
@@ -355,11 +410,99 @@ def test_scheduler_isolates_errors_and_handles_cancel_and_stop(model, prompt_ids
     greedy = hf_greedy("haiku", 6)
     assert ok.tokens == greedy and ok.final
     assert "generation failed: RuntimeError: boom" in broken.error
-    assert cancelled.cancelled and cancelled.tokens == greedy[:2]
+    # a client cancel ends like a stop (terminateCancelledRequests): a normal FINAL, here with 0 tokens
+    assert cancelled.final and cancelled.error is None and cancelled.tokens == greedy[:2]
+    assert cancelled.responses[-1] == [] and jobs["cancelled"].generation.finish_reason == "cancelled"
     assert stopped.final and stopped.error is None and stopped.tokens == greedy[:2]
+    assert stopped.responses == [[greedy[0]], [greedy[1]], []]  # the remaining new tokens: none
     assert jobs["stopped"].generation.finish_reason == "stopped"
     assert batch.tokens == [11, 12] + greedy and order.count("batch") == 1  # one response, prompt prefix
     assert sched.counts() == (0, 0)
+
+
+def test_scheduler_streamed_end_token_final_is_an_empty_response(model, prompt_ids, hf_greedy):
+    greedy = hf_greedy("one_word", 16)
+    assert len(greedy) < 16  # greedy decoding ends on the end token
+    sched = ref.Scheduler(max_active=1)
+    sink = FakeSink("s", [])
+    gen = ref.Generation(model, prompt_ids["one_word"], params(16, temperature=0.0))
+    sched.submit(ref.Job(generation=gen, sink=sink, streaming=True, request_id="s"))
+    sched.start()
+    try:
+        assert sink.done.wait(60)
+    finally:
+        sched.shutdown()
+    assert sink.responses == [[t] for t in greedy] + [[]] and sink.final and EOS not in sink.tokens
+
+
+class ScriptedGeneration:
+    """A TokenGenerator that emits the given tokens, one per step, and ends ("length") after them."""
+
+    def __init__(self, tokens=(7,) * 100_000):
+        self.prompt_ids, self.params = [1], ref.SamplingParams(max_new_tokens=len(tokens))
+        self.tokens, self.log_probs, self.finished, self.finish_reason = [], [], False, None
+        self._script = list(tokens)
+        self.stepped = threading.Event()
+
+    def step(self):
+        self.stepped.set()
+        time.sleep(0.002)
+        self.tokens.append(self._script[len(self.tokens)])
+        if len(self.tokens) == len(self._script):
+            self.stop("length")
+        return self.tokens[-1:]
+
+    def stop(self, reason):
+        if not self.finished:
+            self.finished, self.finish_reason = True, reason
+
+
+def test_scheduler_queue_limit_counts_only_waiting_jobs():
+    sched = ref.Scheduler(max_active=1, max_queue_size=1)
+    sinks = [FakeSink(str(i), []) for i in range(3)]
+    jobs = [
+        ref.Job(generation=ScriptedGeneration(), sink=sink, streaming=True, request_id=f"q{i}")
+        for i, sink in enumerate(sinks)
+    ]
+    sched.submit(jobs[0])  # active at once: does not count against the queue
+    sched.submit(jobs[1])  # waits
+    with pytest.raises(ref.QueueFullError, match=r"^Maximum queue size of 1 has been reached, please try again later$"):
+        sched.submit(jobs[2])
+    assert sched.counts() == (1, 1)
+    assert not sched.request_stop("q2")  # the rejected job was never registered
+    sched.start()
+    try:
+        assert sched.request_stop("q0") and sinks[0].done.wait(10)
+        assert jobs[1].generation.stepped.wait(10)  # q1 moved up into the freed slot
+        assert sched.request_stop("q1") and sinks[1].done.wait(10)
+    finally:
+        sched.shutdown()
+    assert sinks[0].final and sinks[1].final and sinks[0].error is None and sinks[1].error is None
+    assert not sched.request_stop("q0")  # ended jobs are forgotten
+
+
+def test_scheduler_stop_finds_the_latest_job_with_an_id_even_while_queued():
+    sched = ref.Scheduler(max_active=1)
+    first, second, other = FakeSink("first", []), FakeSink("second", []), FakeSink("other", [])
+    running = ref.Job(generation=ScriptedGeneration(), sink=other, streaming=True, request_id="other")
+    older = ref.Job(
+        generation=ScriptedGeneration([5] * 30), sink=first, streaming=False, request_id="dup", prefix_ids=[1]
+    )
+    newer = ref.Job(generation=ScriptedGeneration(), sink=second, streaming=True, request_id="dup")
+    for job in (running, older, newer):
+        sched.submit(job)
+    assert sched.request_stop("dup")  # a later request with the same id replaced the older one's entry
+    assert newer.stop_requested and not older.stop_requested
+    assert not sched.request_stop("") and not sched.request_stop("unknown")
+    sched.start()
+    try:
+        assert sched.request_stop("other") and other.done.wait(10)
+        assert first.done.wait(10) and second.done.wait(10)
+    finally:
+        sched.shutdown()
+    assert first.responses == [[1] + [5] * 30] and first.error is None  # ran to its end, prompt prefix
+    assert second.responses == [[]] and second.final  # stopped while queued: a FINAL with 0 tokens
+    assert not sched.request_stop("dup")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -449,7 +592,9 @@ def test_triton_streaming_matches_greedy(triton_url, prompt_ids, hf_greedy):
 @pytest.mark.integration
 def test_triton_non_streaming_with_prompt_and_log_probs(triton_url, prompt_ids, hf_greedy):
     ids = prompt_ids["one_word"]
-    payload = _payload(ids, 16, streaming=[False], exclude_input_in_output=[False], return_log_probs=[True])
+    payload = _payload(
+        ids, 16, streaming=[False], exclude_input_in_output=[False], return_log_probs=[True], end_id=[EOS]
+    )
     with httpx.Client(timeout=120) as client:
         answer = client.post(f"{triton_url}/v2/models/tensorrt_llm/generate", json=payload)
     assert answer.status_code == 200, answer.text
@@ -463,11 +608,11 @@ def test_triton_non_streaming_with_prompt_and_log_probs(triton_url, prompt_ids, 
 def test_triton_invalid_requests_then_keeps_serving(triton_url, prompt_ids, hf_greedy):
     status, events = _stream(triton_url, _payload([1] * 600, 4))
     assert status == 400 and len(events) == 1
-    assert "prompt has 600 tokens, max_input_len is 512" in events[0][1]["error"]
+    assert "Prompt length (600) exceeds maximum input length (512)" in events[0][1]["error"]
     bad = _payload(prompt_ids["haiku"], 4)
     bad["request_output_len"] = 0  # a bare scalar works as well
     status, events = _stream(triton_url, bad)
-    assert status == 400 and "request_output_len must be >= 1, got 0" in events[0][1]["error"]
+    assert status == 400 and "Assertion failed: mMaxNewTokens > 0" in events[0][1]["error"]
     status, events = _stream(triton_url, _payload(prompt_ids["haiku"], 4, stop_words_list=[5, 6, 3, -1]))
     assert status == 400 and "stop_words_list" in events[0][1]["error"]
     status, events = _stream(triton_url, _payload(prompt_ids["haiku"], 4, beam_width=[2]))

@@ -1,67 +1,101 @@
 """CPU reference implementation of the ``tensorrt_llm`` model (Triton Python backend, decoupled).
 
 It takes the same tensors as the C++ ``tensorrtllm`` backend of **TensorRT-LLM 1.1.0**, limited to
-the subset a decoder-only text model uses (see ``../config.pbtxt``). Instead of a TensorRT engine it
-runs a Hugging Face causal LM with ``transformers`` on the CPU, in float32. The aim is the same
-observable behaviour: in-flight batching, streaming, sampling parameters, stop and bad words. It is
-not the same speed.
+the subset a decoder-only text model uses (see ``../config.pbtxt``), and aims to behave like it in
+everything a client can observe: which responses are sent, their tensors and shapes, the FINAL
+flag, queueing, ``stop``, and which inputs are errors (with upstream's key phrase in the message)
+and which are silently adjusted. Instead of a TensorRT engine it runs a Hugging Face causal LM
+with ``transformers`` on the CPU, in float32. It is not the same speed, and sampled (non-greedy)
+tokens differ from the GPU kernels' (different RNG).
+
+Upstream sources (read, not copied; "backend" = NVIDIA/TensorRT-LLM
+``triton_backend/inflight_batcher_llm/src``):
+
+* responses: backend ``model_instance_state.cc`` ``fillTritonResponse`` / ``WaitForResponse``
+  (@c8c6df08); executor ``cpp/tensorrt_llm/batch_manager/llmRequest.cpp`` ``createResult``
+  (@89fd9b74): streaming sends only the tokens new since the last response (the prompt never);
+  non-streaming sends one final response with prompt + generated unless exclude_input_in_output.
+* end token: ``cpp/tensorrt_llm/kernels/stopCriteriaKernels.cu`` (@9b931c0f) and the sampling
+  kernels do not advance the sequence length on the end token, so it is never returned; a streamed
+  request that ends on it gets a final response with ``output_ids`` [1, 1, 0].
+* stop: backend ``ModelInstanceState::handleStopRequest`` / ``sendEnqueueResponse`` (@c8c6df08).
+* queue: ``cpp/tensorrt_llm/executor/executorImpl.cpp`` ``Executor::Impl::enqueueRequests``
+  (@b35ac1b6).
+* validation: ``cpp/tensorrt_llm/executor/samplingConfig.cpp`` ``SamplingConfig::check*``
+  (@da939094), backend ``utils.cc`` ``getSamplingConfigFromTensors`` /
+  ``createRequestsFromInputTensors`` (@c8c6df08), ``llmRequest.cpp`` ``LlmRequest::validate``
+  (@89fd9b74).
+* sampling defaults: ``cpp/tensorrt_llm/layers/topKSamplingLayer.cpp`` ``setup`` (@03961722) with
+  ``invokeSetupTopKRuntimeArgs`` and ``cpp/tensorrt_llm/layers/defaultDecodingParams.h``
+  (@1020a8d7): top_k unset means 0, top_p unset means 0.0, and k == 0 with p == 0 is greedy.
 
 Request tensors. Triton adds a leading batch dimension of 1 to each tensor, because the config sets
-``max_batch_size > 0``. Tensors declared with ``reshape: { shape: [ ] }`` therefore arrive as shape [1].
+``max_batch_size > 0``. Tensors declared with ``reshape: { shape: [ ] } `` arrive as shape [1].
 
-====================== ======== ========== ===============================================
-name                   dtype    shape      meaning
-====================== ======== ========== ===============================================
-input_ids              INT32    [1, L]     prompt token ids (required, 1 <= L <= max_input_len)
-input_lengths          INT32    [1]        L (required, must equal the number of input_ids)
-request_output_len     INT32    [1]        max new tokens (required, >= 1; L + it <= max_seq_len)
-end_id                 INT32    [1]        end-of-sequence id (default: the checkpoint's eos id)
-pad_id                 INT32    [1]        accepted and ignored (beam width 1 never pads)
-stop_words_list        INT32    [1, 2, S]  row 0 token ids, row 1 cumulative end offsets (-1 pad)
-bad_words_list         INT32    [1, 2, S]  same format
-beam_width             INT32    [1]        only 1 is supported
-temperature            FP32     [1]        >= 0, default 1.0; 0 means greedy
-runtime_top_k          INT32    [1]        >= 0, default 0 (off); 1 means greedy
-runtime_top_p          FP32     [1]        in [0, 1], default 1.0 (off)
-len_penalty            FP32     [1]        accepted and ignored (only used by beam search)
-repetition_penalty     FP32     [1]        > 0, default 1.0 (multiplicative, prompt + output)
-min_tokens             INT32    [1]        >= 0, default 0; end_id is banned until reached
-presence_penalty       FP32     [1]        default 0.0 (additive, output tokens only)
-frequency_penalty      FP32     [1]        default 0.0 (additive, output tokens only)
-seed                   UINT64   [1]        sampling seed, default 0
-exclude_input_in_output BOOL    [1]        default: the model parameter of the same name
-streaming              BOOL     [1]        default false
-stop                   BOOL     [1]        true: stop the running request with this request id
-return_log_probs       BOOL     [1]        default false
-====================== ======== ========== ===============================================
+======================= ======== ========== ====================================================
+name                    dtype    shape      meaning
+======================= ======== ========== ====================================================
+input_ids               INT32    [1, L]     prompt token ids (required unless stop; 1 <= L <= max_input_len)
+input_lengths           INT32    [1]        L (required by Triton; must equal the number of input_ids)
+request_output_len      INT32    [1]        max new tokens (required by Triton, >= 1); reduced to
+                                            max_seq_len - L, with a server warning, when larger
+end_id                  INT32    [1]        end token in [-1, vocab); absent or -1: no end token
+pad_id                  INT32    [1]        accepted and ignored (beam width 1 never pads)
+stop_words_list         INT32    [1, 2, S]  row 0 token ids, row 1 cumulative end offsets (-1 pad)
+bad_words_list          INT32    [1, 2, S]  same format
+beam_width              INT32    [1]        only 1 is supported
+temperature             FP32     [1]        >= 0, default 1.0; 0 means greedy
+runtime_top_k           INT32    [1]        >= 0, default 0 (off); 1 means greedy
+runtime_top_p           FP32     [1]        <= 1; <= 0 or absent means unset. top_k 0 with top_p
+                                            unset is greedy (as TensorRT-LLM's sampling layer)
+len_penalty             FP32     [1]        >= 0; otherwise ignored (only used by beam search)
+repetition_penalty      FP32     [1]        > 0, default 1.0 (multiplicative, prompt + output)
+min_tokens              INT32    [1]        >= 0, default 0; end_id is banned until reached
+presence_penalty        FP32     [1]        default 0.0 (additive, output tokens only)
+frequency_penalty       FP32     [1]        default 0.0 (additive, output tokens only)
+seed                    UINT64   [1]        sampling seed, default 0
+exclude_input_in_output BOOL     [1]        default: the model parameter of the same name (false)
+streaming               BOOL     [1]        default false
+stop                    BOOL     [1]        true: stop the request whose Triton request id is this one's
+return_log_probs        BOOL     [1]        default false
+======================= ======== ========== ====================================================
 
-Response tensors. As in the C++ backend, they carry a batch dimension of 1 and then the beam
-dimension:
+Response tensors (batch dimension 1, then the beam dimension):
 
 * ``output_ids``: INT32 [1, 1, N]
 * ``sequence_length``: INT32 [1, 1], equal to N
 * ``cum_log_probs``: FP32 [1, 1] (only when return_log_probs is true)
-* ``output_log_probs``: FP32 [1, 1, n] (only when return_log_probs is true)
+* ``output_log_probs``: FP32 [1, 1, n] (only when return_log_probs is true; generated tokens only)
 
-With streaming, every response carries the new token (N = 1). The last response, or an empty
-response sent after it, has the FINAL flag. Without streaming, one response carries all generated
-tokens, prefixed by the prompt when exclude_input_in_output is false.
+Streaming: every response carries only the tokens new since the previous one (N = 1 per step);
+the last one has the FINAL flag. When the request ends on the end token, or is stopped, that last
+response has N = 0. Non-streaming: one FINAL response with prompt + generated tokens (generated
+only when exclude_input_in_output). A ``stop`` request gets one FINAL response without tensors.
+Errors are one FINAL response with an INTERNAL error, as the C++ backend sends.
 
-The pure generation logic (:func:`parse_word_list`, :class:`SamplingParams`, :func:`parse_request`,
-:class:`Generation` and :class:`Scheduler`) does not depend on Triton. Tests import it with the real
-model.
+Layers, so that another engine (e.g. a token-rate stand-in) can reuse all but the generation:
+
+* request parsing: :func:`parse_word_list`, :class:`SamplingParams`, :class:`ModelLimits`,
+  :func:`parse_request` (numpy only);
+* the per-request generation: anything with the :class:`TokenGenerator` protocol; here
+  :class:`Generation` (transformers);
+* in-flight batching: :class:`Scheduler` with :class:`Job` (FIFO queue, max queue size, stop by
+  request id, client cancellation, response assembly) talking to a :class:`ResponseSink`;
+* Triton glue: :class:`TritonSink` and :class:`TritonPythonModel` (``create_generation`` is the
+  one place that builds generation objects).
 """
 
 from __future__ import annotations
 
 import inspect
+import itertools
 import json
 import threading
 import time
 import traceback
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Deque, List, Optional, Protocol, Sequence
+from typing import Callable, Deque, Dict, List, Optional, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -71,11 +105,21 @@ try:
 except ImportError:  # imported by tests, outside Triton
     pb_utils = None
 
-TRTLLM_VERSION = "1.1.0"  # the TensorRT-LLM release whose tensorrtllm-backend tensor names we follow
+TRTLLM_VERSION = "1.1.0"  # the TensorRT-LLM release whose tensorrtllm backend we follow
 
 
 class RequestError(ValueError):
-    """A request is invalid. The message names the tensor, the value seen and what is allowed."""
+    """A request is rejected. The message carries upstream's key phrase and what was wrong."""
+
+
+class QueueFullError(RequestError):
+    """The not-yet-scheduled queue is at its maximum size."""
+
+
+def _assertion(expression: str, detail: str) -> str:
+    """Text of a failed TLLM_CHECK (cpp/include/tensorrt_llm/common/assert.h: "[TensorRT-LLM][ERROR]
+    Assertion failed: <expr> (<file>:<line>)"); our detail stands where upstream puts file:line."""
+    return f"[TensorRT-LLM][ERROR] Assertion failed: {expression} ({detail})"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -99,7 +143,8 @@ def parse_word_list(arr: Optional[np.ndarray], name: str = "stop_words_list") ->
     Raises:
         RequestError: wrong dtype or shape; offsets not strictly increasing, not positive, larger
             than S, or followed by something other than -1 padding after the first -1; or a negative
-            token id inside a word.
+            token id inside a word. (Upstream ``utils.cc`` ``convertWordList`` fails on the same
+            lists, with terser texts.)
     """
     if arr is None:
         return []
@@ -144,23 +189,25 @@ def parse_word_list(arr: Optional[np.ndarray], name: str = "stop_words_list") ->
 
 @dataclass
 class SamplingParams:
-    """How one request is decoded. The defaults are the neutral values used when a tensor is absent.
+    """How one request is decoded. The defaults are what an absent tensor means upstream.
 
     Attributes:
-        max_new_tokens: ``request_output_len``, >= 1.
-        end_id: generating it ends the request. The end token is not returned or counted. None
-            disables it.
+        max_new_tokens: ``request_output_len`` (after the max_seq_len reduction), >= 1.
+        end_id: generating it ends the request; it is never returned or counted. None: no end token
+            (upstream decodes with ``mEndId.value_or(-1)``, createNewDecoderRequests.cpp @b35ac1b6).
         temperature: 0 means greedy. Otherwise logits are divided by it before top-k/top-p sampling.
-        top_k: ``runtime_top_k``. 0 turns it off; 1 means greedy.
-        top_p: ``runtime_top_p`` in [0, 1]. 1.0 turns it off.
+        top_k: ``runtime_top_k``; 0 is off, 1 is greedy.
+        top_p: ``runtime_top_p`` in (0, 1]; None is unset (upstream resets values <= 0 to unset).
+            With top_k 0 and top_p unset, decoding is greedy: TensorRT-LLM's top-k layer turns
+            k == 0 and p == 0.0 (both defaults) into k = 1 (topKSamplingLayer.cpp @03961722).
+        length_penalty: ``len_penalty``; checked (>= 0), otherwise unused (beam search only).
         repetition_penalty: multiplicative, over prompt and generated tokens (as HF's
             RepetitionPenaltyLogitsProcessor). 1.0 turns it off.
         presence_penalty / frequency_penalty: additive, over generated tokens:
             ``logit -= presence * (count > 0) + frequency * count``.
         min_tokens: end_id is banned until this many tokens have been generated.
         seed: seeds the request's own ``torch.Generator``. The same seed and inputs give the same tokens.
-        stop_words: token sequences. Completing one ends the request, and the sequence is included
-            in the output.
+        stop_words: token sequences. Completing one ends the request; it stays in the output.
         bad_words: token sequences that are never completed.
         return_log_probs: collect the log-probability of each chosen token.
     """
@@ -169,7 +216,8 @@ class SamplingParams:
     end_id: Optional[int] = None
     temperature: float = 1.0
     top_k: int = 0
-    top_p: float = 1.0
+    top_p: Optional[float] = None
+    length_penalty: float = 0.0
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
@@ -181,27 +229,53 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        """True when decoding is greedy (argmax): temperature 0 or top_k 1."""
-        return self.temperature == 0.0 or self.top_k == 1
+        """True when decoding is greedy: temperature 0, top_k 1, or neither top_k nor top_p set."""
+        return self.temperature == 0.0 or self.top_k == 1 or (self.top_k == 0 and self.top_p is None)
 
     def validate(self) -> None:
-        """Check the value ranges. Raises RequestError naming the tensor, the value and the range."""
+        """Range checks of ``SamplingConfig::check*`` (samplingConfig.cpp @da939094).
+
+        Raises:
+            RequestError: upstream's failed assertion text plus the tensor name and value.
+        """
         if self.max_new_tokens < 1:
-            raise RequestError(f"request_output_len must be >= 1, got {self.max_new_tokens}")
+            raise RequestError(
+                _assertion("mMaxNewTokens > 0", f"request_output_len is {self.max_new_tokens}; it must be >= 1")
+            )
         if not np.isfinite(self.temperature) or self.temperature < 0:
-            raise RequestError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+            raise RequestError(
+                _assertion(
+                    "temperature.value() >= 0.f", f"temperature is {self.temperature}; it must be >= 0, 0 = greedy"
+                )
+            )
         if self.top_k < 0:
-            raise RequestError(f"runtime_top_k must be >= 0 (0 = off), got {self.top_k}")
-        if not (0.0 <= self.top_p <= 1.0):
-            raise RequestError(f"runtime_top_p must be in [0, 1] (1 = off), got {self.top_p}")
+            raise RequestError(
+                _assertion("topK.value() >= 0", f"runtime_top_k is {self.top_k}; it must be >= 0, 0 = off")
+            )
+        if self.top_p is not None and not (0.0 < self.top_p <= 1.0):
+            raise RequestError(
+                _assertion("topP.value() <= 1.f", f"runtime_top_p is {self.top_p}; it must be <= 1, <= 0 = unset")
+            )
+        if not np.isfinite(self.length_penalty) or self.length_penalty < 0:
+            raise RequestError(
+                _assertion("lengthPenalty.value() >= 0.f", f"len_penalty is {self.length_penalty}; it must be >= 0")
+            )
         if not np.isfinite(self.repetition_penalty) or self.repetition_penalty <= 0:
-            raise RequestError(f"repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty}")
+            raise RequestError(
+                _assertion(
+                    "repetitionpenalty.value() > 0.f",
+                    f"repetition_penalty is {self.repetition_penalty}; it must be > 0, 1 = off",
+                )
+            )
+        # Upstream does not check these two; a NaN or infinity would only give garbage here.
         if not np.isfinite(self.presence_penalty):
             raise RequestError(f"presence_penalty must be a finite number, got {self.presence_penalty}")
         if not np.isfinite(self.frequency_penalty):
             raise RequestError(f"frequency_penalty must be a finite number, got {self.frequency_penalty}")
         if self.min_tokens < 0:
-            raise RequestError(f"min_tokens must be >= 0, got {self.min_tokens}")
+            raise RequestError(
+                _assertion("minTokens.value() >= 0", f"min_tokens is {self.min_tokens}; it must be >= 0")
+            )
         if not (0 <= self.seed < 2**64):
             raise RequestError(f"seed must be in [0, 2**64), got {self.seed}")
 
@@ -212,28 +286,31 @@ class ModelLimits:
 
     Attributes:
         max_input_len: longest prompt in tokens.
-        max_seq_len: the longest allowed prompt + request_output_len.
-        vocab_size: token ids must lie in [0, vocab_size).
-        default_end_id: end_id used when the request sends none (None: no end token).
-        exclude_input_in_output: default of the per-request input of the same name.
+        max_seq_len: the longest allowed prompt + request_output_len (longer requests are reduced).
+        vocab_size: token ids (and end_id) must lie in [0, vocab_size).
+        exclude_input_in_output: default of the per-request input of the same name. Upstream's
+            constructor default is false (model_instance_state.cc).
     """
 
     max_input_len: int
     max_seq_len: int
     vocab_size: int
-    default_end_id: Optional[int]
-    exclude_input_in_output: bool = True
+    exclude_input_in_output: bool = False
 
 
 @dataclass
 class ParsedRequest:
-    """A validated request: the prompt, how to decode it and how to answer."""
+    """A validated request: the prompt, how to decode it and how to answer.
+
+    ``warnings`` holds server-side log lines (e.g. the request_output_len reduction); the client
+    never sees them, as upstream.
+    """
 
     prompt_ids: List[int]
     params: SamplingParams
     streaming: bool = False
-    exclude_input_in_output: bool = True
-    stop: bool = False
+    exclude_input_in_output: bool = False
+    warnings: List[str] = field(default_factory=list)
 
 
 def _scalar(get: Callable[[str], Optional[np.ndarray]], name: str, kind: type, default):
@@ -243,6 +320,9 @@ def _scalar(get: Callable[[str], Optional[np.ndarray]], name: str, kind: type, d
     flat = np.asarray(arr).reshape(-1)
     if flat.size == 0:
         raise RequestError(f"{name} is empty; send one value")
+    if flat.size != 1:
+        # utils.h extractSingleton
+        raise RequestError(f"Invalid size for tensor {name} (got {flat.size} values, expected 1)")
     value = flat[0]
     if kind is bool:
         return bool(value)
@@ -251,29 +331,46 @@ def _scalar(get: Callable[[str], Optional[np.ndarray]], name: str, kind: type, d
     return float(value)
 
 
-def parse_request(get: Callable[[str], Optional[np.ndarray]], limits: ModelLimits) -> ParsedRequest:
-    """Read and validate one request's tensors.
+def is_stop_request(get: Callable[[str], Optional[np.ndarray]]) -> bool:
+    """True when the request's ``stop`` input is true. Upstream checks it before reading any other
+    input (``ModelInstanceState::handleStopRequest``)."""
+    return bool(_scalar(get, "stop", bool, False))
+
+
+def executor_error(request_number: int, message: str) -> str:
+    """Text of an error found by the executor after enqueueing (``LlmRequest::validate``): the
+    executor prefixes it in ``fetchNewRequests`` (executorImpl.cpp @b35ac1b6), the backend in
+    ``fillTritonResponse``."""
+    return (
+        f"Executor failed process requestId {request_number} due to the following error: "
+        f"Encountered an error when fetching new request: {message}"
+    )
+
+
+def parse_request(
+    get: Callable[[str], Optional[np.ndarray]], limits: ModelLimits, request_number: int = 0
+) -> ParsedRequest:
+    """Read and validate one (non-stop) request's tensors, in upstream's order: tensors and sampling
+    config first (backend ``utils.cc``), then ``LlmRequest::validate`` (end_id, prompt length,
+    max_seq_len reduction).
 
     Args:
         get: returns the numpy array of an input tensor by name, or None when it is absent (shapes
             as in the module docstring, with or without the batch dimension).
         limits: the model's limits and defaults.
+        request_number: used in executor-style error texts (upstream's executor request id).
 
     Raises:
-        RequestError: the first problem found, naming the tensor, the value and the allowed range.
+        RequestError: the first problem found, with upstream's key phrase.
     """
-    stop = _scalar(get, "stop", bool, False)
-    if stop:
-        return ParsedRequest(prompt_ids=[], params=SamplingParams(max_new_tokens=1), stop=True)
-
     ids = get("input_ids")
     if ids is None:
-        raise RequestError("input_ids is required (INT32 [1, L] token ids)")
+        raise RequestError("input_ids is not present in the request.")
     ids = np.asarray(ids)
     if ids.ndim == 2:
         if ids.shape[0] != 1:
             raise RequestError(
-                f"input_ids has batch size {ids.shape[0]}; this model takes one sequence per request (batch size 1)"
+                f"input_ids has batch size {ids.shape[0]}; this reference model takes one sequence per request"
             )
         ids = ids[0]
     elif ids.ndim != 1:
@@ -282,34 +379,22 @@ def parse_request(get: Callable[[str], Optional[np.ndarray]], limits: ModelLimit
         raise RequestError(f"input_ids must be int32, got dtype {ids.dtype}")
     prompt = [int(t) for t in ids]
 
-    lengths = get("input_lengths")
-    if lengths is None:
-        raise RequestError("input_lengths is required (INT32, the number of input_ids)")
-    input_len = _scalar(get, "input_lengths", int, None)
-    if input_len != len(prompt):
-        raise RequestError(f"input_lengths is {input_len} but input_ids has {len(prompt)} tokens; they must match")
+    if get("input_lengths") is not None:
+        input_len = _scalar(get, "input_lengths", int, None)
+        if input_len != len(prompt):
+            raise RequestError(f"input_lengths is {input_len} but input_ids has {len(prompt)} tokens; they must match")
     if not prompt:
-        raise RequestError("input_ids is empty; the prompt needs at least 1 token")
-    if len(prompt) > limits.max_input_len:
         raise RequestError(
-            f"input_ids: prompt has {len(prompt)} tokens, max_input_len is {limits.max_input_len}"
+            _assertion("!mInputTokenIds.empty()", "input_ids is empty; the prompt needs at least 1 token")
         )
     bad_ids = [t for t in prompt if not 0 <= t < limits.vocab_size]
     if bad_ids:
-        raise RequestError(
-            f"input_ids must be in [0, {limits.vocab_size}) (the vocabulary size); got {bad_ids[:5]}"
-        )
+        # Upstream does not check prompt ids; out-of-range ids would index past the embedding.
+        raise RequestError(f"input_ids must be in [0, {limits.vocab_size}) (the vocabulary size); got {bad_ids[:5]}")
 
     if get("request_output_len") is None:
-        raise RequestError("request_output_len is required (INT32, the number of tokens to generate)")
+        raise RequestError("request_output_len is not present in the request")
     output_len = _scalar(get, "request_output_len", int, None)
-    if output_len < 1:
-        raise RequestError(f"request_output_len must be >= 1, got {output_len}")
-    if len(prompt) + output_len > limits.max_seq_len:
-        raise RequestError(
-            f"input_lengths ({len(prompt)}) + request_output_len ({output_len}) = {len(prompt) + output_len} "
-            f"exceeds max_seq_len {limits.max_seq_len}"
-        )
 
     beam_width = _scalar(get, "beam_width", int, 1)
     if beam_width != 1:
@@ -317,13 +402,17 @@ def parse_request(get: Callable[[str], Optional[np.ndarray]], limits: ModelLimit
             f"beam_width must be 1 (beam search is not supported by this reference model), got {beam_width}"
         )
 
-    end_id = _scalar(get, "end_id", int, limits.default_end_id)
+    top_p = _scalar(get, "runtime_top_p", float, None)
+    if top_p is not None and top_p <= 0.0:
+        top_p = None  # backend utils.cc getSamplingConfigFromTensors: "if (topP <= 0) topP.reset()"
+    end_id = _scalar(get, "end_id", int, None)
     params = SamplingParams(
         max_new_tokens=output_len,
         end_id=end_id,
         temperature=_scalar(get, "temperature", float, 1.0),
         top_k=_scalar(get, "runtime_top_k", int, 0),
-        top_p=_scalar(get, "runtime_top_p", float, 1.0),
+        top_p=top_p,
+        length_penalty=_scalar(get, "len_penalty", float, 0.0),
         repetition_penalty=_scalar(get, "repetition_penalty", float, 1.0),
         presence_penalty=_scalar(get, "presence_penalty", float, 0.0),
         frequency_penalty=_scalar(get, "frequency_penalty", float, 0.0),
@@ -334,17 +423,104 @@ def parse_request(get: Callable[[str], Optional[np.ndarray]], limits: ModelLimit
         return_log_probs=_scalar(get, "return_log_probs", bool, False),
     )
     params.validate()
-    return ParsedRequest(
+    parsed = ParsedRequest(
         prompt_ids=prompt,
         params=params,
         streaming=_scalar(get, "streaming", bool, False),
         exclude_input_in_output=_scalar(get, "exclude_input_in_output", bool, limits.exclude_input_in_output),
     )
 
+    # LlmRequest::validate (llmRequest.cpp @89fd9b74), in its order.
+    if end_id is not None:
+        if not -1 <= end_id < limits.vocab_size:
+            raise RequestError(
+                executor_error(
+                    request_number, f"EndId ({end_id}) is not within acceptable range [-1, {limits.vocab_size})."
+                )
+            )
+        if end_id == -1:
+            params.end_id = None  # -1 never matches a sampled token: no end token
+    if len(prompt) > limits.max_input_len:
+        raise RequestError(
+            executor_error(
+                request_number,
+                f"Prompt length ({len(prompt)}) exceeds maximum input length ({limits.max_input_len}). Set log "
+                "level to info and check TRTGptModel logs for how maximum input length is set",
+            )
+        )
+    if len(prompt) + output_len > limits.max_seq_len:
+        reduced = limits.max_seq_len - len(prompt)
+        parsed.warnings.append(
+            f"Prompt length + number of requested output tokens + draft tokens per step ({len(prompt)} + "
+            f"{output_len} + 0) exceeds maximum sequence length ({limits.max_seq_len}). Number of requested "
+            f"output tokens is changed to ({reduced})."
+        )
+        if reduced < 1:  # only when max_input_len >= max_seq_len; upstream would then run 0 steps
+            raise RequestError(
+                executor_error(
+                    request_number,
+                    f"Prompt length ({len(prompt)}) leaves no room for output tokens in the maximum sequence "
+                    f"length ({limits.max_seq_len})",
+                )
+            )
+        params.max_new_tokens = reduced
+    return parsed
+
 
 # ------------------------------------------------------------------------------------------------
-# Model and generation
+# Generation (one request)
 # ------------------------------------------------------------------------------------------------
+
+
+def _ends_with(seq: Sequence[int], suffix: Sequence[int]) -> bool:
+    n = len(suffix)
+    return n <= len(seq) and list(seq[len(seq) - n :]) == list(suffix)
+
+
+def stop_word_end(context: Sequence[int], n_new: int, stop_words: Sequence[Sequence[int]]) -> Optional[int]:
+    """Where the first stop word completed by the last ``n_new`` tokens of ``context`` ends.
+
+    As TensorRT-LLM's ``stopWordsCriterion`` (stopCriteriaKernels.cu @9b931c0f): the word is compared
+    against prompt + output, ending at a newly generated token, so its earlier tokens may lie in the
+    prompt but a word wholly inside the prompt never matches.
+
+    Returns:
+        The length of ``context`` up to and including the stop word (the output keeps it), or None.
+    """
+    first_new = len(context) - n_new
+    for end in range(first_new + 1, len(context) + 1):
+        head = context[:end]
+        if any(word and _ends_with(head, word) for word in stop_words):
+            return end
+    return None
+
+
+class TokenGenerator(Protocol):
+    """What the :class:`Scheduler` needs from a request's generation.
+
+    Attributes:
+        prompt_ids: the prompt.
+        params: its sampling parameters (``return_log_probs`` is read).
+        tokens: the accepted generated tokens so far, never the end token.
+        log_probs: one per token in ``tokens`` when ``params.return_log_probs``.
+        finished / finish_reason: set once it ends ("end_id", "length", "stop_words", "stopped",
+            "cancelled", "error").
+    """
+
+    prompt_ids: List[int]
+    params: SamplingParams
+    tokens: List[int]
+    log_probs: List[float]
+    finished: bool
+    finish_reason: Optional[str]
+
+    def step(self) -> List[int]:
+        """Run one decoding step; return the tokens it accepted (possibly none)."""
+        ...
+
+    def stop(self, reason: str) -> None:
+        """End now and free resources."""
+        ...
 
 
 def load_model(hf_model_dir: str, torch_threads: int = 0):
@@ -362,39 +538,23 @@ def load_model(hf_model_dir: str, torch_threads: int = 0):
     return model
 
 
-def default_end_id(model) -> Optional[int]:
-    """The checkpoint's eos id from generation_config, then config. The first is taken when it is a list."""
-    for cfg in (getattr(model, "generation_config", None), getattr(model, "config", None)):
-        eos = getattr(cfg, "eos_token_id", None) if cfg is not None else None
-        if isinstance(eos, (list, tuple)):
-            eos = eos[0] if eos else None
-        if eos is not None:
-            return int(eos)
-    return None
-
-
 def vocab_size_of(model) -> int:
     """Number of rows of the input embedding (valid token ids are [0, this))."""
     return int(model.get_input_embeddings().num_embeddings)
 
 
-def _ends_with(seq: Sequence[int], suffix: Sequence[int]) -> bool:
-    n = len(suffix)
-    return n <= len(seq) and list(seq[len(seq) - n :]) == list(suffix)
-
-
 class Generation:
-    """One request's decoding state: its own KV cache (a transformers DynamicCache) and its own RNG.
+    """One request's decoding with a transformers model: its own KV cache (DynamicCache) and RNG.
 
     ``step()`` runs one forward pass: the prefill of the whole prompt on the first call, then one
-    token per call. It returns the next token id, or None when the generation ends without a token
-    (end_id generated, or already finished). After a returned token, ``finished`` may already be
-    True (request_output_len reached, or a stop word completed). ``finish_reason`` is then one of
-    "end_id", "length", "stop_words", "stopped", "cancelled" or "error".
+    token per call. It returns ``[token]``, or ``[]`` when the step ended the generation on the end
+    token (which is not kept, as upstream). After a step, ``finished`` may be True
+    (request_output_len reached, stop word completed, end token).
 
     Per step, the logits of the last position (float32) go through, in order: repetition_penalty;
-    presence/frequency penalties; min_tokens (end_id banned); bad words. Then comes greedy argmax,
-    or temperature -> top_k -> top_p -> multinomial sampling with the request's generator.
+    presence/frequency penalties; min_tokens (end_id banned); bad words. Then comes greedy argmax
+    (see :attr:`SamplingParams.greedy`), or temperature -> top_k -> top_p -> multinomial sampling
+    with the request's generator.
     """
 
     def __init__(self, model, prompt_ids: Sequence[int], params: SamplingParams) -> None:
@@ -431,7 +591,7 @@ class Generation:
                 self._warpers.append(TemperatureLogitsWarper(float(params.temperature)))
             if params.top_k > 0:
                 self._warpers.append(TopKLogitsWarper(int(params.top_k)))
-            if params.top_p < 1.0:
+            if params.top_p is not None and params.top_p < 1.0:
                 self._warpers.append(TopPLogitsWarper(float(params.top_p)))
         self._single_bad = sorted({w[0] for w in params.bad_words if len(w) == 1})
         self._multi_bad = [w for w in params.bad_words if len(w) > 1]
@@ -490,10 +650,10 @@ class Generation:
         token = int(torch.multinomial(probs, num_samples=1, generator=self._generator)[0, 0])
         return token, logits
 
-    def step(self) -> Optional[int]:
-        """Run one decoding step. Returns the new token id, or None if the generation ended without one."""
+    def step(self) -> List[int]:
+        """Run one decoding step. Returns the accepted new tokens: ``[token]``, or ``[]``."""
         if self.finished:
-            return None
+            return []
         with torch.inference_mode():
             if not self._started:
                 self._started = True
@@ -503,25 +663,26 @@ class Generation:
             self._pending = None
             logits = self._process(logits)
             token, final_logits = self._choose(logits)
+            log_prob = None
             if self.params.return_log_probs:
-                self.log_probs.append(float(torch.log_softmax(final_logits, dim=-1)[0, token]))
+                log_prob = float(torch.log_softmax(final_logits, dim=-1)[0, token])
         p = self.params
         if p.end_id is not None and token == p.end_id:
-            if self.params.return_log_probs:
-                self.log_probs.pop()  # the end token is not returned, so neither is its log-prob
-            self.stop("end_id")
-            return None
+            self.stop("end_id")  # the end token is not returned, so neither is its log-prob
+            return []
         self.tokens.append(token)
+        if log_prob is not None:
+            self.log_probs.append(log_prob)
         if self._counts is None:
             self._counts = torch.zeros(max(logits.shape[-1], token + 1), dtype=torch.float32)
         self._counts[token] += 1
-        if p.stop_words and any(_ends_with(self.prompt_ids + self.tokens, w) for w in p.stop_words):
+        if p.stop_words and stop_word_end(self.prompt_ids + self.tokens, 1, p.stop_words) is not None:
             self.stop("stop_words")
         elif len(self.tokens) >= p.max_new_tokens:
             self.stop("length")
         else:
             self._pending = token
-        return token
+        return [token]
 
     def run(self) -> List[int]:
         """Step until finished. Returns the generated tokens (without end_id)."""
@@ -541,9 +702,7 @@ class ResponseSink(Protocol):
     def send_tokens(self, tokens: List[int], log_probs: Optional[List[float]], cum_log_prob: Optional[float],
                     final: bool) -> None: ...
 
-    def send_final(self) -> None: ...
-
-    def send_error(self, message: str, cancelled: bool = False) -> None: ...
+    def send_error(self, message: str) -> None: ...
 
     def is_cancelled(self) -> bool: ...
 
@@ -553,42 +712,55 @@ class Job:
     """A queued or running request.
 
     Attributes:
-        generation: its decoding state.
+        generation: its decoding state (any :class:`TokenGenerator`).
         sink: where responses go.
-        streaming: one response per token (True), or one response at the end (False).
-        prefix_ids: prepended to the final non-streaming output (the prompt when
-            exclude_input_in_output is false).
+        streaming: one response per step with the new tokens (True), or one at the end (False).
+        prefix_ids: prepended to the non-streaming output (the prompt unless
+            exclude_input_in_output). Never streamed.
         request_id: Triton's request id. A later request with ``stop`` true and the same id stops it.
         stop_requested: set by such a stop request; the scheduler ends the job at its next turn.
+        sent: tokens already streamed.
     """
 
-    generation: Generation
+    generation: TokenGenerator
     sink: ResponseSink
     streaming: bool = False
     prefix_ids: List[int] = field(default_factory=list)
     request_id: str = ""
     stop_requested: bool = False
-    sent: int = 0  # tokens already streamed
+    sent: int = 0
 
 
 class Scheduler:
-    """In-flight batching on one background thread.
+    """In-flight batching on one background thread, with the executor's queue and stop semantics.
 
-    At most ``max_active`` jobs are active; the others wait in FIFO order. Each loop iteration
-    admits waiting jobs into free slots, then runs ONE step for each active job in turn (round
-    robin). Every running request therefore makes progress, and none waits for another to finish.
-    A new job's first step is its prefill (the whole prompt, in its own KV cache). An exception in
-    one job ends that job with an error response; the thread goes on.
+    At most ``max_active`` jobs are active; the others wait in FIFO order and are never rejected,
+    unless ``max_queue_size`` > 0 and the waiting (not-yet-scheduled) jobs would exceed it
+    (``Executor::Impl::enqueueRequests``, executorImpl.cpp @b35ac1b6: "Maximum queue size of %d has
+    been reached, please try again later"; active jobs do not count). Each loop iteration admits
+    waiting jobs into free slots, then runs ONE step for each active job in turn (round robin).
+
+    A job ends with one FINAL response that is never an error unless generation raised:
+    streaming - the tokens not yet sent (possibly none); non-streaming - prefix + all tokens. That
+    holds for the end token, length, stop words, a ``stop`` request and a client cancel alike
+    (``terminateCancelledRequests`` then ``createResult``, executorImpl.cpp / llmRequest.cpp).
+
+    ``request_stop(id)`` stops the latest job submitted with that request id, queued or running
+    (backend ``mTritonRequestIdToRequestIds``: a later request with the same id replaces the entry,
+    which is dropped when that request ends).
     """
 
-    def __init__(self, max_active: int, log: Callable[[str, str], None] = lambda level, msg: None) -> None:
+    def __init__(self, max_active: int, max_queue_size: int = 0,
+                 log: Callable[[str, str], None] = lambda level, msg: None) -> None:
         if max_active < 1:
             raise ValueError(f"max_active must be >= 1, got {max_active}")
         self.max_active = max_active
+        self.max_queue_size = max_queue_size
         self._log = log
         self._cond = threading.Condition()
         self._waiting: Deque[Job] = deque()
         self._active: List[Job] = []
+        self._by_id: Dict[str, Job] = {}
         self._closing = False
         self._thread: Optional[threading.Thread] = None
 
@@ -599,23 +771,36 @@ class Scheduler:
         self._thread.start()
 
     def submit(self, job: Job) -> None:
-        """Queue a job (FIFO)."""
+        """Queue a job (FIFO); it becomes active at once when a slot is free and nobody waits.
+
+        Raises:
+            QueueFullError: ``max_queue_size`` > 0 and that many jobs already wait.
+            RuntimeError: the scheduler is shutting down.
+        """
         with self._cond:
             if self._closing:
                 raise RuntimeError("the model is shutting down")
-            self._waiting.append(job)
+            if not self._waiting and len(self._active) < self.max_active:
+                self._active.append(job)
+            else:
+                if self.max_queue_size > 0 and len(self._waiting) + 1 > self.max_queue_size:
+                    raise QueueFullError(
+                        f"Maximum queue size of {self.max_queue_size} has been reached, please try again later"
+                    )
+                self._waiting.append(job)
+            if job.request_id:
+                self._by_id[job.request_id] = job
             self._cond.notify()
 
-    def request_stop(self, request_id: str) -> int:
-        """Ask the jobs with this request id to stop. Returns how many were found."""
-        found = 0
+    def request_stop(self, request_id: str) -> bool:
+        """Ask the job last submitted with this request id to stop. Returns whether one was found."""
         with self._cond:
-            for job in list(self._waiting) + self._active:
-                if request_id and job.request_id == request_id:
-                    job.stop_requested = True
-                    found += 1
+            job = self._by_id.get(request_id) if request_id else None
+            if job is None:
+                return False
+            job.stop_requested = True
             self._cond.notify()
-        return found
+            return True
 
     def counts(self) -> tuple[int, int]:
         """(active, waiting) job counts."""
@@ -633,6 +818,7 @@ class Scheduler:
             left = list(self._active) + list(self._waiting)
             self._active.clear()
             self._waiting.clear()
+            self._by_id.clear()
         for job in left:
             job.generation.stop("error")
             self._safe(job, lambda j=job: j.sink.send_error("the model was unloaded before the request finished"))
@@ -646,15 +832,23 @@ class Scheduler:
             self._log("warn", f"could not send a response for request {job.request_id!r}: {exc}")
             return False
 
+    def _log_probs(self, job: Job, start: int, end: int):
+        gen = job.generation
+        if not gen.params.return_log_probs:
+            return None, None
+        return list(gen.log_probs[start:end]), float(sum(gen.log_probs[:end]))
+
     def _finish(self, job: Job) -> None:
-        """Send what ends a job whose generation has finished (not for errors/cancellation)."""
+        """Send the FINAL response of a job whose generation has ended (not for errors)."""
         gen = job.generation
         if job.streaming:
-            self._safe(job, job.sink.send_final)
+            new = list(gen.tokens[job.sent:])
+            lp, cum = self._log_probs(job, job.sent, len(gen.tokens))
+            job.sent = len(gen.tokens)
+            self._safe(job, lambda: job.sink.send_tokens(new, lp, cum, True))
             return
-        tokens = job.prefix_ids + gen.tokens
-        lp = list(gen.log_probs) if gen.params.return_log_probs else None
-        cum = gen.cum_log_prob if gen.params.return_log_probs else None
+        tokens = list(job.prefix_ids) + list(gen.tokens)
+        lp, cum = self._log_probs(job, 0, len(gen.tokens))
         self._safe(job, lambda: job.sink.send_tokens(tokens, lp, cum, True))
 
     def _run_one(self, job: Job) -> bool:
@@ -664,27 +858,23 @@ class Scheduler:
             if job.sink.is_cancelled():
                 gen.stop("cancelled")
                 self._log("info", f"request {job.request_id!r} cancelled by the client after {len(gen.tokens)} tokens")
-                self._safe(job, lambda: job.sink.send_error("request cancelled by the client", cancelled=True))
+                self._finish(job)
                 return False
             if job.stop_requested:
                 gen.stop("stopped")
                 self._finish(job)
                 return False
-            token = gen.step()
-            if job.streaming and token is not None:
-                params = gen.params
-                lp = [gen.log_probs[-1]] if params.return_log_probs else None
-                cum = gen.cum_log_prob if params.return_log_probs else None
-                ok = self._safe(job, lambda: job.sink.send_tokens([token], lp, cum, gen.finished))
-                job.sent += 1
-                if not ok:
-                    gen.stop("cancelled")
-                    return False
-                if gen.finished:
-                    return False  # the FINAL flag went with the last token
+            gen.step()
             if gen.finished:
                 self._finish(job)
                 return False
+            if job.streaming and len(gen.tokens) > job.sent:
+                start, job.sent = job.sent, len(gen.tokens)
+                new = list(gen.tokens[start:])
+                lp, cum = self._log_probs(job, start, len(gen.tokens))
+                if not self._safe(job, lambda: job.sink.send_tokens(new, lp, cum, False)):
+                    gen.stop("cancelled")
+                    return False
             return True
         except Exception as exc:  # noqa: BLE001 - one request's failure must not end the others
             gen.stop("error")
@@ -693,34 +883,62 @@ class Scheduler:
             self._safe(job, lambda: job.sink.send_error(message))
             return False
 
+    def _retire(self, job: Job) -> None:
+        with self._cond:
+            if job in self._active:
+                self._active.remove(job)
+            if job.request_id and self._by_id.get(job.request_id) is job:
+                del self._by_id[job.request_id]
+
     def _loop(self) -> None:
-        with torch.inference_mode():
-            while True:
-                with self._cond:
-                    while not self._closing and not self._active and not self._waiting:
-                        self._cond.wait()
-                    if self._closing:
-                        return
-                    while self._waiting and len(self._active) < self.max_active:
-                        self._active.append(self._waiting.popleft())
-                    turn = list(self._active)
-                for job in turn:
-                    try:
-                        keep = self._run_one(job)
-                    except Exception:  # noqa: BLE001 - never let the thread die
-                        keep = False
-                        self._log("error", traceback.format_exc())
-                    if not keep:
-                        with self._cond:
-                            if job in self._active:
-                                self._active.remove(job)
-                    if self._closing:
-                        break
+        while True:
+            with self._cond:
+                while not self._closing and not self._active and not self._waiting:
+                    self._cond.wait()
+                if self._closing:
+                    return
+                while self._waiting and len(self._active) < self.max_active:
+                    self._active.append(self._waiting.popleft())
+                turn = list(self._active)
+            for job in turn:
+                try:
+                    keep = self._run_one(job)
+                except Exception:  # noqa: BLE001 - never let the thread die
+                    keep = False
+                    self._log("error", traceback.format_exc())
+                if not keep:
+                    self._retire(job)
+                if self._closing:
+                    break
 
 
 # ------------------------------------------------------------------------------------------------
 # Triton glue
 # ------------------------------------------------------------------------------------------------
+
+
+def _triton_error(message: str):
+    # The C++ backend reports every request error as TRITONSERVER_ERROR_INTERNAL.
+    code = getattr(pb_utils.TritonError, "INTERNAL", None)
+    if code is not None:
+        try:
+            return pb_utils.TritonError(message, code)
+        except TypeError:
+            pass
+    return pb_utils.TritonError(message)
+
+
+def send_error(sender, message: str) -> None:
+    """Send an error response with the FINAL flag on a decoupled sender."""
+    response = pb_utils.InferenceResponse(output_tensors=[], error=_triton_error(message))
+    sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+
+def send_empty_final(sender) -> None:
+    """A real response without output tensors, FINAL: what ``sendEnqueueResponse`` sends to a stop
+    request. Through HTTP generate_stream it is one event with only id/model_name/model_version; a
+    flags-only ``sender.send(flags=FINAL)`` would give no event at all."""
+    sender.send(pb_utils.InferenceResponse(output_tensors=[]), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
 
 class TritonSink:
@@ -731,43 +949,23 @@ class TritonSink:
         self._can_check_cancel = hasattr(sender, "is_cancelled")
 
     def send_tokens(self, tokens, log_probs, cum_log_prob, final) -> None:
+        """One response with output_ids [1, 1, n] and sequence_length [[n]] (n may be 0)."""
         outputs = [
-            pb_utils.Tensor("output_ids", np.asarray(tokens, dtype=np.int32).reshape(1, 1, -1)),
+            pb_utils.Tensor("output_ids", np.asarray(tokens, dtype=np.int32).reshape(1, 1, len(tokens))),
             pb_utils.Tensor("sequence_length", np.asarray([[len(tokens)]], dtype=np.int32)),
         ]
         if log_probs is not None:
             outputs.append(pb_utils.Tensor("cum_log_probs", np.asarray([[cum_log_prob]], dtype=np.float32)))
-            outputs.append(
-                pb_utils.Tensor("output_log_probs", np.asarray(log_probs, dtype=np.float32).reshape(1, 1, -1))
-            )
+            lp = np.asarray(log_probs, dtype=np.float32).reshape(1, 1, len(log_probs))
+            outputs.append(pb_utils.Tensor("output_log_probs", lp))
         flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
         self.sender.send(pb_utils.InferenceResponse(output_tensors=outputs), flags=flags)
 
-    def send_final(self) -> None:
-        self.sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-
-    def send_error(self, message: str, cancelled: bool = False) -> None:
-        send_error(self.sender, message, cancelled=cancelled)
+    def send_error(self, message: str) -> None:
+        send_error(self.sender, message)
 
     def is_cancelled(self) -> bool:
         return bool(self._can_check_cancel and self.sender.is_cancelled())
-
-
-def _triton_error(message: str, code_name: str):
-    code = getattr(pb_utils.TritonError, code_name, None)
-    if code is not None:
-        try:
-            return pb_utils.TritonError(message, code)
-        except TypeError:
-            pass
-    return pb_utils.TritonError(message)
-
-
-def send_error(sender, message: str, cancelled: bool = False, invalid: bool = False) -> None:
-    """Send an error response with the FINAL flag on a decoupled sender."""
-    code = "CANCELLED" if cancelled else ("INVALID_ARG" if invalid else "INTERNAL")
-    response = pb_utils.InferenceResponse(output_tensors=[], error=_triton_error(message, code))
-    sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
 
 def _param(params: dict, key: str, default, conv):
@@ -788,12 +986,25 @@ def _param(params: dict, key: str, default, conv):
         raise ValueError(f"parameter {key} must be {conv.__name__}, got {raw!r}") from None
 
 
+def max_queue_size_of(model_config: dict) -> int:
+    """``dynamic_batching.default_queue_policy.max_queue_size`` (0 = unlimited), where the C++
+    backend's ``getExecutorConfigFromParams`` reads the executor's maxQueueSize from."""
+    policy = (model_config.get("dynamic_batching") or {}).get("default_queue_policy") or {}
+    try:
+        return max(0, int(policy.get("max_queue_size", 0) or 0))
+    except (TypeError, ValueError):
+        return 0
+
+
 class TritonPythonModel:
     """The ``tensorrt_llm`` model (decoupled): validates and queues requests for the :class:`Scheduler`.
 
     Model parameters (string values): hf_model_dir (required), max_input_len, max_seq_len (default:
     the checkpoint's max_position_embeddings), max_active_requests (default 1),
-    exclude_input_in_output (default true), torch_threads (0 = torch default).
+    exclude_input_in_output (default false, as upstream), torch_threads (0 = torch default).
+    ``dynamic_batching { default_queue_policy { max_queue_size: N } }`` caps the waiting requests.
+
+    Another engine reuses this class by overriding :meth:`load_engine` and :meth:`create_generation`.
     """
 
     def _log(self, level: str, message: str) -> None:
@@ -808,19 +1019,30 @@ class TritonPythonModel:
         except Exception:  # noqa: BLE001
             print(f"[tensorrt_llm reference] {level}: {message}", flush=True)
 
+    # -- engine hooks -----------------------------------------------------------------------------
+    def load_engine(self, params: dict) -> tuple[int, int]:
+        """Load what generates tokens. Returns (vocab_size, default max_seq_len)."""
+        hf_model_dir = _param(params, "hf_model_dir", "", str)
+        if not hf_model_dir:
+            raise ValueError("parameter hf_model_dir is required (a Hugging Face checkpoint directory)")
+        self.model = load_model(hf_model_dir, _param(params, "torch_threads", 0, int))
+        torch.set_grad_enabled(False)
+        self.engine_name = f"{hf_model_dir} (torch threads {torch.get_num_threads()})"
+        n_pos = int(getattr(self.model.config, "max_position_embeddings", 0) or 0) or 2048
+        return vocab_size_of(self.model), n_pos
+
+    def create_generation(self, parsed: ParsedRequest) -> TokenGenerator:
+        """The per-request generation object for a validated request."""
+        return Generation(self.model, parsed.prompt_ids, parsed.params)
+
+    # -- Triton API -------------------------------------------------------------------------------
     def initialize(self, args) -> None:
         cfg = json.loads(args["model_config"])
         if not pb_utils.using_decoupled_model_transaction_policy(cfg):
             raise ValueError("the tensorrt_llm reference model needs model_transaction_policy { decoupled: true }")
         params = cfg.get("parameters", {})
-        hf_model_dir = _param(params, "hf_model_dir", "", str)
-        if not hf_model_dir:
-            raise ValueError("parameter hf_model_dir is required (a Hugging Face checkpoint directory)")
-        torch_threads = _param(params, "torch_threads", 0, int)
         started = time.monotonic()
-        self.model = load_model(hf_model_dir, torch_threads)
-        torch.set_grad_enabled(False)
-        n_pos = int(getattr(self.model.config, "max_position_embeddings", 0) or 0) or 2048
+        vocab_size, n_pos = self.load_engine(params)
         max_seq_len = _param(params, "max_seq_len", n_pos, int)
         max_input_len = _param(params, "max_input_len", max_seq_len - 1, int)
         max_active = _param(params, "max_active_requests", 1, int)
@@ -831,58 +1053,92 @@ class TritonPythonModel:
             )
         if max_seq_len > n_pos:
             self._log("warn", f"max_seq_len {max_seq_len} exceeds the checkpoint's max_position_embeddings {n_pos}")
+        exclude = _param(params, "exclude_input_in_output", None, bool)
+        if exclude is None:
+            # the constructor's wording (model_instance_state.cc)
+            self._log("warn", "exclude_input_in_output is not specified, will be set to false")
+            exclude = False
         self.limits = ModelLimits(
-            max_input_len=max_input_len,
-            max_seq_len=max_seq_len,
-            vocab_size=vocab_size_of(self.model),
-            default_end_id=default_end_id(self.model),
-            exclude_input_in_output=_param(params, "exclude_input_in_output", True, bool),
+            max_input_len=max_input_len, max_seq_len=max_seq_len, vocab_size=vocab_size,
+            exclude_input_in_output=exclude,
         )
-        self.scheduler = Scheduler(max_active, log=self._log)
+        max_queue = max_queue_size_of(cfg)
+        self._request_numbers = itertools.count(1)
+        self.scheduler = Scheduler(max_active, max_queue_size=max_queue, log=self._log)
         self.scheduler.start()
         self._log(
             "info",
-            f"loaded {hf_model_dir} in {time.monotonic() - started:.1f} s (TensorRT-LLM {TRTLLM_VERSION} tensor "
-            f"names; torch threads {torch.get_num_threads()}); max_input_len={max_input_len} "
-            f"max_seq_len={max_seq_len} max_active_requests={max_active} end_id={self.limits.default_end_id}",
+            f"loaded {self.engine_name} in {time.monotonic() - started:.1f} s (TensorRT-LLM {TRTLLM_VERSION} "
+            f"tensorrtllm backend behaviour); max_input_len={max_input_len} max_seq_len={max_seq_len} "
+            f"max_active_requests={max_active} max_queue_size={max_queue or 'unlimited'} "
+            f"exclude_input_in_output={exclude}",
         )
 
     def execute(self, requests):
         for request in requests:
-            sender = request.get_response_sender()
             try:
-                parsed = parse_request(lambda name, r=request: _input(r, name), self.limits)
-            except RequestError as exc:
-                self._safe_send_error(sender, str(exc), invalid=True)
-                continue
-            except Exception as exc:  # noqa: BLE001
-                self._safe_send_error(sender, f"could not read the request: {type(exc).__name__}: {exc}")
-                continue
-            request_id = request.request_id() if hasattr(request, "request_id") else ""
-            if parsed.stop:
-                found = self.scheduler.request_stop(request_id)
-                self._log("info", f"stop request for id {request_id!r}: {found} running request(s) stopped")
+                self._enqueue(request)
+            except Exception as exc:  # noqa: BLE001 - never fail the whole batch
+                self._log("error", f"could not handle a request: {traceback.format_exc()}")
                 try:
-                    sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-                except Exception as exc:  # noqa: BLE001
-                    self._log("warn", f"could not answer a stop request: {exc}")
-                continue
-            try:
-                job = Job(
-                    generation=Generation(self.model, parsed.prompt_ids, parsed.params),
-                    sink=TritonSink(sender),
-                    streaming=parsed.streaming,
-                    prefix_ids=[] if parsed.exclude_input_in_output else list(parsed.prompt_ids),
-                    request_id=request_id,
-                )
-                self.scheduler.submit(job)
-            except Exception as exc:  # noqa: BLE001
-                self._safe_send_error(sender, f"could not queue the request: {type(exc).__name__}: {exc}")
+                    message = f"could not handle the request: {type(exc).__name__}: {exc}"
+                    send_error(request.get_response_sender(), message)
+                except Exception:  # noqa: BLE001
+                    pass
         return None
 
-    def _safe_send_error(self, sender, message: str, invalid: bool = False) -> None:
+    def _enqueue(self, request) -> None:
+        sender = request.get_response_sender()
+        get = lambda name, r=request: _input(r, name)  # noqa: E731
+        request_id = request.request_id() if hasattr(request, "request_id") else ""
         try:
-            send_error(sender, message, invalid=invalid)
+            stop = is_stop_request(get)
+        except RequestError as exc:
+            self._safe_send_error(sender, str(exc))
+            return
+        if stop:  # handleStopRequest: before any other input is read
+            if not request_id:
+                self._safe_send_error(sender, "Trying to stop a request but request ID is not provided")
+                return
+            found = self.scheduler.request_stop(request_id)
+            self._log("info", f"stop request for id {request_id!r}: {int(found)} running request(s) stopped")
+            try:
+                send_empty_final(sender)
+            except Exception as exc:  # noqa: BLE001
+                self._log("warn", f"could not answer a stop request: {exc}")
+            return
+        requested = _requested_outputs(request)
+        for name in ("output_ids", "sequence_length"):
+            if requested is not None and name not in requested:
+                # fillTritonResponse sends this (as the first response) when the client lists outputs
+                self._safe_send_error(
+                    sender, f"Error encountered while populating response: {name} tensor must be present in list "
+                    "of output tensors"
+                )
+                return
+        number = next(self._request_numbers)
+        try:
+            parsed = parse_request(get, self.limits, request_number=number)
+        except RequestError as exc:
+            self._safe_send_error(sender, str(exc))
+            return
+        for warning in parsed.warnings:
+            self._log("warn", warning)
+        job = Job(
+            generation=self.create_generation(parsed),
+            sink=TritonSink(sender),
+            streaming=parsed.streaming,
+            prefix_ids=[] if parsed.exclude_input_in_output else list(parsed.prompt_ids),
+            request_id=request_id,
+        )
+        try:
+            self.scheduler.submit(job)
+        except RequestError as exc:
+            self._safe_send_error(sender, str(exc))
+
+    def _safe_send_error(self, sender, message: str) -> None:
+        try:
+            send_error(sender, message)
         except Exception as exc:  # noqa: BLE001
             self._log("warn", f"could not send an error response ({message}): {exc}")
 
@@ -896,3 +1152,15 @@ class TritonPythonModel:
 def _input(request, name: str) -> Optional[np.ndarray]:
     tensor = pb_utils.get_input_tensor_by_name(request, name)
     return None if tensor is None else tensor.as_numpy()
+
+
+def _requested_outputs(request) -> Optional[set]:
+    """The output names the client asked for (Triton lists all of them when the client named none)."""
+    getter = getattr(request, "requested_output_names", None)
+    if getter is None:
+        return None
+    try:
+        names = getter()
+    except Exception:  # noqa: BLE001
+        return None
+    return set(names) if names else None

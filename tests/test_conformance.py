@@ -1,0 +1,551 @@
+"""Conformance of the CPU reference ``tensorrt_llm`` model with the C++ ``tensorrtllm`` backend.
+
+The reference model (triton_model_repo/tensorrt_llm_reference) stands in for TensorRT-LLM 1.1.0's
+C++ Triton backend on machines without a GPU, so it must behave the same in everything a client
+can observe. Each test below pins one behaviour against the real model served by a real
+``tritonserver`` (the nvidia-pytriton bundle), over HTTP ``generate_stream`` / ``generate``.
+(``/v2/models/<m>/infer`` answers 501 "HTTP end point doesn't support models with decoupled
+transaction policy" in Triton 2.51, so non-streaming requests go through ``generate``.)
+
+Sources: "backend" is NVIDIA/TensorRT-LLM ``triton_backend/inflight_batcher_llm/src``
+@c8c6df08 (same logic in triton-inference-server/tensorrtllm_backend r25.05); the executor files
+are under NVIDIA/TensorRT-LLM ``cpp/tensorrt_llm``.
+
+=== ============================================================ ==================================================
+#   behaviour                                                    upstream source
+=== ============================================================ ==================================================
+1   streaming: each response has only the new tokens,            ``batch_manager/llmRequest.cpp`` ``createResult``
+    output_ids [1,1,n], sequence_length [[n]]; the prompt is     (@89fd9b74: ``mMaxSentTokenLen`` starts at the
+    never streamed, whatever exclude_input_in_output says        prompt length); backend ``fillTritonResponse``
+2   the end token is never returned; a streamed request that     ``kernels/stopCriteriaKernels.cu`` (@9b931c0f) and
+    ends on it gets a real FINAL response with output_ids        the sampling kernels do not advance the sequence
+    [1,1,0] and sequence_length [[0]]                            length on EOS; ``createResult`` still emits when
+                                                                 ``isFinished()``; backend ``WaitForResponse``
+3   non-streaming: one FINAL response, output_ids = prompt +     ``llmRequest.cpp`` ``createResult``
+    generated (generated only with exclude_input_in_output),
+    sequence_length = that count
+4   exclude_input_in_output: model parameter default false when  backend ``ModelInstanceState`` constructor;
+    absent; the per-request input overrides it                   ``utils.cc`` ``createRequestsFromInputTensors``
+5   requests beyond the active slots wait (FIFO); with           ``executor/executorImpl.cpp`` (@b35ac1b6)
+    ``default_queue_policy.max_queue_size`` N > 0 one more       ``enqueueRequests`` / ``getLeaderNewReqWithIds``;
+    waiting request gets "Maximum queue size of N has been       backend ``getExecutorConfigFromParams``
+    reached, please try again later" (active ones don't count)
+6   ``stop``: matched by Triton request id; known and unknown    backend ``handleStopRequest``,
+    ids get one empty successful FINAL response; no id is an     ``sendEnqueueResponse``; ``executorImpl.cpp``
+    error; the stopped request ends with a normal FINAL          ``terminateCancelledRequests``
+    (streaming: remaining tokens; non-streaming: so far)
+7   stop words match over prompt + output, ending at a new       ``kernels/stopCriteriaKernels.cu``
+    token; a word wholly in the prompt never triggers; the       ``stopWordsCriterion`` (@9b931c0f)
+    matched tokens stay in output_ids
+8   validation: top_p <= 0 is unset; top_p > 1, repetition       ``executor/samplingConfig.cpp`` ``check*``
+    penalty <= 0, temperature < 0, top_k < 0, min_tokens < 0,    (@da939094); backend ``utils.cc``
+    request_output_len <= 0 are errors; temperature 0 is         ``getSamplingConfigFromTensors``;
+    greedy; prompt > max_input_len is an error; prompt +         ``llmRequest.cpp`` ``LlmRequest::validate``
+    output > max_seq_len is reduced, not an error; end_id        (@89fd9b74); ``requestImpl.h`` ``validate``
+    outside [-1, vocab) is an error, -1 means no end token
+9a  no end_id means no end token                                 ``batch_manager/createNewDecoderRequests.cpp``
+                                                                 (@b35ac1b6: ``mEndId.value_or(-1)``)
+9b  neither top_k nor top_p (or top_p <= 0): greedy              ``layers/topKSamplingLayer.cpp`` ``setup``
+                                                                 (@03961722), ``defaultDecodingParams.h``
+                                                                 (@1020a8d7): k == 0 and p == 0.0 -> k = 1
+9c  len_penalty < 0 is an error; beam_width > 1 is rejected      ``samplingConfig.cpp`` ``checkLengthPenalty``;
+    (the reference has no beam search)                           (reference limitation)
+9d  a client that lists outputs without output_ids gets "output  backend ``fillTritonResponse``
+    _ids tensor must be present in list of output tensors"
+=== ============================================================ ==================================================
+
+What a client sees of a FINAL response through HTTP ``generate_stream`` (measured on Triton 2.51):
+a flags-only final (``sender.send(flags=FINAL)``, no response object) produces **no event**; a
+real response with output_ids [1,1,0] produces an event ``{"output_ids": [], "sequence_length":
+0, ...}``; a real response without tensors (the stop reply) produces an event with only ``id``,
+``model_name`` and ``model_version``. Non-streaming ``generate`` accepts exactly one response, so a
+token response followed by an empty final is an error there ("generate expects model to produce
+exactly 1 response"). Error responses give HTTP 400 whatever their Triton error code.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import socket
+import string
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from httpx_sse import connect_sse
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL_DIR = ROOT / "triton_model_repo" / "tensorrt_llm_reference"
+CHECKPOINT = ROOT / "build" / "default_model" / "checkpoint"
+EOS = 2  # SmolLM2's <|im_end|>
+VOCAB = 49152
+MAX_ACTIVE = 2
+MAX_QUEUE = 1
+MAX_INPUT_LEN = 200
+MAX_SEQ_LEN = 256
+
+pytestmark = pytest.mark.integration
+
+
+# ------------------------------------------------------------------------------------------------
+# server and helpers
+# ------------------------------------------------------------------------------------------------
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def render_config() -> str:
+    """The reference template, filled; exclude_input_in_output left out (as the renderer drops an
+    empty parameter), and a queue limit added where the C++ backend reads it."""
+    text = (MODEL_DIR / "config.pbtxt").read_text()
+    text = "\n".join(line for line in text.splitlines() if '"exclude_input_in_output" value' not in line)
+    text = string.Template(text).substitute(
+        triton_max_batch_size=MAX_ACTIVE, decoupled_mode="true", max_queue_delay_microseconds=0,
+        hf_model_dir=str(CHECKPOINT), max_input_len=MAX_INPUT_LEN, max_seq_len=MAX_SEQ_LEN, torch_threads=0,
+    )
+    policy = f"  default_queue_policy {{ max_queue_size: {MAX_QUEUE} }}\n"
+    text, count = re.subn(r"(dynamic_batching \{\n)", r"\1" + policy, text)
+    assert count == 1
+    return text
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """One tritonserver for the module, serving only the reference model as ``tensorrt_llm``."""
+    from tensorrtllm_backend.server import LaunchConfig, TritonServer, locate_tritonserver
+
+    tmp = tmp_path_factory.mktemp("conformance")
+    target = tmp / "repo" / "tensorrt_llm"
+    (target / "1").mkdir(parents=True)
+    shutil.copy2(MODEL_DIR / "1" / "model.py", target / "1" / "model.py")
+    (target / "config.pbtxt").write_text(render_config())
+    installation = locate_tritonserver(work_dir=tmp / "work")
+    http, grpc, metrics = _free_ports(3)
+    triton = TritonServer(
+        installation,
+        LaunchConfig(model_repo=tmp / "repo", http_port=http, grpc_port=grpc, metrics_port=metrics),
+        log_file=tmp / "triton.log",
+    )
+    triton.start()
+    try:
+        triton.wait_ready(120)
+        yield {"url": triton.url, "grpc": f"127.0.0.1:{grpc}", "log": tmp / "triton.log"}
+    finally:
+        triton.stop()
+
+
+@pytest.fixture(scope="module")
+def url(server) -> str:
+    return server["url"]
+
+
+@pytest.fixture(scope="module")
+def prompts(hf_tokenizer) -> dict[str, list[int]]:
+    texts = {"haiku": "Write a haiku about the sea.", "one_word": "Answer with one word: is water wet?"}
+    out = {}
+    for key, text in texts.items():
+        messages = [{"role": "user", "content": text}]
+        enc = hf_tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        out[key] = list(enc["input_ids"] if not isinstance(enc, list) else enc)
+    return out
+
+
+@pytest.fixture(scope="module")
+def greedy(hf_model, prompts):
+    """``greedy(key, n)``: transformers' greedy continuation, ending before the first EOS."""
+    cache: dict[str, list[int]] = {}
+
+    def get(key: str, n: int) -> list[int]:
+        if key not in cache or len(cache[key]) < n and EOS not in cache[key]:
+            ids = torch.tensor([prompts[key]])
+            with torch.inference_mode():
+                out = hf_model.generate(ids, do_sample=False, max_new_tokens=max(n, 16), pad_token_id=0)
+            cache[key] = out[0, ids.shape[1]:].tolist()
+        tokens = cache[key]
+        return tokens[: tokens.index(EOS)][:n] if EOS in tokens else tokens[:n]
+
+    return get
+
+
+def greedy_with_eos(greedy_fn, key: str) -> int:
+    """Number of greedy tokens before the end token (the prompt must end quickly)."""
+    n = len(greedy_fn(key, 16))
+    assert n < 16, f"greedy decoding of {key!r} does not end within 16 tokens"
+    return n
+
+
+def _ids(value) -> list[int]:
+    """generate_stream gives a one-element tensor as a bare number and an empty one as []."""
+    return list(value) if isinstance(value, list) else [value]
+
+
+def stream(url: str, payload: dict, timeout: float = 120.0) -> tuple[int, list[dict]]:
+    """POST generate_stream; returns (HTTP status, events)."""
+    events = []
+    with httpx.Client(timeout=timeout) as client:
+        with connect_sse(client, "POST", f"{url}/v2/models/tensorrt_llm/generate_stream", json=payload) as source:
+            status = source.response.status_code
+            for sse in source.iter_sse():
+                events.append(json.loads(sse.data))
+    return status, events
+
+
+def generate(url: str, payload: dict, timeout: float = 120.0) -> tuple[int, dict]:
+    """POST generate (exactly one response expected); returns (HTTP status, body)."""
+    answer = httpx.post(f"{url}/v2/models/tensorrt_llm/generate", json=payload, timeout=timeout)
+    return answer.status_code, answer.json()
+
+
+def request(ids: list[int], n: int, **extra) -> dict:
+    """A generate body: flat lists, shaped by Triton from the config dims. Greedy unless overridden."""
+    body = {"input_ids": ids, "input_lengths": [len(ids)], "request_output_len": [n], "runtime_top_k": [1]}
+    body.update(extra)
+    return {k: v for k, v in body.items() if v is not None}
+
+
+def stop_request(request_id: str | None) -> dict:
+    """TensorRT-LLM's stop signal: only the two inputs Triton requires, plus stop."""
+    body = {"input_lengths": [1], "request_output_len": [1], "stop": [True]}
+    if request_id is not None:
+        body["id"] = request_id
+    return body
+
+
+def error_of(status: int, events_or_body) -> str:
+    events = events_or_body if isinstance(events_or_body, list) else [events_or_body]
+    assert status == 400 and len(events) == 1 and "error" in events[0], (status, events)
+    return events[0]["error"]
+
+
+class Stream(threading.Thread):
+    """A generate_stream request read in the background; ``events`` are (monotonic time, event)."""
+
+    def __init__(self, url: str, payload: dict) -> None:
+        super().__init__(daemon=True)
+        self.url, self.payload = url, payload
+        self.events: list[tuple[float, dict]] = []
+        self.status: int | None = None
+        self.first = threading.Event()
+        self.failure: BaseException | None = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            with httpx.Client(timeout=120) as client:
+                with connect_sse(client, "POST", f"{self.url}/v2/models/tensorrt_llm/generate_stream",
+                                 json=self.payload) as source:
+                    self.status = source.response.status_code
+                    for sse in source.iter_sse():
+                        self.events.append((time.monotonic(), json.loads(sse.data)))
+                        self.first.set()
+        except BaseException as exc:  # noqa: BLE001 - reported by finish()
+            self.failure = exc
+        finally:
+            self.first.set()
+
+    def finish(self, timeout: float = 120) -> list[dict]:
+        self.join(timeout)
+        assert not self.is_alive(), "the stream did not end"
+        assert self.failure is None, self.failure
+        return [event for _, event in self.events]
+
+    def tokens(self) -> list[int]:
+        return [t for _, e in self.events for t in _ids(e.get("output_ids", []))]
+
+
+# ------------------------------------------------------------------------------------------------
+# 1-4: response shapes
+# ------------------------------------------------------------------------------------------------
+
+
+def test_streaming_sends_only_new_tokens_never_the_prompt(url, prompts, greedy):
+    """1. Each streamed response carries only the tokens new since the previous one (output_ids
+    [1,1,n], sequence_length [[n]] with n = 1 here, not cumulative), and the prompt is never sent,
+    even with exclude_input_in_output false (llmRequest.cpp ``createResult`` @89fd9b74;
+    ``mMaxSentTokenLen`` starts at the prompt length)."""
+    for exclude in (False, True):
+        status, events = stream(url, request(prompts["haiku"], 6, streaming=[True], exclude_input_in_output=[exclude]))
+        assert status == 200
+        assert len(events) == 6
+        assert all(e["sequence_length"] == 1 and len(_ids(e["output_ids"])) == 1 for e in events), events
+        assert [t for e in events for t in _ids(e["output_ids"])] == greedy("haiku", 6)
+
+
+def test_streamed_end_token_ends_with_an_empty_final_response(url, prompts, greedy):
+    """2. The end token is never returned. A streamed request that ends on it gets a real FINAL
+    response with output_ids [1,1,0] and sequence_length [[0]] (stopCriteriaKernels.cu @9b931c0f and
+    the sampling kernels keep the sequence length; ``createResult`` still emits when finished). Through
+    generate_stream that is one last event with empty output_ids, where a flags-only final would give
+    no event."""
+    n = greedy_with_eos(greedy, "one_word")
+    status, events = stream(url, request(prompts["one_word"], 16, streaming=[True], end_id=[EOS]))
+    assert status == 200 and "error" not in events[-1]
+    assert len(events) == n + 1
+    assert [_ids(e["output_ids"]) for e in events[:-1]] == [[t] for t in greedy("one_word", n)]
+    assert events[-1]["output_ids"] == [] and events[-1]["sequence_length"] == 0
+
+
+def test_non_streaming_returns_one_response_with_prompt_and_generated(url, prompts, greedy):
+    """3. Without streaming, one FINAL response: output_ids = prompt + generated (without the end
+    token) and sequence_length = that count (``createResult``: ``maxNbTokens`` minus the prompt only
+    when excluded)."""
+    prompt = prompts["one_word"]
+    n = greedy_with_eos(greedy, "one_word")
+    status, body = generate(url, request(prompt, 16, end_id=[EOS], exclude_input_in_output=[False]))
+    assert status == 200, body
+    assert _ids(body["output_ids"]) == prompt + greedy("one_word", n)
+    assert body["sequence_length"] == len(prompt) + n
+    status, body = generate(url, request(prompt, 3, exclude_input_in_output=[False]))  # ends by length
+    assert status == 200 and _ids(body["output_ids"]) == prompt + greedy("one_word", 3)
+
+
+def test_exclude_input_in_output_defaults_to_false_and_requests_override_it(server, url, prompts, greedy):
+    """4. The model config has no exclude_input_in_output parameter, so the constructor default
+    (false) applies; the per-request input overrides it (backend constructor and ``utils.cc``
+    ``createRequestsFromInputTensors``: "If specified in request, set from request")."""
+    prompt = prompts["haiku"]
+    status, body = generate(url, request(prompt, 3))
+    assert status == 200 and _ids(body["output_ids"]) == prompt + greedy("haiku", 3)
+    assert body["sequence_length"] == len(prompt) + 3
+    status, body = generate(url, request(prompt, 3, exclude_input_in_output=[True]))
+    assert status == 200 and _ids(body["output_ids"]) == greedy("haiku", 3) and body["sequence_length"] == 3
+    assert "exclude_input_in_output is not specified, will be set to false" in server["log"].read_text(errors="replace")
+
+
+# ------------------------------------------------------------------------------------------------
+# 5-6: queue and stop
+# ------------------------------------------------------------------------------------------------
+
+
+def test_requests_wait_for_a_slot_and_the_queue_limit_rejects_one_more(url, prompts, greedy):
+    """5. With both active slots busy, a request waits (it is not rejected) and runs when a slot
+    frees; with ``default_queue_policy { max_queue_size: 1 }`` a second waiting request gets
+    "Maximum queue size of 1 has been reached, please try again later" (executorImpl.cpp @b35ac1b6
+    ``enqueueRequests``; only not-yet-scheduled requests count)."""
+    long_ = {"streaming": [True], "end_id": [-1]}
+    active = []
+    for i in range(MAX_ACTIVE):
+        s = Stream(url, {**request(prompts["haiku"], 200, **long_), "id": f"queue-active-{i}"})
+        assert s.first.wait(60) and s.events, "an active request produced no token"
+        active.append(s)
+    # Two more: one waits, the other finds the queue full. Which is which depends on arrival order.
+    extra = [Stream(url, {**request(prompts["haiku"], 3, **long_), "id": f"queue-extra-{i}"}) for i in range(2)]
+    deadline = time.monotonic() + 30
+    while not any(s.events for s in extra) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    rejected = [s for s in extra if s.events]
+    assert len(rejected) == 1, [s.events for s in extra]
+    (waiting,) = [s for s in extra if s not in rejected]
+    events = rejected[0].finish()
+    assert rejected[0].status == 400 and len(events) == 1
+    assert "Maximum queue size of 1 has been reached, please try again later" in events[0]["error"]
+    time.sleep(0.5)
+    assert not waiting.events, "the waiting request ran while both slots were busy"
+    status, _ = stream(url, stop_request("queue-active-0"))
+    assert status == 200
+    first_done = active[0].finish()[-1]
+    ended_at = active[0].events[-1][0]
+    events = waiting.finish()
+    assert waiting.status == 200 and "error" not in events[-1]
+    assert waiting.tokens() == greedy("haiku", 3)
+    assert waiting.events[0][0] > ended_at  # it started only after a slot freed
+    assert "error" not in first_done
+    stream(url, stop_request("queue-active-1"))
+    active[1].finish()
+
+
+def test_stop_by_request_id(url, prompts, greedy):
+    """6. ``stop`` true is matched by the Triton request id (backend ``handleStopRequest``): known
+    and unknown ids get one empty, successful FINAL response (``sendEnqueueResponse``: a response
+    without tensors); no id is an error. The stopped request ends with a normal FINAL response
+    (``terminateCancelledRequests``): streaming - the remaining new tokens (none here);
+    non-streaming - the prompt and what was generated so far. The stop request itself needs only
+    Triton's two required inputs (input_ids is optional upstream)."""
+    prompt = prompts["haiku"]
+    head = greedy("haiku", 8)
+    running = Stream(url, {**request(prompt, 200, streaming=[True], end_id=[-1]), "id": "stop-streaming"})
+    deadline = time.monotonic() + 60
+    while len(running.events) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    status, events = stream(url, stop_request("stop-streaming"))
+    assert status == 200 and events == [{"id": "stop-streaming", "model_name": "tensorrt_llm", "model_version": "1"}]
+    events = running.finish()
+    assert running.status == 200 and all("error" not in e for e in events)
+    tokens = running.tokens()
+    assert 2 <= len(tokens) < 200 and tokens[:8] == head[: len(tokens[:8])]
+    assert all(e["sequence_length"] == len(_ids(e["output_ids"])) for e in events)
+    assert events[-1]["sequence_length"] == 0  # the tokens before the stop were all sent already
+
+    status, events = stream(url, stop_request("no-such-request"))
+    assert status == 200 and events == [{"id": "no-such-request", "model_name": "tensorrt_llm", "model_version": "1"}]
+    status, events = stream(url, stop_request(None))
+    assert "Trying to stop a request but request ID is not provided" in error_of(status, events)
+
+    result: dict = {}
+    body = {**request(prompt, 200, end_id=[-1], exclude_input_in_output=[False]), "id": "stop-batch"}
+    worker = threading.Thread(target=lambda: result.update(answer=generate(url, body)), daemon=True)
+    worker.start()
+    time.sleep(1.0)
+    status, events = stream(url, stop_request("stop-batch"))
+    assert status == 200 and len(events) == 1 and "error" not in events[0]
+    worker.join(120)
+    status, body = result["answer"]
+    assert status == 200, body
+    ids = _ids(body["output_ids"])
+    generated = ids[len(prompt):]
+    assert ids[: len(prompt)] == prompt and len(generated) < 200 and body["sequence_length"] == len(ids)
+    assert generated[:8] == head[: len(generated[:8])]
+
+
+# ------------------------------------------------------------------------------------------------
+# 7: stop words
+# ------------------------------------------------------------------------------------------------
+
+
+def _word_list(words: list[list[int]]) -> list[int]:
+    """Flat [2, S] TensorRT-LLM word list: token ids, then cumulative end offsets padded with -1."""
+    flat = [t for w in words for t in w]
+    offsets, total = [], 0
+    for w in words:
+        total += len(w)
+        offsets.append(total)
+    return flat + offsets + [-1] * (len(flat) - len(offsets))
+
+
+def test_stop_words_match_over_prompt_and_output_and_stay_in_the_output(url, prompts, greedy):
+    """7. A stop word is compared with prompt + output at each step ending at a new token, so it may
+    begin in the prompt but a word wholly inside the prompt cannot trigger; the matched tokens stay
+    in output_ids (stopCriteriaKernels.cu ``stopWordsCriterion`` @9b931c0f)."""
+    prompt, g = prompts["haiku"], greedy("haiku", 8)
+    straddling = [prompt[-1], g[0]]
+    words = _word_list([straddling])
+    status, body = generate(url, request(prompt, 8, exclude_input_in_output=[True], stop_words_list=words))
+    assert status == 200 and _ids(body["output_ids"]) == g[:1]
+    in_prompt, later = prompt[-3:-1], g[2:4]
+    words = _word_list([in_prompt, later])
+    status, body = generate(url, request(prompt, 8, exclude_input_in_output=[True], stop_words_list=words))
+    assert status == 200 and _ids(body["output_ids"]) == g[:4] and body["sequence_length"] == 4
+
+
+# ------------------------------------------------------------------------------------------------
+# 8: validation
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "extra, phrase",
+    [
+        ({"runtime_top_p": [1.5]}, "Assertion failed: topP.value() <= 1.f"),
+        ({"repetition_penalty": [0.0]}, "Assertion failed: repetitionpenalty.value() > 0.f"),
+        ({"temperature": [-0.5]}, "Assertion failed: temperature.value() >= 0.f"),
+        ({"runtime_top_k": [-1]}, "Assertion failed: topK.value() >= 0"),
+        ({"min_tokens": [-1]}, "Assertion failed: minTokens.value() >= 0"),
+        ({"request_output_len": [0]}, "Assertion failed: mMaxNewTokens > 0"),
+        ({"end_id": [VOCAB]}, f"EndId ({VOCAB}) is not within acceptable range [-1, {VOCAB})."),
+        ({"end_id": [-2]}, f"EndId (-2) is not within acceptable range [-1, {VOCAB})."),
+        ({"len_penalty": [-1.0]}, "Assertion failed: lengthPenalty.value() >= 0.f"),  # 9c
+        ({"beam_width": [2]}, "beam_width must be 1"),  # 9c: the reference has no beam search
+    ],
+)
+def test_invalid_values_are_errors_with_upstreams_text(url, prompts, extra, phrase):
+    """8. Out-of-range sampling values are errors with the failed assertion of ``SamplingConfig::check*``
+    (samplingConfig.cpp @da939094) or ``LlmRequest::validate`` (llmRequest.cpp @89fd9b74); errors are
+    one FINAL error response (HTTP 400 through generate_stream)."""
+    status, events = stream(url, request(prompts["haiku"], 2, streaming=[True], **extra))
+    assert phrase in error_of(status, events)
+
+
+def test_silently_adjusted_values(server, url, prompts, greedy, hf_tokenizer):
+    """8. What upstream adjusts instead of rejecting: runtime_top_p <= 0 is unset (``utils.cc``
+    ``getSamplingConfigFromTensors``), and with top_k 0 that is greedy (9b); temperature 0 is greedy
+    (runtime ``SamplingConfig::validate``); prompt + request_output_len > max_seq_len reduces
+    request_output_len to max_seq_len - prompt (``LlmRequest::validate``, a server warning only);
+    a prompt longer than max_input_len is an error; end_id -1 means no end token."""
+    prompt = prompts["haiku"]
+    for extra in ({"runtime_top_p": [0.0]}, {"runtime_top_p": [-1.0], "temperature": [1.3]},
+                  {"temperature": [0.0], "runtime_top_k": [0], "runtime_top_p": [0.9], "seed": [5]}):
+        body = request(prompt, 4, **{"runtime_top_k": None, "exclude_input_in_output": [True], **extra})
+        status, body = generate(url, body)
+        assert status == 200 and _ids(body["output_ids"]) == greedy("haiku", 4), extra
+
+    long_prompt = (hf_tokenizer.encode("word " * 400) * 2)[:MAX_INPUT_LEN]
+    status, body = generate(url, request(long_prompt, 100, exclude_input_in_output=[True], end_id=[-1]))
+    assert status == 200 and body["sequence_length"] == MAX_SEQ_LEN - MAX_INPUT_LEN, body
+    assert (
+        f"exceeds maximum sequence length ({MAX_SEQ_LEN}). Number of requested output tokens is changed to "
+        f"({MAX_SEQ_LEN - MAX_INPUT_LEN})." in server["log"].read_text(errors="replace")
+    )
+    status, body = generate(url, request(long_prompt + [1], 4))
+    assert (
+        f"Prompt length ({MAX_INPUT_LEN + 1}) exceeds maximum input length ({MAX_INPUT_LEN})" in error_of(status, body)
+    )
+
+    n = greedy_with_eos(greedy, "one_word")
+    status, body = generate(url, request(prompts["one_word"], n + 2, exclude_input_in_output=[True], end_id=[-1]))
+    assert status == 200 and body["sequence_length"] == n + 2 and _ids(body["output_ids"])[n] == EOS
+
+
+# ------------------------------------------------------------------------------------------------
+# 9: other observable behaviour
+# ------------------------------------------------------------------------------------------------
+
+
+def test_defaults_no_end_token_and_greedy(url, prompts, greedy):
+    """9a/9b. Without end_id the decoder runs with end id -1 (createNewDecoderRequests.cpp @b35ac1b6),
+    so generation only ends by length; without top_k and top_p the sampling layer decodes greedily,
+    whatever the temperature (topKSamplingLayer.cpp @03961722: k == 0 and p == 0.0 -> k = 1)."""
+    n = greedy_with_eos(greedy, "one_word")
+    status, body = generate(
+        url, request(prompts["one_word"], n + 2, runtime_top_k=None, temperature=[1.5], exclude_input_in_output=[True])
+    )
+    assert status == 200, body
+    tokens = _ids(body["output_ids"])
+    assert len(tokens) == n + 2 and tokens[:n] == greedy("one_word", n) and tokens[n] == EOS
+
+
+def test_requested_outputs_must_include_output_ids_and_sequence_length(server, prompts):
+    """9d. A client that names its outputs must include output_ids and sequence_length (backend
+    ``fillTritonResponse``: "output_ids tensor must be present in list of output tensors")."""
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    results: list = []
+    done = threading.Event()
+
+    def callback(result, error):
+        results.append((result, error))
+        done.set()
+
+    client = grpcclient.InferenceServerClient(server["grpc"])
+    try:
+        ids = np.array([prompts["haiku"]], dtype=np.int32)
+        inputs = []
+        for name, value in (("input_ids", ids), ("input_lengths", np.array([[ids.shape[1]]], np.int32)),
+                            ("request_output_len", np.array([[2]], np.int32))):
+            tensor = grpcclient.InferInput(name, list(value.shape), "INT32")
+            tensor.set_data_from_numpy(value)
+            inputs.append(tensor)
+        client.start_stream(callback=callback)
+        client.async_stream_infer("tensorrt_llm", inputs, outputs=[grpcclient.InferRequestedOutput("sequence_length")])
+        assert done.wait(60)
+    finally:
+        client.stop_stream()
+        client.close()
+    (result, error) = results[0]
+    assert error is not None and "output_ids tensor must be present in list of output tensors" in str(error)
