@@ -1,10 +1,13 @@
 """Async client for Triton's generate extension: ``POST /v2/models/<model>/generate_stream`` (SSE).
 
 Request body: the ensemble's inputs as JSON scalars/lists (tensor names of TensorRT-LLM 1.1.0's
-inflight_batcher_llm ensemble: text_input, max_tokens, min_tokens, temperature, top_k, top_p,
-repetition_penalty, presence_penalty, frequency_penalty, seed, stop_words, stream). Each SSE event
-carries one response of the decoupled model as JSON: ``output_ids`` (INT32, the new tokens),
-``sequence_length`` and ``text_output``, or ``{"error": "..."}``. SSE parsing is httpx-sse's.
+inflight_batcher_llm ensemble: max_tokens, min_tokens, temperature, top_k, top_p,
+repetition_penalty, presence_penalty, frequency_penalty, seed, stream; plus ``input_ids``, the
+prompt tokenized by the predictor, see triton_model_repo/ensemble). Each SSE event carries one
+response of the decoupled ``tensorrt_llm`` model as JSON: ``output_ids`` (INT32, the new tokens of
+this response; ``[]`` in the final response of a request that ended on the end token, which the
+engine does not return) and ``sequence_length`` (their count), or ``{"error": "..."}``. SSE parsing
+is httpx-sse's.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, AsyncIterator, Optional
 
 import httpx
@@ -27,10 +30,13 @@ log = logging.getLogger(__name__)
 class GenerateRequest:
     """One generation request to the ensemble. Token counts are in tokens.
 
-    ``temperature`` 0 or ``top_k`` 1 means greedy decoding; ``top_k`` 0 means no top-k filter.
+    ``input_ids`` is the prompt (INT32 token ids). ``temperature`` 0 or ``top_k`` 1 means greedy
+    decoding; ``top_k`` 0 means no top-k filter. Stop sequences are not sent: the predictor matches
+    them on the text (the engine would match stop words over prompt and output tokens together,
+    cpp/tensorrt_llm/kernels/stopCriteriaKernels.cu ``stopWordsCriterion``) and stops the request by id.
     """
 
-    text_input: str
+    input_ids: list[int]
     max_tokens: int
     min_tokens: int = 0
     temperature: float = 1.0
@@ -40,14 +46,13 @@ class GenerateRequest:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     seed: int = 0
-    stop_words: list[str] = field(default_factory=list)
     stream: bool = True
     request_id: str = ""
 
     def to_json(self) -> dict[str, Any]:
         """The JSON body for the generate extension; optional tensors are left out when unused."""
         body: dict[str, Any] = {
-            "text_input": self.text_input,
+            "input_ids": self.input_ids,
             "max_tokens": self.max_tokens,
             "temperature": self.temperature,
             "top_k": self.top_k,
@@ -60,8 +65,6 @@ class GenerateRequest:
         }
         if self.min_tokens:
             body["min_tokens"] = self.min_tokens
-        if self.stop_words:
-            body["stop_words"] = list(self.stop_words)
         if self.request_id:
             body["id"] = self.request_id
         return body
@@ -69,10 +72,9 @@ class GenerateRequest:
 
 @dataclass(frozen=True)
 class GenerateChunk:
-    """One streamed response: the new token ids (INT32 values) and upstream's per-chunk text."""
+    """One streamed response: the new token ids (INT32 values; empty in an end-token final)."""
 
     output_ids: list[int]
-    text_output: str = ""
 
 
 def _flatten(value: Any) -> list[int]:
@@ -87,10 +89,14 @@ def _flatten(value: Any) -> list[int]:
 def parse_event(data: str) -> GenerateChunk:
     """Parse one SSE ``data`` payload into a chunk.
 
-    ``output_ids`` is cut to ``sequence_length`` when present (a response may be padded).
+    ``output_ids`` is cut to ``sequence_length`` when present (the backend pads beams with -1,
+    model_instance_state.cc fillTritonResponse). A response with no new tokens (``[]``, sequence
+    length 0) is a valid chunk: the C++ backend sends it last when a streamed request ends on the
+    end token, which it never returns (llmRequest.cpp createResult; tests/test_conformance.py).
 
     Raises:
-        InferenceError: the event carries ``error``, or is not the expected JSON.
+        InferenceError: the event carries ``error``, has no ``output_ids`` (an ensemble that returns
+            only text, as upstream's does, cannot serve the predictor), or is not the expected JSON.
     """
     try:
         payload = json.loads(data)
@@ -100,8 +106,13 @@ def parse_event(data: str) -> GenerateChunk:
         raise InferenceError(f"Triton sent an unexpected event: {data[:200]!r}")
     if "error" in payload:
         raise InferenceError(f"Triton reported: {payload['error']}")
+    if "output_ids" not in payload:
+        raise InferenceError(
+            f"Triton sent an event without output_ids: {data[:200]!r}; the ensemble must return the "
+            "tensorrt_llm model's output_ids (upstream's ensemble returns only text_output)"
+        )
     try:
-        ids = _flatten(payload.get("output_ids", []))
+        ids = _flatten(payload["output_ids"])
         lengths = _flatten(payload["sequence_length"]) if "sequence_length" in payload else []
     except (TypeError, ValueError):
         raise InferenceError(
@@ -109,10 +120,7 @@ def parse_event(data: str) -> GenerateChunk:
         ) from None
     if lengths:
         ids = ids[: max(0, lengths[0])]
-    text = payload.get("text_output", "")
-    if isinstance(text, list):
-        text = "".join(str(t) for t in text)
-    return GenerateChunk(output_ids=ids, text_output=str(text))
+    return GenerateChunk(output_ids=ids)
 
 
 class TritonClient:
@@ -120,7 +128,7 @@ class TritonClient:
 
     Args:
         base_url: e.g. ``http://127.0.0.1:8000``.
-        model: the model to call (``ensemble`` or ``tensorrt_llm_bls``).
+        model: the model to call (``ensemble``).
         token_timeout_s: longest wait for the next event, seconds.
         connect_timeout_s: TCP connect timeout, seconds.
         max_connections: connection pool size (at least the predictor's concurrency).

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import logging
 import operator
+import re
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Optional
 
 logger = logging.getLogger(__name__)
 
@@ -161,6 +162,10 @@ class IncrementalDetokenizer:
             return ""
         self._finished = True
         full = self._decode(self._ids)
+        if full.endswith(REPLACEMENT_CHAR) and _ends_inside_a_character(self._tokenizer, self._ids):
+            # The generation stopped (max_tokens) part-way through a multi-byte character: its first
+            # bytes are not text yet, and would come out as U+FFFD. Drop them.
+            full = full[:-1]
         emitted = "".join(self._parts)
         if full.startswith(emitted):
             rest = full[len(emitted) :]
@@ -278,6 +283,61 @@ def _cleanup_holdback(text: str, end: int) -> int:
         if text[end - size : end] in _CLEANUP_PROPER_PREFIXES:
             return size
     return 0
+
+
+def _byte_decoder() -> dict[str, int]:
+    """The inverse of GPT-2's bytes_to_unicode table: the character a byte-level BPE vocabulary uses
+    for each byte -> that byte (the same table as transformers' ``bytes_to_unicode``)."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    chars = printable[:]
+    extra = 0
+    for byte in range(256):
+        if byte not in printable:
+            printable.append(byte)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(printable, chars)}
+
+
+_BYTE_DECODER = _byte_decoder()
+_BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+
+
+def _token_bytes(token: str) -> Optional[bytes]:
+    """The bytes a vocabulary entry stands for: byte-fallback ``<0xNN>``, or byte-level BPE characters."""
+    match = _BYTE_FALLBACK.match(token)
+    if match:
+        return bytes([int(match.group(1), 16)])
+    if token and all(ch in _BYTE_DECODER for ch in token):
+        return bytes(_BYTE_DECODER[ch] for ch in token)
+    return None  # plain text (sentencepiece pieces): complete characters
+
+
+def _ends_inside_a_character(tokenizer: Any, ids: Sequence[int]) -> bool:
+    """True when the last tokens' bytes end with an incomplete UTF-8 sequence (1-3 bytes of a longer one).
+
+    A U+FFFD that the model generated as a character (bytes EF BF BD) is complete and stays.
+    """
+    try:
+        tokens = tokenizer.convert_ids_to_tokens(list(ids[-4:]))
+    except Exception:  # noqa: BLE001 - an exotic tokenizer: keep the text as decoded
+        return False
+    tail = b""
+    for token in tokens:
+        raw = _token_bytes(str(token)) if token is not None else None
+        if raw is None:
+            tail = b""  # text before this point is whole characters
+            continue
+        tail += raw
+    if not tail:
+        return False
+    for back in range(1, min(4, len(tail)) + 1):
+        byte = tail[-back]
+        if byte & 0xC0 == 0x80:  # a continuation byte: keep looking for the lead byte
+            continue
+        need = 2 if byte & 0xE0 == 0xC0 else 3 if byte & 0xF0 == 0xE0 else 4 if byte & 0xF8 == 0xF0 else 1
+        return back < need
+    return False
 
 
 def _common_prefix_len(a: str, b: str) -> int:

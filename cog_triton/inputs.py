@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 import random
-import re
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
@@ -219,45 +218,4 @@ class PredictInputs:
         return min(self.max_tokens, room)
 
 
-def render_prompt(
-    tokenizer: Any, prompt: str, system_prompt: str = "", prompt_template: Optional[str] = None
-) -> str:
-    """Format the prompt text sent to the model.
-
-    With ``prompt_template``: ``{system_prompt}`` and ``{prompt}`` are replaced literally (other
-    braces are kept). Without: the tokenizer's chat template (system message only when
-    ``system_prompt`` is non-empty, generation prompt added); if the tokenizer has none, the
-    system prompt and prompt joined by a blank line.
-
-    Raises:
-        InputError: the chat template fails to render (e.g. it rejects a system message).
-    """
-    if prompt_template is not None:
-        # One pass, so that a "{prompt}" inside the system prompt's text stays as typed.
-        values = {"system_prompt": system_prompt, "prompt": prompt}
-        return re.sub(r"\{(system_prompt|prompt)\}", lambda m: values[m.group(1)], prompt_template)
-    if getattr(tokenizer, "chat_template", None):
-        messages: list[dict[str, str]] = []
-        if system_prompt:
-            messages.append({"role": "system", "content": system_prompt})
-        messages.append({"role": "user", "content": prompt})
-        try:
-            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        except Exception as exc:  # jinja errors raised by the template itself
-            raise InputError(f"the model's chat template rejected the messages: {exc}") from None
-    return f"{system_prompt}\n\n{prompt}" if system_prompt else prompt
-
-
-def chat_template_adds_bos(tokenizer: Any) -> bool:
-    """True when the chat template's output already starts with the BOS token text."""
-    bos = getattr(tokenizer, "bos_token", None)
-    if not bos or not getattr(tokenizer, "chat_template", None):
-        return False
-    try:
-        text = render_prompt(tokenizer, "hi")
-    except InputError:
-        return False
-    return text.startswith(bos)
-
-
-__all__: Sequence[str] = ("PredictInputs", "render_prompt", "chat_template_adds_bos", "check_number", "check_integer")
+__all__: Sequence[str] = ("PredictInputs", "check_number", "check_integer", "check_text")

@@ -20,7 +20,8 @@ from cog_triton.cog_bridge import open_stream
 from cog_triton.client import GenerateChunk, GenerateRequest, TritonClient
 from cog_triton.detokenizer import IncrementalDetokenizer
 from common.errors import ConfigError, ManifestError, TritonDiedError, TritonError
-from cog_triton.inputs import PredictInputs, chat_template_adds_bos, render_prompt
+from cog_triton.inputs import PredictInputs
+from cog_triton.prompt import PromptTokenizer
 from cog_triton.settings import Settings, VerifyMode
 from cog_triton.stop import StopSequenceMatcher
 from cog_triton.weights import fetch_weights
@@ -93,7 +94,7 @@ class LLMService:
         self.info: Optional[WeightsInfo] = None
         self.tokenizer: Any = None
         self._gpus: list[GPU] = []
-        self.add_special_tokens = True
+        self.prompts: Optional[PromptTokenizer] = None
         self._restart_lock = threading.Lock()
         self._background: set[asyncio.Task[None]] = set()
         # Prompt formatting and tokenization run here, off the event loop. One thread: a Hugging
@@ -159,10 +160,10 @@ class LLMService:
         from transformers import AutoTokenizer  # noqa: PLC0415 - heavy import, only at setup
 
         self.tokenizer = AutoTokenizer.from_pretrained(str(info.tokenizer_dir), local_files_only=True)
-        self.add_special_tokens = (
-            settings.add_special_tokens
-            if settings.add_special_tokens is not None
-            else not chat_template_adds_bos(self.tokenizer)
+        self.prompts = PromptTokenizer(
+            self.tokenizer,
+            add_special_tokens=settings.add_special_tokens,
+            special_tokens_in_user_text=settings.special_tokens_in_user_text,
         )
         render_model_repository(self._render_options(), info)
         installation = locate_tritonserver(
@@ -253,8 +254,8 @@ class LLMService:
             enable_chunked_context=s.enable_chunked_context,
             gpu_device_ids=s.gpu_device_ids,
             preprocessing_instance_count=s.preprocessing_instance_count,
-            postprocessing_instance_count=s.postprocessing_instance_count,
-            add_special_tokens=self.add_special_tokens,
+            # for text_input sent to the ensemble by other clients; the predictor sends token ids
+            add_special_tokens=s.add_special_tokens if s.add_special_tokens is not None else True,
             reference_torch_threads=s.reference_torch_threads,
             tensorrt_llm_parameters=s.tensorrt_llm_parameters,
         )
@@ -294,19 +295,22 @@ class LLMService:
 
     # ------------------------------------------------------------ generation
     def prepare(self, inputs: PredictInputs) -> tuple[GenerateRequest, int]:
-        """Format and measure the prompt; build the request. Returns (request, prompt tokens).
+        """Render and tokenize the prompt (once; cog_triton.prompt) and build the request.
+
+        Returns (request, prompt tokens).
 
         Raises:
-            InputError: the prompt is too long for the model, or min_tokens cannot fit.
+            InputError: the prompt is too long for the model, min_tokens cannot fit, or the chat
+                template refuses the input.
         """
-        assert self.info is not None and self.tokenizer is not None
-        text = render_prompt(self.tokenizer, inputs.prompt, inputs.system_prompt, inputs.prompt_template)
-        prompt_tokens = len(self.tokenizer.encode(text, add_special_tokens=self.add_special_tokens))
+        assert self.info is not None and self.prompts is not None
+        prompt = self.prompts.encode(inputs.prompt, inputs.system_prompt, inputs.prompt_template)
+        prompt_tokens = len(prompt.ids)
         limits = self.info.limits
         budget = inputs.token_budget(prompt_tokens, limits.max_input_len, limits.max_seq_len)
         greedy = inputs.greedy
         request = GenerateRequest(
-            text_input=text,
+            input_ids=prompt.ids,
             max_tokens=budget,
             min_tokens=inputs.min_tokens,
             # TensorRT-LLM decodes greedily with top_k=1; temperature 0 and top_p 0 are mapped to that (the
@@ -318,7 +322,6 @@ class LLMService:
             presence_penalty=inputs.presence_penalty,
             frequency_penalty=inputs.frequency_penalty,
             seed=inputs.seed,
-            stop_words=inputs.stop_sequences,
             request_id=f"cog-triton-{uuid.uuid4().hex}",
         )
         return request, prompt_tokens

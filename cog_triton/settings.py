@@ -116,7 +116,11 @@ class Settings(BaseSettings):
     batch_scheduler_policy: SchedulerPolicy = SchedulerPolicy.GUARANTEED_NO_EVICT
     kv_cache_free_gpu_mem_fraction: float = Field(default=0.9, gt=0, le=1)
     max_tokens_in_paged_kv_cache: Optional[int] = Field(default=None, ge=1)
-    enable_kv_cache_reuse: bool = False
+    enable_kv_cache_reuse: bool = Field(
+        default=True,
+        description="Reuse paged KV-cache blocks of a common prompt prefix (a repeated system prompt) across "
+        "requests; the C++ backend's own default is true (getKvCacheConfigFromParams).",
+    )
     enable_chunked_context: bool = False
     tensorrt_llm_parameters: str = Field(
         default="",
@@ -124,11 +128,16 @@ class Settings(BaseSettings):
         "(e.g. multi_block_mode:true); only TensorRT-LLM 1.1.0 parameter keys are accepted.",
     )
     preprocessing_instance_count: int = Field(default=1, ge=1, le=64)
-    postprocessing_instance_count: int = Field(default=1, ge=1, le=64)
     add_special_tokens: Optional[bool] = Field(
         default=None,
-        description="Add BOS etc. when tokenizing the prompt; default: off when the chat template "
-        "already starts with the BOS token, on otherwise.",
+        description="Add the tokenizer's special tokens (BOS) to every prompt (true) or to none (false); "
+        "default: decided per request (cog_triton.prompt): not with the chat template, which writes its own, "
+        "and with a prompt_template or plain prompt unless it already starts with the BOS token.",
+    )
+    special_tokens_in_user_text: bool = Field(
+        default=False,
+        description="Tokenize special-token strings in the prompt and system prompt as the control tokens they "
+        "name; by default they stay text, so a user cannot open a system turn.",
     )
 
     # --- CPU reference backend (Hugging Face checkpoints) ---------------------------------

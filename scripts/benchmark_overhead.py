@@ -31,7 +31,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cog_triton.inputs import chat_template_adds_bos, render_prompt  # noqa: E402
+from cog_triton.prompt import PromptTokenizer  # noqa: E402
 from cog_triton.local import CogServer, WeightsHTTPServer, free_port  # noqa: E402
 from cog_triton.settings import REPO_ROOT  # noqa: E402
 
@@ -72,8 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(ARCHIVE.parent / "checkpoint"), local_files_only=True)
-    text = render_prompt(tokenizer, PROMPT)
-    ids = tokenizer.encode(text, add_special_tokens=not chat_template_adds_bos(tokenizer))
+    ids = PromptTokenizer(tokenizer).encode(PROMPT).ids
     n = args.tokens
     triton_port = free_port()
     results: dict[str, dict[str, float]] = {}
@@ -94,13 +93,14 @@ def main(argv: list[str] | None = None) -> int:
                     "input_lengths": [len(ids)],
                     "request_output_len": [n],
                     "runtime_top_k": [1],
+                    "end_id": [tokenizer.eos_token_id],
                     "min_tokens": [n],
                     "streaming": [True],
                 }
                 return len(_sse_events(f"{base}/tensorrt_llm/generate_stream", body))
 
             def ensemble() -> int:
-                body = {"text_input": text, "max_tokens": n, "top_k": 1, "min_tokens": n, "stream": True}
+                body = {"input_ids": ids, "max_tokens": n, "top_k": 1, "min_tokens": n, "stream": True}
                 return len(_sse_events(f"{base}/ensemble/generate_stream", body))
 
             def through_cog() -> int:

@@ -5,10 +5,11 @@ Python ``string.Template`` ``${name}`` fields; every filled ``config.pbtxt`` is 
 ``inference.ModelConfig`` (``tritonclient.grpc.model_config_pb2``), so a config Triton would reject
 ("Expected integer, got: $") fails here first, naming the file and line. Parameters whose value is
 empty are removed from the rendered config, so the backend applies its own default rather than
-failing to parse an empty string.
+failing to parse an empty string, except :data:`REQUIRED_TENSORRT_LLM_PARAMETERS`, which the C++
+backend reads without a default: those stay, empty meaning "off".
 
 Template folders -> live model names:
-    ensemble, preprocessing, postprocessing, tensorrt_llm_bls   -> same name
+    ensemble, preprocessing                                    -> same name
     tensorrt_llm            (C++ backend, engine weights)      -> tensorrt_llm
     tensorrt_llm_reference  (CPU reference, HF checkpoint)     -> tensorrt_llm
 """
@@ -31,6 +32,23 @@ from common.errors import TemplateError
 from tensorrtllm_backend.engine import WeightsInfo
 
 log = logging.getLogger(__name__)
+
+# Parameters the TensorRT-LLM 1.1 C++ backend reads with ModelState::GetParameter and no try/catch or
+# default, so a config without the key fails to load with "unexpected error when creating
+# modelInstanceState: Cannot find parameter with name: <key>" (triton_backend/inflight_batcher_llm/src/
+# model_state.cc GetParameter; model_instance_state.cc, the functions named below; the same in
+# tensorrtllm_backend r25.05 inflight_batcher_llm/src). They are rendered even when empty; for the
+# guided-decoding ones an empty value means "off" (getGuidedDecodingConfigFromParams returns no
+# config when guided_decoding_backend or xgrammar_tokenizer_info_path is empty).
+REQUIRED_TENSORRT_LLM_PARAMETERS: dict[str, str] = {
+    "gpt_model_type": "ModelInstanceState::getBatchingTypeFromParams",
+    "tokenizer_dir": "ModelInstanceState::getGuidedDecodingConfigFromParams",
+    "xgrammar_tokenizer_info_path": "ModelInstanceState::getGuidedDecodingConfigFromParams",
+    "guided_decoding_backend": "ModelInstanceState::getGuidedDecodingConfigFromParams",
+}
+# The only guided_decoding_backend the 1.1 C++ backend accepts; any other value throws at load
+# ("Guided decoding is currently supported with 'xgrammar' backend ...", the same function).
+GUIDED_DECODING_BACKENDS = ("xgrammar",)
 
 # Parameters of the C++ tensorrt_llm model (TensorRT-LLM 1.1.0) that we do not set by default:
 # empty means "not set" and the rendered config omits them. COG_TRITON_TENSORRT_LLM_PARAMETERS
@@ -66,15 +84,9 @@ OPTIONAL_TENSORRT_LLM_PARAMETERS = (
     "cuda_graph_mode",
     "cuda_graph_cache_size",
     "speculative_decoding_fast_logits",
-    "guided_decoding_backend",
-    "xgrammar_tokenizer_info_path",
 )
 
-PYTHON_MODELS = ("preprocessing", "postprocessing", "tensorrt_llm_bls", "tensorrt_llm_reference")
-# Helper modules copied beside a Python model's model.py (Triton's Python backend puts the model's
-# version folder on sys.path): the BLS model streams text with the predictor's own detokenizer.
-_REPO_ROOT = Path(__file__).resolve().parents[1]
-MODEL_HELPERS = {"tensorrt_llm_bls": (_REPO_ROOT / "cog_triton" / "detokenizer.py",)}
+PYTHON_MODELS = ("preprocessing", "tensorrt_llm_reference")
 
 
 def placeholders(text: str) -> set[str]:
@@ -155,9 +167,9 @@ def parse_model_config(text: str, *, source: str) -> model_config_pb2.ModelConfi
     return config
 
 
-def drop_empty_parameters(config: model_config_pb2.ModelConfig) -> list[str]:
-    """Remove parameters whose string_value is empty; return their keys (sorted)."""
-    empty = sorted(k for k, v in config.parameters.items() if v.string_value == "")
+def drop_empty_parameters(config: model_config_pb2.ModelConfig, keep: frozenset[str] = frozenset()) -> list[str]:
+    """Remove parameters whose string_value is empty, except those in ``keep``; return their keys (sorted)."""
+    empty = sorted(k for k, v in config.parameters.items() if v.string_value == "" and k not in keep)
     for key in empty:
         del config.parameters[key]
     return empty
@@ -211,14 +223,11 @@ class RenderOptions:
     batch_scheduler_policy: str = "guaranteed_no_evict"
     kv_cache_free_gpu_mem_fraction: float = 0.9
     max_tokens_in_paged_kv_cache: Optional[int] = None
-    enable_kv_cache_reuse: bool = False
+    enable_kv_cache_reuse: bool = True
     enable_chunked_context: bool = False
     gpu_device_ids: Optional[str] = None
     preprocessing_instance_count: int = 1
-    postprocessing_instance_count: int = 1
-    bls_instance_count: int = 1
     add_special_tokens: bool = True
-    skip_special_tokens: bool = True
     reference_torch_threads: int = 0
     tensorrt_llm_parameters: str = ""
 
@@ -227,7 +236,8 @@ def template_values(options: RenderOptions, info: WeightsInfo) -> dict[str, dict
     """Placeholder values for each template folder (see module docstring for the folders).
 
     Raises:
-        TemplateError: COG_TRITON_TENSORRT_LLM_PARAMETERS names an unknown parameter.
+        TemplateError: COG_TRITON_TENSORRT_LLM_PARAMETERS names an unknown parameter, or sets
+            guided decoding in a way the backend would ignore or refuse (:func:`check_guided_decoding`).
     """
     batch = options.triton_max_batch_size or info.limits.max_batch_size
     tokenizer = str(info.tokenizer_dir)
@@ -248,6 +258,8 @@ def template_values(options: RenderOptions, info: WeightsInfo) -> dict[str, dict
         "enable_chunked_context": options.enable_chunked_context,
         "gpu_device_ids": options.gpu_device_ids,
         "tokenizer_dir": tokenizer,
+        "guided_decoding_backend": None,
+        "xgrammar_tokenizer_info_path": None,
         **{name: None for name in OPTIONAL_TENSORRT_LLM_PARAMETERS},
     }
     overrides = parse_key_values(options.tensorrt_llm_parameters, what="COG_TRITON_TENSORRT_LLM_PARAMETERS")
@@ -259,6 +271,7 @@ def template_values(options: RenderOptions, info: WeightsInfo) -> dict[str, dict
             f"COG_TRITON_TENSORRT_LLM_PARAMETERS: unknown parameter(s) {', '.join(unknown)}; allowed: {', '.join(allowed)}"
         )
     trtllm.update(overrides)
+    check_guided_decoding(trtllm)
     return {
         "ensemble": dict(common),
         "preprocessing": {
@@ -267,20 +280,6 @@ def template_values(options: RenderOptions, info: WeightsInfo) -> dict[str, dict
             "preprocessing_instance_count": options.preprocessing_instance_count,
             "tokenizer_dir": tokenizer,
             "add_special_tokens": options.add_special_tokens,
-        },
-        "postprocessing": {
-            **common,
-            "postprocessing_instance_count": options.postprocessing_instance_count,
-            "tokenizer_dir": tokenizer,
-            "skip_special_tokens": options.skip_special_tokens,
-        },
-        "tensorrt_llm_bls": {
-            **common,
-            "decoupled_mode": True,
-            "bls_instance_count": options.bls_instance_count,
-            "tensorrt_llm_model_name": "tensorrt_llm",
-            "tokenizer_dir": tokenizer,
-            "skip_special_tokens": options.skip_special_tokens,
         },
         "tensorrt_llm": trtllm,
         "tensorrt_llm_reference": {
@@ -296,8 +295,46 @@ def template_values(options: RenderOptions, info: WeightsInfo) -> dict[str, dict
     }
 
 
-def render_config(template: Path, values: Mapping[str, object]) -> model_config_pb2.ModelConfig:
-    """Fill one ``config.pbtxt`` template strictly, parse it, and drop empty parameters.
+def check_guided_decoding(values: Mapping[str, object]) -> None:
+    """Refuse guided-decoding parameters the C++ backend would ignore or fail on.
+
+    The 1.1 backend turns guided decoding on only when both ``guided_decoding_backend`` and
+    ``xgrammar_tokenizer_info_path`` are set: with one of them empty it is silently off, and a
+    request's guide is then ignored (model_instance_state.cc getGuidedDecodingConfigFromParams).
+
+    Raises:
+        TemplateError: only one of the two is set, the backend is not "xgrammar", or the tokenizer
+            info file does not exist.
+    """
+    backend = format_value(values.get("guided_decoding_backend"))
+    info = format_value(values.get("xgrammar_tokenizer_info_path"))
+    if not backend and not info:
+        return
+    where = "COG_TRITON_TENSORRT_LLM_PARAMETERS"
+    if backend and backend not in GUIDED_DECODING_BACKENDS:
+        raise TemplateError(
+            f"{where}: guided_decoding_backend={backend!r}; TensorRT-LLM 1.1's C++ backend only accepts "
+            f"{', '.join(GUIDED_DECODING_BACKENDS)} and would fail to load"
+        )
+    if backend and not info:
+        raise TemplateError(
+            f"{where}: guided_decoding_backend={backend} needs xgrammar_tokenizer_info_path too (the tokenizer "
+            "info JSON made by TensorRT-LLM's examples/generate_xgrammar_tokenizer_info.py); without it the "
+            "backend leaves guided decoding off and ignores every request's guide"
+        )
+    if info and not backend:
+        raise TemplateError(
+            f"{where}: xgrammar_tokenizer_info_path is set but guided_decoding_backend is not; set "
+            "guided_decoding_backend:xgrammar, or the backend leaves guided decoding off"
+        )
+    if not Path(info).is_file():
+        raise TemplateError(f"{where}: xgrammar_tokenizer_info_path={info} does not exist")
+
+
+def render_config(
+    template: Path, values: Mapping[str, object], keep: frozenset[str] = frozenset()
+) -> model_config_pb2.ModelConfig:
+    """Fill one ``config.pbtxt`` template strictly, parse it, and drop empty parameters (except ``keep``).
 
     Raises:
         TemplateError: see :func:`fill_template` and :func:`parse_model_config`.
@@ -308,15 +345,14 @@ def render_config(template: Path, values: Mapping[str, object]) -> model_config_
         raise TemplateError(f"cannot read template {template}: {exc}") from None
     filled = fill_template(text, values, source=str(template))
     config = parse_model_config(filled, source=str(template))
-    drop_empty_parameters(config)
+    drop_empty_parameters(config, keep)
     return config
 
 
 def render_model_repository(options: RenderOptions, info: WeightsInfo) -> dict[str, model_config_pb2.ModelConfig]:
     """Write the live model repository for ``info`` into ``options.model_repo_dir``.
 
-    The five models (ensemble, preprocessing, postprocessing, tensorrt_llm_bls, tensorrt_llm)
-    are rendered into a fresh folder which then replaces the old one; a failure leaves the
+    The three models (ensemble, preprocessing, tensorrt_llm) are rendered into a fresh folder which then replaces the old one; a failure leaves the
     previous repository untouched. ``tensorrt_llm`` comes from the ``tensorrt_llm`` template for
     engines, and from ``tensorrt_llm_reference`` for Hugging Face checkpoints.
 
@@ -331,8 +367,6 @@ def render_model_repository(options: RenderOptions, info: WeightsInfo) -> dict[s
     folders = {
         "ensemble": "ensemble",
         "preprocessing": "preprocessing",
-        "postprocessing": "postprocessing",
-        "tensorrt_llm_bls": "tensorrt_llm_bls",
         "tensorrt_llm": llm_folder,
     }
     target = options.model_repo_dir
@@ -343,7 +377,8 @@ def render_model_repository(options: RenderOptions, info: WeightsInfo) -> dict[s
     try:
         for name, folder in folders.items():
             source = options.template_dir / folder
-            config = render_config(source / "config.pbtxt", values[folder])
+            keep = frozenset(REQUIRED_TENSORRT_LLM_PARAMETERS) if folder == "tensorrt_llm" else frozenset()
+            config = render_config(source / "config.pbtxt", values[folder], keep)
             if config.name != name:
                 raise TemplateError(f"{source / 'config.pbtxt'}: model name is {config.name!r}, expected {name!r}")
             model_dir = staging / name
@@ -353,8 +388,6 @@ def render_model_repository(options: RenderOptions, info: WeightsInfo) -> dict[s
                 if not model_py.is_file():
                     raise TemplateError(f"{model_py} is missing (Python backend model)")
                 shutil.copy2(model_py, model_dir / "1" / "model.py")
-                for helper in MODEL_HELPERS.get(folder, ()):
-                    shutil.copy2(helper, model_dir / "1" / helper.name)
             (model_dir / "config.pbtxt").write_text(text_format.MessageToString(config))
             rendered[name] = config
     except BaseException:

@@ -21,9 +21,9 @@ from common.errors import InferenceError, TritonError
 
 
 def test_to_json_leaves_out_unused_optional_tensors() -> None:
-    body = GenerateRequest(text_input="Hi", max_tokens=16).to_json()
+    body = GenerateRequest(input_ids=[1, 2], max_tokens=16).to_json()
     assert body == {
-        "text_input": "Hi",
+        "input_ids": [1, 2],
         "max_tokens": 16,
         "temperature": 1.0,
         "top_k": 0,
@@ -34,14 +34,13 @@ def test_to_json_leaves_out_unused_optional_tensors() -> None:
         "seed": 0,
         "stream": True,
     }
-    assert "min_tokens" not in body and "stop_words" not in body
+    assert "min_tokens" not in body and "stop_words" not in body and "text_input" not in body
     assert json.loads(json.dumps(body)) == body  # plain JSON
 
 
 def test_to_json_includes_set_optional_tensors() -> None:
-    stops = ["</s>", "User:"]
     request = GenerateRequest(
-        text_input="Hi",
+        input_ids=[5],
         max_tokens=8,
         min_tokens=3,
         temperature=0.0,
@@ -51,13 +50,11 @@ def test_to_json_includes_set_optional_tensors() -> None:
         presence_penalty=0.5,
         frequency_penalty=-0.5,
         seed=42,
-        stop_words=stops,
         stream=False,
     )
     body = request.to_json()
     assert body["min_tokens"] == 3
-    assert body["stop_words"] == ["</s>", "User:"]
-    assert body["stop_words"] is not stops  # a copy, the request stays unchanged
+    assert "stop_words" not in body  # stop sequences are matched by the predictor, on the text
     assert (body["temperature"], body["top_k"], body["top_p"], body["seed"], body["stream"]) == (0.0, 1, 0.5, 42, False)
     assert (body["repetition_penalty"], body["presence_penalty"], body["frequency_penalty"]) == (1.2, 0.5, -0.5)
 
@@ -66,8 +63,8 @@ def test_to_json_includes_set_optional_tensors() -> None:
 
 
 def test_parse_event_flattens_nested_output_ids_and_cuts_to_sequence_length() -> None:
-    chunk = parse_event(json.dumps({"output_ids": [[5, 6, 7, 0, 0]], "sequence_length": [[3]], "text_output": "abc"}))
-    assert chunk == GenerateChunk(output_ids=[5, 6, 7], text_output="abc")
+    chunk = parse_event(json.dumps({"output_ids": [[5, 6, 7, -1, -1]], "sequence_length": [[3]]}))
+    assert chunk == GenerateChunk(output_ids=[5, 6, 7])
 
 
 @pytest.mark.parametrize(
@@ -80,17 +77,20 @@ def test_parse_event_flattens_nested_output_ids_and_cuts_to_sequence_length() ->
         ({"output_ids": [1, 2], "sequence_length": [0]}, []),
         ({"output_ids": [1, 2], "sequence_length": [-1]}, []),
         ({"output_ids": [1, 2], "sequence_length": []}, [1, 2]),
-        ({}, []),
+        ({"output_ids": [], "sequence_length": 0}, []),  # the end-token final (C++ backend, conformance)
+        ({"output_ids": [[]], "sequence_length": [[0]]}, []),
     ],
 )
 def test_parse_event_output_ids(payload: dict, ids: list[int]) -> None:
     assert parse_event(json.dumps(payload)).output_ids == ids
 
 
-def test_parse_event_text_output_forms() -> None:
-    assert parse_event('{"output_ids": [1], "text_output": ["a", "b"]}').text_output == "ab"
-    assert parse_event('{"output_ids": [1]}').text_output == ""
-    assert parse_event('{"output_ids": [1], "text_output": 5}').text_output == "5"
+@pytest.mark.parametrize("payload", ['{"text_output": "hello"}', '{}', '{"model_name": "ensemble", "id": "x"}'])
+def test_an_event_without_output_ids_is_an_error_not_an_empty_chunk(payload: str) -> None:
+    """Upstream's ensemble returns only text_output: the predictor must not take that for success."""
+    with pytest.raises(InferenceError) as info:
+        parse_event(payload)
+    assert "without output_ids" in str(info.value)
 
 
 def test_parse_event_error_payload() -> None:
@@ -205,7 +205,7 @@ def sse_server() -> Iterator[Running]:
 
 
 def event(i: int) -> dict:
-    return {"output_ids": [[100 + i]], "sequence_length": [1], "text_output": f"t{i}", "model_name": "ensemble"}
+    return {"output_ids": [[100 + i]], "sequence_length": [1], "model_name": "ensemble"}
 
 
 def collect(client: TritonClient, request: GenerateRequest) -> tuple[list[GenerateChunk], Optional[BaseException]]:
@@ -226,7 +226,7 @@ def collect(client: TritonClient, request: GenerateRequest) -> tuple[list[Genera
     return asyncio.run(main())
 
 
-REQUEST = GenerateRequest(text_input="Hello", max_tokens=3, seed=7)
+REQUEST = GenerateRequest(input_ids=[9, 8, 7], max_tokens=3, seed=7)
 
 
 def test_stream_of_three_events(sse_server: Running) -> None:
@@ -241,7 +241,7 @@ def test_stream_of_three_events(sse_server: Running) -> None:
     sse_server.state.scenario = scenario
     chunks, error = collect(TritonClient(sse_server.url + "/"), REQUEST)
     assert error is None
-    assert chunks == [GenerateChunk([100], "t0"), GenerateChunk([101], "t1"), GenerateChunk([102], "t2")]
+    assert chunks == [GenerateChunk([100]), GenerateChunk([101]), GenerateChunk([102])]
     [(path, headers, body)] = sse_server.state.requests
     assert path == "/v2/models/ensemble/generate_stream"
     assert body == REQUEST.to_json()
@@ -257,10 +257,10 @@ def test_events_split_across_network_chunks(sse_server: Running) -> None:
         h.end_stream()
 
     sse_server.state.scenario = scenario
-    chunks, error = collect(TritonClient(sse_server.url, model="tensorrt_llm_bls"), REQUEST)
+    chunks, error = collect(TritonClient(sse_server.url, model="other_ensemble"), REQUEST)
     assert error is None
     assert [c.output_ids for c in chunks] == [[100], [101], [102]]
-    assert sse_server.state.requests[0][0] == "/v2/models/tensorrt_llm_bls/generate_stream"
+    assert sse_server.state.requests[0][0] == "/v2/models/other_ensemble/generate_stream"
 
 
 def test_client_survives_a_new_event_loop(sse_server: Running) -> None:
@@ -279,8 +279,8 @@ def test_client_survives_a_new_event_loop(sse_server: Running) -> None:
         return chunks
 
     # Two asyncio.run calls: the connection pool of the first (closed) loop is not reused.
-    assert asyncio.run(once(close=False)) == [GenerateChunk([100], "t0")]
-    assert asyncio.run(once(close=True)) == [GenerateChunk([100], "t0")]
+    assert asyncio.run(once(close=False)) == [GenerateChunk([100])]
+    assert asyncio.run(once(close=True)) == [GenerateChunk([100])]
     assert len(sse_server.state.requests) == 2
 
 
@@ -384,9 +384,9 @@ def test_server_closes_connection_before_answering(sse_server: Running) -> None:
 
 
 def test_request_id_is_sent_as_the_generate_extension_id() -> None:
-    body = GenerateRequest(text_input="hi", max_tokens=4, request_id="cog-triton-abc").to_json()
+    body = GenerateRequest(input_ids=[1], max_tokens=4, request_id="cog-triton-abc").to_json()
     assert body["id"] == "cog-triton-abc"
-    assert "id" not in GenerateRequest(text_input="hi", max_tokens=4).to_json()
+    assert "id" not in GenerateRequest(input_ids=[1], max_tokens=4).to_json()
 
 
 def test_stop_against_a_closed_port_raises_triton_error() -> None:

@@ -12,7 +12,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from cog_triton.detokenizer import IncrementalDetokenizer  # noqa: E402
+from cog_triton.detokenizer import _ends_inside_a_character, IncrementalDetokenizer  # noqa: E402
 
 CHECKPOINT = Path(__file__).resolve().parents[1] / "build" / "default_model" / "checkpoint"
 FFFD = "\ufffd"
@@ -92,8 +92,11 @@ def random_chunks(rng, n, sizes=(0, 1, 1, 1, 2, 3, 5, 8)):
 
 
 def check_stream(tok, ids, chunks=None, skip=True):
-    """The invariants: prefix-stable deltas, concat == full decode, no spurious U+FFFD."""
+    """The invariants: prefix-stable deltas, concat == full decode (less the U+FFFD of a character
+    left incomplete at the very end), no spurious U+FFFD."""
     full = tok.decode(ids, skip_special_tokens=skip)
+    if full.endswith(FFFD) and _ends_inside_a_character(tok, ids):
+        full = full[:-1]
     deltas, final = stream(tok, ids, chunks, skip)
     emitted = ""
     for delta in deltas:
@@ -213,16 +216,30 @@ def test_everything_in_one_push(tokenizer):
     assert det.push(ids) + det.finish() == text
 
 
-def test_finish_returns_incomplete_tail(tokenizer):
-    """A stream that ends inside a character: the held-back U+FFFD comes out in finish()."""
-    robot = tokenizer.encode(" 🤖")
-    ids = tokenizer.encode("Robot:") + robot[:2]
+def test_a_stream_cut_inside_a_character_ends_without_a_replacement_character(tokenizer):
+    """A stream cut by max_tokens in the middle of an emoji (seen: a reply of 🍕 ending in "\ufffd"):
+    the incomplete bytes are dropped, never emitted as U+FFFD."""
+    for emoji in (" 🤖", " 🍕", " 한국", " ト"):
+        encoded = tokenizer.encode(emoji)
+        cut_inside = 0
+        for cut in range(1, len(encoded)):
+            ids = tokenizer.encode("Robot:") + encoded[:cut]
+            if not tokenizer.decode(ids).endswith(FFFD):  # a cut between characters
+                continue
+            cut_inside += 1
+            det = IncrementalDetokenizer(tokenizer)
+            streamed = "".join(det.push([i]) for i in ids)
+            final = det.finish()
+            assert FFFD not in streamed + final, (emoji, cut)
+            assert streamed + final == tokenizer.decode(ids).rstrip(FFFD)
+        assert cut_inside, emoji
+
+
+def test_a_replacement_character_the_model_generates_is_kept(tokenizer):
+    ids = tokenizer.encode("bad byte: \ufffd")
     det = IncrementalDetokenizer(tokenizer)
-    streamed = "".join(det.push([i]) for i in ids)
-    assert streamed == "Robot: "  # the space before the incomplete emoji is already out
-    final = det.finish()
-    assert streamed + final == tokenizer.decode(ids, skip_special_tokens=True)
-    assert final.endswith(FFFD)
+    text = "".join(det.push([i]) for i in ids) + det.finish()
+    assert text == "bad byte: \ufffd"
 
 
 def test_invariant_on_random_real_token_sequences(tokenizer):

@@ -13,12 +13,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import pytest  # noqa: E402
 
 from common.errors import InputError  # noqa: E402
-from cog_triton.inputs import (  # noqa: E402
-    FLOAT32_TINY,
-    PredictInputs,
-    chat_template_adds_bos,
-    render_prompt,
-)
+from cog_triton.inputs import FLOAT32_TINY, PredictInputs  # noqa: E402
 from cog_triton.schema import input_specs  # noqa: E402
 from cog_triton.stop import MAX_STOP_SEQUENCE_LENGTH, MAX_STOP_SEQUENCES  # noqa: E402
 
@@ -297,93 +292,6 @@ def test_token_budget_min_tokens_must_fit() -> None:
     assert "min_tokens=60" in message and "100 tokens" in message and "150" in message and "at most 50" in message
     # Exactly fitting is fine.
     assert validate(min_tokens=50, max_tokens=100).token_budget(100, 1000, 150) == 50
-
-
-# --- render_prompt / chat_template_adds_bos with the real SmolLM2 tokenizer -------------------
-
-
-def load_tokenizer() -> Any:
-    from transformers import AutoTokenizer  # noqa: PLC0415 - heavy import
-
-    return AutoTokenizer.from_pretrained(str(CHECKPOINT), local_files_only=True)
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    return load_tokenizer()
-
-
-SMOL_DEFAULT_SYSTEM = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
-
-
-def test_render_prompt_uses_the_chat_template(tokenizer: Any) -> None:
-    assert tokenizer.chat_template
-    text = render_prompt(tokenizer, "What is 2+2?")
-    # No system prompt: no system message of ours; SmolLM2's template adds its default one.
-    assert text == SMOL_DEFAULT_SYSTEM + "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"
-    assert render_prompt(tokenizer, "What is 2+2?", system_prompt="") == text
-
-
-def test_render_prompt_includes_a_non_empty_system_prompt(tokenizer: Any) -> None:
-    text = render_prompt(tokenizer, "Hi", system_prompt="Answer in French.")
-    assert text == (
-        "<|im_start|>system\nAnswer in French.<|im_end|>\n"
-        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
-    )
-    assert "SmolLM" not in text
-
-
-def test_render_prompt_template_replaces_placeholders_literally(tokenizer: Any) -> None:
-    template = 'SYS:{system_prompt}\nJSON: {"a": 1} {other} {{x}}\nUSER:{prompt}\nUSER again:{prompt}'
-    text = render_prompt(tokenizer, "hi {there}", system_prompt="be {terse}", prompt_template=template)
-    assert text == 'SYS:be {terse}\nJSON: {"a": 1} {other} {{x}}\nUSER:hi {there}\nUSER again:hi {there}'
-    # The chat template is not used with a prompt_template.
-    assert "<|im_start|>" not in text
-    # Placeholder text inside the user's own strings stays as typed.
-    text = render_prompt(tokenizer, "P{system_prompt}", system_prompt="S{prompt}", prompt_template="[{system_prompt}|{prompt}]")
-    assert text == "[S{prompt}|P{system_prompt}]"
-    # An empty system prompt leaves the placeholder empty.
-    assert render_prompt(tokenizer, "q", prompt_template="<{system_prompt}>{prompt}") == "<>q"
-
-
-def test_render_prompt_without_chat_template_joins_system_and_prompt() -> None:
-    plain = load_tokenizer()
-    plain.chat_template = None
-    assert render_prompt(plain, "Hi", system_prompt="Be brief.") == "Be brief.\n\nHi"
-    assert render_prompt(plain, "Hi") == "Hi"
-    assert render_prompt(plain, "Hi", prompt_template="Q: {prompt}\nA:") == "Q: Hi\nA:"
-    assert chat_template_adds_bos(plain) is False
-
-
-def test_render_prompt_reports_a_template_that_rejects_the_messages() -> None:
-    strict = load_tokenizer()
-    strict.chat_template = (
-        "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
-        "{% for m in messages %}{{ m['content'] }}{% endfor %}"
-    )
-    assert render_prompt(strict, "Hi") == "Hi"
-    with pytest.raises(InputError) as info:
-        render_prompt(strict, "Hi", system_prompt="Be brief.")
-    assert "chat template rejected the messages" in str(info.value)
-    assert "System role not supported" in str(info.value)
-
-
-def test_chat_template_adds_bos_for_smollm2(tokenizer: Any) -> None:
-    # SmolLM2's BOS token is "<|im_start|>", and its chat template's output begins with it (the
-    # default system turn), so the template already supplies the BOS text.
-    assert tokenizer.bos_token == "<|im_start|>"
-    assert render_prompt(tokenizer, "hi").startswith("<|im_start|>")
-    assert chat_template_adds_bos(tokenizer) is True
-
-
-def test_chat_template_adds_bos_false_when_template_does_not_start_with_bos() -> None:
-    other = load_tokenizer()
-    other.chat_template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-    assert render_prompt(other, "hi") == "user: hi\n"
-    assert chat_template_adds_bos(other) is False
-    other.chat_template = "{{ raise_exception('broken') }}"
-    assert chat_template_adds_bos(other) is False  # a failing template: assume it adds nothing
-
 
 
 # --- one source of truth: the schema's bounds are exactly the ones enforced --------------------

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from cog_triton.inputs import chat_template_adds_bos, render_prompt
+from cog_triton.prompt import PromptTokenizer
 from cog_triton.local import CogServer, WeightsHTTPServer, free_port
 from tests.proc import pids_mentioning
 
@@ -39,8 +39,7 @@ def _reference_completion(hf_model, hf_tokenizer, prompt: str, max_new_tokens: i
     """What transformers' own generate() gives for the predictor's formatted prompt (greedy)."""
     import torch
 
-    text = render_prompt(hf_tokenizer, prompt)
-    ids = hf_tokenizer.encode(text, add_special_tokens=not chat_template_adds_bos(hf_tokenizer))
+    ids = PromptTokenizer(hf_tokenizer).encode(prompt).ids
     with torch.inference_mode():
         out = hf_model.generate(
             torch.tensor([ids]), do_sample=False, max_new_tokens=max_new_tokens, attention_mask=torch.ones(1, len(ids))
@@ -136,8 +135,7 @@ def test_greedy_output_equals_transformers_generate(stack, hf_model, hf_tokenize
     assert text == expected
     assert len(doc["output"]) > 1, "the output should arrive as a stream of chunks"
     assert not any("\ufffd" in chunk for chunk in doc["output"])
-    formatted = render_prompt(hf_tokenizer, prompt)
-    assert doc["metrics"]["input_token_count"] == len(hf_tokenizer.encode(formatted))
+    assert doc["metrics"]["input_token_count"] == len(PromptTokenizer(hf_tokenizer).encode(prompt).ids)
     assert doc["metrics"]["output_token_count"] == n_tokens
     assert doc["metrics"]["time_to_first_token_s"] > 0
 
@@ -267,28 +265,79 @@ def test_concurrent_predictions_all_complete_correctly(stack, hf_model, hf_token
     assert max(s for s, _ in spans.values()) < min(e for _, e in spans.values())
 
 
-def test_bls_and_ensemble_endpoints_serve_directly(stack, hf_model, hf_tokenizer):
-    """Triton's own generate_stream on tensorrt_llm_bls: its text deltas concatenate exactly."""
-    url = f"http://127.0.0.1:{stack['env']['COG_TRITON_HTTP_PORT']}"
+def _ensemble_events(stack, body: dict[str, Any]) -> list[dict[str, Any]]:
+    url = f"http://127.0.0.1:{stack['env']['COG_TRITON_HTTP_PORT']}/v2/models/ensemble/generate_stream"
+    events = []
+    with httpx.stream("POST", url, json=body, timeout=120) as response:
+        for line in response.iter_lines():  # an error before the first response comes as HTTP 400 + one event
+            if line.startswith("data: "):
+                events.append(json.loads(line[6:]))
+    return events
+
+
+def test_ensemble_serves_text_and_token_ids_directly(stack, hf_model, hf_tokenizer):
+    """Triton's own generate_stream on the ensemble: text_input is tokenized by preprocessing,
+    input_ids pass through; either way the streamed output_ids decode to transformers' answer."""
     prompt = "What is machine learning?"
     expected, _ = _reference_completion(hf_model, hf_tokenizer, prompt, 16)
-    body = {"text_input": render_prompt(hf_tokenizer, prompt), "max_tokens": 16, "top_k": 1, "stream": True}
-    texts, ids = [], []
-    with httpx.stream("POST", f"{url}/v2/models/tensorrt_llm_bls/generate_stream", json=body, timeout=120) as response:
-        assert response.status_code == 200
-        for line in response.iter_lines():
-            if line.startswith("data: "):
-                event = json.loads(line[6:])
-                assert "error" not in event, event
-                texts.append(event["text_output"])
-    assert "".join(texts) == expected
-    with httpx.stream("POST", f"{url}/v2/models/ensemble/generate_stream", json=body, timeout=120) as response:
-        for line in response.iter_lines():
-            if line.startswith("data: "):
-                event = json.loads(line[6:])
-                assert "error" not in event, event
-                ids.extend(event["output_ids"] if isinstance(event["output_ids"], list) else [event["output_ids"]])
-    assert hf_tokenizer.decode(ids, skip_special_tokens=True) == expected
+    tokenized = PromptTokenizer(hf_tokenizer).encode(prompt)
+    for source in ({"text_input": tokenized.text}, {"input_ids": tokenized.ids}):
+        events = _ensemble_events(stack, {**source, "max_tokens": 16, "top_k": 1, "stream": True})
+        assert not [e for e in events if "error" in e], events
+        ids = [i for e in events for i in (e["output_ids"] if isinstance(e["output_ids"], list) else [e["output_ids"]])]
+        assert hf_tokenizer.decode(ids, skip_special_tokens=True) == expected, source
+    bad = _ensemble_events(stack, {"text_input": "x", "input_ids": [1, 2], "max_tokens": 4, "stream": True})
+    assert "give exactly one of text_input" in bad[-1]["error"]
+
+
+ONE_WORD = "Answer with one word: is water wet?"
+
+
+def test_a_prediction_that_ends_on_the_end_token(stack, hf_model, hf_tokenizer):
+    """The engine does not return the end token: the last streamed response has no new tokens
+    (output_ids [1,1,0]). Through the ensemble that is an ordinary last event, not an error after
+    the text; through Cog the prediction succeeds with transformers' answer, over SSE too."""
+    expected, n_tokens = _reference_completion(hf_model, hf_tokenizer, ONE_WORD, 64)
+    assert n_tokens < 64, "the model should end this answer on its own"
+    ids = PromptTokenizer(hf_tokenizer).encode(ONE_WORD).ids
+    events = _ensemble_events(stack, {"input_ids": ids, "max_tokens": 64, "top_k": 1, "stream": True})
+    assert not [e for e in events if "error" in e], events
+    assert events[-1]["output_ids"] == [] and events[-1]["sequence_length"] == 0
+    assert sum(e["sequence_length"] for e in events) == n_tokens
+    inputs = {"prompt": ONE_WORD, "max_tokens": 64, "temperature": 0}
+    doc = stack["cog"].predict(inputs)
+    assert _output(doc) == expected
+    assert doc["metrics"]["output_token_count"] == n_tokens
+    streamed = list(stack["cog"].stream(inputs))
+    assert streamed[-1][0] == "completed" and streamed[-1][1]["status"] == "succeeded", streamed[-1]
+    assert "".join(data["chunk"] for name, data in streamed if name == "output") == expected
+
+
+def test_a_stop_sequence_straddling_prompt_and_output_never_reaches_the_user(stack):
+    """The engine matches stop words over prompt and output tokens together (stopCriteriaKernels.cu
+    stopWordsCriterion): with the prompt ending in "\n" and stop "\nMachine", it used to stop after
+    "Machine", and the user received "Machine". The predictor's matcher, on the output text, decides."""
+    template = "<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
+    base = {"prompt": "What is machine learning?", "prompt_template": template, "max_tokens": 24, "temperature": 0}
+    full = _output(stack["cog"].predict(base))
+    assert full.startswith("Machine learning")
+    doc = stack["cog"].predict({**base, "stop_sequences": "\nMachine"})
+    assert _output(doc) == full  # "\nMachine" does not occur in the output itself
+    cut = stack["cog"].predict({**base, "stop_sequences": " learning"})
+    assert _output(cut) == "Machine"
+
+
+def test_a_stop_sequence_ends_generation_in_triton_within_a_few_steps(stack):
+    log = stack["work"] / "triton.log"
+    before = log.read_text(errors="replace").count("running request(s) stopped")
+    doc = stack["cog"].predict({"prompt": "What is machine learning?", "max_tokens": 200, "temperature": 0,
+                                "stop_sequences": "intelligence"})
+    assert "intelligence" not in _output(doc) and _output(doc)
+    assert doc["metrics"]["output_token_count"] < 30  # not the 200 asked for
+    deadline = time.monotonic() + 10
+    while log.read_text(errors="replace").count("running request(s) stopped") <= before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert log.read_text(errors="replace").count("1 running request(s) stopped") > 0
 
 
 def test_cancelling_a_prediction_cancels_generation_in_triton(stack):

@@ -47,7 +47,8 @@ def test_defaults() -> None:
     assert s.batching_strategy is BatchingStrategy.INFLIGHT_FUSED
     assert s.batch_scheduler_policy is SchedulerPolicy.GUARANTEED_NO_EVICT
     assert s.kv_cache_free_gpu_mem_fraction == 0.9
-    assert s.enable_kv_cache_reuse is False
+    assert s.enable_kv_cache_reuse is True  # the C++ backend's own default (getKvCacheConfigFromParams)
+    assert s.special_tokens_in_user_text is False
     assert s.enable_chunked_context is False
     assert s.tensorrt_llm_parameters == ""
     assert s.add_special_tokens is None

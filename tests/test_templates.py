@@ -17,6 +17,7 @@ from cog_triton.settings import REPO_ROOT, BatchingStrategy, SchedulerPolicy
 from tensorrtllm_backend.engine import ModelLimits, WeightsInfo
 from tensorrtllm_backend.templates import (
     OPTIONAL_TENSORRT_LLM_PARAMETERS,
+    REQUIRED_TENSORRT_LLM_PARAMETERS,
     RenderOptions,
     drop_empty_parameters,
     fill_template,
@@ -30,13 +31,11 @@ from tensorrtllm_backend.templates import (
 
 TEMPLATE_DIR = REPO_ROOT / "triton_model_repo"
 FILL_TEMPLATE = REPO_ROOT / "scripts" / "fill_template.py"
-MODELS = ("ensemble", "preprocessing", "postprocessing", "tensorrt_llm_bls", "tensorrt_llm")
-PYTHON_LIVE_MODELS = ("preprocessing", "postprocessing", "tensorrt_llm_bls")
+MODELS = ("ensemble", "preprocessing", "tensorrt_llm")
+PYTHON_LIVE_MODELS = ("preprocessing",)
 TEMPLATE_FOLDERS = (
     "ensemble",
     "preprocessing",
-    "postprocessing",
-    "tensorrt_llm_bls",
     "tensorrt_llm",
     "tensorrt_llm_reference",
 )
@@ -116,8 +115,11 @@ def test_placeholders_finds_braced_and_named_but_not_escaped() -> None:
 
 
 def test_placeholders_of_real_template() -> None:
-    names = placeholders((TEMPLATE_DIR / "postprocessing" / "config.pbtxt").read_text())
-    assert names == {"triton_max_batch_size", "postprocessing_instance_count", "tokenizer_dir", "skip_special_tokens"}
+    names = placeholders((TEMPLATE_DIR / "preprocessing" / "config.pbtxt").read_text())
+    assert names == {
+        "triton_max_batch_size", "max_queue_delay_microseconds", "preprocessing_instance_count", "tokenizer_dir",
+        "add_special_tokens",
+    }
 
 
 class Color(Enum):
@@ -307,9 +309,10 @@ def test_render_engine_repository(tmp_path: Path) -> None:
     assert p["batch_scheduler_policy"] == "guaranteed_no_evict"
     assert p["kv_cache_free_gpu_mem_fraction"] == "0.9"
     assert p["exclude_input_in_output"] == "true"
-    assert p["enable_kv_cache_reuse"] == "false"
+    assert p["enable_kv_cache_reuse"] == "true"  # the backend's own default: a repeated system prompt is reused
     for key, value in p.items():
-        assert value != "", key
+        if key not in REQUIRED_TENSORRT_LLM_PARAMETERS:
+            assert value != "", key
         assert "${" not in value, key
     # unset optional parameters are dropped, not written empty
     for key in ("gpu_device_ids", "max_tokens_in_paged_kv_cache", "multi_block_mode", "encoder_model_path"):
@@ -327,9 +330,6 @@ def test_render_engine_repository(tmp_path: Path) -> None:
         assert configs[name].max_batch_size == 64, name
     assert configs["ensemble"].platform == "ensemble"
     assert params(configs["preprocessing"])["tokenizer_dir"] == str(info.tokenizer_dir)
-    assert params(configs["postprocessing"])["skip_special_tokens"] == "true"
-    assert params(configs["tensorrt_llm_bls"])["tensorrt_llm_model_name"] == "tensorrt_llm"
-    assert configs["tensorrt_llm_bls"].model_transaction_policy.decoupled is True
     # no staging or backup folders are left beside the repository
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model_repository"]
 
@@ -386,7 +386,6 @@ def test_render_options_are_applied(tmp_path: Path) -> None:
         max_queue_delay_microseconds=250,
         preprocessing_instance_count=3,
         add_special_tokens=False,
-        skip_special_tokens=False,
         gpu_device_ids="0,1",
     )
     render_model_repository(opts, info)
@@ -401,7 +400,6 @@ def test_render_options_are_applied(tmp_path: Path) -> None:
     assert configs["preprocessing"].dynamic_batching.max_queue_delay_microseconds == 250
     assert configs["preprocessing"].instance_group[0].count == 3
     assert params(configs["preprocessing"])["add_special_tokens"] == "false"
-    assert params(configs["postprocessing"])["skip_special_tokens"] == "false"
 
 
 def test_tensorrt_llm_parameter_overrides(tmp_path: Path) -> None:
@@ -455,9 +453,9 @@ def test_render_replaces_previous_repository(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "folder, corrupt",
     [
-        ("postprocessing", lambda t: t.replace('"${tokenizer_dir}"', '"${tokenizer_dir}" ${not_a_value}')),
+        ("preprocessing", lambda t: t.replace('"${tokenizer_dir}"', '"${tokenizer_dir}" ${not_a_value}')),
         ("preprocessing", lambda t: t.replace("dynamic_batching {", "dynamic_batching { bogus_field: 1")),
-        ("tensorrt_llm_bls", lambda t: t + "\nprice: $5\n"),
+        ("ensemble", lambda t: t + "\nprice: $5\n"),
         ("tensorrt_llm", lambda t: t.replace('name: "tensorrt_llm"', 'name: "something_else"')),
     ],
 )
@@ -467,7 +465,7 @@ def test_broken_template_leaves_previous_repository_intact(tmp_path: Path, folde
     info = engine_info(tmp_path)
     render_model_repository(opts, info)
     before = {p.relative_to(opts.model_repo_dir): p.read_bytes() for p in opts.model_repo_dir.rglob("*") if p.is_file()}
-    assert len(before) == len(MODELS) + len(PYTHON_LIVE_MODELS) + 1  # + the BLS model's detokenizer.py
+    assert len(before) == len(MODELS) + len(PYTHON_LIVE_MODELS)
 
     path = templates / folder / "config.pbtxt"
     path.write_text(corrupt(path.read_text()))
@@ -510,7 +508,7 @@ def test_ensemble_steps_match_model_configs(rendered) -> None:
     _, configs = rendered
     ensemble = configs["ensemble"]
     steps = ensemble.ensemble_scheduling.step
-    assert [s.model_name for s in steps] == ["preprocessing", "tensorrt_llm", "postprocessing"]
+    assert [s.model_name for s in steps] == ["preprocessing", "tensorrt_llm"]
     available = {name: t.data_type for name, t in tensors(ensemble.input).items()}
     for step in steps:
         model = configs[step.model_name]
@@ -553,22 +551,10 @@ def test_reference_declares_every_input_the_ensemble_maps() -> None:
         assert set(step.output_map) <= produced, folder
 
 
-def test_bls_inputs_are_a_subset_of_ensemble_inputs(rendered) -> None:
-    _, configs = rendered
-    ensemble = tensors(configs["ensemble"].input)
-    bls = tensors(configs["tensorrt_llm_bls"].input)
-    assert set(bls) <= set(ensemble), set(bls) - set(ensemble)
-    for name, tensor in bls.items():
-        assert tensor.data_type == ensemble[name].data_type, name
-        assert list(tensor.dims) == list(ensemble[name].dims), name
-        assert tensor.optional == ensemble[name].optional, name
-    assert {t.name for t in configs["tensorrt_llm_bls"].output} == {t.name for t in configs["ensemble"].output}
-
-
 # --- scripts/fill_template.py -------------------------------------------------------------------
 
 
-POSTPROCESSING_VALUES = "triton_max_batch_size:8,postprocessing_instance_count:2,tokenizer_dir:/tok,skip_special_tokens:true"
+FILL_VALUES = "triton_max_batch_size:8,max_queue_delay_microseconds:0,preprocessing_instance_count:2,tokenizer_dir:/tok,add_special_tokens:true"
 
 
 def run_fill(*args: str) -> subprocess.CompletedProcess:
@@ -578,83 +564,83 @@ def run_fill(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture
-def postprocessing_copy(tmp_path: Path) -> Path:
+def template_copy(tmp_path: Path) -> Path:
     dest = tmp_path / "config.pbtxt"
-    shutil.copy2(TEMPLATE_DIR / "postprocessing" / "config.pbtxt", dest)
+    shutil.copy2(TEMPLATE_DIR / "preprocessing" / "config.pbtxt", dest)
     return dest
 
 
-def test_script_writes_to_stdout(postprocessing_copy: Path) -> None:
-    original = postprocessing_copy.read_text()
-    result = run_fill(str(postprocessing_copy), POSTPROCESSING_VALUES)
+def test_script_writes_to_stdout(template_copy: Path) -> None:
+    original = template_copy.read_text()
+    result = run_fill(str(template_copy), FILL_VALUES)
     assert result.returncode == 0, result.stderr
     config = parse_model_config(result.stdout, source="stdout")
     assert config.max_batch_size == 8
     assert config.instance_group[0].count == 2
-    assert params(config) == {"tokenizer_dir": "/tok", "skip_special_tokens": "true"}
-    assert postprocessing_copy.read_text() == original
+    assert params(config) == {"tokenizer_dir": "/tok", "add_special_tokens": "true"}
+    assert template_copy.read_text() == original
 
 
-def test_script_in_place(postprocessing_copy: Path) -> None:
-    result = run_fill("-i", str(postprocessing_copy), POSTPROCESSING_VALUES)
+def test_script_in_place(template_copy: Path) -> None:
+    result = run_fill("-i", str(template_copy), FILL_VALUES)
     assert result.returncode == 0, result.stderr
     assert result.stdout == ""
-    config = parse_model_config(postprocessing_copy.read_text(), source="file")
+    config = parse_model_config(template_copy.read_text(), source="file")
     assert config.max_batch_size == 8
-    assert "${" not in postprocessing_copy.read_text()
+    assert "${" not in template_copy.read_text()
 
 
-def test_script_escaped_comma(postprocessing_copy: Path) -> None:
-    result = run_fill(str(postprocessing_copy), POSTPROCESSING_VALUES.replace("/tok", "/a\\,b"))
+def test_script_escaped_comma(template_copy: Path) -> None:
+    result = run_fill(str(template_copy), FILL_VALUES.replace("/tok", "/a\\,b"))
     assert result.returncode == 0, result.stderr
     assert params(parse_model_config(result.stdout, source="stdout"))["tokenizer_dir"] == "/a,b"
 
 
-def test_script_unfilled_fails(postprocessing_copy: Path) -> None:
-    original = postprocessing_copy.read_text()
-    values = "triton_max_batch_size:8,postprocessing_instance_count:2,tokenizer_dir:/tok"
-    result = run_fill("-i", str(postprocessing_copy), values)
+def test_script_unfilled_fails(template_copy: Path) -> None:
+    original = template_copy.read_text()
+    values = "triton_max_batch_size:8,max_queue_delay_microseconds:0,preprocessing_instance_count:2,tokenizer_dir:/tok"
+    result = run_fill("-i", str(template_copy), values)
     assert result.returncode == 2
-    assert "${skip_special_tokens}" in result.stderr
-    assert str(postprocessing_copy) in result.stderr
+    assert "${add_special_tokens}" in result.stderr
+    assert str(template_copy) in result.stderr
     assert result.stdout == ""
-    assert postprocessing_copy.read_text() == original
+    assert template_copy.read_text() == original
 
 
-def test_script_unknown_key_fails_unless_allowed(postprocessing_copy: Path) -> None:
-    result = run_fill(str(postprocessing_copy), POSTPROCESSING_VALUES + ",bogus:1")
+def test_script_unknown_key_fails_unless_allowed(template_copy: Path) -> None:
+    result = run_fill(str(template_copy), FILL_VALUES + ",bogus:1")
     assert result.returncode == 2
     assert "bogus" in result.stderr
-    result = run_fill("--allow-unknown", str(postprocessing_copy), POSTPROCESSING_VALUES + ",bogus:1")
+    result = run_fill("--allow-unknown", str(template_copy), FILL_VALUES + ",bogus:1")
     assert result.returncode == 0, result.stderr
 
 
-def test_script_allow_unfilled(postprocessing_copy: Path) -> None:
-    values = "triton_max_batch_size:8,postprocessing_instance_count:2,tokenizer_dir:/tok"
-    result = run_fill("--allow-unfilled", str(postprocessing_copy), values)
+def test_script_allow_unfilled(template_copy: Path) -> None:
+    values = "triton_max_batch_size:8,max_queue_delay_microseconds:0,preprocessing_instance_count:2,tokenizer_dir:/tok"
+    result = run_fill("--allow-unfilled", str(template_copy), values)
     assert result.returncode == 0, result.stderr
-    assert '"${skip_special_tokens}"' in result.stdout
+    assert '"${add_special_tokens}"' in result.stdout
     assert "max_batch_size: 8" in result.stdout
 
 
-def test_script_allow_unfilled_numeric_needs_no_validate(postprocessing_copy: Path) -> None:
-    values = "postprocessing_instance_count:2,tokenizer_dir:/tok,skip_special_tokens:true"
-    result = run_fill("--allow-unfilled", str(postprocessing_copy), values)
+def test_script_allow_unfilled_numeric_needs_no_validate(template_copy: Path) -> None:
+    values = "max_queue_delay_microseconds:0,preprocessing_instance_count:2,tokenizer_dir:/tok,add_special_tokens:true"
+    result = run_fill("--allow-unfilled", str(template_copy), values)
     assert result.returncode == 2
     assert re.search(r"(Expected|parse) integer", result.stderr)
-    assert str(postprocessing_copy) in result.stderr
-    result = run_fill("--allow-unfilled", "--no-validate", str(postprocessing_copy), values)
+    assert str(template_copy) in result.stderr
+    result = run_fill("--allow-unfilled", "--no-validate", str(template_copy), values)
     assert result.returncode == 0, result.stderr
     assert "max_batch_size: ${triton_max_batch_size}" in result.stdout
 
 
-def test_script_invalid_result_fails(postprocessing_copy: Path) -> None:
-    original = postprocessing_copy.read_text()
-    values = POSTPROCESSING_VALUES.replace("triton_max_batch_size:8", "triton_max_batch_size:eight")
-    result = run_fill("-i", str(postprocessing_copy), values)
+def test_script_invalid_result_fails(template_copy: Path) -> None:
+    original = template_copy.read_text()
+    values = FILL_VALUES.replace("triton_max_batch_size:8", "triton_max_batch_size:eight")
+    result = run_fill("-i", str(template_copy), values)
     assert result.returncode == 2
     assert "invalid Triton model config" in result.stderr
-    assert postprocessing_copy.read_text() == original
+    assert template_copy.read_text() == original
 
 
 def test_script_missing_file(tmp_path: Path) -> None:
@@ -663,21 +649,111 @@ def test_script_missing_file(tmp_path: Path) -> None:
     assert "nope.pbtxt" in result.stderr
 
 
-def test_script_malformed_substitutions(postprocessing_copy: Path) -> None:
-    result = run_fill(str(postprocessing_copy), "triton_max_batch_size")
+def test_script_malformed_substitutions(template_copy: Path) -> None:
+    result = run_fill(str(template_copy), "triton_max_batch_size")
     assert result.returncode == 2
     assert "triton_max_batch_size" in result.stderr
 
 
-def test_bls_model_gets_the_detokenizer_beside_it(tmp_path: Path) -> None:
-    from tensorrtllm_backend.engine import ModelLimits, WeightsInfo
+# --- what the TensorRT-LLM 1.1 C++ backend reads without a default ---------------------------------
 
-    info = WeightsInfo(
-        kind="hf_checkpoint", weights_dir=tmp_path / "w", tokenizer_dir=tmp_path / "w",
-        limits=ModelLimits(max_batch_size=2, max_input_len=8, max_seq_len=16),
-    )
-    options = RenderOptions(template_dir=REPO_ROOT / "triton_model_repo", model_repo_dir=tmp_path / "repo")
-    render_model_repository(options, info)
-    copied = tmp_path / "repo" / "tensorrt_llm_bls" / "1" / "detokenizer.py"
-    assert copied.read_text() == (REPO_ROOT / "cog_triton" / "detokenizer.py").read_text()
-    assert "from detokenizer import IncrementalDetokenizer" in (copied.parent / "model.py").read_text()
+
+def test_parameters_the_backend_reads_unguarded_are_always_rendered(tmp_path: Path) -> None:
+    """model_state.cc GetParameter throws "Cannot find parameter with name" for a missing key, and
+    gpt_model_type, tokenizer_dir, guided_decoding_backend and xgrammar_tokenizer_info_path are read
+    with no try/catch (model_instance_state.cc): an empty value must stay in the config (it means off)."""
+    assert set(REQUIRED_TENSORRT_LLM_PARAMETERS) == {
+        "gpt_model_type", "tokenizer_dir", "guided_decoding_backend", "xgrammar_tokenizer_info_path",
+    }
+    template = (TEMPLATE_DIR / "tensorrt_llm" / "config.pbtxt").read_text()
+    for key in REQUIRED_TENSORRT_LLM_PARAMETERS:
+        assert f'key: "{key}"' in template, key
+    opts = options(tmp_path)
+    render_model_repository(opts, engine_info(tmp_path))
+    p = params(read_rendered(opts.model_repo_dir)["tensorrt_llm"])
+    for key in REQUIRED_TENSORRT_LLM_PARAMETERS:
+        assert key in p, f"{key} is missing: the C++ backend would not load"
+    assert p["guided_decoding_backend"] == "" and p["xgrammar_tokenizer_info_path"] == ""  # off
+    assert p["gpt_model_type"] == "inflight_fused_batching"
+
+
+def test_drop_empty_parameters_keeps_what_it_is_told_to() -> None:
+    config = model_config_pb2.ModelConfig(name="m", backend="x")
+    for key, value in (("a", ""), ("tokenizer_dir", ""), ("b", "1")):
+        config.parameters[key].string_value = value
+    assert drop_empty_parameters(config, frozenset({"tokenizer_dir"})) == ["a"]
+    assert set(config.parameters) == {"tokenizer_dir", "b"}
+
+
+@pytest.mark.parametrize(
+    ("spec", "fragments"),
+    [
+        ("guided_decoding_backend:xgrammar", ["needs xgrammar_tokenizer_info_path", "leaves guided decoding off"]),
+        ("guided_decoding_backend:outlines", ["guided_decoding_backend='outlines'", "only accepts xgrammar"]),
+        ("xgrammar_tokenizer_info_path:/tmp/x.json", ["guided_decoding_backend is not", "guided_decoding_backend:xgrammar"]),
+        ("guided_decoding_backend:xgrammar,xgrammar_tokenizer_info_path:/no/such.json", ["/no/such.json does not exist"]),
+    ],
+)
+def test_guided_decoding_half_configured_is_refused(tmp_path: Path, spec: str, fragments: list[str]) -> None:
+    """The backend silently leaves guided decoding off when only one of the two is set
+    (getGuidedDecodingConfigFromParams): a user who sets only the backend gets an error instead."""
+    with pytest.raises(TemplateError) as info:
+        render_model_repository(options(tmp_path, tensorrt_llm_parameters=spec), engine_info(tmp_path))
+    for fragment in fragments:
+        assert fragment in str(info.value), fragment
+
+
+def test_guided_decoding_fully_configured_is_rendered(tmp_path: Path) -> None:
+    info_file = tmp_path / "xgrammar_tokenizer_info.json"
+    info_file.write_text('{"encoded_vocab": [], "tokenizer_str": "", "stop_token_ids": [2]}')
+    spec = f"guided_decoding_backend:xgrammar,xgrammar_tokenizer_info_path:{info_file}"
+    opts = options(tmp_path, tensorrt_llm_parameters=spec)
+    render_model_repository(opts, engine_info(tmp_path))
+    p = params(read_rendered(opts.model_repo_dir)["tensorrt_llm"])
+    assert p["guided_decoding_backend"] == "xgrammar" and p["xgrammar_tokenizer_info_path"] == str(info_file)
+
+
+PERF_METRIC_OUTPUTS = {
+    "kv_cache_alloc_new_blocks", "kv_cache_reused_blocks", "kv_cache_alloc_total_blocks", "arrival_time_ns",
+    "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns", "acceptance_rate",
+    "total_accepted_draft_tokens", "total_draft_tokens",
+}
+
+
+@pytest.mark.parametrize("folder", ["tensorrt_llm", "tensorrt_llm_reference"])
+def test_no_request_input_without_the_outputs_it_makes_the_backend_write(folder: str) -> None:
+    """With return_perf_metrics the C++ backend writes ten outputs whatever the request asked for
+    (model_instance_state.cc fillTritonResponse); undeclared, each response fails ("unexpected
+    inference output"). Either all are declared or the input is not."""
+    values = template_values(RenderOptions(template_dir=TEMPLATE_DIR, model_repo_dir=Path("/x")), engine_info(Path("/w")))
+    text = (TEMPLATE_DIR / folder / "config.pbtxt").read_text()
+    config = parse_model_config(fill_template(text, values[folder], source=folder), source=folder)
+    inputs = {t.name for t in config.input}
+    outputs = {t.name for t in config.output}
+    if "return_perf_metrics" in inputs:
+        assert PERF_METRIC_OUTPUTS <= outputs
+    else:
+        assert not PERF_METRIC_OUTPUTS & outputs
+
+
+def test_kv_cache_reuse_defaults_on_and_can_be_turned_off(tmp_path: Path) -> None:
+    from cog_triton.settings import Settings
+
+    assert Settings().enable_kv_cache_reuse is True and RenderOptions(Path("/t"), Path("/r")).enable_kv_cache_reuse
+    opts = options(tmp_path, enable_kv_cache_reuse=False)
+    render_model_repository(opts, engine_info(tmp_path))
+    assert params(read_rendered(opts.model_repo_dir)["tensorrt_llm"])["enable_kv_cache_reuse"] == "false"
+
+
+def test_the_decoupled_engine_is_the_ensembles_last_step(rendered) -> None:
+    """Response order: Triton delivers an ensemble's responses in the order its last composing model
+    completes them. With a per-token postprocessing step after the decoupled tensorrt_llm and more
+    than one instance of it, tokens came back out of order (tensorrtllm_backend #614). The ensemble
+    ends at tensorrt_llm, whose responses for one request are sent in order by one sender."""
+    _, configs = rendered
+    steps = configs["ensemble"].ensemble_scheduling.step
+    assert steps[-1].model_name == "tensorrt_llm"
+    assert configs["tensorrt_llm"].model_transaction_policy.decoupled
+    for step in steps[:-1]:
+        assert not configs[step.model_name].model_transaction_policy.decoupled
+    assert {t.name for t in configs["ensemble"].output} == {"output_ids", "sequence_length"}

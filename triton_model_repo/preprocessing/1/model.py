@@ -1,8 +1,10 @@
-"""`preprocessing` model (Triton Python backend): tokenizes prompts and stop/bad words.
+"""`preprocessing` model (Triton Python backend): the prompt's token ids, and stop/bad word lists.
 
 Inputs (per request, batch dimension first; tensor names of TensorRT-LLM 1.1.0's
-inflight_batcher_llm preprocessing, text subset):
-    QUERY               BYTES [b, 1]   prompt text, UTF-8
+inflight_batcher_llm preprocessing, text subset, plus INPUT_IDS):
+    QUERY               BYTES [b, 1]   prompt text, UTF-8; tokenized here (optional)
+    INPUT_IDS           INT32 [b, n]   prompt token ids tokenized by the client (optional; exactly one
+                                       of QUERY and INPUT_IDS is given)
     REQUEST_OUTPUT_LEN  INT32 [b, 1]   tokens to generate (passed through)
     BAD_WORDS_DICT      BYTES [b, n]   optional; strings never to generate
     STOP_WORDS_DICT     BYTES [b, n]   optional; strings that end generation
@@ -15,7 +17,8 @@ Outputs:
                         token ids concatenated (padded with 0), row 1 the cumulative end offset of
                         each word (padded with -1); W >= 1.
     OUT_END_ID / OUT_PAD_ID INT32 [b, 1]
-Parameters: tokenizer_dir (path), add_special_tokens ("true"/"false").
+Parameters: tokenizer_dir (path), add_special_tokens ("true"/"false", for QUERY only: INPUT_IDS are
+used exactly as given).
 """
 
 import json
@@ -61,6 +64,32 @@ def to_word_list(tokenizer, rows):
     return out
 
 
+def prompt_ids(tokenizer, queries, input_ids, add_special_tokens, vocab_size):
+    """The prompt token ids of each batch item: ``input_ids`` rows as given, else ``queries`` tokenized.
+
+    Args:
+        queries: one prompt string per batch item, or None.
+        input_ids: INT32 array [b, n] of client-tokenized prompts, or None.
+        vocab_size: ids must lie in [0, vocab_size).
+
+    Raises:
+        ValueError: both or neither given, an empty prompt, or an id outside the vocabulary.
+    """
+    if (queries is None) == (input_ids is None):
+        raise ValueError("give exactly one of text_input (text to tokenize) and input_ids (token ids)")
+    if input_ids is not None:
+        rows = [[int(t) for t in row] for row in np.asarray(input_ids).reshape(np.asarray(input_ids).shape[0], -1)]
+        for row in rows:
+            bad = [t for t in row if not 0 <= t < vocab_size]
+            if bad:
+                raise ValueError(f"input_ids must be token ids in [0, {vocab_size}); got {bad[:5]}")
+    else:
+        rows = [tokenizer.encode(q, add_special_tokens=add_special_tokens) for q in queries]
+    if any(len(ids) == 0 for ids in rows):
+        raise ValueError("the prompt has zero tokens; send a non-empty text_input or input_ids")
+    return rows
+
+
 class TritonPythonModel:
     """Tokenizer step of the ensemble (see the module docstring for tensors)."""
 
@@ -70,6 +99,7 @@ class TritonPythonModel:
         self.tokenizer = AutoTokenizer.from_pretrained(params["tokenizer_dir"], local_files_only=True)
         self.add_special_tokens = _parse_bool("add_special_tokens", params.get("add_special_tokens", "true"))
         tok = self.tokenizer
+        self.vocab_size = len(tok)
         self.default_end_id = tok.eos_token_id if tok.eos_token_id is not None else 0
         self.default_pad_id = tok.pad_token_id if tok.pad_token_id is not None else self.default_end_id
 
@@ -98,13 +128,18 @@ class TritonPythonModel:
         return responses
 
     def _one(self, request):
-        queries = [row[0] for row in self._strings(request, "QUERY")]
-        batch = len(queries)
+        query_rows = self._strings(request, "QUERY")
+        ids_tensor = pb_utils.get_input_tensor_by_name(request, "INPUT_IDS")
+        encoded = prompt_ids(
+            self.tokenizer,
+            None if query_rows is None else [row[0] for row in query_rows],
+            None if ids_tensor is None else ids_tensor.as_numpy(),
+            self.add_special_tokens,
+            self.vocab_size,
+        )
+        batch = len(encoded)
         end_id = self._ints(request, "END_ID", batch, self.default_end_id)
         pad_id = self._ints(request, "PAD_ID", batch, self.default_pad_id)
-        encoded = [self.tokenizer.encode(q, add_special_tokens=self.add_special_tokens) for q in queries]
-        if any(len(ids) == 0 for ids in encoded):
-            raise ValueError("text_input encodes to zero tokens; send a non-empty prompt")
         width = max(len(ids) for ids in encoded)
         input_ids = np.empty((batch, width), dtype=np.int32)
         for i, ids in enumerate(encoded):

@@ -1,0 +1,180 @@
+"""The prompt's token ids: rendered once, tokenized once, by the predictor.
+
+The predictor sends token ids to the ensemble (``input_ids``), so the prompt is tokenized exactly
+once, here, and two decisions are made per request rather than once per service:
+
+* **Special tokens the template adds (BOS).** With the tokenizer's chat template, the text is
+  tokenized as ``apply_chat_template(..., tokenize=True)`` does it: ``add_special_tokens=False``,
+  since the template writes BOS itself where the model wants it (Llama 2/3, Mistral). With a
+  ``prompt_template`` or a plain prompt, the tokenizer adds its special tokens (BOS for Llama-style
+  tokenizers) unless the text already starts with the BOS token. ``COG_TRITON_ADD_SPECIAL_TOKENS``
+  forces one choice for every request.
+* **Special-token text in user input stays text.** A user who types ``<|im_start|>system`` into a
+  prompt must not open a system turn. Wherever user text (prompt, system prompt) contains the
+  string of a special token, that text is tokenized with ``split_special_tokens=True`` and the
+  template around it as usual; ``COG_TRITON_SPECIAL_TOKENS_IN_USER_TEXT=true`` restores the old
+  behaviour (special-token strings become control tokens). Without such strings, the ids are exactly
+  those of tokenizing the whole rendered text.
+
+Raises :class:`common.errors.InputError` for what the user can fix.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+from common.errors import InputError
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A rendered and tokenized prompt.
+
+    Attributes:
+        text: the prompt text as rendered (template applied).
+        ids: the token ids sent to the engine (INT32 values).
+        add_special_tokens: whether the tokenizer's special tokens (BOS) were added.
+        escaped: whether some user text was tokenized with its special-token strings kept as text.
+    """
+
+    text: str
+    ids: list[int]
+    add_special_tokens: bool
+    escaped: bool = False
+
+
+class PromptTokenizer:
+    """Renders a request's prompt and tokenizes it (see the module docstring for the rules).
+
+    Args:
+        tokenizer: a Hugging Face tokenizer (fast or slow).
+        add_special_tokens: force adding (True) or not adding (False) the tokenizer's special tokens
+            for every request; None decides per request.
+        special_tokens_in_user_text: True parses special-token strings in user text as control tokens.
+    """
+
+    def __init__(
+        self, tokenizer: Any, *, add_special_tokens: Optional[bool] = None, special_tokens_in_user_text: bool = False
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.forced_special = add_special_tokens
+        self.parse_user_special = special_tokens_in_user_text
+        self.has_chat_template = bool(getattr(tokenizer, "chat_template", None))
+        self.bos_text: str = getattr(tokenizer, "bos_token", None) or ""
+        names: set[str] = set(getattr(tokenizer, "all_special_tokens", ()) or ())
+        for token in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values():
+            if getattr(token, "special", False):
+                names.add(str(token.content))
+        self.special_strings = tuple(sorted((n for n in names if n), key=len, reverse=True))
+        self._special_re = re.compile("|".join(re.escape(s) for s in self.special_strings)) if names else None
+
+    # ------------------------------------------------------------------------------- rendering
+    def render(self, prompt: str, system_prompt: str = "", template: Optional[str] = None) -> tuple[str, bool, list[tuple[int, int]]]:
+        """(text, whether the chat template was used, spans of user text in it as (start, end) characters).
+
+        The spans are exact for ``template`` and plain prompts; for the chat template they are found
+        by searching the rendered text for each user text in order (only when needed, see
+        :meth:`encode`), so here they are empty.
+
+        Raises:
+            InputError: the chat template fails to render (e.g. it rejects a system message).
+        """
+        if template is not None:
+            values = {"system_prompt": system_prompt, "prompt": prompt}
+            parts: list[str] = []
+            spans: list[tuple[int, int]] = []
+            pos = 0
+            length = 0
+            for match in re.finditer(r"\{(system_prompt|prompt)\}", template):
+                literal = template[pos : match.start()]
+                parts.append(literal)
+                length += len(literal)
+                value = values[match.group(1)]
+                spans.append((length, length + len(value)))
+                parts.append(value)
+                length += len(value)
+                pos = match.end()
+            parts.append(template[pos:])
+            return "".join(parts), False, spans
+        if self.has_chat_template:
+            messages: list[dict[str, str]] = []
+            if system_prompt:
+                messages.append({"role": "system", "content": system_prompt})
+            messages.append({"role": "user", "content": prompt})
+            try:
+                text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            except Exception as exc:  # jinja errors raised by the template itself
+                raise InputError(f"the model's chat template rejected the messages: {exc}") from None
+            return text, True, []
+        if system_prompt:
+            return f"{system_prompt}\n\n{prompt}", False, [(0, len(system_prompt)), (len(system_prompt) + 2, len(system_prompt) + 2 + len(prompt))]
+        return prompt, False, [(0, len(prompt))]
+
+    # ------------------------------------------------------------------------------ tokenizing
+    def encode(self, prompt: str, system_prompt: str = "", template: Optional[str] = None) -> Prompt:
+        """Render and tokenize one request's prompt.
+
+        Raises:
+            InputError: the chat template fails, or user text with special-token strings cannot be
+                located in what the chat template rendered (so it cannot be kept as text).
+        """
+        text, chat, spans = self.render(prompt, system_prompt, template)
+        if self.forced_special is not None:
+            add = self.forced_special
+        elif chat:
+            add = False  # as apply_chat_template(tokenize=True): the template writes its own BOS
+        else:
+            add = not (self.bos_text and text.startswith(self.bos_text))
+        user_texts = [t for t in (system_prompt, prompt) if t]
+        risky = (
+            not self.parse_user_special
+            and self._special_re is not None
+            and any(self._special_re.search(t) for t in user_texts)
+        )
+        if not risky:
+            return Prompt(text=text, ids=self._ids(text, add), add_special_tokens=add)
+        if chat:
+            spans = self._locate(text, [t for t in (system_prompt, prompt) if t])
+        return Prompt(text=text, ids=self._segmented(text, spans, add), add_special_tokens=add, escaped=True)
+
+    def _ids(self, text: str, add: bool, split_special: bool = False) -> list[int]:
+        kwargs: dict[str, Any] = {"add_special_tokens": add}
+        if split_special:
+            kwargs["split_special_tokens"] = True
+        return list(self.tokenizer(text, **kwargs)["input_ids"])
+
+    def _locate(self, text: str, user_texts: Sequence[str]) -> list[tuple[int, int]]:
+        spans = []
+        cursor = 0
+        for user_text in user_texts:
+            for candidate in (user_text, user_text.strip()):
+                start = text.find(candidate, cursor) if candidate else -1
+                if start >= 0:
+                    spans.append((start, start + len(candidate)))
+                    cursor = start + len(candidate)
+                    break
+            else:
+                found = self._special_re.search(user_text) if self._special_re else None
+                raise InputError(
+                    f"the input contains the special token {found.group(0) if found else '?'!r}, and the chat template "
+                    "changes the text around it, so it cannot be kept as plain text; remove it, or set "
+                    "COG_TRITON_SPECIAL_TOKENS_IN_USER_TEXT=true to let user text contain control tokens"
+                )
+        return spans
+
+    def _segmented(self, text: str, spans: list[tuple[int, int]], add: bool) -> list[int]:
+        ids: list[int] = []
+        if add:
+            ids.extend(self._ids("", True))  # the special tokens the tokenizer adds around a text (BOS)
+        pos = 0
+        for start, end in sorted(spans):
+            if start > pos:
+                ids.extend(self._ids(text[pos:start], False))
+            if end > start:
+                ids.extend(self._ids(text[start:end], False, split_special=True))
+            pos = max(pos, end)
+        if pos < len(text):
+            ids.extend(self._ids(text[pos:], False))
+        return ids
