@@ -43,6 +43,17 @@ class Predictor(BasePredictor):
         self.service = LLMService(Settings.from_env())
         self.service.setup(weights)
 
+    def healthcheck(self) -> bool:
+        """coglet calls this on GET /health-check while READY (5 s limit): a Triton that could not be
+        restarted, or that stopped answering, shows as UNHEALTHY with the reason, not READY."""
+        service = getattr(self, "service", None)
+        if service is None:
+            return True  # setup has not run: coglet reports that state itself
+        health = service.health()
+        if not health.healthy:
+            raise RuntimeError(health.reason)  # coglet: "Healthcheck failed: <reason>"
+        return True
+
     @cog.streaming  # x-cog-streaming in the schema: coglet then streams the output over SSE
     async def predict(
         self,

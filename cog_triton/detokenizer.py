@@ -102,11 +102,6 @@ class IncrementalDetokenizer:
     # --- public API -----------------------------------------------------------------------
 
     @property
-    def token_ids(self) -> list[int]:
-        """All token ids pushed so far, in order (a copy)."""
-        return list(self._ids)
-
-    @property
     def num_tokens(self) -> int:
         """Number of token ids pushed so far (tokens, special ones included)."""
         return len(self._ids)

@@ -17,24 +17,24 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Optional, TypeVar, Union
 
 from cog_triton.cog_bridge import open_stream
-from cog_triton.client import GenerateChunk, GenerateRequest, TritonClient
+from cog_triton.client import GenerateRequest, TritonClient
 from cog_triton.detokenizer import IncrementalDetokenizer
-from common.errors import ConfigError, ManifestError, TritonDiedError, TritonError
+from common.errors import ConfigError, InferenceError, ManifestError, TritonDiedError, TritonError
 from cog_triton.inputs import PredictInputs
 from cog_triton.prompt import PromptTokenizer
 from cog_triton.settings import Settings, VerifyMode
 from cog_triton.stop import StopSequenceMatcher
+from cog_triton.supervisor import Health, State, Supervisor
 from cog_triton.weights import fetch_weights
 from tensorrtllm_backend.engine import WeightsInfo, find_model_root, inspect_weights
 from tensorrtllm_backend.gpus import GPU, visible_gpus
 from tensorrtllm_backend.manifest import MANIFEST_NAME, Manifest, check_weights_match, verify_weights
-from tensorrtllm_backend.server import LaunchConfig, TritonServer, locate_tritonserver
+from tensorrtllm_backend.server import LaunchConfig, TritonServer, locate_tritonserver, unique_shm_prefix
 from tensorrtllm_backend.templates import RenderOptions, render_model_repository
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-WATCHDOG_INTERVAL_S = 0.5
 SELF_TEST_PROMPT = "Hello"
 SELF_TEST_TOKENS = 4
 
@@ -95,7 +95,7 @@ class LLMService:
         self.tokenizer: Any = None
         self._gpus: list[GPU] = []
         self.prompts: Optional[PromptTokenizer] = None
-        self._restart_lock = threading.Lock()
+        self.supervisor: Optional[Supervisor] = None
         self._background: set[asyncio.Task[None]] = set()
         # Prompt formatting and tokenization run here, off the event loop. One thread: a Hugging
         # Face fast tokenizer is not safe to call from several threads at once ("Already borrowed").
@@ -183,6 +183,7 @@ class LLMService:
                 world_size=manifest.world_size if manifest else info.world_size,
                 log_verbose=settings.log_verbose,
                 mpirun=settings.mpirun,
+                shm_prefix=unique_shm_prefix(),
             ),
             log_file=settings.path(settings.triton_log_file),
             stop_timeout_s=settings.stop_timeout_s,
@@ -196,6 +197,10 @@ class LLMService:
         self.server.start()
         ready_s = self.server.wait_ready(settings.startup_timeout_s)
         log.info("Triton ready in %.1f s", ready_s)
+        self.supervisor = Supervisor(
+            self.server, ["ensemble", "preprocessing", "tensorrt_llm"], startup_timeout_s=settings.startup_timeout_s
+        )
+        self.supervisor.start()
         if settings.self_test:
             self._self_test()
         log.info("setup finished in %.1f s", time.monotonic() - started)
@@ -275,23 +280,18 @@ class LLMService:
 
     # ------------------------------------------------------------- lifecycle
     def shutdown(self) -> None:
-        """Stop Triton (SIGINT, then SIGKILL after the grace period). Safe to call repeatedly."""
+        """Stop watching and stop Triton (SIGINT, then SIGKILL after the grace period); its shared
+        memory is removed. Safe to call repeatedly."""
+        if self.supervisor is not None:
+            self.supervisor.stop()
         if self.server is not None:
             self.server.stop()
 
-    def _ensure_server(self) -> None:
-        """Restart Triton if it died since the last request (blocking; run in a worker thread)."""
-        server = self.server
-        if server is None:
-            raise TritonError("setup() has not completed: Triton is not running")
-        with self._restart_lock:
-            if server.is_alive():
-                return
-            log.warning("Triton %s; restarting it. Last log lines:\n%s", server.exit_description(), server.log_tail(20))
-            server.stop()
-            server.start()
-            server.wait_ready(self.settings.startup_timeout_s)
-            log.info("Triton restarted")
+    def health(self) -> Health:
+        """Whether the service can serve (for the predictor's healthcheck; see cog_triton.supervisor)."""
+        if self.supervisor is None:
+            return Health(False, "setup() has not completed")
+        return self.supervisor.health()
 
     # ------------------------------------------------------------ generation
     def prepare(self, inputs: PredictInputs) -> tuple[GenerateRequest, int]:
@@ -367,20 +367,28 @@ class LLMService:
         request, prompt_tokens = prepared
         if metric:
             metric("input_token_count", prompt_tokens)
-        if self.server is None or not self.server.is_alive():
-            await asyncio.to_thread(self._ensure_server)
+        supervisor, client = self.supervisor, self.client
+        if supervisor is None or client is None:
+            raise TritonError("setup() has not completed: Triton is not running")
+        await supervisor.wait_ready()
+        task = asyncio.current_task()
+        assert task is not None
+        watched = supervisor.register(task)
         detok = IncrementalDetokenizer(self.tokenizer, skip_special_tokens=True)
         stops = StopSequenceMatcher(inputs.stop_sequences)
         stopped = False
         first = True
         finished = False
         try:
-            async for chunk in self._guarded_stream(request):
-                if first and chunk.output_ids:
+            async for chunk in client.generate_stream(request):
+                ids = chunk.output_ids
+                if not ids:
+                    continue  # the last response of a request that ended on the end token
+                if first:
                     first = False
                     if metric:
                         metric("time_to_first_token_s", round(time.monotonic() - started, 4))
-                text, stopped = stops.push(detok.push(chunk.output_ids))
+                text, stopped = stops.push(detok.push(ids))
                 if text:
                     yield text
                 if stopped:
@@ -394,7 +402,17 @@ class LLMService:
                     if rest:
                         yield rest
             finished = not stopped
+        except asyncio.CancelledError:
+            if watched.error is None:
+                raise  # cancelled by the caller (Cog's cancel)
+            task.uncancel()
+            raise watched.error from None  # a fault the supervisor found: it names it
+        except InferenceError:
+            raise  # Triton answered with an error: nothing to wait for
+        except TritonError as exc:  # the connection failed: is Triton going down?
+            raise await self._died_or(exc) from None
         finally:
+            supervisor.unregister(watched)
             if not finished:
                 # Cancelled, cut by a stop sequence, or failed: make Triton stop generating too.
                 self._stop_in_background(request.request_id)
@@ -407,6 +425,21 @@ class LLMService:
                 time.monotonic() - started,
                 " (stop sequence)" if stopped else "",
             )
+
+    async def _died_or(self, exc: TritonError) -> TritonError:
+        """After a broken connection: TritonDiedError if Triton exits or faults within 2 s, else ``exc``."""
+        server, supervisor = self.server, self.supervisor
+        assert server is not None and supervisor is not None
+        for _ in range(20):
+            if not server.is_alive():
+                return TritonDiedError(
+                    f"Triton {server.exit_description()} during the prediction; it is being restarted. "
+                    f"Last log lines:\n{server.log_tail(20)}"
+                )
+            if supervisor.state is not State.READY:
+                return TritonDiedError(f"{supervisor.counters.last_fault}; the prediction was stopped")
+            await asyncio.sleep(0.1)
+        return exc
 
     def _stop_in_background(self, request_id: str) -> None:
         """Send TensorRT-LLM's stop signal for ``request_id`` without waiting (best effort)."""
@@ -423,58 +456,3 @@ class LLMService:
         task = asyncio.get_running_loop().create_task(send())
         self._background.add(task)
         task.add_done_callback(self._background.discard)
-
-    async def _guarded_stream(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
-        """Chunks from Triton, failing within ~WATCHDOG_INTERVAL_S if the Triton process dies."""
-        assert self.client is not None and self.server is not None
-        server, client = self.server, self.client
-        queue: asyncio.Queue[object] = asyncio.Queue()
-        done = object()
-
-        async def pump() -> None:
-            try:
-                async for chunk in client.generate_stream(request):
-                    queue.put_nowait(chunk)
-                queue.put_nowait(done)
-            except asyncio.CancelledError:
-                raise
-            except BaseException as exc:  # noqa: BLE001 - handed to the consumer
-                queue.put_nowait(exc)
-
-        pump_task = asyncio.create_task(pump())
-        getter: Optional[asyncio.Future[object]] = None
-        try:
-            while True:
-                if getter is None:
-                    getter = asyncio.ensure_future(queue.get())
-                finished, _ = await asyncio.wait({getter}, timeout=WATCHDOG_INTERVAL_S)
-                if not finished:
-                    if not server.is_alive():
-                        raise self._died()
-                    continue
-                item = getter.result()
-                getter = None
-                if item is done:
-                    return
-                if isinstance(item, TritonError) and not isinstance(item, TritonDiedError):
-                    # A broken connection usually means Triton is going down: give it a moment.
-                    for _ in range(int(2.0 / 0.1)):
-                        if not server.is_alive():
-                            raise self._died() from None
-                        await asyncio.sleep(0.1)
-                    raise item
-                if isinstance(item, BaseException):
-                    raise item
-                yield item  # type: ignore[misc]
-        finally:
-            for task in (getter, pump_task):
-                if task is not None and not task.done():
-                    task.cancel()
-            await asyncio.gather(pump_task, return_exceptions=True)
-
-    def _died(self) -> TritonDiedError:
-        assert self.server is not None
-        return TritonDiedError(
-            f"Triton {self.server.exit_description()} during the prediction; the next prediction restarts it. "
-            f"Last log lines:\n{self.server.log_tail(20)}"
-        )

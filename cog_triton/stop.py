@@ -77,11 +77,6 @@ class StopSequenceMatcher:
         """True once a stop sequence has been found (by :meth:`push` or :meth:`finish`)."""
         return self._stopped
 
-    @property
-    def held_back(self) -> str:
-        """The text currently held back (characters that may begin a stop sequence)."""
-        return self._buffer
-
     def push(self, text: str) -> tuple[str, bool]:
         """Add streamed text; return ``(text safe to emit now, stopped)``.
 
@@ -205,13 +200,14 @@ def parse_stop_sequences(value: str | list[str] | None) -> list[str]:
         )
 
     stops: list[str] = []
+    seen: set[str] = set()  # linear in the number of items, whatever their count
     for item in items:
         if not isinstance(item, str):
             raise InputError(
                 f"stop_sequences: {_show(value)} contains {_show(item)} ({type(item).__name__}); "
                 "every stop sequence must be a string"
             )
-        if not item or item in stops:
+        if not item or item in seen:
             continue
         if len(item) > MAX_STOP_SEQUENCE_LENGTH:
             raise InputError(
@@ -219,6 +215,7 @@ def parse_stop_sequences(value: str | list[str] | None) -> list[str]:
                 f"at most {MAX_STOP_SEQUENCE_LENGTH} characters are allowed per stop sequence"
             )
         stops.append(item)
+        seen.add(item)
     if len(stops) > MAX_STOP_SEQUENCES:
         raise InputError(
             f"stop_sequences: {_show(value)} holds {len(stops)} distinct stop sequences; at most "

@@ -13,8 +13,14 @@ Replaces the upstream ``scripts/launch_triton_server.py`` of tensorrtllm_backend
 * Multi-GPU (tensorrtllm_backend's launch script, leader mode): one ``tritonserver`` per rank under
   ``mpirun``; ranks above 0 load only ``tensorrt_llm`` (``--model-control-mode=explicit
   --load-model=tensorrt_llm``) and each rank gets its own
-  ``--backend-config=python,shm-region-prefix-name=prefix<rank>_``. We also switch HTTP, gRPC and
+  ``--backend-config=python,shm-region-prefix-name=<prefix><rank>_``. We also switch HTTP, gRPC and
   metrics off on ranks above 0 so that only rank 0 binds ports.
+* The Python backend keeps one shared-memory region per model instance in ``/dev/shm``, named
+  ``<shm-region-prefix-name><uuid>`` (python_backend src/python_be.cc; the default prefix is
+  ``triton_python_backend_shm_region_``), and removes it only on a clean unload: a killed Triton
+  leaves it behind. Our prefix is unique per server (``cogtriton<owner pid>x<n>r<rank>_``), so
+  :meth:`TritonServer.stop`, the guardian process (when our process dies) and the next start
+  (regions of owners that no longer exist) remove exactly what was ours.
 
 Every endpoint binds 127.0.0.1 only.
 """
@@ -22,6 +28,7 @@ Every endpoint binds 127.0.0.1 only.
 from __future__ import annotations
 
 import collections
+import itertools
 import ctypes
 import logging
 import os
@@ -34,11 +41,11 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Deque, Mapping, Optional, Sequence
+from typing import Deque, Mapping, Optional
 
 import httpx
 
-from common.errors import ConfigError, TritonDiedError, TritonStartupError
+from common.errors import ConfigError, TritonStartupError
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +56,10 @@ LOG_TAIL_LINES = 60
 LOG_TAIL_MAX_CHARS = 8000
 STARTUP_ABORT_GRACE_S = 2.0  # grace period when stopping a Triton that never became ready
 LOG_LINE_MAX_CHARS = 1200
+SHM_DIR = Path("/dev/shm")
+SHM_PREFIX = "cogtriton"
+_SHM_OWNER_RE = re.compile(rf"^{SHM_PREFIX}(\d+)x\d+r\d+_")
+_instances = itertools.count(1)
 
 
 @dataclass(frozen=True)
@@ -174,6 +185,51 @@ def locate_tritonserver(
     )
 
 
+def unique_shm_prefix() -> str:
+    """A shared-memory region prefix for one server of this process: ``cogtriton<pid>x<n>r`` (the
+    launch appends ``<rank>_``)."""
+    return f"{SHM_PREFIX}{os.getpid()}x{next(_instances)}r"
+
+
+def remove_shm_regions(prefix: str, shm_dir: Path = SHM_DIR) -> list[str]:
+    """Delete the shared-memory regions whose names start with ``prefix``; return their names."""
+    removed = []
+    for path in shm_dir.glob(f"{prefix}*"):
+        try:
+            path.unlink()
+            removed.append(path.name)
+        except OSError:
+            pass
+    return sorted(removed)
+
+
+def remove_stale_shm_regions(shm_dir: Path = SHM_DIR) -> list[str]:
+    """Delete our regions (``cogtriton<pid>x...``) whose owner process no longer exists; return their names."""
+    removed = []
+    for path in shm_dir.glob(f"{SHM_PREFIX}*"):
+        match = _SHM_OWNER_RE.match(path.name)
+        if match and not _pid_alive(int(match.group(1))):
+            try:
+                path.unlink()
+                removed.append(path.name)
+            except OSError:
+                pass
+    return sorted(removed)
+
+
+@dataclass(frozen=True)
+class StubProcess:
+    """A Python backend stub of one model instance, found among Triton's child processes."""
+
+    pid: int
+    instance: str  # e.g. "preprocessing_0_0": <model>_<instance group>_<index>
+
+    @property
+    def model(self) -> str:
+        """The model's name (the instance name less its two trailing numbers)."""
+        return self.instance.rsplit("_", 2)[0]
+
+
 @dataclass(frozen=True)
 class LaunchConfig:
     """Arguments of one Triton launch.
@@ -184,6 +240,8 @@ class LaunchConfig:
         world_size: number of ranks (tensor x pipeline parallelism); > 1 runs under mpirun.
         log_verbose: ``--log-verbose`` level.
         mpirun: the mpirun executable for world_size > 1.
+        shm_prefix: start of the Python backend's shared-memory region names; rank r uses
+            ``<shm_prefix><r>_`` (upstream's launch script uses ``prefix``).
     """
 
     model_repo: Path
@@ -193,6 +251,7 @@ class LaunchConfig:
     world_size: int = 1
     log_verbose: int = 0
     mpirun: str = "mpirun"
+    shm_prefix: str = "prefix"
 
 
 def _rank_args(installation: TritonInstallation, cfg: LaunchConfig, rank: int) -> list[str]:
@@ -201,7 +260,7 @@ def _rank_args(installation: TritonInstallation, cfg: LaunchConfig, rank: int) -
         f"--model-repository={cfg.model_repo}",
         f"--backend-directory={installation.backend_dir}",
         "--disable-auto-complete-config",
-        f"--backend-config=python,shm-region-prefix-name=prefix{rank}_",
+        f"--backend-config=python,shm-region-prefix-name={cfg.shm_prefix}{rank}_",
         f"--log-verbose={cfg.log_verbose}",
     ]
     if rank == 0:
@@ -259,12 +318,18 @@ _PR_SET_PDEATHSIG = 1
 # tritonserver is killed. The guardian reads its stdin, whose write end only we hold: end of file
 # without the byte b"d" (disarm, sent when the process group has ended) means we died.
 _GUARDIAN = (
-    "import os, signal, sys\n"
+    "import glob, os, signal, sys, time\n"
     "if sys.stdin.buffer.read(1) != b'd':\n"
     "    try:\n"
     "        os.killpg(int(sys.argv[1]), signal.SIGKILL)\n"
     "    except OSError:\n"
     "        pass\n"
+    "    time.sleep(0.5)\n"
+    "    for path in glob.glob(os.path.join(sys.argv[2], sys.argv[3] + '*')) if sys.argv[3] else []:\n"
+    "        try:\n"
+    "            os.unlink(path)\n"
+    "        except OSError:\n"
+    "            pass\n"
 )
 
 
@@ -353,11 +418,10 @@ class TritonServer:
                 guardian.wait()
         proc.wait()
 
-    @staticmethod
-    def _spawn_guardian(pgid: int) -> Optional[subprocess.Popen[bytes]]:
+    def _spawn_guardian(self, pgid: int) -> Optional[subprocess.Popen[bytes]]:
         try:
             return subprocess.Popen(  # noqa: S603
-                [sys.executable, "-I", "-S", "-c", _GUARDIAN, str(pgid)],
+                [sys.executable, "-I", "-S", "-c", _GUARDIAN, str(pgid), str(SHM_DIR), self.cfg.shm_prefix],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
@@ -384,6 +448,10 @@ class TritonServer:
             self._started.clear()
             self._spawn_error = None
             self._tail.clear()
+            self.remove_shm_regions()  # left by a previous run of this server that was killed
+            stale = remove_stale_shm_regions()
+            if stale:
+                log.info("removed %d shared-memory regions of Triton servers whose owner has exited", len(stale))
             log.info("starting Triton (%s): %s", self.installation.source, " ".join(self.command))
             thread = threading.Thread(target=self._run, name="tritonserver", daemon=True)
             self._thread = thread
@@ -393,8 +461,36 @@ class TritonServer:
                 raise TritonStartupError(f"could not execute {self.command[0]}: {self._spawn_error}")
 
     def is_alive(self) -> bool:
-        """True while the Triton process runs."""
+        """True while the Triton process runs (also when it is stopped or hung: see :meth:`is_stopped`)."""
         return self._proc is not None and self._proc.poll() is None
+
+    def is_stopped(self) -> bool:
+        """True when the Triton process is stopped (state T, e.g. SIGSTOP): alive, but serving nothing."""
+        if not self.is_alive():
+            return False
+        assert self._proc is not None
+        return _proc_state(self._proc.pid) in (b"T", b"t")
+
+    def stub_processes(self) -> list[StubProcess]:
+        """The Python backend stubs Triton has started (children whose program is
+        ``triton_python_backend_stub``; argv[8] is the model instance's name, python_backend
+        src/stub_launcher.cc), excluding exited ones."""
+        if not self.is_alive():
+            return []
+        assert self._proc is not None
+        stubs = []
+        for pid in _children(self._proc.pid):
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if argv and argv[0].endswith(b"triton_python_backend_stub") and len(argv) > 8 and _pid_alive(pid):
+                stubs.append(StubProcess(pid=pid, instance=argv[8].decode("utf-8", "replace")))
+        return stubs
+
+    def remove_shm_regions(self) -> list[str]:
+        """Delete this server's shared-memory regions (call once its processes are gone)."""
+        return remove_shm_regions(self.cfg.shm_prefix)
 
     @property
     def returncode(self) -> Optional[int]:
@@ -463,11 +559,6 @@ class TritonServer:
                     )
                 time.sleep(poll_s)
 
-    def check_alive(self) -> None:
-        """Raise :class:`TritonDiedError` (with the log tail) unless Triton is running."""
-        if not self.is_alive():
-            raise TritonDiedError(f"Triton {self.exit_description()}. Last log lines:\n{self.log_tail(30)}")
-
     def stop(self, timeout_s: Optional[float] = None) -> Optional[int]:
         """Stop Triton: SIGINT to its process group, then SIGKILL after the grace period.
 
@@ -489,9 +580,23 @@ class TritonServer:
                 log.warning("Triton did not stop within %.0f s; killing it", grace)
                 self._signal_group(proc.pid, signal.SIGKILL)
                 proc.wait()
-        # Ranks or backend stubs that outlived the leader go too.
+        # Ranks or backend stubs that outlived the leader go too, then their shared memory.
         self._signal_group(proc.pid, signal.SIGKILL)
+        self._wait_group_gone(proc.pid, 5.0)
+        removed = self.remove_shm_regions()
+        if removed:
+            log.info("removed %d shared-memory regions Triton left in %s", len(removed), SHM_DIR)
         return proc.returncode
+
+    @staticmethod
+    def _wait_group_gone(pgid: int, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(pgid, 0)
+            except (ProcessLookupError, PermissionError):
+                return
+            time.sleep(0.05)
 
     @staticmethod
     def _signal_group(pgid: int, sig: signal.Signals) -> None:
@@ -501,14 +606,25 @@ class TritonServer:
             pass
 
 
-def wait_for_pids_gone(pids: Sequence[int], timeout_s: float) -> bool:
-    """True once none of ``pids`` exists (zombies count as gone), within ``timeout_s`` seconds."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not any(_pid_alive(p) for p in pids):
-            return True
-        time.sleep(0.1)
-    return not any(_pid_alive(p) for p in pids)
+def _proc_state(pid: int) -> Optional[bytes]:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            try:
+                out.extend(int(c) for c in (task / "children").read_text().split())
+            except OSError:
+                continue
+    except OSError:
+        pass
+    return out
 
 
 def _pid_alive(pid: int) -> bool:

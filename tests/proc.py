@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from typing import Sequence
 
 
 def pids_mentioning(*texts: str) -> list[int]:
@@ -18,3 +20,22 @@ def pids_mentioning(*texts: str) -> list[int]:
         if all(text in cmdline for text in texts):
             pids.append(int(entry.name))
     return pids
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            state = fh.read().rsplit(b")", 1)[1].split()[0]
+        return state not in (b"Z", b"X")
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def wait_for_pids_gone(pids: Sequence[int], timeout_s: float) -> bool:
+    """True once none of ``pids`` exists (zombies count as gone), within ``timeout_s`` seconds."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not any(_pid_alive(p) for p in pids):
+            return True
+        time.sleep(0.1)
+    return not any(_pid_alive(p) for p in pids)

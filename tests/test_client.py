@@ -353,7 +353,7 @@ def test_connection_refused() -> None:
         port = sock.getsockname()[1]  # bound, never listening: connections are refused
         _, error = collect(TritonClient(f"http://127.0.0.1:{port}", connect_timeout_s=2), REQUEST)
     assert type(error) is TritonError
-    assert f"connection to Triton at http://127.0.0.1:{port} failed: ConnectError" in error.message
+    assert f"connection to Triton at http://127.0.0.1:{port} failed: ClientConnectorError" in error.message
 
 
 def test_server_closes_connection_mid_stream(sse_server: Running) -> None:
@@ -368,8 +368,8 @@ def test_server_closes_connection_mid_stream(sse_server: Running) -> None:
     assert [c.output_ids for c in chunks] == [[100], [101]]
     # A broken-off stream is a connection failure (the caller then checks whether Triton died).
     assert type(error) is TritonError
-    assert error.message.startswith(f"connection to Triton at {sse_server.url} failed: RemoteProtocolError: ")
-    assert "incomplete chunked read" in error.message
+    assert error.message.startswith(f"connection to Triton at {sse_server.url} failed: ClientPayloadError: ")
+    assert "Response payload is not completed" in error.message
 
 
 def test_server_closes_connection_before_answering(sse_server: Running) -> None:
@@ -380,7 +380,7 @@ def test_server_closes_connection_before_answering(sse_server: Running) -> None:
     chunks, error = collect(TritonClient(sse_server.url), REQUEST)
     assert chunks == []
     assert type(error) is TritonError
-    assert "RemoteProtocolError" in error.message and "disconnected without sending a response" in error.message
+    assert "ServerDisconnectedError" in error.message and "Server disconnected" in error.message
 
 
 def test_request_id_is_sent_as_the_generate_extension_id() -> None:
@@ -403,3 +403,34 @@ def test_stop_against_a_closed_port_raises_triton_error() -> None:
 
     with pytest.raises(TritonError, match="stop request to Triton failed"):
         asyncio.run(run())
+
+
+def test_http_400_as_triton_writes_it_an_sse_error_event(sse_server: Running) -> None:
+    """Triton answers an error before the first response with HTTP 400 and one `data: {"error": ...}` event."""
+
+    def scenario(h: Handler) -> None:
+        data = b'data: {"error":"in ensemble \'ensemble\', preprocessing: the prompt has zero tokens"}\n\n'
+        h.send_response(400)
+        h.send_header("Content-Type", "text/event-stream")
+        h.send_header("Content-Length", str(len(data)))
+        h.end_headers()
+        h.wfile.write(data)
+
+    sse_server.state.scenario = scenario
+    _, error = collect(TritonClient(sse_server.url), REQUEST)
+    assert isinstance(error, InferenceError)
+    assert error.message == "Triton answered HTTP 400: in ensemble 'ensemble', preprocessing: the prompt has zero tokens"
+
+
+def test_sse_framing_details(sse_server: Running) -> None:
+    def scenario(h: Handler) -> None:
+        h.start_stream()
+        h.chunk(b'data:{"output_ids": 1}\r\n\r\n')  # no space after the colon, CRLF line ends
+        h.chunk(b'event: ignored\nid: 7\ndata: {"output_ids":\ndata:  [2, 3]}\n\n')  # data over two lines
+        h.chunk(b'data: {"output_ids": [], "sequence_length": 0}\n')  # the last event without a blank line
+        h.end_stream()
+
+    sse_server.state.scenario = scenario
+    chunks, error = collect(TritonClient(sse_server.url), REQUEST)
+    assert error is None
+    assert [c.output_ids for c in chunks] == [[1], [2, 3], []]

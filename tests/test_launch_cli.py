@@ -13,7 +13,7 @@ import pytest
 from cog_triton.local import free_port
 from cog_triton.settings import REPO_ROOT
 from tensorrtllm_backend.engine import inspect_weights
-from tensorrtllm_backend.server import wait_for_pids_gone
+from tests.proc import wait_for_pids_gone
 from tensorrtllm_backend.templates import RenderOptions, render_model_repository
 from tests.proc import pids_mentioning
 

@@ -1,0 +1,283 @@
+"""Watching Triton while it serves: faults fail the running predictions fast, and Triton restarts.
+
+One :class:`Supervisor` thread per service polls, every ``interval_s`` seconds:
+
+* the ``tritonserver`` process: exited, or stopped (state T, e.g. SIGSTOP);
+* the Python backend stubs Triton started (``preprocessing``, the CPU reference ``tensorrt_llm``):
+  since python_backend r24.06 a dead stub is never restarted, and every later request to its model
+  fails with "Stub process ... is not healthy" (src/stub_launcher.cc); on Triton 2.51
+  ``/v2/models/<m>/ready`` and ``/v2/health/ready`` still answer 200 then (r26.02 reports the
+  model unready, the server health only from r26.04), so stub processes are watched directly;
+* ``/v2/health/ready`` and each model's ``/v2/models/<m>/ready``, with a short timeout: a Triton
+  that stops answering (hung) is a fault after ``hung_after`` failed probes in a row.
+
+On a fault every registered stream is failed at once (within about ``interval_s`` of the fault,
+not at the 120 s no-token timeout) with an error that names it, and Triton is restarted in the
+background: stopped (SIGKILL after a short grace), its shared memory removed, started, and waited
+for up to the startup deadline. While it restarts, new requests wait for it
+(:meth:`Supervisor.wait_ready`) instead of failing with "connection refused". A restart that
+fails is retried; ``max_restarts`` failures in a row make the state unrecoverable, which the
+predictor's ``healthcheck()`` reports (coglet then shows UNHEALTHY).
+
+Nothing here runs per token: a stream registers once and is only touched on a fault.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import httpx
+
+from common.errors import TritonDiedError, TritonError
+from tensorrtllm_backend.server import TritonServer
+
+log = logging.getLogger(__name__)
+
+
+class State(str, enum.Enum):
+    """Where Triton is, as the supervisor sees it."""
+
+    READY = "ready"
+    RESTARTING = "restarting"
+    FAILED = "failed"  # could not be restarted: unrecoverable
+    STOPPED = "stopped"  # shut down on purpose
+
+
+@dataclass(eq=False)  # identity: kept in a set
+class Stream:
+    """A running generation: the task to cancel and the loop it runs on, plus the fault that ended it."""
+
+    task: "asyncio.Task[object]"
+    loop: asyncio.AbstractEventLoop
+    error: Optional[TritonError] = None
+
+    def fail(self, error: TritonError) -> None:
+        """Cancel the stream's task with ``error`` (from any thread); the stream raises ``error``."""
+        self.error = error
+        try:
+            self.loop.call_soon_threadsafe(self.task.cancel)
+        except RuntimeError:  # the loop is closed: nothing runs there any more
+            pass
+
+
+@dataclass
+class Health:
+    """The supervisor's verdict for the predictor's healthcheck."""
+
+    healthy: bool
+    reason: str = ""
+
+
+@dataclass
+class _Counters:
+    faults: int = 0
+    restarts: int = 0
+    failed_restarts_in_a_row: int = 0
+    last_fault: str = ""
+    streams_failed: int = 0
+    history: list[str] = field(default_factory=list)
+
+
+class Supervisor:
+    """Watches one :class:`TritonServer` (see the module docstring).
+
+    Args:
+        server: the running Triton (already started and ready).
+        models: model names to probe (``/v2/models/<m>/ready``).
+        startup_timeout_s: deadline of a restart, seconds.
+        interval_s: polling period, seconds.
+        probe_timeout_s: timeout of each readiness probe, seconds.
+        hung_after: failed probes in a row (while the process runs) that make Triton hung.
+        max_restarts: failed restarts in a row after which the state is unrecoverable.
+        on_restart: called (in the supervisor thread) after each successful restart.
+    """
+
+    def __init__(
+        self,
+        server: TritonServer,
+        models: list[str],
+        *,
+        startup_timeout_s: float,
+        interval_s: float = 0.5,
+        probe_timeout_s: float = 2.0,
+        hung_after: int = 3,
+        max_restarts: int = 3,
+        on_restart: Optional[Callable[[], None]] = None,
+    ) -> None:
+        self.server = server
+        self.models = list(models)
+        self.startup_timeout_s = startup_timeout_s
+        self.interval_s = interval_s
+        self.probe_timeout_s = probe_timeout_s
+        self.hung_after = hung_after
+        self.max_restarts = max_restarts
+        self.on_restart = on_restart
+        self.state = State.READY
+        self.counters = _Counters()
+        self._ready = threading.Event()
+        self._ready.set()
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
+        self._streams: set[Stream] = set()
+        self._stubs: dict[int, str] = {}
+        self._thread: Optional[threading.Thread] = None
+        self._failed_probes = 0
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        """Start watching (a daemon thread)."""
+        self._remember_stubs()
+        self._thread = threading.Thread(target=self._run, name="triton-supervisor", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop watching (Triton itself is stopped by its owner)."""
+        self.state = State.STOPPED
+        self._stop.set()
+        self._wake.set()
+        self._ready.set()  # nobody waits for a restart that will not come
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=10)
+
+    # ------------------------------------------------------------------- requests
+    def register(self, task: "asyncio.Task[object]") -> Stream:
+        """Register the running task of a stream; it is cancelled with an error on a fault."""
+        stream = Stream(task=task, loop=asyncio.get_running_loop())
+        with self._lock:
+            self._streams.add(stream)
+        return stream
+
+    def unregister(self, stream: Stream) -> None:
+        with self._lock:
+            self._streams.discard(stream)
+
+    async def wait_ready(self) -> None:
+        """Return at once while Triton is ready; during a restart wait for it (up to the startup deadline).
+
+        Raises:
+            TritonError: Triton could not be restarted, or was not back within the deadline.
+        """
+        if self._ready.is_set() and self.state is State.READY:
+            if self.server.is_alive():
+                return
+            self._wake.set()  # it died since the last round: check now rather than in up to interval_s
+            await asyncio.sleep(0)
+            while self.state is State.READY and not self.server.is_alive() and not self._stop.is_set():
+                await asyncio.sleep(0.02)  # the supervisor thread takes the fault in a moment
+        if self.state is State.FAILED:
+            raise TritonError(f"Triton could not be restarted: {self.counters.last_fault}")
+        log.info("waiting for Triton to restart before sending the request")
+        ok = await asyncio.get_running_loop().run_in_executor(None, self._ready.wait, self.startup_timeout_s)
+        if not ok or self.state is not State.READY:
+            raise TritonError(
+                f"Triton is not serving ({self.state.value}) after waiting {self.startup_timeout_s:g} s for it to "
+                f"restart (COG_TRITON_STARTUP_TIMEOUT_S); last fault: {self.counters.last_fault}"
+            )
+
+    def health(self) -> Health:
+        """Healthy unless Triton could not be restarted, or is hung and not yet being restarted."""
+        if self.state is State.FAILED:
+            return Health(False, f"Triton could not be restarted: {self.counters.last_fault}")
+        if self.state is State.READY and self._failed_probes >= self.hung_after:
+            return Health(False, f"Triton is not answering: {self.counters.last_fault}")
+        return Health(True)
+
+    # ---------------------------------------------------------------------- watch
+    def _remember_stubs(self) -> None:
+        self._stubs = {stub.pid: stub.model for stub in self.server.stub_processes()}
+
+    def _run(self) -> None:
+        with httpx.Client(base_url=self.server.url, timeout=self.probe_timeout_s) as client:
+            while not self._stop.is_set():
+                self._wake.wait(self.interval_s)
+                self._wake.clear()
+                if self._stop.is_set():
+                    return
+                if self.state is not State.READY:
+                    continue
+                fault = self.check(client)
+                if fault is not None and not self._stop.is_set():
+                    self._handle_fault(fault)
+
+    def check(self, client: httpx.Client) -> Optional[str]:
+        """One round of checks; the fault found, or None."""
+        server = self.server
+        if not server.is_alive():
+            return f"Triton {server.exit_description()}"
+        if server.is_stopped():
+            return "Triton is stopped (state T: it received SIGSTOP or is being traced) and serves nothing"
+        alive = {stub.pid for stub in server.stub_processes()}
+        for pid, model in self._stubs.items():
+            if pid not in alive:
+                return (
+                    f"the Python backend stub of model '{model}' (pid {pid}) exited; Triton does not restart it, and "
+                    "every request to the model would fail with 'Stub process is not healthy'"
+                )
+        try:
+            for path in ["/v2/health/ready", *(f"/v2/models/{m}/ready" for m in self.models)]:
+                response = client.get(path)
+                if response.status_code != 200:
+                    self._failed_probes = 0
+                    return f"Triton answered HTTP {response.status_code} to GET {path}: the model is not ready"
+            self._failed_probes = 0
+            return None
+        except httpx.HTTPError as exc:
+            self._failed_probes += 1
+            self.counters.last_fault = f"{type(exc).__name__} on a readiness probe ({self._failed_probes} in a row)"
+            if self._failed_probes >= self.hung_after:
+                return (
+                    f"Triton has not answered readiness probes for {self._failed_probes * (self.interval_s + self.probe_timeout_s):.0f} s "
+                    f"({type(exc).__name__}): it is hung"
+                )
+            return None
+
+    def _handle_fault(self, fault: str) -> None:
+        self.counters.faults += 1
+        self.counters.last_fault = fault
+        self.counters.history.append(f"{time.strftime('%H:%M:%S')} {fault}")
+        self.state = State.RESTARTING
+        self._ready.clear()
+        log.error("%s; failing the running predictions and restarting Triton. Last log lines:\n%s",
+                  fault, self.server.log_tail(20))
+        error = TritonDiedError(f"{fault}; the prediction was stopped and Triton is restarting")
+        with self._lock:
+            streams = list(self._streams)
+            self._streams.clear()
+        for stream in streams:
+            stream.fail(error)
+        self.counters.streams_failed += len(streams)
+        self._restart()
+
+    def _restart(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.server.stop(timeout_s=2.0)
+                self.server.start()
+                self.server.wait_ready(self.startup_timeout_s)
+            except TritonError as exc:
+                self.counters.failed_restarts_in_a_row += 1
+                self.counters.last_fault = f"restart {self.counters.failed_restarts_in_a_row} failed: {exc}"
+                log.error("%s", self.counters.last_fault)
+                if self.counters.failed_restarts_in_a_row >= self.max_restarts:
+                    self.state = State.FAILED
+                    self._ready.set()  # waiters get the failure at once
+                    return
+                self._stop.wait(min(2.0 ** self.counters.failed_restarts_in_a_row, 30.0))
+                continue
+            self.counters.restarts += 1
+            self.counters.failed_restarts_in_a_row = 0
+            self._failed_probes = 0
+            self._remember_stubs()
+            if self.on_restart is not None:
+                self.on_restart()
+            self.state = State.READY
+            self._ready.set()
+            log.info("Triton restarted (%d restarts so far)", self.counters.restarts)
+            return
