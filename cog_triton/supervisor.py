@@ -66,6 +66,14 @@ class Stream:
             pass
 
 
+@dataclass(frozen=True)
+class Fault:
+    """What a round of checks found. ``hang``: Triton runs but serves nothing (stopped, not answering)."""
+
+    message: str
+    hang: bool = False
+
+
 @dataclass
 class Health:
     """The supervisor's verdict for the predictor's healthcheck."""
@@ -129,6 +137,7 @@ class Supervisor:
         self._stubs: dict[int, str] = {}
         self._thread: Optional[threading.Thread] = None
         self._failed_probes = 0
+        self._hang: Optional[str] = None  # the fault, while restarting after a hang
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -182,11 +191,20 @@ class Supervisor:
             )
 
     def health(self) -> Health:
-        """Healthy unless Triton could not be restarted, or is hung and not yet being restarted."""
+        """The verdict for the predictor's healthcheck (cheap: no request to Triton).
+
+        Unhealthy when Triton could not be restarted (unrecoverable), when it is stopped or not
+        answering right now, and while it restarts after such a hang; a restart after a crash or a
+        dead stub is recovery, during which requests wait, so it stays healthy.
+        """
         if self.state is State.FAILED:
             return Health(False, f"Triton could not be restarted: {self.counters.last_fault}")
+        if self.state is State.READY and self.server.is_stopped():
+            return Health(False, "Triton is stopped (state T) and serves nothing")
         if self.state is State.READY and self._failed_probes >= self.hung_after:
             return Health(False, f"Triton is not answering: {self.counters.last_fault}")
+        if self.state is State.RESTARTING and self._hang is not None:
+            return Health(False, f"{self._hang}; restarting it")
         return Health(True)
 
     # ---------------------------------------------------------------------- watch
@@ -206,17 +224,17 @@ class Supervisor:
                 if fault is not None and not self._stop.is_set():
                     self._handle_fault(fault)
 
-    def check(self, client: httpx.Client) -> Optional[str]:
+    def check(self, client: httpx.Client) -> Optional[Fault]:
         """One round of checks; the fault found, or None."""
         server = self.server
         if not server.is_alive():
-            return f"Triton {server.exit_description()}"
+            return Fault(f"Triton {server.exit_description()}")
         if server.is_stopped():
-            return "Triton is stopped (state T: it received SIGSTOP or is being traced) and serves nothing"
+            return Fault("Triton is stopped (state T: it received SIGSTOP or is being traced) and serves nothing", hang=True)
         alive = {stub.pid for stub in server.stub_processes()}
         for pid, model in self._stubs.items():
             if pid not in alive:
-                return (
+                return Fault(
                     f"the Python backend stub of model '{model}' (pid {pid}) exited; Triton does not restart it, and "
                     "every request to the model would fail with 'Stub process is not healthy'"
                 )
@@ -225,23 +243,26 @@ class Supervisor:
                 response = client.get(path)
                 if response.status_code != 200:
                     self._failed_probes = 0
-                    return f"Triton answered HTTP {response.status_code} to GET {path}: the model is not ready"
+                    return Fault(f"Triton answered HTTP {response.status_code} to GET {path}: the model is not ready")
             self._failed_probes = 0
             return None
         except httpx.HTTPError as exc:
             self._failed_probes += 1
             self.counters.last_fault = f"{type(exc).__name__} on a readiness probe ({self._failed_probes} in a row)"
             if self._failed_probes >= self.hung_after:
-                return (
-                    f"Triton has not answered readiness probes for {self._failed_probes * (self.interval_s + self.probe_timeout_s):.0f} s "
-                    f"({type(exc).__name__}): it is hung"
+                return Fault(
+                    f"Triton has not answered {self._failed_probes} readiness probes in a row ({type(exc).__name__}): "
+                    "it is hung",
+                    hang=True,
                 )
             return None
 
-    def _handle_fault(self, fault: str) -> None:
+    def _handle_fault(self, found: Fault) -> None:
+        fault = found.message
         self.counters.faults += 1
         self.counters.last_fault = fault
         self.counters.history.append(f"{time.strftime('%H:%M:%S')} {fault}")
+        self._hang = fault if found.hang else None
         self.state = State.RESTARTING
         self._ready.clear()
         log.error("%s; failing the running predictions and restarting Triton. Last log lines:\n%s",
@@ -277,6 +298,7 @@ class Supervisor:
             self._remember_stubs()
             if self.on_restart is not None:
                 self.on_restart()
+            self._hang = None
             self.state = State.READY
             self._ready.set()
             log.info("Triton restarted (%d restarts so far)", self.counters.restarts)

@@ -1,0 +1,235 @@
+"""Faults must not take the service down: the real Cog server (coglet) and Triton, with faults made
+for real (a Python backend stub or Triton killed, Triton stopped with SIGSTOP, hostile inputs).
+
+The module shares one stack; every test leaves it serving. Each fault test checks three things: the
+running prediction fails fast with an error that names the fault, the health check says what
+coglet users need to know, and the next prediction succeeds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from cog_triton.local import CogServer, WeightsHTTPServer, free_port
+from tensorrtllm_backend.server import SHM_DIR, SHM_PREFIX
+from tests.proc import pids_mentioning
+
+pytestmark = pytest.mark.integration
+
+LONG = {"prompt": "Write a very long story about a robot.", "max_tokens": 400, "min_tokens": 400, "temperature": 0}
+SHORT = {"prompt": "Say hi.", "max_tokens": 3, "temperature": 0}
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, default_archive: Path):
+    work = tmp_path_factory.mktemp("faults")
+    with WeightsHTTPServer(default_archive.parent) as weights:
+        env = {
+            "COG_WEIGHTS": f"{weights.url}/{default_archive.name}",
+            "COG_TRITON_WEIGHTS_DIR": str(work / "weights"),
+            "COG_TRITON_MODEL_REPO_DIR": str(work / "model_repository"),
+            "COG_TRITON_HTTP_PORT": str(free_port()),
+            "COG_TRITON_GRPC_PORT": str(free_port()),
+            "COG_TRITON_METRICS_PORT": str(free_port()),
+            "COG_TRITON_REFERENCE_MAX_INPUT_LEN": "384",
+            "COG_TRITON_REFERENCE_MAX_SEQ_LEN": "768",
+            "COG_TRITON_STOP_TIMEOUT_S": "5",
+            "COG_TRITON_TRITON_LOG_FILE": str(work / "triton.log"),
+        }
+        cog = CogServer(env, log_file=work / "cog.log", max_concurrency=4)
+        cog.start()
+        try:
+            cog.wait_ready(timeout_s=400)
+            yield {"cog": cog, "work": work, "repo": work / "model_repository"}
+        finally:
+            cog.stop()
+
+
+def triton_pid(stack) -> int:
+    pids = pids_mentioning("tritonserver", f"--model-repository={stack['repo']}")
+    assert len(pids) == 1, pids
+    return pids[0]
+
+
+def stub_pid(stack, model: str) -> int:
+    pids = pids_mentioning("triton_python_backend_stub", str(stack["repo"] / model / "1" / "model.py"))
+    assert len(pids) == 1, (model, pids)
+    return pids[0]
+
+
+def start_stream(stack, inputs: dict[str, Any]) -> tuple[threading.Thread, dict[str, Any], threading.Event]:
+    """Run a prediction over SSE in a thread; the event is set once its first output arrived."""
+    result: dict[str, Any] = {"chunks": []}
+    first = threading.Event()
+
+    def run() -> None:
+        for name, data in stack["cog"].stream(inputs):
+            if name == "output":
+                result["chunks"].append(data["chunk"])
+                first.set()
+            elif name == "completed":
+                result["final"] = data
+                result["done"] = time.monotonic()
+        first.set()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, result, first
+
+
+def health(stack) -> dict[str, Any]:
+    return stack["cog"].health()
+
+
+def wait_for_health(stack, status: str, timeout_s: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    doc = health(stack)
+    while doc["status"] != status and time.monotonic() < deadline:
+        time.sleep(0.1)
+        doc = health(stack)
+    return doc
+
+
+def serves_again(stack) -> None:
+    good = stack["cog"].predict(SHORT, timeout_s=400)
+    assert good["status"] == "succeeded", good
+    assert wait_for_health(stack, "READY", 30)["status"] == "READY"
+
+
+def test_the_stack_is_healthy_and_the_healthcheck_runs(stack) -> None:
+    doc = health(stack)
+    assert doc["status"] == "READY" and "user_healthcheck_error" not in doc, doc
+
+
+@pytest.mark.parametrize("model", ["preprocessing", "tensorrt_llm"])
+def test_a_killed_stub_fails_the_running_prediction_fast_and_triton_restarts(stack, model: str) -> None:
+    """kill -9 of a Python backend stub: Triton never restarts it (python_backend r24.06+) and on 2.51
+    still reports every model ready. Before: the running prediction hung for 122 s and every later one
+    failed with "Stub process is not healthy"."""
+    pid = stub_pid(stack, model)
+    thread, result, first = start_stream(stack, LONG)
+    assert first.wait(120) and result["chunks"], result
+    killed = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+    thread.join(timeout=60)
+    final = result["final"]
+    assert final["status"] == "failed", final
+    assert f"stub of model '{model}'" in final["error"] and "restarting" in final["error"], final["error"]
+    assert result["done"] - killed < 2.0, result["done"] - killed
+    serves_again(stack)
+    assert stub_pid(stack, model) != pid
+
+
+def test_a_stopped_triton_is_unhealthy_fails_fast_and_is_restarted(stack) -> None:
+    """SIGSTOP: before, the prediction failed only at the 120 s no-token timeout, and health said READY."""
+    pid = triton_pid(stack)
+    thread, result, first = start_stream(stack, LONG)
+    assert first.wait(120) and result["chunks"], result
+    stopped = time.monotonic()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        seen = []
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            doc = health(stack)
+            seen.append(doc["status"])
+            if doc["status"] == "UNHEALTHY":
+                assert "stopped" in doc["user_healthcheck_error"], doc
+                break
+            time.sleep(0.05)
+        assert "UNHEALTHY" in seen, seen
+        thread.join(timeout=60)
+    finally:
+        try:
+            os.kill(pid, signal.SIGCONT)  # in case the supervisor has not killed it
+        except ProcessLookupError:
+            pass
+    final = result["final"]
+    assert final["status"] == "failed" and "stopped" in final["error"], final
+    assert result["done"] - stopped < 3.0, result["done"] - stopped
+    serves_again(stack)
+    assert triton_pid(stack) != pid
+
+
+def test_a_prediction_sent_while_triton_restarts_waits_for_it(stack) -> None:
+    """Before: is_alive() was true as soon as the new Triton was spawned, so a prediction arriving
+    during the restart failed with "Connection refused"."""
+    os.kill(triton_pid(stack), signal.SIGKILL)
+    doc = stack["cog"].predict(SHORT, timeout_s=400)  # at once: Triton is down or restarting
+    assert doc["status"] == "succeeded", doc
+    assert "restarting Triton" in (stack["work"] / "cog.log").read_text(errors="replace")
+
+
+def test_hostile_inputs_do_not_stall_a_running_stream(stack) -> None:
+    """An 80,000-entry stop_sequences, a 10 MB system prompt and a 1,000,000-character prompt while a
+    stream runs: each is refused with what was wrong, and the stream keeps its pace (the refusals are
+    made by coglet from the schema's bounds, or off the event loop)."""
+    thread, result, first = start_stream(stack, {**LONG, "max_tokens": 120, "min_tokens": 120})
+    assert first.wait(120)
+    stamps: list[float] = []
+    count = [0]
+
+    def watch() -> None:  # the arrival time of each new chunk
+        while thread.is_alive():
+            n = len(result["chunks"])
+            if n > count[0]:
+                count[0] = n
+                stamps.append(time.monotonic())
+            time.sleep(0.005)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    time.sleep(1.0)
+    hostile_start = time.monotonic()
+    url = f"{stack['cog'].url}/predictions"
+    stops = json.dumps([f"s{i}" for i in range(80_000)])
+    r1 = httpx.post(url, json={"input": {"prompt": "hi", "stop_sequences": stops}}, timeout=60)
+    r2 = httpx.post(url, json={"input": {"prompt": "hi", "system_prompt": "x" * 10_000_000}}, timeout=120)
+    r3 = httpx.post(url, json={"input": {"prompt": "word " * 199_999}}, timeout=120).json()
+    hostile_end = time.monotonic()
+    thread.join(timeout=120)
+    watcher.join(timeout=5)
+    assert r1.status_code == 422 and "stop_sequences" in r1.text
+    assert r2.status_code == 422 and "system_prompt" in r2.text
+    assert r3["status"] == "failed" and "too long" in r3["error"], r3
+    assert result["final"]["status"] == "succeeded"
+    during = [b - a for a, b in zip(stamps, stamps[1:]) if hostile_start <= b <= hostile_end + 0.5]
+    before = [b - a for a, b in zip(stamps, stamps[1:]) if b < hostile_start]
+    assert during, "the stream produced nothing while the hostile requests were handled"
+    assert max(during) < max(1.0, 10 * sorted(before)[len(before) // 2]), (max(during), before)
+
+
+def test_shutdown_leaves_no_process_and_no_shared_memory(tmp_path, default_archive: Path) -> None:
+    """Before: every Cog shutdown left Triton's /dev/shm regions behind (the service's shutdown never
+    ran under coglet). Now the regions are removed by the server's stop, by its guardian when the
+    predictor dies (here: SIGTERM to coglet and its worker, then SIGKILL), and at the next start."""
+    before = {p.name for p in SHM_DIR.glob(f"{SHM_PREFIX}*")}
+    with WeightsHTTPServer(default_archive.parent) as weights:
+        env = {
+            "COG_WEIGHTS": f"{weights.url}/{default_archive.name}",
+            "COG_TRITON_WEIGHTS_DIR": str(tmp_path / "weights"),
+            "COG_TRITON_MODEL_REPO_DIR": str(tmp_path / "model_repository"),
+            "COG_TRITON_HTTP_PORT": str(free_port()),
+            "COG_TRITON_GRPC_PORT": str(free_port()),
+            "COG_TRITON_METRICS_PORT": str(free_port()),
+            "COG_TRITON_SELF_TEST": "false",
+        }
+        with CogServer(env, log_file=tmp_path / "cog.log") as cog:
+            cog.wait_ready(timeout_s=400)
+            assert cog.predict(SHORT)["status"] == "succeeded"
+            ours = {p.name for p in SHM_DIR.glob(f"{SHM_PREFIX}*")} - before
+            assert ours, "the Python backend keeps its regions in /dev/shm"
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and ({p.name for p in SHM_DIR.glob(f"{SHM_PREFIX}*")} & ours):
+        time.sleep(0.2)
+    assert not ({p.name for p in SHM_DIR.glob(f"{SHM_PREFIX}*")} & ours)
+    assert not pids_mentioning("tritonserver", str(tmp_path / "model_repository"))

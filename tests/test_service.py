@@ -1,0 +1,144 @@
+"""LLMService's streaming path against a real local SSE server standing in for Triton's HTTP endpoint.
+
+The Triton *process* is replaced by a small stand-in object (alive, not stopped, no stubs), the
+one thing mocked here: the tests are about how the service treats what Triton answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import pytest
+
+from common.errors import InferenceError, TritonError
+from cog_triton.client import TritonClient
+from cog_triton.inputs import PredictInputs
+from cog_triton.service import LLMService
+from cog_triton.settings import Settings
+from cog_triton.supervisor import Supervisor
+from tensorrtllm_backend.engine import ModelLimits, WeightsInfo
+from tests.test_client import Handler, Running, event, sse_server  # noqa: F401 - the fixture
+
+CHECKPOINT = Path(__file__).resolve().parents[1] / "build" / "default_model" / "checkpoint"
+
+
+class AliveProcess:
+    """Stands in for the TritonServer process handle (mock: only what the service asks of it)."""
+
+    url = "http://127.0.0.1:1"
+
+    def is_alive(self) -> bool:
+        return True
+
+    def is_stopped(self) -> bool:
+        return False
+
+    def stub_processes(self) -> list:
+        return []
+
+    def exit_description(self) -> str:
+        return "is running"
+
+    def log_tail(self, lines: int = 20) -> str:
+        return ""
+
+    def stop(self, timeout_s: Optional[float] = None) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(CHECKPOINT), local_files_only=True)
+
+
+def service_for(url: str, tokenizer: Any) -> LLMService:
+    from cog_triton.prompt import PromptTokenizer
+
+    service = LLMService(Settings())
+    service.tokenizer = tokenizer
+    service.prompts = PromptTokenizer(tokenizer)
+    service.info = WeightsInfo(kind="hf_checkpoint", weights_dir=CHECKPOINT, tokenizer_dir=CHECKPOINT,
+                               limits=ModelLimits(max_batch_size=8, max_input_len=512, max_seq_len=1024))
+    service.client = TritonClient(url, connect_timeout_s=2)
+    process: Any = AliveProcess()
+    service.server = process
+    service.supervisor = Supervisor(process, [], startup_timeout_s=5)
+    return service
+
+
+def run(service: LLMService, **inputs: Any) -> tuple[str, Optional[BaseException], float]:
+    async def main() -> tuple[str, Optional[BaseException], float]:
+        started = time.monotonic()
+        text, error = "", None
+        try:
+            async for part in service.generate(PredictInputs.validate(prompt="Hi", temperature=0, **inputs)):
+                text += part
+        except Exception as exc:  # noqa: BLE001 - inspected by the test
+            error = exc
+        finally:
+            await service.client.aclose()  # type: ignore[union-attr]
+        return text, error, time.monotonic() - started
+
+    return asyncio.run(main())
+
+
+def test_an_error_triton_answers_arrives_at_once(sse_server: Running, tokenizer: Any) -> None:  # noqa: F811
+    """Before: every error waited 2 s for "is Triton dying?", HTTP 400s and error events included."""
+    sse_server.state.scenario = lambda h: h.send_json(400, {"error": "in ensemble 'ensemble', bad input"})
+    _, error, elapsed = run(service_for(sse_server.url, tokenizer))
+    assert isinstance(error, InferenceError) and "bad input" in error.message
+    assert elapsed < 1.0, elapsed
+
+    def error_event(h: Handler) -> None:
+        h.start_stream()
+        h.event(event(0))
+        h.event({"error": "Encountered an error in forward function"})
+        h.end_stream()
+
+    sse_server.state.scenario = error_event
+    _, error, elapsed = run(service_for(sse_server.url, tokenizer))
+    assert isinstance(error, InferenceError) and "forward function" in error.message
+    assert elapsed < 1.0, elapsed
+
+
+def test_a_broken_connection_waits_briefly_for_a_dying_triton(sse_server: Running, tokenizer: Any) -> None:  # noqa: F811
+    """A transport error may mean Triton is going down: the service looks for 2 s before reporting it."""
+
+    def broken(h: Handler) -> None:
+        h.start_stream()
+        h.event(event(0))
+        h.close_connection = True
+
+    sse_server.state.scenario = broken
+    _, error, elapsed = run(service_for(sse_server.url, tokenizer))
+    assert type(error) is TritonError and "ClientPayloadError" in error.message
+    assert 1.5 < elapsed < 5.0, elapsed
+
+
+def test_the_end_token_final_is_not_a_token(sse_server: Running, tokenizer: Any) -> None:  # noqa: F811
+    ids = tokenizer.encode("Hello there")
+
+    def scenario(h: Handler) -> None:
+        h.start_stream()
+        for token in ids:
+            h.event({"output_ids": [[token]], "sequence_length": [1]})
+        h.event({"output_ids": [], "sequence_length": 0})  # [1,1,0]: the request ended on the end token
+        h.end_stream()
+
+    sse_server.state.scenario = scenario
+    metrics: dict[str, Any] = {}
+    service = service_for(sse_server.url, tokenizer)
+
+    async def main() -> str:
+        out = "".join([p async for p in service.generate(PredictInputs.validate(prompt="Hi", temperature=0),
+                                                             metric=metrics.__setitem__)])
+        await service.client.aclose()  # type: ignore[union-attr]
+        return out
+
+    assert asyncio.run(main()) == "Hello there"
+    assert metrics["output_token_count"] == len(ids)
