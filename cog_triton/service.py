@@ -147,6 +147,13 @@ class LLMService:
             **reference_limits(settings, manifest),
         )
         check_weights_match(info, manifest, self._gpus)
+        if info.limits.max_batch_size < settings.max_concurrency:
+            log.warning(
+                "Cog serves up to %d predictions at once (COG_MAX_CONCURRENCY, cog.yaml concurrency.max), but the "
+                "engine batches at most %d requests (max_batch_size): the others wait in the engine's queue; "
+                "rebuild the engine with limits.max_batch_size >= %d, or lower the concurrency",
+                settings.max_concurrency, info.limits.max_batch_size, settings.max_concurrency,
+            )
         log.info(
             "%s %s (%s), world size %d, max_input_len %d, max_seq_len %d, max_batch_size %d",
             "engine" if info.kind == "engine" else "Hugging Face checkpoint",

@@ -14,13 +14,15 @@ from enum import Enum
 from pathlib import Path
 from typing import Optional
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from common.errors import ConfigError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ENV_PREFIX = "COG_TRITON_"
+#: cog.yaml ``concurrency.max`` and the Dockerfile's COG_MAX_CONCURRENCY (tests keep them equal).
+DEFAULT_CONCURRENCY = 64
 
 
 class BatchingStrategy(str, Enum):
@@ -168,7 +170,21 @@ class Settings(BaseSettings):
 
     # --- predictor -----------------------------------------------------------------------
     self_test: bool = Field(default=True, description="Generate a few tokens at the end of setup().")
-    max_concurrency: int = Field(default=8, ge=1, le=1024, description="Keep equal to cog.yaml concurrency.max.")
+    max_concurrency: int = Field(
+        default=DEFAULT_CONCURRENCY,
+        ge=1,
+        le=1024,
+        description="Predictions served at once; default: Cog's COG_MAX_CONCURRENCY (cog.yaml concurrency.max).",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _concurrency_from_cog(cls, values: object) -> object:
+        """One source for the concurrency: Cog's own COG_MAX_CONCURRENCY unless ours is set."""
+        if isinstance(values, dict) and "max_concurrency" not in values and os.environ.get("COG_MAX_CONCURRENCY"):
+            if not os.environ.get(ENV_PREFIX + "MAX_CONCURRENCY"):
+                values = {**values, "max_concurrency": os.environ["COG_MAX_CONCURRENCY"]}
+        return values
 
     @field_validator("weights_sha256")
     @classmethod

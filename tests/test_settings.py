@@ -54,7 +54,7 @@ def test_defaults() -> None:
     assert s.add_special_tokens is None
     assert (s.http_port, s.grpc_port, s.metrics_port) == (8000, 8001, 8002)
     assert s.self_test is True
-    assert s.max_concurrency == 8
+    assert s.max_concurrency == 64
     assert s.reference_max_batch_size == 8
     assert s.reference_max_seq_len is None
     assert s.download_retries == 3
@@ -309,3 +309,11 @@ def test_weights_hardening_settings_are_validated(
 ) -> None:
     message = config_error(clean_env, name, raw)
     assert f"{name}={raw!r}" in message and bound in message, message
+
+
+def test_concurrency_follows_cogs_own_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One source: coglet's COG_MAX_CONCURRENCY unless COG_TRITON_MAX_CONCURRENCY is set."""
+    monkeypatch.setenv("COG_MAX_CONCURRENCY", "12")
+    assert Settings.from_env().max_concurrency == 12
+    monkeypatch.setenv("COG_TRITON_MAX_CONCURRENCY", "5")
+    assert Settings.from_env().max_concurrency == 5
