@@ -73,7 +73,9 @@ def _openai_schema(value: Any) -> Any:
     return value
 
 
-def select_guide(json_schema: str = "", response_format: str = "text", regex: str = "", grammar: str = "") -> Optional[Guide]:
+def select_guide(
+    json_schema: str = "", response_format: str = "text", regex: str = "", grammar: str = ""
+) -> Optional[Guide]:
     """The guide the structured-output inputs ask for, or None (free text).
 
     At most one of ``json_schema``, ``regex`` and ``grammar`` may be given. ``response_format``
@@ -84,7 +86,8 @@ def select_guide(json_schema: str = "", response_format: str = "text", regex: st
         InputError: more than one guide, an unknown response_format, or a json_schema that is not a
             JSON object (the message names the input and the problem).
     """
-    given = [name for name, text in (("json_schema", json_schema), ("regex", regex), ("grammar", grammar)) if text.strip()]
+    texts = (("json_schema", json_schema), ("regex", regex), ("grammar", grammar))
+    given = [name for name, text in texts if text.strip()]
     if response_format not in RESPONSE_FORMATS:
         raise InputError(f"response_format={response_format!r} is not allowed; allowed: {', '.join(RESPONSE_FORMATS)}")
     if len(given) > 1:
@@ -140,7 +143,7 @@ class GuideChecker:
     def __init__(self, tokenizer: Any, vocab_size: Optional[int] = None) -> None:
         try:
             import xgrammar  # noqa: PLC0415 - heavy import (torch), only when guided decoding is on
-        except ImportError as exc:  # optional: the GPU image has it (a tensorrt_llm dependency), scripts/setup installs it
+        except ImportError as exc:  # optional: the GPU image has it (via tensorrt_llm), scripts/setup installs it
             raise ConfigError(f"guided decoding needs the xgrammar package ({XGRAMMAR_VERSION}): {exc}") from None
 
         self._xgr = xgrammar

@@ -131,7 +131,9 @@ def parse_messages(text: str) -> list[dict[str, str]]:
             raise InputError(f"messages[{index}].content must be a string, got {_show(content)}")
         extra = sorted(set(item) - {"role", "content"})
         if extra:
-            raise InputError(f"messages[{index}] has unknown key(s) {', '.join(extra)}; each message has role and content")
+            raise InputError(
+                f"messages[{index}] has unknown key(s) {', '.join(extra)}; each message has role and content"
+            )
         messages.append({"role": role, "content": content})
     return messages
 
@@ -194,7 +196,9 @@ class PredictInputs:
             raise InputError(f"unknown input(s) {', '.join(unknown)}; the inputs are: {', '.join(specs)}")
         get = lambda name: values.get(name, specs[name].default)  # noqa: E731
         prompt = check_text("prompt", get("prompt"), expected="a string (or empty when messages is given)")
-        messages_text = check_text("messages", get("messages"), expected="a JSON array of messages as a string (or empty)")
+        messages_text = check_text(
+            "messages", get("messages"), expected="a JSON array of messages as a string (or empty)"
+        )
         if prompt.strip() and messages_text.strip():
             raise InputError(
                 "prompt and messages are both given; give exactly one: prompt for a single user turn, or messages "

@@ -152,7 +152,9 @@ class PromptTokenizer:
             return f"{system_prompt}\n\n{prompt}", False, [(0, len(system_prompt)), (len(system_prompt) + 2, len(system_prompt) + 2 + len(prompt))]
         return prompt, False, [(0, len(prompt))]
 
-    def render_messages(self, messages: Sequence[Mapping[str, str]], system_prompt: str = "") -> tuple[str, list[dict[str, str]]]:
+    def render_messages(
+        self, messages: Sequence[Mapping[str, str]], system_prompt: str = ""
+    ) -> tuple[str, list[dict[str, str]]]:
         """(text, the conversation rendered): ``messages`` with ``system_prompt`` as a first system
         message when given, through the chat template with the generation prompt added.
 
@@ -177,7 +179,8 @@ class PromptTokenizer:
         for index, message in enumerate(conversation):
             role = message.get("role")
             if role not in self.roles:
-                where = "system_prompt" if system_prompt and index == 0 else f"messages[{index - (1 if system_prompt else 0)}]"
+                offset = 1 if system_prompt else 0
+                where = "system_prompt" if system_prompt and index == 0 else f"messages[{index - offset}]"
                 extra = f" (the template refuses a system message: {self.system_refused})" if role == "system" else ""
                 raise InputError(
                     f"{where} has role {role!r}, which this model's chat template does not accept{extra}; "

@@ -214,7 +214,9 @@ def xgrammar_tokenizer_info(tokenizer_dir: Path, output: Path) -> bool:
     try:
         from tensorrt_llm.llmapi.tokenizer import _xgrammar_tokenizer_info  # noqa: PLC0415 - GPU image only
     except ImportError as exc:
-        raise BuildError(f"TensorRT-LLM is not importable ({exc}): run inside the image built from our Dockerfile") from None
+        raise BuildError(
+            f"TensorRT-LLM is not importable ({exc}): run inside the image built from our Dockerfile"
+        ) from None
     from transformers import AutoTokenizer  # noqa: PLC0415
 
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))

@@ -267,7 +267,9 @@ def template_values(options: RenderOptions, info: WeightsInfo) -> dict[str, dict
         "xgrammar_tokenizer_info_path": None,
         **{name: None for name in OPTIONAL_TENSORRT_LLM_PARAMETERS},
     }
-    tokenizer_info = usable_tokenizer_info(info.tokenizer_dir / XGRAMMAR_TOKENIZER_INFO_NAME) if options.guided_decoding else None
+    tokenizer_info = (
+        usable_tokenizer_info(info.tokenizer_dir / XGRAMMAR_TOKENIZER_INFO_NAME) if options.guided_decoding else None
+    )
     if tokenizer_info is not None:
         trtllm["guided_decoding_backend"] = GUIDED_DECODING_BACKENDS[0]
         trtllm["xgrammar_tokenizer_info_path"] = str(tokenizer_info)

@@ -706,7 +706,8 @@ class Generation:
             # With a guide that allows nothing but the end token (the document is complete), the end
             # token is still chosen: TensorRT-LLM's bitmask writes -inf (logitsBitmask.cu), its min-length
             # penalty only -FLT_MAX (penaltyKernels.cu batchApplyPenalty), which stays the maximum.
-            if self._matcher is None or bool(torch.isfinite(torch.cat([logits[0, : p.end_id], logits[0, p.end_id + 1 :]])).any()):
+            others = torch.cat([logits[0, : p.end_id], logits[0, p.end_id + 1 :]])
+            if self._matcher is None or bool(torch.isfinite(others).any()):
                 logits[0, p.end_id] = float("-inf")
         if self._single_bad or self._multi_bad:
             banned = [t for t in self._single_bad if 0 <= t < vocab]
@@ -1135,7 +1136,7 @@ class TritonPythonModel:
             )
         tokenizer_dir = _param(params, "tokenizer_dir", "", str)
         if not tokenizer_dir:
-            raise ValueError("guided_decoding_backend xgrammar needs the tokenizer_dir parameter (the tokenizer folder)")
+            raise ValueError("guided_decoding_backend xgrammar needs the tokenizer_dir parameter (a tokenizer folder)")
         import xgrammar  # noqa: PLC0415
         from transformers import AutoTokenizer  # noqa: PLC0415
 
@@ -1255,7 +1256,8 @@ class TritonPythonModel:
             try:
                 parsed.grammar = self.compile_guide(parsed.guide)
             except Exception as exc:  # noqa: BLE001 - xgrammar's RuntimeError for a bad schema/regex/grammar
-                self._safe_send_error(sender, f"guided decoding could not compile the {parsed.guide.guide_type} guide: {exc}")
+                message = f"guided decoding could not compile the {parsed.guide.guide_type} guide: {exc}"
+                self._safe_send_error(sender, message)
                 return
         job = Job(
             generation=self.create_generation(parsed),
