@@ -57,9 +57,18 @@ class Predictor(BasePredictor):
     @cog.streaming  # x-cog-streaming in the schema: coglet then streams the output over SSE
     async def predict(
         self,
-        prompt: str = Input(description="Text to respond to.", max_length=1000000),
+        prompt: str = Input(
+            description="Text to respond to (one user turn). Give prompt or messages, not both.",
+            default="",
+            max_length=1000000,
+        ),
+        messages: str = Input(
+            description='A conversation as a JSON array of {"role", "content"} objects, e.g. [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "What is 2+2?"}], rendered with the chat template of the model. Give prompt or messages, not both.',  # noqa: E501 - one literal (cog's schema generator)
+            default="",
+            max_length=1000000,
+        ),
         system_prompt: str = Input(
-            description="System message; used by the chat template or by {system_prompt} in prompt_template.",
+            description="System message; used by the chat template (before messages, which must then not start with a system message) or by {system_prompt} in prompt_template.",  # noqa: E501 - one literal
             default="",
             max_length=1000000,
         ),
@@ -101,6 +110,26 @@ class Predictor(BasePredictor):
         seed: Optional[int] = Input(
             description="Random seed; leave empty for a random one.", default=None, ge=0, le=9007199254740991
         ),
+        json_schema: str = Input(
+            description='A JSON Schema (as text): the output is then a JSON document valid against it (guided decoding). The json_schema object of an OpenAI response_format ({"name", "schema", "strict"}) is accepted too. Empty: off.',  # noqa: E501 - one literal
+            default="",
+            max_length=100000,
+        ),
+        response_format: str = Input(
+            description="text, or json_object: the output is any JSON document (guided decoding). With json_schema, that schema applies.",  # noqa: E501 - one literal
+            default="text",
+            choices=["text", "json_object"],
+        ),
+        regex: str = Input(
+            description="A regular expression the whole output must match (guided decoding). Empty: off.",
+            default="",
+            max_length=10000,
+        ),
+        grammar: str = Input(
+            description="An EBNF grammar (the GBNF dialect of xgrammar, starting at rule root) the output must follow (guided decoding). Empty: off.",  # noqa: E501 - one literal
+            default="",
+            max_length=100000,
+        ),
     ) -> ConcatenateIterator[str]:
         """Stream the model's answer as text deltas.
 
@@ -109,6 +138,7 @@ class Predictor(BasePredictor):
         """
         inputs = PredictInputs.validate(
             prompt=prompt,
+            messages=messages,
             system_prompt=system_prompt,
             prompt_template=prompt_template,
             max_tokens=max_tokens,
@@ -121,6 +151,10 @@ class Predictor(BasePredictor):
             frequency_penalty=frequency_penalty,
             stop_sequences=stop_sequences,
             seed=seed,
+            json_schema=json_schema,
+            response_format=response_format,
+            regex=regex,
+            grammar=grammar,
         )
         log.info("seed %d", inputs.seed)
         stream: Iterator[str] = await self.service.stream(inputs, metric=_record_metric)

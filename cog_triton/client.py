@@ -68,6 +68,10 @@ class GenerateRequest:
     seed: int = 0
     stream: bool = True
     request_id: str = ""
+    # Guided decoding (structured output): one of json, json_schema, regex, ebnf_grammar, and the
+    # schema/regex/grammar ("" for json). Empty guide_type: unguided. See cog_triton/guided.py.
+    guide_type: str = ""
+    guide: str = ""
 
     def to_json(self) -> dict[str, Any]:
         """The JSON body for the generate extension; optional tensors are left out when unused."""
@@ -87,6 +91,12 @@ class GenerateRequest:
             body["min_tokens"] = self.min_tokens
         if self.request_id:
             body["id"] = self.request_id
+        if self.guide_type:
+            # TYPE_STRING [1] inputs of the ensemble, passed through to tensorrt_llm (utils.cc
+            # getGuidedDecodingParamsFromTensors reads them); a json guide needs no guide string.
+            body["guided_decoding_guide_type"] = self.guide_type
+            if self.guide:
+                body["guided_decoding_guide"] = self.guide
         return body
 
 

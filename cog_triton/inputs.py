@@ -11,12 +11,14 @@ depend on the engine (max input/sequence length, :meth:`PredictInputs.token_budg
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 from common.errors import InputError
+from cog_triton.guided import Guide, select_guide
 from cog_triton.schema import InputSpec, input_specs
 from cog_triton.stop import parse_stop_sequences
 
@@ -97,6 +99,53 @@ def check_text(name: str, value: Any, *, empty_ok: bool = True, expected: str = 
     return value
 
 
+def parse_messages(text: str) -> list[dict[str, str]]:
+    """Parse the ``messages`` input: a JSON array of ``{"role": str, "content": str}`` objects.
+
+    Only the structure is checked here; which roles the model's chat template accepts is checked by
+    :class:`cog_triton.prompt.PromptTokenizer`.
+
+    Raises:
+        InputError: not JSON, not a non-empty array, or an item without a string role and content
+            (the message names the item's index).
+    """
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(
+            f"messages is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); give a JSON array "
+            'such as [{"role": "user", "content": "Hi"}]'
+        ) from None
+    if not isinstance(value, list) or not value:
+        raise InputError(
+            f"messages must be a non-empty JSON array of {{\"role\", \"content\"}} objects, got {_show(value)}"
+        )
+    messages: list[dict[str, str]] = []
+    for index, item in enumerate(value):
+        if not isinstance(item, dict):
+            raise InputError(f"messages[{index}] must be an object with role and content, got {_show(item)}")
+        role, content = item.get("role"), item.get("content")
+        if not isinstance(role, str) or not role.strip():
+            raise InputError(f"messages[{index}].role must be a non-empty string, got {_show(role)}")
+        if not isinstance(content, str):
+            raise InputError(f"messages[{index}].content must be a string, got {_show(content)}")
+        extra = sorted(set(item) - {"role", "content"})
+        if extra:
+            raise InputError(
+                f"messages[{index}] has unknown key(s) {', '.join(extra)}; each message has role and content"
+            )
+        messages.append({"role": role, "content": content})
+    return messages
+
+
+def _choice(name: str, value: Any) -> str:
+    """Validate a ``choices=`` input against the schema's choices."""
+    spec = _spec(name)
+    if not isinstance(value, str) or (spec.choices is not None and value not in spec.choices):
+        raise InputError(f"{name}={_show(value)} is not allowed; allowed: {spec.allowed()}")
+    return value
+
+
 def default_of(name: str) -> Any:
     """The schema default of input ``name`` (None when it has none)."""
     return _spec(name).default
@@ -109,7 +158,8 @@ class PredictInputs:
     Token counts are in tokens; ``seed`` is the seed actually used (drawn when the user gave none).
     """
 
-    prompt: str
+    prompt: str = ""
+    messages: Optional[list[dict[str, str]]] = None
     system_prompt: str = ""
     prompt_template: Optional[str] = None
     max_tokens: int = 512
@@ -122,6 +172,7 @@ class PredictInputs:
     frequency_penalty: float = 0.0
     stop_sequences: list[str] = field(default_factory=list)
     seed: int = 0
+    guide: Optional[Guide] = None
 
     @property
     def greedy(self) -> bool:
@@ -144,18 +195,32 @@ class PredictInputs:
         if unknown:
             raise InputError(f"unknown input(s) {', '.join(unknown)}; the inputs are: {', '.join(specs)}")
         get = lambda name: values.get(name, specs[name].default)  # noqa: E731
-        prompt = get("prompt")
-        if not isinstance(prompt, str):
-            raise InputError(f"prompt must be a non-empty string, got {_show(prompt)} ({type(prompt).__name__})")
-        check_text("prompt", prompt, empty_ok=False)
-        if not prompt.strip():
-            raise InputError(f"prompt={_show(prompt, 40)} is empty or only whitespace; give a non-empty text to respond to")
+        prompt = check_text("prompt", get("prompt"), expected="a string (or empty when messages is given)")
+        messages_text = check_text(
+            "messages", get("messages"), expected="a JSON array of messages as a string (or empty)"
+        )
+        if prompt.strip() and messages_text.strip():
+            raise InputError(
+                "prompt and messages are both given; give exactly one: prompt for a single user turn, or messages "
+                "for a whole conversation (add the prompt as the last user message)"
+            )
+        if not prompt.strip() and not messages_text.strip():
+            raise InputError(
+                f"prompt={_show(prompt, 40)} is empty or only whitespace, and so is messages; give exactly one of "
+                "prompt (a non-empty text to respond to) or messages (a JSON array of role/content objects)"
+            )
+        messages = parse_messages(messages_text) if messages_text.strip() else None
         system_prompt = check_text("system_prompt", get("system_prompt"), expected="a string (or empty)")
         prompt_template: Optional[str] = check_text(
             "prompt_template", get("prompt_template"), expected="a string containing {prompt} (or empty)"
         )
         if not (prompt_template or "").strip():
             prompt_template = None
+        elif messages is not None:
+            raise InputError(
+                "prompt_template applies to prompt; messages are rendered with the model's chat template, so leave "
+                "prompt_template empty (or send prompt instead of messages)"
+            )
         elif "{prompt}" not in prompt_template:  # type: ignore[operator]
             raise InputError(
                 f"prompt_template={prompt_template[:80]!r} must contain {{prompt}} "  # type: ignore[index]
@@ -176,8 +241,15 @@ class PredictInputs:
         stop_value = get("stop_sequences")
         if isinstance(stop_value, str):  # its size is bounded before it is parsed
             check_text("stop_sequences", stop_value)
+        guide = select_guide(
+            json_schema=check_text("json_schema", get("json_schema"), expected="a JSON Schema as a string (or empty)"),
+            response_format=_choice("response_format", get("response_format")),
+            regex=check_text("regex", get("regex"), expected="a regular expression as a string (or empty)"),
+            grammar=check_text("grammar", get("grammar"), expected="an EBNF grammar as a string (or empty)"),
+        )
         return cls(
             prompt=prompt,
+            messages=messages,
             system_prompt=system_prompt,
             prompt_template=prompt_template,
             max_tokens=max_tokens,
@@ -190,32 +262,37 @@ class PredictInputs:
             frequency_penalty=check_number("frequency_penalty", get("frequency_penalty")),
             stop_sequences=parse_stop_sequences(stop_value),
             seed=seed,
+            guide=guide,
         )
 
     def token_budget(self, prompt_tokens: int, max_input_len: int, max_seq_len: int) -> int:
         """Tokens to request: ``max_tokens`` capped by what the engine's max_seq_len leaves.
 
+        ``prompt_tokens`` counts the whole rendered input: with ``messages``, every turn of the
+        conversation plus the chat template's own tokens.
+
         Raises:
-            InputError: the prompt exceeds ``max_input_len``, leaves no room to generate, or
-                ``min_tokens`` does not fit; the message gives both numbers.
+            InputError: the prompt (or conversation) exceeds ``max_input_len``, leaves no room to
+                generate, or ``min_tokens`` does not fit; the message gives both numbers.
         """
+        what, unit = ("conversation", "the chat template") if self.messages is not None else ("prompt", "formatting")
         if prompt_tokens > max_input_len:
             raise InputError(
-                f"the prompt is too long: it has {prompt_tokens} tokens (after formatting), "
-                f"and the model's maximum input length is {max_input_len} tokens; shorten the prompt"
+                f"the {what} is too long: it has {prompt_tokens} tokens (after {unit}), "
+                f"and the model's maximum input length is {max_input_len} tokens; shorten the {what}"
             )
         room = max_seq_len - prompt_tokens
         if room < 1:
             raise InputError(
-                f"the prompt has {prompt_tokens} tokens, which leaves no room to generate within the "
+                f"the {what} has {prompt_tokens} tokens, which leaves no room to generate within the "
                 f"model's maximum sequence length of {max_seq_len} tokens"
             )
         if self.min_tokens > room:
             raise InputError(
-                f"min_tokens={self.min_tokens} does not fit: the prompt has {prompt_tokens} tokens and the "
+                f"min_tokens={self.min_tokens} does not fit: the {what} has {prompt_tokens} tokens and the "
                 f"maximum sequence length is {max_seq_len}, so at most {room} tokens can be generated"
             )
         return min(self.max_tokens, room)
 
 
-__all__: Sequence[str] = ("PredictInputs", "check_number", "check_integer", "check_text")
+__all__: Sequence[str] = ("PredictInputs", "check_number", "check_integer", "check_text", "parse_messages")

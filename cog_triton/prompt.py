@@ -16,6 +16,13 @@ once, here, and two decisions are made per request rather than once per service:
   behaviour (special-token strings become control tokens). Without such strings, the ids are exactly
   those of tokenizing the whole rendered text.
 
+**Conversations** (:meth:`PromptTokenizer.encode_messages`) are rendered with the chat template and
+tokenized the same way; every message's content is user text. Roles are checked against the ones the
+template accepts (:attr:`PromptTokenizer.roles`): the conventional ``system``/``user``/``assistant``
+(less ``system`` when the template refuses a system message) plus every role the template's source
+compares ``role`` with (``tool``, ``ipython``, ...). Whatever else the template enforces (alternation,
+a first user turn) it reports itself, by raising, and that message is passed on.
+
 Raises :class:`common.errors.InputError` for what the user can fix.
 """
 
@@ -23,9 +30,29 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from common.errors import InputError
+
+#: Roles of Hugging Face's chat format that chat templates are written for.
+CONVENTIONAL_ROLES = ("system", "user", "assistant")
+# role literals in a template's source: message['role'] == 'tool', message.role != "system", 'user' == m['role']
+_ROLE_NAME = r"""['"]([A-Za-z_][\w-]{0,31})['"]"""
+_ROLE_REF = r"""(?:\[\s*['"]role['"]\s*\]|\.role\b|\brole\b)"""
+_ROLE_LITERALS = (
+    re.compile(_ROLE_REF + r"\s*(?:==|!=)\s*" + _ROLE_NAME),
+    re.compile(_ROLE_NAME + r"\s*(?:==|!=)\s*\w+\s*" + _ROLE_REF),
+)
+
+
+def template_roles(template: Any) -> set[str]:
+    """Role names a chat template's source compares ``role`` with (a dict of templates: all of them)."""
+    sources = template.values() if isinstance(template, Mapping) else [template or ""]
+    roles: set[str] = set()
+    for source in sources:
+        for pattern in _ROLE_LITERALS:
+            roles.update(match.group(1) for match in pattern.finditer(str(source)))
+    return roles
 
 
 @dataclass(frozen=True)
@@ -69,6 +96,19 @@ class PromptTokenizer:
                 names.add(str(token.content))
         self.special_strings = tuple(sorted((n for n in names if n), key=len, reverse=True))
         self._special_re = re.compile("|".join(re.escape(s) for s in self.special_strings)) if names else None
+        self.roles: frozenset[str] = frozenset()
+        self.system_refused = ""  # the template's error for a system message, when it refuses one
+        if self.has_chat_template:
+            roles = set(CONVENTIONAL_ROLES) | template_roles(tokenizer.chat_template)
+            try:
+                self._apply_template([{"role": "system", "content": "s"}, {"role": "user", "content": "u"}])
+            except Exception as exc:  # noqa: BLE001 - the template's own raise_exception
+                roles.discard("system")
+                self.system_refused = str(exc)
+            self.roles = frozenset(roles)
+
+    def _apply_template(self, messages: Sequence[Mapping[str, str]]) -> str:
+        return str(self.tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True))
 
     # ------------------------------------------------------------------------------- rendering
     def render(self, prompt: str, system_prompt: str = "", template: Optional[str] = None) -> tuple[str, bool, list[tuple[int, int]]]:
@@ -112,6 +152,60 @@ class PromptTokenizer:
             return f"{system_prompt}\n\n{prompt}", False, [(0, len(system_prompt)), (len(system_prompt) + 2, len(system_prompt) + 2 + len(prompt))]
         return prompt, False, [(0, len(prompt))]
 
+    def render_messages(
+        self, messages: Sequence[Mapping[str, str]], system_prompt: str = ""
+    ) -> tuple[str, list[dict[str, str]]]:
+        """(text, the conversation rendered): ``messages`` with ``system_prompt`` as a first system
+        message when given, through the chat template with the generation prompt added.
+
+        Raises:
+            InputError: the tokenizer has no chat template; system_prompt given while messages start
+                with a system message; a role the template does not accept; or the template refuses
+                the conversation (its message is included).
+        """
+        if not self.has_chat_template:
+            raise InputError(
+                "messages need a chat template, and this model's tokenizer has none; send prompt instead "
+                "(with prompt_template to format it)"
+            )
+        conversation = [dict(m) for m in messages]
+        if system_prompt:
+            if conversation and conversation[0].get("role") == "system":
+                raise InputError(
+                    "system_prompt is given and messages start with a system message: give the system message "
+                    "once, either in system_prompt or as the first message"
+                )
+            conversation.insert(0, {"role": "system", "content": system_prompt})
+        for index, message in enumerate(conversation):
+            role = message.get("role")
+            if role not in self.roles:
+                offset = 1 if system_prompt else 0
+                where = "system_prompt" if system_prompt and index == 0 else f"messages[{index - offset}]"
+                extra = f" (the template refuses a system message: {self.system_refused})" if role == "system" else ""
+                raise InputError(
+                    f"{where} has role {role!r}, which this model's chat template does not accept{extra}; "
+                    f"allowed roles: {', '.join(sorted(self.roles))}"
+                )
+        try:
+            text = self._apply_template(conversation)
+        except Exception as exc:  # jinja errors raised by the template itself (alternation, ...)
+            raise InputError(f"the model's chat template rejected the messages: {exc}") from None
+        return text, conversation
+
+    def encode_messages(self, messages: Sequence[Mapping[str, str]], system_prompt: str = "") -> Prompt:
+        """Render and tokenize a conversation (see :meth:`render_messages`).
+
+        The ids are those of ``apply_chat_template(conversation, add_generation_prompt=True,
+        tokenize=True)``, except that special-token strings inside any message's content stay text.
+
+        Raises:
+            InputError: see :meth:`render_messages`; or content with special-token strings that
+                cannot be located in the rendered text.
+        """
+        text, conversation = self.render_messages(messages, system_prompt)
+        add = self.forced_special if self.forced_special is not None else False
+        return self._encode_rendered(text, add, [m["content"] for m in conversation if m["content"]], None)
+
     # ------------------------------------------------------------------------------ tokenizing
     def encode(self, prompt: str, system_prompt: str = "", template: Optional[str] = None) -> Prompt:
         """Render and tokenize one request's prompt.
@@ -127,7 +221,13 @@ class PromptTokenizer:
             add = False  # as apply_chat_template(tokenize=True): the template writes its own BOS
         else:
             add = not (self.bos_text and text.startswith(self.bos_text))
-        user_texts = [t for t in (system_prompt, prompt) if t]
+        return self._encode_rendered(text, add, [t for t in (system_prompt, prompt) if t], None if chat else spans)
+
+    def _encode_rendered(
+        self, text: str, add: bool, user_texts: list[str], spans: Optional[list[tuple[int, int]]]
+    ) -> Prompt:
+        """Tokenize rendered ``text``; ``user_texts`` (in order) keep special-token strings as text.
+        ``spans``: where the user texts are in ``text``, or None to find them (chat template)."""
         risky = (
             not self.parse_user_special
             and self._special_re is not None
@@ -135,8 +235,8 @@ class PromptTokenizer:
         )
         if not risky:
             return Prompt(text=text, ids=self._ids(text, add), add_special_tokens=add)
-        if chat:
-            spans = self._locate(text, [t for t in (system_prompt, prompt) if t])
+        if spans is None:
+            spans = self._locate(text, user_texts)
         return Prompt(text=text, ids=self._segmented(text, spans, add), add_special_tokens=add, escaped=True)
 
     def _ids(self, text: str, add: bool, split_special: bool = False) -> list[int]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import importlib.util
 import logging
 import threading
 import time
@@ -19,7 +20,16 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Optional, 
 from cog_triton.cog_bridge import open_stream
 from cog_triton.client import GenerateRequest, TritonClient
 from cog_triton.detokenizer import IncrementalDetokenizer
-from common.errors import ConfigError, InferenceError, ManifestError, TritonDiedError, TritonError
+from common.errors import (
+    ConfigError,
+    IncompleteOutputError,
+    InferenceError,
+    InputError,
+    ManifestError,
+    TritonDiedError,
+    TritonError,
+)
+from cog_triton.guided import Guide, GuideChecker
 from cog_triton.inputs import PredictInputs
 from cog_triton.prompt import PromptTokenizer
 from cog_triton.settings import Settings, VerifyMode
@@ -30,7 +40,7 @@ from tensorrtllm_backend.engine import WeightsInfo, find_model_root, inspect_wei
 from tensorrtllm_backend.gpus import GPU, visible_gpus
 from tensorrtllm_backend.manifest import MANIFEST_NAME, Manifest, check_weights_match, verify_weights
 from tensorrtllm_backend.server import LaunchConfig, TritonServer, locate_tritonserver, unique_shm_prefix
-from tensorrtllm_backend.templates import RenderOptions, render_model_repository
+from tensorrtllm_backend.templates import RenderOptions, guided_decoding_of, render_model_repository
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +106,8 @@ class LLMService:
         self._gpus: list[GPU] = []
         self.prompts: Optional[PromptTokenizer] = None
         self.supervisor: Optional[Supervisor] = None
+        self.guides: Optional[GuideChecker] = None  # set when the served model has guided decoding on
+        self.guided_off_reason = "setup() has not run"
         self._background: set[asyncio.Task[None]] = set()
         # Prompt formatting and tokenization run here, off the event loop. One thread: a Hugging
         # Face fast tokenizer is not safe to call from several threads at once ("Already borrowed").
@@ -172,7 +184,8 @@ class LLMService:
             add_special_tokens=settings.add_special_tokens,
             special_tokens_in_user_text=settings.special_tokens_in_user_text,
         )
-        render_model_repository(self._render_options(), info)
+        rendered = render_model_repository(self._render_options(), info)
+        self._setup_guided_decoding(guided_decoding_of(rendered["tensorrt_llm"]), info)
         installation = locate_tritonserver(
             settings.path(settings.tritonserver) if settings.tritonserver else None,
             settings.path(settings.backend_dir) if settings.backend_dir else None,
@@ -250,6 +263,55 @@ class LLMService:
         )
         return manifest
 
+    def _setup_guided_decoding(self, enabled: bool, info: WeightsInfo) -> None:
+        """Structured output is offered when the rendered ``tensorrt_llm`` config turns guided decoding on."""
+        self.guides = None
+        if not enabled:
+            self.guided_off_reason = (
+                "its weights have no xgrammar_tokenizer_info.json next to the tokenizer (archives made by "
+                "scripts/build_engine include it when the tokenizer supports it)"
+                if info.kind == "engine"
+                else "the xgrammar package is not installed"
+            )
+            log.info("guided decoding (structured output) is off: %s", self.guided_off_reason)
+            return
+        self.guides = GuideChecker(self.tokenizer)
+        log.info("guided decoding (structured output) is on (xgrammar)")
+
+    def _guide_fields(self, guide: Optional[Guide]) -> dict[str, str]:
+        """GenerateRequest fields for ``guide``, compiled first so that a bad one fails here, not in Triton.
+
+        Raises:
+            InputError: the guide does not compile, or the model has guided decoding off.
+        """
+        if guide is None:
+            return {}
+        if self.guides is None:
+            raise InputError(
+                f"{guide.source} asks for structured output, but guided decoding is off for this model: "
+                f"{self.guided_off_reason}"
+            )
+        self.guides.compile(guide)
+        return {"guide_type": guide.guide_type, "guide": guide.guide}
+
+    def _check_guided_output(self, inputs: PredictInputs, request: GenerateRequest, token_ids: list[int]) -> None:
+        """Fail a guided prediction whose output stopped at the token limit before its document closed.
+
+        Raises:
+            IncompleteOutputError: names the limit, the tokens generated and the fix.
+        """
+        guide = inputs.guide
+        if guide is None or self.guides is None or self.guides.is_complete(guide, token_ids):
+            return
+        limit = f"max_tokens={inputs.max_tokens}"
+        if request.max_tokens < inputs.max_tokens:
+            limit += f", capped to {request.max_tokens} by the model's maximum sequence length"
+        raise IncompleteOutputError(
+            f"the output is not a complete {guide.document} (asked for by {guide.source}): generation stopped "
+            f"after {len(token_ids)} tokens at the token limit ({limit}) before it was complete; raise max_tokens "
+            "or ask for a shorter answer"
+        )
+
     def _render_options(self) -> RenderOptions:
         s = self.settings
         return RenderOptions(
@@ -270,6 +332,7 @@ class LLMService:
             add_special_tokens=s.add_special_tokens if s.add_special_tokens is not None else True,
             reference_torch_threads=s.reference_torch_threads,
             tensorrt_llm_parameters=s.tensorrt_llm_parameters,
+            guided_decoding=importlib.util.find_spec("xgrammar") is not None,
         )
 
     def _self_test(self) -> None:
@@ -311,10 +374,14 @@ class LLMService:
                 template refuses the input.
         """
         assert self.info is not None and self.prompts is not None
-        prompt = self.prompts.encode(inputs.prompt, inputs.system_prompt, inputs.prompt_template)
+        if inputs.messages is not None:
+            prompt = self.prompts.encode_messages(inputs.messages, inputs.system_prompt)
+        else:
+            prompt = self.prompts.encode(inputs.prompt, inputs.system_prompt, inputs.prompt_template)
         prompt_tokens = len(prompt.ids)
         limits = self.info.limits
         budget = inputs.token_budget(prompt_tokens, limits.max_input_len, limits.max_seq_len)
+        guided = self._guide_fields(inputs.guide)
         greedy = inputs.greedy
         request = GenerateRequest(
             input_ids=prompt.ids,
@@ -330,6 +397,7 @@ class LLMService:
             frequency_penalty=inputs.frequency_penalty,
             seed=inputs.seed,
             request_id=f"cog-triton-{uuid.uuid4().hex}",
+            **guided,
         )
         return request, prompt_tokens
 
@@ -386,11 +454,14 @@ class LLMService:
         stopped = False
         first = True
         finished = False
+        guided_ids: Optional[list[int]] = [] if inputs.guide is not None else None  # to check the document
         try:
             async for chunk in client.generate_stream(request):
                 ids = chunk.output_ids
                 if not ids:
                     continue  # the last response of a request that ended on the end token
+                if guided_ids is not None:
+                    guided_ids.extend(ids)
                 if first:
                     first = False
                     if metric:
@@ -409,6 +480,8 @@ class LLMService:
                     if rest:
                         yield rest
             finished = not stopped
+            if finished and guided_ids is not None:
+                await asyncio.to_thread(self._check_guided_output, inputs, request, guided_ids)
         except asyncio.CancelledError:
             if watched.error is None:
                 raise  # cancelled by the caller (Cog's cancel)

@@ -18,6 +18,7 @@ The tree::
     │   └── ManifestError      a file listed in manifest.json is missing, resized or altered
     ├── BuildError             building or packaging an engine failed (scripts/build_engine)
     ├── InputError             a prediction input is invalid (also raised for too-long prompts)
+    ├── IncompleteOutputError  a guided output reached the token limit before its document was complete
     └── TritonError            the Triton Inference Server failed
         ├── TritonStartupError Triton did not become ready (carries the tail of its log)
         ├── TritonDiedError    Triton exited while running
@@ -106,6 +107,12 @@ class InputError(CogTritonError):
     """A prediction input is invalid. The message names the input, the value and the allowed range."""
 
     code = "invalid_input"
+
+
+class IncompleteOutputError(CogTritonError):
+    """Structured output: the generation reached its token limit before the guided document was complete."""
+
+    code = "incomplete_output"
 
 
 class TritonError(CogTritonError):

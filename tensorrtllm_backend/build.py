@@ -9,9 +9,14 @@ Steps (each logged with its wall time; the plan is printed first and by ``--dry-
    ``... convert quantize`` (ModelOpt calibration via ``quantize_and_export``) into
    ``<work>/trtllm_checkpoint``.
 3. **build** (tensorrtllm backend): ``trtllm-build`` into ``<work>/engine``.
-4. **package**: engine + tokenizer (or the checkpoint as is, for the reference backend) are staged
-   in ``<work>/package`` with ``manifest.json`` and packed into ``<output>/<name>.tar[.gz]`` with a
-   ``.sha256`` beside it.
+4. **tokenizer-info** (tensorrtllm backend): ``python3 -m tensorrtllm_backend.convert xgrammar-info``
+   writes ``<work>/xgrammar_tokenizer_info.json`` with TensorRT-LLM's own ``_xgrammar_tokenizer_info``
+   (what its ``examples/generate_xgrammar_tokenizer_info.py`` does): the file the C++ backend's guided
+   decoding (structured output) needs. It is made here, in the image whose TensorRT-LLM serves the
+   engine, so that setup() needs no TensorRT-LLM import; a tokenizer it does not support gets none.
+5. **package**: engine + tokenizer (with the tokenizer info, when made) or the checkpoint as is, for
+   the reference backend, are staged in ``<work>/package`` with ``manifest.json`` and packed into
+   ``<output>/<name>.tar[.gz]`` with a ``.sha256`` beside it.
 
 The tensorrtllm backend must run inside the image built from our Dockerfile, so the TensorRT-LLM
 that builds is the one that serves (:data:`tensorrtllm_backend.pins.TENSORRT_LLM_VERSION`). Before
@@ -46,6 +51,7 @@ from tensorrtllm_backend.build_config import (
     EngineBuildConfig,
     load_build_config,
 )
+from tensorrtllm_backend.engine import XGRAMMAR_TOKENIZER_INFO_NAME
 from tensorrtllm_backend.gpus import GPU, describe, visible_gpus
 from tensorrtllm_backend.manifest import pack_archive, write_manifest
 from tensorrtllm_backend.pins import (
@@ -223,6 +229,11 @@ def plan_build(
         engine_dir = work_dir / "engine"
         steps.append(Step("convert", "convert the checkpoint", convert_argv(config, checkpoint_dir, trt_checkpoint, python)))
         steps.append(Step("build", "build the engine", trtllm_build_argv(config, trt_checkpoint, engine_dir)))
+        info_argv = (
+            python, "-m", "tensorrtllm_backend.convert", "xgrammar-info",
+            "--tokenizer-dir", str(checkpoint_dir), "--output", str(work_dir / XGRAMMAR_TOKENIZER_INFO_NAME),
+        )  # fmt: skip
+        steps.append(Step("tokenizer-info", "write the xgrammar tokenizer info (guided decoding)", info_argv))
         archive = output_dir / f"{config.name}.tar"
         what = f"{engine_dir} (config.json, rank*.engine) + tokenizer of {checkpoint_dir} as tokenizer/"
     else:
@@ -340,6 +351,9 @@ def stage_package(plan: BuildPlan) -> None:
             _link_or_copy(str(source / name), str(tokenizer / name))
         if not any(name in copied for name in ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")):
             raise BuildError(f"{source} holds no tokenizer files (tokenizer.json, tokenizer.model or vocab.json)")
+        info = plan.work_dir / XGRAMMAR_TOKENIZER_INFO_NAME
+        if info.is_file():  # absent when the tokenizer-info step found the tokenizer unsupported
+            shutil.copy2(info, tokenizer / XGRAMMAR_TOKENIZER_INFO_NAME)
 
 
 Runner = Callable[[Sequence[str]], None]

@@ -12,6 +12,13 @@
 * ``quantize``: ModelOpt calibration and export with
   ``tensorrt_llm.quantization.quantize_and_export(**kwargs)`` (fp8, int4_awq, w4a8_awq, int8_sq,
   nvfp4, and KV-cache fp8/int8).
+* ``xgrammar-info``: the tokenizer info file the C++ backend's guided decoding reads
+  (``xgrammar_tokenizer_info_path``), made as TensorRT-LLM's ``examples/generate_xgrammar_tokenizer_info.py``
+  makes it: ``AutoTokenizer.from_pretrained`` then ``tensorrt_llm.llmapi.tokenizer._xgrammar_tokenizer_info``,
+  dumped as JSON (keys ``encoded_vocab``, ``tokenizer_str``, ``stop_token_ids``). A tokenizer that
+  function does not support, or one it describes without ``tokenizer_str`` (tiktoken; the 1.1 backend
+  reads that key unconditionally), gets no file and a warning: the engine then serves without
+  structured output.
 
 Interface source: TensorRT-LLM 1.1.0 (``tensorrt_llm/models/__init__.py`` MODEL_MAP,
 ``tensorrt_llm/mapping.py`` — tp_size/pp_size are keyword-only —,
@@ -195,6 +202,43 @@ def quantize(
     log.info("quantized to %s (kv cache %s) in %.1f s", qformat, kv_cache_dtype or "unquantized", time.monotonic() - started)
 
 
+def xgrammar_tokenizer_info(tokenizer_dir: Path, output: Path) -> bool:
+    """Write TensorRT-LLM's xgrammar tokenizer info for the tokenizer in ``tokenizer_dir`` to ``output``.
+
+    Returns:
+        True when written; False (with a warning) when the tokenizer is not one guided decoding supports.
+
+    Raises:
+        BuildError: TensorRT-LLM is missing.
+    """
+    try:
+        from tensorrt_llm.llmapi.tokenizer import _xgrammar_tokenizer_info  # noqa: PLC0415 - GPU image only
+    except ImportError as exc:
+        raise BuildError(
+            f"TensorRT-LLM is not importable ({exc}): run inside the image built from our Dockerfile"
+        ) from None
+    from transformers import AutoTokenizer  # noqa: PLC0415
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    try:
+        info = _xgrammar_tokenizer_info(tokenizer)
+    except ValueError as exc:  # "Unsupported tokenizer type: ..."
+        log.warning("no xgrammar tokenizer info (%s): the engine will serve without structured output", exc)
+        return False
+    missing = [key for key in ("encoded_vocab", "tokenizer_str", "stop_token_ids") if key not in info]
+    if missing:
+        log.warning(
+            "the xgrammar tokenizer info lacks %s, which TensorRT-LLM 1.1's C++ backend reads unconditionally: "
+            "the engine will serve without structured output",
+            ", ".join(missing),
+        )
+        return False
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(info))
+    log.info("wrote %s (%d tokens, stop tokens %s)", output, len(info["encoded_vocab"]), info["stop_token_ids"])
+    return True
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """CLI entry point (see the module docstring); returns the exit status."""
     parser = argparse.ArgumentParser(prog="python3 -m tensorrtllm_backend.convert")
@@ -203,6 +247,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     dl.add_argument("--repo-id", required=True)
     dl.add_argument("--revision", default=None)
     dl.add_argument("--output-dir", type=Path, required=True)
+    xg = sub.add_parser("xgrammar-info", help="write the xgrammar tokenizer info file (guided decoding)")
+    xg.add_argument("--tokenizer-dir", type=Path, required=True)
+    xg.add_argument("--output", type=Path, required=True)
     for name in ("checkpoint", "quantize"):
         p = sub.add_parser(name)
         p.add_argument("--model-dir", type=Path, required=True)
@@ -226,6 +273,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         if args.command == "download":
             download(args.repo_id, args.output_dir, args.revision)
+        elif args.command == "xgrammar-info":
+            xgrammar_tokenizer_info(args.tokenizer_dir, args.output)
         elif args.command == "checkpoint":
             convert_checkpoint(
                 args.model_dir,

@@ -24,6 +24,9 @@ from tensorrtllm_backend.pins import TENSORRT_LLM_VERSION, TRITON_IMAGE
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
 HF_WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
 REFERENCE_DEFAULT_MAX_SEQ_LEN = 4096
+#: The xgrammar tokenizer info the C++ backend's guided decoding reads (xgrammar_tokenizer_info_path),
+#: made by TensorRT-LLM's _xgrammar_tokenizer_info; scripts/build_engine puts it in the archive's tokenizer/.
+XGRAMMAR_TOKENIZER_INFO_NAME = "xgrammar_tokenizer_info.json"
 
 
 @dataclass(frozen=True)

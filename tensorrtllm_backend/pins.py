@@ -15,6 +15,11 @@ TRITON_IMAGE_REPOSITORY = "nvcr.io/nvidia/tritonserver"
 TRITON_IMAGE_TAG = "26.02-trtllm-python-py3"
 TRITON_IMAGE = f"{TRITON_IMAGE_REPOSITORY}:{TRITON_IMAGE_TAG}"
 TENSORRT_LLM_VERSION = "1.1.0"
+# The xgrammar release TensorRT-LLM 1.1 depends on (its docs/source/release-notes.md, "Release 1.1":
+# "The dependent xgrammar version is updated to 0.1.25"; requirements.txt xgrammar==0.1.25). The GPU
+# image ships it with tensorrt_llm; scripts/setup installs the same release for the CPU reference
+# backend and the predictor's guide checks (cog_triton/guided.py), so guides compile identically.
+XGRAMMAR_VERSION = "0.1.25"
 
 _VERSION_RE = re.compile(r"^\s*v?(\d+)\.(\d+)\.(\d+)(.*?)\s*$")
 # What may follow major.minor.patch without making another release: NGC builds append the

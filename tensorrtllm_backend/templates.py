@@ -16,6 +16,7 @@ Template folders -> live model names:
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -29,7 +30,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from common.errors import TemplateError
-from tensorrtllm_backend.engine import WeightsInfo
+from tensorrtllm_backend.engine import XGRAMMAR_TOKENIZER_INFO_NAME, WeightsInfo
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,9 @@ REQUIRED_TENSORRT_LLM_PARAMETERS: dict[str, str] = {
 # The only guided_decoding_backend the 1.1 C++ backend accepts; any other value throws at load
 # ("Guided decoding is currently supported with 'xgrammar' backend ...", the same function).
 GUIDED_DECODING_BACKENDS = ("xgrammar",)
+# Keys getGuidedDecodingConfigFromParams reads from the tokenizer info file, all unconditionally (a file
+# without one fails the model load); TensorRT-LLM's _xgrammar_tokenizer_info writes them for fast tokenizers.
+XGRAMMAR_TOKENIZER_INFO_KEYS = ("encoded_vocab", "tokenizer_str", "stop_token_ids")
 
 # Parameters of the C++ tensorrt_llm model (TensorRT-LLM 1.1.0) that we do not set by default:
 # empty means "not set" and the rendered config omits them. COG_TRITON_TENSORRT_LLM_PARAMETERS
@@ -230,6 +234,7 @@ class RenderOptions:
     add_special_tokens: bool = True
     reference_torch_threads: int = 0
     tensorrt_llm_parameters: str = ""
+    guided_decoding: bool = True
 
 
 def template_values(options: RenderOptions, info: WeightsInfo) -> dict[str, dict[str, object]]:
@@ -262,6 +267,12 @@ def template_values(options: RenderOptions, info: WeightsInfo) -> dict[str, dict
         "xgrammar_tokenizer_info_path": None,
         **{name: None for name in OPTIONAL_TENSORRT_LLM_PARAMETERS},
     }
+    tokenizer_info = (
+        usable_tokenizer_info(info.tokenizer_dir / XGRAMMAR_TOKENIZER_INFO_NAME) if options.guided_decoding else None
+    )
+    if tokenizer_info is not None:
+        trtllm["guided_decoding_backend"] = GUIDED_DECODING_BACKENDS[0]
+        trtllm["xgrammar_tokenizer_info_path"] = str(tokenizer_info)
     overrides = parse_key_values(options.tensorrt_llm_parameters, what="COG_TRITON_TENSORRT_LLM_PARAMETERS")
     structural = set(common) | {"decoupled_mode", "max_queue_delay_microseconds", "logits_datatype"}
     unknown = sorted(k for k in overrides if k not in trtllm or k in structural)
@@ -291,8 +302,46 @@ def template_values(options: RenderOptions, info: WeightsInfo) -> dict[str, dict
             "max_seq_len": info.limits.max_seq_len,
             "exclude_input_in_output": True,
             "torch_threads": options.reference_torch_threads,
+            # As upstream's Python tensorrt_llm model: xgrammar built from tokenizer_dir (docs/model_config.md).
+            "guided_decoding_backend": GUIDED_DECODING_BACKENDS[0] if options.guided_decoding else None,
+            "tokenizer_dir": tokenizer,
         },
     }
+
+
+def usable_tokenizer_info(path: Path) -> Optional[Path]:
+    """``path`` when it is a tokenizer info file the C++ backend can load, else None (with a warning
+    when it exists but lacks a key the backend reads: loading the model would fail)."""
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        log.warning("%s is unreadable (%s): guided decoding stays off", path, exc)
+        return None
+    missing = [key for key in XGRAMMAR_TOKENIZER_INFO_KEYS if not isinstance(data, dict) or key not in data]
+    if missing:
+        log.warning(
+            "%s lacks %s, which TensorRT-LLM's C++ backend reads unconditionally: guided decoding stays off",
+            path,
+            ", ".join(missing),
+        )
+        return None
+    return path
+
+
+def guided_decoding_of(config: model_config_pb2.ModelConfig) -> bool:
+    """Whether a rendered ``tensorrt_llm`` config turns guided decoding on: the C++ backend needs both
+    guided_decoding_backend and xgrammar_tokenizer_info_path (getGuidedDecodingConfigFromParams); the
+    CPU reference model, like upstream's Python model, guided_decoding_backend (with tokenizer_dir)."""
+    params = config.parameters
+    backend = params["guided_decoding_backend"].string_value if "guided_decoding_backend" in params else ""
+    if backend not in GUIDED_DECODING_BACKENDS:
+        return False
+    if config.backend == "python":
+        return True
+    path = params["xgrammar_tokenizer_info_path"].string_value if "xgrammar_tokenizer_info_path" in params else ""
+    return bool(path)
 
 
 def check_guided_decoding(values: Mapping[str, object]) -> None:

@@ -104,7 +104,7 @@ def test_plan_shapes() -> None:
     tp4 = plan_build(
         load_build_config(EXAMPLES_DIR / "llama-2-7b-fp16-tp4.yaml"), config_dir=EXAMPLES_DIR, work_dir=Path("/w"), output_dir=Path("/o")
     )
-    assert [s.name for s in tp4.steps] == ["fetch", "convert", "build", "package"]
+    assert [s.name for s in tp4.steps] == ["fetch", "convert", "build", "tokenizer-info", "package"]
     assert tp4.archive == Path("/o/llama-2-7b-chat-fp16-tp4.tar")
     build = tp4.steps[2].argv
     assert build is not None and build[build.index("--workers") + 1] == "4"
@@ -300,7 +300,7 @@ def test_full_build_produces_a_verified_engine_archive(tp4_build: dict[str, Any]
         names = sorted(tar.getnames())
     assert names == sorted(
         ["config.json", "manifest.json", "rank0.engine", "rank1.engine", "rank2.engine", "rank3.engine", "tokenizer",
-         "tokenizer/config.json"] + [f"tokenizer/{name}" for name in TOKENIZER_FILES]
+         "tokenizer/config.json", "tokenizer/xgrammar_tokenizer_info.json"] + [f"tokenizer/{name}" for name in TOKENIZER_FILES]
     )  # fmt: skip
     target = tp4_build["tmp"] / "unpacked"
     fetch_weights(str(archive), target, sha256=digest)
@@ -318,7 +318,11 @@ def test_full_build_produces_a_verified_engine_archive(tp4_build: dict[str, Any]
     assert "step convert done in" in log and "step build done in" in log
     assert f"built {archive}" in log and "s: convert " in log and ", package " in log
     calls = [json.loads(line) for line in tp4_build["calls"].read_text().splitlines()]
-    assert [c["call"] for c in calls] == ["from_hugging_face", "save_checkpoint"] * 4 + ["trtllm-build"]
+    assert [c["call"] for c in calls] == ["from_hugging_face", "save_checkpoint"] * 4 + ["trtllm-build", "_xgrammar_tokenizer_info"]
+    # the guided-decoding tokenizer info made by (the stand-in of) TensorRT-LLM's function, listed in the manifest
+    info = json.loads((target / "tokenizer" / "xgrammar_tokenizer_info.json").read_text())
+    assert sorted(info) == ["encoded_vocab", "stop_token_ids", "tokenizer_str"] and info["stop_token_ids"] == [2]
+    assert "tokenizer/xgrammar_tokenizer_info.json" in {f.path for f in manifest.files}
     assert not (tp4_build["tmp"] / "work" / "package").exists()
 
 
@@ -361,6 +365,12 @@ def test_setup_launches_the_tp4_engine_as_four_mpirun_ranks(tp4_build: dict[str,
     assert len(ranks) == 4 and argv.count(":") == 3
     config = (settings.model_repo_path / "tensorrt_llm" / "config.pbtxt").read_text()
     assert 'backend: "tensorrtllm"' in config
+    # guided decoding on: the tokenizer info file from the archive (scripts/build_engine made it)
+    info = settings.weights_path / "tokenizer" / "xgrammar_tokenizer_info.json"
+    assert info.is_file()
+    assert 'key: "guided_decoding_backend"\n  value {\n    string_value: "xgrammar"' in config
+    assert f'string_value: "{info}"' in config
+    assert 'name: "guided_decoding_guide_type"' in config and 'name: "guided_decoding_guide"' in config
 
 
 # --- the real CPU path: reference backend ----------------------------------------------------------

@@ -52,6 +52,12 @@ are under NVIDIA/TensorRT-LLM ``cpp/tensorrt_llm``.
     (the reference has no beam search)                           (reference limitation)
 9d  a client that lists outputs without output_ids gets "output  backend ``fillTritonResponse``
     _ids tensor must be present in list of output tensors"
+10  guided decoding: guided_decoding_guide_type must be json,    backend ``utils.cc``
+    json_schema, regex or ebnf_grammar exactly, any other value  ``getGuidedDecodingParamsFromTensors``;
+    is ignored (unguided, no error); a guide type other than     ``executor/guidedDecodingParams.cpp``;
+    json needs a guide; a guided request to a model whose        ``executorImpl.cpp`` ``fetchNewRequests``
+    config does not turn guided decoding on fails ("... but      (@b35ac1b6); the guided path itself: see
+    GuidedDecoder is not setup ...")                             tests/test_guided.py
 === ============================================================ ==================================================
 
 What a client sees of a FINAL response through HTTP ``generate_stream`` (measured on Triton 2.51):
@@ -118,6 +124,7 @@ def render_config() -> str:
     text = string.Template(text).substitute(
         triton_max_batch_size=MAX_ACTIVE, decoupled_mode="true", max_queue_delay_microseconds=0,
         hf_model_dir=str(CHECKPOINT), max_input_len=MAX_INPUT_LEN, max_seq_len=MAX_SEQ_LEN, torch_threads=0,
+        guided_decoding_backend="", tokenizer_dir="",  # guided decoding off, as the C++ backend without its config
     )
     policy = f"  default_queue_policy {{ max_queue_size: {MAX_QUEUE} }}\n"
     text, count = re.subn(r"(dynamic_batching \{\n)", r"\1" + policy, text)
@@ -549,3 +556,24 @@ def test_requested_outputs_must_include_output_ids_and_sequence_length(server, p
         client.close()
     (result, error) = results[0]
     assert error is not None and "output_ids tensor must be present in list of output tensors" in str(error)
+
+
+# ------------------------------------------------------------------------------------------------
+# 10: guided decoding tensors (this server's config leaves guided decoding off)
+# ------------------------------------------------------------------------------------------------
+
+
+def test_guide_tensors_with_guided_decoding_off(url, prompts, greedy):
+    """10. Unknown guide types are ignored (``getGuidedDecodingParamsFromTensors`` maps four exact
+    strings); a real guide fails in the executor when the config set up no guided decoder."""
+    for ignored in ({"guided_decoding_guide_type": ["JSON"]}, {"guided_decoding_guide_type": ["structural_tag"], "guided_decoding_guide": ["{}"]},
+                    {"guided_decoding_guide": ["[a-z]+"]}):  # fmt: skip
+        status, events = stream(url, request(prompts["haiku"], 3, streaming=[True], **ignored))
+        assert status == 200 and [t for e in events for t in _ids(e["output_ids"])] == greedy("haiku", 3), ignored
+    status, events = stream(url, request(prompts["haiku"], 3, streaming=[True], guided_decoding_guide_type=["regex"]))
+    assert "The guide string must be provided unless using GuideType::kJSON." in error_of(status, events)
+    status, events = stream(url, request(prompts["haiku"], 3, streaming=[True], guided_decoding_guide_type=["json"]))
+    assert (
+        "Request is specified with GuidedDecodingParams, but GuidedDecoder is not setup. Please provide a valid "
+        "GuidedDecodingConfig to setup GuidedDecoder." in error_of(status, events)
+    )

@@ -103,12 +103,17 @@ def test_bad_value_is_shortened_in_the_message() -> None:
 
 @pytest.mark.parametrize(
     ("value", "shown"),
-    [(5, "5"), (None, "None"), (b"Hello", "b'Hello'"), (["Hello"], "['Hello']")],
+    [(5, "5"), (b"Hello", "b'Hello'"), (["Hello"], "['Hello']")],
 )
 def test_prompt_not_a_string(value: Any, shown: str) -> None:
     message = rejected(prompt=value)
-    assert message.startswith("[invalid_input] prompt must be a non-empty string")
+    assert message.startswith("[invalid_input] prompt must be a string (or empty when messages is given)")
     assert f"got {shown}" in message
+
+
+def test_prompt_none_is_an_empty_prompt() -> None:
+    message = rejected(prompt=None)
+    assert "prompt='' is empty" in message and "give exactly one of prompt" in message and "messages" in message
 
 
 @pytest.mark.parametrize("value", ["", "   ", "\n\t "])

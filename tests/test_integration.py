@@ -177,12 +177,13 @@ SCHEMA_INVALID = [
     ({"prompt": "hi", "presence_penalty": 3}, "presence_penalty"),
     ({"prompt": "hi", "frequency_penalty": -3}, "frequency_penalty"),
     ({"prompt": "hi", "seed": -5}, "seed"),
-    ({"max_tokens": 5}, "prompt"),
+    ({"prompt": "hi", "response_format": "yaml"}, "response_format"),
 ]
 
 # Valid for the schema, refused by predict() with our message (what only the predictor or the model knows).
 MODEL_INVALID = [
     ({"prompt": ""}, ["prompt", "empty"]),
+    ({"max_tokens": 5}, ["give exactly one of prompt", "messages"]),  # neither prompt nor messages
     ({"prompt": "hi", "min_tokens": 9, "max_tokens": 4}, ["min_tokens=9", "max_tokens=4"]),
     ({"prompt": "hi", "prompt_template": "no placeholder"}, ["prompt_template", "{prompt}"]),
     ({"prompt": "hi", "stop_sequences": '["unterminated'}, ["stop_sequences"]),

@@ -39,6 +39,7 @@ IMPORT_TO_DISTRIBUTION = {
 }
 PREDICT_INPUTS = [
     "prompt",
+    "messages",
     "system_prompt",
     "prompt_template",
     "max_tokens",
@@ -51,6 +52,10 @@ PREDICT_INPUTS = [
     "frequency_penalty",
     "stop_sequences",
     "seed",
+    "json_schema",
+    "response_format",
+    "regex",
+    "grammar",
 ]
 
 

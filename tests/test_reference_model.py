@@ -537,6 +537,7 @@ def triton_url(tmp_path_factory):
             triton_max_batch_size=4, decoupled_mode="true", max_queue_delay_microseconds=0,
             hf_model_dir=str(CHECKPOINT), max_input_len=512, max_seq_len=1024,
             exclude_input_in_output="true", torch_threads=0,
+            guided_decoding_backend="xgrammar", tokenizer_dir=str(CHECKPOINT),
         )
     )
     installation = locate_tritonserver(work_dir=tmp / "work")

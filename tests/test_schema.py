@@ -71,9 +71,18 @@ def test_the_generator_check_is_live(tmp_path: Path) -> None:
     assert "seed" in changed["components"]["schemas"]["Input"]["required"]
 
 
-def test_prompt_is_the_only_required_input_and_predictions_stream() -> None:
+def test_no_input_is_required_and_predictions_stream() -> None:
+    """prompt and messages are alternatives (predict() requires exactly one), so both have the empty
+    default and no input is required; the structured-output inputs are documented and default to off."""
     inputs = SCHEMA["components"]["schemas"]["Input"]
-    assert inputs["required"] == ["prompt"]
+    assert inputs.get("required", []) == []
+    props = inputs["properties"]
+    for name in ("prompt", "messages", "json_schema", "regex", "grammar"):
+        assert props[name]["type"] == "string" and props[name]["default"] == "", name
+        assert props[name]["description"], name
+    assert "JSON array" in props["messages"]["description"] and "not both" in props["messages"]["description"]
+    assert props["response_format"]["default"] == "text"
+    assert SCHEMA["components"]["schemas"]["response_format"]["enum"] == ["text", "json_object"]
     assert SCHEMA["paths"]["/predictions"]["post"]["x-cog-streaming"] is True
     output = SCHEMA["components"]["schemas"]["Output"]
     assert output["x-cog-array-type"] == "iterator" and output["x-cog-array-display"] == "concatenate"

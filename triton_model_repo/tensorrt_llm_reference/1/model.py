@@ -58,6 +58,9 @@ exclude_input_in_output BOOL     [1]        default: the model parameter of the 
 streaming               BOOL     [1]        default false
 stop                    BOOL     [1]        true: stop the request whose Triton request id is this one's
 return_log_probs        BOOL     [1]        default false
+guided_decoding_guide_type STRING [1]       json, json_schema, regex or ebnf_grammar; any other value
+                                            is ignored (the request is unguided), as upstream
+guided_decoding_guide   STRING   [1]        the schema / regex / grammar (not needed for json)
 ======================= ======== ========== ====================================================
 
 Response tensors (batch dimension 1, then the beam dimension):
@@ -72,6 +75,18 @@ the last one has the FINAL flag. When the request ends on the end token, or is s
 response has N = 0. Non-streaming: one FINAL response with prompt + generated tokens (generated
 only when exclude_input_in_output). A ``stop`` request gets one FINAL response without tensors.
 Errors are one FINAL response with an INTERNAL error, as the C++ backend sends.
+
+Guided decoding (structured output) follows the C++ path of TensorRT-LLM 1.1: the request's guide
+is parsed as backend ``utils.cc`` ``getGuidedDecodingParamsFromTensors`` does (exact type strings,
+unknown types silently ignored, a guide string required unless the type is ``json``); a guided
+request to a model without guided decoding fails as the executor fails it (``executorImpl.cpp``
+``fetchNewRequests``: "... GuidedDecoder is not setup ..."); and each step applies xgrammar's token
+bitmask to the logits before penalties and sampling, after accepting the previous token
+(``batch_manager/guidedDecoder.cpp`` ``GuidedDecoder::build`` / ``execute``, @000a01de). The
+model is configured as upstream's Python model is: ``guided_decoding_backend: xgrammar`` and
+``tokenizer_dir``, from which the xgrammar ``TokenizerInfo`` is made with the end token as the only
+stop token (what ``tensorrt_llm.llmapi.tokenizer._xgrammar_tokenizer_info`` records). A guide xgrammar
+cannot compile fails that request (the predictor refuses such guides before they get here).
 
 Layers, so that another engine (e.g. a token-rate stand-in) can reuse all but the generation:
 
@@ -290,12 +305,14 @@ class ModelLimits:
         vocab_size: token ids (and end_id) must lie in [0, vocab_size).
         exclude_input_in_output: default of the per-request input of the same name. Upstream's
             constructor default is false (model_instance_state.cc).
+        guided_decoding: whether the model has a guided decoder (requests with a guide fail without).
     """
 
     max_input_len: int
     max_seq_len: int
     vocab_size: int
     exclude_input_in_output: bool = False
+    guided_decoding: bool = False
 
 
 @dataclass
@@ -311,6 +328,8 @@ class ParsedRequest:
     streaming: bool = False
     exclude_input_in_output: bool = False
     warnings: List[str] = field(default_factory=list)
+    guide: Optional["GuideSpec"] = None
+    grammar: object = None  # the guide compiled by the model (xgrammar CompiledGrammar), set before generation
 
 
 def _scalar(get: Callable[[str], Optional[np.ndarray]], name: str, kind: type, default):
@@ -329,6 +348,46 @@ def _scalar(get: Callable[[str], Optional[np.ndarray]], name: str, kind: type, d
     if kind is int:
         return int(value)
     return float(value)
+
+
+#: Guide types getGuidedDecodingParamsFromTensors maps (utils.cc); other strings are ignored there.
+GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar")
+
+
+@dataclass(frozen=True)
+class GuideSpec:
+    """A request's guide: ``guide_type`` in :data:`GUIDE_TYPES`, ``guide`` None only for json."""
+
+    guide_type: str
+    guide: Optional[str] = None
+
+
+def _string(get: Callable[[str], Optional[np.ndarray]], name: str) -> Optional[str]:
+    arr = get(name)
+    if arr is None:
+        return None
+    flat = np.asarray(arr, dtype=object).reshape(-1)
+    if flat.size != 1:
+        raise RequestError(f"Invalid size for tensor {name} (got {flat.size} values, expected 1)")
+    value = flat[0]
+    return value.decode("utf-8", "replace") if isinstance(value, (bytes, bytearray)) else str(value)
+
+
+def parse_guide(get: Callable[[str], Optional[np.ndarray]]) -> Optional[GuideSpec]:
+    """The guide of a request, as backend ``utils.cc`` ``getGuidedDecodingParamsFromTensors`` reads it:
+    the type must be one of the four strings exactly, else the request is unguided (no error); a guide
+    without a type is ignored; a type other than json without a guide fails
+    (``GuidedDecodingParams`` constructor, ``executor/guidedDecodingParams.cpp``)."""
+    guide_type = _string(get, "guided_decoding_guide_type")
+    guide = _string(get, "guided_decoding_guide")
+    if guide_type not in GUIDE_TYPES:
+        return None
+    if guide is None and guide_type != "json":
+        raise RequestError(
+            _assertion("mGuideType == GuideType::kJSON || mGuide.has_value()",
+                       "The guide string must be provided unless using GuideType::kJSON.")
+        )
+    return GuideSpec(guide_type, guide)
 
 
 def is_stop_request(get: Callable[[str], Optional[np.ndarray]]) -> bool:
@@ -428,7 +487,16 @@ def parse_request(
         params=params,
         streaming=_scalar(get, "streaming", bool, False),
         exclude_input_in_output=_scalar(get, "exclude_input_in_output", bool, limits.exclude_input_in_output),
+        guide=parse_guide(get),
     )
+    if parsed.guide is not None and not limits.guided_decoding:
+        raise RequestError(
+            executor_error(
+                request_number,
+                "Request is specified with GuidedDecodingParams, but GuidedDecoder is not setup. Please provide a "
+                "valid GuidedDecodingConfig to setup GuidedDecoder.",
+            )
+        )
 
     # LlmRequest::validate (llmRequest.cpp @89fd9b74), in its order.
     if end_id is not None:
@@ -557,7 +625,7 @@ class Generation:
     with the request's generator.
     """
 
-    def __init__(self, model, prompt_ids: Sequence[int], params: SamplingParams) -> None:
+    def __init__(self, model, prompt_ids: Sequence[int], params: SamplingParams, grammar=None) -> None:
         from transformers import (  # noqa: PLC0415
             RepetitionPenaltyLogitsProcessor,
             TemperatureLogitsWarper,
@@ -596,6 +664,13 @@ class Generation:
         self._single_bad = sorted({w[0] for w in params.bad_words if len(w) == 1})
         self._multi_bad = [w for w in params.bad_words if len(w) > 1]
         self._keep_arg = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self._matcher = None
+        if grammar is not None:
+            import xgrammar  # noqa: PLC0415 - only for guided requests
+
+            self._xgr = xgrammar
+            self._matcher = xgrammar.GrammarMatcher(grammar)
+            self._bitmask = xgrammar.allocate_token_bitmask(1, vocab_size_of(model))
 
     @property
     def cum_log_prob(self) -> float:
@@ -628,7 +703,12 @@ class Generation:
             counts = self._counts[:vocab].to(logits.dtype).unsqueeze(0)
             logits = logits - p.presence_penalty * (counts > 0).to(logits.dtype) - p.frequency_penalty * counts
         if p.end_id is not None and len(self.tokens) < p.min_tokens and 0 <= p.end_id < vocab:
-            logits[0, p.end_id] = float("-inf")
+            # With a guide that allows nothing but the end token (the document is complete), the end
+            # token is still chosen: TensorRT-LLM's bitmask writes -inf (logitsBitmask.cu), its min-length
+            # penalty only -FLT_MAX (penaltyKernels.cu batchApplyPenalty), which stays the maximum.
+            others = torch.cat([logits[0, : p.end_id], logits[0, p.end_id + 1 :]])
+            if self._matcher is None or bool(torch.isfinite(others).any()):
+                logits[0, p.end_id] = float("-inf")
         if self._single_bad or self._multi_bad:
             banned = [t for t in self._single_bad if 0 <= t < vocab]
             if self._multi_bad:
@@ -661,6 +741,11 @@ class Generation:
             else:
                 logits = self._forward([self._pending])
             self._pending = None
+            if self._matcher is not None:
+                # GuidedDecoder::build fills the bitmask after accepting the last token; execute applies it
+                # to the logits before the sampling layers (penalties, min length, top-k/top-p).
+                self._matcher.fill_next_token_bitmask(self._bitmask)
+                self._xgr.apply_token_bitmask_inplace(logits, self._bitmask)
             logits = self._process(logits)
             token, final_logits = self._choose(logits)
             log_prob = None
@@ -670,6 +755,8 @@ class Generation:
         if p.end_id is not None and token == p.end_id:
             self.stop("end_id")  # the end token is not returned, so neither is its log-prob
             return []
+        if self._matcher is not None and not self._matcher.accept_token(token):
+            raise RuntimeError(f"the guide's matcher refused token {token}, which its own bitmask allowed")
         self.tokens.append(token)
         if log_prob is not None:
             self.log_probs.append(log_prob)
@@ -1029,11 +1116,51 @@ class TritonPythonModel:
         torch.set_grad_enabled(False)
         self.engine_name = f"{hf_model_dir} (torch threads {torch.get_num_threads()})"
         n_pos = int(getattr(self.model.config, "max_position_embeddings", 0) or 0) or 2048
+        self.load_guided_decoder(params, vocab_size_of(self.model))
         return vocab_size_of(self.model), n_pos
+
+    def load_guided_decoder(self, params: dict, vocab_size: int) -> None:
+        """xgrammar's compiler for this tokenizer when ``guided_decoding_backend`` is xgrammar (else None).
+
+        Raises:
+            ValueError: another backend name (the C++ backend's load error), or no tokenizer_dir.
+        """
+        self.grammar_compiler = None
+        backend = _param(params, "guided_decoding_backend", "", str)
+        if not backend:
+            return
+        if backend != "xgrammar":
+            raise ValueError(
+                "Guided decoding is currently supported with 'xgrammar' backend. Invalid guided_decoding_backend "
+                f"parameter provided: {backend!r}"
+            )
+        tokenizer_dir = _param(params, "tokenizer_dir", "", str)
+        if not tokenizer_dir:
+            raise ValueError("guided_decoding_backend xgrammar needs the tokenizer_dir parameter (a tokenizer folder)")
+        import xgrammar  # noqa: PLC0415
+        from transformers import AutoTokenizer  # noqa: PLC0415
+
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
+        info = xgrammar.TokenizerInfo.from_huggingface(
+            tokenizer, vocab_size=vocab_size, stop_token_ids=[int(tokenizer.eos_token_id)]
+        )
+        self._xgr = xgrammar
+        self.grammar_compiler = xgrammar.GrammarCompiler(info, max_threads=1, cache_enabled=True)
+
+    def compile_guide(self, guide: GuideSpec):
+        """The compiled grammar for a guide, as ``GuidedDecoder::build`` compiles each type."""
+        compiler, xgr = self.grammar_compiler, self._xgr
+        if guide.guide_type == "json":
+            return compiler.compile_builtin_json_grammar()
+        if guide.guide_type == "json_schema":
+            return compiler.compile_json_schema(guide.guide)
+        if guide.guide_type == "regex":
+            return compiler.compile_grammar(xgr.Grammar.from_regex(guide.guide))
+        return compiler.compile_grammar(xgr.Grammar.from_ebnf(guide.guide))
 
     def create_generation(self, parsed: ParsedRequest) -> TokenGenerator:
         """The per-request generation object for a validated request."""
-        return Generation(self.model, parsed.prompt_ids, parsed.params)
+        return Generation(self.model, parsed.prompt_ids, parsed.params, grammar=parsed.grammar)
 
     # -- Triton API -------------------------------------------------------------------------------
     def initialize(self, args) -> None:
@@ -1061,6 +1188,7 @@ class TritonPythonModel:
         self.limits = ModelLimits(
             max_input_len=max_input_len, max_seq_len=max_seq_len, vocab_size=vocab_size,
             exclude_input_in_output=exclude,
+            guided_decoding=getattr(self, "grammar_compiler", None) is not None,
         )
         max_queue = max_queue_size_of(cfg)
         self._request_numbers = itertools.count(1)
@@ -1071,7 +1199,7 @@ class TritonPythonModel:
             f"loaded {self.engine_name} in {time.monotonic() - started:.1f} s (TensorRT-LLM {TRTLLM_VERSION} "
             f"tensorrtllm backend behaviour); max_input_len={max_input_len} max_seq_len={max_seq_len} "
             f"max_active_requests={max_active} max_queue_size={max_queue or 'unlimited'} "
-            f"exclude_input_in_output={exclude}",
+            f"exclude_input_in_output={exclude} guided_decoding={'xgrammar' if self.limits.guided_decoding else 'off'}",
         )
 
     def execute(self, requests):
@@ -1124,6 +1252,13 @@ class TritonPythonModel:
             return
         for warning in parsed.warnings:
             self._log("warn", warning)
+        if parsed.guide is not None:
+            try:
+                parsed.grammar = self.compile_guide(parsed.guide)
+            except Exception as exc:  # noqa: BLE001 - xgrammar's RuntimeError for a bad schema/regex/grammar
+                message = f"guided decoding could not compile the {parsed.guide.guide_type} guide: {exc}"
+                self._safe_send_error(sender, message)
+                return
         job = Job(
             generation=self.create_generation(parsed),
             sink=TritonSink(sender),
