@@ -121,8 +121,12 @@ def role_of(pid: int, root: int) -> str:
     if pid == root:
         return "cog_server"
     cmd = _cmdline(pid)
-    if not cmd:
-        return f"other:{pid}"
+    if not cmd:  # a zombie (e.g. a killed backend stub its parent has not reaped) or a kernel thread
+        try:
+            raw = Path(f"/proc/{pid}/stat").read_text()
+            return f"defunct:{raw[raw.index('(') + 1:raw.rindex(')')]}"
+        except (OSError, ValueError):
+            return f"other:{pid}"
     exe = Path(cmd[0]).name
     if "triton_python_backend_stub" in exe:
         model_py = next((a for a in cmd[1:] if a.endswith("model.py")), "")
