@@ -4,12 +4,13 @@ Run by :mod:`benchmarks.harness` as ``python -m benchmarks.loadgen`` with one JS
 It prints ``started`` when the load begins, ``finished`` when the last request has ended (the
 harness reads every process's CPU time at those two lines), then one JSON line with the results.
 
-It is kept cheap so that it does not distort what it measures on a small machine: one asyncio
-event loop, one plain TCP connection per request (``Connection: close``), and a small HTTP/1.1
-response parser (status line, chunked transfer decoding, server-sent events) on
-``asyncio.Protocol`` instead of an HTTP client library. Each event's JSON is parsed (the token ids
-or text must be checked); time stamps are taken once per socket read, so events that arrive in one
-read share it, as they would for any client.
+It is kept cheap so that it does not distort what it measures on a small machine: one thread
+running its own ``selectors`` (epoll) loop over non-blocking sockets (no asyncio: its per-read
+overhead was most of the cost), one plain TCP connection per request (``Connection: close``), and
+a small HTTP/1.1 response parser (status line, chunked transfer decoding, server-sent events)
+instead of an HTTP client library. Each event's JSON is parsed (the token ids or text must be
+checked); time stamps are taken once per socket read, so events that arrive in one read share it,
+as they would for any client.
 
 Paths (``spec["path"]``):
 
@@ -27,9 +28,14 @@ output events; one record per prediction).
 
 from __future__ import annotations
 
-import asyncio
+import errno
+import heapq
+import itertools
 import json
 import os
+import re
+import selectors
+import socket
 import sys
 import time
 from typing import Any, Callable, Optional
@@ -38,22 +44,22 @@ perf = time.perf_counter
 monotonic = time.monotonic
 
 
-class StreamProtocol(asyncio.Protocol):
-    """One HTTP/1.1 request whose response body is a server-sent event stream.
+class SSEParser:
+    """The response to one HTTP/1.1 request whose body is a server-sent event stream.
 
     ``on_event(name, data, t)`` is called for every complete event (``data`` is the joined
-    ``data:`` lines as bytes, ``t`` the perf_counter time of the read that completed it).
-    ``done`` resolves when the body ends (terminating chunk, or the connection closes).
+    ``data:`` lines as bytes, ``t`` the perf_counter time of the read that completed it);
+    ``on_end(error)`` once, when the body ends (terminating chunk, or the connection closed) or
+    the response could not be parsed.
     """
 
-    def __init__(self, request: bytes, on_event: Callable[[str, bytes, float], None],
-                 loop: asyncio.AbstractEventLoop) -> None:
-        self.request = request
+    def __init__(self, on_event: Callable[[str, bytes, float], None],
+                 on_end: Callable[[Optional[str]], None]) -> None:
         self.on_event = on_event
-        self.done: asyncio.Future[None] = loop.create_future()
+        self.on_end = on_end
         self.status = 0
         self.error_body = b""
-        self.transport: Optional[asyncio.Transport] = None
+        self.ended = False
         self._head = bytearray()
         self._in_body = False
         self._chunked = False
@@ -62,13 +68,9 @@ class StreamProtocol(asyncio.Protocol):
         self._skip = 0
         self._sse = b""
 
-    # -- asyncio.Protocol ----------------------------------------------------------------------
-    def connection_made(self, transport) -> None:  # type: ignore[override]
-        self.transport = transport
-        transport.write(self.request)
-
-    def data_received(self, data: bytes) -> None:
-        t = perf()
+    def feed(self, data: bytes, t: float) -> None:
+        if self.ended:
+            return
         if not self._in_body:
             self._head += data
             end = self._head.find(b"\r\n\r\n")
@@ -83,7 +85,7 @@ class StreamProtocol(asyncio.Protocol):
             try:
                 self.status = int(parts[1])
             except (IndexError, ValueError):
-                self._fail(RuntimeError(f"illegal status line: {lines[0][:100]!r}"))
+                self._end(f"illegal status line: {lines[0][:100]!r}")
                 return
             for line in lines[1:]:
                 key, _, value = line.partition(":")
@@ -97,27 +99,19 @@ class StreamProtocol(asyncio.Protocol):
         else:
             self._feed_body(data, t)
 
-    def connection_lost(self, exc: Optional[Exception]) -> None:
-        if not self.done.done():
-            if self.status == 0:
-                self.done.set_exception(ConnectionError(f"connection closed before a response: {exc}"))
-            elif self._chunked:
-                self.done.set_exception(ConnectionError(f"connection closed inside the chunked body: {exc}"))
-            else:
-                self.done.set_result(None)
+    def closed(self) -> None:
+        """The server closed the connection."""
+        if self.status == 0:
+            self._end("connection closed before a response")
+        elif self._chunked:
+            self._end("connection closed inside the chunked body")
+        else:
+            self._end(None)
 
-    # -- body ------------------------------------------------------------------------------------
-    def _fail(self, exc: Exception) -> None:
-        if not self.done.done():
-            self.done.set_exception(exc)
-        if self.transport is not None:
-            self.transport.close()
-
-    def _finish(self) -> None:
-        if not self.done.done():
-            self.done.set_result(None)
-        if self.transport is not None:
-            self.transport.close()
+    def _end(self, error: Optional[str]) -> None:
+        if not self.ended:
+            self.ended = True
+            self.on_end(error)
 
     def _feed_chunked(self, data: bytes, t: float) -> None:
         raw = self._raw
@@ -146,7 +140,7 @@ class StreamProtocol(asyncio.Protocol):
             try:
                 size = int(bytes(raw[pos:eol]).split(b";", 1)[0], 16)
             except ValueError:
-                self._fail(RuntimeError(f"bad chunk size line {bytes(raw[pos:eol])[:40]!r}"))
+                self._end(f"bad chunk size line {bytes(raw[pos:eol])[:40]!r}")
                 return
             pos = eol + 2
             if size == 0:
@@ -157,7 +151,7 @@ class StreamProtocol(asyncio.Protocol):
         if out:
             self._feed_body(b"".join(out), t)
         if ended:
-            self._finish()
+            self._end(None)
 
     def _feed_body(self, data: bytes, t: float) -> None:
         if self.status != 200:
@@ -173,11 +167,101 @@ class StreamProtocol(asyncio.Protocol):
             datas = []
             for line in raw_event.split(b"\n"):
                 if line.startswith(b"data:"):
-                    datas.append(line[5:].lstrip(b" ") if line[5:6] == b" " else line[5:])
+                    datas.append(line[6:] if line[5:6] == b" " else line[5:])
                 elif line.startswith(b"event:"):
                     name = line[6:].strip().decode()
             if datas:
                 self.on_event(name, b"\n".join(datas), t)
+
+
+class Loop:
+    """A minimal event loop: non-blocking sockets on one selector, plus timers."""
+
+    def __init__(self) -> None:
+        self.sel = selectors.DefaultSelector()
+        self._timers: list = []
+        self._seq = itertools.count()
+        self.running = 0  # things that keep run() going (streams)
+
+    def call_at(self, when: float, fn: Callable[[], None]) -> None:
+        heapq.heappush(self._timers, (when, next(self._seq), fn))
+
+    def run(self) -> None:
+        sel, timers = self.sel, self._timers
+        while self.running > 0:
+            timeout = 1.0
+            if timers:
+                timeout = max(0.0, min(timeout, timers[0][0] - perf()))
+            for key, mask in sel.select(timeout):
+                conn = key.data
+                if mask & selectors.EVENT_WRITE:
+                    conn.on_writable()
+                elif mask & selectors.EVENT_READ:
+                    conn.on_readable()
+            now = perf()
+            while timers and timers[0][0] <= now:
+                heapq.heappop(timers)[2]()
+
+
+class Connection:
+    """One request on its own non-blocking TCP connection; the response goes to an SSEParser."""
+
+    def __init__(self, loop: Loop, host: str, port: int, request: bytes, parser: SSEParser) -> None:
+        self.loop = loop
+        self.parser = parser
+        self.out = request
+        self.open = True
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setblocking(False)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        err = self.sock.connect_ex((host, port))
+        if err not in (0, errno.EINPROGRESS):
+            self.sock.close()
+            self.open = False
+            parser._end(f"connect failed: {os.strerror(err)}")
+            return
+        loop.sel.register(self.sock, selectors.EVENT_WRITE, self)
+
+    def on_writable(self) -> None:
+        err = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        if err:
+            self.close()
+            self.parser._end(f"connect failed: {os.strerror(err)}")
+            return
+        try:
+            sent = self.sock.send(self.out)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            self.close()
+            self.parser._end(f"send failed: {exc}")
+            return
+        self.out = self.out[sent:]
+        if not self.out:
+            self.loop.sel.modify(self.sock, selectors.EVENT_READ, self)
+
+    def on_readable(self) -> None:
+        try:
+            data = self.sock.recv(262144)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            self.close()
+            self.parser._end(f"receive failed: {exc}")
+            return
+        if not data:
+            self.close()
+            self.parser.closed()
+            return
+        self.parser.feed(data, perf())
+        if self.parser.ended:
+            self.close()
+
+    def close(self) -> None:
+        if self.open:
+            self.open = False
+            self.loop.sel.unregister(self.sock)
+            self.sock.close()
 
 
 def request_bytes(method: str, host: str, port: int, path: str, body: Optional[dict], sse: bool = True) -> bytes:
@@ -198,6 +282,23 @@ def _flatten(value: Any) -> list:
             out.extend(_flatten(item))
         return out
     return [value]
+
+
+_OUTPUT_IDS = re.compile(rb'"output_ids":\[([-0-9, ]*)\]')
+_SEQUENCE_LENGTH = re.compile(rb'"sequence_length":\[?(-?[0-9]+)')
+
+
+def triton_ids(data: bytes) -> Optional[list]:
+    """The token ids of a generate_stream event (``output_ids`` cut to ``sequence_length``) by a
+    regular expression, or None when the event is anything else (then it is parsed as JSON)."""
+    if b'"error"' in data:
+        return None
+    ids = _OUTPUT_IDS.search(data)
+    if ids is None:
+        return None
+    values = [int(x) for x in ids.group(1).split(b",") if x.strip()]
+    length = _SEQUENCE_LENGTH.search(data)
+    return values[: max(0, int(length.group(1)))] if length is not None else values
 
 
 class Result:
@@ -221,15 +322,15 @@ class Result:
         self.ok = False
 
 
-async def stream_one(spec: dict, index: int, body: dict, *, cancel_after: int = 0,
-                     prediction_id: str = "") -> Result:
-    """Send one request and collect its events into a :class:`Result`."""
-    loop = asyncio.get_running_loop()
+def start_request(loop: Loop, spec: dict, index: int, body: dict, done: Callable[[Result], None], *,
+                  cancel_after: int = 0, prediction_id: str = "") -> None:
+    """Send one request; ``done(result)`` is called once it has ended (or failed, or timed out)."""
     host, port, path = spec["host"], spec["port"], spec["url_path"]
     is_cog = spec["path"] == "cog"
+    timeout_s = spec.get("timeout_s", 600)
     res = Result(index)
     last = [0.0]
-    cancel_task: list[asyncio.Task] = []
+    state: dict[str, Any] = {"finished": False, "cancel": None, "conn": None}
 
     def on_event(name: str, data: bytes, t: float) -> None:
         if is_cog:
@@ -243,8 +344,8 @@ async def stream_one(spec: dict, index: int, body: dict, *, cancel_after: int = 
                 else:
                     res.gaps.append(t - last[0])
                 last[0] = t
-                if cancel_after and not cancel_task and len(res.text) >= cancel_after:
-                    cancel_task.append(loop.create_task(cancel(prediction_id)))
+                if cancel_after and state["cancel"] is None and len(res.text) >= cancel_after:
+                    send_cancel()
             elif name == "completed":
                 doc = json.loads(data)
                 res.status = doc.get("status", "")
@@ -252,14 +353,16 @@ async def stream_one(spec: dict, index: int, body: dict, *, cancel_after: int = 
                     res.error = str(doc["error"])[:300]
                 res.tokens = int((doc.get("metrics") or {}).get("output_token_count", -1))
             return
-        doc = json.loads(data)
-        if "error" in doc:
-            res.error = str(doc["error"])[:300]
-            return
-        ids = _flatten(doc.get("output_ids", []))
-        lengths = doc.get("sequence_length")
-        if lengths is not None:
-            ids = ids[: max(0, int(_flatten(lengths)[0]))]
+        ids = triton_ids(data)
+        if ids is None:
+            doc = json.loads(data)
+            if "error" in doc:
+                res.error = str(doc["error"])[:300]
+                return
+            ids = _flatten(doc.get("output_ids", []))
+            lengths = doc.get("sequence_length")
+            if lengths is not None:
+                ids = ids[: max(0, int(_flatten(lengths)[0]))]
         if not ids:
             return
         res.ids.extend(ids)
@@ -269,44 +372,47 @@ async def stream_one(spec: dict, index: int, body: dict, *, cancel_after: int = 
             res.gaps.append(t - last[0])
         last[0] = t
 
-    async def cancel(pid: str) -> None:
+    def send_cancel() -> None:
         res.cancelled = True
-        try:
-            reader, writer = await asyncio.open_connection(host, port)
-            writer.write(request_bytes("POST", host, port, f"/predictions/{pid}/cancel", None, sse=False))
-            await writer.drain()
-            await reader.read(4096)
-            writer.close()
-        except OSError as exc:
-            res.error = f"cancel failed: {exc}"
+
+        def cancel_end(error: Optional[str]) -> None:
+            if error is not None or cancel_parser.status != 200:
+                res.error = res.error or f"cancel failed: {error or cancel_parser.status}"
+
+        cancel_parser = SSEParser(lambda *a: None, cancel_end)
+        state["cancel"] = Connection(loop, host, port, request_bytes(
+            "POST", host, port, f"/predictions/{prediction_id}/cancel", None, sse=False), cancel_parser)
+
+    def on_end(error: Optional[str]) -> None:
+        if state["finished"]:
+            return
+        state["finished"] = True
+        if state["conn"] is not None:
+            state["conn"].close()
+        res.end = perf()
+        if error is not None and res.error is None:
+            res.error = error[:300]
+        if parser.status and parser.status != 200 and res.error is None:
+            res.error = f"HTTP {parser.status}: {parser.error_body[:300].decode('utf-8', 'replace')}"
+        if not is_cog:
+            res.tokens = len(res.ids)
+            if res.error is None and parser.status == 200:
+                res.status = "succeeded"
+        elif res.error is None and res.status not in ("succeeded", "canceled"):
+            res.error = f"prediction ended with status {res.status or 'none'}"
+        res.ok = res.error is None and res.status == "succeeded"
+        done(res)
+
+    def on_timeout() -> None:
+        if not state["finished"]:
+            parser._end(f"timed out after {timeout_s:g} s")
 
     if is_cog and prediction_id:
         body = {**body, "id": prediction_id}
-    proto = StreamProtocol(request_bytes("POST", host, port, path, body), on_event, loop)
+    parser = SSEParser(on_event, on_end)
     res.start = perf()
-    try:
-        await loop.create_connection(lambda: proto, host, port)
-        await asyncio.wait_for(proto.done, spec.get("timeout_s", 600))
-    except asyncio.TimeoutError:
-        res.error = f"timed out after {spec.get('timeout_s', 600)} s"
-    except Exception as exc:  # noqa: BLE001 - every failure is a counted error
-        res.error = f"{type(exc).__name__}: {exc}"[:300]
-    finally:
-        if proto.transport is not None:
-            proto.transport.close()
-    res.end = perf()
-    if proto.status and proto.status != 200 and res.error is None:
-        res.error = f"HTTP {proto.status}: {proto.error_body[:300].decode('utf-8', 'replace')}"
-    if cancel_task:
-        await asyncio.gather(*cancel_task, return_exceptions=True)
-    if not is_cog:
-        res.tokens = len(res.ids)
-        if res.error is None and proto.status == 200:
-            res.status = "succeeded"
-    elif res.error is None and res.status not in ("succeeded", "canceled"):
-        res.error = f"prediction ended with status {res.status or 'none'}"
-    res.ok = res.error is None and res.status == "succeeded"
-    return res
+    state["conn"] = Connection(loop, host, port, request_bytes("POST", host, port, path, body), parser)
+    loop.call_at(res.start + timeout_s, on_timeout)
 
 
 def check(res: Result, request: dict, path: str, tokens: int) -> dict:
@@ -337,48 +443,61 @@ def mismatch_sample(res: Result, request: dict, path: str) -> dict:
     }
 
 
-async def run_sweep(spec: dict) -> tuple[list[Result], float, float]:
+def run_sweep(spec: dict) -> tuple[list[Result], float, float]:
+    """``concurrency`` streams, each sending the next not-yet-sent request when its last one ends."""
     requests = spec["requests"]
-    concurrency = spec["concurrency"]
     results: list[Optional[Result]] = [None] * len(requests)
-    next_index = [0]
+    loop = Loop()
+    next_index = itertools.count()
 
-    async def worker() -> None:
-        while next_index[0] < len(requests):
-            i = next_index[0]
-            next_index[0] += 1
-            results[i] = await stream_one(spec, i, requests[i]["body"])
+    def start_next(_: Optional[Result] = None) -> None:
+        if _ is not None:
+            results[_.index] = _
+        i = next(next_index)
+        if i < len(requests):
+            start_request(loop, spec, i, requests[i]["body"], start_next)
+        else:
+            loop.running -= 1
 
     print("started", flush=True)
     t0 = perf()
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    loop.running = spec["concurrency"]
+    for _ in range(spec["concurrency"]):
+        start_next()
+    loop.run()
     t1 = perf()
     print("finished", flush=True)
     return [r for r in results if r is not None], t0, t1
 
 
-async def run_soak(spec: dict) -> tuple[list[Result], float, float]:
+def run_soak(spec: dict) -> tuple[list[Result], float, float]:
+    """``concurrency`` streams until ``duration_s``; every ``cancel_every``-th prediction is cancelled."""
     templates = spec["requests"]
-    deadline = perf() + spec["duration_s"]
     every = spec.get("cancel_every", 0)
     after = spec.get("cancel_after_tokens", 0)
     results: list[Result] = []
-    counter = [0]
+    loop = Loop()
+    counter = itertools.count()
     run_id = f"{os.getpid()}-{int(time.time())}"
+    deadline = perf() + spec["duration_s"]
 
-    async def worker() -> None:
-        while perf() < deadline:
-            i = counter[0]
-            counter[0] += 1
-            template = templates[i % len(templates)]
-            cancel = bool(every) and i % every == every - 1
-            res = await stream_one(spec, i, template["body"], cancel_after=after if cancel else 0,
-                                   prediction_id=f"soak-{run_id}-{i}")
-            results.append(res)
+    def start_next(_: Optional[Result] = None) -> None:
+        if _ is not None:
+            results.append(_)
+        if perf() >= deadline:
+            loop.running -= 1
+            return
+        i = next(counter)
+        cancel = bool(every) and i % every == every - 1
+        start_request(loop, spec, i, templates[i % len(templates)]["body"], start_next,
+                      cancel_after=after if cancel else 0, prediction_id=f"soak-{run_id}-{i}")
 
     print("started", flush=True)
     t0 = perf()
-    await asyncio.gather(*(worker() for _ in range(spec["concurrency"])))
+    loop.running = spec["concurrency"]
+    for _ in range(spec["concurrency"]):
+        start_next()
+    loop.run()
     t1 = perf()
     print("finished", flush=True)
     return results, t0, t1
@@ -466,7 +585,7 @@ def main() -> int:
     spec = json.loads(sys.stdin.read())
     mode = spec.get("mode", "sweep")
     cpu0 = os.times()
-    results, t0, t1 = asyncio.run(run_soak(spec) if mode == "soak" else run_sweep(spec))
+    results, t0, t1 = run_soak(spec) if mode == "soak" else run_sweep(spec)
     cpu1 = os.times()
     cpu_s = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
     out = summarize(spec, results, t0, t1, cpu_s)

@@ -408,3 +408,45 @@ def test_smoke_run_delivers_every_token_on_every_path(tmp_path: Path, default_ar
     assert "| path | streams | tokens/s | vs direct |" in table and "stub:tensorrt_llm" in table
     if importlib.util.find_spec("matplotlib") is not None:
         assert (out / "results.png").stat().st_size > 0
+
+
+# ------------------------------------------------------------------------------------------------
+# the load generator's HTTP/SSE parsing
+# ------------------------------------------------------------------------------------------------
+
+
+def _chunked_sse(events: list[bytes]) -> bytes:
+    body = b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events) + b"0\r\n\r\n"
+    return b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n" + body
+
+
+@pytest.mark.parametrize("split", [1, 3, 7, 64, 10_000])
+def test_loadgen_parses_chunked_sse_however_it_is_split(split: int) -> None:
+    from benchmarks.loadgen import SSEParser, triton_ids
+
+    events = [b'data: {"output_ids":[%d],"sequence_length":1}\n\n' % i for i in range(20)]
+    events.append(b'event: completed\ndata: {"status": "succeeded"}\n\n')
+    got, ends = [], []
+    parser = SSEParser(lambda name, data, t: got.append((name, data)), ends.append)
+    raw = _chunked_sse(events)
+    for i in range(0, len(raw), split):
+        parser.feed(raw[i:i + split], 0.0)
+    assert ends == [None] and parser.status == 200
+    assert [triton_ids(d) for _, d in got[:-1]] == [[i] for i in range(20)]
+    assert got[-1] == ("completed", b'{"status": "succeeded"}')
+
+
+def test_loadgen_reads_errors_and_end_token_finals() -> None:
+    from benchmarks.loadgen import SSEParser, triton_ids
+
+    assert triton_ids(b'{"model_name":"ensemble","output_ids":[5,6],"sequence_length":1}') == [5]
+    assert triton_ids(b'{"output_ids":[],"sequence_length":0}') == []
+    assert triton_ids(b'{"error":"boom"}') is None and triton_ids(b'{"id":"x"}') is None
+    ends = []
+    parser = SSEParser(lambda *a: None, ends.append)
+    parser.feed(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 15\r\n\r\n{\"error\":\"bad\"}", 0.0)
+    parser.closed()
+    assert ends == [None] and parser.status == 400 and parser.error_body == b'{"error":"bad"}'
+    broken = SSEParser(lambda *a: None, ends.append)
+    broken.feed(b"garbage\r\n\r\n", 0.0)
+    assert ends[-1].startswith("illegal status line")
