@@ -670,6 +670,8 @@ def markdown(doc: dict[str, Any]) -> str:
             mism += " (" + ", ".join(f"{k}×{v}" for k, v in sorted(p["mismatched_counts"].items())) + ")"
         if p.get("content_mismatches"):
             mism += f", {p['content_mismatches']} content"
+        if p.get("incomplete_events"):
+            mism += f", {p['incomplete_events']} cut inside an event"
         ratio = "—" if p.get("ratio_to_direct") is None else f"{p['ratio_to_direct']:.2f}"
         lines.append(
             f"| {p['path']} | {p['streams']} | {p['tokens_per_s']:.0f} | {ratio} | {_ms(p['ttft_s']['p50'])} | "
@@ -763,7 +765,11 @@ def plot(doc: dict[str, Any], target: Path) -> Optional[Path]:
     axes[0].set(title="tokens/s", xlabel="streams", xscale="log", yscale="log")
     axes[1].set(title="server CPU µs per token", xlabel="streams", xscale="log")
     axes[2].set(title="latency p99 (ms)", xlabel="streams", xscale="log", yscale="log")
+    axes[1].set_ylim(bottom=0)
     for ax in axes:
+        ax.set_xticks(sorted(meta["concurrency"]))
+        ax.set_xticklabels([str(x) for x in sorted(meta["concurrency"])])
+        ax.minorticks_off()
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle(f"scripts/benchmark ({meta['engine']}, {meta['tokens']} tokens/request, {meta['started']})")
@@ -834,6 +840,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         help="requests per stream per point (default 2; --engine reference and --smoke 1)")
     parser.add_argument("--batch-limit", type=int, default=None,
                         help="engine batch limit, max active requests (default: the largest concurrency, >= 8)")
+    parser.add_argument("--cog-concurrency", type=int, default=None,
+                        help="COG_MAX_CONCURRENCY (default: the largest concurrency + 25%%, at least + 8)")
     parser.add_argument("--sender-threads", type=int, default=1,
                         help="stand-in response sender threads (default 1, as the C++ backend's WaitForResponse)")
     parser.add_argument("--end-id-after", type=int, default=0,
@@ -872,7 +880,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     args.batch_limit = args.batch_limit or max(8, top)
     if not 1 <= args.batch_limit <= 256:
         parser.error("--batch-limit must be in 1..256 (COG_TRITON_REFERENCE_MAX_BATCH_SIZE)")
-    args.cog_concurrency = max(8, top)
+    # coglet frees a prediction slot a moment after it sends `completed`, so a client that starts its
+    # next prediction at once gets "409 At capacity" when the slots equal the streams: leave headroom.
+    args.cog_concurrency = args.cog_concurrency or max(8, top + max(8, top // 4))
     args.out = args.out if args.out.is_absolute() else Path.cwd() / args.out
     return args
 

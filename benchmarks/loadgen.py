@@ -60,6 +60,7 @@ class SSEParser:
         self.status = 0
         self.error_body = b""
         self.ended = False
+        self.incomplete_event = b""
         self._head = bytearray()
         self._in_body = False
         self._chunked = False
@@ -111,6 +112,8 @@ class SSEParser:
     def _end(self, error: Optional[str]) -> None:
         if not self.ended:
             self.ended = True
+            if error is None and self._sse.strip():  # an event the server never finished (no blank line)
+                self.incomplete_event = self._sse
             self.on_end(error)
 
     def _feed_chunked(self, data: bytes, t: float) -> None:
@@ -305,7 +308,7 @@ class Result:
     """What one request got."""
 
     __slots__ = ("index", "start", "end", "ttft", "gaps", "tokens", "ids", "text", "status", "error",
-                 "cancelled", "ok")
+                 "cancelled", "ok", "incomplete")
 
     def __init__(self, index: int) -> None:
         self.index = index
@@ -320,6 +323,7 @@ class Result:
         self.error: Optional[str] = None
         self.cancelled = False
         self.ok = False
+        self.incomplete = False  # the stream ended inside an event
 
 
 def start_request(loop: Loop, spec: dict, index: int, body: dict, done: Callable[[Result], None], *,
@@ -392,6 +396,8 @@ def start_request(loop: Loop, spec: dict, index: int, body: dict, done: Callable
         res.end = perf()
         if error is not None and res.error is None:
             res.error = error[:300]
+        if parser.incomplete_event:
+            res.incomplete = True
         if parser.status and parser.status != 200 and res.error is None:
             res.error = f"HTTP {parser.status}: {parser.error_body[:300].decode('utf-8', 'replace')}"
         if not is_cog:
@@ -549,6 +555,7 @@ def summarize(spec: dict, results: list[Result], t0: float, t1: float, cpu_s: fl
         "count_mismatches": count_mismatches,
         "mismatched_counts": mismatch_counts,
         "content_mismatches": content_mismatches,
+        "incomplete_events": sum(1 for r in results if r.incomplete),
         "mismatch_samples": samples,
         "tokens": delivered,
         "wall_s": wall,
