@@ -600,7 +600,7 @@ def soak_summary(records: list[dict[str, Any]], kill: dict[str, Any], args: argp
     errors: dict[str, int] = {}
     for r in records:
         if r["error"]:
-            errors[r["error"][:160]] = errors.get(r["error"][:160], 0) + 1
+            errors[r["error"][:300]] = errors.get(r["error"][:300], 0) + 1
     out: dict[str, Any] = {
         "predictions": len(records),
         "succeeded": sum(1 for r in records if r["status"] == "succeeded"),

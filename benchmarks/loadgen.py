@@ -531,7 +531,7 @@ def summarize(spec: dict, results: list[Result], t0: float, t1: float, cpu_s: fl
             ttfts.append(res.ttft)
         gaps.extend(res.gaps)
         if res.error is not None:
-            key = res.error[:160]
+            key = res.error[:300]
             errors[key] = errors.get(key, 0) + 1
             continue
         if res.cancelled:
