@@ -386,7 +386,7 @@ def test_ci_runs_the_readme_test_command() -> None:
     ci = (REPO_ROOT / ".ci" / "run").read_text()
     assert test_command in ci.splitlines()
     for script in ("scripts/setup", "scripts/demo.py", "scripts/serve", "scripts/fill_template.py",
-                   "scripts/launch_triton_server.py", "scripts/benchmark_overhead.py"):
+                   "scripts/launch_triton_server.py", "scripts/benchmark"):
         assert (REPO_ROOT / script).is_file(), script
         assert os.access(REPO_ROOT / script, os.X_OK), f"{script} is not executable"
 

@@ -97,7 +97,7 @@ Layers, so that another engine (e.g. a token-rate stand-in) can reuse all but th
 * in-flight batching: :class:`Scheduler` with :class:`Job` (FIFO queue, max queue size, stop by
   request id, client cancellation, response assembly) talking to a :class:`ResponseSink`;
 * Triton glue: :class:`TritonSink` and :class:`TritonPythonModel` (``create_generation`` is the
-  one place that builds generation objects).
+  one place that builds generation objects, ``create_sink`` the one that builds response sinks).
 """
 
 from __future__ import annotations
@@ -1091,7 +1091,8 @@ class TritonPythonModel:
     exclude_input_in_output (default false, as upstream), torch_threads (0 = torch default).
     ``dynamic_batching { default_queue_policy { max_queue_size: N } }`` caps the waiting requests.
 
-    Another engine reuses this class by overriding :meth:`load_engine` and :meth:`create_generation`.
+    Another engine reuses this class by overriding :meth:`load_engine` and :meth:`create_generation`
+    (and :meth:`create_sink` to send responses from its own threads).
     """
 
     def _log(self, level: str, message: str) -> None:
@@ -1161,6 +1162,12 @@ class TritonPythonModel:
     def create_generation(self, parsed: ParsedRequest) -> TokenGenerator:
         """The per-request generation object for a validated request."""
         return Generation(self.model, parsed.prompt_ids, parsed.params, grammar=parsed.grammar)
+
+    def create_sink(self, sender) -> ResponseSink:
+        """Where a request's responses go: its Triton response sender, called from the scheduler
+        thread. (A stand-in engine may hand them to sender threads of its own, as the C++ backend
+        sends from its WaitForResponse thread.)"""
+        return TritonSink(sender)
 
     # -- Triton API -------------------------------------------------------------------------------
     def initialize(self, args) -> None:
@@ -1261,7 +1268,7 @@ class TritonPythonModel:
                 return
         job = Job(
             generation=self.create_generation(parsed),
-            sink=TritonSink(sender),
+            sink=self.create_sink(sender),
             streaming=parsed.streaming,
             prefix_ids=[] if parsed.exclude_input_in_output else list(parsed.prompt_ids),
             request_id=request_id,

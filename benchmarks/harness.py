@@ -1,0 +1,943 @@
+"""``scripts/benchmark``: serving cost per token at GPU token rates, on the real stack.
+
+Starts the stack as a user gets it (the weights archive served over HTTP, the real Cog HTTP server
+running predict.py, Triton started by setup()) with ``tensorrt_llm`` served by the token-rate
+stand-in (``benchmarks/standin``; ``--engine reference``: the CPU reference model), and sweeps the
+number of concurrent streams over three paths in the same run:
+
+* ``tensorrt_llm``: Triton's ``/v2/models/tensorrt_llm/generate_stream`` with token ids (the engine
+  alone inside Triton);
+* ``ensemble``: ``/v2/models/ensemble/generate_stream`` with ``input_ids`` (+ preprocessing and
+  Triton's ensemble scheduling);
+* ``cog``: ``POST /predictions`` streamed over SSE (+ the predictor: validation, tokenization,
+  Triton client, incremental detokenization, coglet).
+
+Per point (path, streams): tokens/s and its ratio to ``tensorrt_llm`` at the same streams, time to
+first token and the gap between token events (p50/p99), errors, the requests that did not get
+exactly the requested tokens (every request asks for ``--tokens`` with ``min_tokens`` equal, so
+each must get exactly that many; the stand-in's tokens and the text they decode to are also checked
+one by one), and the CPU time of every process per streamed token (``/proc/<pid>/stat`` utime +
+stime over the point): tritonserver, each Python backend stub (``stub:<model>``), the Cog server,
+the Cog worker, the load generator and this harness. The load generator is a separate process
+(:mod:`benchmarks.loadgen`).
+
+``--soak``: 16 streams through Cog for 10 minutes; every 5th prediction is cancelled through Cog's
+cancel endpoint part-way, and one Python backend stub is killed with SIGKILL part-way; reports
+errors, recoveries and every process's RSS at start and end.
+
+Writes ``results.json``, ``results.md`` and ``results.png`` (or ``soak.json``/``soak.md``) to
+``--out`` (default ``build/benchmark``). Not imported by the predictor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import logging
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Optional, Sequence
+
+from cog_triton.local import CogServer, WeightsHTTPServer, free_port
+from cog_triton.prompt import PromptTokenizer
+from cog_triton.settings import REPO_ROOT
+
+log = logging.getLogger("benchmark")
+
+ARCHIVE = REPO_ROOT / "build" / "default_model" / "smollm2-135m-instruct.tar.gz"
+STANDIN_DIR = REPO_ROOT / "benchmarks" / "standin"
+STANDIN_TEXT = STANDIN_DIR / "text.txt"
+REFERENCE_MODEL = REPO_ROOT / "triton_model_repo" / "tensorrt_llm_reference" / "1" / "model.py"
+PATHS = ("tensorrt_llm", "ensemble", "cog")
+DEFAULT_CONCURRENCY = (1, 8, 32, 64, 128)
+REFERENCE_CONCURRENCY = (1, 2, 4)
+SMOKE_CONCURRENCY = (1, 4)
+PROMPT = "Write a short essay about the history of printing."
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+# the processes every point reports (others found under the Cog server are reported too)
+CORE_ROLES = ("tritonserver", "stub:tensorrt_llm", "stub:preprocessing", "cog_server", "cog_worker", "loadgen")
+SERVER_ROLES = ("tritonserver", "stub:tensorrt_llm", "stub:preprocessing", "cog_server", "cog_worker")
+
+
+# ------------------------------------------------------------------------------------------------
+# Processes (/proc)
+# ------------------------------------------------------------------------------------------------
+
+
+def _read_stat(pid: int) -> Optional[tuple[int, int]]:
+    """(ppid, utime + stime in clock ticks) of ``pid``, or None if it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = raw[raw.rindex(")") + 2:].split()
+    return int(fields[1]), int(fields[11]) + int(fields[12])
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode("utf-8", "replace").split("\0")[:-1]
+    except OSError:
+        return []
+
+
+def rss_bytes(pid: int) -> Optional[int]:
+    """Resident set size of ``pid`` (VmRSS), or None if it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def descendants(root: int) -> list[int]:
+    """``root`` and every process below it (by parent pid)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            stat = _read_stat(int(entry.name))
+            if stat is not None:
+                children.setdefault(stat[0], []).append(int(entry.name))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, []))
+    return out
+
+
+def role_of(pid: int, root: int) -> str:
+    """A process's name in the report: cog_server, cog_worker, tritonserver, stub:<model>, other:<exe>."""
+    if pid == root:
+        return "cog_server"
+    cmd = _cmdline(pid)
+    if not cmd:  # a zombie (e.g. a killed backend stub its parent has not reaped) or a kernel thread
+        try:
+            raw = Path(f"/proc/{pid}/stat").read_text()
+            return f"defunct:{raw[raw.index('(') + 1:raw.rindex(')')]}"
+        except (OSError, ValueError):
+            return f"other:{pid}"
+    exe = Path(cmd[0]).name
+    if "triton_python_backend_stub" in exe:
+        model_py = next((a for a in cmd[1:] if a.endswith("model.py")), "")
+        return f"stub:{Path(model_py).parent.parent.name}" if model_py else "stub:?"
+    if exe == "tritonserver":
+        return "tritonserver"
+    if "-c" in cmd and "coglet" in " ".join(cmd):
+        return "cog_worker"
+    if "-c" in cmd and "-I" in cmd:  # tensorrtllm_backend.server's guardian of Triton's process group
+        return "triton_guardian"
+    return f"other:{exe}"
+
+
+def server_processes(root: int) -> dict[str, list[int]]:
+    """role -> pids of the Cog server's process tree."""
+    roles: dict[str, list[int]] = {}
+    for pid in descendants(root):
+        roles.setdefault(role_of(pid, root), []).append(pid)
+    return roles
+
+
+def cpu_ticks(pids: Iterable[int]) -> int:
+    total = 0
+    for pid in pids:
+        stat = _read_stat(pid)
+        if stat is not None:
+            total += stat[1]
+    return total
+
+
+def machine_busy_ticks() -> tuple[int, int]:
+    """(busy, total) clock ticks of all CPUs from /proc/stat."""
+    values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = values[3] + (values[4] if len(values) > 4 else 0)
+    total = sum(values[:8])
+    return total - idle, total
+
+
+def loadavg() -> list[float]:
+    return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+
+
+@dataclass
+class CpuSnapshot:
+    at: float
+    ticks: dict[str, int]
+    pids: dict[str, list[int]]
+    machine_busy: int
+    machine_total: int
+
+
+def snapshot(roles: dict[str, list[int]]) -> CpuSnapshot:
+    busy, total = machine_busy_ticks()
+    return CpuSnapshot(time.monotonic(), {r: cpu_ticks(p) for r, p in roles.items()}, roles, busy, total)
+
+
+# ------------------------------------------------------------------------------------------------
+# Stack
+# ------------------------------------------------------------------------------------------------
+
+
+def fill_standin_template(text: str, values: dict[str, object]) -> str:
+    """Fill the stand-in's own ``@name@`` fields; the product's ``${name}`` ones are left for setup().
+
+    Raises:
+        ValueError: a value names no field, or a field is left unfilled.
+    """
+    import re
+
+    for key, value in values.items():
+        token = f"@{key}@"
+        if token not in text:
+            raise ValueError(f"stand-in config.pbtxt has no field {token}")
+        text = text.replace(token, str(value).replace("\\", "\\\\").replace('"', '\\"'))
+    left = sorted(set(re.findall(r"@([a-z_]+)@", text)))
+    if left:
+        raise ValueError(f"stand-in config.pbtxt fields left unfilled: {', '.join(left)}")
+    return text
+
+
+def write_standin_templates(target: Path, *, step_ms: float, sender_threads: int, end_id_after: int = 0,
+                            cancellation_check_period_ms: float = 100.0, text_file: Path = STANDIN_TEXT,
+                            reference_model: Path = REFERENCE_MODEL) -> Path:
+    """A model-repository template folder (for COG_TRITON_TEMPLATE_DIR): the product's templates, with
+    the stand-in as ``tensorrt_llm_reference`` (the folder setup() renders for a Hugging Face
+    checkpoint as ``tensorrt_llm``)."""
+    shutil.rmtree(target, ignore_errors=True)
+    source = REPO_ROOT / "triton_model_repo"
+    for folder in ("ensemble", "preprocessing", "tensorrt_llm"):
+        shutil.copytree(source / folder, target / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    llm = target / "tensorrt_llm_reference"
+    (llm / "1").mkdir(parents=True)
+    shutil.copy2(STANDIN_DIR / "1" / "model.py", llm / "1" / "model.py")
+    config = fill_standin_template(
+        (STANDIN_DIR / "config.pbtxt").read_text(),
+        {
+            "reference_model": reference_model.resolve(),
+            "text_file": text_file.resolve(),
+            "step_ms": step_ms,
+            "sender_threads": sender_threads,
+            "cancellation_check_period_ms": cancellation_check_period_ms,
+            "end_id_after": end_id_after,
+        },
+    )
+    (llm / "config.pbtxt").write_text(config)
+    return target
+
+
+class Stack:
+    """Weights HTTP server + Cog server (+ Triton under it) for one benchmark run."""
+
+    def __init__(self, args: argparse.Namespace, work: Path) -> None:
+        self.args = args
+        self.work = work
+        self.triton_port = free_port()
+        self.cog: Optional[CogServer] = None
+        self._weights: Optional[WeightsHTTPServer] = None
+
+    def __enter__(self) -> "Stack":
+        args = self.args
+        self.work.mkdir(parents=True, exist_ok=True)
+        for name in ("cog.log", "triton.log"):  # both servers append
+            (self.work / name).unlink(missing_ok=True)
+        self._weights = WeightsHTTPServer(args.archive.parent).__enter__()
+        env = {
+            "COG_WEIGHTS": f"{self._weights.url}/{args.archive.name}",
+            "COG_TRITON_WEIGHTS_DIR": str(self.work / "weights"),
+            "COG_TRITON_MODEL_REPO_DIR": str(self.work / "model_repository"),
+            "COG_TRITON_HTTP_PORT": str(self.triton_port),
+            "COG_TRITON_GRPC_PORT": str(free_port()),
+            "COG_TRITON_METRICS_PORT": str(free_port()),
+            "COG_TRITON_TRITON_LOG_FILE": str(self.work / "triton.log"),
+            "COG_TRITON_REFERENCE_MAX_BATCH_SIZE": str(args.batch_limit),
+            "COG_TRITON_STOP_TIMEOUT_S": "5",
+        }
+        if args.engine == "standin":
+            templates = write_standin_templates(
+                self.work / "templates", step_ms=args.step_ms, sender_threads=args.sender_threads,
+                end_id_after=args.end_id_after,
+            )
+            env["COG_TRITON_TEMPLATE_DIR"] = str(templates)
+        self.cog = CogServer(env, log_file=self.work / "cog.log", max_concurrency=args.cog_concurrency)
+        log.info("starting the stack (%s engine); logs in %s", args.engine, self.work)
+        started = time.monotonic()
+        self.cog.start()
+        try:
+            self.cog.wait_ready(timeout_s=600)
+        except BaseException:
+            self.__exit__()
+            raise
+        log.info("stack ready in %.1f s: Cog %s, Triton http://127.0.0.1:%d", time.monotonic() - started,
+                 self.cog.url, self.triton_port)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.cog is not None:
+            self.cog.stop()
+        if self._weights is not None:
+            self._weights.__exit__()
+
+    @property
+    def root_pid(self) -> int:
+        assert self.cog is not None and self.cog.proc is not None
+        return self.cog.proc.pid
+
+    def triton_log_size(self) -> int:
+        try:
+            return (self.work / "triton.log").stat().st_size
+        except OSError:
+            return 0
+
+    def triton_log_since(self, offset: int) -> str:
+        try:
+            with open(self.work / "triton.log", "rb") as f:
+                f.seek(offset)
+                return f.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    def processes(self, loadgen: Optional[int] = None) -> dict[str, list[int]]:
+        roles = server_processes(self.root_pid)
+        if loadgen is not None:
+            roles["loadgen"] = [loadgen]
+        roles["harness"] = [os.getpid()]
+        return roles
+
+
+# ------------------------------------------------------------------------------------------------
+# Requests and expectations
+# ------------------------------------------------------------------------------------------------
+
+
+class Workload:
+    """The request bodies of each path and what each request must get back."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        from transformers import AutoTokenizer  # noqa: PLC0415 - heavy
+
+        self.args = args
+        self.tokens = args.tokens
+        checkpoint = args.archive.parent / "checkpoint"
+        self.tokenizer = AutoTokenizer.from_pretrained(str(checkpoint), local_files_only=True)
+        self.prompt_ids = PromptTokenizer(self.tokenizer).encode(PROMPT).ids
+        self.end_id = int(self.tokenizer.eos_token_id)
+        self.cycle: list[int] = []
+        self.seeds: list[int] = [0]
+        self.reference_ids: Optional[list[int]] = None
+        if args.engine == "standin":
+            standin = _standin_module()
+            self.cycle = standin.text_token_ids(self.tokenizer, STANDIN_TEXT.read_text(encoding="utf-8"))
+            # start offsets on whole characters, so that the text a request decodes to is well defined
+            self.seeds = [i for i, t in enumerate(self.cycle) if "\ufffd" not in self.tokenizer.decode([t])]
+        self._texts: dict[int, str] = {}
+
+    def seed(self, index: int) -> int:
+        return self.seeds[(index * 97) % len(self.seeds)]
+
+    def expected_ids(self, seed: int) -> Optional[list[int]]:
+        if self.args.engine == "standin":
+            return _standin_module().expected_tokens(self.cycle, seed, self.tokens)
+        return self.reference_ids
+
+    def expected_text(self, seed: int) -> Optional[str]:
+        ids = self.expected_ids(seed)
+        if ids is None:
+            return None
+        key = seed if self.args.engine == "standin" else -1
+        if key not in self._texts:
+            # the predictor never ends on U+FFFD (an incomplete character at the cut)
+            self._texts[key] = self.tokenizer.decode(ids, skip_special_tokens=True).rstrip("\ufffd")
+        return self._texts[key]
+
+    def body(self, path: str, seed: int, tokens: Optional[int] = None) -> dict[str, Any]:
+        n = tokens or self.tokens
+        if path == "tensorrt_llm":
+            return {
+                "input_ids": self.prompt_ids, "input_lengths": [len(self.prompt_ids)], "request_output_len": [n],
+                "min_tokens": [n], "end_id": [self.end_id], "runtime_top_k": [1], "seed": [seed], "streaming": [True],
+            }
+        if path == "ensemble":
+            return {"input_ids": self.prompt_ids, "max_tokens": n, "min_tokens": n, "top_k": 1, "seed": seed,
+                    "stream": True}
+        return {"input": {"prompt": PROMPT, "max_tokens": n, "min_tokens": n, "temperature": 0, "seed": seed}}
+
+    def request(self, path: str, index: int) -> dict[str, Any]:
+        seed = self.seed(index)
+        item: dict[str, Any] = {"body": self.body(path, seed)}
+        if path == "cog":
+            item["expect_text"] = self.expected_text(seed)
+        else:
+            item["expect_ids"] = self.expected_ids(seed)
+        return item
+
+
+_STANDIN = None
+
+
+def _standin_module():
+    """benchmarks/standin/1/model.py as a module (it imports nothing from Triton at import time)."""
+    global _STANDIN
+    if _STANDIN is None:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("benchmark_standin_model", STANDIN_DIR / "1" / "model.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+        _STANDIN = module
+    return _STANDIN
+
+
+# ------------------------------------------------------------------------------------------------
+# Running points
+# ------------------------------------------------------------------------------------------------
+
+
+def _endpoint(stack: Stack, path: str) -> tuple[int, str]:
+    if path == "cog":
+        assert stack.cog is not None
+        return stack.cog.port, "/predictions"
+    return stack.triton_port, f"/v2/models/{path}/generate_stream"
+
+
+def _expect_line(proc: subprocess.Popen, want: str) -> None:
+    assert proc.stdout is not None
+    line = proc.stdout.readline().strip()
+    if line != want:
+        rest = proc.stdout.read() if proc.poll() is not None else ""
+        raise RuntimeError(f"load generator said {line!r} instead of {want!r}: {rest[-2000:]}")
+
+
+def run_loadgen(stack: Stack, spec: dict[str, Any], during=None) -> tuple[dict[str, Any], CpuSnapshot, CpuSnapshot]:
+    """Run one load-generator process; return its results and the CPU snapshots at its start and end.
+
+    ``during(proc)`` (optional) is called after the start snapshot, while the load runs.
+    """
+    proc = subprocess.Popen(  # noqa: S603
+        [sys.executable, "-m", "benchmarks.loadgen"], cwd=REPO_ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        text=True, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )
+    try:
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(json.dumps(spec))
+        proc.stdin.close()
+        _expect_line(proc, "started")
+        before = snapshot(stack.processes(proc.pid))
+        if during is not None:
+            during(proc)
+        _expect_line(proc, "finished")
+        after = snapshot(stack.processes(proc.pid))
+        result = json.loads(proc.stdout.readline())
+        proc.wait(timeout=60)
+        return result, before, after
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def cpu_report(before: CpuSnapshot, after: CpuSnapshot, tokens: int) -> dict[str, Any]:
+    """Per role: CPU seconds, µs per streamed token and share of one core over the point."""
+    wall = after.at - before.at
+    cpu_s: dict[str, float] = {}
+    for role, ticks in after.ticks.items():
+        if role in before.ticks and set(after.pids[role]) == set(before.pids.get(role, [])):
+            cpu_s[role] = (ticks - before.ticks[role]) / CLK_TCK
+    servers = sum(cpu_s.get(r, 0.0) for r in cpu_s if r not in ("loadgen", "harness"))
+    busy = (after.machine_busy - before.machine_busy) / CLK_TCK
+    ours = sum(cpu_s.values())
+    return {
+        "cpu_s": {r: round(v, 3) for r, v in sorted(cpu_s.items())},
+        "cpu_us_per_token": {r: round(v * 1e6 / tokens, 1) if tokens else None for r, v in sorted(cpu_s.items())},
+        "cpu_us_per_token_servers": round(servers * 1e6 / tokens, 1) if tokens else None,
+        "cpu_cores": {r: round(v / wall, 3) for r, v in sorted(cpu_s.items())} if wall > 0 else {},
+        "machine_busy_cores": round(busy / wall, 3) if wall > 0 else None,
+        "others_busy_cores": round(max(0.0, busy - ours) / wall, 3) if wall > 0 else None,
+        "pids": {r: p for r, p in sorted(after.pids.items())},
+    }
+
+
+def base_spec(stack: Stack, path: str, args: argparse.Namespace) -> dict[str, Any]:
+    port, url_path = _endpoint(stack, path)
+    return {"host": "127.0.0.1", "port": port, "url_path": url_path, "path": path, "tokens": args.tokens,
+            "timeout_s": args.timeout_s}
+
+
+def run_point(stack: Stack, work: Workload, path: str, streams: int, args: argparse.Namespace) -> dict[str, Any]:
+    n_requests = streams * args.rounds
+    spec = {**base_spec(stack, path, args), "mode": "sweep", "concurrency": streams,
+            "requests": [work.request(path, i) for i in range(n_requests)]}
+    log_offset = stack.triton_log_size()
+    result, before, after = run_loadgen(stack, spec)
+    point = {"path": path, "streams": streams, **result, **cpu_report(before, after, result["tokens"])}
+    point["expected_tokens"] = n_requests * args.tokens
+    # the stand-in logs every response it could not send; the tokens it did send are the requested ones
+    point["engine_send_failures"] = stack.triton_log_since(log_offset).count("stand-in sender: could not send")
+    log.info(
+        "%-12s %4d streams: %8.0f tok/s, TTFT p50 %s, gap p99 %s, errors %d, count mismatches %d, servers %s µs/token",
+        path, streams, point["tokens_per_s"], _ms(point["ttft_s"]["p50"]), _ms(point["gap_s"]["p99"]),
+        point["errors"], point["count_mismatches"], point["cpu_us_per_token_servers"],
+    )
+    return point
+
+
+def warm_up(stack: Stack, work: Workload, args: argparse.Namespace) -> None:
+    """One short request per path (connections, first-call costs); with the reference engine, also
+    the greedy output every request must reproduce."""
+    if args.engine == "reference":
+        spec = {**base_spec(stack, "tensorrt_llm", args), "mode": "sweep", "concurrency": 1,
+                "requests": [{"body": work.body("tensorrt_llm", 0)}]}
+        spec_result = _raw_ids(stack, spec)
+        work.reference_ids = spec_result
+        log.info("reference output for the benchmark prompt: %r", work.tokenizer.decode(spec_result)[:80])
+    for path in args.paths:
+        spec = {**base_spec(stack, path, args), "tokens": 4, "mode": "sweep", "concurrency": 1,
+                "requests": [{"body": work.body(path, work.seed(0), tokens=4)}]}
+        result, _, _ = run_loadgen(stack, spec)
+        if result["errors"]:
+            raise RuntimeError(f"warm-up request on {path} failed: {result['error_messages']}")
+
+
+def _raw_ids(stack: Stack, spec: dict[str, Any]) -> list[int]:
+    import httpx
+
+    port, url_path = spec["port"], spec["url_path"]
+    ids: list[int] = []
+    with httpx.stream("POST", f"http://127.0.0.1:{port}{url_path}", json=spec["requests"][0]["body"],
+                      timeout=spec["timeout_s"]) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if line.startswith("data:"):
+                doc = json.loads(line[5:])
+                if "error" in doc:
+                    raise RuntimeError(doc["error"])
+                ids.extend(int(x) for x in _flatten(doc.get("output_ids", [])))
+    return ids
+
+
+def _flatten(value: Any) -> list[Any]:
+    if isinstance(value, list):
+        return [x for item in value for x in _flatten(item)]
+    return [value]
+
+
+def sweep(stack: Stack, work: Workload, args: argparse.Namespace) -> list[dict[str, Any]]:
+    warm_up(stack, work, args)
+    points = []
+    for streams in args.concurrency:
+        direct = None
+        for path in args.paths:
+            point = run_point(stack, work, path, streams, args)
+            if path == "tensorrt_llm":
+                direct = point["tokens_per_s"]
+            point["ratio_to_direct"] = round(point["tokens_per_s"] / direct, 3) if direct else None
+            points.append(point)
+    return points
+
+
+# ------------------------------------------------------------------------------------------------
+# Soak
+# ------------------------------------------------------------------------------------------------
+
+
+def rss_report(roles: dict[str, list[int]]) -> dict[str, Optional[int]]:
+    out: dict[str, Optional[int]] = {}
+    for role, pids in sorted(roles.items()):
+        values = [v for v in (rss_bytes(p) for p in pids) if v is not None]
+        out[role] = sum(values) if values else None
+    return out
+
+
+def soak(stack: Stack, work: Workload, args: argparse.Namespace) -> dict[str, Any]:
+    warm_up(stack, work, argparse.Namespace(**{**vars(args), "paths": ["cog"]}))
+    duration = args.soak_minutes * 60.0
+    spec = {
+        **base_spec(stack, "cog", args), "mode": "soak", "concurrency": args.soak_streams, "duration_s": duration,
+        "cancel_every": args.soak_cancel_every, "cancel_after_tokens": max(1, args.tokens // 8),
+        "requests": [work.request("cog", i) for i in range(64)],
+    }
+    kill: dict[str, Any] = {}
+    rss: dict[str, Any] = {"start": rss_report(stack.processes())}
+
+    def during(proc: subprocess.Popen) -> None:
+        kill_at = time.monotonic() + duration * args.soak_kill_at
+        if args.soak_kill == "none":
+            return
+        while time.monotonic() < kill_at and proc.poll() is None:
+            time.sleep(0.2)
+        role = f"stub:{args.soak_kill}"
+        pids = stack.processes().get(role, [])
+        if not pids:
+            kill["error"] = f"no {role} process found"
+            return
+        kill.update({"role": role, "pid": pids[0], "at": time.monotonic()})
+        os.kill(pids[0], signal.SIGKILL)
+        log.info("soak: killed %s (pid %d) with SIGKILL", role, pids[0])
+
+    log.info("soak: %d streams through Cog for %.1f min, every %dth prediction cancelled, %s killed at %.0f%%",
+             args.soak_streams, args.soak_minutes, args.soak_cancel_every, args.soak_kill, args.soak_kill_at * 100)
+    result, before, after = run_loadgen(stack, spec, during=during)
+    rss["end"] = rss_report(stack.processes())
+    records = result.pop("records")
+    return {"kill": kill, "rss_bytes": rss, "summary": soak_summary(records, kill, args), "loadgen": result,
+            **cpu_report(before, after, result["tokens"])}
+
+
+def soak_summary(records: list[dict[str, Any]], kill: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    kill_at = kill.get("at")
+    cancel_requested = [r for r in records if r["cancelled"]]
+    plain = [r for r in records if not r["cancelled"]]
+    errors: dict[str, int] = {}
+    for r in records:
+        if r["error"]:
+            errors[r["error"][:300]] = errors.get(r["error"][:300], 0) + 1
+    out: dict[str, Any] = {
+        "predictions": len(records),
+        "succeeded": sum(1 for r in records if r["status"] == "succeeded"),
+        "cancel_requested": len(cancel_requested),
+        "canceled": sum(1 for r in cancel_requested if r["status"] == "canceled"),
+        "cancel_too_late": sum(1 for r in cancel_requested if r["status"] == "succeeded"),
+        "errors": sum(errors.values()),
+        "error_messages": errors,
+        "count_mismatches": sum(1 for r in plain if r["status"] == "succeeded" and not r["count_ok"]),
+        "content_mismatches": sum(1 for r in plain if r["status"] == "succeeded" and not r["content_ok"]),
+    }
+    if kill_at is not None:
+        after = [r for r in records if r["start"] >= kill_at]
+        recovered = [r for r in after if r["status"] == "succeeded"]
+        out["errors_after_kill"] = sum(1 for r in records if r["error"] and r["end"] >= kill_at)
+        out["in_flight_at_kill"] = sum(1 for r in records if r["start"] < kill_at <= r["end"])
+        out["in_flight_at_kill_failed"] = sum(
+            1 for r in records if r["start"] < kill_at <= r["end"] and r["status"] not in ("succeeded", "canceled"))
+        out["recoveries"] = len(recovered)
+        out["started_after_kill"] = len(after)
+        out["first_success_after_kill_s"] = (
+            round(min(r["end"] for r in recovered) - kill_at, 2) if recovered else None)
+    t0 = min((r["start"] for r in records), default=0.0)
+    minutes: dict[int, dict[str, int]] = {}
+    for r in records:
+        m = minutes.setdefault(int((r["end"] - t0) // 60), {"succeeded": 0, "canceled": 0, "errors": 0})
+        key = "errors" if r["error"] else ("succeeded" if r["status"] == "succeeded" else "canceled")
+        m[key] += 1
+    out["per_minute"] = {str(k): v for k, v in sorted(minutes.items())}
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Output
+# ------------------------------------------------------------------------------------------------
+
+
+def _ms(value: Optional[float]) -> str:
+    return "—" if value is None else f"{value * 1e3:.1f} ms"
+
+
+def _num(value: Optional[float], fmt: str = "{:.0f}") -> str:
+    return "—" if value is None else fmt.format(value)
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    meta = doc["meta"]
+    lines = [
+        f"# scripts/benchmark: {meta['engine']} engine",
+        "",
+        f"{meta['started']} · `{meta['command']}` · commit {meta['git']} · {meta['machine']['cpus']} CPUs "
+        f"({meta['machine']['cpu_model']}), load average {meta['machine']['loadavg_before']} before, "
+        f"{meta['machine']['loadavg_after']} after",
+        "",
+        f"{meta['tokens']} tokens per request, {meta['rounds']} request(s) per stream per point"
+        + (f", stand-in step {meta['step_ms']:g} ms (ideal {1e3 / meta['step_ms']:.0f} tok/s per stream), "
+           f"{meta['sender_threads']} sender thread(s)" if meta["engine"] == "standin" else "")
+        + f", engine batch limit {meta['batch_limit']}, COG_MAX_CONCURRENCY {meta['cog_concurrency']}.",
+        "",
+        "| path | streams | tokens/s | vs direct | TTFT p50 | TTFT p99 | gap p50 | gap p99 | errors "
+        "| count mismatches |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for p in doc["points"]:
+        mism = str(p["count_mismatches"])
+        if p["mismatched_counts"]:
+            mism += " (" + ", ".join(f"{k}×{v}" for k, v in sorted(p["mismatched_counts"].items())) + ")"
+        if p.get("content_mismatches"):
+            mism += f", {p['content_mismatches']} content"
+        if p.get("incomplete_events"):
+            mism += f", {p['incomplete_events']} cut inside an event"
+        ratio = "—" if p.get("ratio_to_direct") is None else f"{p['ratio_to_direct']:.2f}"
+        lines.append(
+            f"| {p['path']} | {p['streams']} | {p['tokens_per_s']:.0f} | {ratio} | {_ms(p['ttft_s']['p50'])} | "
+            f"{_ms(p['ttft_s']['p99'])} | {_ms(p['gap_s']['p50'])} | {_ms(p['gap_s']['p99'])} | {p['errors']} "
+            f"| {mism} |"
+        )
+    roles = list(CORE_ROLES) + sorted(
+        {r for p in doc["points"] for r in p["cpu_us_per_token"]} - set(CORE_ROLES) - {"harness"})
+    lines += [
+        "",
+        "CPU µs per streamed token (utime + stime over the point / tokens delivered); `servers` sums all but the "
+        "load generator and the harness; `busy cores` is the whole machine's, `others` what processes outside "
+        "this benchmark used.",
+        "",
+        "| path | streams | " + " | ".join(roles) + " | servers | busy cores | others |",
+        "|---|---:|" + "---:|" * (len(roles) + 3),
+    ]
+    for p in doc["points"]:
+        cells = [_num(p["cpu_us_per_token"].get(r)) for r in roles]
+        lines.append(
+            f"| {p['path']} | {p['streams']} | " + " | ".join(cells)
+            + f" | {_num(p['cpu_us_per_token_servers'])} | {_num(p['machine_busy_cores'], '{:.2f}')} | "
+            f"{_num(p['others_busy_cores'], '{:.2f}')} |"
+        )
+    errors = {(p["path"], p["streams"]): p["error_messages"] for p in doc["points"] if p["error_messages"]}
+    if errors:
+        lines += ["", "Errors:", ""]
+        for (path, streams), messages in errors.items():
+            for message, count in messages.items():
+                lines.append(f"- {path} × {streams}: {count} × `{message}`")
+    return "\n".join(lines) + "\n"
+
+
+def soak_markdown(doc: dict[str, Any]) -> str:
+    meta, s = doc["meta"], doc["soak"]
+    summary = s["summary"]
+    lines = [
+        f"# scripts/benchmark --soak: {meta['engine']} engine",
+        "",
+        f"{meta['started']} · `{meta['command']}` · commit {meta['git']} · load average "
+        f"{meta['machine']['loadavg_before']} before, {meta['machine']['loadavg_after']} after",
+        "",
+        f"{meta['soak_streams']} streams through Cog for {meta['soak_minutes']:g} min, {meta['tokens']} tokens per "
+        f"prediction, every {meta['soak_cancel_every']}th cancelled part-way; killed: "
+        f"{s['kill'].get('role', 'nothing')} (pid {s['kill'].get('pid', '—')}) at "
+        f"{meta['soak_kill_at'] * 100:.0f}% of the run.",
+        "",
+        "| | |",
+        "|---|---:|",
+    ]
+    for key in ("predictions", "succeeded", "cancel_requested", "canceled", "cancel_too_late", "errors",
+                "count_mismatches", "content_mismatches", "in_flight_at_kill", "in_flight_at_kill_failed",
+                "errors_after_kill", "started_after_kill", "recoveries", "first_success_after_kill_s"):
+        if key in summary:
+            lines.append(f"| {key.replace('_', ' ')} | {summary[key]} |")
+    lines += ["", "| process | RSS start | RSS end |", "|---|---:|---:|"]
+    start, end = s["rss_bytes"]["start"], s["rss_bytes"]["end"]
+    for role in sorted(set(start) | set(end)):
+        fmt = lambda v: "—" if v is None else f"{v / 2**20:.0f} MiB"  # noqa: E731
+        lines.append(f"| {role} | {fmt(start.get(role))} | {fmt(end.get(role))} |")
+    if summary["error_messages"]:
+        lines += ["", "Errors:", ""] + [f"- {n} × `{m}`" for m, n in summary["error_messages"].items()]
+    lines += ["", "Per minute (by end time): " + ", ".join(
+        f"{k}: {v['succeeded']} ok / {v['canceled']} canceled / {v['errors']} errors"
+        for k, v in summary["per_minute"].items())]
+    return "\n".join(lines) + "\n"
+
+
+def plot(doc: dict[str, Any], target: Path) -> Optional[Path]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log.warning("matplotlib is not installed (requirements-dev.txt): no plot")
+        return None
+    meta = doc["meta"]
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
+    for path in meta["paths"]:
+        points = [p for p in doc["points"] if p["path"] == path]
+        xs = [p["streams"] for p in points]
+        axes[0].plot(xs, [p["tokens_per_s"] for p in points], marker="o", label=path)
+        axes[1].plot(xs, [p["cpu_us_per_token_servers"] for p in points], marker="o", label=path)
+        axes[2].plot(xs, [(p["ttft_s"]["p99"] or 0) * 1e3 for p in points], marker="o", label=f"{path} TTFT p99")
+        axes[2].plot(xs, [(p["gap_s"]["p99"] or 0) * 1e3 for p in points], marker="x", linestyle="--",
+                     label=f"{path} gap p99")
+    if meta["engine"] == "standin":
+        xs = sorted(meta["concurrency"])
+        axes[0].plot(xs, [x * 1e3 / meta["step_ms"] for x in xs], color="grey", linestyle=":", label="engine rate")
+    axes[0].set(title="tokens/s", xlabel="streams", xscale="log", yscale="log")
+    axes[1].set(title="server CPU µs per token", xlabel="streams", xscale="log")
+    axes[2].set(title="latency p99 (ms)", xlabel="streams", xscale="log", yscale="log")
+    axes[1].set_ylim(bottom=0)
+    for ax in axes:
+        ax.set_xticks(sorted(meta["concurrency"]))
+        ax.set_xticklabels([str(x) for x in sorted(meta["concurrency"])])
+        ax.minorticks_off()
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"scripts/benchmark ({meta['engine']}, {meta['tokens']} tokens/request, {meta['started']})")
+    fig.tight_layout()
+    fig.savefig(target, dpi=110)
+    plt.close(fig)
+    return target
+
+
+def _git() -> str:
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
+                                text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return commit + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+# ------------------------------------------------------------------------------------------------
+# CLI
+# ------------------------------------------------------------------------------------------------
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def _paths(text: str) -> list[str]:
+    values = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [x for x in values if x not in PATHS]
+    if bad or not values:
+        raise argparse.ArgumentTypeError(f"paths are {', '.join(PATHS)}; got {text!r}")
+    return values
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="scripts/benchmark",
+        description="Serving cost per token on the real stack (Triton + Cog) with a token-rate stand-in engine: "
+        "tensorrt_llm direct vs ensemble vs Cog /predictions, swept over concurrent streams.",
+    )
+    parser.add_argument("--concurrency", type=_int_list, default=None,
+                        help="comma-separated stream counts (default 1,8,32,64,128; --engine reference 1,2,4; "
+                        "--smoke 1,4)")
+    parser.add_argument("--tokens", type=int, default=None,
+                        help="tokens per request (default 256; --engine reference 64; --smoke 32)")
+    parser.add_argument("--step-ms", type=float, default=10.0, help="stand-in step time, ms (default 10)")
+    parser.add_argument("--paths", type=_paths, default=list(PATHS), help="comma-separated, of " + ",".join(PATHS))
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="requests per stream per point (default 2; --engine reference and --smoke 1)")
+    parser.add_argument("--batch-limit", type=int, default=None,
+                        help="engine batch limit, max active requests (default: the largest concurrency, >= 8)")
+    parser.add_argument("--cog-concurrency", type=int, default=None,
+                        help="COG_MAX_CONCURRENCY (default: the largest concurrency + 25%%, at least + 8)")
+    parser.add_argument("--sender-threads", type=int, default=1,
+                        help="stand-in response sender threads (default 1, as the C++ backend's WaitForResponse)")
+    parser.add_argument("--end-id-after", type=int, default=0,
+                        help="stand-in: end requests on the end token after this many tokens (default 0: never; "
+                        "the benchmark's min_tokens keeps every request at --tokens anyway)")
+    parser.add_argument("--engine", choices=("standin", "reference"), default="standin",
+                        help="standin (default) or reference: the real CPU reference model (~18 tok/s)")
+    parser.add_argument("--smoke", action="store_true", help="a short run for tests")
+    parser.add_argument("--soak", action="store_true",
+                        help="soak run: 16 streams through Cog, 1 in 5 cancelled, a backend stub SIGKILLed part-way")
+    parser.add_argument("--soak-minutes", type=float, default=10.0, help="soak duration, minutes (default 10)")
+    parser.add_argument("--soak-streams", type=int, default=16, help="soak streams (default 16)")
+    parser.add_argument("--soak-cancel-every", type=int, default=5, help="cancel every Nth prediction (default 5)")
+    parser.add_argument("--soak-kill", choices=("tensorrt_llm", "preprocessing", "none"), default="tensorrt_llm",
+                        help="Python backend stub to SIGKILL during the soak (default tensorrt_llm)")
+    parser.add_argument("--soak-kill-at", type=float, default=0.4, help="when to kill, share of the run (default 0.4)")
+    parser.add_argument("--timeout-s", type=float, default=600.0, help="per-request timeout, seconds")
+    parser.add_argument("--archive", type=Path, default=ARCHIVE, help="weights archive (default: the default model)")
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "build" / "benchmark",
+                        help="output folder (default build/benchmark)")
+    args = parser.parse_args(argv)
+    reference = args.engine == "reference"
+    if args.concurrency is None:
+        args.concurrency = list(SMOKE_CONCURRENCY if args.smoke else REFERENCE_CONCURRENCY if reference
+                                else DEFAULT_CONCURRENCY)
+    if args.tokens is None:
+        args.tokens = 32 if args.smoke else 64 if reference else 256
+    if args.rounds is None:
+        args.rounds = 1 if args.smoke or reference else 2
+    if args.smoke and args.soak:
+        args.soak_minutes = min(args.soak_minutes, 0.5)
+        args.soak_streams = min(args.soak_streams, 4)
+    if args.tokens < 1 or args.rounds < 1 or args.step_ms <= 0 or args.sender_threads < 1:
+        parser.error("--tokens, --rounds, --step-ms and --sender-threads must be positive")
+    top = max(args.concurrency + ([args.soak_streams] if args.soak else []))
+    args.batch_limit = args.batch_limit or max(8, top)
+    if not 1 <= args.batch_limit <= 256:
+        parser.error("--batch-limit must be in 1..256 (COG_TRITON_REFERENCE_MAX_BATCH_SIZE)")
+    # coglet frees a prediction slot a moment after it sends `completed`, so a client that starts its
+    # next prediction at once gets "409 At capacity" when the slots equal the streams: leave headroom.
+    args.cog_concurrency = args.cog_concurrency or max(8, top + max(8, top // 4))
+    args.out = args.out if args.out.is_absolute() else Path.cwd() / args.out
+    return args
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", datefmt="%H:%M:%S")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    args = parse_args(argv)
+    if not args.archive.is_file():
+        log.error("%s is missing: run scripts/setup first", args.archive)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    started = dt.datetime.now().isoformat(timespec="seconds")
+    meta: dict[str, Any] = {
+        "started": started,
+        "command": "scripts/benchmark " + " ".join(sys.argv[1:] if argv is None else argv),
+        "git": _git(),
+        "engine": args.engine,
+        "tokens": args.tokens,
+        "rounds": args.rounds,
+        "step_ms": args.step_ms,
+        "sender_threads": args.sender_threads,
+        "end_id_after": args.end_id_after,
+        "batch_limit": args.batch_limit,
+        "cog_concurrency": args.cog_concurrency,
+        "concurrency": args.concurrency,
+        "paths": args.paths,
+        "machine": {"cpus": os.cpu_count(), "cpu_model": _cpu_model(), "loadavg_before": loadavg()},
+    }
+    if args.soak:
+        meta.update({k: getattr(args, k) for k in ("soak_minutes", "soak_streams", "soak_cancel_every",
+                                                  "soak_kill", "soak_kill_at")})
+    work = Workload(args)
+    with Stack(args, args.out / "work") as stack:
+        meta["processes"] = {r: p for r, p in stack.processes().items()}
+        if args.soak:
+            doc: dict[str, Any] = {"meta": meta, "soak": soak(stack, work, args)}
+        else:
+            doc = {"meta": meta, "points": sweep(stack, work, args)}
+    meta["machine"]["loadavg_after"] = loadavg()
+    meta["finished"] = dt.datetime.now().isoformat(timespec="seconds")
+    if args.soak:
+        (args.out / "soak.json").write_text(json.dumps(doc, indent=2))
+        (args.out / "soak.md").write_text(soak_markdown(doc))
+        print(soak_markdown(doc))
+        log.info("wrote %s and soak.md", args.out / "soak.json")
+        return 0
+    (args.out / "results.json").write_text(json.dumps(doc, indent=2))
+    text = markdown(doc)
+    (args.out / "results.md").write_text(text)
+    plot(doc, args.out / "results.png")
+    print(text)
+    log.info("wrote %s, results.md and results.png", args.out / "results.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

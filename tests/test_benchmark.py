@@ -1,0 +1,452 @@
+"""scripts/benchmark and its token-rate stand-in engine (benchmarks/).
+
+Unit tests of the stand-in (its tensors, batched steps, tokens, ends, sender threads, the
+reference model's ``create_sink`` hook) run without Triton; the smoke test runs ``scripts/benchmark
+--smoke`` on the real stack and checks the report's structure, that every path delivered exactly
+the requested tokens, and that every named process has CPU figures. No speed is asserted.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import threading
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from benchmarks import harness
+from cog_triton.settings import REPO_ROOT
+from tensorrtllm_backend.templates import fill_template, parse_model_config
+from tests.test_packaging import dockerfile_instructions
+
+STANDIN = REPO_ROOT / "benchmarks" / "standin"
+REFERENCE = REPO_ROOT / "triton_model_repo" / "tensorrt_llm_reference"
+
+
+def _load(name: str, path: Path):
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+standin = _load("benchmark_standin_model", STANDIN / "1" / "model.py")
+
+
+@pytest.fixture(scope="module")
+def ref():
+    """The reference model module, loaded the way the stand-in loads it in Triton."""
+    return standin.load_reference(str(REFERENCE / "1" / "model.py"))
+
+
+# ------------------------------------------------------------------------------------------------
+# the stand-in's model configuration
+# ------------------------------------------------------------------------------------------------
+
+PRODUCT_VALUES = {
+    "triton_max_batch_size": 64, "decoupled_mode": True, "max_queue_delay_microseconds": 0,
+    "hf_model_dir": "/weights", "max_input_len": 100, "max_seq_len": 200, "exclude_input_in_output": True,
+    "torch_threads": 0,
+}
+
+
+def test_standin_has_the_reference_models_tensors_and_placeholders(tmp_path: Path) -> None:
+    templates = harness.write_standin_templates(tmp_path / "t", step_ms=5, sender_threads=3)
+    rendered = {}
+    for name, path in (("standin", templates / "tensorrt_llm_reference" / "config.pbtxt"),
+                       ("reference", REFERENCE / "config.pbtxt")):
+        rendered[name] = parse_model_config(fill_template(path.read_text(), PRODUCT_VALUES, source=str(path)),
+                                            source=str(path))
+    s, r = rendered["standin"], rendered["reference"]
+    assert (s.name, s.backend, s.max_batch_size) == (r.name, r.backend, r.max_batch_size)
+    assert (s.name, s.backend, s.max_batch_size) == ("tensorrt_llm", "python", 64)
+    assert list(s.input) == list(r.input) and list(s.output) == list(r.output)
+    assert s.model_transaction_policy.decoupled
+    params = {k: v.string_value for k, v in s.parameters.items()}
+    assert {k: v.string_value for k, v in r.parameters.items()}.items() <= params.items()
+    assert params["step_ms"] == "5" and params["sender_threads"] == "3"
+    assert Path(params["reference_model"]) == (REFERENCE / "1" / "model.py").resolve()
+    assert Path(params["text_file"]).is_file()
+    model_py = templates / "tensorrt_llm_reference" / "1" / "model.py"
+    assert model_py.read_text() == (STANDIN / "1" / "model.py").read_text()
+    for folder in ("ensemble", "preprocessing", "tensorrt_llm"):
+        product = REPO_ROOT / "triton_model_repo" / folder / "config.pbtxt"
+        assert (templates / folder / "config.pbtxt").read_text() == product.read_text()
+
+
+def test_standin_template_fields_are_all_filled() -> None:
+    text = "a @x@ b"
+    assert harness.fill_standin_template(text, {"x": "1"}) == "a 1 b"
+    with pytest.raises(ValueError, match="no field @y@"):
+        harness.fill_standin_template(text, {"x": 1, "y": 2})
+    with pytest.raises(ValueError, match="left unfilled: x"):
+        harness.fill_standin_template(text, {})
+
+
+def test_the_standin_is_not_in_the_image() -> None:
+    copies = [rest for keyword, rest in dockerfile_instructions() if keyword == "COPY"]
+    assert copies and not [c for c in copies if "benchmarks" in c or c.split()[0] == "."]
+
+
+# ------------------------------------------------------------------------------------------------
+# batched steps, tokens and ends
+# ------------------------------------------------------------------------------------------------
+
+
+class FakeTime:
+    def __init__(self) -> None:
+        self.t = 100.0
+        self.sleeps: list[float] = []
+
+    def now(self) -> float:
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        self.sleeps.append(round(s, 6))
+        self.t += s
+
+
+def _params(ref, n, **kw):
+    return ref.SamplingParams(max_new_tokens=n, **kw)
+
+
+def test_one_sleep_per_batched_step_and_tokens_from_the_text(ref) -> None:
+    clock_time = FakeTime()
+    clock = standin.StepClock(0.01, sleep=clock_time.sleep, now=clock_time.now)
+    cycle = list(range(1000, 1010))
+    gens = [standin.StandinGeneration([1, 2], _params(ref, 4, seed=s), clock, cycle) for s in (0, 3, 8)]
+    while not all(g.finished for g in gens):  # the reference Scheduler's turns: each active job once
+        for g in gens:
+            g.step()
+    assert clock_time.sleeps == [0.01] * 4  # one step per turn, not per request
+    for g, s in zip(gens, (0, 3, 8)):
+        assert g.tokens == standin.expected_tokens(cycle, s, 4) and g.finish_reason == "length"
+    assert standin.expected_tokens(cycle, 8, 4) == [1008, 1009, 1000, 1001]  # cycled
+    assert clock.running == 0
+
+
+def test_a_request_arriving_during_a_turn_joins_the_next_step(ref) -> None:
+    clock_time = FakeTime()
+    clock = standin.StepClock(0.01, sleep=clock_time.sleep, now=clock_time.now)
+    a = standin.StandinGeneration([1], _params(ref, 10), clock, [5])
+    a.step()
+    b = standin.StandinGeneration([1], _params(ref, 10), clock, [5])  # arrives while a runs
+    b.step()  # b is last in the turn after a's step began: it waits for the next step
+    a.step()  # a is late for that step: no second sleep
+    assert clock_time.sleeps == [0.01, 0.01] and clock.steps == 2
+    clock_time.t += 0.05  # a slow turn (overload): the next step begins at once, late
+    b.step()
+    a.step()
+    assert clock_time.sleeps == [0.01, 0.01] and clock.late_steps == 1
+    assert len(a.tokens) == 3 and len(b.tokens) == 2
+
+
+def test_end_token_after_min_tokens_and_stop_words(ref) -> None:
+    clock = standin.StepClock(0.0)
+    cycle = [10, 11, 12, 13, 14, 15]
+    gen = standin.StandinGeneration([1], _params(ref, 50, end_id=2, min_tokens=4), clock, cycle, end_id_after=2)
+    while not gen.finished:
+        gen.step()
+    assert gen.tokens == [10, 11, 12, 13] and gen.finish_reason == "end_id"  # min_tokens bans the end token
+    no_end = standin.StandinGeneration([1], _params(ref, 3), clock, cycle, end_id_after=2)  # no end_id sent
+    while not no_end.finished:
+        no_end.step()
+    assert no_end.tokens == [10, 11, 12] and no_end.finish_reason == "length"
+    words = standin.StandinGeneration([9], _params(ref, 50, stop_words=[[9, 10, 11]]), clock, cycle,
+                                      stop_word_end=ref.stop_word_end)
+    while not words.finished:
+        words.step()
+    assert words.tokens == [10, 11] and words.finish_reason == "stop_words"  # matched over prompt + output
+    assert clock.running == 0
+
+
+def test_text_token_ids_leave_out_special_tokens(hf_tokenizer) -> None:
+    ids = standin.text_token_ids(hf_tokenizer, f"Hello{hf_tokenizer.eos_token} world")
+    assert hf_tokenizer.eos_token_id not in ids and hf_tokenizer.decode(ids) == "Hello world"
+    text = (STANDIN / "text.txt").read_text(encoding="utf-8")
+    assert hf_tokenizer.decode(standin.text_token_ids(hf_tokenizer, text)) == text
+
+
+# ------------------------------------------------------------------------------------------------
+# sender threads with the reference Scheduler
+# ------------------------------------------------------------------------------------------------
+
+
+class RecordingSink:
+    def __init__(self) -> None:
+        self.responses: list[tuple[list[int], bool]] = []
+        self.threads: set[str] = set()
+        self.done = threading.Event()
+        self.cancel_checks = 0
+
+    def send_tokens(self, tokens, log_probs, cum_log_prob, final) -> None:
+        assert not (self.responses and self.responses[-1][1]), "a response after the FINAL one"
+        self.threads.add(threading.current_thread().name)
+        self.responses.append((list(tokens), final))
+        if final:
+            self.done.set()
+
+    def send_error(self, message) -> None:
+        raise AssertionError(message)
+
+    def is_cancelled(self) -> bool:
+        self.cancel_checks += 1
+        return False
+
+
+def test_scheduler_with_sender_threads_sends_each_request_in_order(ref) -> None:
+    pool = standin.SenderPool(3, check_period_s=10.0)
+    clock = standin.StepClock(0.001)
+    sched = ref.Scheduler(max_active=4)
+    cycle = list(range(100, 140))
+    sinks = [RecordingSink() for _ in range(6)]
+    for i, sink in enumerate(sinks):
+        gen = standin.StandinGeneration([1], _params(ref, 12, seed=i), clock, cycle)
+        sched.submit(ref.Job(generation=gen, sink=pool.sink(sink), streaming=True, request_id=f"r{i}"))
+    sched.start()
+    try:
+        assert all(s.done.wait(30) for s in sinks)
+    finally:
+        sched.shutdown()
+        pool.close()
+    for i, sink in enumerate(sinks):
+        assert [t for tokens, _ in sink.responses for t in tokens] == standin.expected_tokens(cycle, i, 12)
+        assert [final for _, final in sink.responses] == [False] * 11 + [True]
+        assert len(sink.threads) == 1 and next(iter(sink.threads)).startswith("standin-sender-")
+        assert sink.cancel_checks == 1  # cached for the check period, not asked every step
+    assert len({next(iter(s.threads)) for s in sinks}) == 3  # requests spread over the threads
+    assert pool.sent == 6 * 12 and pool.failed == 0
+
+
+def test_a_failed_send_marks_the_request_cancelled(ref) -> None:
+    class Broken(RecordingSink):
+        def send_tokens(self, *args) -> None:
+            raise RuntimeError("sender closed")
+
+    pool = standin.SenderPool(1, check_period_s=0.0)
+    sink = pool.sink(Broken())
+    sink.send_tokens([1], None, None, False)
+    pool.close()
+    assert pool.failed == 1 and sink.broken and sink.is_cancelled()
+
+
+# ------------------------------------------------------------------------------------------------
+# the Triton model (fake pb_utils): the reference's glue with the stand-in's hooks
+# ------------------------------------------------------------------------------------------------
+
+
+class FakeTensor:
+    def __init__(self, name, array) -> None:
+        self.name, self.array = name, np.asarray(array)
+
+    def as_numpy(self):
+        return self.array
+
+
+class FakeResponse:
+    def __init__(self, output_tensors, error=None) -> None:
+        self.tensors = {t.name: t.array for t in output_tensors}
+        self.error = error
+
+
+class FakeSender:
+    def __init__(self) -> None:
+        self.responses: list[tuple[FakeResponse, int]] = []
+        self.done = threading.Event()
+
+    def send(self, response=None, flags=0) -> None:
+        self.responses.append((response, flags))
+        if flags:
+            self.done.set()
+
+    def is_cancelled(self) -> bool:
+        return False
+
+
+class FakeRequest:
+    def __init__(self, tensors: dict, request_id: str = "") -> None:
+        self.tensors = {k: FakeTensor(k, v) for k, v in tensors.items()}
+        self.sender = FakeSender()
+        self.rid = request_id
+
+    def get_response_sender(self):
+        return self.sender
+
+    def request_id(self) -> str:
+        return self.rid
+
+
+@pytest.fixture()
+def fake_pb_utils(ref, monkeypatch):
+    fake = types.SimpleNamespace(
+        using_decoupled_model_transaction_policy=lambda cfg: True,
+        get_input_tensor_by_name=lambda request, name: request.tensors.get(name),
+        Tensor=FakeTensor, InferenceResponse=FakeResponse, TritonError=lambda message, *a: message,
+        TRITONSERVER_RESPONSE_COMPLETE_FINAL=1,
+    )
+    monkeypatch.setattr(ref, "pb_utils", fake)
+    return fake
+
+
+def _model_args(checkpoint_dir: Path, **params) -> dict:
+    values = {"hf_model_dir": str(checkpoint_dir), "max_active_requests": "4", "exclude_input_in_output": "true",
+              "reference_model": str(REFERENCE / "1" / "model.py"), "text_file": str(STANDIN / "text.txt"),
+              "step_ms": "1", **params}
+    config = {"parameters": {k: {"string_value": str(v)} for k, v in values.items()},
+              "model_transaction_policy": {"decoupled": True}}
+    return {"model_config": json.dumps(config)}
+
+
+def test_reference_model_builds_each_sink_with_create_sink(ref, fake_pb_utils) -> None:
+    made = []
+
+    class Hooked(ref.TritonPythonModel):
+        def load_engine(self, params):
+            self.engine_name = "scripted"
+            return 50, 64
+
+        def create_generation(self, parsed):
+            gen = standin.StandinGeneration(parsed.prompt_ids, parsed.params, standin.StepClock(0.0), [7, 8])
+            return gen
+
+        def create_sink(self, sender):
+            made.append(sender)
+            return super().create_sink(sender)
+
+    model = Hooked()
+    model.initialize(_model_args(Path("/unused")))
+    request = FakeRequest({"input_ids": [[1, 2]], "input_lengths": [2], "request_output_len": [3],
+                           "streaming": [True]})
+    try:
+        model.execute([request])
+        assert request.sender.done.wait(10)
+    finally:
+        model.finalize()
+    assert made == [request.sender]
+    tokens = [int(t) for r, _ in request.sender.responses for t in r.tensors["output_ids"].reshape(-1)]
+    assert tokens == [7, 8, 7]
+
+
+def test_standin_model_streams_the_text_and_answers_stop(ref, fake_pb_utils, checkpoint_dir, hf_tokenizer) -> None:
+    model = standin.standin_class(ref)()
+    model.initialize(_model_args(checkpoint_dir, sender_threads=2))
+    cycle = standin.text_token_ids(hf_tokenizer, (STANDIN / "text.txt").read_text(encoding="utf-8"))
+    base = {"input_ids": [[1, 2, 3]], "input_lengths": [3], "streaming": [True], "end_id": [2]}
+    full = FakeRequest({**base, "request_output_len": [8], "seed": [5]}, "full")
+    long = FakeRequest({**base, "request_output_len": [100000], "seed": [0]}, "long")
+    try:
+        model.execute([full, long])
+        assert full.sender.done.wait(10)
+        stop = FakeRequest({"input_ids": [[0]], "input_lengths": [1], "request_output_len": [1], "stop": [True]},
+                           "long")
+        model.execute([stop])
+        assert stop.sender.done.wait(10) and long.sender.done.wait(10)
+    finally:
+        model.finalize()
+    tokens = [int(t) for r, _ in full.sender.responses for t in r.tensors["output_ids"].reshape(-1)]
+    assert tokens == standin.expected_tokens(cycle, 5, 8)
+    assert [flags for _, flags in full.sender.responses] == [0] * 7 + [1]
+    last, flags = long.sender.responses[-1]
+    assert flags == 1 and last.error is None and last.tensors["output_ids"].shape == (1, 1, 0)  # stopped
+    assert stop.sender.responses == [(stop.sender.responses[0][0], 1)] and stop.sender.responses[0][0].tensors == {}
+
+
+# ------------------------------------------------------------------------------------------------
+# scripts/benchmark --smoke on the real stack
+# ------------------------------------------------------------------------------------------------
+
+
+def test_arguments_and_defaults() -> None:
+    args = harness.parse_args([])
+    assert args.concurrency == [1, 8, 32, 64, 128] and args.tokens == 256 and args.step_ms == 10.0
+    assert args.paths == ["tensorrt_llm", "ensemble", "cog"] and args.sender_threads == 1
+    assert args.batch_limit == 128 and args.cog_concurrency == 160
+    ref_args = harness.parse_args(["--engine", "reference"])
+    assert ref_args.concurrency == [1, 2, 4] and ref_args.tokens == 64
+    soak = harness.parse_args(["--soak"])
+    assert soak.soak_minutes == 10 and soak.soak_streams == 16 and soak.soak_cancel_every == 5
+    with pytest.raises(SystemExit):
+        harness.parse_args(["--paths", "bogus"])
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+def test_smoke_run_delivers_every_token_on_every_path(tmp_path: Path, default_archive: Path) -> None:
+    out = tmp_path / "bench"
+    result = subprocess.run(
+        [str(REPO_ROOT / "scripts" / "benchmark"), "--smoke", "--out", str(out)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=170, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    doc = json.loads((out / "results.json").read_text())
+    meta = doc["meta"]
+    assert meta["engine"] == "standin" and meta["paths"] == ["tensorrt_llm", "ensemble", "cog"]
+    assert meta["concurrency"] == [1, 4] and meta["tokens"] == 32
+    assert {(p["path"], p["streams"]) for p in doc["points"]} == {
+        (path, streams) for path in meta["paths"] for streams in meta["concurrency"]}
+    for p in doc["points"]:
+        where = f"{p['path']} x {p['streams']}"
+        assert p["requests"] == p["streams"] * meta["rounds"], where
+        assert p["errors"] == 0 and p["error_messages"] == {}, (where, p["error_messages"])
+        assert p["count_mismatches"] == 0 and p["content_mismatches"] == 0, (where, p["mismatch_samples"])
+        assert p["tokens"] == p["expected_tokens"] == p["requests"] * meta["tokens"], where
+        assert p["tokens_per_s"] > 0 and p["ttft_s"]["p50"] is not None and p["gap_s"]["p99"] is not None
+        assert p["ratio_to_direct"] is not None and p["engine_send_failures"] == 0
+        for role in harness.CORE_ROLES:
+            assert isinstance(p["cpu_us_per_token"].get(role), float), (where, role, p["cpu_us_per_token"])
+        assert p["cpu_us_per_token_servers"] is not None
+    table = (out / "results.md").read_text()
+    assert "| path | streams | tokens/s | vs direct |" in table and "stub:tensorrt_llm" in table
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert (out / "results.png").stat().st_size > 0
+
+
+# ------------------------------------------------------------------------------------------------
+# the load generator's HTTP/SSE parsing
+# ------------------------------------------------------------------------------------------------
+
+
+def _chunked_sse(events: list[bytes]) -> bytes:
+    body = b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events) + b"0\r\n\r\n"
+    return b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n" + body
+
+
+@pytest.mark.parametrize("split", [1, 3, 7, 64, 10_000])
+def test_loadgen_parses_chunked_sse_however_it_is_split(split: int) -> None:
+    from benchmarks.loadgen import SSEParser, triton_ids
+
+    events = [b'data: {"output_ids":[%d],"sequence_length":1}\n\n' % i for i in range(20)]
+    events.append(b'event: completed\ndata: {"status": "succeeded"}\n\n')
+    got, ends = [], []
+    parser = SSEParser(lambda name, data, t: got.append((name, data)), ends.append)
+    raw = _chunked_sse(events)
+    for i in range(0, len(raw), split):
+        parser.feed(raw[i:i + split], 0.0)
+    assert ends == [None] and parser.status == 200
+    assert [triton_ids(d) for _, d in got[:-1]] == [[i] for i in range(20)]
+    assert got[-1] == ("completed", b'{"status": "succeeded"}')
+
+
+def test_loadgen_reads_errors_and_end_token_finals() -> None:
+    from benchmarks.loadgen import SSEParser, triton_ids
+
+    assert triton_ids(b'{"model_name":"ensemble","output_ids":[5,6],"sequence_length":1}') == [5]
+    assert triton_ids(b'{"output_ids":[],"sequence_length":0}') == []
+    assert triton_ids(b'{"error":"boom"}') is None and triton_ids(b'{"id":"x"}') is None
+    ends = []
+    parser = SSEParser(lambda *a: None, ends.append)
+    parser.feed(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 15\r\n\r\n{\"error\":\"bad\"}", 0.0)
+    parser.closed()
+    assert ends == [None] and parser.status == 400 and parser.error_body == b'{"error":"bad"}'
+    broken = SSEParser(lambda *a: None, ends.append)
+    broken.feed(b"garbage\r\n\r\n", 0.0)
+    assert ends[-1].startswith("illegal status line")
