@@ -52,11 +52,18 @@ def ref():
 # the stand-in's model configuration
 # ------------------------------------------------------------------------------------------------
 
-PRODUCT_VALUES = {
-    "triton_max_batch_size": 64, "decoupled_mode": True, "max_queue_delay_microseconds": 0,
-    "hf_model_dir": "/weights", "max_input_len": 100, "max_seq_len": 200, "exclude_input_in_output": True,
-    "torch_threads": 0,
-}
+def _product_values() -> dict:
+    """What the product's renderer fills into the reference template (so the two stay in step)."""
+    from tensorrtllm_backend.engine import ModelLimits, WeightsInfo
+    from tensorrtllm_backend.templates import RenderOptions, template_values
+
+    info = WeightsInfo(kind="hf_checkpoint", weights_dir=Path("/weights"), tokenizer_dir=Path("/weights"),
+                       limits=ModelLimits(max_batch_size=64, max_input_len=100, max_seq_len=200))
+    options = RenderOptions(template_dir=REPO_ROOT / "triton_model_repo", model_repo_dir=Path("/x"))
+    return template_values(options, info)["tensorrt_llm_reference"]
+
+
+PRODUCT_VALUES = _product_values()
 
 
 def test_standin_has_the_reference_models_tensors_and_placeholders(tmp_path: Path) -> None:
@@ -199,6 +206,10 @@ class RecordingSink:
         raise AssertionError(message)
 
     def is_cancelled(self) -> bool:
+        # The response sender is only touched by the request's sender thread, and never after its
+        # final response (a concurrent is_cancelled() racing the final send crashes Triton).
+        assert not self.done.is_set(), "is_cancelled() after the final response"
+        self.threads.add(threading.current_thread().name)
         self.cancel_checks += 1
         return False
 

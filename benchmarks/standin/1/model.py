@@ -218,12 +218,22 @@ class StandinGeneration:
 
 
 class ThreadedSink:
-    """A response sink whose sends are queued to one sender thread (in order); cancellation is
-    read from the inner sink at most once per ``check_period_s``."""
+    """A response sink whose sends are queued to one sender thread (in order).
+
+    The request's response sender is only ever used from that sender thread, and never after its
+    final response: ``is_cancelled()`` answers from a flag the sender thread refreshes (at most once
+    per ``check_period_s``, before a send). In the Python backend the parent deletes a request's
+    response factory when the final response arrives (python_backend src/python_be.cc,
+    ResponseSendDecoupled), so a ``response_sender.is_cancelled()`` from another thread racing the
+    final ``send`` touches freed state: seen here as lost tail tokens and as tritonserver crashing
+    with SIGSEGV (benchmarks and /tmp reproductions, Triton 2.51). The C++ backend's cancellation
+    thread looks requests up under a lock instead.
+    """
 
     def __init__(self, inner: Any, pool: "SenderPool", lane: int, check_period_s: float) -> None:
         self.inner = inner
         self.broken = False
+        self.closed = False  # the final response was sent: the sender must not be touched again
         self._pool = pool
         self._lane = lane
         self._check_period_s = check_period_s
@@ -231,19 +241,20 @@ class ThreadedSink:
         self._cancelled = False
 
     def send_tokens(self, tokens, log_probs, cum_log_prob, final) -> None:
-        self._pool.submit(self._lane, self, "send_tokens", (tokens, log_probs, cum_log_prob, final))
+        self._pool.submit(self._lane, self, "send_tokens", (tokens, log_probs, cum_log_prob, final), final)
 
     def send_error(self, message: str) -> None:
-        self._pool.submit(self._lane, self, "send_error", (message,))
+        self._pool.submit(self._lane, self, "send_error", (message,), True)
 
     def is_cancelled(self) -> bool:
-        if self._cancelled or self.broken:
-            return True
+        return self._cancelled or self.broken
+
+    def refresh_cancelled(self) -> None:
+        """On the sender thread, before a send: ask Triton at most once per check period."""
         now = time.monotonic()
-        if now - self._checked >= self._check_period_s:
+        if not self.closed and now - self._checked >= self._check_period_s:
             self._checked = now
             self._cancelled = bool(self.inner.is_cancelled())
-        return self._cancelled
 
 
 class SenderPool:
@@ -274,20 +285,24 @@ class SenderPool:
             self._next = (self._next + 1) % len(self._queues)
         return ThreadedSink(inner, self, lane, self._check_period_s)
 
-    def submit(self, lane: int, sink: ThreadedSink, method: str, args: tuple) -> None:
-        self._queues[lane].put((sink, method, args))
+    def submit(self, lane: int, sink: ThreadedSink, method: str, args: tuple, final: bool = False) -> None:
+        self._queues[lane].put((sink, method, args, final))
 
     def _run(self, q: "queue.SimpleQueue[Any]") -> None:
         while True:
             item = q.get()
             if item is None:
                 return
-            sink, method, args = item
-            if sink.broken:
+            sink, method, args, final = item
+            if sink.broken or sink.closed:
                 continue
             try:
+                if not final:
+                    sink.refresh_cancelled()
                 getattr(sink.inner, method)(*args)
                 self.sent += 1
+                if final:
+                    sink.closed = True
             except Exception as exc:  # noqa: BLE001 - a closed sender must not end the thread
                 sink.broken = True
                 self.failed += 1
