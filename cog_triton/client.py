@@ -1,49 +1,51 @@
-"""Async client for Triton's generate extension: ``POST /v2/models/<model>/generate_stream`` (SSE).
+"""Async client for the ensemble's decoupled stream, over Triton's gRPC ``ModelStreamInfer``.
 
-Request body: the ensemble's inputs as JSON scalars/lists (tensor names of TensorRT-LLM 1.1.0's
-inflight_batcher_llm ensemble: max_tokens, min_tokens, temperature, top_k, top_p,
-repetition_penalty, presence_penalty, frequency_penalty, seed, stream; plus ``input_ids``, the
-prompt tokenized by the predictor, see triton_model_repo/ensemble). Each SSE event carries one
-response of the decoupled ``tensorrt_llm`` model as JSON: ``output_ids`` (INT32, the new tokens of
-this response; ``[]`` in the final response of a request that ended on the end token, which the
-engine does not return) and ``sequence_length`` (their count), or ``{"error": "..."}``. Triton
-writes events as ``data: <json>`` + a blank line, with no ``event:`` or ``id:`` fields, and ends
-the HTTP response after the final one (server src/http_server.cc, GenerateRequestClass).
+Request: the ensemble's inputs as tensors, shape [1, 1] for scalars, names of TensorRT-LLM 1.1.0's
+inflight_batcher_llm ensemble (max_tokens, min_tokens, temperature, top_k, top_p,
+repetition_penalty, presence_penalty, frequency_penalty, seed, stream, guided_decoding_guide_type,
+guided_decoding_guide) plus ``input_ids`` INT32 [1, n], the prompt tokenized by the predictor (see
+triton_model_repo/ensemble). Each response is one response of the decoupled ``tensorrt_llm``:
+``output_ids`` INT32 [1, 1, k] (the new tokens; k = 0 in the last response of a request that ended
+on the end token, which the engine does not return) and ``sequence_length`` INT32 [1, 1] = k. The
+request asks for ``triton_enable_empty_final_response``, so every response carries
+``triton_final_response``, and the last one says true (server src/grpc/stream_infer_handler.cc).
 
-Transport, chosen by measurement (every streamed token passes through here). CPU per event of the
-client process and of tritonserver, 32 streams x 500 events from a Triton Python model on this
-2-core machine, Triton 2.51, two runs each:
+Why gRPC and not the HTTP generate extension. Measured on this machine (scripts/benchmark,
+token-rate stand-in engine, 128 streams through Cog): with HTTP ``generate_stream``, 107–215 of
+256 predictions ended early, the text an exact prefix of what the engine sent, while the engine had
+sent all 256 tokens and the HTTP response ended cleanly after about 240 events. Triton's HTTP
+frontend hands each response to its event thread with ``evthr_defer`` and ignores its result
+(src/http_server.cc, ``GenerateRequestClass::InferResponseComplete``; libevhtp's ``evthr_defer``
+returns an error instead of queueing when its command socket is full); a dropped chunk callback
+leaves its buffer queued, and the final callback sends one buffer and ends the response, so the
+last responses of a request are lost when the event thread falls behind. The stream carries no
+end marker, so a client cannot tell. Over gRPC every response is queued on the stream in order and
+the final one is marked, so a stream that ends without it is an error, never a shorter answer.
 
-==============================================  ==============  ===============
-client                                          client µs/event  tritonserver µs
-==============================================  ==============  ===============
-httpx + httpx-sse (the previous client)         56, 58          60, 73
-httpx, lines split by hand                      32, 35          --
-aiohttp + aiohttp-sse-client2                   22, 28          --
-aiohttp + the SSE framing below                 20, 28          43, 58
-tritonclient.grpc.aio ``stream_infer``          41, 48 (64, 58)  76, 79
-==============================================  ==============  ===============
-
-aiohttp with SSE framing over its stream reader is the cheapest on both sides of the socket (gRPC
-costs Triton more per response than the HTTP frontend's JSON). aiohttp-sse-client2 parses as fast
-but, as an EventSource, reconnects by sending the request again when a stream ends, which for a
-POST would start a second generation, so the framing (the subset of the SSE format Triton writes:
-``data:`` lines, comments, blank-line dispatch) is done here.
+CPU per streamed token of the client (this process) and of tritonserver was also measured, 32
+streams x 500 responses from a Triton Python model, Triton 2.51 (µs per event, two runs):
+httpx + httpx-sse 56, 58 (server 60, 73); aiohttp with SSE framing 20, 28 (server 43, 58);
+tritonclient.grpc.aio ``stream_infer`` 41, 48 (server 76, 79). gRPC costs more per token on both
+sides; it is what streams every token, so it is the transport. Responses are read straight from
+the protobuf (no ``InferResult``/numpy per token).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
+import struct
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Optional
+from typing import AsyncIterator, Optional
 
-import aiohttp
+import grpc
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from common.errors import InferenceError, TritonError
 
 log = logging.getLogger(__name__)
+
+_INT32 = struct.Struct("<i")
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,7 @@ class GenerateRequest:
     decoding; ``top_k`` 0 means no top-k filter. Stop sequences are not sent: the predictor matches
     them on the text (the engine would match stop words over prompt and output tokens together,
     cpp/tensorrt_llm/kernels/stopCriteriaKernels.cu ``stopWordsCriterion``) and stops the request by id.
+    ``guide_type``/``guide``: TensorRT-LLM guided decoding (json, json_schema, regex, ebnf_grammar).
     """
 
     input_ids: list[int]
@@ -68,36 +71,44 @@ class GenerateRequest:
     seed: int = 0
     stream: bool = True
     request_id: str = ""
-    # Guided decoding (structured output): one of json, json_schema, regex, ebnf_grammar, and the
-    # schema/regex/grammar ("" for json). Empty guide_type: unguided. See cog_triton/guided.py.
     guide_type: str = ""
     guide: str = ""
 
-    def to_json(self) -> dict[str, Any]:
-        """The JSON body for the generate extension; optional tensors are left out when unused."""
-        body: dict[str, Any] = {
-            "input_ids": self.input_ids,
-            "max_tokens": self.max_tokens,
-            "temperature": self.temperature,
-            "top_k": self.top_k,
-            "top_p": self.top_p,
-            "repetition_penalty": self.repetition_penalty,
-            "presence_penalty": self.presence_penalty,
-            "frequency_penalty": self.frequency_penalty,
-            "seed": self.seed,
-            "stream": self.stream,
-        }
+    def to_grpc(self, model: str) -> service_pb2.ModelInferRequest:
+        """The ``ModelInferRequest`` for ``model``; optional tensors are left out when unused."""
+        request = service_pb2.ModelInferRequest(model_name=model, id=self.request_id)
+        _add(request, "input_ids", "INT32", [1, len(self.input_ids)], struct.pack(f"<{len(self.input_ids)}i", *self.input_ids))
+        _add(request, "max_tokens", "INT32", [1, 1], _INT32.pack(self.max_tokens))
+        _add(request, "temperature", "FP32", [1, 1], struct.pack("<f", self.temperature))
+        _add(request, "top_k", "INT32", [1, 1], _INT32.pack(self.top_k))
+        _add(request, "top_p", "FP32", [1, 1], struct.pack("<f", self.top_p))
+        _add(request, "repetition_penalty", "FP32", [1, 1], struct.pack("<f", self.repetition_penalty))
+        _add(request, "presence_penalty", "FP32", [1, 1], struct.pack("<f", self.presence_penalty))
+        _add(request, "frequency_penalty", "FP32", [1, 1], struct.pack("<f", self.frequency_penalty))
+        _add(request, "seed", "UINT64", [1, 1], struct.pack("<Q", self.seed))
+        _add(request, "stream", "BOOL", [1, 1], b"\x01" if self.stream else b"\x00")
         if self.min_tokens:
-            body["min_tokens"] = self.min_tokens
-        if self.request_id:
-            body["id"] = self.request_id
+            _add(request, "min_tokens", "INT32", [1, 1], _INT32.pack(self.min_tokens))
         if self.guide_type:
-            # TYPE_STRING [1] inputs of the ensemble, passed through to tensorrt_llm (utils.cc
-            # getGuidedDecodingParamsFromTensors reads them); a json guide needs no guide string.
-            body["guided_decoding_guide_type"] = self.guide_type
-            if self.guide:
-                body["guided_decoding_guide"] = self.guide
-        return body
+            _add(request, "guided_decoding_guide_type", "BYTES", [1, 1], _bytes_tensor(self.guide_type))
+            if self.guide:  # "json" takes no guide (utils.cc getGuidedDecodingParamsFromTensors)
+                _add(request, "guided_decoding_guide", "BYTES", [1, 1], _bytes_tensor(self.guide))
+        request.parameters["triton_enable_empty_final_response"].bool_param = True
+        return request
+
+
+def _add(request: service_pb2.ModelInferRequest, name: str, datatype: str, shape: list[int], raw: bytes) -> None:
+    tensor = request.inputs.add()
+    tensor.name = name
+    tensor.datatype = datatype
+    tensor.shape.extend(shape)
+    request.raw_input_contents.append(raw)
+
+
+def _bytes_tensor(text: str) -> bytes:
+    """One BYTES element as Triton's raw format: a 4-byte little-endian length, then the bytes."""
+    data = text.encode("utf-8")
+    return _INT32.pack(len(data)) + data
 
 
 @dataclass(frozen=True)
@@ -107,180 +118,150 @@ class GenerateChunk:
     output_ids: list[int]
 
 
-def _flatten(value: Any) -> list[int]:
-    if isinstance(value, list):
-        out: list[int] = []
-        for item in value:
-            out.extend(_flatten(item))
-        return out
-    return [int(value)]
+def parse_response(response: service_pb2.ModelInferResponse) -> tuple[GenerateChunk, bool]:
+    """The chunk in one streamed response, and whether it is the request's final response.
 
-
-def parse_event(data: str) -> GenerateChunk:
-    """Parse one SSE ``data`` payload into a chunk.
-
-    ``output_ids`` is cut to ``sequence_length`` when present (the backend pads beams with -1,
-    model_instance_state.cc fillTritonResponse). A response with no new tokens (``[]``, sequence
-    length 0) is a valid chunk: the C++ backend sends it last when a streamed request ends on the
-    end token, which it never returns (llmRequest.cpp createResult; tests/test_conformance.py).
+    ``output_ids`` is cut to ``sequence_length`` (the backend pads beams with -1,
+    model_instance_state.cc fillTritonResponse). A response with no new tokens is valid: the C++
+    backend sends it last when a streamed request ends on the end token (llmRequest.cpp
+    createResult; tests/test_conformance.py); an empty final response (no tensors) too.
 
     Raises:
-        InferenceError: the event carries ``error``, has no ``output_ids`` (an ensemble that returns
-            only text, as upstream's does, cannot serve the predictor), or is not the expected JSON.
+        InferenceError: a response with tensors but no ``output_ids`` (an ensemble that returns only
+            text, as upstream's does, cannot serve the predictor), or malformed tensors.
     """
+    final = response.parameters["triton_final_response"].bool_param
+    names = [output.name for output in response.outputs]
+    if not names:
+        return GenerateChunk([]), final  # the empty final response
     try:
-        payload = json.loads(data)
-    except json.JSONDecodeError:
-        raise InferenceError(f"Triton sent an event that is not JSON: {data[:200]!r}") from None
-    if not isinstance(payload, dict):
-        raise InferenceError(f"Triton sent an unexpected event: {data[:200]!r}")
-    if "error" in payload:
-        raise InferenceError(f"Triton reported: {payload['error']}")
-    ids = payload.get("output_ids")
-    if ids is None:
+        raw = response.raw_output_contents[names.index("output_ids")]
+    except (ValueError, IndexError):
         raise InferenceError(
-            f"Triton sent an event without output_ids: {data[:200]!r}; the ensemble must return the "
-            "tensorrt_llm model's output_ids (upstream's ensemble returns only text_output)"
-        )
-    try:
-        if type(ids) is int:  # one token: Triton writes a [1, 1, 1] tensor as a bare number
-            out = [ids]
-        else:
-            out = _flatten(ids)
-        length = payload.get("sequence_length")
-        if length is not None:
-            n = length if type(length) is int else (_flatten(length) or [len(out)])[0]
-            out = out[: max(0, n)]
-    except (TypeError, ValueError):
-        raise InferenceError(
-            f"Triton sent output_ids/sequence_length that are not integers: {data[:200]!r}"
+            f"Triton sent a response without output_ids (outputs: {', '.join(names)}); the ensemble must return "
+            "the tensorrt_llm model's output_ids (upstream's ensemble returns only text_output)"
         ) from None
-    return GenerateChunk(output_ids=out)
-
-
-def _error_message(body: str) -> str:
-    """The error text of a non-200 answer: JSON ``{"error": ...}``, an SSE ``data:`` event, or plain text."""
-    text = body.strip()
-    if text.startswith("data:"):
-        text = text[5:].strip()
-    try:
-        payload = json.loads(text)
-    except json.JSONDecodeError:
-        return text
-    return str(payload.get("error", text)) if isinstance(payload, dict) else text
+    if len(raw) % 4:
+        raise InferenceError(f"Triton sent output_ids of {len(raw)} bytes, not INT32 values")
+    ids = [_INT32.unpack(raw)[0]] if len(raw) == 4 else list(memoryview(raw).cast("i"))
+    if "sequence_length" in names:
+        length = response.raw_output_contents[names.index("sequence_length")]
+        if len(length) >= 4:
+            ids = ids[: max(0, _INT32.unpack_from(length)[0])]
+    return GenerateChunk(ids), final
 
 
 class TritonClient:
-    """Streams generations from a Triton model over HTTP (one aiohttp connection pool per event loop).
+    """Streams generations from a Triton model over gRPC (one channel per event loop).
 
     Args:
-        base_url: e.g. ``http://127.0.0.1:8000``.
+        address: Triton's gRPC endpoint, ``host:port``.
         model: the model to call (``ensemble``).
-        token_timeout_s: longest wait for the next event, seconds.
-        connect_timeout_s: TCP connect timeout, seconds.
-        max_connections: connection pool size (at least the predictor's concurrency).
+        token_timeout_s: longest wait for the next response, seconds (enforced by the caller's
+            supervisor, see :attr:`token_timeout_s`; nothing per token here).
+        connect_timeout_s: how long a request waits for the connection, seconds.
     """
 
     def __init__(
         self,
-        base_url: str,
+        address: str,
         *,
         model: str = "ensemble",
         token_timeout_s: float = 120.0,
         connect_timeout_s: float = 5.0,
-        max_connections: int = 64,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
+        self.address = address
         self.model = model
         self.token_timeout_s = token_timeout_s
-        self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout_s, sock_read=token_timeout_s)
-        self._max_connections = max_connections
-        self._session: Optional[aiohttp.ClientSession] = None
+        self.connect_timeout_s = connect_timeout_s
+        self._channel: Optional[grpc.aio.Channel] = None
+        self._stub: Optional[service_pb2_grpc.GRPCInferenceServiceStub] = None
         self._loop: Optional[asyncio.AbstractEventLoop] = None
 
-    def _http(self) -> aiohttp.ClientSession:
+    def _grpc(self) -> service_pb2_grpc.GRPCInferenceServiceStub:
         loop = asyncio.get_running_loop()
-        if self._session is None or self._loop is not loop or self._session.closed:
-            # A ClientSession is bound to the event loop it was made on.
-            connector = aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=0, ttl_dns_cache=None)
-            self._session = aiohttp.ClientSession(
-                self.base_url, connector=connector, timeout=self._timeout, auto_decompress=False,
-                json_serialize=json.dumps,
+        if self._stub is None or self._loop is not loop:
+            # A grpc.aio channel is bound to the event loop it was made on.
+            self._channel = grpc.aio.insecure_channel(
+                self.address,
+                options=[("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)],
             )
+            self._stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
             self._loop = loop
-        return self._session
+        return self._stub
 
     async def aclose(self) -> None:
-        """Close the connection pool of the current event loop."""
-        if self._session is not None and not self._session.closed and self._loop is asyncio.get_running_loop():
-            await self._session.close()
-        self._session = None
+        """Close the channel of the current event loop."""
+        if self._channel is not None and self._loop is asyncio.get_running_loop():
+            await self._channel.close()
+        self._channel = self._stub = None
 
-    def _failed(self, what: str, exc: BaseException) -> TritonError:
-        return TritonError(f"{what} to Triton at {self.base_url} failed: {type(exc).__name__}: {exc}")
+    def _failed(self, exc: grpc.aio.AioRpcError) -> TritonError:
+        return TritonError(f"connection to Triton at {self.address} failed: {exc.code().name}: {exc.details()}")
+
+    async def _stream(self, request: service_pb2.ModelInferRequest) -> AsyncIterator[service_pb2.ModelInferResponse]:
+        """The responses of one request on its own bidirectional stream, up to its final one."""
+        done = asyncio.Event()
+
+        async def requests() -> AsyncIterator[service_pb2.ModelInferRequest]:
+            yield request
+            await done.wait()  # keep the stream open until the final response
+
+        call = self._grpc().ModelStreamInfer(requests())
+        try:
+            async for message in call:
+                if message.error_message:
+                    raise InferenceError(f"Triton reported: {message.error_message}")
+                yield message.infer_response
+                if message.infer_response.parameters["triton_final_response"].bool_param:
+                    return
+        finally:
+            done.set()
+            call.cancel()  # after the final response this only releases the stream
 
     async def stop(self, request_id: str, model: str = "tensorrt_llm") -> None:
         """Ask ``model`` to stop the running request ``request_id`` (TensorRT-LLM's ``stop`` input).
 
-        Triton 2.51 does not pass a client disconnect on to the models of an ensemble, so an
-        abandoned generation would run to ``max_tokens``; the TensorRT-LLM backend (and our CPU
-        reference backend) instead stop a request when a second request with the same request id
-        carries ``stop=true`` (model_instance_state.cc handleStopRequest). It answers one empty
-        final response, for a known or an unknown id alike.
+        Triton does not pass a client disconnect on to the models of an ensemble, so an abandoned
+        generation would run to ``max_tokens``; the TensorRT-LLM backend (and our CPU reference
+        backend) instead stop a request when a second request with the same request id carries
+        ``stop=true`` (model_instance_state.cc handleStopRequest). It answers one empty final
+        response, for a known or an unknown id alike.
 
         Raises:
             InferenceError: Triton rejected the stop request.
             TritonError: the connection failed.
         """
-        body = {"id": request_id, "input_lengths": 1, "request_output_len": 1, "stop": True}
+        request = service_pb2.ModelInferRequest(model_name=model, id=request_id)
+        _add(request, "input_lengths", "INT32", [1, 1], _INT32.pack(1))
+        _add(request, "request_output_len", "INT32", [1, 1], _INT32.pack(1))
+        _add(request, "stop", "BOOL", [1, 1], b"\x01")
+        request.parameters["triton_enable_empty_final_response"].bool_param = True
         try:
-            async with self._http().post(f"/v2/models/{model}/generate_stream", json=body) as response:
-                text = (await response.read()).decode("utf-8", "replace")
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            raise TritonError(
-                f"stop request to Triton failed: {type(exc).__name__}: {exc}"
-            ) from None
-        if response.status != 200 or '"error"' in text:
-            raise InferenceError(f"Triton refused to stop request {request_id}: HTTP {response.status} {text[:300]}")
+            async with asyncio.timeout(self.connect_timeout_s + 5.0):
+                async for _ in self._stream(request):
+                    pass
+        except InferenceError as exc:
+            raise InferenceError(f"Triton refused to stop request {request_id}: {exc.message}") from None
+        except grpc.aio.AioRpcError as exc:
+            raise TritonError(f"stop request to Triton failed: {exc.code().name}: {exc.details()}") from None
+        except TimeoutError:
+            raise TritonError(f"stop request to Triton got no answer in {self.connect_timeout_s + 5.0:g} s") from None
 
     async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
-        """Yield the chunks of one generation as Triton streams them.
+        """Yield the chunks of one generation as Triton streams them, up to the final response.
 
         Raises:
-            InferenceError: Triton rejected the request (HTTP status with its error text), sent
-                an error event, answered something that is not an event stream, or sent no event
-                within ``token_timeout_s`` seconds.
-            TritonError: the connection failed or broke off (the caller checks whether Triton
-                died and raises TritonDiedError then).
+            InferenceError: Triton rejected the request or reported an error on the stream.
+            TritonError: the connection failed, broke off, or ended without the final response
+                (the caller checks whether Triton died and raises TritonDiedError then).
         """
-        url = f"/v2/models/{self.model}/generate_stream"
         try:
-            async with self._http().post(url, json=request.to_json(), headers={"Accept": "text/event-stream"}) as response:
-                if response.status != 200:
-                    body = (await response.read()).decode("utf-8", "replace")
-                    raise InferenceError(f"Triton answered HTTP {response.status}: {_error_message(body)}")
-                content_type = response.headers.get("Content-Type", "")
-                if not content_type.startswith("text/event-stream"):
-                    raise InferenceError(
-                        f"Triton's response is not an event stream (Content-Type {content_type!r})"
-                    )
-                data: list[str] = []
-                async for raw in response.content:  # one line at a time, with its line break
-                    line = raw.decode("utf-8").rstrip("\r\n")
-                    if line:
-                        if line.startswith("data:"):
-                            data.append(line[6:] if line.startswith("data: ") else line[5:])
-                        continue  # comments (":"), and fields Triton does not send
-                    if data:  # a blank line ends an event
-                        payload = data[0] if len(data) == 1 else "\n".join(data)
-                        data = []
-                        if payload:  # an event with empty data carries nothing
-                            yield parse_event(payload)
-                if data and any(data):
-                    yield parse_event("\n".join(data))
-        except asyncio.TimeoutError:
-            raise InferenceError(
-                f"no token from Triton for {self.token_timeout_s:g} s (COG_TRITON_REQUEST_TIMEOUT_S)"
-            ) from None
-        except aiohttp.ClientError as exc:
-            raise self._failed("connection", exc) from None
+            async for response in self._stream(request.to_grpc(self.model)):
+                chunk, final = parse_response(response)
+                yield chunk
+                if final:
+                    return
+        except grpc.aio.AioRpcError as exc:
+            raise self._failed(exc) from None
+        raise TritonError(f"Triton's stream at {self.address} ended without the final response")

@@ -39,7 +39,7 @@ from cog_triton.weights import fetch_weights
 from tensorrtllm_backend.engine import WeightsInfo, find_model_root, inspect_weights
 from tensorrtllm_backend.gpus import GPU, visible_gpus
 from tensorrtllm_backend.manifest import MANIFEST_NAME, Manifest, check_weights_match, verify_weights
-from tensorrtllm_backend.server import LaunchConfig, TritonServer, locate_tritonserver, unique_shm_prefix
+from tensorrtllm_backend.server import LaunchConfig, TritonServer, locate_tritonserver
 from tensorrtllm_backend.templates import RenderOptions, guided_decoding_of, render_model_repository
 
 log = logging.getLogger(__name__)
@@ -203,22 +203,20 @@ class LLMService:
                 world_size=manifest.world_size if manifest else info.world_size,
                 log_verbose=settings.log_verbose,
                 mpirun=settings.mpirun,
-                shm_prefix=unique_shm_prefix(),
             ),
             log_file=settings.path(settings.triton_log_file),
             stop_timeout_s=settings.stop_timeout_s,
         )
         self.info = info
-        self.client = TritonClient(
-            self.server.url,
-            token_timeout_s=settings.request_timeout_s,
-            max_connections=max(settings.max_concurrency * 2, 8),
-        )
+        self.client = TritonClient(self.server.grpc_address, token_timeout_s=settings.request_timeout_s)
         self.server.start()
         ready_s = self.server.wait_ready(settings.startup_timeout_s)
         log.info("Triton ready in %.1f s", ready_s)
         self.supervisor = Supervisor(
-            self.server, ["ensemble", "preprocessing", "tensorrt_llm"], startup_timeout_s=settings.startup_timeout_s
+            self.server,
+            ["ensemble", "preprocessing", "tensorrt_llm"],
+            startup_timeout_s=settings.startup_timeout_s,
+            token_timeout_s=settings.request_timeout_s,
         )
         self.supervisor.start()
         if settings.self_test:
@@ -457,6 +455,7 @@ class LLMService:
         guided_ids: Optional[list[int]] = [] if inputs.guide is not None else None  # to check the document
         try:
             async for chunk in client.generate_stream(request):
+                watched.last = time.monotonic()  # for the no-token timeout (the supervisor checks it)
                 ids = chunk.output_ids
                 if not ids:
                     continue  # the last response of a request that ended on the end token

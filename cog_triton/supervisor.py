@@ -34,7 +34,7 @@ from typing import Callable, Optional
 
 import httpx
 
-from common.errors import TritonDiedError, TritonError
+from common.errors import InferenceError, TritonDiedError, TritonError
 from tensorrtllm_backend.server import TritonServer
 
 log = logging.getLogger(__name__)
@@ -56,6 +56,7 @@ class Stream:
     task: "asyncio.Task[object]"
     loop: asyncio.AbstractEventLoop
     error: Optional[TritonError] = None
+    last: float = field(default_factory=time.monotonic)  # when the stream last received something
 
     def fail(self, error: TritonError) -> None:
         """Cancel the stream's task with ``error`` (from any thread); the stream raises ``error``."""
@@ -102,6 +103,8 @@ class Supervisor:
         interval_s: polling period, seconds.
         probe_timeout_s: timeout of each readiness probe, seconds.
         hung_after: failed probes in a row (while the process runs) that make Triton hung.
+        token_timeout_s: a stream that receives nothing for this long fails with "no token" (the
+            streams update ``Stream.last``; the check runs here, not per token).
         max_restarts: failed restarts in a row after which the state is unrecoverable.
         on_restart: called (in the supervisor thread) after each successful restart.
     """
@@ -115,6 +118,7 @@ class Supervisor:
         interval_s: float = 0.5,
         probe_timeout_s: float = 2.0,
         hung_after: int = 3,
+        token_timeout_s: float = 120.0,
         max_restarts: int = 3,
         on_restart: Optional[Callable[[], None]] = None,
     ) -> None:
@@ -124,6 +128,7 @@ class Supervisor:
         self.interval_s = interval_s
         self.probe_timeout_s = probe_timeout_s
         self.hung_after = hung_after
+        self.token_timeout_s = token_timeout_s
         self.max_restarts = max_restarts
         self.on_restart = on_restart
         self.state = State.READY
@@ -220,9 +225,21 @@ class Supervisor:
                     return
                 if self.state is not State.READY:
                     continue
+                self._expire_silent_streams()
                 fault = self.check(client)
                 if fault is not None and not self._stop.is_set():
                     self._handle_fault(fault)
+
+    def _expire_silent_streams(self) -> None:
+        deadline = time.monotonic() - self.token_timeout_s
+        with self._lock:
+            silent = [stream for stream in self._streams if stream.last < deadline]
+            for stream in silent:
+                self._streams.discard(stream)
+        for stream in silent:
+            stream.fail(InferenceError(
+                f"no token from Triton for {self.token_timeout_s:g} s (COG_TRITON_REQUEST_TIMEOUT_S)"
+            ))
 
     def check(self, client: httpx.Client) -> Optional[Fault]:
         """One round of checks; the fault found, or None."""

@@ -241,7 +241,9 @@ class LaunchConfig:
         log_verbose: ``--log-verbose`` level.
         mpirun: the mpirun executable for world_size > 1.
         shm_prefix: start of the Python backend's shared-memory region names; rank r uses
-            ``<shm_prefix><r>_`` (upstream's launch script uses ``prefix``).
+            ``<shm_prefix><r>_``. Unique per launch by default (:func:`unique_shm_prefix`), because
+            stopping a server removes every region under its prefix; upstream's launch script uses
+            ``prefix``, which two servers on one host would share.
     """
 
     model_repo: Path
@@ -251,7 +253,7 @@ class LaunchConfig:
     world_size: int = 1
     log_verbose: int = 0
     mpirun: str = "mpirun"
-    shm_prefix: str = "prefix"
+    shm_prefix: str = field(default_factory=lambda: unique_shm_prefix())
 
 
 def _rank_args(installation: TritonInstallation, cfg: LaunchConfig, rank: int) -> list[str]:
@@ -380,6 +382,11 @@ class TritonServer:
     def url(self) -> str:
         """Base URL of Triton's HTTP endpoint, e.g. ``http://127.0.0.1:8000``."""
         return f"http://{LOOPBACK}:{self.cfg.http_port}"
+
+    @property
+    def grpc_address(self) -> str:
+        """Triton's gRPC endpoint, ``127.0.0.1:<port>``."""
+        return f"{LOOPBACK}:{self.cfg.grpc_port}"
 
     @property
     def pid(self) -> Optional[int]:

@@ -1,211 +1,114 @@
-"""Tests of cog_triton.client: the request body, SSE event parsing, and streaming against a real
-local HTTP server speaking Triton's generate_stream protocol (HTTP/1.1, chunked, text/event-stream)."""
+"""Tests of cog_triton.client against a real gRPC server that speaks Triton's ModelStreamInfer.
+
+The server (grpc.aio, tritonclient's generated service definition) plays Triton's side of the
+stream: a scenario per test decides what it sends for each request. Triton itself is exercised by
+the integration tests; here every edge of the protocol can be produced on purpose.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import socket
+import struct
 import threading
-import time
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, AsyncIterator, Callable, Iterator, Optional
 
+import grpc
 import pytest
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from cog_triton.client import GenerateChunk, GenerateRequest, TritonClient, parse_event
 from common.errors import InferenceError, TritonError
+from cog_triton.client import GenerateChunk, GenerateRequest, TritonClient, parse_response
 
-# --- GenerateRequest.to_json -----------------------------------------------------------------
-
-
-def test_to_json_leaves_out_unused_optional_tensors() -> None:
-    body = GenerateRequest(input_ids=[1, 2], max_tokens=16).to_json()
-    assert body == {
-        "input_ids": [1, 2],
-        "max_tokens": 16,
-        "temperature": 1.0,
-        "top_k": 0,
-        "top_p": 1.0,
-        "repetition_penalty": 1.0,
-        "presence_penalty": 0.0,
-        "frequency_penalty": 0.0,
-        "seed": 0,
-        "stream": True,
-    }
-    assert "min_tokens" not in body and "stop_words" not in body and "text_input" not in body
-    assert json.loads(json.dumps(body)) == body  # plain JSON
+I32 = struct.Struct("<i")
 
 
-def test_to_json_includes_set_optional_tensors() -> None:
-    request = GenerateRequest(
-        input_ids=[5],
-        max_tokens=8,
-        min_tokens=3,
-        temperature=0.0,
-        top_k=1,
-        top_p=0.5,
-        repetition_penalty=1.2,
-        presence_penalty=0.5,
-        frequency_penalty=-0.5,
-        seed=42,
-        stream=False,
-    )
-    body = request.to_json()
-    assert body["min_tokens"] == 3
-    assert "stop_words" not in body  # stop sequences are matched by the predictor, on the text
-    assert (body["temperature"], body["top_k"], body["top_p"], body["seed"], body["stream"]) == (0.0, 1, 0.5, 42, False)
-    assert (body["repetition_penalty"], body["presence_penalty"], body["frequency_penalty"]) == (1.2, 0.5, -0.5)
+def response(ids: Optional[list[int]], final: bool = False, request_id: str = "", length: Optional[int] = None,
+             names: tuple[str, ...] = ("output_ids", "sequence_length")) -> service_pb2.ModelStreamInferResponse:
+    """A streamed response as Triton's gRPC frontend sends it (outputs as raw little-endian INT32)."""
+    message = service_pb2.ModelStreamInferResponse()
+    infer = message.infer_response
+    infer.model_name = "ensemble"
+    infer.id = request_id
+    if ids is not None:
+        for name in names:
+            out = infer.outputs.add()
+            out.name = name
+            out.datatype = "INT32"
+            if name == "output_ids":
+                out.shape.extend([1, 1, len(ids)])
+                infer.raw_output_contents.append(struct.pack(f"<{len(ids)}i", *ids))
+            else:
+                out.shape.extend([1, 1])
+                infer.raw_output_contents.append(I32.pack(len(ids) if length is None else length))
+    infer.parameters["triton_final_response"].bool_param = final
+    return message
 
 
-# --- parse_event -----------------------------------------------------------------------------
+def error(text: str) -> service_pb2.ModelStreamInferResponse:
+    return service_pb2.ModelStreamInferResponse(error_message=text)
 
 
-def test_parse_event_flattens_nested_output_ids_and_cuts_to_sequence_length() -> None:
-    chunk = parse_event(json.dumps({"output_ids": [[5, 6, 7, -1, -1]], "sequence_length": [[3]]}))
-    assert chunk == GenerateChunk(output_ids=[5, 6, 7])
-
-
-@pytest.mark.parametrize(
-    ("payload", "ids"),
-    [
-        ({"output_ids": [[[1], [2]], [3]]}, [1, 2, 3]),  # no sequence_length: everything
-        ({"output_ids": 9}, [9]),  # a scalar
-        ({"output_ids": [1, 2], "sequence_length": 1}, [1]),  # scalar length
-        ({"output_ids": [1, 2], "sequence_length": [5]}, [1, 2]),  # longer than the ids
-        ({"output_ids": [1, 2], "sequence_length": [0]}, []),
-        ({"output_ids": [1, 2], "sequence_length": [-1]}, []),
-        ({"output_ids": [1, 2], "sequence_length": []}, [1, 2]),
-        ({"output_ids": [], "sequence_length": 0}, []),  # the end-token final (C++ backend, conformance)
-        ({"output_ids": [[]], "sequence_length": [[0]]}, []),
-    ],
-)
-def test_parse_event_output_ids(payload: dict, ids: list[int]) -> None:
-    assert parse_event(json.dumps(payload)).output_ids == ids
-
-
-@pytest.mark.parametrize("payload", ['{"text_output": "hello"}', '{}', '{"model_name": "ensemble", "id": "x"}'])
-def test_an_event_without_output_ids_is_an_error_not_an_empty_chunk(payload: str) -> None:
-    """Upstream's ensemble returns only text_output: the predictor must not take that for success."""
-    with pytest.raises(InferenceError) as info:
-        parse_event(payload)
-    assert "without output_ids" in str(info.value)
-
-
-def test_parse_event_error_payload() -> None:
-    with pytest.raises(InferenceError) as info:
-        parse_event('{"error": "in ensemble \'ensemble\', max_tokens must be positive"}')
-    assert info.value.message == "Triton reported: in ensemble 'ensemble', max_tokens must be positive"
-    assert str(info.value).startswith("[inference_error] ")
-
-
-@pytest.mark.parametrize(
-    ("data", "fragment"),
-    [
-        ("not json at all", "not JSON: 'not json at all'"),
-        ('{"output_ids": [1,', "not JSON"),
-        ("[1, 2, 3]", "unexpected event: '[1, 2, 3]'"),
-        ('"text"', "unexpected event"),
-        ('{"output_ids": ["x"]}', "output_ids"),
-        ('{"output_ids": [null]}', "output_ids"),
-        ('{"output_ids": [1], "sequence_length": ["n"]}', "sequence_length"),
-    ],
-)
-def test_parse_event_rejects_unexpected_payloads(data: str, fragment: str) -> None:
-    with pytest.raises(InferenceError) as info:
-        parse_event(data)
-    assert fragment in str(info.value)
-
-
-def test_parse_event_shortens_long_garbage() -> None:
-    with pytest.raises(InferenceError) as info:
-        parse_event("x" * 5000)
-    assert len(str(info.value)) < 400
-
-
-# --- a real SSE server -----------------------------------------------------------------------
-
-Scenario = Callable[["Handler"], None]
-
-
-class Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # chunked streaming, as Triton answers generate_stream
-    server: "SSEServer"
-
-    def do_POST(self) -> None:  # noqa: N802
-        length = int(self.headers.get("Content-Length", "0"))
-        body = json.loads(self.rfile.read(length) or b"null")
-        self.server.state.requests.append((self.path, dict(self.headers), body))
-        self.server.state.scenario(self)
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-        pass
-
-    # helpers for scenarios
-    def start_stream(self, content_type: str = "text/event-stream") -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
-        self.wfile.flush()
-
-    def chunk(self, data: bytes) -> None:
-        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
-        self.wfile.flush()
-
-    def event(self, payload: Any) -> None:
-        self.chunk(f"data: {json.dumps(payload)}\n\n".encode())
-
-    def end_stream(self) -> None:
-        self.wfile.write(b"0\r\n\r\n")
-        self.wfile.flush()
-
-    def send_json(self, status: int, payload: Any) -> None:
-        data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-        self.wfile.flush()
+Scenario = Callable[[service_pb2.ModelInferRequest], AsyncIterator[service_pb2.ModelStreamInferResponse]]
 
 
 @dataclass
-class ServerState:
-    scenario: Scenario = lambda h: None  # noqa: E731
-    requests: list = field(default_factory=list)
-    release: threading.Event = field(default_factory=threading.Event)
+class State:
+    scenario: Optional[Scenario] = None
+    requests: list[service_pb2.ModelInferRequest] = field(default_factory=list)
+    abort: Optional[grpc.StatusCode] = None
+    end_call_after_scenario: bool = False  # close the stream (OK status) once the scenario is done
 
 
-class SSEServer(ThreadingHTTPServer):
-    daemon_threads = True
-    state: ServerState
+class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
+    def __init__(self, state: State) -> None:
+        self.state = state
+
+    async def ModelStreamInfer(self, request_iterator, context):  # noqa: N802 - gRPC naming
+        async for request in request_iterator:
+            self.state.requests.append(request)
+            if self.state.abort is not None:
+                await context.abort(self.state.abort, "the server went away")
+            assert self.state.scenario is not None
+            async for message in self.state.scenario(request):
+                yield message
+            if self.state.end_call_after_scenario:
+                return
 
 
 @dataclass
 class Running:
-    url: str
-    state: ServerState
+    address: str
+    state: State
 
 
 @pytest.fixture
-def sse_server() -> Iterator[Running]:
-    server = SSEServer(("127.0.0.1", 0), Handler)
-    server.state = ServerState()
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+def triton() -> Iterator[Running]:
+    """A gRPC server on a free port, in its own thread and event loop."""
+    state = State()
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+    holder: dict[str, Any] = {}
+
+    async def serve() -> None:
+        server = grpc.aio.server()
+        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(FakeTriton(state), server)
+        holder["port"] = server.add_insecure_port("127.0.0.1:0")
+        holder["shutdown"] = asyncio.Event()
+        await server.start()
+        ready.set()
+        await holder["shutdown"].wait()
+        await server.stop(None)
+
+    thread = threading.Thread(target=lambda: loop.run_until_complete(serve()), daemon=True)
     thread.start()
+    assert ready.wait(10)
     try:
-        yield Running(url=f"http://127.0.0.1:{server.server_address[1]}", state=server.state)
+        yield Running(address=f"127.0.0.1:{holder['port']}", state=state)
     finally:
-        server.state.release.set()
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
-
-
-def event(i: int) -> dict:
-    return {"output_ids": [[100 + i]], "sequence_length": [1], "model_name": "ensemble"}
+        loop.call_soon_threadsafe(holder["shutdown"].set)
+        thread.join(timeout=10)
 
 
 def collect(client: TritonClient, request: GenerateRequest) -> tuple[list[GenerateChunk], Optional[BaseException]]:
@@ -213,64 +116,150 @@ def collect(client: TritonClient, request: GenerateRequest) -> tuple[list[Genera
 
     async def main() -> tuple[list[GenerateChunk], Optional[BaseException]]:
         chunks: list[GenerateChunk] = []
-        error: Optional[BaseException] = None
+        failure: Optional[BaseException] = None
         try:
             async for chunk in client.generate_stream(request):
                 chunks.append(chunk)
         except Exception as exc:  # noqa: BLE001 - the test inspects it
-            error = exc
+            failure = exc
         finally:
             await client.aclose()
-        return chunks, error
+        return chunks, failure
 
     return asyncio.run(main())
 
 
-REQUEST = GenerateRequest(input_ids=[9, 8, 7], max_tokens=3, seed=7)
+REQUEST = GenerateRequest(input_ids=[9, 8, 7], max_tokens=3, seed=7, request_id="cog-triton-1")
 
 
-def test_stream_of_three_events(sse_server: Running) -> None:
-    def scenario(h: Handler) -> None:
-        h.start_stream()
-        h.chunk(b": keep-alive comment\n\n")
-        for i in range(3):
-            h.event(event(i))
-        h.chunk(b"data:\n\n")  # an event without data is skipped
-        h.end_stream()
+def tokens(*steps: list[int], end_final: bool = False) -> Scenario:
+    async def scenario(request):
+        for i, ids in enumerate(steps):
+            yield response(ids, final=(i == len(steps) - 1 and not end_final), request_id=request.id)
+        if end_final:
+            yield response([], final=True, request_id=request.id)  # [1,1,0]: ended on the end token
 
-    sse_server.state.scenario = scenario
-    chunks, error = collect(TritonClient(sse_server.url + "/"), REQUEST)
-    assert error is None
-    assert chunks == [GenerateChunk([100]), GenerateChunk([101]), GenerateChunk([102])]
-    [(path, headers, body)] = sse_server.state.requests
-    assert path == "/v2/models/ensemble/generate_stream"
-    assert body == REQUEST.to_json()
-    assert headers["Accept"] == "text/event-stream"
+    return scenario
 
 
-def test_events_split_across_network_chunks(sse_server: Running) -> None:
-    def scenario(h: Handler) -> None:
-        h.start_stream()
-        data = "".join(f"data: {json.dumps(event(i))}\n\n" for i in range(3)).encode()
-        for start in range(0, len(data), 7):  # 7-byte chunks: events cut anywhere
-            h.chunk(data[start : start + 7])
-        h.end_stream()
-
-    sse_server.state.scenario = scenario
-    chunks, error = collect(TritonClient(sse_server.url, model="other_ensemble"), REQUEST)
-    assert error is None
-    assert [c.output_ids for c in chunks] == [[100], [101], [102]]
-    assert sse_server.state.requests[0][0] == "/v2/models/other_ensemble/generate_stream"
+# --- the request -------------------------------------------------------------------------------------
 
 
-def test_client_survives_a_new_event_loop(sse_server: Running) -> None:
-    def scenario(h: Handler) -> None:
-        h.start_stream()
-        h.event(event(0))
-        h.end_stream()
+def tensor(request: service_pb2.ModelInferRequest, name: str) -> tuple[str, list[int], bytes]:
+    names = [t.name for t in request.inputs]
+    t = request.inputs[names.index(name)]
+    return t.datatype, list(t.shape), request.raw_input_contents[names.index(name)]
 
-    sse_server.state.scenario = scenario
-    client = TritonClient(sse_server.url)
+
+def test_the_request_carries_the_ensembles_tensors(triton: Running) -> None:
+    triton.state.scenario = tokens([1])
+    request = GenerateRequest(
+        input_ids=[5, 6, 7], max_tokens=8, min_tokens=3, temperature=0.5, top_k=1, top_p=0.25,
+        repetition_penalty=1.25, presence_penalty=0.5, frequency_penalty=-0.5, seed=2**40, request_id="abc",
+    )
+    collect(TritonClient(triton.address), request)
+    [sent] = triton.state.requests
+    assert sent.model_name == "ensemble" and sent.id == "abc"
+    assert tensor(sent, "input_ids") == ("INT32", [1, 3], struct.pack("<3i", 5, 6, 7))
+    assert tensor(sent, "max_tokens") == ("INT32", [1, 1], I32.pack(8))
+    assert tensor(sent, "min_tokens") == ("INT32", [1, 1], I32.pack(3))
+    assert struct.unpack("<f", tensor(sent, "top_p")[2]) == (0.25,)
+    assert struct.unpack("<Q", tensor(sent, "seed")[2]) == (2**40,)
+    assert tensor(sent, "stream") == ("BOOL", [1, 1], b"\x01")
+    assert sent.parameters["triton_enable_empty_final_response"].bool_param
+    assert "stop_words" not in {t.name for t in sent.inputs}  # matched by the predictor, on the text
+
+
+def test_unused_optional_tensors_are_left_out_and_guides_are_bytes_tensors() -> None:
+    plain = GenerateRequest(input_ids=[1], max_tokens=4).to_grpc("ensemble")
+    names = {t.name for t in plain.inputs}
+    assert "min_tokens" not in names and "guided_decoding_guide" not in names and plain.id == ""
+    guided = GenerateRequest(input_ids=[1], max_tokens=4, guide_type="json_schema", guide='{"a": "é"}').to_grpc("e")
+    datatype, shape, raw = tensor(guided, "guided_decoding_guide")
+    assert (datatype, shape) == ("BYTES", [1, 1])
+    assert raw == I32.pack(len('{"a": "é"}'.encode())) + '{"a": "é"}'.encode()  # Triton's length-prefixed BYTES
+    assert tensor(guided, "guided_decoding_guide_type")[2] == I32.pack(11) + b"json_schema"
+
+
+# --- responses ---------------------------------------------------------------------------------------
+
+
+def test_a_stream_of_tokens_up_to_the_final_response(triton: Running) -> None:
+    triton.state.scenario = tokens([100], [101, 102], [103])
+    chunks, failure = collect(TritonClient(triton.address), REQUEST)
+    assert failure is None
+    assert [c.output_ids for c in chunks] == [[100], [101, 102], [103]]
+
+
+def test_the_end_token_final_is_an_empty_chunk(triton: Running) -> None:
+    """The C++ backend never returns the end token: a request that ends on it gets a last response
+    with output_ids [1,1,0] (llmRequest.cpp createResult; tests/test_conformance.py)."""
+    triton.state.scenario = tokens([100], [101], end_final=True)
+    chunks, failure = collect(TritonClient(triton.address), REQUEST)
+    assert failure is None and [c.output_ids for c in chunks] == [[100], [101], []]
+
+
+def test_output_ids_are_cut_to_sequence_length() -> None:
+    chunk, final = parse_response(response([5, 6, -1, -1], final=True, length=2).infer_response)
+    assert chunk.output_ids == [5, 6] and final
+    empty, final = parse_response(service_pb2.ModelInferResponse())  # an empty final response: no tensors
+    assert empty.output_ids == [] and not final
+
+
+def test_a_response_without_output_ids_is_an_error_not_an_empty_chunk() -> None:
+    """Upstream's ensemble returns only text_output: the predictor must not take that for success."""
+    message = response([1], names=("text_output",)).infer_response
+    with pytest.raises(InferenceError) as info:
+        parse_response(message)
+    assert "without output_ids" in str(info.value) and "text_output" in str(info.value)
+
+
+def test_an_error_on_the_stream_is_reported_with_its_text(triton: Running) -> None:
+    async def scenario(request):
+        yield response([100], request_id=request.id)
+        yield error("in ensemble 'ensemble', Encountered an error in forward function: out of memory")
+
+    triton.state.scenario = scenario
+    chunks, failure = collect(TritonClient(triton.address), REQUEST)
+    assert [c.output_ids for c in chunks] == [[100]]
+    assert isinstance(failure, InferenceError)
+    assert failure.message == "Triton reported: in ensemble 'ensemble', Encountered an error in forward function: out of memory"
+
+
+def test_a_stream_that_ends_without_its_final_response_is_an_error_not_a_shorter_answer(triton: Running) -> None:
+    """Over HTTP a cut stream looked like a complete one (see the module docstring of the client)."""
+
+    async def scenario(request):
+        yield response([100], request_id=request.id)
+        yield response([101], request_id=request.id)  # and then the server closes the call
+
+    triton.state.scenario = scenario
+    triton.state.end_call_after_scenario = True
+    chunks, failure = collect(TritonClient(triton.address), REQUEST)
+    assert [c.output_ids for c in chunks] == [[100], [101]]
+    assert type(failure) is TritonError and "ended without the final response" in failure.message
+
+
+def test_the_server_going_away_mid_stream_is_a_connection_failure(triton: Running) -> None:
+    triton.state.abort = grpc.StatusCode.UNAVAILABLE
+    triton.state.scenario = tokens([1])
+    _, failure = collect(TritonClient(triton.address), REQUEST)
+    assert type(failure) is TritonError
+    assert failure.message.startswith(f"connection to Triton at {triton.address} failed: UNAVAILABLE")
+
+
+def test_connection_refused() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # bound, never listening: connections are refused
+        _, failure = collect(TritonClient(f"127.0.0.1:{port}"), REQUEST)
+    assert type(failure) is TritonError
+    assert f"connection to Triton at 127.0.0.1:{port} failed: UNAVAILABLE" in failure.message
+
+
+def test_the_client_survives_a_new_event_loop(triton: Running) -> None:
+    triton.state.scenario = tokens([100])
+    client = TritonClient(triton.address)
 
     async def once(close: bool) -> list[GenerateChunk]:
         chunks = [chunk async for chunk in client.generate_stream(REQUEST)]
@@ -278,159 +267,51 @@ def test_client_survives_a_new_event_loop(sse_server: Running) -> None:
             await client.aclose()
         return chunks
 
-    # Two asyncio.run calls: the connection pool of the first (closed) loop is not reused.
+    # Two asyncio.run calls: the channel of the first (closed) loop is not reused.
     assert asyncio.run(once(close=False)) == [GenerateChunk([100])]
     assert asyncio.run(once(close=True)) == [GenerateChunk([100])]
-    assert len(sse_server.state.requests) == 2
+    assert len(triton.state.requests) == 2
 
 
-def test_http_400_with_json_error(sse_server: Running) -> None:
-    sse_server.state.scenario = lambda h: h.send_json(400, {"error": "unexpected inference input 'bogus'"})
-    chunks, error = collect(TritonClient(sse_server.url), REQUEST)
-    assert chunks == []
-    assert isinstance(error, InferenceError)
-    assert error.message == "Triton answered HTTP 400: unexpected inference input 'bogus'"
+def test_stop_sends_tensorrt_llms_stop_request(triton: Running) -> None:
+    async def scenario(request):
+        yield service_pb2.ModelStreamInferResponse(
+            infer_response=service_pb2.ModelInferResponse(id=request.id, parameters={
+                "triton_final_response": service_pb2.InferParameter(bool_param=True)}))
 
-
-def test_http_error_with_plain_text_body(sse_server: Running) -> None:
-    def scenario(h: Handler) -> None:
-        data = b"model 'ensemble' is not ready"
-        h.send_response(503)
-        h.send_header("Content-Type", "text/plain")
-        h.send_header("Content-Length", str(len(data)))
-        h.end_headers()
-        h.wfile.write(data)
-
-    sse_server.state.scenario = scenario
-    _, error = collect(TritonClient(sse_server.url), REQUEST)
-    assert isinstance(error, InferenceError)
-    assert error.message == "Triton answered HTTP 503: model 'ensemble' is not ready"
-
-
-def test_error_event_mid_stream(sse_server: Running) -> None:
-    def scenario(h: Handler) -> None:
-        h.start_stream()
-        h.event(event(0))
-        h.event(event(1))
-        h.event({"error": "Encountered an error in forward function: out of memory"})
-        h.event(event(2))  # never reaches the caller
-        h.end_stream()
-
-    sse_server.state.scenario = scenario
-    chunks, error = collect(TritonClient(sse_server.url), REQUEST)
-    assert [c.output_ids for c in chunks] == [[100], [101]]
-    assert isinstance(error, InferenceError)
-    assert error.message == "Triton reported: Encountered an error in forward function: out of memory"
-
-
-def test_response_that_is_not_an_event_stream(sse_server: Running) -> None:
-    sse_server.state.scenario = lambda h: h.send_json(200, {"text_output": "whole"})
-    _, error = collect(TritonClient(sse_server.url), REQUEST)
-    assert isinstance(error, InferenceError)
-    assert "not an event stream" in error.message and "application/json" in error.message
-
-
-def test_stalled_stream_times_out(sse_server: Running) -> None:
-    def scenario(h: Handler) -> None:
-        h.start_stream()
-        h.event(event(0))
-        h.server.state.release.wait(10)  # stops sending until the test ends
-
-    sse_server.state.scenario = scenario
-    client = TritonClient(sse_server.url, token_timeout_s=0.5)
-    t0 = time.monotonic()
-    chunks, error = collect(client, REQUEST)
-    elapsed = time.monotonic() - t0
-    assert [c.output_ids for c in chunks] == [[100]]
-    assert isinstance(error, InferenceError)
-    assert error.message == "no token from Triton for 0.5 s (COG_TRITON_REQUEST_TIMEOUT_S)"
-    assert 0.4 < elapsed < 5
-
-
-def test_connection_refused() -> None:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]  # bound, never listening: connections are refused
-        _, error = collect(TritonClient(f"http://127.0.0.1:{port}", connect_timeout_s=2), REQUEST)
-    assert type(error) is TritonError
-    assert f"connection to Triton at http://127.0.0.1:{port} failed: ClientConnectorError" in error.message
-
-
-def test_server_closes_connection_mid_stream(sse_server: Running) -> None:
-    def scenario(h: Handler) -> None:
-        h.start_stream()
-        h.event(event(0))
-        h.event(event(1))
-        h.close_connection = True  # closes the socket without the final chunk
-
-    sse_server.state.scenario = scenario
-    chunks, error = collect(TritonClient(sse_server.url), REQUEST)
-    assert [c.output_ids for c in chunks] == [[100], [101]]
-    # A broken-off stream is a connection failure (the caller then checks whether Triton died).
-    assert type(error) is TritonError
-    assert error.message.startswith(f"connection to Triton at {sse_server.url} failed: ClientPayloadError: ")
-    assert "Response payload is not completed" in error.message
-
-
-def test_server_closes_connection_before_answering(sse_server: Running) -> None:
-    def scenario(h: Handler) -> None:
-        h.close_connection = True  # no status line at all
-
-    sse_server.state.scenario = scenario
-    chunks, error = collect(TritonClient(sse_server.url), REQUEST)
-    assert chunks == []
-    assert type(error) is TritonError
-    assert "ServerDisconnectedError" in error.message and "Server disconnected" in error.message
-
-
-def test_request_id_is_sent_as_the_generate_extension_id() -> None:
-    body = GenerateRequest(input_ids=[1], max_tokens=4, request_id="cog-triton-abc").to_json()
-    assert body["id"] == "cog-triton-abc"
-    assert "id" not in GenerateRequest(input_ids=[1], max_tokens=4).to_json()
-
-
-def test_stop_against_a_closed_port_raises_triton_error() -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    client = TritonClient(f"http://127.0.0.1:{port}", connect_timeout_s=1.0)
+    triton.state.scenario = scenario
+    client = TritonClient(triton.address)
 
     async def run() -> None:
         try:
-            await client.stop("some-id")
+            await client.stop("cog-triton-42")
         finally:
             await client.aclose()
 
+    asyncio.run(run())
+    [sent] = triton.state.requests
+    assert sent.model_name == "tensorrt_llm" and sent.id == "cog-triton-42"
+    assert tensor(sent, "stop") == ("BOOL", [1, 1], b"\x01")
+    assert {t.name for t in sent.inputs} == {"stop", "input_lengths", "request_output_len"}
+
+
+def test_stop_refused_and_stop_against_a_closed_port(triton: Running) -> None:
+    async def refuse(request):
+        yield error("Trying to stop a request but request ID is not provided")
+
+    triton.state.scenario = refuse
+    client = TritonClient(triton.address)
+
+    async def run(c: TritonClient) -> None:
+        try:
+            await c.stop("x")
+        finally:
+            await c.aclose()
+
+    with pytest.raises(InferenceError, match="refused to stop request x"):
+        asyncio.run(run(client))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
     with pytest.raises(TritonError, match="stop request to Triton failed"):
-        asyncio.run(run())
-
-
-def test_http_400_as_triton_writes_it_an_sse_error_event(sse_server: Running) -> None:
-    """Triton answers an error before the first response with HTTP 400 and one `data: {"error": ...}` event."""
-
-    def scenario(h: Handler) -> None:
-        data = b'data: {"error":"in ensemble \'ensemble\', preprocessing: the prompt has zero tokens"}\n\n'
-        h.send_response(400)
-        h.send_header("Content-Type", "text/event-stream")
-        h.send_header("Content-Length", str(len(data)))
-        h.end_headers()
-        h.wfile.write(data)
-
-    sse_server.state.scenario = scenario
-    _, error = collect(TritonClient(sse_server.url), REQUEST)
-    assert isinstance(error, InferenceError)
-    assert error.message == "Triton answered HTTP 400: in ensemble 'ensemble', preprocessing: the prompt has zero tokens"
-
-
-def test_sse_framing_details(sse_server: Running) -> None:
-    def scenario(h: Handler) -> None:
-        h.start_stream()
-        h.chunk(b'data:{"output_ids": 1}\r\n\r\n')  # no space after the colon, CRLF line ends
-        h.chunk(b'event: ignored\nid: 7\ndata: {"output_ids":\ndata:  [2, 3]}\n\n')  # data over two lines
-        h.chunk(b'data: {"output_ids": [], "sequence_length": 0}\n')  # the last event without a blank line
-        h.end_stream()
-
-    sse_server.state.scenario = scenario
-    chunks, error = collect(TritonClient(sse_server.url), REQUEST)
-    assert error is None
-    assert [c.output_ids for c in chunks] == [[1], [2, 3], []]
+        asyncio.run(run(TritonClient(f"127.0.0.1:{port}", connect_timeout_s=1.0)))

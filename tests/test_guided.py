@@ -145,12 +145,19 @@ def test_token_budget_names_the_conversation() -> None:
     assert "the conversation is too long: it has 500 tokens" in message and "384 tokens" in message
 
 
-def test_request_json_carries_the_guide_tensors() -> None:
-    plain = GenerateRequest(input_ids=[1], max_tokens=4).to_json()
+def _bytes_inputs(request) -> dict[str, str]:
+    """The request's BYTES tensors of one element, decoded (Triton's 4-byte length prefix dropped)."""
+    return {t.name: request.raw_input_contents[i][4:].decode()
+            for i, t in enumerate(request.inputs) if t.datatype == "BYTES"}
+
+
+def test_request_carries_the_guide_tensors() -> None:
+    plain = _bytes_inputs(GenerateRequest(input_ids=[1], max_tokens=4).to_grpc("ensemble"))
     assert "guided_decoding_guide_type" not in plain and "guided_decoding_guide" not in plain
-    body = GenerateRequest(input_ids=[1], max_tokens=4, guide_type="json_schema", guide='{"type":"object"}').to_json()
+    body = _bytes_inputs(GenerateRequest(input_ids=[1], max_tokens=4, guide_type="json_schema",
+                                         guide='{"type":"object"}').to_grpc("ensemble"))
     assert body["guided_decoding_guide_type"] == "json_schema" and body["guided_decoding_guide"] == '{"type":"object"}'
-    json_only = GenerateRequest(input_ids=[1], max_tokens=4, guide_type="json").to_json()
+    json_only = _bytes_inputs(GenerateRequest(input_ids=[1], max_tokens=4, guide_type="json").to_grpc("ensemble"))
     assert json_only["guided_decoding_guide_type"] == "json" and "guided_decoding_guide" not in json_only
 
 

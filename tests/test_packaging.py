@@ -27,7 +27,7 @@ LOCAL_PACKAGES = {"common", "cog_triton", "tensorrtllm_backend", "predict"}
 IMPORT_TO_DISTRIBUTION = {
     "yaml": "pyyaml",
     "httpx": "httpx",
-    "aiohttp": "aiohttp",
+    "grpc": "grpcio",
     "pydantic": "pydantic",
     "pydantic_settings": "pydantic-settings",
     "tritonclient": "tritonclient",
@@ -268,7 +268,7 @@ def test_third_party_imports_are_in_requirements() -> None:
                 continue
             third_party.setdefault(name, []).append(str(path.relative_to(REPO_ROOT)))
     # the scan sees the packages we know the code uses
-    assert {"cog", "httpx", "aiohttp", "tritonclient", "google", "pydantic", "pydantic_settings"} <= set(third_party)
+    assert {"cog", "httpx", "grpc", "tritonclient", "google", "pydantic", "pydantic_settings"} <= set(third_party)
     unmapped = sorted(set(third_party) - set(IMPORT_TO_DISTRIBUTION))
     assert not unmapped, f"imports without a known distribution: {unmapped} ({third_party})"
     missing = {name: IMPORT_TO_DISTRIBUTION[name] for name in third_party if IMPORT_TO_DISTRIBUTION[name] not in requirements}

@@ -38,7 +38,8 @@ FIXED = TritonInstallation(binary=Path("/opt/tt/bin/tritonserver"), backend_dir=
 
 
 def test_build_command_world_size_1_is_one_loopback_tritonserver() -> None:
-    cfg = LaunchConfig(model_repo=Path("/srv/repo"), http_port=18000, grpc_port=18001, metrics_port=18002)
+    cfg = LaunchConfig(model_repo=Path("/srv/repo"), http_port=18000, grpc_port=18001, metrics_port=18002,
+                       shm_prefix="prefix")
     assert build_command(FIXED, cfg) == [
         "/opt/tt/bin/tritonserver",
         "--model-repository=/srv/repo",
@@ -56,7 +57,8 @@ def test_build_command_world_size_1_is_one_loopback_tritonserver() -> None:
 
 
 def test_build_command_world_size_4_runs_ranks_under_mpirun() -> None:
-    cfg = LaunchConfig(model_repo=Path("/srv/repo"), world_size=4, log_verbose=2, mpirun="/usr/bin/mpirun")
+    cfg = LaunchConfig(model_repo=Path("/srv/repo"), world_size=4, log_verbose=2, mpirun="/usr/bin/mpirun",
+                       shm_prefix="prefix")
     common = [
         "/opt/tt/bin/tritonserver",
         "--model-repository=/srv/repo",
@@ -101,6 +103,15 @@ def test_build_command_default_mpirun() -> None:
     cmd = build_command(FIXED, LaunchConfig(model_repo=Path("/r"), world_size=2))
     assert cmd[:4] == ["mpirun", "--allow-run-as-root", "-n", "1"]
     assert cmd.count(":") == 1
+
+
+def test_every_launch_gets_its_own_shm_prefix() -> None:
+    """Stopping a server removes every region under its prefix, so two servers of one host (tests,
+    the benchmark, a restart) must never share one; upstream's fixed ``prefix`` would."""
+    first, second = LaunchConfig(model_repo=Path("/r")), LaunchConfig(model_repo=Path("/r"))
+    assert first.shm_prefix != second.shm_prefix
+    assert first.shm_prefix.startswith(f"cogtriton{os.getpid()}x")
+    assert f"--backend-config=python,shm-region-prefix-name={first.shm_prefix}0_" in build_command(FIXED, first)
 
 
 @pytest.mark.parametrize("world_size", [0, -1])

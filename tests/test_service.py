@@ -1,4 +1,4 @@
-"""LLMService's streaming path against a real local SSE server standing in for Triton's HTTP endpoint.
+"""LLMService's streaming path against a real local gRPC server speaking Triton's ModelStreamInfer.
 
 The Triton *process* is replaced by a small stand-in object (alive, not stopped, no stubs), the
 one thing mocked here: the tests are about how the service treats what Triton answers.
@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+import grpc
 import pytest
 
 from common.errors import InferenceError, TritonError
@@ -20,7 +21,7 @@ from cog_triton.service import LLMService
 from cog_triton.settings import Settings
 from cog_triton.supervisor import Supervisor
 from tensorrtllm_backend.engine import ModelLimits, WeightsInfo
-from tests.test_client import Handler, Running, event, sse_server  # noqa: F401 - the fixture
+from tests.test_client import Running, error, response, triton  # noqa: F401 - the fixture
 
 CHECKPOINT = Path(__file__).resolve().parents[1] / "build" / "default_model" / "checkpoint"
 
@@ -56,7 +57,7 @@ def tokenizer() -> Any:
     return AutoTokenizer.from_pretrained(str(CHECKPOINT), local_files_only=True)
 
 
-def service_for(url: str, tokenizer: Any) -> LLMService:
+def service_for(address: str, tokenizer: Any) -> LLMService:
     from cog_triton.prompt import PromptTokenizer
 
     service = LLMService(Settings())
@@ -64,7 +65,7 @@ def service_for(url: str, tokenizer: Any) -> LLMService:
     service.prompts = PromptTokenizer(tokenizer)
     service.info = WeightsInfo(kind="hf_checkpoint", weights_dir=CHECKPOINT, tokenizer_dir=CHECKPOINT,
                                limits=ModelLimits(max_batch_size=8, max_input_len=512, max_seq_len=1024))
-    service.client = TritonClient(url, connect_timeout_s=2)
+    service.client = TritonClient(address, connect_timeout_s=2)
     process: Any = AliveProcess()
     service.server = process
     service.supervisor = Supervisor(process, [], startup_timeout_s=5)
@@ -87,52 +88,46 @@ def run(service: LLMService, **inputs: Any) -> tuple[str, Optional[BaseException
     return asyncio.run(main())
 
 
-def test_an_error_triton_answers_arrives_at_once(sse_server: Running, tokenizer: Any) -> None:  # noqa: F811
-    """Before: every error waited 2 s for "is Triton dying?", HTTP 400s and error events included."""
-    sse_server.state.scenario = lambda h: h.send_json(400, {"error": "in ensemble 'ensemble', bad input"})
-    _, error, elapsed = run(service_for(sse_server.url, tokenizer))
-    assert isinstance(error, InferenceError) and "bad input" in error.message
+def test_an_error_triton_answers_arrives_at_once(triton: Running, tokenizer: Any) -> None:  # noqa: F811
+    """Before: every error waited 2 s for "is Triton dying?", errors Triton answered included."""
+
+    async def refused(request):
+        yield error("in ensemble 'ensemble', bad input")
+
+    triton.state.scenario = refused
+    _, failure, elapsed = run(service_for(triton.address, tokenizer))
+    assert isinstance(failure, InferenceError) and "bad input" in failure.message
     assert elapsed < 1.0, elapsed
 
-    def error_event(h: Handler) -> None:
-        h.start_stream()
-        h.event(event(0))
-        h.event({"error": "Encountered an error in forward function"})
-        h.end_stream()
+    async def error_after_a_token(request):
+        yield response([tokenizer.encode("Hi")[0]], request_id=request.id)
+        yield error("Encountered an error in forward function")
 
-    sse_server.state.scenario = error_event
-    _, error, elapsed = run(service_for(sse_server.url, tokenizer))
-    assert isinstance(error, InferenceError) and "forward function" in error.message
+    triton.state.scenario = error_after_a_token
+    _, failure, elapsed = run(service_for(triton.address, tokenizer))
+    assert isinstance(failure, InferenceError) and "forward function" in failure.message
     assert elapsed < 1.0, elapsed
 
 
-def test_a_broken_connection_waits_briefly_for_a_dying_triton(sse_server: Running, tokenizer: Any) -> None:  # noqa: F811
+def test_a_broken_connection_waits_briefly_for_a_dying_triton(triton: Running, tokenizer: Any) -> None:  # noqa: F811
     """A transport error may mean Triton is going down: the service looks for 2 s before reporting it."""
-
-    def broken(h: Handler) -> None:
-        h.start_stream()
-        h.event(event(0))
-        h.close_connection = True
-
-    sse_server.state.scenario = broken
-    _, error, elapsed = run(service_for(sse_server.url, tokenizer))
-    assert type(error) is TritonError and "ClientPayloadError" in error.message
+    triton.state.abort = grpc.StatusCode.UNAVAILABLE
+    _, failure, elapsed = run(service_for(triton.address, tokenizer))
+    assert type(failure) is TritonError and "UNAVAILABLE" in failure.message
     assert 1.5 < elapsed < 5.0, elapsed
 
 
-def test_the_end_token_final_is_not_a_token(sse_server: Running, tokenizer: Any) -> None:  # noqa: F811
+def test_the_end_token_final_is_not_a_token(triton: Running, tokenizer: Any) -> None:  # noqa: F811
     ids = tokenizer.encode("Hello there")
 
-    def scenario(h: Handler) -> None:
-        h.start_stream()
+    async def scenario(request):
         for token in ids:
-            h.event({"output_ids": [[token]], "sequence_length": [1]})
-        h.event({"output_ids": [], "sequence_length": 0})  # [1,1,0]: the request ended on the end token
-        h.end_stream()
+            yield response([token], request_id=request.id)
+        yield response([], final=True, request_id=request.id)  # [1,1,0]: the request ended on the end token
 
-    sse_server.state.scenario = scenario
+    triton.state.scenario = scenario
     metrics: dict[str, Any] = {}
-    service = service_for(sse_server.url, tokenizer)
+    service = service_for(triton.address, tokenizer)
 
     async def main() -> str:
         out = "".join([p async for p in service.generate(PredictInputs.validate(prompt="Hi", temperature=0),
