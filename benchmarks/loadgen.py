@@ -308,7 +308,7 @@ class Result:
     """What one request got."""
 
     __slots__ = ("index", "start", "end", "ttft", "gaps", "tokens", "ids", "text", "status", "error",
-                 "cancelled", "ok", "incomplete")
+                 "cancelled", "ok", "incomplete", "retried_409")
 
     def __init__(self, index: int) -> None:
         self.index = index
@@ -324,11 +324,22 @@ class Result:
         self.cancelled = False
         self.ok = False
         self.incomplete = False  # the stream ended inside an event
+        self.retried_409 = 0  # spurious "409 At capacity" answers retried (see start_request)
+
+
+#: coglet 0.23.1 answers "409 At capacity" to a prediction that arrives while another is taking a
+#: slot, even with free slots: ``PermitPool::try_acquire`` gives up when ``try_lock`` of the pool's
+#: receiver fails (replicate/cog crates/coglet/src/permit/pool.rs; service.rs ``submit_prediction``
+#: maps None to AtCapacity). Reproduced here with 200 slots and 8 concurrent clients: 10 of 400
+#: predictions got 409. A Cog client has to retry those; the load generator does, up to this many
+#: times, a few milliseconds apart, and reports how many it retried.
+RETRIES_409 = 50
 
 
 def start_request(loop: Loop, spec: dict, index: int, body: dict, done: Callable[[Result], None], *,
-                  cancel_after: int = 0, prediction_id: str = "") -> None:
-    """Send one request; ``done(result)`` is called once it has ended (or failed, or timed out)."""
+                  cancel_after: int = 0, prediction_id: str = "", retried_409: int = 0, started: float = 0.0) -> None:
+    """Send one request; ``done(result)`` is called once it has ended (or failed, or timed out).
+    A retry after a 409 keeps the first attempt's ``started`` (its TTFT includes the retries)."""
     host, port, path = spec["host"], spec["port"], spec["url_path"]
     is_cog = spec["path"] == "cog"
     timeout_s = spec.get("timeout_s", 600)
@@ -393,6 +404,12 @@ def start_request(loop: Loop, spec: dict, index: int, body: dict, done: Callable
         state["finished"] = True
         if state["conn"] is not None:
             state["conn"].close()
+        if is_cog and parser.status == 409 and error is None and retried_409 < RETRIES_409:
+            loop.call_at(perf() + 0.005, lambda: start_request(
+                loop, spec, index, body, done, cancel_after=cancel_after, prediction_id=prediction_id,
+                retried_409=retried_409 + 1, started=res.start))
+            return
+        res.retried_409 = retried_409
         res.end = perf()
         if error is not None and res.error is None:
             res.error = error[:300]
@@ -416,7 +433,7 @@ def start_request(loop: Loop, spec: dict, index: int, body: dict, done: Callable
     if is_cog and prediction_id:
         body = {**body, "id": prediction_id}
     parser = SSEParser(on_event, on_end)
-    res.start = perf()
+    res.start = started or perf()
     state["conn"] = Connection(loop, host, port, request_bytes("POST", host, port, path, body), parser)
     loop.call_at(res.start + timeout_s, on_timeout)
 
@@ -556,6 +573,7 @@ def summarize(spec: dict, results: list[Result], t0: float, t1: float, cpu_s: fl
         "mismatched_counts": mismatch_counts,
         "content_mismatches": content_mismatches,
         "incomplete_events": sum(1 for r in results if r.incomplete),
+        "retried_409": sum(r.retried_409 for r in results),
         "mismatch_samples": samples,
         "tokens": delivered,
         "wall_s": wall,
@@ -580,6 +598,7 @@ def soak_records(results: list[Result], spec: dict) -> list[dict]:
             "end": res.end + offset,
             "status": res.status or "error",
             "cancelled": res.cancelled,
+            "retried_409": res.retried_409,
             "tokens": res.tokens,
             "count_ok": verdict.get("count_ok", False),
             "content_ok": verdict.get("content_ok", False),

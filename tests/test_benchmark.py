@@ -461,3 +461,44 @@ def test_loadgen_reads_errors_and_end_token_finals() -> None:
     broken = SSEParser(lambda *a: None, ends.append)
     broken.feed(b"garbage\r\n\r\n", 0.0)
     assert ends[-1].startswith("illegal status line")
+
+
+def test_loadgen_retries_coglets_spurious_409_and_counts_it() -> None:
+    """coglet 0.23.1 can answer "409 At capacity" with free slots (benchmarks/loadgen.py RETRIES_409):
+    the load generator retries, keeps the first attempt's start time, and reports the retries."""
+    import socketserver
+
+    from benchmarks.loadgen import run_sweep, summarize
+
+    answers = {"n": 0}
+    busy = b'{"error":"At capacity - all prediction slots busy","status":"failed"}'
+
+    class Handler(socketserver.StreamRequestHandler):
+        def handle(self) -> None:
+            head = b""
+            while not head.endswith(b"\r\n\r\n"):
+                head += self.rfile.read(1)
+            length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                              if line.lower().startswith(b"content-length")))
+            self.rfile.read(length)
+            answers["n"] += 1
+            if answers["n"] <= 2:
+                self.wfile.write(b"HTTP/1.1 409 Conflict\r\nContent-Length: %d\r\n\r\n%s" % (len(busy), busy))
+                return
+            self.wfile.write(_chunked_sse([
+                b'event: output\ndata: {"chunk": "Hi"}\n\n',
+                b'event: completed\ndata: {"status": "succeeded", "metrics": {"output_token_count": 1}}\n\n',
+            ]))
+
+    with socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        spec = {"path": "cog", "host": "127.0.0.1", "port": server.server_address[1], "url_path": "/predictions",
+                "concurrency": 1, "tokens": 1, "timeout_s": 30,
+                "requests": [{"body": {"input": {"prompt": "x"}}, "expect_text": "Hi"}]}
+        results, t0, t1 = run_sweep(spec)
+        server.shutdown()
+    summary = summarize(spec, results, t0, t1, 0.0)
+    assert answers["n"] == 3
+    assert summary["errors"] == 0 and summary["succeeded"] == 1 and summary["retried_409"] == 2
+    assert summary["count_mismatches"] == 0 and summary["content_mismatches"] == 0
+    assert results[0].ttft is not None and results[0].ttft >= 0.01  # from the first attempt: two 5 ms waits
