@@ -248,9 +248,10 @@ class Supervisor:
             return Fault(f"Triton {server.exit_description()}")
         if server.is_stopped():
             return Fault("Triton is stopped (state T: it received SIGSTOP or is being traced) and serves nothing", hang=True)
-        alive = {stub.pid for stub in server.stub_processes()}
+        # The stubs were listed once Triton was ready (a scan of every Triton thread's children);
+        # each round only looks at those pids.
         for pid, model in self._stubs.items():
-            if pid not in alive:
+            if not server.process_alive(pid):
                 return Fault(
                     f"the Python backend stub of model '{model}' (pid {pid}) exited; Triton does not restart it, and "
                     "every request to the model would fail with 'Stub process is not healthy'"

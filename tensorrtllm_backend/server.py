@@ -495,6 +495,11 @@ class TritonServer:
                 stubs.append(StubProcess(pid=pid, instance=argv[8].decode("utf-8", "replace")))
         return stubs
 
+    @staticmethod
+    def process_alive(pid: int) -> bool:
+        """Whether process ``pid`` exists and is neither a zombie nor dead (from /proc/<pid>/stat)."""
+        return _pid_alive(pid)
+
     def remove_shm_regions(self) -> list[str]:
         """Delete this server's shared-memory regions (call once its processes are gone)."""
         return remove_shm_regions(self.cfg.shm_prefix)

@@ -40,6 +40,10 @@ class AliveProcess:
     def stub_processes(self) -> list:
         return []
 
+    @staticmethod
+    def process_alive(pid: int) -> bool:
+        return True
+
     def exit_description(self) -> str:
         return "is running"
 
