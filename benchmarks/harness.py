@@ -10,7 +10,12 @@ number of concurrent streams over three paths in the same run:
 * ``ensemble``: ``/v2/models/ensemble/generate_stream`` with ``input_ids`` (+ preprocessing and
   Triton's ensemble scheduling);
 * ``cog``: ``POST /predictions`` streamed over SSE (+ the predictor: validation, tokenization,
-  Triton client, incremental detokenization, coglet).
+  Triton client, incremental detokenization, coglet);
+* ``cog_json`` (``--engine reference`` only, where it is on by default): the same with a
+  ``json_schema`` input, so the reference model enforces the guide with xgrammar (a token mask per
+  step) and the predictor compiles and checks it; next to ``cog`` it gives the per-token cost of
+  guidance. Its requests end when the document closes, so instead of the token count each output
+  is checked to parse and validate against the schema.
 
 Per point (path, streams): tokens/s and its ratio to ``tensorrt_llm`` at the same streams, time to
 first token and the gap between token events (p50/p99), errors, the requests that did not get
@@ -57,10 +62,28 @@ STANDIN_DIR = REPO_ROOT / "benchmarks" / "standin"
 STANDIN_TEXT = STANDIN_DIR / "text.txt"
 REFERENCE_MODEL = REPO_ROOT / "triton_model_repo" / "tensorrt_llm_reference" / "1" / "model.py"
 PATHS = ("tensorrt_llm", "ensemble", "cog")
+GUIDED_PATH = "cog_json"
+ALL_PATHS = PATHS + (GUIDED_PATH,)
+COG_PATHS = ("cog", GUIDED_PATH)
 DEFAULT_CONCURRENCY = (1, 8, 32, 64, 128)
 REFERENCE_CONCURRENCY = (1, 2, 4)
 SMOKE_CONCURRENCY = (1, 4)
 PROMPT = "Write a short essay about the history of printing."
+GUIDED_PROMPT = "Describe one famous early printed book as JSON."
+#: The guide of ``cog_json`` requests: nested, with an array, an enum and bounded numbers; small
+#: enough to close well within the default 64 tokens of --engine reference.
+GUIDED_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "title": {"type": "string", "maxLength": 24},
+        "year": {"type": "integer", "minimum": 1400, "maximum": 1900},
+        "language": {"type": "string", "enum": ["Latin", "German", "English", "other"]},
+        "printer": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 16}},
+                    "required": ["name"], "additionalProperties": False},
+    },
+    "required": ["title", "year", "language", "printer"],
+    "additionalProperties": False,
+}
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 # the processes every point reports (others found under the Cog server are reported too)
 CORE_ROLES = ("tritonserver", "stub:tensorrt_llm", "stub:preprocessing", "cog_server", "cog_worker", "loadgen")
@@ -369,12 +392,17 @@ class Workload:
         if path == "ensemble":
             return {"input_ids": self.prompt_ids, "max_tokens": n, "min_tokens": n, "top_k": 1, "seed": seed,
                     "stream": True}
+        if path == GUIDED_PATH:  # ends when the document closes: no min_tokens
+            return {"input": {"prompt": GUIDED_PROMPT, "json_schema": json.dumps(GUIDED_SCHEMA), "max_tokens": n,
+                              "temperature": 0, "seed": seed}}
         return {"input": {"prompt": PROMPT, "max_tokens": n, "min_tokens": n, "temperature": 0, "seed": seed}}
 
     def request(self, path: str, index: int) -> dict[str, Any]:
         seed = self.seed(index)
         item: dict[str, Any] = {"body": self.body(path, seed)}
-        if path == "cog":
+        if path == GUIDED_PATH:
+            item["expect_json_schema"] = GUIDED_SCHEMA
+        elif path == "cog":
             item["expect_text"] = self.expected_text(seed)
         else:
             item["expect_ids"] = self.expected_ids(seed)
@@ -404,7 +432,7 @@ def _standin_module():
 
 
 def _endpoint(stack: Stack, path: str) -> tuple[int, str]:
-    if path == "cog":
+    if path in COG_PATHS:
         assert stack.cog is not None
         return stack.cog.port, "/predictions"
     return stack.triton_port, f"/v2/models/{path}/generate_stream"
@@ -480,7 +508,8 @@ def run_point(stack: Stack, work: Workload, path: str, streams: int, args: argpa
     log_offset = stack.triton_log_size()
     result, before, after = run_loadgen(stack, spec)
     point = {"path": path, "streams": streams, **result, **cpu_report(before, after, result["tokens"])}
-    point["expected_tokens"] = n_requests * args.tokens
+    # guided requests end when their document closes: each is checked against the schema instead
+    point["expected_tokens"] = None if path == GUIDED_PATH else n_requests * args.tokens
     # the stand-in logs every response it could not send; the tokens it did send are the requested ones
     point["engine_send_failures"] = stack.triton_log_since(log_offset).count("stand-in sender: could not send")
     log.info(
@@ -501,8 +530,9 @@ def warm_up(stack: Stack, work: Workload, args: argparse.Namespace) -> None:
         work.reference_ids = spec_result
         log.info("reference output for the benchmark prompt: %r", work.tokenizer.decode(spec_result)[:80])
     for path in args.paths:
-        spec = {**base_spec(stack, path, args), "tokens": 4, "mode": "sweep", "concurrency": 1,
-                "requests": [{"body": work.body(path, work.seed(0), tokens=4)}]}
+        tokens = args.tokens if path == GUIDED_PATH else 4  # a guided document needs room to close
+        spec = {**base_spec(stack, path, args), "tokens": tokens, "mode": "sweep", "concurrency": 1,
+                "requests": [{"body": work.body(path, work.seed(0), tokens=tokens)}]}
         result, _, _ = run_loadgen(stack, spec)
         if result["errors"]:
             raise RuntimeError(f"warm-up request on {path} failed: {result['error_messages']}")
@@ -698,6 +728,7 @@ def markdown(doc: dict[str, Any]) -> str:
             + f" | {_num(p['cpu_us_per_token_servers'])} | {_num(p['machine_busy_cores'], '{:.2f}')} | "
             f"{_num(p['others_busy_cores'], '{:.2f}')} |"
         )
+    lines += guidance_lines(doc)
     errors = {(p["path"], p["streams"]): p["error_messages"] for p in doc["points"] if p["error_messages"]}
     if errors:
         lines += ["", "Errors:", ""]
@@ -705,6 +736,35 @@ def markdown(doc: dict[str, Any]) -> str:
             for message, count in messages.items():
                 lines.append(f"- {path} × {streams}: {count} × `{message}`")
     return "\n".join(lines) + "\n"
+
+
+def guidance_lines(doc: dict[str, Any]) -> list[str]:
+    """The cost of guided decoding: ``cog_json`` next to ``cog`` at each stream count (both present)."""
+    by = {(p["path"], p["streams"]): p for p in doc["points"]}
+    pairs = [(by[("cog", n)], by[(GUIDED_PATH, n)]) for n in doc["meta"]["concurrency"]
+             if ("cog", n) in by and (GUIDED_PATH, n) in by]
+    if not pairs:
+        return []
+    lines = [
+        "",
+        f"Guided decoding (`{GUIDED_PATH}`: a `json_schema`, enforced by the reference model with xgrammar) next to "
+        "unguided (`cog`). Guided requests end when the document closes; each output parsed and validated against "
+        "the schema (a failure counts as a content mismatch above). Per-stream rate, and CPU µs per token of the "
+        "model (`stub:tensorrt_llm`: token mask per step) and of the predictor (`cog_worker`: the guide compiled "
+        "and checked, the document checked at the end):",
+        "",
+        "| streams | tok/s per stream unguided | guided | ratio | stub µs/token unguided | guided | "
+        "worker µs/token unguided | guided |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for plain, guided in pairs:
+        n = plain["streams"]
+        rate_plain, rate_guided = plain["tokens_per_s"] / n, guided["tokens_per_s"] / n
+        ratio = f"{rate_guided / rate_plain:.2f}" if rate_plain else "—"
+        cells = [_num(x.get("cpu_us_per_token", {}).get(role)) for role in ("stub:tensorrt_llm", "cog_worker")
+                 for x in (plain, guided)]
+        lines.append(f"| {n} | {rate_plain:.1f} | {rate_guided:.1f} | {ratio} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def soak_markdown(doc: dict[str, Any]) -> str:
@@ -819,9 +879,9 @@ def _int_list(text: str) -> list[int]:
 
 def _paths(text: str) -> list[str]:
     values = [x.strip() for x in text.split(",") if x.strip()]
-    bad = [x for x in values if x not in PATHS]
+    bad = [x for x in values if x not in ALL_PATHS]
     if bad or not values:
-        raise argparse.ArgumentTypeError(f"paths are {', '.join(PATHS)}; got {text!r}")
+        raise argparse.ArgumentTypeError(f"paths are {', '.join(ALL_PATHS)}; got {text!r}")
     return values
 
 
@@ -837,7 +897,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--tokens", type=int, default=None,
                         help="tokens per request (default 256; --engine reference 64; --smoke 32)")
     parser.add_argument("--step-ms", type=float, default=10.0, help="stand-in step time, ms (default 10)")
-    parser.add_argument("--paths", type=_paths, default=list(PATHS), help="comma-separated, of " + ",".join(PATHS))
+    parser.add_argument("--paths", type=_paths, default=None,
+                        help="comma-separated, of " + ",".join(ALL_PATHS) + f" (default {','.join(PATHS)}; "
+                        f"--engine reference adds {GUIDED_PATH}, Cog with a json_schema)")
     parser.add_argument("--rounds", type=int, default=None,
                         help="requests per stream per point (default 2; --engine reference and --smoke 1)")
     parser.add_argument("--batch-limit", type=int, default=None,
@@ -866,6 +928,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         help="output folder (default build/benchmark)")
     args = parser.parse_args(argv)
     reference = args.engine == "reference"
+    if args.paths is None:
+        args.paths = list(ALL_PATHS if reference else PATHS)
+    if GUIDED_PATH in args.paths and not reference:
+        parser.error(f"--paths {GUIDED_PATH} needs --engine reference: the stand-in does not enforce guides")
     if args.concurrency is None:
         args.concurrency = list(SMOKE_CONCURRENCY if args.smoke else REFERENCE_CONCURRENCY if reference
                                 else DEFAULT_CONCURRENCY)

@@ -40,6 +40,9 @@ import sys
 import time
 from typing import Any, Callable, Optional
 
+#: Paths answered by Cog's /predictions (the harness's ``cog`` and ``cog_json``).
+COG_PATHS = ("cog", "cog_json")
+
 perf = time.perf_counter
 monotonic = time.monotonic
 
@@ -341,7 +344,7 @@ def start_request(loop: Loop, spec: dict, index: int, body: dict, done: Callable
     """Send one request; ``done(result)`` is called once it has ended (or failed, or timed out).
     A retry after a 409 keeps the first attempt's ``started`` (its TTFT includes the retries)."""
     host, port, path = spec["host"], spec["port"], spec["url_path"]
-    is_cog = spec["path"] == "cog"
+    is_cog = spec["path"] in COG_PATHS
     timeout_s = spec.get("timeout_s", 600)
     res = Result(index)
     last = [0.0]
@@ -439,12 +442,19 @@ def start_request(loop: Loop, spec: dict, index: int, body: dict, done: Callable
 
 
 def check(res: Result, request: dict, path: str, tokens: int) -> dict:
-    """Compare one finished request with what it should have got."""
+    """Compare one finished request with what it should have got.
+
+    A guided request (``expect_json_schema``) ends when its document closes: its count must be in
+    1..``tokens`` and its text a JSON document valid against the schema (validated with
+    ``jsonschema`` where it is installed, requirements-dev.txt; else only parsed)."""
     expect_ids = request.get("expect_ids")
     expect_text = request.get("expect_text")
+    schema = request.get("expect_json_schema")
+    if schema is not None:
+        return {"count_ok": 0 < res.tokens <= tokens, "content_ok": _valid_json("".join(res.text), schema)}
     count_ok = res.tokens == tokens
     content_ok = True
-    if path == "cog":
+    if path in COG_PATHS:
         if expect_text is not None:
             content_ok = "".join(res.text) == expect_text
     elif expect_ids is not None:
@@ -452,9 +462,25 @@ def check(res: Result, request: dict, path: str, tokens: int) -> dict:
     return {"count_ok": count_ok, "content_ok": content_ok}
 
 
+def _valid_json(text: str, schema: dict) -> bool:
+    try:
+        document = json.loads(text)
+    except ValueError:
+        return False
+    try:
+        import jsonschema  # noqa: PLC0415 - a development dependency
+    except ImportError:
+        return True
+    try:
+        jsonschema.validate(document, schema)
+    except jsonschema.ValidationError:
+        return False
+    return True
+
+
 def mismatch_sample(res: Result, request: dict, path: str) -> dict:
     """Where a request's output first differs from the expected one (for the report)."""
-    if path == "cog":
+    if path in COG_PATHS:
         got, want = "".join(res.text), request.get("expect_text") or ""
     else:
         got, want = res.ids, request.get("expect_ids") or []
@@ -543,7 +569,7 @@ def summarize(spec: dict, results: list[Result], t0: float, t1: float, cpu_s: fl
     delivered = 0
     ttfts, gaps = [], []
     for res in results:
-        delivered += max(0, res.tokens) if path == "cog" else len(res.ids)
+        delivered += max(0, res.tokens) if path in COG_PATHS else len(res.ids)
         if res.ttft is not None:
             ttfts.append(res.ttft)
         gaps.extend(res.gaps)

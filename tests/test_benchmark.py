@@ -383,6 +383,9 @@ def test_arguments_and_defaults() -> None:
     assert args.batch_limit == 128 and args.cog_concurrency == 160
     ref_args = harness.parse_args(["--engine", "reference"])
     assert ref_args.concurrency == [1, 2, 4] and ref_args.tokens == 64
+    assert ref_args.paths == ["tensorrt_llm", "ensemble", "cog", "cog_json"]  # guidance measured next to cog
+    with pytest.raises(SystemExit):
+        harness.parse_args(["--paths", "cog,cog_json"])  # the stand-in does not enforce guides
     soak = harness.parse_args(["--soak"])
     assert soak.soak_minutes == 10 and soak.soak_streams == 16 and soak.soak_cancel_every == 5
     with pytest.raises(SystemExit):
@@ -523,3 +526,23 @@ def test_loadgen_retries_coglets_spurious_409_and_counts_it() -> None:
     assert summary["errors"] == 0 and summary["succeeded"] == 1 and summary["retried_409"] == 2
     assert summary["count_mismatches"] == 0 and summary["content_mismatches"] == 0
     assert results[0].ttft is not None and results[0].ttft >= 0.01  # from the first attempt: two 5 ms waits
+
+
+def test_guided_requests_are_checked_against_their_schema_not_a_token_count() -> None:
+    from benchmarks.loadgen import Result, check
+
+    schema = harness.GUIDED_SCHEMA
+    good = {"title": "Gutenberg Bible", "year": 1455, "language": "Latin", "printer": {"name": "Gutenberg"}}
+    request = {"body": {}, "expect_json_schema": schema}
+
+    def result(text: str, tokens: int) -> Result:
+        res = Result(0)
+        res.text, res.tokens = [text[:5], text[5:]], tokens
+        return res
+
+    assert check(result(json.dumps(good), 30), request, "cog_json", 64) == {"count_ok": True, "content_ok": True}
+    assert check(result(json.dumps({**good, "year": 2024}), 30), request, "cog_json", 64)["content_ok"] is False
+    assert check(result(json.dumps(good)[:-1], 64), request, "cog_json", 64)["content_ok"] is False  # cut short
+    assert check(result(json.dumps(good), 0), request, "cog_json", 64)["count_ok"] is False
+    work_body = harness.Workload.body(types.SimpleNamespace(tokens=64), "cog_json", 7)
+    assert json.loads(work_body["input"]["json_schema"]) == schema and "min_tokens" not in work_body["input"]
