@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -30,7 +31,11 @@ def test_dry_run_prints_the_mpirun_command(tmp_path: Path) -> None:
     assert "--http-address=127.0.0.1" in rank0 and "--http-port=9100" in rank0
     assert f"--model-repository={tmp_path}" in rank0
     assert "--load-model=tensorrt_llm" in rank1 and "--allow-http=false" in rank1
-    assert "prefix1_" in rank1 and "--http-port" not in rank1
+    assert "--http-port" not in rank1
+    # Each rank gets its own shared-memory prefix: <launch prefix><rank>_, unique per launch.
+    prefixes = [re.search(r"shm-region-prefix-name=(\S+)", rank).group(1) for rank in (rank0, rank1)]
+    assert prefixes[0].endswith("r0_") and prefixes[1].endswith("r1_")
+    assert prefixes[0][:-3] == prefixes[1][:-3]
 
 
 @pytest.mark.parametrize(
