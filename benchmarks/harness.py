@@ -42,6 +42,7 @@ import json
 import logging
 import os
 import platform
+import re
 import shutil
 import signal
 import subprocess
@@ -619,8 +620,20 @@ def soak(stack: Stack, work: Workload, args: argparse.Namespace) -> dict[str, An
     result, before, after = run_loadgen(stack, spec, during=during)
     rss["end"] = rss_report(stack.processes())
     records = result.pop("records")
-    return {"kill": kill, "rss_bytes": rss, "summary": soak_summary(records, kill, args), "loadgen": result,
+    summary = soak_summary(records, kill, args)
+    summary["triton_restarts"] = triton_restarts(stack.work / "cog.log")
+    return {"kill": kill, "rss_bytes": rss, "summary": summary, "loadgen": result,
             **cpu_report(before, after, result["tokens"])}
+
+
+def triton_restarts(cog_log: Path) -> int:
+    """How many times the predictor's supervisor restarted Triton, from its log line
+    ``Triton restarted (<n> restarts so far)`` in the Cog server's log."""
+    try:
+        text = cog_log.read_text(errors="replace")
+    except OSError:
+        return 0
+    return len(re.findall(r"Triton restarted \(\d+ restarts so far\)", text))
 
 
 def soak_summary(records: list[dict[str, Any]], kill: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
@@ -767,6 +780,13 @@ def guidance_lines(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
+SOAK_LABELS = {
+    "recoveries": "recoveries (started after the kill, succeeded)",
+    "first_success_after_kill_s": "first success after the kill, s",
+    "triton_restarts": "Triton restarts (supervisor log)",
+}
+
+
 def soak_markdown(doc: dict[str, Any]) -> str:
     meta, s = doc["meta"], doc["soak"]
     summary = s["summary"]
@@ -786,9 +806,9 @@ def soak_markdown(doc: dict[str, Any]) -> str:
     ]
     for key in ("predictions", "succeeded", "cancel_requested", "canceled", "cancel_too_late", "errors",
                 "retried_409", "count_mismatches", "content_mismatches", "in_flight_at_kill", "in_flight_at_kill_failed",
-                "errors_after_kill", "started_after_kill", "recoveries", "first_success_after_kill_s"):
+                "errors_after_kill", "started_after_kill", "recoveries", "first_success_after_kill_s", "triton_restarts"):
         if key in summary:
-            lines.append(f"| {key.replace('_', ' ')} | {summary[key]} |")
+            lines.append(f"| {SOAK_LABELS.get(key, key.replace('_', ' '))} | {summary[key]} |")
     lines += ["", "| process | RSS start | RSS end |", "|---|---:|---:|"]
     start, end = s["rss_bytes"]["start"], s["rss_bytes"]["end"]
     for role in sorted(set(start) | set(end)):
