@@ -379,7 +379,7 @@ def test_standin_model_streams_the_text_and_answers_stop(ref, fake_pb_utils, che
 def test_arguments_and_defaults() -> None:
     args = harness.parse_args([])
     assert args.concurrency == [1, 8, 32, 64, 128] and args.tokens == 256 and args.step_ms == 10.0
-    assert args.paths == ["tensorrt_llm", "ensemble", "cog"] and args.sender_threads == 1
+    assert args.paths == ["tensorrt_llm", "ensemble", "cog"] and args.sender_threads == 4
     assert args.batch_limit == 128 and args.cog_concurrency == 160
     ref_args = harness.parse_args(["--engine", "reference"])
     assert ref_args.concurrency == [1, 2, 4] and ref_args.tokens == 64
