@@ -6,6 +6,8 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from tensorrtllm_backend.server import TritonServer
+
 
 def pids_mentioning(*texts: str) -> list[int]:
     """PIDs whose command line contains every one of ``texts``."""
@@ -22,13 +24,7 @@ def pids_mentioning(*texts: str) -> list[int]:
     return pids
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            state = fh.read().rsplit(b")", 1)[1].split()[0]
-        return state not in (b"Z", b"X")
-    except (FileNotFoundError, IndexError):
-        return False
+_pid_alive = TritonServer.process_alive  # one /proc reading of liveness, the server's own
 
 
 def wait_for_pids_gone(pids: Sequence[int], timeout_s: float) -> bool:
