@@ -12,7 +12,6 @@ import importlib.util
 import json
 import os
 import subprocess
-import sys
 import threading
 import types
 from pathlib import Path
@@ -24,22 +23,13 @@ from benchmarks import harness
 from cog_triton.settings import REPO_ROOT
 from tensorrtllm_backend.templates import fill_template, parse_model_config
 from tests.test_packaging import dockerfile_instructions
+from tests.modules import load_file
 
 STANDIN = REPO_ROOT / "benchmarks" / "standin"
 REFERENCE = REPO_ROOT / "triton_model_repo" / "tensorrt_llm_reference"
 
 
-def _load(name: str, path: Path):
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-standin = _load("benchmark_standin_model", STANDIN / "1" / "model.py")
+standin = load_file("benchmark_standin_model", STANDIN / "1" / "model.py")
 
 
 @pytest.fixture(scope="module")

@@ -5,9 +5,7 @@ with the chat template (cog_triton.prompt). The end-to-end path is in tests/test
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +23,7 @@ from cog_triton.service import LLMService
 from cog_triton.settings import REPO_ROOT
 from tensorrtllm_backend.engine import XGRAMMAR_TOKENIZER_INFO_NAME, ModelLimits, WeightsInfo
 from tensorrtllm_backend.templates import RenderOptions, guided_decoding_of, render_model_repository
+from tests.modules import load_file
 
 CHECKPOINT = REPO_ROOT / "build" / "default_model" / "checkpoint"
 TEMPLATE_DIR = REPO_ROOT / "triton_model_repo"
@@ -41,15 +40,7 @@ PERSON = {
 }
 
 
-def _load_reference_module():
-    spec = importlib.util.spec_from_file_location("reference_model_guided", TEMPLATE_DIR / "tensorrt_llm_reference" / "1" / "model.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["reference_model_guided"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-ref = _load_reference_module()
+ref = load_file("reference_model_guided", TEMPLATE_DIR / "tensorrt_llm_reference" / "1" / "model.py")
 
 
 @pytest.fixture(scope="module")

@@ -7,12 +7,10 @@ bundle) serves the model as ``tensorrt_llm``, and the tests talk to it over HTTP
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import socket
 import string
-import sys
 import threading
 import time
 from pathlib import Path
@@ -22,6 +20,8 @@ import numpy as np
 import pytest
 import torch
 from httpx_sse import connect_sse
+
+from tests.modules import load_file
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_DIR = ROOT / "triton_model_repo" / "tensorrt_llm_reference"
@@ -36,15 +36,7 @@ PROMPTS = {
 }
 
 
-def _load_reference_module():
-    spec = importlib.util.spec_from_file_location("reference_model", MODEL_DIR / "1" / "model.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["reference_model"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-ref = _load_reference_module()
+ref = load_file("reference_model", MODEL_DIR / "1" / "model.py")
 
 
 
