@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
-from cog_triton.local import CogServer, WeightsHTTPServer, free_port
+from cog_triton.local import CogServer, WeightsHTTPServer, free_port, serving_env
 from cog_triton.prompt import PromptTokenizer
 from cog_triton.settings import REPO_ROOT
 
@@ -275,17 +275,10 @@ class Stack:
         for name in ("cog.log", "triton.log"):  # both servers append
             (self.work / name).unlink(missing_ok=True)
         self._weights = WeightsHTTPServer(args.archive.parent).__enter__()
-        env = {
-            "COG_WEIGHTS": f"{self._weights.url}/{args.archive.name}",
-            "COG_TRITON_WEIGHTS_DIR": str(self.work / "weights"),
-            "COG_TRITON_MODEL_REPO_DIR": str(self.work / "model_repository"),
-            "COG_TRITON_HTTP_PORT": str(self.triton_port),
-            "COG_TRITON_GRPC_PORT": str(free_port()),
-            "COG_TRITON_METRICS_PORT": str(free_port()),
-            "COG_TRITON_TRITON_LOG_FILE": str(self.work / "triton.log"),
-            "COG_TRITON_REFERENCE_MAX_BATCH_SIZE": str(args.batch_limit),
-            "COG_TRITON_STOP_TIMEOUT_S": "5",
-        }
+        env = serving_env(
+            f"{self._weights.url}/{args.archive.name}", work=self.work, triton_http_port=self.triton_port,
+            COG_TRITON_REFERENCE_MAX_BATCH_SIZE=str(args.batch_limit), COG_TRITON_STOP_TIMEOUT_S="5",
+        )
         if args.engine == "standin":
             templates = write_standin_templates(
                 self.work / "templates", step_ms=args.step_ms, sender_threads=args.sender_threads,

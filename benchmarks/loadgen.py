@@ -350,6 +350,13 @@ def start_request(loop: Loop, spec: dict, index: int, body: dict, done: Callable
     last = [0.0]
     state: dict[str, Any] = {"finished": False, "cancel": None, "conn": None}
 
+    def arrived(t: float) -> None:  # an event with output: the first gives TTFT, the rest gaps
+        if res.ttft is None:
+            res.ttft = t - res.start
+        else:
+            res.gaps.append(t - last[0])
+        last[0] = t
+
     def on_event(name: str, data: bytes, t: float) -> None:
         if is_cog:
             if name == "output":
@@ -357,11 +364,7 @@ def start_request(loop: Loop, spec: dict, index: int, body: dict, done: Callable
                 if not chunk:
                     return
                 res.text.append(chunk)
-                if res.ttft is None:
-                    res.ttft = t - res.start
-                else:
-                    res.gaps.append(t - last[0])
-                last[0] = t
+                arrived(t)
                 if cancel_after and state["cancel"] is None and len(res.text) >= cancel_after:
                     send_cancel()
             elif name == "completed":
@@ -384,11 +387,7 @@ def start_request(loop: Loop, spec: dict, index: int, body: dict, done: Callable
         if not ids:
             return
         res.ids.extend(ids)
-        if res.ttft is None:
-            res.ttft = t - res.start
-        else:
-            res.gaps.append(t - last[0])
-        last[0] = t
+        arrived(t)
 
     def send_cancel() -> None:
         res.cancelled = True

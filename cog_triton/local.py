@@ -2,6 +2,8 @@
 
 * :class:`WeightsHTTPServer`: serves a folder (the weights archive) over HTTP on 127.0.0.1, with
   the standard library's ``SimpleHTTPRequestHandler``; counts GET requests per path.
+* :func:`serving_env`: the environment of a predictor serving an archive from that server, Triton
+  on free ports.
 * :class:`CogServer`: runs the real Cog HTTP server (``python -m cog.server.http``, coglet) on
   127.0.0.1 as a subprocess in its own process group, with the committed Cog schema in place (as
   ``cog build`` bundles it, so inputs are validated and SSE streaming works as in the image), waits
@@ -39,6 +41,32 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def serving_env(weights_url: str, *, sha256: str = "", work: Optional[Path] = None, triton_http_port: int = 0,
+                **settings: str) -> dict[str, str]:
+    """Environment for a :class:`CogServer` whose ``setup()`` fetches ``weights_url``, with Triton's
+    HTTP, gRPC and metrics ports free ports (``triton_http_port`` fixes the HTTP one).
+
+    ``sha256`` is checked over the download (``COG_TRITON_WEIGHTS_SHA256``); ``work`` holds the
+    weights, the model repository and Triton's log; ``settings`` adds more variables.
+    """
+    env = {
+        "COG_WEIGHTS": weights_url,
+        "COG_TRITON_HTTP_PORT": str(triton_http_port or free_port()),
+        "COG_TRITON_GRPC_PORT": str(free_port()),
+        "COG_TRITON_METRICS_PORT": str(free_port()),
+    }
+    if sha256:
+        env["COG_TRITON_WEIGHTS_SHA256"] = sha256
+    if work is not None:
+        env.update({
+            "COG_TRITON_WEIGHTS_DIR": str(work / "weights"),
+            "COG_TRITON_MODEL_REPO_DIR": str(work / "model_repository"),
+            "COG_TRITON_TRITON_LOG_FILE": str(work / "triton.log"),
+        })
+    env.update(settings)
+    return env
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):

@@ -22,7 +22,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cog_triton.local import CogServer, WeightsHTTPServer, free_port  # noqa: E402
+from cog_triton.local import CogServer, WeightsHTTPServer, serving_env  # noqa: E402
 from cog_triton.settings import REPO_ROOT  # noqa: E402
 
 ARCHIVE = REPO_ROOT / "build" / "default_model" / "smollm2-135m-instruct.tar.gz"
@@ -42,13 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     sha256 = ARCHIVE.with_name(ARCHIVE.name + ".sha256").read_text().split()[0]
     started = time.monotonic()
     with WeightsHTTPServer(ARCHIVE.parent) as weights:
-        env = {
-            "COG_WEIGHTS": f"{weights.url}/{ARCHIVE.name}",
-            "COG_TRITON_WEIGHTS_SHA256": sha256,
-            "COG_TRITON_HTTP_PORT": str(free_port()),
-            "COG_TRITON_GRPC_PORT": str(free_port()),
-            "COG_TRITON_METRICS_PORT": str(free_port()),
-        }
+        env = serving_env(f"{weights.url}/{ARCHIVE.name}", sha256=sha256)
         with CogServer(env) as cog:
             print(f"Cog server {cog.url}: running setup (download weights, render model repository, start Triton)...")
             cog.wait_ready()

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cog_triton.local import CogServer, WeightsHTTPServer, free_port  # noqa: E402
+from cog_triton.local import CogServer, WeightsHTTPServer, serving_env  # noqa: E402
 from cog_triton.settings import REPO_ROOT  # noqa: E402
 
 ARCHIVE = REPO_ROOT / "build" / "default_model" / "smollm2-135m-instruct.tar.gz"
@@ -40,12 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with WeightsHTTPServer(ARCHIVE.parent) as weights:
-        env = {
-            "COG_WEIGHTS": args.weights or f"{weights.url}/{ARCHIVE.name}",
-            "COG_TRITON_HTTP_PORT": str(free_port()),
-            "COG_TRITON_GRPC_PORT": str(free_port()),
-            "COG_TRITON_METRICS_PORT": str(free_port()),
-        }
+        env = serving_env(args.weights or f"{weights.url}/{ARCHIVE.name}")
         with CogServer(env, port=args.port, host=args.host) as cog:
             log.info("setting up (logs: %s)", cog.log_file)
             try:

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from cog_triton.local import CogServer, WeightsHTTPServer, free_port
+from cog_triton.local import CogServer, WeightsHTTPServer, serving_env
 from tensorrtllm_backend.server import SHM_DIR, SHM_PREFIX
 from tests.proc import pids_mentioning
 
@@ -33,18 +33,10 @@ SHORT = {"prompt": "Say hi.", "max_tokens": 3, "temperature": 0}
 def stack(tmp_path_factory, default_archive: Path):
     work = tmp_path_factory.mktemp("faults")
     with WeightsHTTPServer(default_archive.parent) as weights:
-        env = {
-            "COG_WEIGHTS": f"{weights.url}/{default_archive.name}",
-            "COG_TRITON_WEIGHTS_DIR": str(work / "weights"),
-            "COG_TRITON_MODEL_REPO_DIR": str(work / "model_repository"),
-            "COG_TRITON_HTTP_PORT": str(free_port()),
-            "COG_TRITON_GRPC_PORT": str(free_port()),
-            "COG_TRITON_METRICS_PORT": str(free_port()),
-            "COG_TRITON_REFERENCE_MAX_INPUT_LEN": "384",
-            "COG_TRITON_REFERENCE_MAX_SEQ_LEN": "768",
-            "COG_TRITON_STOP_TIMEOUT_S": "5",
-            "COG_TRITON_TRITON_LOG_FILE": str(work / "triton.log"),
-        }
+        env = serving_env(
+            f"{weights.url}/{default_archive.name}", work=work, COG_TRITON_REFERENCE_MAX_INPUT_LEN="384",
+            COG_TRITON_REFERENCE_MAX_SEQ_LEN="768", COG_TRITON_STOP_TIMEOUT_S="5",
+        )
         cog = CogServer(env, log_file=work / "cog.log", max_concurrency=4)
         cog.start()
         try:
@@ -214,15 +206,7 @@ def test_shutdown_leaves_no_process_and_no_shared_memory(tmp_path, default_archi
     predictor dies (here: SIGTERM to coglet and its worker, then SIGKILL), and at the next start."""
     before = {p.name for p in SHM_DIR.glob(f"{SHM_PREFIX}*")}
     with WeightsHTTPServer(default_archive.parent) as weights:
-        env = {
-            "COG_WEIGHTS": f"{weights.url}/{default_archive.name}",
-            "COG_TRITON_WEIGHTS_DIR": str(tmp_path / "weights"),
-            "COG_TRITON_MODEL_REPO_DIR": str(tmp_path / "model_repository"),
-            "COG_TRITON_HTTP_PORT": str(free_port()),
-            "COG_TRITON_GRPC_PORT": str(free_port()),
-            "COG_TRITON_METRICS_PORT": str(free_port()),
-            "COG_TRITON_SELF_TEST": "false",
-        }
+        env = serving_env(f"{weights.url}/{default_archive.name}", work=tmp_path, COG_TRITON_SELF_TEST="false")
         with CogServer(env, log_file=tmp_path / "cog.log") as cog:
             cog.wait_ready(timeout_s=400)
             assert cog.predict(SHORT)["status"] == "succeeded"

@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from cog_triton.prompt import PromptTokenizer
-from cog_triton.local import CogServer, WeightsHTTPServer, free_port
+from cog_triton.local import CogServer, WeightsHTTPServer, serving_env
 from tests.proc import pids_mentioning
 
 pytestmark = pytest.mark.integration
@@ -61,19 +61,11 @@ def stack(tmp_path_factory, default_archive: Path):
     work = tmp_path_factory.mktemp("e2e")
     sha256 = default_archive.with_name(default_archive.name + ".sha256").read_text().split()[0]
     with WeightsHTTPServer(default_archive.parent) as weights:
-        env = {
-            "COG_WEIGHTS": f"{weights.url}/{default_archive.name}",
-            "COG_TRITON_WEIGHTS_SHA256": sha256,
-            "COG_TRITON_WEIGHTS_DIR": str(work / "weights"),
-            "COG_TRITON_MODEL_REPO_DIR": str(work / "model_repository"),
-            "COG_TRITON_HTTP_PORT": str(free_port()),
-            "COG_TRITON_GRPC_PORT": str(free_port()),
-            "COG_TRITON_METRICS_PORT": str(free_port()),
-            "COG_TRITON_REFERENCE_MAX_INPUT_LEN": str(MAX_INPUT_LEN),
-            "COG_TRITON_REFERENCE_MAX_SEQ_LEN": str(MAX_SEQ_LEN),
-            "COG_TRITON_STOP_TIMEOUT_S": "5",
-            "COG_TRITON_TRITON_LOG_FILE": str(work / "triton.log"),
-        }
+        env = serving_env(
+            f"{weights.url}/{default_archive.name}", sha256=sha256, work=work,
+            COG_TRITON_REFERENCE_MAX_INPUT_LEN=str(MAX_INPUT_LEN), COG_TRITON_REFERENCE_MAX_SEQ_LEN=str(MAX_SEQ_LEN),
+            COG_TRITON_STOP_TIMEOUT_S="5",
+        )
         cog = CogServer(env, log_file=work / "cog.log", max_concurrency=4)
         cog.start()
         try:
@@ -86,12 +78,7 @@ def stack(tmp_path_factory, default_archive: Path):
 def test_missing_weights_fail_setup_with_a_clear_error(tmp_path, default_archive):
     """A 404 for the weights URL ends setup (SETUP_FAILED) with the status, URL and the fix."""
     with WeightsHTTPServer(default_archive.parent) as weights:
-        env = {
-            "COG_WEIGHTS": f"{weights.url}/no-such-model.tar",
-            "COG_TRITON_WEIGHTS_DIR": str(tmp_path / "weights"),
-            "COG_TRITON_MODEL_REPO_DIR": str(tmp_path / "model_repository"),
-            "COG_TRITON_HTTP_PORT": str(free_port()),
-        }
+        env = serving_env(f"{weights.url}/no-such-model.tar", work=tmp_path)
         with CogServer(env, log_file=tmp_path / "cog.log") as cog:
             with pytest.raises(RuntimeError) as info:
                 cog.wait_ready(timeout_s=120)

@@ -17,7 +17,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from cog_triton.local import CogServer, WeightsHTTPServer, free_port
+from cog_triton.local import CogServer, WeightsHTTPServer, serving_env
 from cog_triton.prompt import PromptTokenizer
 
 pytestmark = pytest.mark.integration
@@ -110,19 +110,11 @@ def cog(tmp_path_factory, default_archive: Path):
     work = tmp_path_factory.mktemp("structured")
     sha256 = default_archive.with_name(default_archive.name + ".sha256").read_text().split()[0]
     with WeightsHTTPServer(default_archive.parent) as weights:
-        env = {
-            "COG_WEIGHTS": f"{weights.url}/{default_archive.name}",
-            "COG_TRITON_WEIGHTS_SHA256": sha256,
-            "COG_TRITON_WEIGHTS_DIR": str(work / "weights"),
-            "COG_TRITON_MODEL_REPO_DIR": str(work / "model_repository"),
-            "COG_TRITON_HTTP_PORT": str(free_port()),
-            "COG_TRITON_GRPC_PORT": str(free_port()),
-            "COG_TRITON_METRICS_PORT": str(free_port()),
-            "COG_TRITON_REFERENCE_MAX_INPUT_LEN": str(MAX_INPUT_LEN),
-            "COG_TRITON_REFERENCE_MAX_SEQ_LEN": str(MAX_SEQ_LEN),
-            "COG_TRITON_STOP_TIMEOUT_S": "5",
-            "COG_TRITON_TRITON_LOG_FILE": str(work / "triton.log"),
-        }
+        env = serving_env(
+            f"{weights.url}/{default_archive.name}", sha256=sha256, work=work,
+            COG_TRITON_REFERENCE_MAX_INPUT_LEN=str(MAX_INPUT_LEN), COG_TRITON_REFERENCE_MAX_SEQ_LEN=str(MAX_SEQ_LEN),
+            COG_TRITON_STOP_TIMEOUT_S="5",
+        )
         server = CogServer(env, log_file=work / "cog.log", max_concurrency=4)
         server.start()
         try:
