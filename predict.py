@@ -1,8 +1,9 @@
 """Cog predictor: declares the inputs and delegates to :class:`cog_triton.service.LLMService`.
 
 ``setup()`` fetches the weights (engine or Hugging Face checkpoint + tokenizer), renders the
-Triton model repository, starts Triton and runs a short self-test; ``predict()`` streams text
-from the ensemble's ``/generate_stream`` endpoint.
+Triton model repository, starts Triton and the stream processes and runs a short self-test;
+``predict()`` streams the ensemble's text (gRPC ``ModelStreamInfer``, detokenized in the stream
+processes) as a generator coglet iterates.
 
 The ``Input(...)`` declarations below are read *statically* by ``cog build`` (Cog's schema
 generator parses this file's source): every default and bound must be a literal, every
@@ -28,11 +29,6 @@ from cog_triton.settings import Settings
 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 log = logging.getLogger("predict")
 cog_bridge.install_cancel_hook()
-
-
-def _record_metric(name: str, value: float) -> None:
-    # cog.emit_metric is a deprecated alias of this call in cog 0.23.
-    cog.current_scope().record_metric(name, value)
 
 
 class Predictor(BasePredictor):
@@ -157,5 +153,8 @@ class Predictor(BasePredictor):
             grammar=grammar,
         )
         log.info("seed %d", inputs.seed)
-        stream: Iterator[str] = await self.service.stream(inputs, metric=_record_metric)
+        # The prediction's metric scope, taken here (coglet finds it through a context variable): the
+        # metrics are recorded later from another thread. cog.emit_metric is a deprecated alias in cog 0.23.
+        scope = cog.current_scope()
+        stream: Iterator[str] = await self.service.stream(inputs, metric=scope.record_metric)
         return stream

@@ -11,11 +11,19 @@ number of concurrent streams over three paths in the same run:
   Triton's ensemble scheduling);
 * ``cog``: ``POST /predictions`` streamed over SSE (+ the predictor: validation, tokenization,
   Triton client, incremental detokenization, coglet);
+* ``floor``: a bare predictor under its own Cog HTTP server (``benchmarks/floor/predict.py``): no
+  Triton, no tokenizer, one-character tokens at the stand-in's step through the product's stream
+  interval and coglet bridge: what coglet itself carries, the floor the ``cog`` path is measured
+  against (its ratio is to ``floor`` as well as to ``tensorrt_llm``);
 * ``cog_json`` (``--engine reference`` only, where it is on by default): the same with a
   ``json_schema`` input, so the reference model enforces the guide with xgrammar (a token mask per
   step) and the predictor compiles and checks it; next to ``cog`` it gives the per-token cost of
   guidance. Its requests end when the document closes, so instead of the token count each output
   is checked to parse and validate against the schema.
+
+Points are (streams, stand-in step) pairs: ``--concurrency`` at ``--step-ms``, or ``--points
+64@5,128@10,256@20`` (the stack restarts for each step; the stand-in runs ``--engine-instances``
+Python model instances so that it is not what limits ``tensorrt_llm``: its "vs ideal" column).
 
 Per point (path, streams): tokens/s and its ratio to ``tensorrt_llm`` at the same streams, time to
 first token and the gap between token events (p50/p99), errors, the requests that did not get
@@ -62,10 +70,12 @@ ARCHIVE = REPO_ROOT / "build" / "default_model" / "smollm2-135m-instruct.tar.gz"
 STANDIN_DIR = REPO_ROOT / "benchmarks" / "standin"
 STANDIN_TEXT = STANDIN_DIR / "text.txt"
 REFERENCE_MODEL = REPO_ROOT / "triton_model_repo" / "tensorrt_llm_reference" / "1" / "model.py"
-PATHS = ("tensorrt_llm", "ensemble", "cog")
+PATHS = ("tensorrt_llm", "ensemble", "cog", "floor")
 GUIDED_PATH = "cog_json"
+FLOOR_PATH = "floor"
+FLOOR_DIR = REPO_ROOT / "benchmarks" / "floor"
 ALL_PATHS = PATHS + (GUIDED_PATH,)
-COG_PATHS = ("cog", GUIDED_PATH)
+COG_PATHS = ("cog", GUIDED_PATH, FLOOR_PATH)
 DEFAULT_CONCURRENCY = (1, 8, 32, 64, 128)
 REFERENCE_CONCURRENCY = (1, 2, 4)
 SMOKE_CONCURRENCY = (1, 4)
@@ -87,8 +97,9 @@ GUIDED_SCHEMA: dict[str, Any] = {
 }
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 # the processes every point reports (others found under the Cog server are reported too)
-CORE_ROLES = ("tritonserver", "stub:tensorrt_llm", "stub:preprocessing", "cog_server", "cog_worker", "loadgen")
-SERVER_ROLES = ("tritonserver", "stub:tensorrt_llm", "stub:preprocessing", "cog_server", "cog_worker")
+CORE_ROLES = ("tritonserver", "stub:tensorrt_llm", "stub:preprocessing", "cog_server", "cog_worker", "stream_proc",
+              "loadgen")
+SERVER_ROLES = ("tritonserver", "stub:tensorrt_llm", "stub:preprocessing", "cog_server", "cog_worker", "stream_proc")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -157,6 +168,8 @@ def role_of(pid: int, root: int) -> str:
         return f"stub:{Path(model_py).parent.parent.name}" if model_py else "stub:?"
     if exe == "tritonserver":
         return "tritonserver"
+    if "cog_triton.streamer" in cmd:  # the predictor's stream processes (cog_triton.stream_pool)
+        return "stream_proc"
     if "-c" in cmd and "coglet" in " ".join(cmd):
         return "cog_worker"
     if "-c" in cmd and "-I" in cmd:  # tensorrtllm_backend.server's guardian of Triton's process group
@@ -200,11 +213,14 @@ class CpuSnapshot:
     pids: dict[str, list[int]]
     machine_busy: int
     machine_total: int
+    pid_ticks: dict[int, int]
 
 
 def snapshot(roles: dict[str, list[int]]) -> CpuSnapshot:
     busy, total = machine_busy_ticks()
-    return CpuSnapshot(time.monotonic(), {r: cpu_ticks(p) for r, p in roles.items()}, roles, busy, total)
+    pid_ticks = {pid: cpu_ticks([pid]) for pids in roles.values() for pid in pids}
+    ticks = {r: sum(pid_ticks[pid] for pid in p) for r, p in roles.items()}
+    return CpuSnapshot(time.monotonic(), ticks, roles, busy, total, pid_ticks)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -232,6 +248,7 @@ def fill_standin_template(text: str, values: dict[str, object]) -> str:
 
 
 def write_standin_templates(target: Path, *, step_ms: float, sender_threads: int, end_id_after: int = 0,
+                            instances: int = 1,
                             cancellation_check_period_ms: float = 100.0, text_file: Path = STANDIN_TEXT,
                             reference_model: Path = REFERENCE_MODEL) -> Path:
     """A model-repository template folder (for COG_TRITON_TEMPLATE_DIR): the product's templates, with
@@ -253,6 +270,7 @@ def write_standin_templates(target: Path, *, step_ms: float, sender_threads: int
             "sender_threads": sender_threads,
             "cancellation_check_period_ms": cancellation_check_period_ms,
             "end_id_after": end_id_after,
+            "instances": instances,
         },
     )
     (llm / "config.pbtxt").write_text(config)
@@ -267,6 +285,7 @@ class Stack:
         self.work = work
         self.triton_port = free_port()
         self.cog: Optional[CogServer] = None
+        self.floor: Optional[FloorServer] = None  # set by main() when the floor path runs
         self._weights: Optional[WeightsHTTPServer] = None
 
     def __enter__(self) -> "Stack":
@@ -282,7 +301,7 @@ class Stack:
         if args.engine == "standin":
             templates = write_standin_templates(
                 self.work / "templates", step_ms=args.step_ms, sender_threads=args.sender_threads,
-                end_id_after=args.end_id_after,
+                end_id_after=args.end_id_after, instances=args.engine_instances,
             )
             env["COG_TRITON_TEMPLATE_DIR"] = str(templates)
         self.cog = CogServer(env, log_file=self.work / "cog.log", max_concurrency=args.cog_concurrency)
@@ -325,6 +344,49 @@ class Stack:
 
     def processes(self, loadgen: Optional[int] = None) -> dict[str, list[int]]:
         roles = server_processes(self.root_pid)
+        if loadgen is not None:
+            roles["loadgen"] = [loadgen]
+        roles["harness"] = [os.getpid()]
+        return roles
+
+
+class FloorServer:
+    """The ``floor`` path: ``benchmarks/floor/predict.py`` under its own Cog HTTP server (no Triton), with the
+    product's stream interval and COG_MAX_CONCURRENCY."""
+
+    def __init__(self, args: argparse.Namespace, work: Path) -> None:
+        self.args = args
+        self.work = work
+        self.cog: Optional[CogServer] = None
+
+    def __enter__(self) -> "FloorServer":
+        shutil.rmtree(self.work, ignore_errors=True)
+        (self.work / ".cog").mkdir(parents=True)
+        shutil.copy2(FLOOR_DIR / "predict.py", self.work / "predict.py")
+        shutil.copy2(FLOOR_DIR / "openapi_schema.json", self.work / ".cog" / "openapi_schema.json")
+        env = {k: v for k, v in os.environ.items() if k == "COG_TRITON_STREAM_INTERVAL_MS"}
+        self.cog = CogServer(env, log_file=self.work / "cog.log", max_concurrency=self.args.cog_concurrency,
+                             work_dir=self.work)
+        self.cog.start()
+        try:
+            self.cog.wait_ready(timeout_s=120)
+        except BaseException:
+            self.__exit__()
+            raise
+        log.info("floor predictor ready: Cog %s", self.cog.url)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.cog is not None:
+            self.cog.stop()
+
+    @property
+    def root_pid(self) -> int:
+        assert self.cog is not None and self.cog.proc is not None
+        return self.cog.proc.pid
+
+    def processes(self, loadgen: Optional[int] = None) -> dict[str, list[int]]:
+        roles = {f"floor_{role}": pids for role, pids in server_processes(self.root_pid).items()}
         if loadgen is not None:
             roles["loadgen"] = [loadgen]
         roles["harness"] = [os.getpid()]
@@ -386,6 +448,8 @@ class Workload:
         if path == "ensemble":
             return {"input_ids": self.prompt_ids, "max_tokens": n, "min_tokens": n, "top_k": 1, "seed": seed,
                     "stream": True}
+        if path == FLOOR_PATH:
+            return {"input": {"n": n, "step_ms": self.args.step_ms}}
         if path == GUIDED_PATH:  # ends when the document closes: no min_tokens
             return {"input": {"prompt": GUIDED_PROMPT, "json_schema": json.dumps(GUIDED_SCHEMA), "max_tokens": n,
                               "temperature": 0, "seed": seed}}
@@ -396,6 +460,8 @@ class Workload:
         item: dict[str, Any] = {"body": self.body(path, seed)}
         if path == GUIDED_PATH:
             item["expect_json_schema"] = GUIDED_SCHEMA
+        elif path == FLOOR_PATH:
+            item["expect_text"] = _floor_module().expected_text(self.tokens)
         elif path == "cog":
             item["expect_text"] = self.expected_text(seed)
         else:
@@ -404,19 +470,32 @@ class Workload:
 
 
 _STANDIN = None
+_FLOOR = None
+
+
+def _load_module(name: str, path: Path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _floor_module():
+    """benchmarks/floor/predict.py as a module (for its expected text)."""
+    global _FLOOR
+    if _FLOOR is None:
+        _FLOOR = _load_module("benchmark_floor_predictor", FLOOR_DIR / "predict.py")
+    return _FLOOR
 
 
 def _standin_module():
     """benchmarks/standin/1/model.py as a module (it imports nothing from Triton at import time)."""
     global _STANDIN
     if _STANDIN is None:
-        import importlib.util
-
-        spec = importlib.util.spec_from_file_location("benchmark_standin_model", STANDIN_DIR / "1" / "model.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-        _STANDIN = module
+        _STANDIN = _load_module("benchmark_standin_model", STANDIN_DIR / "1" / "model.py")
     return _STANDIN
 
 
@@ -426,6 +505,9 @@ def _standin_module():
 
 
 def _endpoint(stack: Stack, path: str) -> tuple[int, str]:
+    if path == FLOOR_PATH:
+        assert stack.floor is not None and stack.floor.cog is not None
+        return stack.floor.cog.port, "/predictions"
     if path in COG_PATHS:
         assert stack.cog is not None
         return stack.cog.port, "/predictions"
@@ -441,10 +523,12 @@ def _expect_line(proc: subprocess.Popen, want: str) -> None:
 
 
 def run_loadgen(stack: Stack, spec: dict[str, Any], during=None) -> tuple[dict[str, Any], CpuSnapshot, CpuSnapshot]:
-    """Run one load-generator process; return its results and the CPU snapshots at its start and end.
+    """Run one load-generator process; return its results and the CPU snapshots at its start and end
+    (of the floor server's processes for the floor path, else of the stack's).
 
     ``during(proc)`` (optional) is called after the start snapshot, while the load runs.
     """
+    servers: Any = stack.floor if spec.get("path") == FLOOR_PATH else stack
     proc = subprocess.Popen(  # noqa: S603
         [sys.executable, "-m", "benchmarks.loadgen"], cwd=REPO_ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         text=True, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
@@ -454,11 +538,11 @@ def run_loadgen(stack: Stack, spec: dict[str, Any], during=None) -> tuple[dict[s
         proc.stdin.write(json.dumps(spec))
         proc.stdin.close()
         _expect_line(proc, "started")
-        before = snapshot(stack.processes(proc.pid))
+        before = snapshot(servers.processes(proc.pid))
         if during is not None:
             during(proc)
         _expect_line(proc, "finished")
-        after = snapshot(stack.processes(proc.pid))
+        after = snapshot(servers.processes(proc.pid))
         result = json.loads(proc.stdout.readline())
         proc.wait(timeout=60)
         return result, before, after
@@ -478,7 +562,19 @@ def cpu_report(before: CpuSnapshot, after: CpuSnapshot, tokens: int) -> dict[str
     servers = sum(cpu_s.get(r, 0.0) for r in cpu_s if r not in ("loadgen", "harness"))
     busy = (after.machine_busy - before.machine_busy) / CLK_TCK
     ours = sum(cpu_s.values())
+    # the busiest single server process: what limits a many-core host (one interpreter, one GIL)
+    busiest: dict[str, Any] = {}
+    if wall > 0:
+        for role, pids in after.pids.items():
+            if role in ("loadgen", "harness"):
+                continue
+            for pid in pids:
+                if pid in before.pid_ticks and pid in after.pid_ticks:
+                    cores = (after.pid_ticks[pid] - before.pid_ticks[pid]) / CLK_TCK / wall
+                    if cores > busiest.get("cores", -1.0):
+                        busiest = {"role": role, "pid": pid, "cores": round(cores, 3)}
     return {
+        "busiest_process": busiest or None,
         "cpu_s": {r: round(v, 3) for r, v in sorted(cpu_s.items())},
         "cpu_us_per_token": {r: round(v * 1e6 / tokens, 1) if tokens else None for r, v in sorted(cpu_s.items())},
         "cpu_us_per_token_servers": round(servers * 1e6 / tokens, 1) if tokens else None,
@@ -555,17 +651,29 @@ def _flatten(value: Any) -> list[Any]:
     return [value]
 
 
-def sweep(stack: Stack, work: Workload, args: argparse.Namespace) -> list[dict[str, Any]]:
+def sweep(stack: Stack, work: Workload, args: argparse.Namespace, concurrency: Sequence[int]) -> list[dict[str, Any]]:
+    """Every path at each stream count of ``concurrency``, at the stand-in's current ``args.step_ms``.
+
+    Each point gets ``ratio_to_direct`` (tokens/s over ``tensorrt_llm``'s at the same streams),
+    ``ratio_to_ideal`` (over streams x 1000 / step_ms, the stand-in's rate; stand-in only) and, for
+    ``cog``, ``ratio_to_floor`` (over the ``floor`` path's)."""
     warm_up(stack, work, args)
     points = []
-    for streams in args.concurrency:
-        direct = None
+    for streams in concurrency:
+        group = {}
         for path in args.paths:
             point = run_point(stack, work, path, streams, args)
-            if path == "tensorrt_llm":
-                direct = point["tokens_per_s"]
-            point["ratio_to_direct"] = round(point["tokens_per_s"] / direct, 3) if direct else None
+            point["step_ms"] = args.step_ms if args.engine == "standin" else None
+            ideal = streams * 1e3 / args.step_ms if args.engine == "standin" else None
+            point["ratio_to_ideal"] = round(point["tokens_per_s"] / ideal, 3) if ideal else None
+            group[path] = point
             points.append(point)
+        direct = group.get("tensorrt_llm", {}).get("tokens_per_s")
+        floor = group.get(FLOOR_PATH, {}).get("tokens_per_s")
+        for path, point in group.items():
+            point["ratio_to_direct"] = round(point["tokens_per_s"] / direct, 3) if direct else None
+            if path in ("cog", GUIDED_PATH):
+                point["ratio_to_floor"] = round(point["tokens_per_s"] / floor, 3) if floor else None
     return points
 
 
@@ -693,13 +801,18 @@ def markdown(doc: dict[str, Any]) -> str:
         f"{meta['machine']['loadavg_after']} after",
         "",
         f"{meta['tokens']} tokens per request, {meta['rounds']} request(s) per stream per point"
-        + (f", stand-in step {meta['step_ms']:g} ms (ideal {1e3 / meta['step_ms']:.0f} tok/s per stream), "
-           f"{meta['sender_threads']} sender thread(s)" if meta["engine"] == "standin" else "")
-        + f", engine batch limit {meta['batch_limit']}, COG_MAX_CONCURRENCY {meta['cog_concurrency']}.",
+        + (f", stand-in ({meta.get('engine_instances', 1)} instance(s), {meta['sender_threads']} sender thread(s) "
+           "each)" if meta["engine"] == "standin" else "")
+        + f", engine batch limit {meta['batch_limit']}, COG_MAX_CONCURRENCY {meta['cog_concurrency']}, "
+        f"stream interval {_num(meta.get('stream_interval_ms'), '{:g}')} ms, "
+        f"{_num(meta.get('stream_processes'))} stream process(es).",
         "",
-        "| path | streams | tokens/s | vs direct | TTFT p50 | TTFT p99 | gap p50 | gap p99 | errors "
-        "| count mismatches |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "`vs ideal`: tokens/s over streams × 1000 / step (the stand-in's rate); `vs direct`: over `tensorrt_llm` "
+        "at the same point; `vs floor`: `cog` over the bare predictor under coglet (`floor`).",
+        "",
+        "| path | streams | step | tokens/s | vs ideal | vs direct | vs floor | TTFT p50 | TTFT p99 | gap p50 "
+        "| gap p99 | errors | count mismatches |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for p in doc["points"]:
         mism = str(p["count_mismatches"])
@@ -709,9 +822,11 @@ def markdown(doc: dict[str, Any]) -> str:
             mism += f", {p['content_mismatches']} content"
         if p.get("incomplete_events"):
             mism += f", {p['incomplete_events']} cut inside an event"
-        ratio = "—" if p.get("ratio_to_direct") is None else f"{p['ratio_to_direct']:.2f}"
+        ratio = lambda key: "—" if p.get(key) is None else f"{p[key]:.2f}"  # noqa: E731
+        step = "—" if p.get("step_ms") is None else f"{p['step_ms']:g} ms"
         lines.append(
-            f"| {p['path']} | {p['streams']} | {p['tokens_per_s']:.0f} | {ratio} | {_ms(p['ttft_s']['p50'])} | "
+            f"| {p['path']} | {p['streams']} | {step} | {p['tokens_per_s']:.0f} | {ratio('ratio_to_ideal')} | "
+            f"{ratio('ratio_to_direct')} | {ratio('ratio_to_floor')} | {_ms(p['ttft_s']['p50'])} | "
             f"{_ms(p['ttft_s']['p99'])} | {_ms(p['gap_s']['p50'])} | {_ms(p['gap_s']['p99'])} | {p['errors']}"
             + (f" ({p['retried_409']} × 409 retried)" if p.get("retried_409") else "")
             + f" | {mism} |"
@@ -724,14 +839,16 @@ def markdown(doc: dict[str, Any]) -> str:
         "load generator and the harness; `busy cores` is the whole machine's, `others` what processes outside "
         "this benchmark used.",
         "",
-        "| path | streams | " + " | ".join(roles) + " | servers | busy cores | others |",
-        "|---|---:|" + "---:|" * (len(roles) + 3),
+        "| path | streams | " + " | ".join(roles) + " | servers | busiest process (cores) | busy cores | others |",
+        "|---|---:|" + "---:|" * (len(roles) + 4),
     ]
     for p in doc["points"]:
         cells = [_num(p["cpu_us_per_token"].get(r)) for r in roles]
+        busiest = p.get("busiest_process") or {}
+        top = f"{busiest['role']} ({busiest['cores']:.2f})" if busiest else "—"
         lines.append(
             f"| {p['path']} | {p['streams']} | " + " | ".join(cells)
-            + f" | {_num(p['cpu_us_per_token_servers'])} | {_num(p['machine_busy_cores'], '{:.2f}')} | "
+            + f" | {_num(p['cpu_us_per_token_servers'])} | {top} | {_num(p['machine_busy_cores'], '{:.2f}')} | "
             f"{_num(p['others_busy_cores'], '{:.2f}')} |"
         )
     lines += guidance_lines(doc)
@@ -834,9 +951,9 @@ def plot(doc: dict[str, Any], target: Path) -> Optional[Path]:
         axes[2].plot(xs, [(p["ttft_s"]["p99"] or 0) * 1e3 for p in points], marker="o", label=f"{path} TTFT p99")
         axes[2].plot(xs, [(p["gap_s"]["p99"] or 0) * 1e3 for p in points], marker="x", linestyle="--",
                      label=f"{path} gap p99")
-    if meta["engine"] == "standin":
-        xs = sorted(meta["concurrency"])
-        axes[0].plot(xs, [x * 1e3 / meta["step_ms"] for x in xs], color="grey", linestyle=":", label="engine rate")
+    ideal = sorted({(p["streams"], p["streams"] * 1e3 / p["step_ms"]) for p in doc["points"] if p.get("step_ms")})
+    if ideal:
+        axes[0].plot([x for x, _ in ideal], [y for _, y in ideal], color="grey", linestyle=":", label="engine rate")
     axes[0].set(title="tokens/s", xlabel="streams", xscale="log", yscale="log")
     axes[1].set(title="server CPU µs per token", xlabel="streams", xscale="log")
     axes[2].set(title="latency p99 (ms)", xlabel="streams", xscale="log", yscale="log")
@@ -852,6 +969,14 @@ def plot(doc: dict[str, Any], target: Path) -> Optional[Path]:
     fig.savefig(target, dpi=110)
     plt.close(fig)
     return target
+
+
+def _setting(name: str) -> Any:
+    """A predictor setting as the stack will see it (COG_TRITON_* in this environment)."""
+    from cog_triton.settings import Settings  # noqa: PLC0415
+
+    value = getattr(Settings.from_env(), name)
+    return value() if callable(value) else value
 
 
 def _git() -> str:
@@ -880,6 +1005,13 @@ def _cpu_model() -> str:
 # ------------------------------------------------------------------------------------------------
 
 
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
 def _int_list(text: str) -> list[int]:
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
@@ -888,6 +1020,22 @@ def _int_list(text: str) -> list[int]:
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
     return values
+
+
+def _points(text: str) -> list[tuple[int, float]]:
+    out = []
+    for item in (x.strip() for x in text.split(",") if x.strip()):
+        streams, _, step = item.partition("@")
+        try:
+            point = (int(streams), float(step))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected streams@step_ms pairs such as 128@10, got {item!r}") from None
+        if point[0] < 1 or point[1] <= 0:
+            raise argparse.ArgumentTypeError(f"streams and step_ms must be positive, got {item!r}")
+        out.append(point)
+    if not out:
+        raise argparse.ArgumentTypeError("expected at least one streams@step_ms pair")
+    return out
 
 
 def _paths(text: str) -> list[str]:
@@ -910,6 +1058,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--tokens", type=int, default=None,
                         help="tokens per request (default 256; --engine reference 64; --smoke 32)")
     parser.add_argument("--step-ms", type=float, default=10.0, help="stand-in step time, ms (default 10)")
+    parser.add_argument("--points", type=_points, default=None,
+                        help="streams@step_ms pairs, e.g. 64@5,128@10,256@20 (the stack restarts for each step); "
+                        "instead of --concurrency and --step-ms")
+    parser.add_argument("--engine-instances", type=int, default=None,
+                        help="stand-in model instances (processes; default: one per 4 CPUs, 1 to 4), so that the "
+                        "Python stand-in is not what limits the direct path on a many-core host")
     parser.add_argument("--paths", type=_paths, default=None,
                         help="comma-separated, of " + ",".join(ALL_PATHS) + f" (default {','.join(PATHS)}; "
                         f"--engine reference adds {GUIDED_PATH}, Cog with a json_schema)")
@@ -946,12 +1100,32 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     reference = args.engine == "reference"
     if args.paths is None:
-        args.paths = list(ALL_PATHS if reference else PATHS)
+        args.paths = [p for p in (ALL_PATHS if reference else PATHS) if not (reference and p == FLOOR_PATH)]
     if GUIDED_PATH in args.paths and not reference:
         parser.error(f"--paths {GUIDED_PATH} needs --engine reference: the stand-in does not enforce guides")
+    if FLOOR_PATH in args.paths and reference:
+        parser.error(f"--paths {FLOOR_PATH} needs the stand-in engine (it runs at the stand-in's step)")
+    if args.points is not None and (args.concurrency is not None or reference or args.soak):
+        parser.error("--points replaces --concurrency and --step-ms, with the stand-in engine and not with --soak")
+    if args.points is not None:
+        args.concurrency = sorted({streams for streams, _ in args.points})
     if args.concurrency is None:
         args.concurrency = list(SMOKE_CONCURRENCY if args.smoke else REFERENCE_CONCURRENCY if reference
                                 else DEFAULT_CONCURRENCY)
+    # (step_ms, [streams...]) in order of first appearance: one stack start per step
+    pairs = args.points or [(n, args.step_ms) for n in args.concurrency]
+    args.groups = []
+    for streams, step in pairs:
+        for group in args.groups:
+            if group[0] == step:
+                group[1].append(streams)
+                break
+        else:
+            args.groups.append((step, [streams]))
+    if args.engine_instances is None:
+        args.engine_instances = max(1, min(4, _cpus() // 4))
+    if args.engine_instances < 1:
+        parser.error("--engine-instances must be positive")
     if args.tokens is None:
         args.tokens = 32 if args.smoke else 64 if reference else 256
     if args.rounds is None:
@@ -991,6 +1165,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "tokens": args.tokens,
         "rounds": args.rounds,
         "step_ms": args.step_ms,
+        "points": [[n, step] for step, group in args.groups for n in group],
+        "engine_instances": args.engine_instances,
+        "stream_interval_ms": _setting("stream_interval_ms"),
+        "stream_processes": _setting("stream_process_count"),
         "sender_threads": args.sender_threads,
         "end_id_after": args.end_id_after,
         "batch_limit": args.batch_limit,
@@ -1003,12 +1181,26 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         meta.update({k: getattr(args, k) for k in ("soak_minutes", "soak_streams", "soak_cancel_every",
                                                   "soak_kill", "soak_kill_at")})
     work = Workload(args)
-    with Stack(args, args.out / "work") as stack:
-        meta["processes"] = {r: p for r, p in stack.processes().items()}
-        if args.soak:
+    if args.soak:
+        with Stack(args, args.out / "work") as stack:
+            meta["processes"] = {r: p for r, p in stack.processes().items()}
             doc: dict[str, Any] = {"meta": meta, "soak": soak(stack, work, args)}
-        else:
-            doc = {"meta": meta, "points": sweep(stack, work, args)}
+    else:
+        doc = {"meta": meta, "points": []}
+        floor = FloorServer(args, args.out / "floor") if FLOOR_PATH in args.paths else None
+        try:
+            if floor is not None:
+                floor.__enter__()
+            for step_ms, concurrency in args.groups:
+                args.step_ms = step_ms
+                log.info("stand-in step %g ms: %s streams", step_ms, ", ".join(map(str, concurrency)))
+                with Stack(args, args.out / "work") as stack:
+                    stack.floor = floor
+                    meta.setdefault("processes", {r: p for r, p in stack.processes().items()})
+                    doc["points"] += sweep(stack, work, args, concurrency)
+        finally:
+            if floor is not None:
+                floor.__exit__()
     meta["machine"]["loadavg_after"] = loadavg()
     meta["finished"] = dt.datetime.now().isoformat(timespec="seconds")
     if args.soak:

@@ -40,8 +40,8 @@ import sys
 import time
 from typing import Any, Callable, Optional
 
-#: Paths answered by Cog's /predictions (the harness's ``cog`` and ``cog_json``).
-COG_PATHS = ("cog", "cog_json")
+#: Paths answered by Cog's /predictions (the harness's ``cog``, ``cog_json`` and ``floor``).
+COG_PATHS = ("cog", "cog_json", "floor")
 
 perf = time.perf_counter
 monotonic = time.monotonic

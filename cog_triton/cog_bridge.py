@@ -16,14 +16,17 @@ reproduced against the installed coglet by ``tests/test_cog_bridge.py``:
   coroutine has returned the generator that future is done, so the cancel reaches nothing: the
   generator would run to its end and the prediction would only then report "canceled".
 
-So ``predict()`` returns the generator made by :func:`open_stream`, and :func:`install_cancel_hook`
+So ``predict()`` returns the generator made by :func:`stream_generator`, and :func:`install_cancel_hook`
 wraps ``concurrent.futures.Future.cancel`` so that a cancel of a finished predict future whose
-result is one of our generators cancels that stream (the async task on the event loop, which
-then tells Triton to stop). Any other future behaves exactly as before.
+result is one of our generators cancels that stream (:meth:`StreamHandle.cancel`: the stream
+process is told to stop it, or, in-process, the async task is cancelled; either way Triton is told
+to stop the request). Any other future behaves exactly as before.
 
-Per streamed item the generator blocks on one thread-safe queue; when several text deltas are
-already waiting it yields them as one string, so under load there are fewer coglet crossings and
-at light load nothing changes.
+Per streamed item the generator blocks on one thread-safe queue (``queue.SimpleQueue``: a C lock,
+the GIL released while waiting); the items are text chunks already joined over the stream interval
+(:mod:`cog_triton.coalesce`), and when several are waiting they are yielded as one string. Each
+item costs coglet one output message (``send_output_item``: JSON encoding and an IPC write) and the
+slot thread one wake-up, so fewer, larger items are what keeps the worker's GIL free.
 """
 
 from __future__ import annotations
@@ -36,31 +39,53 @@ import threading
 import weakref
 from typing import AsyncIterator, Callable, Iterator, Optional
 
+from cog_triton.coalesce import IntervalFlusher
+
 log = logging.getLogger(__name__)
 
 _DONE = object()
 
 
 class StreamHandle:
-    """The async side of one streamed prediction: the task that feeds the queue, and its cancellation."""
+    """The Cog worker's side of one streamed prediction: the queue its text arrives on, and its cancel.
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
+    Args:
+        on_cancel: called once, from the cancelling thread, when the prediction is cancelled or its
+            generator closed early (stops the producer: a stream process's stream or an async task).
+    """
+
+    __slots__ = ("queue", "cancelled", "ended", "_on_cancel", "__weakref__")
+
+    def __init__(self, on_cancel: Optional[Callable[[], None]] = None) -> None:
         self.queue: "queue.SimpleQueue[object]" = queue.SimpleQueue()
-        self.task: Optional[asyncio.Task[None]] = None
         self.cancelled = threading.Event()
+        self.ended = False  # end() or fail() was called: the producer is done
+        self._on_cancel = on_cancel
+
+    def put(self, text: str) -> None:
+        """A text chunk for the generator (from any thread)."""
+        self.queue.put(text)
+
+    def end(self) -> None:
+        """The stream ended: the generator returns after the text already put."""
+        self.ended = True
+        self.queue.put(_DONE)
+
+    def fail(self, error: BaseException) -> None:
+        """The stream failed: the generator raises ``error`` after the text already put."""
+        self.ended = True
+        self.queue.put(error)
 
     def cancel(self) -> None:
-        """Cancel the stream from any thread: the task is cancelled on its loop and the generator ends."""
+        """Cancel the stream from any thread: the producer is stopped and the generator ends."""
         if self.cancelled.is_set():
             return
         self.cancelled.set()
-        task = self.task
-        if task is not None and not task.done():
+        if self._on_cancel is not None:
             try:
-                self.loop.call_soon_threadsafe(task.cancel)
-            except RuntimeError:  # the loop is closed
-                pass
+                self._on_cancel()
+            except Exception:  # noqa: BLE001 - the generator must still end
+                log.exception("cancelling a stream failed")
         self.queue.put(_DONE)
 
 
@@ -68,37 +93,64 @@ class StreamHandle:
 _STREAMS: "weakref.WeakKeyDictionary[Iterator[str], StreamHandle]" = weakref.WeakKeyDictionary()
 
 
-async def open_stream(source: AsyncIterator[str]) -> Iterator[str]:
+def stream_generator(handle: StreamHandle) -> Iterator[str]:
+    """The sync generator coglet iterates for ``handle`` (registered for the cancel hook).
+
+    Returns:
+        A generator (``types.GeneratorType``, as coglet requires) of text chunks. Iterating it
+        blocks the calling thread (coglet's slot thread) until text is available; chunks already
+        waiting are joined into one item. It raises what :meth:`StreamHandle.fail` was given.
+        Closing it early cancels the stream.
+    """
+    generator = _drain(handle)
+    _STREAMS[generator] = handle
+    return generator
+
+
+async def open_stream(source: AsyncIterator[str], interval_s: float = 0.0) -> Iterator[str]:
     """Start consuming ``source`` on the running loop; return the sync generator coglet will iterate.
+
+    The in-process path (``COG_TRITON_STREAM_PROCESSES=0``) and bare predictors use this; the
+    default path gets its text from the stream processes (:mod:`cog_triton.stream_pool`).
 
     Args:
         source: the async iterator of text deltas (its exceptions are re-raised by the generator,
             so the prediction fails with them; its ``finally`` runs when the stream is cancelled).
+        interval_s: the stream interval, seconds (:class:`cog_triton.coalesce.IntervalFlusher`);
+            0 hands over every delta as it comes.
 
     Returns:
-        A generator (``types.GeneratorType``, as coglet requires) of text deltas. Iterating it
-        blocks the calling thread (coglet's slot thread) until text is available; several waiting
-        deltas are joined into one item. Closing it early cancels ``source``.
+        See :func:`stream_generator`. Closing it early cancels ``source``.
     """
-    handle = StreamHandle(asyncio.get_running_loop())
+    loop = asyncio.get_running_loop()
+    task: Optional[asyncio.Task[None]] = None
+
+    def cancel_task() -> None:
+        if task is not None and not task.done():
+            try:
+                loop.call_soon_threadsafe(task.cancel)
+            except RuntimeError:  # the loop is closed
+                pass
+
+    handle = StreamHandle(cancel_task)
+    flusher = IntervalFlusher(interval_s, handle.put, loop)
 
     async def pump() -> None:
-        put = handle.queue.put
+        push = flusher.push
         try:
             async for text in source:
-                if text:
-                    put(text)
-            put(_DONE)
+                push(text)
+            flusher.close()
+            handle.end()
         except asyncio.CancelledError:
-            put(_DONE)
+            handle.end()
             raise
         except BaseException as exc:  # noqa: BLE001 - handed to the generator, which re-raises it
-            put(exc)
+            flusher.close()  # the text made before the failure still reaches the user
+            handle.fail(exc)
 
-    handle.task = asyncio.create_task(pump())
-    generator = _drain(handle)
-    _STREAMS[generator] = handle
-    return generator
+    task = asyncio.create_task(pump())
+    return stream_generator(handle)
 
 
 def _drain(handle: StreamHandle) -> Iterator[str]:
@@ -128,7 +180,7 @@ def _drain(handle: StreamHandle) -> Iterator[str]:
             if isinstance(end, BaseException):
                 raise end
     finally:
-        if not handle.cancelled.is_set() and handle.task is not None and not handle.task.done():
+        if not handle.ended and not handle.cancelled.is_set():
             handle.cancel()  # closed early (GeneratorExit): stop the producer too
 
 

@@ -113,6 +113,9 @@ class CogServer:
         max_concurrency: COG_MAX_CONCURRENCY (coglet's prediction slots).
         mode: "predict", or "train" (coglet's ``--x-mode train`` with ``COG_TRAIN_TYPE_STUB``;
             ``/trainings`` then runs ``train.py:train``).
+        work_dir: run another predictor: coglet's working directory, holding that predictor's
+            ``predict.py`` and ``.cog/openapi_schema.json`` (default: this repository, with the
+            committed schema put in place); the repository is on its PYTHONPATH.
     """
 
     def __init__(
@@ -124,6 +127,7 @@ class CogServer:
         max_concurrency: int = 8,
         host: str = "127.0.0.1",
         mode: str = "predict",
+        work_dir: Optional[Path] = None,
     ) -> None:
         if mode not in ("predict", "train"):
             raise ValueError(f"mode must be 'predict' or 'train', got {mode!r}")
@@ -133,6 +137,7 @@ class CogServer:
         self.log_file = log_file or REPO_ROOT / "build" / f"cog-{self.port}.log"
         self.max_concurrency = max_concurrency
         self.extra_env = dict(env)
+        self.work_dir = work_dir
         self.proc: Optional[subprocess.Popen[bytes]] = None
 
     @property
@@ -156,13 +161,16 @@ class CogServer:
             }
         )
         env.update(self.extra_env)
-        install_for_coglet(REPO_ROOT)  # coglet reads .cog/openapi_schema.json from its working directory
+        if self.work_dir is None:
+            install_for_coglet(REPO_ROOT)  # coglet reads .cog/openapi_schema.json from its working directory
+        else:
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         sink = open(self.log_file, "ab")  # noqa: SIM115 - owned by the child
         self.proc = subprocess.Popen(  # noqa: S603
             [sys.executable, "-m", "cog.server.http", "--host", self.host]
             + (["--x-mode", "train"] if self.mode == "train" else []),
-            cwd=REPO_ROOT,
+            cwd=self.work_dir or REPO_ROOT,
             env=env,
             stdout=sink,
             stderr=subprocess.STDOUT,

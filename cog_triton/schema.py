@@ -24,7 +24,8 @@ import tempfile
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Optional, Union
+from types import MappingProxyType
+from typing import Any, Mapping, Optional, Union
 
 from common.errors import ConfigError
 from cog_triton.settings import REPO_ROOT
@@ -132,13 +133,18 @@ def _load(path: Path) -> dict[str, Any]:
         raise ConfigError(f"the Cog input schema {path} is not valid JSON: {exc}") from None
 
 
-def input_specs(path: Path = SCHEMA_PATH, component: str = "Input") -> dict[str, InputSpec]:
-    """The predictor's inputs as the Cog schema at ``path`` declares them (read once, cached).
+@lru_cache(maxsize=8)
+def input_specs(path: Path = SCHEMA_PATH, component: str = "Input") -> Mapping[str, InputSpec]:
+    """The predictor's inputs as the Cog schema at ``path`` declares them (read and parsed once, cached:
+    every prediction validates against them, so this is on the path to its first token).
+
+    Returns:
+        A read-only mapping, name -> spec, in declaration order.
 
     Raises:
-        ConfigError: the schema file is missing or invalid.
+        ConfigError: the schema file is missing or invalid (not cached: the next call tries again).
     """
-    return parse_input_specs(_load(path), component)
+    return MappingProxyType(parse_input_specs(_load(path), component))
 
 
 def install_for_coglet(work_dir: Path = REPO_ROOT) -> Path:

@@ -18,23 +18,18 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Optional, TypeVar, Union
 
 from cog_triton.cog_bridge import open_stream
-from cog_triton.client import GenerateRequest, TritonClient
-from cog_triton.detokenizer import IncrementalDetokenizer
+from cog_triton.generation import Generator, GeneratorConfig, Outcome, Prepared, build_generator
 from common.errors import (
     ConfigError,
-    IncompleteOutputError,
     InferenceError,
-    InputError,
     ManifestError,
     TritonDiedError,
     TritonError,
 )
-from cog_triton.guided import Guide, GuideChecker
 from cog_triton.inputs import PredictInputs
-from cog_triton.prompt import PromptTokenizer
 from cog_triton.settings import Settings, VerifyMode
-from cog_triton.stop import StopSequenceMatcher
-from cog_triton.supervisor import Health, State, Supervisor
+from cog_triton.stream_pool import StreamPool
+from cog_triton.supervisor import Health, State, Supervisor, TaskStream
 from cog_triton.weights import fetch_weights
 from tensorrtllm_backend.engine import WeightsInfo, find_model_root, inspect_weights
 from tensorrtllm_backend.gpus import GPU, visible_gpus
@@ -94,36 +89,44 @@ class LLMService:
     """Weights, model repository, Triton process and generation for one predictor.
 
     Lifecycle: :meth:`setup` (blocking, seconds to minutes) -> any number of concurrent
-    :meth:`generate` calls -> :meth:`shutdown` (also registered with ``atexit``).
+    :meth:`stream` / :meth:`generate` calls -> :meth:`shutdown` (also registered with ``atexit``).
+
+    Where the per-token work runs (``COG_TRITON_STREAM_PROCESSES``): in stream processes
+    (:class:`cog_triton.stream_pool.StreamPool`, the default), or with 0 in this process, on the
+    caller's event loop (:class:`cog_triton.generation.Generator`).
     """
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.server: Optional[TritonServer] = None
-        self.client: Optional[TritonClient] = None
         self.info: Optional[WeightsInfo] = None
-        self.tokenizer: Any = None
         self._gpus: list[GPU] = []
-        self.prompts: Optional[PromptTokenizer] = None
         self.supervisor: Optional[Supervisor] = None
-        self.guides: Optional[GuideChecker] = None  # set when the served model has guided decoding on
-        self.guided_off_reason = "setup() has not run"
-        self._background: set[asyncio.Task[None]] = set()
-        # Prompt formatting and tokenization run here, off the event loop. One thread: a Hugging
-        # Face fast tokenizer is not safe to call from several threads at once ("Already borrowed").
+        self.generator_config: Optional[GeneratorConfig] = None
+        self.pool: Optional[StreamPool] = None  # the stream processes
+        self.generator: Optional[Generator] = None  # in-process streaming (stream_processes = 0)
+        self._watchdog: Optional[asyncio.Task[None]] = None
+        # In-process only: prompt formatting and tokenization run here, off the event loop. One thread: a
+        # Hugging Face fast tokenizer is not safe to call from several threads at once ("Already borrowed").
         self._prepare_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cog-triton-prepare")
         atexit.register(self.shutdown)
 
+    @property
+    def interval_s(self) -> float:
+        """The stream interval, seconds (COG_TRITON_STREAM_INTERVAL_MS)."""
+        return self.settings.stream_interval_ms / 1e3
+
     # ----------------------------------------------------------------- setup
     def setup(self, weights: Union[str, Path, None] = None) -> None:
-        """Fetch weights, render the model repository, start Triton, run a self-test.
+        """Fetch weights, render the model repository, start Triton and the stream processes, run a self-test.
 
         Args:
             weights: URL (http, https, file) or local path of a .tar/.tar.gz archive or folder;
                 default: COG_TRITON_WEIGHTS, else Cog's COG_WEIGHTS.
 
         Raises:
-            ConfigError: no weights given, bad settings, or unusable weights metadata.
+            ConfigError: no weights given, bad settings, unusable weights metadata, or a stream
+                process that could not start.
             IncompatibleWeightsError: the engine was built by another TensorRT-LLM version, needs more
                 GPUs than are visible, or targets another GPU compute capability.
             WeightsError: download, checksum or extraction failed; ManifestError: a file differs
@@ -176,16 +179,8 @@ class LLMService:
             info.limits.max_seq_len,
             info.limits.max_batch_size,
         )
-        from transformers import AutoTokenizer  # noqa: PLC0415 - heavy import, only at setup
-
-        self.tokenizer = AutoTokenizer.from_pretrained(str(info.tokenizer_dir), local_files_only=True)
-        self.prompts = PromptTokenizer(
-            self.tokenizer,
-            add_special_tokens=settings.add_special_tokens,
-            special_tokens_in_user_text=settings.special_tokens_in_user_text,
-        )
         rendered = render_model_repository(self._render_options(), info)
-        self._setup_guided_decoding(guided_decoding_of(rendered["tensorrt_llm"]), info)
+        guided, off_reason = self._guided_decoding(guided_decoding_of(rendered["tensorrt_llm"]), info)
         installation = locate_tritonserver(
             settings.path(settings.tritonserver) if settings.tritonserver else None,
             settings.path(settings.backend_dir) if settings.backend_dir else None,
@@ -208,7 +203,29 @@ class LLMService:
             stop_timeout_s=settings.stop_timeout_s,
         )
         self.info = info
-        self.client = TritonClient(self.server.grpc_address, token_timeout_s=settings.request_timeout_s)
+        self.generator_config = GeneratorConfig(
+            tokenizer_dir=info.tokenizer_dir,
+            limits=info.limits,
+            grpc_address=self.server.grpc_address,
+            token_timeout_s=settings.request_timeout_s,
+            add_special_tokens=settings.add_special_tokens,
+            special_tokens_in_user_text=settings.special_tokens_in_user_text,
+            guided=guided,
+            guided_off_reason=off_reason,
+        )
+        processes = settings.stream_process_count()
+        if processes:
+            # The stream processes load their tokenizers while Triton loads its models.
+            self.pool = StreamPool(
+                self.generator_config,
+                processes,
+                interval_s=self.interval_s,
+                start_timeout_s=settings.startup_timeout_s,
+                on_transport_error=self._died_or,
+            )
+            self.pool.launch()
+        else:
+            self.generator = build_generator(self.generator_config)
         self.server.start()
         ready_s = self.server.wait_ready(settings.startup_timeout_s)
         log.info("Triton ready in %.1f s", ready_s)
@@ -216,9 +233,15 @@ class LLMService:
             self.server,
             ["ensemble", "preprocessing", "tensorrt_llm"],
             startup_timeout_s=settings.startup_timeout_s,
-            token_timeout_s=settings.request_timeout_s,
         )
         self.supervisor.start()
+        if self.pool is not None:
+            self.pool.set_watcher(self.supervisor.register, self.supervisor.unregister)
+            self.pool.wait_ready()
+        log.info(
+            "streaming: %s, stream interval %g ms (COG_TRITON_STREAM_PROCESSES, COG_TRITON_STREAM_INTERVAL_MS)",
+            f"{processes} stream process(es)" if processes else "in the Cog worker", settings.stream_interval_ms,
+        )
         if settings.self_test:
             self._self_test()
         log.info("setup finished in %.1f s", time.monotonic() - started)
@@ -261,54 +284,21 @@ class LLMService:
         )
         return manifest
 
-    def _setup_guided_decoding(self, enabled: bool, info: WeightsInfo) -> None:
-        """Structured output is offered when the rendered ``tensorrt_llm`` config turns guided decoding on."""
-        self.guides = None
-        if not enabled:
-            self.guided_off_reason = (
-                "its weights have no xgrammar_tokenizer_info.json next to the tokenizer (archives made by "
-                "scripts/build_engine include it when the tokenizer supports it)"
-                if info.kind == "engine"
-                else "the xgrammar package is not installed"
-            )
-            log.info("guided decoding (structured output) is off: %s", self.guided_off_reason)
-            return
-        self.guides = GuideChecker(self.tokenizer)
-        log.info("guided decoding (structured output) is on (xgrammar)")
-
-    def _guide_fields(self, guide: Optional[Guide]) -> dict[str, str]:
-        """GenerateRequest fields for ``guide``, compiled first so that a bad one fails here, not in Triton.
-
-        Raises:
-            InputError: the guide does not compile, or the model has guided decoding off.
-        """
-        if guide is None:
-            return {}
-        if self.guides is None:
-            raise InputError(
-                f"{guide.source} asks for structured output, but guided decoding is off for this model: "
-                f"{self.guided_off_reason}"
-            )
-        self.guides.compile(guide)
-        return {"guide_type": guide.guide_type, "guide": guide.guide}
-
-    def _check_guided_output(self, inputs: PredictInputs, request: GenerateRequest, token_ids: list[int]) -> None:
-        """Fail a guided prediction whose output stopped at the token limit before its document closed.
-
-        Raises:
-            IncompleteOutputError: names the limit, the tokens generated and the fix.
-        """
-        guide = inputs.guide
-        if guide is None or self.guides is None or self.guides.is_complete(guide, token_ids):
-            return
-        limit = f"max_tokens={inputs.max_tokens}"
-        if request.max_tokens < inputs.max_tokens:
-            limit += f", capped to {request.max_tokens} by the model's maximum sequence length"
-        raise IncompleteOutputError(
-            f"the output is not a complete {guide.document} (asked for by {guide.source}): generation stopped "
-            f"after {len(token_ids)} tokens at the token limit ({limit}) before it was complete; raise max_tokens "
-            "or ask for a shorter answer"
+    @staticmethod
+    def _guided_decoding(enabled: bool, info: WeightsInfo) -> tuple[bool, str]:
+        """Structured output is offered when the rendered ``tensorrt_llm`` config turns guided decoding on;
+        returns (on, why it is off)."""
+        if enabled:
+            log.info("guided decoding (structured output) is on (xgrammar)")
+            return True, ""
+        reason = (
+            "its weights have no xgrammar_tokenizer_info.json next to the tokenizer (archives made by "
+            "scripts/build_engine include it when the tokenizer supports it)"
+            if info.kind == "engine"
+            else "the xgrammar package is not installed"
         )
+        log.info("guided decoding (structured output) is off: %s", reason)
+        return False, reason
 
     def _render_options(self) -> RenderOptions:
         s = self.settings
@@ -337,19 +327,30 @@ class LLMService:
         inputs = PredictInputs.validate(prompt=SELF_TEST_PROMPT, max_tokens=SELF_TEST_TOKENS, temperature=0, seed=0)
 
         async def run() -> str:
-            parts = [part async for part in self.generate(inputs)]
-            if self.client is not None:
-                await self.client.aclose()
-            return "".join(parts)
+            try:
+                return "".join([part async for part in self.generate(inputs)])
+            finally:
+                await self._close_loop_resources()
 
         started = time.monotonic()
         text = _run_coroutine_sync(run)
         log.info("self-test generated %r in %.2f s", text, time.monotonic() - started)
 
+    async def _close_loop_resources(self) -> None:
+        """Release what the in-process path bound to the running loop (its gRPC channel, the watchdog)."""
+        if self._watchdog is not None and self._watchdog.get_loop() is asyncio.get_running_loop():
+            self._watchdog.cancel()
+            self._watchdog = None
+        if self.generator is not None:
+            await self.generator.client.aclose()
+
     # ------------------------------------------------------------- lifecycle
     def shutdown(self) -> None:
-        """Stop watching and stop Triton (SIGINT, then SIGKILL after the grace period); its shared
-        memory is removed. Safe to call repeatedly."""
+        """Stop the stream processes, stop watching and stop Triton (SIGINT, then SIGKILL after the grace
+        period); its shared memory is removed. Safe to call repeatedly."""
+        if self.pool is not None:
+            self.pool.stop()
+            self.pool = None
         if self.supervisor is not None:
             self.supervisor.stop()
         if self.server is not None:
@@ -359,128 +360,101 @@ class LLMService:
         """Whether the service can serve (for the predictor's healthcheck; see cog_triton.supervisor)."""
         if self.supervisor is None:
             return Health(False, "setup() has not completed")
+        if self.pool is not None:
+            pool = self.pool.health()
+            if not pool.healthy:
+                return Health(False, pool.reason)
         return self.supervisor.health()
 
     # ------------------------------------------------------------ generation
-    def prepare(self, inputs: PredictInputs) -> tuple[GenerateRequest, int]:
-        """Render and tokenize the prompt (once; cog_triton.prompt) and build the request.
-
-        Returns (request, prompt tokens).
-
-        Raises:
-            InputError: the prompt is too long for the model, min_tokens cannot fit, or the chat
-                template refuses the input.
-        """
-        assert self.info is not None and self.prompts is not None
-        if inputs.messages is not None:
-            prompt = self.prompts.encode_messages(inputs.messages, inputs.system_prompt)
-        else:
-            prompt = self.prompts.encode(inputs.prompt, inputs.system_prompt, inputs.prompt_template)
-        prompt_tokens = len(prompt.ids)
-        limits = self.info.limits
-        budget = inputs.token_budget(prompt_tokens, limits.max_input_len, limits.max_seq_len)
-        guided = self._guide_fields(inputs.guide)
-        greedy = inputs.greedy
-        request = GenerateRequest(
-            input_ids=prompt.ids,
-            max_tokens=budget,
-            min_tokens=inputs.min_tokens,
-            # TensorRT-LLM decodes greedily with top_k=1; temperature 0 and top_p 0 are mapped to that (the
-            # C++ backend would treat runtime_top_p <= 0 as "no top-p", utils.cc getSamplingConfigFromTensors).
-            temperature=1.0 if greedy else inputs.temperature,
-            top_k=1 if greedy else inputs.top_k,
-            top_p=1.0 if greedy else inputs.top_p,
-            repetition_penalty=inputs.repetition_penalty,
-            presence_penalty=inputs.presence_penalty,
-            frequency_penalty=inputs.frequency_penalty,
-            seed=inputs.seed,
-            request_id=f"cog-triton-{uuid.uuid4().hex}",
-            **guided,
-        )
-        return request, prompt_tokens
-
     async def stream(self, inputs: PredictInputs, metric: Optional[MetricSink] = None) -> Iterator[str]:
-        """Prepare ``inputs`` and start generating; return the sync generator coglet streams.
+        """Start generating ``inputs``; return the sync generator of text chunks coglet streams.
 
-        The prompt is formatted and tokenized in a worker thread (not on the event loop), and
-        any input error is raised here, before the first output. See :mod:`cog_triton.cog_bridge`
-        for why predict() returns a generator rather than yielding.
+        Returns once the request is prepared (prompt rendered and tokenized once) and sent to Triton;
+        an input error is raised here, before the first output. ``metric(name, value)`` receives
+        input_token_count, output_token_count (tokens) and time_to_first_token_s (seconds; from
+        this call to the first token), from any thread. See :mod:`cog_triton.cog_bridge` for why
+        predict() returns a generator rather than yielding.
+
+        The generator's chunks concatenate to the full decode of the generated tokens, cut before the
+        first stop sequence (never emitted); a chunk leaves at most every stream interval.
 
         Raises:
-            InputError: see :meth:`prepare`.
+            InputError: the prompt is too long for the model, min_tokens cannot fit, the chat template
+                refuses the input, or the guide does not compile.
+            TritonError: setup() has not completed, or Triton could not be restarted in time.
+            StreamProcessError: no stream process could take the prediction.
+
+        The generator raises: TritonDiedError (Triton exited or faulted; detected within ~0.5 s),
+        InferenceError (Triton rejected the request or sent nothing for COG_TRITON_REQUEST_TIMEOUT_S),
+        TritonError (the connection broke), IncompleteOutputError (a guided output reached the token
+        limit before its document closed), StreamProcessError (its stream process died).
         """
         started = time.monotonic()
-        prepared = await asyncio.get_running_loop().run_in_executor(self._prepare_pool, self.prepare, inputs)
-        return await open_stream(self._generate(inputs, prepared, metric, started))
+        supervisor = self.supervisor
+        if supervisor is None or (self.pool is None and self.generator is None):
+            raise TritonError("setup() has not completed: Triton is not running")
+        await supervisor.wait_ready()
+        request_id = f"cog-triton-{uuid.uuid4().hex}"
+        if self.pool is not None:
+            return await self.pool.open(inputs, request_id, started, metric)
+        generator = self.generator
+        assert generator is not None
+        self._ensure_watchdog(generator)
+        prepared = await asyncio.get_running_loop().run_in_executor(
+            self._prepare_pool, generator.prepare, inputs, request_id
+        )
+        if metric:
+            metric("input_token_count", prepared.prompt_tokens)
+        return await open_stream(self._in_process(generator, inputs, prepared, metric, started), self.interval_s)
 
     async def generate(self, inputs: PredictInputs, metric: Optional[MetricSink] = None) -> AsyncIterator[str]:
-        """Stream the completion of ``inputs`` as text deltas.
-
-        The deltas concatenate to the full decode of the generated tokens, cut before the first
-        stop sequence (which is never emitted). ``metric(name, value)`` receives
-        input_token_count, output_token_count (tokens) and time_to_first_token_s (seconds).
+        """:meth:`stream` as an async iterator of text chunks (the self-test and tests use it).
 
         Raises:
-            InputError: see :meth:`prepare`.
-            TritonDiedError: Triton exited during the request (detected within ~0.5 s).
-            InferenceError: Triton rejected the request or stopped sending tokens.
+            As :meth:`stream` and its generator.
         """
-        started = time.monotonic()
-        prepared = self.prepare(inputs)
-        async for text in self._generate(inputs, prepared, metric, started):
-            yield text
+        stream = await self.stream(inputs, metric)
+        end = object()
+        try:
+            while True:
+                chunk = await asyncio.to_thread(next, stream, end)
+                if chunk is end:
+                    return
+                yield chunk  # type: ignore[misc]
+        finally:
+            stream.close()
 
-    async def _generate(
+    def _ensure_watchdog(self, generator: Generator) -> None:
+        loop = asyncio.get_running_loop()
+        if self._watchdog is None or self._watchdog.done() or self._watchdog.get_loop() is not loop:
+            self._watchdog = loop.create_task(generator.watchdog())
+
+    async def _in_process(
         self,
+        generator: Generator,
         inputs: PredictInputs,
-        prepared: tuple[GenerateRequest, int],
+        prepared: Prepared,
         metric: Optional[MetricSink],
         started: float,
     ) -> AsyncIterator[str]:
-        request, prompt_tokens = prepared
-        if metric:
-            metric("input_token_count", prompt_tokens)
-        supervisor, client = self.supervisor, self.client
-        if supervisor is None or client is None:
-            raise TritonError("setup() has not completed: Triton is not running")
-        await supervisor.wait_ready()
+        """The in-process stream (COG_TRITON_STREAM_PROCESSES=0): the generator's text, with metrics and
+        the supervisor's fault path."""
+        supervisor = self.supervisor
+        assert supervisor is not None
         task = asyncio.current_task()
         assert task is not None
-        watched = supervisor.register(task)
-        detok = IncrementalDetokenizer(self.tokenizer, skip_special_tokens=True)
-        stops = StopSequenceMatcher(inputs.stop_sequences)
-        stopped = False
-        first = True
-        finished = False
-        guided_ids: Optional[list[int]] = [] if inputs.guide is not None else None  # to check the document
+        watched = TaskStream(task, asyncio.get_running_loop())
+        supervisor.register(watched)
+        outcome = Outcome()
+
+        def first_token(at: float) -> None:
+            if metric:
+                metric("time_to_first_token_s", round(at - started, 4))
+
         try:
-            async for chunk in client.generate_stream(request):
-                watched.last = time.monotonic()  # for the no-token timeout (the supervisor checks it)
-                ids = chunk.output_ids
-                if not ids:
-                    continue  # the last response of a request that ended on the end token
-                if guided_ids is not None:
-                    guided_ids.extend(ids)
-                if first:
-                    first = False
-                    if metric:
-                        metric("time_to_first_token_s", round(time.monotonic() - started, 4))
-                text, stopped = stops.push(detok.push(ids))
-                if text:
-                    yield text
-                if stopped:
-                    break
-            if not stopped:
-                text, stopped = stops.push(detok.finish())
-                if text:
-                    yield text
-                if not stopped:
-                    rest = stops.finish()
-                    if rest:
-                        yield rest
-            finished = not stopped
-            if finished and guided_ids is not None:
-                await asyncio.to_thread(self._check_guided_output, inputs, request, guided_ids)
+            async for text in generator.text_stream(inputs, prepared, outcome, on_first_token=first_token):
+                yield text
         except asyncio.CancelledError:
             if watched.error is None:
                 raise  # cancelled by the caller (Cog's cancel)
@@ -492,17 +466,14 @@ class LLMService:
             raise await self._died_or(exc) from None
         finally:
             supervisor.unregister(watched)
-            if not finished:
-                # Cancelled, cut by a stop sequence, or failed: make Triton stop generating too.
-                self._stop_in_background(request.request_id)
             if metric:
-                metric("output_token_count", detok.num_tokens)
+                metric("output_token_count", outcome.output_tokens)
             log.info(
                 "generated %d tokens for a %d-token prompt in %.2f s%s",
-                detok.num_tokens,
-                prompt_tokens,
+                outcome.output_tokens,
+                prepared.prompt_tokens,
                 time.monotonic() - started,
-                " (stop sequence)" if stopped else "",
+                " (stop sequence)" if outcome.stopped else "",
             )
 
     async def _died_or(self, exc: TritonError) -> TritonError:
@@ -519,19 +490,3 @@ class LLMService:
                 return TritonDiedError(f"{supervisor.counters.last_fault}; the prediction was stopped")
             await asyncio.sleep(0.1)
         return exc
-
-    def _stop_in_background(self, request_id: str) -> None:
-        """Send TensorRT-LLM's stop signal for ``request_id`` without waiting (best effort)."""
-        client, server = self.client, self.server
-        if client is None or server is None or not server.is_alive():
-            return
-
-        async def send() -> None:
-            try:
-                await client.stop(request_id)
-            except TritonError as exc:
-                log.warning("could not stop request %s in Triton: %s", request_id, exc)
-
-        task = asyncio.get_running_loop().create_task(send())
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)

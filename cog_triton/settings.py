@@ -23,6 +23,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 ENV_PREFIX = "COG_TRITON_"
 #: cog.yaml ``concurrency.max`` and the Dockerfile's COG_MAX_CONCURRENCY (tests keep them equal).
 DEFAULT_CONCURRENCY = 64
+#: The stream interval's default, ms (README "Performance" has the GPU-host figures behind it).
+DEFAULT_STREAM_INTERVAL_MS = 50.0
 
 
 class BatchingStrategy(str, Enum):
@@ -168,6 +170,22 @@ class Settings(BaseSettings):
     gpu_device_ids: Optional[str] = Field(default=None, description="Comma-separated GPU ids for the backend.")
     mpirun: str = Field(default="mpirun", description="mpirun binary for world_size > 1.")
 
+    # --- streaming ------------------------------------------------------------------------
+    stream_processes: Optional[int] = Field(
+        default=None,
+        ge=0,
+        le=64,
+        description="Processes that do the per-token work (gRPC receive, detokenizing, stop sequences) beside the "
+        "Cog worker; 0 = in the Cog worker itself; default: one per 4 CPUs of this container, 1 to 8.",
+    )
+    stream_interval_ms: float = Field(
+        default=DEFAULT_STREAM_INTERVAL_MS,
+        ge=0,
+        le=1000,
+        description="Stream interval: a prediction's text leaves at most every this many milliseconds (the first "
+        "text at once); 0 = every token's text as it comes.",
+    )
+
     # --- predictor -----------------------------------------------------------------------
     self_test: bool = Field(default=True, description="Generate a few tokens at the end of setup().")
     max_concurrency: int = Field(
@@ -200,6 +218,16 @@ class Settings(BaseSettings):
     @classmethod
     def _empty_is_none(cls, value: object) -> object:
         return None if value == "" else value
+
+    def stream_process_count(self) -> int:
+        """``stream_processes``, or by default one per 4 CPUs this process may run on, 1 to 8."""
+        if self.stream_processes is not None:
+            return self.stream_processes
+        try:
+            cpus = len(os.sched_getaffinity(0))
+        except AttributeError:  # not Linux
+            cpus = os.cpu_count() or 1
+        return max(1, min(8, cpus // 4))
 
     def path(self, value: Path) -> Path:
         """Resolve ``value`` against the repository root when it is relative."""

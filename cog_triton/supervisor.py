@@ -19,7 +19,9 @@ for up to the startup deadline. While it restarts, new requests wait for it
 fails is retried; ``max_restarts`` failures in a row make the state unrecoverable, which the
 predictor's ``healthcheck()`` reports (coglet then shows UNHEALTHY).
 
-Nothing here runs per token: a stream registers once and is only touched on a fault.
+Nothing here runs per token: a stream registers once and is only touched on a fault. (A stream
+that receives nothing for ``COG_TRITON_REQUEST_TIMEOUT_S`` is failed where it runs, by
+:meth:`cog_triton.generation.Generator.watchdog`.)
 """
 
 from __future__ import annotations
@@ -30,11 +32,11 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable, Optional, Protocol
 
 import httpx
 
-from common.errors import InferenceError, TritonDiedError, TritonError
+from common.errors import TritonDiedError, TritonError
 from tensorrtllm_backend.server import TritonServer
 
 log = logging.getLogger(__name__)
@@ -49,14 +51,20 @@ class State(str, enum.Enum):
     STOPPED = "stopped"  # shut down on purpose
 
 
+class Failable(Protocol):
+    """A running prediction the supervisor can end: ``fail(error)`` may be called from its thread."""
+
+    def fail(self, error: TritonError) -> None: ...
+
+
 @dataclass(eq=False)  # identity: kept in a set
-class Stream:
-    """A running generation: the task to cancel and the loop it runs on, plus the fault that ended it."""
+class TaskStream:
+    """A prediction streamed by an asyncio task in this process (``COG_TRITON_STREAM_PROCESSES=0``):
+    failing it cancels the task, which then raises ``error``."""
 
     task: "asyncio.Task[object]"
     loop: asyncio.AbstractEventLoop
     error: Optional[TritonError] = None
-    last: float = field(default_factory=time.monotonic)  # when the stream last received something
 
     def fail(self, error: TritonError) -> None:
         """Cancel the stream's task with ``error`` (from any thread); the stream raises ``error``."""
@@ -103,8 +111,6 @@ class Supervisor:
         interval_s: polling period, seconds.
         probe_timeout_s: timeout of each readiness probe, seconds.
         hung_after: failed probes in a row (while the process runs) that make Triton hung.
-        token_timeout_s: a stream that receives nothing for this long fails with "no token" (the
-            streams update ``Stream.last``; the check runs here, not per token).
         max_restarts: failed restarts in a row after which the state is unrecoverable.
         on_restart: called (in the supervisor thread) after each successful restart.
     """
@@ -118,7 +124,6 @@ class Supervisor:
         interval_s: float = 0.5,
         probe_timeout_s: float = 2.0,
         hung_after: int = 3,
-        token_timeout_s: float = 120.0,
         max_restarts: int = 3,
         on_restart: Optional[Callable[[], None]] = None,
     ) -> None:
@@ -128,7 +133,6 @@ class Supervisor:
         self.interval_s = interval_s
         self.probe_timeout_s = probe_timeout_s
         self.hung_after = hung_after
-        self.token_timeout_s = token_timeout_s
         self.max_restarts = max_restarts
         self.on_restart = on_restart
         self.state = State.READY
@@ -138,7 +142,7 @@ class Supervisor:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._lock = threading.Lock()
-        self._streams: set[Stream] = set()
+        self._streams: set[Failable] = set()
         self._stubs: dict[int, str] = {}
         self._thread: Optional[threading.Thread] = None
         self._failed_probes = 0
@@ -161,14 +165,12 @@ class Supervisor:
             self._thread.join(timeout=10)
 
     # ------------------------------------------------------------------- requests
-    def register(self, task: "asyncio.Task[object]") -> Stream:
-        """Register the running task of a stream; it is cancelled with an error on a fault."""
-        stream = Stream(task=task, loop=asyncio.get_running_loop())
+    def register(self, stream: Failable) -> None:
+        """Register a running prediction; on a fault, ``stream.fail(error)`` is called."""
         with self._lock:
             self._streams.add(stream)
-        return stream
 
-    def unregister(self, stream: Stream) -> None:
+    def unregister(self, stream: Failable) -> None:
         with self._lock:
             self._streams.discard(stream)
 
@@ -225,21 +227,9 @@ class Supervisor:
                     return
                 if self.state is not State.READY:
                     continue
-                self._expire_silent_streams()
                 fault = self.check(client)
                 if fault is not None and not self._stop.is_set():
                     self._handle_fault(fault)
-
-    def _expire_silent_streams(self) -> None:
-        deadline = time.monotonic() - self.token_timeout_s
-        with self._lock:
-            silent = [stream for stream in self._streams if stream.last < deadline]
-            for stream in silent:
-                self._streams.discard(stream)
-        for stream in silent:
-            stream.fail(InferenceError(
-                f"no token from Triton for {self.token_timeout_s:g} s (COG_TRITON_REQUEST_TIMEOUT_S)"
-            ))
 
     def check(self, client: httpx.Client) -> Optional[Fault]:
         """One round of checks; the fault found, or None."""

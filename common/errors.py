@@ -19,6 +19,7 @@ The tree::
     ├── BuildError             building or packaging an engine failed (scripts/build_engine)
     ├── InputError             a prediction input is invalid (also raised for too-long prompts)
     ├── IncompleteOutputError  a guided output reached the token limit before its document was complete
+    ├── StreamProcessError     a stream process (cog_triton.streamer) died or could not be reached
     └── TritonError            the Triton Inference Server failed
         ├── TritonStartupError Triton did not become ready (carries the tail of its log)
         ├── TritonDiedError    Triton exited while running
@@ -113,6 +114,12 @@ class IncompleteOutputError(CogTritonError):
     """Structured output: the generation reached its token limit before the guided document was complete."""
 
     code = "incomplete_output"
+
+
+class StreamProcessError(CogTritonError):
+    """A stream process (the per-token work, cog_triton.streamer) died with the prediction running, or none runs."""
+
+    code = "stream_process_failed"
 
 
 class TritonError(CogTritonError):

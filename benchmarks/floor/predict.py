@@ -1,0 +1,107 @@
+"""The floor path of ``scripts/benchmark``: a bare predictor under coglet, with no Triton and no tokenizer.
+
+It streams what the product streams, at the same rate and through the same Cog-side machinery, with
+none of the product's own work: each prediction emits ``n`` one-character "tokens", one per step of
+``step_ms`` (the stand-in engine's rate), through the product's stream interval
+(:class:`cog_triton.coalesce.IntervalFlusher`, ``COG_TRITON_STREAM_INTERVAL_MS``) and its bridge to
+coglet (:mod:`cog_triton.cog_bridge`). One task steps every running prediction, as the stand-in's
+clock does, so the per-token work here is a list append. What this path carries is what coglet and
+the bridge carry: the product can come close to it, not above it, at the same stream interval.
+
+Never part of the image: ``scripts/benchmark`` runs it under its own Cog HTTP server
+(``benchmarks/harness.py``, path ``floor``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import Iterator, Optional
+
+import cog
+from cog import BasePredictor, ConcatenateIterator, Input
+
+from cog_triton import cog_bridge
+from cog_triton.coalesce import IntervalFlusher
+
+cog_bridge.install_cancel_hook()
+#: The characters a prediction cycles through (its expected text: :func:`expected_text`).
+ALPHABET = "abcdefghijklmnopqrstuvwxyz"
+
+
+def expected_text(n: int) -> str:
+    """The text a prediction of ``n`` tokens streams."""
+    return "".join(ALPHABET[i % len(ALPHABET)] for i in range(n))
+
+
+class _Stream:
+    __slots__ = ("n", "sent", "flusher", "handle", "scope", "started", "first")
+
+    def __init__(self, n: int, flusher: IntervalFlusher, handle: cog_bridge.StreamHandle, scope, started: float):
+        self.n, self.sent, self.flusher, self.handle, self.scope = n, 0, flusher, handle, scope
+        self.started, self.first = started, True
+
+
+class _Clock:
+    """One step every ``step_s`` for every running prediction (one asyncio task for all of them)."""
+
+    def __init__(self) -> None:
+        self.streams: dict[int, list[_Stream]] = {}  # step in µs -> streams
+        self.tasks: dict[int, asyncio.Task[None]] = {}
+
+    def add(self, step_us: int, stream: _Stream) -> None:
+        self.streams.setdefault(step_us, []).append(stream)
+        if step_us not in self.tasks or self.tasks[step_us].done():
+            self.tasks[step_us] = asyncio.get_running_loop().create_task(self._run(step_us))
+
+    async def _run(self, step_us: int) -> None:
+        step_s = step_us / 1e6
+        streams = self.streams[step_us]
+        next_at = time.monotonic()
+        while streams:
+            next_at += step_s
+            delay = next_at - time.monotonic()
+            await asyncio.sleep(delay if delay > 0 else 0)
+            if delay <= 0:
+                next_at = time.monotonic()
+            done = []
+            for stream in streams:
+                if stream.handle.cancelled.is_set():
+                    done.append(stream)
+                    continue
+                stream.flusher.push(ALPHABET[stream.sent % len(ALPHABET)])
+                stream.sent += 1
+                if stream.first:
+                    stream.first = False
+                    stream.scope.record_metric("time_to_first_token_s", round(time.monotonic() - stream.started, 4))
+                if stream.sent >= stream.n:
+                    stream.flusher.close()
+                    stream.scope.record_metric("output_token_count", stream.n)
+                    stream.handle.end()
+                    done.append(stream)
+            for stream in done:
+                streams.remove(stream)
+
+
+class Predictor(BasePredictor):
+    def setup(self) -> None:
+        self.interval_s = float(os.environ.get("COG_TRITON_STREAM_INTERVAL_MS", "50")) / 1e3
+        self.clock: Optional[_Clock] = None
+
+    @cog.streaming
+    async def predict(
+        self,
+        n: int = Input(description="Tokens (characters) to stream.", default=256, ge=1, le=100000),
+        step_ms: float = Input(description="Milliseconds per token.", default=10.0, ge=0.1, le=10000),
+    ) -> ConcatenateIterator[str]:
+        started = time.monotonic()
+        if self.clock is None:
+            self.clock = _Clock()
+        scope = cog.current_scope()
+        handle = cog_bridge.StreamHandle()
+        flusher = IntervalFlusher(self.interval_s, handle.put, asyncio.get_running_loop())
+        scope.record_metric("input_token_count", 0)
+        self.clock.add(int(round(step_ms * 1000)), _Stream(n, flusher, handle, scope, started))
+        generator: Iterator[str] = cog_bridge.stream_generator(handle)
+        return generator

@@ -1,0 +1,355 @@
+"""The per-request and per-token work of a prediction: prompt -> token ids -> Triton -> ids -> text.
+
+:class:`Generator` holds what this work needs (tokenizer, prompt formatter, engine limits, the gRPC
+client, the guide checker) and nothing about how its text reaches Cog. It runs where the streaming
+happens: in the stream processes (:mod:`cog_triton.streamer`, the default) or, with
+``COG_TRITON_STREAM_PROCESSES=0``, in the Cog worker's own event loop.
+
+Per request: :meth:`Generator.prepare` renders and tokenizes the prompt once, compiles the guide
+and sizes the request (input errors are raised here, before Triton). Per token:
+:meth:`Generator.text_stream` reads the ensemble's gRPC stream, detokenizes incrementally once, cuts
+stop sequences, and yields text deltas; nothing in it waits on a lock, a future or another thread.
+
+Every stream here is watched for silence: :meth:`Generator.watchdog` fails a stream that received
+nothing from Triton for ``token_timeout_s`` seconds (a sweep every half second, not a timer per token).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, AsyncIterator, Callable, Optional
+
+from common.errors import IncompleteOutputError, InferenceError, InputError, TritonError
+from cog_triton.client import GenerateRequest, TritonClient
+from cog_triton.detokenizer import IncrementalDetokenizer
+from cog_triton.guided import Guide, GuideChecker
+from cog_triton.inputs import PredictInputs
+from cog_triton.prompt import PromptTokenizer
+from cog_triton.stop import StopSequenceMatcher
+from tensorrtllm_backend.engine import ModelLimits
+
+log = logging.getLogger(__name__)
+
+#: How often the watchdog looks for silent streams, seconds.
+WATCHDOG_PERIOD_S = 0.5
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A request ready to send: the gRPC request and the prompt's length in tokens."""
+
+    request: GenerateRequest
+    prompt_tokens: int
+
+
+@dataclass
+class Outcome:
+    """What a stream did, filled in while it runs (read by whoever relays its text).
+
+    Attributes:
+        output_tokens: tokens generated so far (the end token is never counted).
+        first_token_at: ``time.monotonic()`` when the first token arrived, or None.
+        stopped: the output was cut by a stop sequence.
+        finished: the engine sent its final response and the output is complete (not cancelled,
+            failed or cut by a stop sequence).
+    """
+
+    output_tokens: int = 0
+    first_token_at: Optional[float] = None
+    stopped: bool = False
+    finished: bool = False
+    send_stop: bool = True  # set False to skip the stop request when Triton is known to be gone
+
+
+@dataclass(frozen=True)
+class GeneratorConfig:
+    """Everything needed to build a :class:`Generator` in another process (picklable).
+
+    Attributes:
+        tokenizer_dir: the Hugging Face tokenizer folder.
+        limits: the engine's limits (tokens).
+        grpc_address: Triton's gRPC endpoint, ``host:port``.
+        token_timeout_s: no-token timeout, seconds.
+        add_special_tokens / special_tokens_in_user_text: :class:`cog_triton.prompt.PromptTokenizer`'s.
+        guided: guided decoding is on (a :class:`cog_triton.guided.GuideChecker` is built).
+        guided_off_reason: why it is off, for the error a guided request gets.
+    """
+
+    tokenizer_dir: Path
+    limits: ModelLimits
+    grpc_address: str
+    token_timeout_s: float = 120.0
+    add_special_tokens: Optional[bool] = None
+    special_tokens_in_user_text: bool = False
+    guided: bool = False
+    guided_off_reason: str = ""
+
+
+def build_generator(config: GeneratorConfig, tokenizer: Any = None) -> "Generator":
+    """A :class:`Generator` for ``config``; loads the tokenizer unless one is given (seconds: imports
+    transformers, and xgrammar when guided decoding is on).
+
+    Raises:
+        ConfigError: guided decoding is on but xgrammar cannot be imported.
+        OSError: the tokenizer cannot be loaded.
+    """
+    if tokenizer is None:
+        from transformers import AutoTokenizer  # noqa: PLC0415 - heavy import
+
+        tokenizer = AutoTokenizer.from_pretrained(str(config.tokenizer_dir), local_files_only=True)
+    prompts = PromptTokenizer(
+        tokenizer,
+        add_special_tokens=config.add_special_tokens,
+        special_tokens_in_user_text=config.special_tokens_in_user_text,
+    )
+    return Generator(
+        tokenizer,
+        prompts,
+        config.limits,
+        TritonClient(config.grpc_address, token_timeout_s=config.token_timeout_s),
+        guides=GuideChecker(tokenizer) if config.guided else None,
+        guided_off_reason=config.guided_off_reason,
+        token_timeout_s=config.token_timeout_s,
+    )
+
+
+@dataclass(eq=False)
+class _Watched:
+    task: "asyncio.Task[Any]"
+    last: float = field(default_factory=time.monotonic)
+    error: Optional[TritonError] = None
+
+
+class Generator:
+    """Prepares requests and streams their text (see the module docstring).
+
+    Args:
+        tokenizer: the model's Hugging Face tokenizer (decoding).
+        prompts: the prompt formatter/tokenizer built on it.
+        limits: the engine's limits (max_input_len, max_seq_len; tokens).
+        client: the gRPC client of the ensemble.
+        guides: the guide checker when guided decoding is on, else None.
+        guided_off_reason: why guided decoding is off (for the error a guided request gets).
+        token_timeout_s: a stream that receives nothing from Triton for this long fails, seconds.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        prompts: PromptTokenizer,
+        limits: ModelLimits,
+        client: TritonClient,
+        *,
+        guides: Optional[GuideChecker] = None,
+        guided_off_reason: str = "",
+        token_timeout_s: float = 120.0,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.prompts = prompts
+        self.limits = limits
+        self.client = client
+        self.guides = guides
+        self.guided_off_reason = guided_off_reason
+        self.token_timeout_s = token_timeout_s
+        self._watched: set[_Watched] = set()
+        self._background: set[asyncio.Task[None]] = set()
+
+    # ------------------------------------------------------------------ per request
+    def prepare(self, inputs: PredictInputs, request_id: str) -> Prepared:
+        """Render and tokenize the prompt (once; :mod:`cog_triton.prompt`) and build the request.
+
+        Blocking (tokenizer, chat template, guide compilation): call it off the event loop.
+
+        Raises:
+            InputError: the prompt is too long for the model, min_tokens cannot fit, the chat
+                template refuses the input, or the guide does not compile / guided decoding is off.
+        """
+        if inputs.messages is not None:
+            prompt = self.prompts.encode_messages(inputs.messages, inputs.system_prompt)
+        else:
+            prompt = self.prompts.encode(inputs.prompt, inputs.system_prompt, inputs.prompt_template)
+        prompt_tokens = len(prompt.ids)
+        budget = inputs.token_budget(prompt_tokens, self.limits.max_input_len, self.limits.max_seq_len)
+        guided = self._guide_fields(inputs.guide)
+        greedy = inputs.greedy
+        request = GenerateRequest(
+            input_ids=prompt.ids,
+            max_tokens=budget,
+            min_tokens=inputs.min_tokens,
+            # TensorRT-LLM decodes greedily with top_k=1; temperature 0 and top_p 0 are mapped to that (the
+            # C++ backend would treat runtime_top_p <= 0 as "no top-p", utils.cc getSamplingConfigFromTensors).
+            temperature=1.0 if greedy else inputs.temperature,
+            top_k=1 if greedy else inputs.top_k,
+            top_p=1.0 if greedy else inputs.top_p,
+            repetition_penalty=inputs.repetition_penalty,
+            presence_penalty=inputs.presence_penalty,
+            frequency_penalty=inputs.frequency_penalty,
+            seed=inputs.seed,
+            request_id=request_id,
+            **guided,
+        )
+        return Prepared(request, prompt_tokens)
+
+    def _guide_fields(self, guide: Optional[Guide]) -> dict[str, str]:
+        """GenerateRequest fields for ``guide``, compiled first so that a bad one fails here, not in Triton.
+
+        Raises:
+            InputError: the guide does not compile, or the model has guided decoding off.
+        """
+        if guide is None:
+            return {}
+        if self.guides is None:
+            raise InputError(
+                f"{guide.source} asks for structured output, but guided decoding is off for this model: "
+                f"{self.guided_off_reason}"
+            )
+        self.guides.compile(guide)
+        return {"guide_type": guide.guide_type, "guide": guide.guide}
+
+    def check_guided_output(self, inputs: PredictInputs, request: GenerateRequest, token_ids: list[int]) -> None:
+        """Fail a guided prediction whose output stopped at the token limit before its document closed.
+
+        Raises:
+            IncompleteOutputError: names the limit, the tokens generated and the fix.
+        """
+        guide = inputs.guide
+        if guide is None or self.guides is None or self.guides.is_complete(guide, token_ids):
+            return
+        limit = f"max_tokens={inputs.max_tokens}"
+        if request.max_tokens < inputs.max_tokens:
+            limit += f", capped to {request.max_tokens} by the model's maximum sequence length"
+        raise IncompleteOutputError(
+            f"the output is not a complete {guide.document} (asked for by {guide.source}): generation stopped "
+            f"after {len(token_ids)} tokens at the token limit ({limit}) before it was complete; raise max_tokens "
+            "or ask for a shorter answer"
+        )
+
+    # -------------------------------------------------------------------- per token
+    async def text_stream(
+        self,
+        inputs: PredictInputs,
+        prepared: Prepared,
+        outcome: Outcome,
+        on_first_token: Optional[Callable[[float], None]] = None,
+    ) -> AsyncIterator[str]:
+        """Stream the completion as text deltas, filling ``outcome`` as it goes.
+
+        ``on_first_token(t)`` is called once, with ``time.monotonic()``, when the first token arrives
+        (whether or not it makes text yet).
+
+        The deltas concatenate to the full decode of the generated tokens, cut before the first
+        stop sequence (which is never emitted). Must run as (part of) its own asyncio task: the
+        watchdog cancels that task when the stream falls silent. When the stream does not finish
+        (cancelled, cut by a stop sequence, failed) Triton is told to stop the request.
+
+        Raises:
+            InferenceError: Triton rejected the request, reported an error, or sent nothing for
+                ``token_timeout_s`` seconds.
+            TritonError: the connection failed or the stream ended without its final response
+                (the caller decides whether Triton died).
+            IncompleteOutputError: a guided output reached the token limit before its document closed.
+        """
+        request = prepared.request
+        task = asyncio.current_task()
+        assert task is not None
+        watched = _Watched(task)
+        self._watched.add(watched)
+        detok = IncrementalDetokenizer(self.tokenizer, skip_special_tokens=True)
+        stops = StopSequenceMatcher(inputs.stop_sequences)
+        guided_ids: Optional[list[int]] = [] if inputs.guide is not None else None  # to check the document
+        engine_done = False  # the engine sent its final response: nothing to stop
+        try:
+            async for chunk in self.client.generate_stream(request):
+                watched.last = time.monotonic()
+                ids = chunk.output_ids
+                if not ids:
+                    continue  # the last response of a request that ended on the end token
+                if guided_ids is not None:
+                    guided_ids.extend(ids)
+                if outcome.first_token_at is None:
+                    outcome.first_token_at = watched.last
+                    if on_first_token is not None:
+                        on_first_token(watched.last)
+                text, stopped = stops.push(detok.push(ids))
+                outcome.output_tokens = detok.num_tokens
+                if text:
+                    yield text
+                if stopped:
+                    outcome.stopped = True
+                    return
+            engine_done = True
+            text, stopped = stops.push(detok.finish())
+            if text:
+                yield text
+            if stopped:
+                outcome.stopped = True
+                return
+            rest = stops.finish()
+            if rest:
+                yield rest
+            if guided_ids is not None:
+                await asyncio.to_thread(self.check_guided_output, inputs, request, guided_ids)
+            outcome.finished = True
+        except asyncio.CancelledError:
+            if watched.error is None:
+                raise  # cancelled by the caller
+            task.uncancel()
+            raise watched.error from None
+        finally:
+            self._watched.discard(watched)
+            outcome.output_tokens = detok.num_tokens
+            if not engine_done and outcome.send_stop:
+                # Cancelled, cut by a stop sequence, or failed: make Triton stop generating too.
+                self.stop_in_background(request.request_id)
+
+    # ------------------------------------------------------------------- housekeeping
+    async def watchdog(self, period_s: float = WATCHDOG_PERIOD_S) -> None:
+        """Run forever on the streams' loop: fail every stream silent for ``token_timeout_s`` seconds."""
+        while True:
+            await asyncio.sleep(period_s)
+            self.expire_silent_streams()
+
+    def expire_silent_streams(self) -> int:
+        """Fail the streams that received nothing for ``token_timeout_s`` seconds; return how many."""
+        deadline = time.monotonic() - self.token_timeout_s
+        silent = [w for w in self._watched if w.last < deadline and w.error is None]
+        for watched in silent:
+            watched.error = InferenceError(
+                f"no token from Triton for {self.token_timeout_s:g} s (COG_TRITON_REQUEST_TIMEOUT_S)"
+            )
+            watched.task.cancel()
+        return len(silent)
+
+    @property
+    def active_streams(self) -> int:
+        """Streams reading from Triton right now."""
+        return len(self._watched)
+
+    def stop_in_background(self, request_id: str) -> None:
+        """Send TensorRT-LLM's stop signal for ``request_id`` without waiting (best effort).
+
+        Triton also cancels the request when its gRPC stream is cancelled (the ensemble passes that
+        on to its composing models: triton-inference-server/server #6739); the explicit stop is the
+        backup for backends that would otherwise generate to ``max_tokens``.
+        """
+        client = self.client
+
+        async def send() -> None:
+            try:
+                await client.stop(request_id)
+            except TritonError as exc:
+                log.warning("could not stop request %s in Triton: %s", request_id, exc)
+
+        try:
+            task = asyncio.get_running_loop().create_task(send())
+        except RuntimeError:  # no running loop (shutting down)
+            return
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+
+__all__ = ("Generator", "GeneratorConfig", "Outcome", "Prepared", "WATCHDOG_PERIOD_S", "build_generator")

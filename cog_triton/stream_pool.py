@@ -1,0 +1,487 @@
+"""The Cog worker's side of the stream processes: start them, route predictions, relay their text.
+
+:class:`StreamPool` starts ``COG_TRITON_STREAM_PROCESSES`` processes (:mod:`cog_triton.streamer`),
+each joined to the worker by one Unix socket pair (:mod:`cog_triton.ipc`), and gives each new
+prediction to the one with the fewest running streams. What the worker does per prediction: send
+one START command, wait for its ACCEPTED (or REJECTED: the input error predict() raises), record
+three metrics. Per text chunk (not per token): one receiver thread per process reads a frame
+holding many streams' chunks, and puts each chunk on its prediction's queue, which wakes that
+prediction's coglet thread (:mod:`cog_triton.cog_bridge`). Nothing else per token happens in the
+worker's interpreter.
+
+Faults:
+
+* A stream process that dies (killed, crashed) fails only its own predictions, at once, with a
+  :class:`common.errors.StreamProcessError` naming it; another process is asked to send Triton
+  the stop request of each of them (Triton also cancels them when their gRPC streams close), and
+  the process is restarted in the background. While none is running, new predictions wait for
+  one, up to ``start_timeout_s``.
+* A Triton fault found by the supervisor fails the running predictions through
+  :meth:`PooledStream.fail` (the supervisor holds them while they run).
+* A transport error a stream process reports (the gRPC stream broke) is handed to
+  ``on_transport_error``, which decides on the worker's loop whether Triton is dying.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Iterator, Optional, Union
+
+from common.errors import ConfigError, StreamProcessError, TritonError
+from cog_triton import ipc
+from cog_triton.cog_bridge import StreamHandle, stream_generator
+from cog_triton.generation import GeneratorConfig
+from cog_triton.inputs import PredictInputs
+from cog_triton.settings import REPO_ROOT
+
+log = logging.getLogger(__name__)
+
+MetricSink = Callable[[str, Union[int, float]], None]
+#: A stream process that fails to start this many times in a row is given up (the pool reports it).
+MAX_START_FAILURES = 3
+
+
+class PooledStream:
+    """One prediction streamed by a stream process, as the worker sees it.
+
+    ``fail(error)`` (the supervisor's fault path) and ``handle.cancel()`` (coglet's cancel) may come
+    from any thread; the receiver thread finishes it when its END or FAILED event arrives.
+    """
+
+    __slots__ = ("sid", "request_id", "process", "handle", "metric", "loop", "accepted", "pool", "__weakref__")
+
+    def __init__(self, pool: "StreamPool", sid: int, request_id: str, process: "StreamProcess",
+                 metric: Optional[MetricSink], loop: asyncio.AbstractEventLoop) -> None:
+        self.pool = pool
+        self.sid = sid
+        self.request_id = request_id
+        self.process = process
+        self.metric = metric
+        self.loop = loop
+        self.accepted: "asyncio.Future[int]" = loop.create_future()
+        self.handle = StreamHandle(self._cancelled)
+
+    def _cancelled(self) -> None:
+        """coglet cancelled the prediction (or its generator was closed): stop the stream there."""
+        if self.pool._forget(self):
+            self.process.send((ipc.CANCEL, self.sid, True))
+        self._resolve(asyncio.CancelledError())
+
+    def fail(self, error: BaseException) -> None:
+        """End the prediction with ``error`` (from any thread); the stream process drops the stream
+        without sending Triton a stop request (Triton is being restarted)."""
+        if self.pool._forget(self):
+            self.process.send((ipc.CANCEL, self.sid, False))
+        self._resolve(error)
+        self.handle.fail(error)
+
+    def record(self, name: str, value: Union[int, float]) -> None:
+        if self.metric is not None:
+            try:
+                self.metric(name, value)
+            except Exception:  # noqa: BLE001 - a metric must never break a stream
+                log.exception("recording metric %s failed", name)
+
+    def _resolve(self, outcome: Union[int, BaseException]) -> None:
+        """Settle ``accepted`` from any thread (once)."""
+
+        def settle() -> None:
+            if self.accepted.done():
+                return
+            if isinstance(outcome, BaseException):
+                self.accepted.set_exception(outcome)
+            else:
+                self.accepted.set_result(outcome)
+
+        try:
+            self.loop.call_soon_threadsafe(settle)
+        except RuntimeError:  # the loop is closed
+            pass
+
+
+class StreamProcess:
+    """One stream process: its ``Popen``, its end of the socket pair, and the streams it runs."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.name = f"stream-{index}"
+        self.popen: Optional[subprocess.Popen[bytes]] = None
+        self.sock: Optional[socket.socket] = None
+        self.streams: dict[int, PooledStream] = {}
+        self.alive = False
+        self.ready = threading.Event()
+        self.info: dict[str, Any] = {}
+        self.start_error: Optional[str] = None
+        self.start_failures = 0
+        self.restarts = 0
+        self._send_lock = threading.Lock()
+
+    @property
+    def pid(self) -> Optional[int]:
+        return self.popen.pid if self.popen is not None else None
+
+    def send(self, command: tuple[Any, ...]) -> bool:
+        """Send a command (from any thread); False when the process is gone."""
+        sock = self.sock
+        if sock is None:
+            return False
+        frame = ipc.encode(command)
+        try:
+            with self._send_lock:
+                sock.sendall(frame)
+            return True
+        except OSError:
+            return False
+
+    def exit_description(self) -> str:
+        popen = self.popen
+        if popen is None:
+            return "was not started"
+        try:
+            code = popen.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            return "closed its channel but is still running"
+        if code < 0:
+            return f"was killed by signal {-code}"
+        return f"exited with code {code}"
+
+
+@dataclass
+class PoolHealth:
+    healthy: bool
+    reason: str = ""
+
+
+class StreamPool:
+    """The stream processes of one service (see the module docstring).
+
+    Args:
+        config: what each process builds its generator from.
+        processes: how many stream processes (>= 1).
+        interval_s: the stream interval, seconds (:mod:`cog_triton.coalesce`).
+        start_timeout_s: how long a process may take to start (import, tokenizer), seconds.
+        on_transport_error: async callable run on the prediction's loop for a transport error; returns
+            the error the prediction fails with (the service checks whether Triton is dying).
+        register / unregister: called with each running :class:`PooledStream` (the supervisor's).
+    """
+
+    def __init__(
+        self,
+        config: GeneratorConfig,
+        processes: int,
+        *,
+        interval_s: float,
+        start_timeout_s: float = 120.0,
+        on_transport_error: Optional[Callable[[TritonError], Awaitable[BaseException]]] = None,
+        register: Optional[Callable[[PooledStream], None]] = None,
+        unregister: Optional[Callable[[PooledStream], None]] = None,
+    ) -> None:
+        if processes < 1:
+            raise ValueError(f"processes must be >= 1, got {processes}")
+        self.config = config
+        self.interval_s = interval_s
+        self.start_timeout_s = start_timeout_s
+        self.on_transport_error = on_transport_error
+        self._register = register or (lambda stream: None)
+        self._unregister = unregister or (lambda stream: None)
+        self.processes = [StreamProcess(i) for i in range(processes)]
+        self._sids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._any_ready = threading.Condition(self._lock)
+        self._closing = False
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        """:meth:`launch`, then :meth:`wait_ready`."""
+        self.launch()
+        self.wait_ready()
+
+    def launch(self) -> None:
+        """Start every process (returns at once; each loads its tokenizer in parallel)."""
+        for process in self.processes:
+            self._spawn(process)
+
+    def set_watcher(self, register: Callable[[PooledStream], None], unregister: Callable[[PooledStream], None]) -> None:
+        """Hand every running stream to ``register`` (and back to ``unregister`` when it ends): the
+        supervisor, which fails them on a Triton fault."""
+        self._register, self._unregister = register, unregister
+
+    def wait_ready(self) -> None:
+        """Wait until every process is ready.
+
+        Raises:
+            ConfigError: a process could not start (its error, e.g. the tokenizer would not load), or
+                was not ready within ``start_timeout_s``.
+        """
+        deadline = time.monotonic() + self.start_timeout_s
+        for process in self.processes:
+            if not process.ready.wait(max(0.0, deadline - time.monotonic())):
+                self.stop()
+                raise ConfigError(
+                    f"stream process {process.name} (pid {process.pid}) was not ready after "
+                    f"{self.start_timeout_s:g} s; see the log above"
+                )
+            if process.start_error is not None:
+                error = process.start_error
+                self.stop()
+                raise ConfigError(f"stream process {process.name} could not start: {error}")
+        log.info(
+            "%d stream process(es) ready (pids %s; loaded in %s s), stream interval %g ms",
+            len(self.processes), ", ".join(str(p.pid) for p in self.processes),
+            ", ".join(str(p.info.get("load_s", "?")) for p in self.processes), self.interval_s * 1e3,
+        )
+
+    def stop(self) -> None:
+        """Close every channel (each process then exits) and wait for the processes, briefly."""
+        self._closing = True
+        for process in self.processes:
+            sock, process.sock = process.sock, None
+            if sock is not None:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                sock.close()
+        for process in self.processes:
+            if process.popen is not None and process.popen.poll() is None:
+                try:
+                    process.popen.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    process.popen.kill()
+                    process.popen.wait()
+
+    def _spawn(self, process: StreamProcess) -> None:
+        """Start ``process`` and its receiver thread (the thread sends CONFIG and waits for READY)."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        process.ready.clear()
+        process.start_error = None
+        env = dict(os.environ)
+        env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        process.popen = subprocess.Popen(  # noqa: S603 - our own module, our interpreter
+            [sys.executable, "-m", "cog_triton.streamer", str(theirs.fileno()), process.name],
+            pass_fds=[theirs.fileno()],
+            cwd=REPO_ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
+        theirs.close()
+        process.sock = ours
+        process.streams = {}
+        process.send((ipc.CONFIG, {"generator": self.config, "stream_interval_s": self.interval_s}))
+        threading.Thread(target=self._receive, args=(process, ours), name=f"{process.name}-receiver",
+                         daemon=True).start()
+
+    # ------------------------------------------------------------------- requests
+    async def open(self, inputs: PredictInputs, request_id: str, started_at: float,
+                   metric: Optional[MetricSink] = None) -> Iterator[str]:
+        """Start streaming ``inputs`` in a stream process; return the generator coglet iterates.
+
+        Returns once the stream process has prepared the request and sent it to Triton.
+
+        Raises:
+            InputError (or another error of the request's preparation): what the stream process
+                rejected the request with.
+            StreamProcessError: no stream process could take it within ``start_timeout_s``, or the
+                one that had it died before accepting it.
+        """
+        loop = asyncio.get_running_loop()
+        for attempt in range(2):
+            process = self._pick() or await loop.run_in_executor(None, self._wait_for_process)
+            stream = PooledStream(self, next(self._sids), request_id, process, metric, loop)
+            with self._lock:
+                process.streams[stream.sid] = stream
+            self._register(stream)
+            if process.send((ipc.START, stream.sid, request_id, inputs, started_at)):
+                break
+            self._forget(stream)  # its process died a moment ago: try another
+        else:
+            raise StreamProcessError("no stream process could take the prediction (each died as it was sent)")
+        try:
+            await stream.accepted
+        except asyncio.CancelledError:
+            stream.handle.cancel()
+            raise
+        return stream_generator(stream.handle)
+
+    def _pick(self) -> Optional[StreamProcess]:
+        """The running process with the fewest streams, or None."""
+        best: Optional[StreamProcess] = None
+        for process in self.processes:
+            if process.alive and (best is None or len(process.streams) < len(best.streams)):
+                best = process
+        return best
+
+    def _wait_for_process(self) -> StreamProcess:
+        deadline = time.monotonic() + self.start_timeout_s
+        with self._any_ready:
+            while True:
+                process = self._pick()
+                if process is not None:
+                    return process
+                left = deadline - time.monotonic()
+                if left <= 0 or self._closing:
+                    raise StreamProcessError(
+                        f"no stream process is running (waited {self.start_timeout_s:g} s for a restart); "
+                        f"{self.health().reason}"
+                    )
+                self._any_ready.wait(min(left, 1.0))
+
+    def _forget(self, stream: PooledStream) -> bool:
+        """Remove ``stream`` from its process; True if it was still there (it ends exactly once)."""
+        with self._lock:
+            found = stream.process.streams.pop(stream.sid, None) is not None
+        if found:
+            self._unregister(stream)
+        return found
+
+    def stop_request(self, request_id: str) -> None:
+        """Ask a running stream process to send Triton the stop request of ``request_id``."""
+        process = self._pick()
+        if process is not None:
+            process.send((ipc.STOP, request_id))
+
+    # -------------------------------------------------------------------- receive
+    def _receive(self, process: StreamProcess, sock: socket.socket) -> None:
+        """The receiver thread of ``process``: READY first, then every frame of events until EOF."""
+        reader = ipc.FrameReader(sock)
+        streams = process.streams
+        try:
+            while True:
+                for event in reader.read():
+                    kind = event[1]
+                    if kind == ipc.TEXT:
+                        stream = streams.get(event[0])
+                        if stream is not None:
+                            stream.handle.queue.put(event[2])
+                    else:
+                        self._event(process, event)
+        except (EOFError, OSError, ValueError) as exc:
+            if not isinstance(exc, EOFError):
+                log.error("%s: channel error: %s", process.name, exc)
+        finally:
+            reader.close()
+        self._exited(process)
+
+    def _event(self, process: StreamProcess, event: tuple[Any, ...]) -> None:
+        sid, kind = event[0], event[1]
+        if kind == ipc.READY:
+            info = event[2]
+            process.info = info
+            if "error" in info:
+                process.start_error = info["error"]
+            else:
+                with self._any_ready:
+                    process.alive = True
+                    process.start_failures = 0
+                    self._any_ready.notify_all()
+            process.ready.set()
+            return
+        stream = process.streams.get(sid)
+        if stream is None:
+            return  # cancelled or failed here already
+        if kind == ipc.FIRST_TOKEN:
+            stream.record("time_to_first_token_s", round(event[2], 4))
+        elif kind == ipc.ACCEPTED:
+            stream.record("input_token_count", event[2])
+            stream._resolve(event[2])
+        elif kind == ipc.END:
+            if self._forget(stream):
+                stream.record("output_token_count", event[2])
+                stream.handle.end()
+        elif kind == ipc.REJECTED:
+            if self._forget(stream):
+                stream._resolve(event[2])
+                stream.handle.end()
+        elif kind == ipc.FAILED:
+            if self._forget(stream):
+                stream.record("output_token_count", event[3])
+                self._failed(stream, event[2])
+
+    def _failed(self, stream: PooledStream, error: BaseException) -> None:
+        """A stream failed in its process: a bare TritonError (the connection broke) may mean Triton is
+        dying, which ``on_transport_error`` decides on the prediction's loop; anything else fails it now."""
+        if type(error) is TritonError and self.on_transport_error is not None:
+            check = self.on_transport_error
+
+            async def decide() -> None:
+                try:
+                    stream.handle.fail(await check(error))  # type: ignore[arg-type]
+                except BaseException as exc:  # noqa: BLE001 - the prediction must end either way
+                    stream.handle.fail(exc)
+
+            try:
+                asyncio.run_coroutine_threadsafe(decide(), stream.loop)
+                return
+            except RuntimeError:  # the loop is closed
+                pass
+        stream.handle.fail(error)
+
+    def _exited(self, process: StreamProcess) -> None:
+        """``process`` closed its channel: fail its streams, send their stop requests elsewhere, restart it."""
+        with self._lock:
+            was_alive, process.alive = process.alive, False
+            streams = list(process.streams.values())
+            process.streams.clear()
+        if self._closing:
+            return
+        how = process.exit_description()
+        if not process.ready.is_set() or not was_alive:
+            process.start_failures += 1
+            process.start_error = process.start_error or f"it {how} while starting"
+            process.ready.set()
+        error = StreamProcessError(
+            f"the stream process {process.name} (pid {process.pid}) {how}; the prediction was stopped "
+            "(the other predictions are not affected, and the process is being restarted)"
+        )
+        if streams:
+            log.error("stream process %s (pid %s) %s: failing its %d running prediction(s)", process.name,
+                      process.pid, how, len(streams))
+        for stream in streams:
+            self._unregister(stream)
+            stream.record("output_token_count", 0)
+            stream._resolve(error)
+            stream.handle.fail(error)
+            self.stop_request(stream.request_id)  # the backup for Triton's own cancellation
+        if process.start_failures >= MAX_START_FAILURES:
+            log.error("stream process %s failed to start %d times in a row: not restarting it (%s)",
+                      process.name, process.start_failures, process.start_error)
+            with self._any_ready:
+                self._any_ready.notify_all()
+            return
+        threading.Thread(target=self._restart, args=(process,), name=f"{process.name}-restart", daemon=True).start()
+
+    def _restart(self, process: StreamProcess) -> None:
+        time.sleep(min(0.5 * 2 ** process.start_failures, 10.0))
+        if self._closing:
+            return
+        process.restarts += 1
+        log.warning("restarting stream process %s (restart %d)", process.name, process.restarts)
+        self._spawn(process)
+        if process.ready.wait(self.start_timeout_s) and process.alive:
+            log.info("stream process %s restarted (pid %s)", process.name, process.pid)
+
+    # --------------------------------------------------------------------- status
+    def health(self) -> PoolHealth:
+        """Unhealthy when no stream process runs and none will be restarted."""
+        if any(p.alive for p in self.processes):
+            return PoolHealth(True)
+        if all(p.start_failures >= MAX_START_FAILURES for p in self.processes):
+            reasons = "; ".join(f"{p.name}: {p.start_error}" for p in self.processes)
+            return PoolHealth(False, f"no stream process could be started ({reasons})")
+        return PoolHealth(True, "stream processes are restarting")
+
+    @property
+    def running_streams(self) -> int:
+        return sum(len(p.streams) for p in self.processes)
+
+
+__all__ = ("PooledStream", "StreamPool", "StreamProcess")

@@ -1,0 +1,206 @@
+"""A stream process: the per-token work of predictions, outside the Cog worker's interpreter.
+
+The Cog worker (coglet's Python process, where ``predict()`` runs) has one GIL, and coglet gives
+every running prediction its own thread there. When the worker also received every token over
+gRPC, parsed and detokenized it and woke that prediction's thread for it, it was the ceiling of a
+many-core GPU host: about 6,000 tokens/s whatever the engine made (README, Performance). So the
+per-token work runs here, in a few processes the worker starts (``COG_TRITON_STREAM_PROCESSES``):
+each receives and parses the ensemble's gRPC stream, detokenizes, cuts stop sequences, checks
+guided output, and sends the worker text chunks joined over the stream interval
+(:mod:`cog_triton.coalesce`), many streams' chunks in one frame (:mod:`cog_triton.ipc`). The same
+split as vLLM's engine-core / API-server processes and SGLang's detokenizer manager.
+
+Run by :class:`cog_triton.stream_pool.StreamPool` as ``python -m cog_triton.streamer FD``, FD being
+its end of a Unix socket pair. It reads a CONFIG frame, builds its
+:class:`cog_triton.generation.Generator` (tokenizer, gRPC client, guide checker), answers READY, then
+serves START/CANCEL/STOP commands until the worker closes the socket. When the worker dies, even by
+SIGKILL, the kernel closes its end, this process reads end-of-file and exits (no PR_SET_PDEATHSIG:
+that signal follows the *thread* that started the process, and a restart may come from a short-lived one).
+
+Threads: the event loop (gRPC streams, commands, sending events) and one thread that renders and
+tokenizes prompts (a Hugging Face fast tokenizer is not safe to call from several threads at once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Optional
+
+from common.errors import CogTritonError
+from cog_triton import ipc
+from cog_triton.coalesce import IntervalFlusher
+from cog_triton.generation import Generator, GeneratorConfig, Outcome, build_generator
+from cog_triton.inputs import PredictInputs
+
+log = logging.getLogger("cog_triton.streamer")
+
+
+def _portable(exc: BaseException) -> BaseException:
+    """``exc`` as the worker will raise it: our own errors as they are, anything else as a RuntimeError
+    naming its type (it may not survive pickling)."""
+    if isinstance(exc, CogTritonError):
+        return exc
+    return RuntimeError(f"{type(exc).__name__} in the stream process: {exc}")
+
+
+class Streamer:
+    """Serves one worker over ``sock`` (see the module docstring)."""
+
+    def __init__(self, sock: socket.socket, name: str = "stream") -> None:
+        self.sock = sock
+        self.name = name
+        self.generator: Optional[Generator] = None
+        self.interval_s = 0.0
+        self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._outcomes: dict[int, Outcome] = {}
+        self._outbox: list[tuple[Any, ...]] = []
+        self._writer: Optional[asyncio.StreamWriter] = None
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._prepare_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="streamer-prepare")
+        self.served = 0
+
+    # ------------------------------------------------------------------ events out
+    def _send(self, event: tuple[Any, ...]) -> None:
+        """Queue an event; everything queued in one turn of the loop leaves in one frame."""
+        if not self._outbox:
+            assert self._loop is not None
+            self._loop.call_soon(self._flush)
+        self._outbox.append(event)
+
+    def _flush(self) -> None:
+        events, self._outbox = self._outbox, []
+        if events and self._writer is not None and not self._writer.is_closing():
+            self._writer.write(ipc.encode(events))
+
+    # ---------------------------------------------------------------------- serve
+    async def run(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        reader, self._writer = await asyncio.open_unix_connection(sock=self.sock)
+        kind, config = await self._read(reader)
+        if kind != ipc.CONFIG:
+            raise RuntimeError(f"expected a {ipc.CONFIG} frame first, got {kind!r}")
+        started = time.monotonic()
+        generator_config: GeneratorConfig = config["generator"]
+        self.interval_s = float(config["stream_interval_s"])
+        try:
+            self.generator = build_generator(generator_config)
+        except Exception as exc:  # noqa: BLE001 - reported to the worker, whose setup fails with it
+            log.exception("%s could not start", self.name)
+            self._send((0, ipc.READY, {"pid": os.getpid(), "error": f"{type(exc).__name__}: {exc}"}))
+            await asyncio.sleep(0)  # let the frame leave
+            await self._writer.drain()
+            return
+        watchdog = asyncio.create_task(self.generator.watchdog())
+        self._send((0, ipc.READY, {"pid": os.getpid(), "load_s": round(time.monotonic() - started, 3)}))
+        log.info("%s ready (pid %d) in %.1f s", self.name, os.getpid(), time.monotonic() - started)
+        try:
+            while True:
+                try:
+                    command = await self._read(reader)
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    log.info("%s: the worker closed the channel; exiting after %d streams", self.name, self.served)
+                    return
+                self._dispatch(command)
+        finally:
+            watchdog.cancel()
+            for task in list(self._tasks.values()):
+                task.cancel()
+            self._prepare_pool.shutdown(wait=False, cancel_futures=True)
+
+    @staticmethod
+    async def _read(reader: asyncio.StreamReader) -> Any:
+        header = await reader.readexactly(ipc.HEADER.size)
+        (length,) = ipc.HEADER.unpack(header)
+        if length > ipc.MAX_FRAME_BYTES:
+            raise ValueError(f"frame of {length} bytes (at most {ipc.MAX_FRAME_BYTES})")
+        import pickle  # noqa: PLC0415 - stdlib, already loaded
+
+        return pickle.loads(await reader.readexactly(length))
+
+    def _dispatch(self, command: tuple[Any, ...]) -> None:
+        kind = command[0]
+        if kind == ipc.START:
+            _, sid, request_id, inputs, started_at = command
+            task = asyncio.create_task(self._stream(sid, request_id, inputs, started_at))
+            self._tasks[sid] = task
+            task.add_done_callback(lambda _t, sid=sid: self._forget(sid))
+        elif kind == ipc.CANCEL:
+            _, sid, send_stop = command
+            task = self._tasks.get(sid)
+            if task is not None:
+                outcome = self._outcomes.get(sid)
+                if outcome is not None:
+                    outcome.send_stop = send_stop
+                task.cancel()
+        elif kind == ipc.STOP:
+            assert self.generator is not None
+            self.generator.stop_in_background(command[1])
+        else:
+            log.error("%s: unknown command %r", self.name, kind)
+
+    def _forget(self, sid: int) -> None:
+        self._tasks.pop(sid, None)
+        self._outcomes.pop(sid, None)
+
+    async def _stream(self, sid: int, request_id: str, inputs: PredictInputs, started_at: float) -> None:
+        generator = self.generator
+        assert generator is not None
+        loop = asyncio.get_running_loop()
+        try:
+            prepared = await loop.run_in_executor(self._prepare_pool, generator.prepare, inputs, request_id)
+        except asyncio.CancelledError:
+            return
+        except Exception as exc:  # noqa: BLE001 - an input error (or a bug): predict() raises it
+            self._send((sid, ipc.REJECTED, _portable(exc)))
+            return
+        self._send((sid, ipc.ACCEPTED, prepared.prompt_tokens))
+        outcome = Outcome()
+        self._outcomes[sid] = outcome
+        send = self._send
+        flusher = IntervalFlusher(self.interval_s, lambda text: send((sid, ipc.TEXT, text)), loop)
+        push = flusher.push
+        self.served += 1
+        try:
+            async for text in generator.text_stream(
+                inputs, prepared, outcome, on_first_token=lambda t: send((sid, ipc.FIRST_TOKEN, t - started_at))
+            ):
+                push(text)
+        except asyncio.CancelledError:
+            return  # the worker cancelled it and no longer listens
+        except Exception as exc:  # noqa: BLE001 - reported to the worker, which fails the prediction with it
+            flusher.close()  # what was generated before the failure still reaches the user
+            send((sid, ipc.FAILED, _portable(exc), outcome.output_tokens))
+            return
+        finally:
+            log.info(
+                "generated %d tokens for a %d-token prompt in %.2f s%s",
+                outcome.output_tokens, prepared.prompt_tokens, time.monotonic() - started_at,
+                " (stop sequence)" if outcome.stopped else "",
+            )
+        flusher.close()
+        send((sid, ipc.END, outcome.output_tokens))
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print("usage: python -m cog_triton.streamer FD NAME", file=sys.stderr)
+        return 2
+    name = args[1]
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s {name}: %(message)s")
+    sock = socket.socket(fileno=int(args[0]))
+    try:
+        asyncio.run(Streamer(sock, name).run())
+    except KeyboardInterrupt:
+        return 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
