@@ -808,7 +808,10 @@ def markdown(doc: dict[str, Any]) -> str:
         f"{_num(meta.get('stream_processes'))} stream process(es).",
         "",
         "`vs ideal`: tokens/s over streams × 1000 / step (the stand-in's rate); `vs direct`: over `tensorrt_llm` "
-        "at the same point; `vs floor`: `cog` over the bare predictor under coglet (`floor`).",
+        "at the same point; `vs floor`: `cog` over the bare predictor under coglet (`floor`). Cog paths: TTFT p50 "
+        "(in parentheses) from predict() starting to the first token reaching the predictor (its "
+        "`time_to_first_token_s` metric); the rest is coglet's (queueing and starting the prediction, relaying "
+        "the first chunk).",
         "",
         "| path | streams | step | tokens/s | vs ideal | vs direct | vs floor | TTFT p50 | TTFT p99 | gap p50 "
         "| gap p99 | errors | count mismatches |",
@@ -824,9 +827,11 @@ def markdown(doc: dict[str, Any]) -> str:
             mism += f", {p['incomplete_events']} cut inside an event"
         ratio = lambda key: "—" if p.get(key) is None else f"{p[key]:.2f}"  # noqa: E731
         step = "—" if p.get("step_ms") is None else f"{p['step_ms']:g} ms"
+        server = (p.get("server_ttft_s") or {}).get("p50")
+        ttft = _ms(p["ttft_s"]["p50"]) + (f" ({server * 1e3:.1f})" if server is not None else "")
         lines.append(
             f"| {p['path']} | {p['streams']} | {step} | {p['tokens_per_s']:.0f} | {ratio('ratio_to_ideal')} | "
-            f"{ratio('ratio_to_direct')} | {ratio('ratio_to_floor')} | {_ms(p['ttft_s']['p50'])} | "
+            f"{ratio('ratio_to_direct')} | {ratio('ratio_to_floor')} | {ttft} | "
             f"{_ms(p['ttft_s']['p99'])} | {_ms(p['gap_s']['p50'])} | {_ms(p['gap_s']['p99'])} | {p['errors']}"
             + (f" ({p['retried_409']} × 409 retried)" if p.get("retried_409") else "")
             + f" | {mism} |"

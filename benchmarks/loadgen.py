@@ -311,7 +311,7 @@ class Result:
     """What one request got."""
 
     __slots__ = ("index", "start", "end", "ttft", "gaps", "tokens", "ids", "text", "status", "error",
-                 "cancelled", "ok", "incomplete", "retried_409")
+                 "cancelled", "ok", "incomplete", "retried_409", "server_ttft")
 
     def __init__(self, index: int) -> None:
         self.index = index
@@ -328,6 +328,7 @@ class Result:
         self.ok = False
         self.incomplete = False  # the stream ended inside an event
         self.retried_409 = 0  # spurious "409 At capacity" answers retried (see start_request)
+        self.server_ttft: Optional[float] = None  # Cog paths: the predictor's time_to_first_token_s metric
 
 
 #: coglet 0.23.1 answers "409 At capacity" to a prediction that arrives while another is taking a
@@ -372,7 +373,10 @@ def start_request(loop: Loop, spec: dict, index: int, body: dict, done: Callable
                 res.status = doc.get("status", "")
                 if doc.get("error"):
                     res.error = str(doc["error"])[:300]
-                res.tokens = int((doc.get("metrics") or {}).get("output_token_count", -1))
+                metrics = doc.get("metrics") or {}
+                res.tokens = int(metrics.get("output_token_count", -1))
+                if isinstance(metrics.get("time_to_first_token_s"), (int, float)):
+                    res.server_ttft = float(metrics["time_to_first_token_s"])
             return
         ids = triton_ids(data)
         if ids is None:
@@ -566,8 +570,10 @@ def summarize(spec: dict, results: list[Result], t0: float, t1: float, cpu_s: fl
     mismatch_counts: dict[str, int] = {}
     samples: list[dict] = []
     delivered = 0
-    ttfts, gaps = [], []
+    ttfts, gaps, server_ttfts = [], [], []
     for res in results:
+        if res.server_ttft is not None:
+            server_ttfts.append(res.server_ttft)
         delivered += max(0, res.tokens) if path in COG_PATHS else len(res.ids)
         if res.ttft is not None:
             ttfts.append(res.ttft)
@@ -588,6 +594,7 @@ def summarize(spec: dict, results: list[Result], t0: float, t1: float, cpu_s: fl
             samples.append(mismatch_sample(res, requests[res.index % len(requests)], path))
     ttfts.sort()
     gaps.sort()
+    server_ttfts.sort()
     wall = t1 - t0
     return {
         "requests": len(results),
@@ -605,6 +612,9 @@ def summarize(spec: dict, results: list[Result], t0: float, t1: float, cpu_s: fl
         "tokens_per_s": delivered / wall if wall > 0 else 0.0,
         "ttft_s": {"p50": percentile(ttfts, 50), "p99": percentile(ttfts, 99), "max": ttfts[-1] if ttfts else None},
         "gap_s": {"p50": percentile(gaps, 50), "p99": percentile(gaps, 99), "max": gaps[-1] if gaps else None},
+        # Cog paths: from predict() starting to the first token reaching the predictor (its own metric); the
+        # rest of the client's TTFT is coglet's (queueing the prediction, starting it, relaying the first chunk)
+        "server_ttft_s": {"p50": percentile(server_ttfts, 50), "p99": percentile(server_ttfts, 99)},
         "events_with_tokens": len(gaps) + len(ttfts),
         "loadgen_cpu_s": cpu_s,
     }

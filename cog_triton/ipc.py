@@ -15,6 +15,7 @@ Commands, worker -> stream process (tuples, first item the kind):
 * ``(CANCEL, sid, send_stop)``: stop the stream (and tell Triton to stop the request when
   ``send_stop``).
 * ``(STOP, request_id)``: tell Triton to stop a request another stream process left behind.
+* ``(RECONNECT,)``: Triton was restarted: use a new gRPC channel from the next request on.
 
 Events, stream process -> worker, sent as a list per frame (many streams' events in one frame):
 
@@ -39,7 +40,7 @@ HEADER = struct.Struct("<I")
 MAX_FRAME_BYTES = 256 << 20
 
 # commands
-CONFIG, START, CANCEL, STOP = "config", "start", "cancel", "stop"
+CONFIG, START, CANCEL, STOP, RECONNECT = "config", "start", "cancel", "stop", "reconnect"
 # events (small ints: compared per chunk in the worker)
 ACCEPTED, REJECTED, TEXT, FIRST_TOKEN, END, FAILED, READY = range(7)
 

@@ -233,6 +233,7 @@ class LLMService:
             self.server,
             ["ensemble", "preprocessing", "tensorrt_llm"],
             startup_timeout_s=settings.startup_timeout_s,
+            on_restart=self._triton_restarted,
         )
         self.supervisor.start()
         if self.pool is not None:
@@ -335,6 +336,14 @@ class LLMService:
         started = time.monotonic()
         text = _run_coroutine_sync(run)
         log.info("self-test generated %r in %.2f s", text, time.monotonic() - started)
+
+    def _triton_restarted(self) -> None:
+        """The supervisor restarted Triton (called in its thread before new requests are let through): the
+        gRPC channels to the old Triton are replaced."""
+        if self.pool is not None:
+            self.pool.reconnect()
+        if self.generator is not None:
+            self.generator.client.reset()
 
     async def _close_loop_resources(self) -> None:
         """Release what the in-process path bound to the running loop (its gRPC channel, the watchdog)."""

@@ -343,6 +343,12 @@ class StreamPool:
             self._unregister(stream)
         return found
 
+    def reconnect(self) -> None:
+        """Triton was restarted: every stream process replaces its gRPC channel before its next request."""
+        for process in self.processes:
+            if process.alive:
+                process.send((ipc.RECONNECT,))
+
     def stop_request(self, request_id: str) -> None:
         """Ask a running stream process to send Triton the stop request of ``request_id``."""
         process = self._pick()

@@ -13,7 +13,7 @@ split as vLLM's engine-core / API-server processes and SGLang's detokenizer mana
 Run by :class:`cog_triton.stream_pool.StreamPool` as ``python -m cog_triton.streamer FD``, FD being
 its end of a Unix socket pair. It reads a CONFIG frame, builds its
 :class:`cog_triton.generation.Generator` (tokenizer, gRPC client, guide checker), answers READY, then
-serves START/CANCEL/STOP commands until the worker closes the socket. When the worker dies, even by
+serves START/CANCEL/STOP/RECONNECT commands until the worker closes the socket. When the worker dies, even by
 SIGKILL, the kernel closes its end, this process reads end-of-file and exits (no PR_SET_PDEATHSIG:
 that signal follows the *thread* that started the process, and a restart may come from a short-lived one).
 
@@ -39,6 +39,22 @@ from cog_triton.generation import Generator, GeneratorConfig, Outcome, build_gen
 from cog_triton.inputs import PredictInputs
 
 log = logging.getLogger("cog_triton.streamer")
+
+#: Inputs up to this many characters, without a guide, are prepared on the event loop: rendering and
+#: tokenizing a short prompt takes tens of microseconds, less than the two thread hand-offs of the
+#: prepare thread, and under a burst of arrivals those hand-offs were on every prediction's path to
+#: its first token. Longer inputs (up to megabytes) and guides (xgrammar compiles them: milliseconds
+#: and more) go to the prepare thread so that they never stall the streams of this process.
+INLINE_PREPARE_CHARS = 4096
+
+
+def _inline(inputs: PredictInputs) -> bool:
+    if inputs.guide is not None:
+        return False
+    size = len(inputs.prompt) + len(inputs.system_prompt) + len(inputs.prompt_template or "")
+    for message in inputs.messages or ():
+        size += len(message["content"]) + len(message["role"])
+    return size <= INLINE_PREPARE_CHARS
 
 
 def _portable(exc: BaseException) -> BaseException:
@@ -141,6 +157,9 @@ class Streamer:
         elif kind == ipc.STOP:
             assert self.generator is not None
             self.generator.stop_in_background(command[1])
+        elif kind == ipc.RECONNECT:
+            assert self.generator is not None
+            self.generator.client.reset()
         else:
             log.error("%s: unknown command %r", self.name, kind)
 
@@ -153,7 +172,10 @@ class Streamer:
         assert generator is not None
         loop = asyncio.get_running_loop()
         try:
-            prepared = await loop.run_in_executor(self._prepare_pool, generator.prepare, inputs, request_id)
+            if _inline(inputs):
+                prepared = generator.prepare(inputs, request_id)
+            else:
+                prepared = await loop.run_in_executor(self._prepare_pool, generator.prepare, inputs, request_id)
         except asyncio.CancelledError:
             return
         except Exception as exc:  # noqa: BLE001 - an input error (or a bug): predict() raises it

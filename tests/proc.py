@@ -24,6 +24,28 @@ def pids_mentioning(*texts: str) -> list[int]:
     return pids
 
 
+def descendants_of(root: int) -> set[int]:
+    """Every live process below ``root`` (by parent pid, /proc/<pid>/stat)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            raw = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(raw[raw.rindex(")") + 2:].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    out: set[int] = set()
+    todo = [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in out:
+                out.add(child)
+                todo.append(child)
+    return out
+
+
 _pid_alive = TritonServer.process_alive  # one /proc reading of liveness, the server's own
 
 

@@ -369,13 +369,25 @@ def test_standin_model_streams_the_text_and_answers_stop(ref, fake_pb_utils, che
 def test_arguments_and_defaults() -> None:
     args = harness.parse_args([])
     assert args.concurrency == [1, 8, 32, 64, 128] and args.tokens == 256 and args.step_ms == 10.0
-    assert args.paths == ["tensorrt_llm", "ensemble", "cog"] and args.sender_threads == 4
+    assert args.paths == ["tensorrt_llm", "ensemble", "cog", "floor"] and args.sender_threads == 4
     assert args.batch_limit == 128 and args.cog_concurrency == 160
+    assert args.groups == [(10.0, [1, 8, 32, 64, 128])]
+    assert args.engine_instances == max(1, min(4, len(os.sched_getaffinity(0)) // 4))
     ref_args = harness.parse_args(["--engine", "reference"])
     assert ref_args.concurrency == [1, 2, 4] and ref_args.tokens == 64
     assert ref_args.paths == ["tensorrt_llm", "ensemble", "cog", "cog_json"]  # guidance measured next to cog
     with pytest.raises(SystemExit):
         harness.parse_args(["--paths", "cog,cog_json"])  # the stand-in does not enforce guides
+    with pytest.raises(SystemExit):
+        harness.parse_args(["--engine", "reference", "--paths", "floor"])  # the floor runs at the stand-in's step
+    points = harness.parse_args(["--points", "64@5,128@10,256@20,256@10", "--engine-instances", "3"])
+    assert points.groups == [(5.0, [64]), (10.0, [128, 256]), (20.0, [256])]  # one stack start per step
+    assert points.concurrency == [64, 128, 256] and points.engine_instances == 3
+    assert points.batch_limit == 256 and points.cog_concurrency == 320
+    for bad in (["--points", "64"], ["--points", "0@5"], ["--points", "64@5", "--concurrency", "8"],
+                ["--points", "64@5", "--soak"], ["--engine-instances", "0"]):
+        with pytest.raises(SystemExit):
+            harness.parse_args(bad)
     soak = harness.parse_args(["--soak"])
     assert soak.soak_minutes == 10 and soak.soak_streams == 16 and soak.soak_cancel_every == 5
     with pytest.raises(SystemExit):
@@ -393,8 +405,9 @@ def test_smoke_run_delivers_every_token_on_every_path(tmp_path: Path, default_ar
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     doc = json.loads((out / "results.json").read_text())
     meta = doc["meta"]
-    assert meta["engine"] == "standin" and meta["paths"] == ["tensorrt_llm", "ensemble", "cog"]
+    assert meta["engine"] == "standin" and meta["paths"] == ["tensorrt_llm", "ensemble", "cog", "floor"]
     assert meta["concurrency"] == [1, 4] and meta["tokens"] == 32
+    assert meta["stream_interval_ms"] == 50 and meta["stream_processes"] >= 1
     assert {(p["path"], p["streams"]) for p in doc["points"]} == {
         (path, streams) for path in meta["paths"] for streams in meta["concurrency"]}
     for p in doc["points"]:
@@ -405,11 +418,17 @@ def test_smoke_run_delivers_every_token_on_every_path(tmp_path: Path, default_ar
         assert p["tokens"] == p["expected_tokens"] == p["requests"] * meta["tokens"], where
         assert p["tokens_per_s"] > 0 and p["ttft_s"]["p50"] is not None and p["gap_s"]["p99"] is not None
         assert p["ratio_to_direct"] is not None and p["engine_send_failures"] == 0
-        for role in harness.CORE_ROLES:
+        assert p["step_ms"] == 10.0 and p["ratio_to_ideal"] == round(p["tokens_per_s"] / (p["streams"] * 100.0), 3)
+        roles = ("floor_cog_server", "floor_cog_worker", "loadgen") if p["path"] == "floor" else harness.CORE_ROLES
+        for role in roles:
             assert isinstance(p["cpu_us_per_token"].get(role), float), (where, role, p["cpu_us_per_token"])
         assert p["cpu_us_per_token_servers"] is not None
+        assert p["busiest_process"]["role"] in p["cpu_us_per_token"], where
+        if p["path"] == "cog":  # the predictor's own TTFT metric, and the ratio to the bare predictor
+            assert p["server_ttft_s"]["p50"] is not None and p["ratio_to_floor"] is not None, where
     table = (out / "results.md").read_text()
-    assert "| path | streams | tokens/s | vs direct |" in table and "stub:tensorrt_llm" in table
+    assert "| path | streams | step | tokens/s | vs ideal | vs direct | vs floor |" in table
+    assert "stub:tensorrt_llm" in table and "stream_proc" in table and "floor_cog_worker" in table
     if importlib.util.find_spec("matplotlib") is not None:
         assert (out / "results.png").stat().st_size > 0
 

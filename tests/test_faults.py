@@ -21,7 +21,7 @@ import pytest
 
 from cog_triton.local import CogServer, WeightsHTTPServer, serving_env
 from tensorrtllm_backend.server import SHM_DIR, SHM_PREFIX
-from tests.proc import pids_mentioning
+from tests.proc import descendants_of, pids_mentioning, wait_for_pids_gone
 
 pytestmark = pytest.mark.integration
 
@@ -35,7 +35,7 @@ def stack(tmp_path_factory, default_archive: Path):
     with WeightsHTTPServer(default_archive.parent) as weights:
         env = serving_env(
             f"{weights.url}/{default_archive.name}", work=work, COG_TRITON_REFERENCE_MAX_INPUT_LEN="384",
-            COG_TRITON_REFERENCE_MAX_SEQ_LEN="768", COG_TRITON_STOP_TIMEOUT_S="5",
+            COG_TRITON_REFERENCE_MAX_SEQ_LEN="768", COG_TRITON_STOP_TIMEOUT_S="5", COG_TRITON_STREAM_PROCESSES="2",
         )
         cog = CogServer(env, log_file=work / "cog.log", max_concurrency=4)
         cog.start()
@@ -76,6 +76,12 @@ def start_stream(stack, inputs: dict[str, Any]) -> tuple[threading.Thread, dict[
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return thread, result, first
+
+
+def stream_pids(cog: CogServer) -> list[int]:
+    """The predictor's stream processes (python -m cog_triton.streamer) under this Cog server."""
+    assert cog.proc is not None
+    return sorted(set(pids_mentioning("cog_triton.streamer")) & descendants_of(cog.proc.pid))
 
 
 def health(stack) -> dict[str, Any]:
@@ -119,6 +125,38 @@ def test_a_killed_stub_fails_the_running_prediction_fast_and_triton_restarts(sta
     assert result["done"] - killed < 2.0, result["done"] - killed
     serves_again(stack)
     assert stub_pid(stack, model) != pid
+
+
+def test_a_killed_stream_process_fails_only_its_prediction_and_is_restarted(stack) -> None:
+    """kill -9 of one of the two stream processes while each streams a prediction: the prediction it
+    carried fails at once, naming it; the other one completes; health stays READY (the pool restarts
+    it) and both processes serve again."""
+    before = stream_pids(stack["cog"])
+    assert len(before) == 2, before
+    runs = [start_stream(stack, {**LONG, "seed": n}) for n in range(2)]
+    for _, result, first in runs:
+        assert first.wait(120) and result["chunks"], result
+    victim = before[0]
+    killed = time.monotonic()
+    os.kill(victim, signal.SIGKILL)
+    for thread, _, _ in runs:
+        thread.join(timeout=120)
+    finals = [result["final"] for _, result, _ in runs]
+    failed = [f for f in finals if f["status"] == "failed"]
+    assert len(failed) == 1 and [f["status"] for f in finals].count("succeeded") == 1, finals
+    assert f"stream process stream-0 (pid {victim}) was killed by signal 9" in failed[0]["error"] or (
+        f"(pid {victim}) was killed by signal 9" in failed[0]["error"]), failed[0]["error"]
+    lost = next(result for _, result, _ in runs if result["final"]["status"] == "failed")
+    assert lost["done"] - killed < 2.0, lost["done"] - killed
+    assert health(stack)["status"] == "READY"
+    deadline = time.monotonic() + 60
+    while (len(stream_pids(stack["cog"])) < 2 or victim in stream_pids(stack["cog"])) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    after = stream_pids(stack["cog"])
+    assert len(after) == 2 and victim not in after, after
+    for _ in range(2):  # least-loaded routing sends these to both processes in turn
+        serves_again(stack)
+    assert "restarting stream process" in (stack["work"] / "cog.log").read_text(errors="replace")
 
 
 def test_a_stopped_triton_is_unhealthy_fails_fast_and_is_restarted(stack) -> None:
@@ -212,8 +250,11 @@ def test_shutdown_leaves_no_process_and_no_shared_memory(tmp_path, default_archi
             assert cog.predict(SHORT)["status"] == "succeeded"
             ours = {p.name for p in SHM_DIR.glob(f"{SHM_PREFIX}*")} - before
             assert ours, "the Python backend keeps its regions in /dev/shm"
+            streamers = stream_pids(cog)
+            assert streamers, "the predictor runs stream processes"
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline and ({p.name for p in SHM_DIR.glob(f"{SHM_PREFIX}*")} & ours):
         time.sleep(0.2)
     assert not ({p.name for p in SHM_DIR.glob(f"{SHM_PREFIX}*")} & ours)
     assert not pids_mentioning("tritonserver", str(tmp_path / "model_repository"))
+    assert wait_for_pids_gone(streamers, timeout_s=15), "a stream process outlived the Cog server"

@@ -19,7 +19,7 @@ from cog_triton.client import GenerateRequest
 from cog_triton.guided import Guide, GuideChecker, select_guide, xgrammar_reason
 from cog_triton.inputs import PredictInputs
 from cog_triton.prompt import PromptTokenizer, template_roles
-from cog_triton.service import LLMService
+from cog_triton.generation import Generator
 from cog_triton.settings import REPO_ROOT
 from tensorrtllm_backend.engine import XGRAMMAR_TOKENIZER_INFO_NAME, ModelLimits, WeightsInfo
 from tensorrtllm_backend.templates import RenderOptions, guided_decoding_of, render_model_repository
@@ -190,25 +190,25 @@ def test_is_complete(checker: GuideChecker, tokenizer) -> None:
 
 
 def test_a_guided_output_cut_by_max_tokens_fails_the_prediction(checker: GuideChecker, tokenizer) -> None:
-    service = LLMService.__new__(LLMService)
+    service = Generator.__new__(Generator)
     service.guides = checker
     inputs = PredictInputs.validate(prompt="x", json_schema=json.dumps(PERSON), max_tokens=8, seed=1)
     request = GenerateRequest(input_ids=[1], max_tokens=8)
     cut = tokenizer('{"name": "Ann", "age"', add_special_tokens=False)["input_ids"]
     with pytest.raises(IncompleteOutputError) as info:
-        service._check_guided_output(inputs, request, cut)
+        service.check_guided_output(inputs, request, cut)
     message = str(info.value)
     assert message.startswith("[incomplete_output] the output is not a complete JSON document (asked for by json_schema)")
     assert f"after {len(cut)} tokens" in message and "max_tokens=8" in message and "raise max_tokens" in message
     capped = GenerateRequest(input_ids=[1], max_tokens=5)
     with pytest.raises(IncompleteOutputError, match="capped to 5 by the model's maximum sequence length"):
-        service._check_guided_output(inputs, capped, cut)
+        service.check_guided_output(inputs, capped, cut)
     whole = tokenizer('{"name": "Ann", "age": 3, "tags": []}', add_special_tokens=False)["input_ids"]
-    service._check_guided_output(inputs, request, whole)  # complete: no error
+    service.check_guided_output(inputs, request, whole)  # complete: no error
 
 
 def test_guided_input_without_guided_decoding_is_refused_before_triton() -> None:
-    service = LLMService.__new__(LLMService)
+    service = Generator.__new__(Generator)
     service.guides = None
     service.guided_off_reason = "its weights have no xgrammar_tokenizer_info.json next to the tokenizer"
     with pytest.raises(InputError) as info:

@@ -16,6 +16,7 @@ import pytest
 
 from common.errors import InferenceError, TritonError
 from cog_triton.client import TritonClient
+from cog_triton.generation import Generator
 from cog_triton.inputs import PredictInputs
 from cog_triton.service import LLMService
 from cog_triton.settings import Settings
@@ -61,15 +62,15 @@ def tokenizer() -> Any:
     return AutoTokenizer.from_pretrained(str(CHECKPOINT), local_files_only=True)
 
 
-def service_for(address: str, tokenizer: Any) -> LLMService:
+def service_for(address: str, tokenizer: Any, token_timeout_s: float = 120.0) -> LLMService:
+    """An in-process service (COG_TRITON_STREAM_PROCESSES=0) streaming from ``address``."""
     from cog_triton.prompt import PromptTokenizer
 
-    service = LLMService(Settings())
-    service.tokenizer = tokenizer
-    service.prompts = PromptTokenizer(tokenizer)
-    service.info = WeightsInfo(kind="hf_checkpoint", weights_dir=CHECKPOINT, tokenizer_dir=CHECKPOINT,
-                               limits=ModelLimits(max_batch_size=8, max_input_len=512, max_seq_len=1024))
-    service.client = TritonClient(address, connect_timeout_s=2)
+    service = LLMService(Settings(stream_processes=0))
+    limits = ModelLimits(max_batch_size=8, max_input_len=512, max_seq_len=1024)
+    service.info = WeightsInfo(kind="hf_checkpoint", weights_dir=CHECKPOINT, tokenizer_dir=CHECKPOINT, limits=limits)
+    service.generator = Generator(tokenizer, PromptTokenizer(tokenizer), limits,
+                                  TritonClient(address, connect_timeout_s=2), token_timeout_s=token_timeout_s)
     process: Any = AliveProcess()
     service.server = process
     service.supervisor = Supervisor(process, [], startup_timeout_s=5)
@@ -86,7 +87,7 @@ def run(service: LLMService, **inputs: Any) -> tuple[str, Optional[BaseException
         except Exception as exc:  # noqa: BLE001 - inspected by the test
             error = exc
         finally:
-            await service.client.aclose()  # type: ignore[union-attr]
+            await service._close_loop_resources()
         return text, error, time.monotonic() - started
 
     return asyncio.run(main())
@@ -136,7 +137,7 @@ def test_the_end_token_final_is_not_a_token(triton: Running, tokenizer: Any) -> 
     async def main() -> str:
         out = "".join([p async for p in service.generate(PredictInputs.validate(prompt="Hi", temperature=0),
                                                              metric=metrics.__setitem__)])
-        await service.client.aclose()  # type: ignore[union-attr]
+        await service._close_loop_resources()
         return out
 
     assert asyncio.run(main()) == "Hello there"

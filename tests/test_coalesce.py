@@ -1,0 +1,120 @@
+"""cog_triton.coalesce.IntervalFlusher: the stream interval, on a clock the tests move by hand."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from cog_triton import coalesce
+from cog_triton.coalesce import IntervalFlusher
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+class FakeLoop:
+    """Records call_at timers instead of running them (the flusher's only use of its loop)."""
+
+    def __init__(self) -> None:
+        self.timers: list[Any] = []
+
+    def call_at(self, when: float, callback: Any) -> Any:
+        loop = self
+
+        class Handle:
+            cancelled = False
+
+            def cancel(self) -> None:
+                self.cancelled = True
+                loop.timers.remove(entry)
+
+        handle = Handle()
+        entry = (when, callback, handle)
+        self.timers.append(entry)
+        return handle
+
+    def fire(self) -> None:
+        """Run the first timer as the loop would (it is gone from the schedule once it runs)."""
+        when, callback, _ = self.timers.pop(0)
+        callback()
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    fake = Clock()
+    monkeypatch.setattr(coalesce.time, "monotonic", fake.monotonic)
+    return fake
+
+
+def test_the_first_text_leaves_at_once_then_at_most_one_chunk_per_interval(clock: Clock) -> None:
+    out: list[tuple[float, str]] = []
+    loop = FakeLoop()
+    flusher = IntervalFlusher(0.05, lambda text: out.append((clock.now, text)), loop)  # type: ignore[arg-type]
+    flusher.push("A")
+    assert out == [(1000.0, "A")] and loop.timers == []  # at once, no timer
+    for i, text in enumerate(["b", "c", "d"]):
+        clock.now += 0.01
+        flusher.push(text)
+    assert out == [(1000.0, "A")]  # held: 30 ms into a 50 ms interval
+    assert [when for when, _, _ in loop.timers] == [pytest.approx(1000.05)]  # one timer for the held text
+    clock.now = 1000.05
+    flusher.push("e")  # due: everything held leaves as one chunk, and the timer goes
+    assert out[-1] == (1000.05, "bcde") and loop.timers == []
+    clock.now += 0.02
+    flusher.push("f")
+    assert out[-1][1] == "bcde" and len(loop.timers) == 1
+    when = loop.timers[0][0]
+    assert when == pytest.approx(1000.10)  # 50 ms after the last chunk, not after "f"
+    clock.now = when
+    loop.fire()  # no more deltas came: the timer sends what is held
+    assert out[-1] == (pytest.approx(1000.10), "f") and loop.timers == []
+    assert flusher.chunks == 3
+
+
+def test_close_sends_what_is_held_and_nothing_is_lost(clock: Clock) -> None:
+    out: list[str] = []
+    loop = FakeLoop()
+    flusher = IntervalFlusher(0.05, out.append, loop)  # type: ignore[arg-type]
+    deltas = ["Hel", "lo", "", " wor", "ld", "!"]
+    for delta in deltas:
+        flusher.push(delta)
+        clock.now += 0.001
+    flusher.close()
+    assert "".join(out) == "Hello world!" and out == ["Hel", "lo world!"]
+    assert loop.timers == []  # the timer of the held text was cancelled
+    flusher.close()  # twice: nothing more
+    assert out == ["Hel", "lo world!"]
+
+
+def test_interval_zero_sends_every_delta(clock: Clock) -> None:
+    out: list[str] = []
+    loop = FakeLoop()
+    flusher = IntervalFlusher(0.0, out.append, loop)  # type: ignore[arg-type]
+    for delta in ["a", "b", "c"]:
+        flusher.push(delta)
+    assert out == ["a", "b", "c"] and loop.timers == []
+
+
+def test_a_negative_interval_is_refused() -> None:
+    with pytest.raises(ValueError, match="interval_s must be >= 0"):
+        IntervalFlusher(-0.001, print)
+
+
+def test_on_a_real_loop_the_timer_sends_held_text() -> None:
+    async def main() -> list[str]:
+        out: list[str] = []
+        flusher = IntervalFlusher(0.05, out.append)
+        flusher.push("a")
+        flusher.push("b")  # held
+        assert out == ["a"]
+        await asyncio.sleep(0.2)  # a generous wait: the timer is due after 50 ms
+        return out
+
+    assert asyncio.run(main()) == ["a", "b"]

@@ -1,0 +1,314 @@
+"""The stream processes (cog_triton.stream_pool, cog_triton.streamer) against a real gRPC server that
+speaks Triton's ModelStreamInfer.
+
+The processes are real (``python -m cog_triton.streamer``, the default model's tokenizer); the
+server is tests/test_client.py's FakeTriton, so every answer of Triton can be produced on purpose.
+The tests run the worker's side (StreamPool.open and the generator coglet would iterate) on their
+own event loop; the Cog server itself is exercised by the integration and fault tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import struct
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import grpc
+import pytest
+from tritonclient.grpc import service_pb2_grpc
+
+from common.errors import ConfigError, InferenceError, InputError, StreamProcessError, TritonDiedError, TritonError
+from cog_triton.generation import GeneratorConfig
+from cog_triton.inputs import PredictInputs
+from cog_triton.stream_pool import PooledStream, StreamPool
+from tensorrtllm_backend.engine import ModelLimits
+from tests.test_client import FakeTriton, Running, State, error, response
+
+CHECKPOINT = Path(__file__).resolve().parents[1] / "build" / "default_model" / "checkpoint"
+LIMITS = ModelLimits(max_batch_size=8, max_input_len=64, max_seq_len=1024)
+INTERVAL_S = 0.1
+
+
+@pytest.fixture(scope="module")
+def triton() -> Iterator[Running]:
+    """FakeTriton on a free port, for the whole module (the stream processes keep their channel)."""
+    state = State()
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+    holder: dict[str, Any] = {}
+
+    async def serve() -> None:
+        server = grpc.aio.server()
+        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(FakeTriton(state), server)
+        holder["port"] = server.add_insecure_port("127.0.0.1:0")
+        holder["shutdown"] = asyncio.Event()
+        await server.start()
+        ready.set()
+        await holder["shutdown"].wait()
+        await server.stop(None)
+
+    thread = threading.Thread(target=lambda: loop.run_until_complete(serve()), daemon=True)
+    thread.start()
+    assert ready.wait(10)
+    yield Running(address=f"127.0.0.1:{holder['port']}", state=state)
+    loop.call_soon_threadsafe(holder["shutdown"].set)
+    thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(CHECKPOINT), local_files_only=True)
+
+
+class Watcher:
+    """Stands in for the supervisor: records the streams the pool registers."""
+
+    def __init__(self) -> None:
+        self.running: list[PooledStream] = []
+        self.lock = threading.Lock()
+
+    def register(self, stream: PooledStream) -> None:
+        with self.lock:
+            self.running.append(stream)
+
+    def unregister(self, stream: PooledStream) -> None:
+        with self.lock:
+            if stream in self.running:
+                self.running.remove(stream)
+
+
+@pytest.fixture(scope="module")
+def pool(triton: Running) -> Iterator[tuple[StreamPool, Watcher, list[BaseException]]]:
+    config = GeneratorConfig(tokenizer_dir=CHECKPOINT, limits=LIMITS, grpc_address=triton.address,
+                             token_timeout_s=2.0)
+    transport_errors: list[BaseException] = []
+
+    async def on_transport_error(exc: TritonError) -> BaseException:
+        transport_errors.append(exc)
+        return TritonDiedError(f"decided by the service: {exc.message}")
+
+    watcher = Watcher()
+    pool = StreamPool(config, 2, interval_s=INTERVAL_S, start_timeout_s=120, on_transport_error=on_transport_error,
+                      register=watcher.register, unregister=watcher.unregister)
+    pool.start()
+    yield pool, watcher, transport_errors
+    pool.stop()
+
+
+def is_stop(request: Any) -> bool:
+    return any(tensor.name == "stop" for tensor in request.inputs)
+
+
+def paced(token_ids: list[int], step_s: float = 0.0, final: bool = True, then_hang: bool = False):
+    """A scenario: ``token_ids`` one per response, ``step_s`` apart; a stop request gets its empty final."""
+
+    async def scenario(request):
+        if is_stop(request):
+            yield response([], final=True, request_id=request.id)
+            return
+        for i, token in enumerate(token_ids):
+            if step_s:
+                await asyncio.sleep(step_s)
+            yield response([token], final=final and i == len(token_ids) - 1, request_id=request.id)
+        if then_hang:
+            await asyncio.sleep(3600)
+
+    return scenario
+
+
+def inputs(prompt: str = "Hi", **extra: Any) -> PredictInputs:
+    return PredictInputs.validate(prompt=prompt, temperature=0, seed=1, **extra)
+
+
+def stream(pool: StreamPool, what: PredictInputs, request_id: str, *, until: Optional[int] = None,
+           close_after: Optional[int] = None) -> tuple[list[str], Optional[BaseException], dict[str, Any], float]:
+    """Open a stream and read it like coglet's slot thread; return (chunks, error, metrics, seconds to
+    the first chunk). ``close_after``: close the generator after that many chunks (a cancel)."""
+    metrics: dict[str, Any] = {}
+
+    async def run() -> tuple[list[str], Optional[BaseException], float]:
+        started = time.monotonic()
+        generator = await pool.open(what, request_id, started, metrics.__setitem__)
+        chunks: list[str] = []
+        first = float("nan")
+
+        def read() -> Optional[BaseException]:
+            nonlocal first
+            try:
+                for chunk in generator:
+                    if not chunks:
+                        first = time.monotonic() - started
+                    chunks.append(chunk)
+                    if close_after is not None and len(chunks) >= close_after:
+                        generator.close()
+                        return None
+            except Exception as exc:  # noqa: BLE001 - the test inspects it
+                return exc
+            return None
+
+        failure = await asyncio.to_thread(read)
+        return chunks, failure, first
+
+    chunks, failure, first = asyncio.run(run())
+    return chunks, failure, metrics, first
+
+
+def wait_for(predicate, timeout_s: float = 10.0) -> bool:
+    """Poll ``predicate`` until true; generous deadline: it only means "not hung"."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return predicate()
+
+
+def test_text_and_metrics_come_back_from_a_stream_process(pool, triton: Running, tokenizer: Any) -> None:
+    p, watcher, _ = pool
+    ids = tokenizer.encode("Hello there, how are you today?", add_special_tokens=False)
+    triton.state.scenario = paced(ids)
+    chunks, failure, metrics, _ = stream(p, inputs(), "pool-text")
+    assert failure is None
+    assert "".join(chunks) == tokenizer.decode(ids, skip_special_tokens=True)
+    prompt_ids = [struct.unpack_from("<i", r.raw_input_contents[0], 4 * i)[0]
+                  for r in triton.state.requests if r.id == "pool-text"
+                  for i in range(len(r.raw_input_contents[0]) // 4)]
+    assert metrics["input_token_count"] == len(prompt_ids) > 0
+    assert metrics["output_token_count"] == len(ids)
+    assert 0 <= metrics["time_to_first_token_s"] < 60
+    assert wait_for(lambda: not watcher.running)  # unregistered once ended
+    assert p.running_streams == 0
+
+
+def test_the_stream_interval_joins_text_and_sends_the_first_at_once(pool, triton: Running, tokenizer: Any) -> None:
+    """20 tokens 20 ms apart (400 ms) with a 100 ms interval: the first chunk leaves with the first token,
+    then at most one chunk per interval, and nothing is lost."""
+    ids = tokenizer.encode(" one two three four five six seven eight nine ten eleven twelve", add_special_tokens=False)
+    ids = (ids * 3)[:20]
+    step = 0.02
+    triton.state.scenario = paced(ids, step_s=step)
+    chunks, failure, _, first = stream(pool[0], inputs(), "pool-interval")
+    assert failure is None
+    assert "".join(chunks) == tokenizer.decode(ids, skip_special_tokens=True)
+    assert first < 10 * step  # the first token's text was not held for the interval
+    # 400 ms of tokens at one chunk per 100 ms, plus the first and the last: far fewer chunks than tokens
+    assert 2 <= len(chunks) <= 7, chunks
+
+
+def test_an_input_error_is_raised_by_open_before_any_output(pool, triton: Running) -> None:
+    requests_before = len(triton.state.requests)
+    with pytest.raises(InputError) as caught:
+        stream(pool[0], inputs("word " * 200), "pool-too-long")
+    assert "maximum input length is 64 tokens" in caught.value.message
+    assert len(triton.state.requests) == requests_before  # nothing reached Triton
+    assert pool[0].running_streams == 0
+
+
+def test_closing_the_generator_stops_the_request_in_triton(pool, triton: Running, tokenizer: Any) -> None:
+    ids = tokenizer.encode(" a b c d e f g h i j k l m n o p", add_special_tokens=False) * 20
+    triton.state.scenario = paced(ids, step_s=0.02)
+    chunks, failure, metrics, _ = stream(pool[0], inputs(), "pool-cancel", close_after=1)
+    assert failure is None and len(chunks) == 1
+    assert wait_for(lambda: any(r.id == "pool-cancel" and is_stop(r) for r in triton.state.requests))
+    assert wait_for(lambda: pool[0].running_streams == 0)
+
+
+def test_a_supervisor_fault_fails_the_stream_without_a_stop_request(pool, triton: Running, tokenizer: Any) -> None:
+    p, watcher, _ = pool
+    ids = tokenizer.encode(" x", add_special_tokens=False) * 500
+    triton.state.scenario = paced(ids, step_s=0.02)
+    result: dict[str, Any] = {}
+    reader = threading.Thread(target=lambda: result.update(out=stream(p, inputs(), "pool-fault")))
+    reader.start()
+    assert wait_for(lambda: bool(watcher.running))
+    watcher.running[0].fail(TritonDiedError("Triton exited with signal 9; the prediction was stopped"))
+    reader.join(timeout=30)
+    chunks, failure, _, _ = result["out"]
+    assert isinstance(failure, TritonDiedError) and "signal 9" in failure.message
+    time.sleep(0.5)  # a stop request would have been sent by now
+    assert not any(r.id == "pool-fault" and is_stop(r) for r in triton.state.requests)
+    assert wait_for(lambda: p.running_streams == 0)
+
+
+def test_a_silent_stream_fails_with_the_no_token_timeout(pool, triton: Running, tokenizer: Any) -> None:
+    """token_timeout_s is 2 s in this pool: one token, then nothing."""
+    triton.state.scenario = paced(tokenizer.encode(" Hi", add_special_tokens=False), final=False, then_hang=True)
+    chunks, failure, metrics, _ = stream(pool[0], inputs(), "pool-silent")
+    assert isinstance(failure, InferenceError) and "no token from Triton for 2 s" in failure.message
+    assert metrics["output_token_count"] == 1
+    assert wait_for(lambda: any(r.id == "pool-silent" and is_stop(r) for r in triton.state.requests))
+
+
+def test_an_error_triton_answers_fails_the_stream_with_its_text(pool, triton: Running, tokenizer: Any) -> None:
+    async def scenario(request):
+        if is_stop(request):
+            yield response([], final=True, request_id=request.id)
+            return
+        yield response(tokenizer.encode(" Hi", add_special_tokens=False), request_id=request.id)
+        yield error("Encountered an error in forward function")
+
+    triton.state.scenario = scenario
+    chunks, failure, _, _ = stream(pool[0], inputs(), "pool-error")
+    assert isinstance(failure, InferenceError) and "forward function" in failure.message
+    assert "".join(chunks) == " Hi"  # what came before the error still reached the user
+
+
+def test_a_broken_connection_is_decided_by_the_service(pool, triton: Running) -> None:
+    """A bare TritonError (transport) goes to on_transport_error, which may name Triton's death."""
+    transport_errors = pool[2]
+    transport_errors.clear()
+    triton.state.abort = grpc.StatusCode.UNAVAILABLE
+    try:
+        _, failure, _, _ = stream(pool[0], inputs(), "pool-transport")
+    finally:
+        triton.state.abort = None
+    assert len(transport_errors) == 1 and "UNAVAILABLE" in str(transport_errors[0])
+    assert isinstance(failure, TritonDiedError) and "decided by the service" in failure.message
+
+
+def test_a_killed_stream_process_fails_only_its_streams_and_is_restarted(pool, triton: Running,
+                                                                        tokenizer: Any) -> None:
+    p, watcher, _ = pool
+    ids = tokenizer.encode(" tick", add_special_tokens=False) * 100
+    triton.state.scenario = paced(ids, step_s=0.02)  # 2 s per stream
+    results: dict[str, Any] = {}
+    readers = [threading.Thread(target=lambda n=n: results.update({n: stream(p, inputs(), n)}))
+               for n in ("pool-kill-a", "pool-kill-b")]
+    for reader in readers:
+        reader.start()
+    assert wait_for(lambda: len(watcher.running) == 2)
+    victim = watcher.running[0]
+    pid = victim.process.pid
+    assert {s.process.pid for s in watcher.running} == {q.pid for q in p.processes}  # one each (least loaded)
+    os.kill(pid, signal.SIGKILL)
+    for reader in readers:
+        reader.join(timeout=60)
+    lost = results[victim.request_id]
+    kept = results[next(n for n in results if n != victim.request_id)]
+    assert isinstance(lost[1], StreamProcessError) and f"(pid {pid}) was killed by signal 9" in lost[1].message
+    assert kept[1] is None and "".join(kept[0]) == tokenizer.decode(ids)
+    # the backup stop request for the lost generation went out through the other process
+    assert wait_for(lambda: any(r.id == victim.request_id and is_stop(r) for r in triton.state.requests))
+    assert wait_for(lambda: all(q.alive for q in p.processes), timeout_s=120)
+    assert p.processes[victim.process.index].pid != pid and p.processes[victim.process.index].restarts == 1
+    triton.state.scenario = paced(tokenizer.encode(" back", add_special_tokens=False))
+    for n in range(2):  # both processes serve again
+        chunks, failure, _, _ = stream(p, inputs(), f"pool-after-kill-{n}")
+        assert failure is None and "".join(chunks) == " back"
+
+
+def test_a_stream_process_that_cannot_start_fails_start_with_its_error(tmp_path: Path, triton: Running) -> None:
+    config = GeneratorConfig(tokenizer_dir=tmp_path / "no-tokenizer", limits=LIMITS, grpc_address=triton.address)
+    pool = StreamPool(config, 1, interval_s=0.05, start_timeout_s=120)
+    with pytest.raises(ConfigError) as caught:
+        pool.start()
+    assert "stream process stream-0 could not start" in caught.value.message
+    assert "no-tokenizer" in caught.value.message
+    assert pool.processes[0].popen is not None and pool.processes[0].popen.poll() is not None
