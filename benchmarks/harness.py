@@ -797,7 +797,8 @@ def markdown(doc: dict[str, Any]) -> str:
         f"# scripts/benchmark: {meta['engine']} engine",
         "",
         f"{meta['started']} · `{meta['command']}` · commit {meta['git']} · {meta['machine']['cpus']} CPUs "
-        f"({meta['machine']['cpu_model']}), load average {meta['machine']['loadavg_before']} before, "
+        f"({meta['machine']['cpu_model']})" + (f", {meta['machine']['gpu']}" if meta["machine"].get("gpu") else "")
+        + f", load average {meta['machine']['loadavg_before']} before, "
         f"{meta['machine']['loadavg_after']} after",
         "",
         f"{meta['tokens']} tokens per request, {meta['rounds']} request(s) per stream per point"
@@ -984,7 +985,21 @@ def _setting(name: str) -> Any:
     return value() if callable(value) else value
 
 
+def _gpu() -> str:
+    """The GPUs of this host (nvidia-smi), or "" without one."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    names = [line.strip() for line in out.splitlines() if line.strip()]
+    return f"{len(names)} x {names[0]}" if names else ""
+
+
 def _git() -> str:
+    """The checkout's commit (+dirty); in a copy without git (the GPU host's bundle), $BENCHMARK_GIT_COMMIT."""
+    if not (REPO_ROOT / ".git").exists() and os.environ.get("BENCHMARK_GIT_COMMIT"):
+        return os.environ["BENCHMARK_GIT_COMMIT"]
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
                                 text=True, timeout=10).stdout.strip()
@@ -1180,7 +1195,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "cog_concurrency": args.cog_concurrency,
         "concurrency": args.concurrency,
         "paths": args.paths,
-        "machine": {"cpus": os.cpu_count(), "cpu_model": _cpu_model(), "loadavg_before": loadavg()},
+        "machine": {"cpus": os.cpu_count(), "cpu_model": _cpu_model(), "gpu": _gpu(), "loadavg_before": loadavg()},
     }
     if args.soak:
         meta.update({k: getattr(args, k) for k in ("soak_minutes", "soak_streams", "soak_cancel_every",

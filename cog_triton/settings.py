@@ -176,7 +176,7 @@ class Settings(BaseSettings):
         ge=0,
         le=64,
         description="Processes that do the per-token work (gRPC receive, detokenizing, stop sequences) beside the "
-        "Cog worker; 0 = in the Cog worker itself; default: one per 8 CPUs of this container, 1 to 8.",
+        "Cog worker; 0 = in the Cog worker itself; default: one per 5 CPUs of this container, 1 to 8.",
     )
     stream_interval_ms: float = Field(
         default=DEFAULT_STREAM_INTERVAL_MS,
@@ -220,7 +220,7 @@ class Settings(BaseSettings):
         return None if value == "" else value
 
     def stream_process_count(self) -> int:
-        """``stream_processes``, or by default one per 8 CPUs this process may run on, 1 to 8.
+        """``stream_processes``, or by default one per 5 CPUs this process may run on, 1 to 8.
 
         Fewer, busier processes cost less CPU per token than many idle ones: each gRPC response wakes a
         process's poller thread and event loop, and a busy process handles several per wake-up (16-core
@@ -232,7 +232,7 @@ class Settings(BaseSettings):
             cpus = len(os.sched_getaffinity(0))
         except AttributeError:  # not Linux
             cpus = os.cpu_count() or 1
-        return max(1, min(8, cpus // 8))
+        return max(1, min(8, cpus // 5))
 
     def path(self, value: Path) -> Path:
         """Resolve ``value`` against the repository root when it is relative."""
