@@ -249,11 +249,15 @@ class TritonClient:
     async def stop(self, request_id: str, model: str = "tensorrt_llm") -> None:
         """Ask ``model`` to stop the running request ``request_id`` (TensorRT-LLM's ``stop`` input).
 
-        Triton does not pass a client disconnect on to the models of an ensemble, so an abandoned
-        generation would run to ``max_tokens``; the TensorRT-LLM backend (and our CPU reference
-        backend) instead stop a request when a second request with the same request id carries
-        ``stop=true`` (model_instance_state.cc handleStopRequest). It answers one empty final
-        response, for a known or an unknown id alike.
+        Cancelling the ensemble's gRPC stream cancels the ensemble request, and Triton's ensemble
+        scheduler passes that on to a composing model's request only when it schedules that step
+        (triton-inference-server/core src/ensemble_scheduler/ensemble_scheduler.cc ``ScheduleSteps``,
+        core PR #263; server issue #6739: the step already running did not see the cancellation, the
+        next one did). ``tensorrt_llm`` is scheduled right after ``preprocessing``, so a generation
+        already running is not told and would run to ``max_tokens``. This stop request is what
+        ends it: the TensorRT-LLM backend (and our CPU reference backend) stop a request when a
+        second request with the same request id carries ``stop=true`` (model_instance_state.cc
+        handleStopRequest). It answers one empty final response, for a known or an unknown id alike.
 
         Raises:
             InferenceError: Triton rejected the stop request.

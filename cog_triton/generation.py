@@ -332,9 +332,12 @@ class Generator:
     def stop_in_background(self, request_id: str) -> None:
         """Send TensorRT-LLM's stop signal for ``request_id`` without waiting (best effort).
 
-        Triton also cancels the request when its gRPC stream is cancelled (the ensemble passes that
-        on to its composing models: triton-inference-server/server #6739); the explicit stop is the
-        backup for backends that would otherwise generate to ``max_tokens``.
+        Cancelling the gRPC stream (which :meth:`text_stream` also does) cancels the ensemble
+        request; Triton's ensemble scheduler passes a cancellation on to a composing model only when
+        it schedules that step (triton-inference-server/core ensemble_scheduler.cc ``ScheduleSteps``;
+        server issue #6739), so it reaches ``tensorrt_llm`` only if it comes before generation
+        starts. For a generation already running, this explicit stop is what ends it (see
+        :meth:`cog_triton.client.TritonClient.stop`); for the other case it is the backup.
         """
         client = self.client
 
