@@ -130,7 +130,7 @@ class Generator:
     Args:
         tokenizer: the model's Hugging Face tokenizer (decoding).
         prompts: the prompt formatter/tokenizer built on it.
-        limits: the engine's limits (max_input_len, max_seq_len; tokens).
+        limits: the engine's limits (tokens; prompts are held to ``executor_max_input_len()``).
         client: the gRPC client of the ensemble.
         guides: the guide checker when guided decoding is on, else None.
         guided_off_reason: why guided decoding is off (for the error a guided request gets).
@@ -173,7 +173,10 @@ class Generator:
         else:
             prompt = self.prompts.encode(inputs.prompt, inputs.system_prompt, inputs.prompt_template)
         prompt_tokens = len(prompt.ids)
-        budget = inputs.token_budget(prompt_tokens, self.limits.max_input_len, self.limits.max_seq_len)
+        limits = self.limits
+        budget = inputs.token_budget(
+            prompt_tokens, limits.executor_max_input_len(), limits.max_seq_len, limits.input_limit_reason()
+        )
         guided = self._guide_fields(inputs.guide)
         greedy = inputs.greedy
         request = GenerateRequest(

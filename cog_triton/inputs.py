@@ -265,11 +265,13 @@ class PredictInputs:
             guide=guide,
         )
 
-    def token_budget(self, prompt_tokens: int, max_input_len: int, max_seq_len: int) -> int:
+    def token_budget(self, prompt_tokens: int, max_input_len: int, max_seq_len: int, limit_reason: str = "") -> int:
         """Tokens to request: ``max_tokens`` capped by what the engine's max_seq_len leaves.
 
         ``prompt_tokens`` counts the whole rendered input: with ``messages``, every turn of the
-        conversation plus the chat template's own tokens.
+        conversation plus the chat template's own tokens. ``max_input_len`` is the longest prompt
+        the executor takes (:meth:`tensorrtllm_backend.engine.ModelLimits.executor_max_input_len`),
+        ``limit_reason`` how it was reached (named in the error).
 
         Raises:
             InputError: the prompt (or conversation) exceeds ``max_input_len``, leaves no room to
@@ -277,9 +279,10 @@ class PredictInputs:
         """
         what, unit = ("conversation", "the chat template") if self.messages is not None else ("prompt", "formatting")
         if prompt_tokens > max_input_len:
+            reason = f" ({limit_reason})" if limit_reason else ""
             raise InputError(
                 f"the {what} is too long: it has {prompt_tokens} tokens (after {unit}), "
-                f"and the model's maximum input length is {max_input_len} tokens; shorten the {what}"
+                f"and the model's maximum input length is {max_input_len} tokens{reason}; shorten the {what}"
             )
         room = max_seq_len - prompt_tokens
         if room < 1:

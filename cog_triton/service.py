@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import dataclasses
 import importlib.util
 import logging
 import threading
@@ -203,9 +204,19 @@ class LLMService:
             stop_timeout_s=settings.stop_timeout_s,
         )
         self.info = info
+        # Chunked context changes the longest prompt the executor takes (ModelLimits.executor_max_input_len);
+        # only the C++ backend reads the setting (the reference template has no such parameter).
+        limits = dataclasses.replace(
+            info.limits, enable_chunked_context=settings.enable_chunked_context and info.kind == "engine"
+        )
+        if limits.executor_max_input_len() != limits.max_input_len:
+            log.info(
+                "prompts are held to %d tokens, not the engine's max_input_len %d: %s",
+                limits.executor_max_input_len(), limits.max_input_len, limits.input_limit_reason(),
+            )
         self.generator_config = GeneratorConfig(
             tokenizer_dir=info.tokenizer_dir,
-            limits=info.limits,
+            limits=limits,
             grpc_address=self.server.grpc_address,
             token_timeout_s=settings.request_timeout_s,
             add_special_tokens=settings.add_special_tokens,

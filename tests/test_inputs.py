@@ -348,3 +348,27 @@ def test_text_inputs_are_bounded_before_parsing(name: str, limit: int) -> None:
 def test_unknown_input_is_refused_with_the_list_of_inputs() -> None:
     message = rejected(temprature=0.5)
     assert "unknown input(s) temprature" in message and "temperature" in message
+
+
+def test_the_generator_holds_prompts_to_the_executors_limit_before_triton() -> None:
+    """An engine whose max_input_len is above max_num_tokens: with chunked context off the executor takes
+    at most min(max_seq_len - 1, max_num_tokens) prompt tokens (trtGptModel.h), so a longer prompt is refused
+    here, naming both numbers and the rule, instead of failing in Triton; with chunked context on it fits.
+    No Triton runs: prepare() only tokenizes and builds the request (the address is never dialled)."""
+    from cog_triton.generation import GeneratorConfig, build_generator
+    from tensorrtllm_backend.engine import ModelLimits
+
+    limits = ModelLimits(8, max_input_len=4000, max_seq_len=8192, max_num_tokens=64, packed_context_fmha=True)
+    generator = build_generator(GeneratorConfig(tokenizer_dir=CHECKPOINT, limits=limits, grpc_address="127.0.0.1:9"))
+    long_prompt = validate(prompt="word " * 100, prompt_template="{prompt}")
+    with pytest.raises(InputError) as info:
+        generator.prepare(long_prompt, "too-long")
+    message = info.value.message
+    assert "the prompt is too long: it has 10" in message and "maximum input length is 64 tokens" in message
+    assert "min(max_seq_len - 1, max_num_tokens) = min(8191, 64)" in message
+    assert generator.prepare(validate(prompt="word " * 40, prompt_template="{prompt}"), "fits").prompt_tokens <= 64
+    import dataclasses
+
+    chunked = build_generator(GeneratorConfig(tokenizer_dir=CHECKPOINT, grpc_address="127.0.0.1:9",
+                                              limits=dataclasses.replace(limits, enable_chunked_context=True)))
+    assert chunked.prepare(long_prompt, "chunked").prompt_tokens > 64
