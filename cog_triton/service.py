@@ -28,6 +28,7 @@ from common.errors import (
     TritonError,
 )
 from cog_triton.inputs import PredictInputs
+from cog_triton.metrics import INPUT_TOKEN_COUNT, OUTPUT_TOKEN_COUNT, record_time_to_first_token
 from cog_triton.settings import Settings, VerifyMode
 from cog_triton.stream_pool import StreamPool
 from cog_triton.supervisor import Health, State, Supervisor, TaskStream
@@ -392,8 +393,8 @@ class LLMService:
 
         Returns once the request is prepared (prompt rendered and tokenized once) and sent to Triton;
         an input error is raised here, before the first output. ``metric(name, value)`` receives
-        input_token_count, output_token_count (tokens) and time_to_first_token_s (seconds; from
-        this call to the first token), from any thread. See :mod:`cog_triton.cog_bridge` for why
+        input_token_count, output_token_count (tokens) and the time to first token (seconds, from
+        this call to the first token; :mod:`cog_triton.metrics` names), from any thread. See :mod:`cog_triton.cog_bridge` for why
         predict() returns a generator rather than yielding.
 
         The generator's chunks concatenate to the full decode of the generated tokens, cut before the
@@ -425,7 +426,7 @@ class LLMService:
             self._prepare_pool, generator.prepare, inputs, request_id
         )
         if metric:
-            metric("input_token_count", prepared.prompt_tokens)
+            metric(INPUT_TOKEN_COUNT, prepared.prompt_tokens)
         return await open_stream(self._in_process(generator, inputs, prepared, metric, started), self.interval_s)
 
     async def generate(self, inputs: PredictInputs, metric: Optional[MetricSink] = None) -> AsyncIterator[str]:
@@ -470,7 +471,7 @@ class LLMService:
 
         def first_token(at: float) -> None:
             if metric:
-                metric("time_to_first_token_s", round(at - started, 4))
+                record_time_to_first_token(metric, at - started)
 
         try:
             async for text in generator.text_stream(inputs, prepared, outcome, on_first_token=first_token):
@@ -487,7 +488,7 @@ class LLMService:
         finally:
             supervisor.unregister(watched)
             if metric:
-                metric("output_token_count", outcome.output_tokens)
+                metric(OUTPUT_TOKEN_COUNT, outcome.output_tokens)
             log.info(
                 "generated %d tokens for a %d-token prompt in %.2f s%s",
                 outcome.output_tokens,

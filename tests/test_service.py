@@ -142,3 +142,5 @@ def test_the_end_token_final_is_not_a_token(triton: Running, tokenizer: Any) -> 
 
     assert asyncio.run(main()) == "Hello there"
     assert metrics["output_token_count"] == len(ids)
+    # in-process path: the time to first token under both names (cog_triton/metrics.py)
+    assert metrics["time_to_first_token"] == metrics["time_to_first_token_s"] >= 0
