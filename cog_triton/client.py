@@ -85,6 +85,7 @@ class GenerateRequest:
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    length_penalty: Optional[float] = None
     seed: int = 0
     stream: bool = True
     request_id: str = ""
@@ -106,6 +107,8 @@ class GenerateRequest:
         _add(request, "stream", "BOOL", [1, 1], b"\x01" if self.stream else b"\x00")
         if self.min_tokens:
             _add(request, "min_tokens", "INT32", [1, 1], _INT32.pack(self.min_tokens))
+        if self.length_penalty is not None:  # the ensemble maps it to tensorrt_llm's len_penalty (beam search only)
+            _add(request, "length_penalty", "FP32", [1, 1], struct.pack("<f", self.length_penalty))
         if self.guide_type:
             _add(request, "guided_decoding_guide_type", "BYTES", [1, 1], _bytes_tensor(self.guide_type))
             if self.guide:  # "json" takes no guide (utils.cc getGuidedDecodingParamsFromTensors)

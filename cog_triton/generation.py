@@ -191,6 +191,7 @@ class Generator:
             repetition_penalty=inputs.repetition_penalty,
             presence_penalty=inputs.presence_penalty,
             frequency_penalty=inputs.frequency_penalty,
+            length_penalty=inputs.length_penalty,
             seed=inputs.seed,
             request_id=request_id,
             **guided,

@@ -11,7 +11,7 @@ start, which benchmarks/loadgen.py reads), with the same value in seconds.
 
 from __future__ import annotations
 
-from typing import Callable, Union
+from typing import Callable, Optional, Union
 
 INPUT_TOKEN_COUNT = "input_token_count"
 OUTPUT_TOKEN_COUNT = "output_token_count"
@@ -28,4 +28,24 @@ def record_time_to_first_token(record: MetricSink, seconds: float) -> None:
         record(name, value)
 
 
-__all__ = ("INPUT_TOKEN_COUNT", "OUTPUT_TOKEN_COUNT", "TIME_TO_FIRST_TOKEN_NAMES", "record_time_to_first_token")
+
+
+def performance_lines(output_tokens: int, seconds: float, time_to_first_token: Optional[float]) -> list[str]:
+    """What ``log_performance_metrics`` logs, as replicate/cog-triton ``predict.py`` (@1434a90) logs it:
+    tokens processed, tokens per second and execution time (``seconds``, from predict() to the end of
+    the stream), and the time to first token (seconds) when a token came."""
+    rate = output_tokens / seconds if seconds > 0 else 0.0
+    lines = [
+        f"Tokens processed: {output_tokens}",
+        f"Serverside tokens per second: {rate:.2f}",
+        f"Serverside execution time: {seconds:.2f} seconds",
+    ]
+    if time_to_first_token is not None:
+        lines.append(f"Serverside time to first token: {time_to_first_token:.2f} seconds")
+    return lines
+
+
+__all__ = (
+    "INPUT_TOKEN_COUNT", "OUTPUT_TOKEN_COUNT", "TIME_TO_FIRST_TOKEN_NAMES", "performance_lines",
+    "record_time_to_first_token",
+)

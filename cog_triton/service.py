@@ -28,7 +28,7 @@ from common.errors import (
     TritonError,
 )
 from cog_triton.inputs import PredictInputs
-from cog_triton.metrics import INPUT_TOKEN_COUNT, OUTPUT_TOKEN_COUNT, record_time_to_first_token
+from cog_triton.metrics import INPUT_TOKEN_COUNT, OUTPUT_TOKEN_COUNT, performance_lines, record_time_to_first_token
 from cog_triton.settings import Settings, VerifyMode
 from cog_triton.stream_pool import StreamPool
 from cog_triton.supervisor import Health, State, Supervisor, TaskStream
@@ -86,6 +86,18 @@ def reference_limits(settings: Settings, manifest: Optional[Manifest]) -> dict[s
         "reference_max_input_len": settings.reference_max_input_len or packed.get("max_input_len"),
     }
 
+
+
+def _logging_performance(stream: Iterator[str], seen: dict[str, Union[int, float]], started: float) -> Iterator[str]:
+    """``stream``, then (``log_performance_metrics``) the prediction's performance lines printed from the
+    thread that iterates it (coglet's, so they land in the prediction's logs). Closing it closes ``stream``."""
+    try:
+        yield from stream
+    finally:
+        ttft = seen.get("time_to_first_token_s")
+        lines = performance_lines(int(seen.get(OUTPUT_TOKEN_COUNT, 0)), time.monotonic() - started,
+                                  None if ttft is None else float(ttft))
+        print("\n".join(lines), flush=True)
 
 class LLMService:
     """Weights, model repository, Triton process and generation for one predictor.
@@ -394,7 +406,9 @@ class LLMService:
         Returns once the request is prepared (prompt rendered and tokenized once) and sent to Triton;
         an input error is raised here, before the first output. ``metric(name, value)`` receives
         input_token_count, output_token_count (tokens) and the time to first token (seconds, from
-        this call to the first token; :mod:`cog_triton.metrics` names), from any thread. See :mod:`cog_triton.cog_bridge` for why
+        this call to the first token; :mod:`cog_triton.metrics` names), from any thread. With
+        ``log_performance_metrics`` the generator prints the prediction's performance lines at its end
+        (:func:`cog_triton.metrics.performance_lines`). See :mod:`cog_triton.cog_bridge` for why
         predict() returns a generator rather than yielding.
 
         The generator's chunks concatenate to the full decode of the generated tokens, cut before the
@@ -412,6 +426,18 @@ class LLMService:
         limit before its document closed), StreamProcessError (its stream process died).
         """
         started = time.monotonic()
+        if inputs.log_performance_metrics:
+            seen: dict[str, Union[int, float]] = {}
+
+            def capture(name: str, value: Union[int, float]) -> None:
+                seen[name] = value
+                if metric:
+                    metric(name, value)
+
+            return _logging_performance(await self._open(inputs, capture, started), seen, started)
+        return await self._open(inputs, metric, started)
+
+    async def _open(self, inputs: PredictInputs, metric: Optional[MetricSink], started: float) -> Iterator[str]:
         supervisor = self.supervisor
         if supervisor is None or (self.pool is None and self.generator is None):
             raise TritonError("setup() has not completed: Triton is not running")

@@ -45,7 +45,7 @@ stop_words_list         INT32    [1, 2, S]  row 0 token ids, row 1 cumulative en
 bad_words_list          INT32    [1, 2, S]  same format
 beam_width              INT32    [1]        only 1 is supported
 temperature             FP32     [1]        >= 0, default 1.0; 0 means greedy
-runtime_top_k           INT32    [1]        >= 0, default 0 (off); 1 means greedy
+runtime_top_k           INT32    [1]        >= 0, default 0 (off); 1 means greedy; > 1024 clamped to 1024
 runtime_top_p           FP32     [1]        <= 1; <= 0 or absent means unset. top_k 0 with top_p
                                             unset is greedy (as TensorRT-LLM's sampling layer)
 len_penalty             FP32     [1]        >= 0; otherwise ignored (only used by beam search)
@@ -129,6 +129,11 @@ class RequestError(ValueError):
 
 class QueueFullError(RequestError):
     """The not-yet-scheduled queue is at its maximum size."""
+
+
+#: The largest top_k the sampling layer runs: a larger one is clamped to it with a log warning
+#: (cpp/tensorrt_llm/kernels/samplingTopKKernels.h ``TOP_K_MAX``; layers/topKSamplingLayer.cpp ``setup``).
+TOP_K_MAX = 1024
 
 
 def _assertion(expression: str, detail: str) -> str:
@@ -482,6 +487,9 @@ def parse_request(
         return_log_probs=_scalar(get, "return_log_probs", bool, False),
     )
     params.validate()
+    top_k_clamped = params.top_k > TOP_K_MAX
+    if top_k_clamped:
+        params.top_k = TOP_K_MAX
     parsed = ParsedRequest(
         prompt_ids=prompt,
         params=params,
@@ -489,6 +497,11 @@ def parse_request(
         exclude_input_in_output=_scalar(get, "exclude_input_in_output", bool, limits.exclude_input_in_output),
         guide=parse_guide(get),
     )
+    if top_k_clamped:  # the sampling layer's clamp: a server log line, the request goes on
+        parsed.warnings.append(
+            f"TopK ({_scalar(get, 'runtime_top_k', int, 0)}) is larger than max supported number ({TOP_K_MAX}). "
+            "Clip to max supported number."
+        )
     if parsed.guide is not None and not limits.guided_decoding:
         raise RequestError(
             executor_error(
