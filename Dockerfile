@@ -17,6 +17,16 @@ ENV PYTHONUNBUFFERED=1 \
 
 WORKDIR /src
 
+# An init as PID 1, as in every image `cog build` generates (replicate/cog pkg/dockerfile/standard_generator.go,
+# installTini; replicate/cog-triton's Dockerfile does the same): `cog build` labels every image, ours too,
+# run.cog.has_init=true (pkg/image/build.go), so Replicate adds none. Without it coglet is PID 1 (NGC's
+# /opt/nvidia/nvidia_entrypoint.sh ends in `exec "$@"`) and never reaps the processes a killed Triton
+# leaves to it. tini comes from the distribution (Ubuntu universe, Debian main), checked where it is put.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends tini=0.19.0-* \
+    && rm -rf /var/lib/apt/lists/* \
+    && /usr/bin/tini --version
+
 # coglet starts its worker as `python` from PATH (replicate/cog crates/coglet/src/orchestrator.rs,
 # SimpleSpawner) and `cog build` runs `python -m pip freeze` in the image; the NGC image has only
 # python3. The link is checked at once, so a base image without python3 fails the build here.
@@ -43,4 +53,6 @@ COPY triton_model_repo /src/triton_model_repo
 COPY scripts /src/scripts
 
 EXPOSE 5000
+# tini in front of NGC's own entrypoint (its banner and driver checks run as before, then exec the CMD).
+ENTRYPOINT ["/usr/bin/tini", "--", "/opt/nvidia/nvidia_entrypoint.sh"]
 CMD ["python", "-m", "cog.server.http"]

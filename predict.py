@@ -2,8 +2,17 @@
 
 ``setup()`` fetches the weights (engine or Hugging Face checkpoint + tokenizer), renders the
 Triton model repository, starts Triton and the stream processes and runs a short self-test;
-``predict()`` streams the ensemble's text (gRPC ``ModelStreamInfer``, detokenized in the stream
+``run()`` streams the ensemble's text (gRPC ``ModelStreamInfer``, detokenized in the stream
 processes) as a generator coglet iterates.
+
+``BaseRunner``/``run()`` is the idiom of the pinned cog (0.20 and later: replicate/cog 30151726,
+``python/cog/predictor.py``); ``BasePredictor``/``predict()`` still work there but log deprecation
+warnings at every setup. ``Predictor().predict(...)`` keeps working: ``BaseRunner.predict`` is cog's
+bridge to ``run()``. The class cannot define both methods: coglet refuses a predictor that does
+("predictor must define either run() or predict(), not both", crates/coglet-python/src/predictor.rs).
+The class keeps its name and file, so ``cog.yaml`` ``predict: predict.py:Predictor`` and
+``COG_PREDICT_TYPE_STUB`` are unchanged; ``cog predict``/``cog run`` and ``POST /predictions`` do not
+depend on the method's name.
 
 The ``Input(...)`` declarations below are read *statically* by ``cog build`` (Cog's schema
 generator parses this file's source): every default and bound must be a literal, every
@@ -19,7 +28,7 @@ import logging
 from typing import Iterator, Optional
 
 import cog
-from cog import BasePredictor, ConcatenateIterator, Input, Path
+from cog import BaseRunner, ConcatenateIterator, Input, Path
 
 from cog_triton import cog_bridge
 from cog_triton.inputs import PredictInputs
@@ -31,7 +40,7 @@ log = logging.getLogger("predict")
 cog_bridge.install_cancel_hook()
 
 
-class Predictor(BasePredictor):
+class Predictor(BaseRunner):
     """LLM served by Triton Inference Server + TensorRT-LLM (or the CPU reference backend)."""
 
     def setup(self, weights: Optional[Path] = None) -> None:
@@ -51,7 +60,7 @@ class Predictor(BasePredictor):
         return True
 
     @cog.streaming  # x-cog-streaming in the schema: coglet then streams the output over SSE
-    async def predict(
+    async def run(
         self,
         prompt: str = Input(
             description="Text to respond to (one user turn). Give prompt or messages, not both.",
@@ -80,14 +89,20 @@ class Predictor(BasePredictor):
             le=2147483647,
         ),
         min_tokens: int = Input(
-            description="Minimum tokens to generate before the end token.", default=0, ge=0, le=2147483647
+            description="Minimum tokens to generate before the end token; 0 or -1 = none.",
+            default=0,
+            ge=-1,
+            le=2147483647,
         ),
         temperature: float = Input(description="Sampling temperature; 0 = greedy.", default=0.7, ge=0, le=5),
         top_p: float = Input(
             description="Nucleus sampling probability mass; 1 = off, 0 = greedy.", default=0.95, ge=0, le=1
         ),
         top_k: int = Input(
-            description="Sample from the k most likely tokens; 0 = no limit.", default=0, ge=0, le=2147483647
+            description="Sample from the k most likely tokens (at most 1024, TensorRT-LLM's limit); 0 or -1 = no limit.",  # noqa: E501 - one literal
+            default=0,
+            ge=-1,
+            le=1024,
         ),
         repetition_penalty: float = Input(
             description="Penalty for repeated tokens; 1 = none.", default=1.0, ge=0.01, le=10
@@ -126,6 +141,28 @@ class Predictor(BasePredictor):
             default="",
             max_length=100000,
         ),
+        length_penalty: float = Input(
+            description="Beam search's length penalty (TensorRT-LLM's len_penalty). Generation here samples with one beam, where it has no effect; accepted for clients of Replicate's Triton LLMs.",  # noqa: E501 - one literal
+            default=1.0,
+            ge=0,
+            le=5,
+        ),
+        log_performance_metrics: bool = Input(
+            description="Log the token count, tokens per second, generation time and time to first token of this prediction.",  # noqa: E501 - one literal
+            default=False,
+        ),
+        max_new_tokens: Optional[int] = Input(
+            description="Deprecated alias of max_tokens (as in Replicate's Triton LLMs): used when max_tokens is left at its default or equal; giving both with different values is an error.",  # noqa: E501 - one literal
+            default=None,
+            ge=1,
+            le=2147483647,
+        ),
+        min_new_tokens: Optional[int] = Input(
+            description="Deprecated alias of min_tokens (as in Replicate's Triton LLMs): used when min_tokens is left at its default or equal; giving both with different values is an error.",  # noqa: E501 - one literal
+            default=None,
+            ge=-1,
+            le=2147483647,
+        ),
     ) -> ConcatenateIterator[str]:
         """Stream the model's answer as text deltas.
 
@@ -151,6 +188,10 @@ class Predictor(BasePredictor):
             response_format=response_format,
             regex=regex,
             grammar=grammar,
+            length_penalty=length_penalty,
+            log_performance_metrics=log_performance_metrics,
+            max_new_tokens=max_new_tokens,
+            min_new_tokens=min_new_tokens,
         )
         log.info("seed %d", inputs.seed)
         # The prediction's metric scope, taken here (coglet finds it through a context variable): the

@@ -85,6 +85,7 @@ class GenerateRequest:
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    length_penalty: Optional[float] = None
     seed: int = 0
     stream: bool = True
     request_id: str = ""
@@ -106,6 +107,8 @@ class GenerateRequest:
         _add(request, "stream", "BOOL", [1, 1], b"\x01" if self.stream else b"\x00")
         if self.min_tokens:
             _add(request, "min_tokens", "INT32", [1, 1], _INT32.pack(self.min_tokens))
+        if self.length_penalty is not None:  # the ensemble maps it to tensorrt_llm's len_penalty (beam search only)
+            _add(request, "length_penalty", "FP32", [1, 1], struct.pack("<f", self.length_penalty))
         if self.guide_type:
             _add(request, "guided_decoding_guide_type", "BYTES", [1, 1], _bytes_tensor(self.guide_type))
             if self.guide:  # "json" takes no guide (utils.cc getGuidedDecodingParamsFromTensors)
@@ -249,11 +252,15 @@ class TritonClient:
     async def stop(self, request_id: str, model: str = "tensorrt_llm") -> None:
         """Ask ``model`` to stop the running request ``request_id`` (TensorRT-LLM's ``stop`` input).
 
-        Triton does not pass a client disconnect on to the models of an ensemble, so an abandoned
-        generation would run to ``max_tokens``; the TensorRT-LLM backend (and our CPU reference
-        backend) instead stop a request when a second request with the same request id carries
-        ``stop=true`` (model_instance_state.cc handleStopRequest). It answers one empty final
-        response, for a known or an unknown id alike.
+        Cancelling the ensemble's gRPC stream cancels the ensemble request, and Triton's ensemble
+        scheduler passes that on to a composing model's request only when it schedules that step
+        (triton-inference-server/core src/ensemble_scheduler/ensemble_scheduler.cc ``ScheduleSteps``,
+        core PR #263; server issue #6739: the step already running did not see the cancellation, the
+        next one did). ``tensorrt_llm`` is scheduled right after ``preprocessing``, so a generation
+        already running is not told and would run to ``max_tokens``. This stop request is what
+        ends it: the TensorRT-LLM backend (and our CPU reference backend) stop a request when a
+        second request with the same request id carries ``stop=true`` (model_instance_state.cc
+        handleStopRequest). It answers one empty final response, for a known or an unknown id alike.
 
         Raises:
             InferenceError: Triton rejected the stop request.

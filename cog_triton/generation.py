@@ -130,7 +130,7 @@ class Generator:
     Args:
         tokenizer: the model's Hugging Face tokenizer (decoding).
         prompts: the prompt formatter/tokenizer built on it.
-        limits: the engine's limits (max_input_len, max_seq_len; tokens).
+        limits: the engine's limits (tokens; prompts are held to ``executor_max_input_len()``).
         client: the gRPC client of the ensemble.
         guides: the guide checker when guided decoding is on, else None.
         guided_off_reason: why guided decoding is off (for the error a guided request gets).
@@ -173,7 +173,10 @@ class Generator:
         else:
             prompt = self.prompts.encode(inputs.prompt, inputs.system_prompt, inputs.prompt_template)
         prompt_tokens = len(prompt.ids)
-        budget = inputs.token_budget(prompt_tokens, self.limits.max_input_len, self.limits.max_seq_len)
+        limits = self.limits
+        budget = inputs.token_budget(
+            prompt_tokens, limits.executor_max_input_len(), limits.max_seq_len, limits.input_limit_reason()
+        )
         guided = self._guide_fields(inputs.guide)
         greedy = inputs.greedy
         request = GenerateRequest(
@@ -188,6 +191,7 @@ class Generator:
             repetition_penalty=inputs.repetition_penalty,
             presence_penalty=inputs.presence_penalty,
             frequency_penalty=inputs.frequency_penalty,
+            length_penalty=inputs.length_penalty,
             seed=inputs.seed,
             request_id=request_id,
             **guided,
@@ -332,9 +336,12 @@ class Generator:
     def stop_in_background(self, request_id: str) -> None:
         """Send TensorRT-LLM's stop signal for ``request_id`` without waiting (best effort).
 
-        Triton also cancels the request when its gRPC stream is cancelled (the ensemble passes that
-        on to its composing models: triton-inference-server/server #6739); the explicit stop is the
-        backup for backends that would otherwise generate to ``max_tokens``.
+        Cancelling the gRPC stream (which :meth:`text_stream` also does) cancels the ensemble
+        request; Triton's ensemble scheduler passes a cancellation on to a composing model only when
+        it schedules that step (triton-inference-server/core ensemble_scheduler.cc ``ScheduleSteps``;
+        server issue #6739), so it reaches ``tensorrt_llm`` only if it comes before generation
+        starts. For a generation already running, this explicit stop is what ends it (see
+        :meth:`cog_triton.client.TritonClient.stop`); for the other case it is the backup.
         """
         client = self.client
 

@@ -146,6 +146,40 @@ def _choice(name: str, value: Any) -> str:
     return value
 
 
+def check_boolean(name: str, value: Any) -> bool:
+    """Validate a ``boolean`` input (JSON true/false; Python bool).
+
+    Raises:
+        InputError: not a bool.
+    """
+    if not isinstance(value, bool):
+        raise InputError(f"{name} must be true or false, got {_show(value)}")
+    return value
+
+
+def _resolve_alias(name: str, value: int, alias: str, alias_value: Any, unset: tuple[Any, ...]) -> int:
+    """``value`` of input ``name``, replaced by the deprecated alias ``alias`` when it is given.
+
+    replicate/cog-triton ``predict.py`` (@1434a90): ``max_new_tokens``/``min_new_tokens`` take over
+    ``max_tokens``/``min_tokens`` when those are at their default (coglet fills in a default before
+    predict() runs, so a default cannot be told from an omitted input) or equal; anything else is an
+    error there ("Can't set both ..."), and here. ``unset`` are the alias values that mean "not given"
+    (None; and 0 for min_new_tokens, which replicate's ``if min_new_tokens:`` skips).
+
+    Raises:
+        InputError: both are given with different values; the message names both.
+    """
+    if alias_value in unset:
+        return value
+    alias_value = check_integer(alias, alias_value)
+    if value not in (default_of(name), alias_value):
+        raise InputError(
+            f"{alias} is a deprecated alias of {name}; give only one of them ({name}={value}, "
+            f"{alias}={alias_value}); {name} is preferred"
+        )
+    return alias_value
+
+
 def default_of(name: str) -> Any:
     """The schema default of input ``name`` (None when it has none)."""
     return _spec(name).default
@@ -156,6 +190,9 @@ class PredictInputs:
     """Validated prediction inputs. Construct with :meth:`validate`.
 
     Token counts are in tokens; ``seed`` is the seed actually used (drawn when the user gave none).
+    The inputs of replicate/cog-triton's predictor are resolved here: ``max_new_tokens`` and
+    ``min_new_tokens`` are folded into ``max_tokens``/``min_tokens``, and ``-1`` ("off") for ``top_k``
+    and ``min_tokens`` is stored as 0. ``length_penalty`` is sent to the engine (``len_penalty``).
     """
 
     prompt: str = ""
@@ -173,6 +210,8 @@ class PredictInputs:
     stop_sequences: list[str] = field(default_factory=list)
     seed: int = 0
     guide: Optional[Guide] = None
+    length_penalty: float = 1.0
+    log_performance_metrics: bool = False
 
     @property
     def greedy(self) -> bool:
@@ -227,7 +266,11 @@ class PredictInputs:
                 "(and may contain {system_prompt}); leave it empty to use the model's chat template"
             )
         max_tokens = check_integer("max_tokens", get("max_tokens"))
+        max_tokens = _resolve_alias("max_tokens", max_tokens, "max_new_tokens", get("max_new_tokens"), (None,))
         min_tokens = check_integer("min_tokens", get("min_tokens"))
+        min_tokens = _resolve_alias("min_tokens", min_tokens, "min_new_tokens", get("min_new_tokens"), (None, 0))
+        # -1 means "off" (replicate/cog-triton predict.py _process_args: "if min_tokens < 0: min_tokens = 0")
+        min_tokens = max(min_tokens, 0)
         if min_tokens > max_tokens:
             raise InputError(f"min_tokens={min_tokens} is greater than max_tokens={max_tokens}; allowed: 0 to max_tokens")
         seed = get("seed")
@@ -256,20 +299,25 @@ class PredictInputs:
             min_tokens=min_tokens,
             temperature=check_number("temperature", get("temperature")),
             top_p=check_number("top_p", get("top_p")),
-            top_k=check_integer("top_k", get("top_k")),
+            # -1 means "off" like 0 (replicate/cog-triton predict.py: "if top_k < 0: top_k = 0")
+            top_k=max(check_integer("top_k", get("top_k")), 0),
             repetition_penalty=check_number("repetition_penalty", get("repetition_penalty")),
             presence_penalty=check_number("presence_penalty", get("presence_penalty")),
             frequency_penalty=check_number("frequency_penalty", get("frequency_penalty")),
             stop_sequences=parse_stop_sequences(stop_value),
             seed=seed,
             guide=guide,
+            length_penalty=check_number("length_penalty", get("length_penalty")),
+            log_performance_metrics=check_boolean("log_performance_metrics", get("log_performance_metrics")),
         )
 
-    def token_budget(self, prompt_tokens: int, max_input_len: int, max_seq_len: int) -> int:
+    def token_budget(self, prompt_tokens: int, max_input_len: int, max_seq_len: int, limit_reason: str = "") -> int:
         """Tokens to request: ``max_tokens`` capped by what the engine's max_seq_len leaves.
 
         ``prompt_tokens`` counts the whole rendered input: with ``messages``, every turn of the
-        conversation plus the chat template's own tokens.
+        conversation plus the chat template's own tokens. ``max_input_len`` is the longest prompt
+        the executor takes (:meth:`tensorrtllm_backend.engine.ModelLimits.executor_max_input_len`),
+        ``limit_reason`` how it was reached (named in the error).
 
         Raises:
             InputError: the prompt (or conversation) exceeds ``max_input_len``, leaves no room to
@@ -277,9 +325,10 @@ class PredictInputs:
         """
         what, unit = ("conversation", "the chat template") if self.messages is not None else ("prompt", "formatting")
         if prompt_tokens > max_input_len:
+            reason = f" ({limit_reason})" if limit_reason else ""
             raise InputError(
                 f"the {what} is too long: it has {prompt_tokens} tokens (after {unit}), "
-                f"and the model's maximum input length is {max_input_len} tokens; shorten the {what}"
+                f"and the model's maximum input length is {max_input_len} tokens{reason}; shorten the {what}"
             )
         room = max_seq_len - prompt_tokens
         if room < 1:
@@ -295,4 +344,6 @@ class PredictInputs:
         return min(self.max_tokens, room)
 
 
-__all__: Sequence[str] = ("PredictInputs", "check_number", "check_integer", "check_text", "parse_messages")
+__all__: Sequence[str] = (
+    "PredictInputs", "check_boolean", "check_number", "check_integer", "check_text", "parse_messages"
+)

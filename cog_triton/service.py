@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import dataclasses
 import importlib.util
 import logging
 import threading
@@ -27,6 +28,7 @@ from common.errors import (
     TritonError,
 )
 from cog_triton.inputs import PredictInputs
+from cog_triton.metrics import INPUT_TOKEN_COUNT, OUTPUT_TOKEN_COUNT, performance_lines, record_time_to_first_token
 from cog_triton.settings import Settings, VerifyMode
 from cog_triton.stream_pool import StreamPool
 from cog_triton.supervisor import Health, State, Supervisor, TaskStream
@@ -84,6 +86,18 @@ def reference_limits(settings: Settings, manifest: Optional[Manifest]) -> dict[s
         "reference_max_input_len": settings.reference_max_input_len or packed.get("max_input_len"),
     }
 
+
+
+def _logging_performance(stream: Iterator[str], seen: dict[str, Union[int, float]], started: float) -> Iterator[str]:
+    """``stream``, then (``log_performance_metrics``) the prediction's performance lines printed from the
+    thread that iterates it (coglet's, so they land in the prediction's logs). Closing it closes ``stream``."""
+    try:
+        yield from stream
+    finally:
+        ttft = seen.get("time_to_first_token_s")
+        lines = performance_lines(int(seen.get(OUTPUT_TOKEN_COUNT, 0)), time.monotonic() - started,
+                                  None if ttft is None else float(ttft))
+        print("\n".join(lines), flush=True)
 
 class LLMService:
     """Weights, model repository, Triton process and generation for one predictor.
@@ -203,9 +217,19 @@ class LLMService:
             stop_timeout_s=settings.stop_timeout_s,
         )
         self.info = info
+        # Chunked context changes the longest prompt the executor takes (ModelLimits.executor_max_input_len);
+        # only the C++ backend reads the setting (the reference template has no such parameter).
+        limits = dataclasses.replace(
+            info.limits, enable_chunked_context=settings.enable_chunked_context and info.kind == "engine"
+        )
+        if limits.executor_max_input_len() != limits.max_input_len:
+            log.info(
+                "prompts are held to %d tokens, not the engine's max_input_len %d: %s",
+                limits.executor_max_input_len(), limits.max_input_len, limits.input_limit_reason(),
+            )
         self.generator_config = GeneratorConfig(
             tokenizer_dir=info.tokenizer_dir,
-            limits=info.limits,
+            limits=limits,
             grpc_address=self.server.grpc_address,
             token_timeout_s=settings.request_timeout_s,
             add_special_tokens=settings.add_special_tokens,
@@ -381,8 +405,10 @@ class LLMService:
 
         Returns once the request is prepared (prompt rendered and tokenized once) and sent to Triton;
         an input error is raised here, before the first output. ``metric(name, value)`` receives
-        input_token_count, output_token_count (tokens) and time_to_first_token_s (seconds; from
-        this call to the first token), from any thread. See :mod:`cog_triton.cog_bridge` for why
+        input_token_count, output_token_count (tokens) and the time to first token (seconds, from
+        this call to the first token; :mod:`cog_triton.metrics` names), from any thread. With
+        ``log_performance_metrics`` the generator prints the prediction's performance lines at its end
+        (:func:`cog_triton.metrics.performance_lines`). See :mod:`cog_triton.cog_bridge` for why
         predict() returns a generator rather than yielding.
 
         The generator's chunks concatenate to the full decode of the generated tokens, cut before the
@@ -400,6 +426,18 @@ class LLMService:
         limit before its document closed), StreamProcessError (its stream process died).
         """
         started = time.monotonic()
+        if inputs.log_performance_metrics:
+            seen: dict[str, Union[int, float]] = {}
+
+            def capture(name: str, value: Union[int, float]) -> None:
+                seen[name] = value
+                if metric:
+                    metric(name, value)
+
+            return _logging_performance(await self._open(inputs, capture, started), seen, started)
+        return await self._open(inputs, metric, started)
+
+    async def _open(self, inputs: PredictInputs, metric: Optional[MetricSink], started: float) -> Iterator[str]:
         supervisor = self.supervisor
         if supervisor is None or (self.pool is None and self.generator is None):
             raise TritonError("setup() has not completed: Triton is not running")
@@ -414,7 +452,7 @@ class LLMService:
             self._prepare_pool, generator.prepare, inputs, request_id
         )
         if metric:
-            metric("input_token_count", prepared.prompt_tokens)
+            metric(INPUT_TOKEN_COUNT, prepared.prompt_tokens)
         return await open_stream(self._in_process(generator, inputs, prepared, metric, started), self.interval_s)
 
     async def generate(self, inputs: PredictInputs, metric: Optional[MetricSink] = None) -> AsyncIterator[str]:
@@ -459,7 +497,7 @@ class LLMService:
 
         def first_token(at: float) -> None:
             if metric:
-                metric("time_to_first_token_s", round(at - started, 4))
+                record_time_to_first_token(metric, at - started)
 
         try:
             async for text in generator.text_stream(inputs, prepared, outcome, on_first_token=first_token):
@@ -476,7 +514,7 @@ class LLMService:
         finally:
             supervisor.unregister(watched)
             if metric:
-                metric("output_token_count", outcome.output_tokens)
+                metric(OUTPUT_TOKEN_COUNT, outcome.output_tokens)
             log.info(
                 "generated %d tokens for a %d-token prompt in %.2f s%s",
                 outcome.output_tokens,

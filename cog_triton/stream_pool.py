@@ -41,6 +41,7 @@ from cog_triton import ipc
 from cog_triton.cog_bridge import StreamHandle, stream_generator
 from cog_triton.generation import GeneratorConfig
 from cog_triton.inputs import PredictInputs
+from cog_triton.metrics import INPUT_TOKEN_COUNT, OUTPUT_TOKEN_COUNT, record_time_to_first_token
 from cog_triton.settings import REPO_ROOT
 
 log = logging.getLogger(__name__)
@@ -395,13 +396,13 @@ class StreamPool:
         if stream is None:
             return  # cancelled or failed here already
         if kind == ipc.FIRST_TOKEN:
-            stream.record("time_to_first_token_s", round(event[2], 4))
+            record_time_to_first_token(stream.record, event[2])
         elif kind == ipc.ACCEPTED:
-            stream.record("input_token_count", event[2])
+            stream.record(INPUT_TOKEN_COUNT, event[2])
             stream._resolve(event[2])
         elif kind == ipc.END:
             if self._forget(stream):
-                stream.record("output_token_count", event[2])
+                stream.record(OUTPUT_TOKEN_COUNT, event[2])
                 stream.handle.end()
         elif kind == ipc.REJECTED:
             if self._forget(stream):
@@ -409,7 +410,7 @@ class StreamPool:
                 stream.handle.end()
         elif kind == ipc.FAILED:
             if self._forget(stream):
-                stream.record("output_token_count", event[3])
+                stream.record(OUTPUT_TOKEN_COUNT, event[3])
                 self._failed(stream, event[2])
 
     def _failed(self, stream: PooledStream, error: BaseException) -> None:
@@ -453,7 +454,7 @@ class StreamPool:
                       process.pid, how, len(streams))
         for stream in streams:
             self._unregister(stream)
-            stream.record("output_token_count", 0)
+            stream.record(OUTPUT_TOKEN_COUNT, 0)
             stream._resolve(error)
             stream.handle.fail(error)
             self.stop_request(stream.request_id)  # the backup for Triton's own cancellation

@@ -4,8 +4,9 @@ Engine facts (``trtllm-build`` of TensorRT-LLM 0.8 and later, incl. 1.1.0): the 
 ``config.json`` with ``version``, ``pretrained_config`` (``architecture``, ``dtype``,
 ``vocab_size``, ``mapping`` with ``world_size``/``tp_size``/``pp_size``) and ``build_config``
 (``max_batch_size``, ``max_input_len``, ``max_seq_len`` — or ``max_output_len`` up to about 0.10,
-where max_seq_len = max_input_len + max_output_len —, ``max_num_tokens``, ``max_beam_width``), plus
-one ``rank<K>.engine`` per rank. Engines from before 0.8 (``builder_config`` layout) are rejected.
+where max_seq_len = max_input_len + max_output_len —, ``max_num_tokens``, ``max_beam_width``,
+``plugin_config`` with ``context_fmha`` and ``remove_input_padding``), plus one ``rank<K>.engine`` per
+rank. Engines from before 0.8 (``builder_config`` layout) are rejected.
 
 A Hugging Face checkpoint (``config.json`` with ``architectures``/``model_type`` and weight files)
 is served by the CPU reference implementation of the ``tensorrt_llm`` model instead.
@@ -31,18 +32,55 @@ XGRAMMAR_TOKENIZER_INFO_NAME = "xgrammar_tokenizer_info.json"
 
 @dataclass(frozen=True)
 class ModelLimits:
-    """Sizes the served model accepts, all in tokens except ``max_batch_size`` (requests)."""
+    """Sizes the served model accepts, all in tokens except ``max_batch_size`` (requests).
+
+    ``max_input_len`` is the engine's build value (``trtllm-build --max_input_len``). The longest
+    prompt the executor really takes is :meth:`executor_max_input_len`: it also depends on
+    ``max_num_tokens``, on the engine's ``context_fmha`` and ``remove_input_padding`` plugins
+    (``packed_context_fmha``: both on, as ``trtllm-build`` 1.1 builds by default) and on whether
+    chunked context is on (``enable_chunked_context``, the backend parameter; a serving choice).
+    """
 
     max_batch_size: int
     max_input_len: int
     max_seq_len: int
     max_beam_width: int = 1
     max_num_tokens: Optional[int] = None
+    packed_context_fmha: bool = False
+    enable_chunked_context: bool = False
 
     @property
     def max_output_len(self) -> int:
         """Most tokens that can be generated after a 1-token prompt."""
         return self.max_seq_len - 1
+
+    def executor_max_input_len(self) -> int:
+        """The longest prompt (tokens) TensorRT-LLM's executor accepts; longer ones fail in Triton with
+        "Prompt length (N) exceeds maximum input length (M)" (``LlmRequest::validate``, llmRequest.cpp).
+
+        The ``TrtGptModel`` constructor sets that maximum (cpp/tensorrt_llm/batch_manager/trtGptModel.h):
+        ``max_seq_len - 1`` with chunked context; else ``min(max_seq_len - 1, max_num_tokens)`` when the
+        engine has context FMHA and packed input (``build_config.plugin_config.context_fmha`` and
+        ``remove_input_padding``, read by cpp/tensorrt_llm/runtime/gptJsonConfig.cpp ``parsePluginConfig``);
+        else the engine's ``max_input_len``.
+        """
+        if self.enable_chunked_context:
+            return self.max_seq_len - 1
+        if self.packed_context_fmha and self.max_num_tokens is not None:
+            return min(self.max_seq_len - 1, self.max_num_tokens)
+        return self.max_input_len
+
+    def input_limit_reason(self) -> str:
+        """How :meth:`executor_max_input_len` was reached, for error messages and logs ("" when it is the
+        engine's ``max_input_len``)."""
+        if self.enable_chunked_context:
+            return f"max_seq_len - 1 = {self.max_seq_len} - 1, with chunked context on"
+        if self.packed_context_fmha and self.max_num_tokens is not None:
+            return (
+                f"TensorRT-LLM's executor limit with chunked context off: min(max_seq_len - 1, max_num_tokens) = "
+                f"min({self.max_seq_len - 1}, {self.max_num_tokens})"
+            )
+        return ""
 
 
 @dataclass(frozen=True)
@@ -139,6 +177,9 @@ def _engine_info(weights_dir: Path, config: dict[str, Any], tokenizer_dir: Path)
     max_num_tokens = _positive_int(build, "max_num_tokens", where) if build.get("max_num_tokens") is not None else None
     if max_input_len >= max_seq_len + 1:
         raise ConfigError(f"{where}: max_input_len {max_input_len} exceeds max_seq_len {max_seq_len}")
+    plugins = build.get("plugin_config")
+    plugins = plugins if isinstance(plugins, dict) else {}
+    packed_context_fmha = plugins.get("context_fmha") is True and plugins.get("remove_input_padding") is True
     missing = [f"rank{r}.engine" for r in range(world) if not (weights_dir / f"rank{r}.engine").is_file()]
     if missing:
         raise ConfigError(
@@ -157,6 +198,7 @@ def _engine_info(weights_dir: Path, config: dict[str, Any], tokenizer_dir: Path)
             max_seq_len=max_seq_len,
             max_beam_width=max_beam_width,
             max_num_tokens=max_num_tokens,
+            packed_context_fmha=packed_context_fmha,
         ),
         world_size=world,
         tp_size=tp,

@@ -315,3 +315,18 @@ def test_stop_refused_and_stop_against_a_closed_port(triton: Running) -> None:
         port = sock.getsockname()[1]
     with pytest.raises(TritonError, match="stop request to Triton failed"):
         asyncio.run(run(TritonClient(f"127.0.0.1:{port}", connect_timeout_s=1.0)))
+
+
+def test_length_penalty_is_sent_as_the_ensemble_input_that_maps_to_len_penalty() -> None:
+    """replicate/cog-triton sends length_penalty to its ensemble; ours maps the ensemble input
+    length_penalty to tensorrt_llm's len_penalty (triton_model_repo/ensemble/config.pbtxt)."""
+    from cog_triton.settings import REPO_ROOT
+
+    request = GenerateRequest(input_ids=[1, 2], max_tokens=3, length_penalty=2.5).to_grpc("ensemble")
+    names = [tensor.name for tensor in request.inputs]
+    index = names.index("length_penalty")
+    assert request.inputs[index].datatype == "FP32" and list(request.inputs[index].shape) == [1, 1]
+    assert struct.unpack("<f", request.raw_input_contents[index]) == (2.5,)
+    assert "length_penalty" not in [t.name for t in GenerateRequest(input_ids=[1], max_tokens=1).to_grpc("e").inputs]
+    ensemble = (REPO_ROOT / "triton_model_repo" / "ensemble" / "config.pbtxt").read_text()
+    assert 'input_map { key: "len_penalty" value: "length_penalty" }' in ensemble

@@ -43,6 +43,9 @@ are under NVIDIA/TensorRT-LLM ``cpp/tensorrt_llm``.
     greedy; prompt > max_input_len is an error; prompt +         ``llmRequest.cpp`` ``LlmRequest::validate``
     output > max_seq_len is reduced, not an error; end_id        (@89fd9b74); ``requestImpl.h`` ``validate``
     outside [-1, vocab) is an error, -1 means no end token
+8b  the maximum input length is the executor's: max_seq_len-1    ``batch_manager/trtGptModel.h`` ``TrtGptModel``
+    with chunked context, else min(max_seq_len-1, max_num_tokens) constructor; plugin flags read by
+    with context FMHA + packed input, else max_input_len          ``runtime/gptJsonConfig.cpp`` ``parsePluginConfig``
 9a  no end_id means no end token                                 ``batch_manager/createNewDecoderRequests.cpp``
                                                                  (@b35ac1b6: ``mEndId.value_or(-1)``)
 9b  neither top_k nor top_p (or top_p <= 0): greedy              ``layers/topKSamplingLayer.cpp`` ``setup``
@@ -94,6 +97,11 @@ MAX_ACTIVE = 2
 MAX_QUEUE = 1
 MAX_INPUT_LEN = 200
 MAX_SEQ_LEN = 256
+#: A second model of the same server stands for an engine built with max_input_len 100 and max_num_tokens
+#: 150 (context FMHA and packed input, chunked context off): the executor takes prompts up to 150 tokens.
+NUM_TOKENS_MODEL = "tensorrt_llm_num_tokens"
+NUM_TOKENS_ENGINE_MAX_INPUT_LEN = 100
+MAX_NUM_TOKENS = 150
 
 pytestmark = pytest.mark.integration
 
@@ -116,19 +124,23 @@ def _free_ports(n: int) -> list[int]:
             s.close()
 
 
-def render_config() -> str:
+def render_config(name: str = "tensorrt_llm", max_input_len: int = MAX_INPUT_LEN, **extra: object) -> str:
     """The reference template, filled; exclude_input_in_output left out (as the renderer drops an
-    empty parameter), and a queue limit added where the C++ backend reads it."""
+    empty parameter), a queue limit added where the C++ backend reads it, and ``extra`` parameters."""
     text = (MODEL_DIR / "config.pbtxt").read_text()
     text = "\n".join(line for line in text.splitlines() if '"exclude_input_in_output" value' not in line)
     text = string.Template(text).substitute(
         triton_max_batch_size=MAX_ACTIVE, decoupled_mode="true", max_queue_delay_microseconds=0,
-        hf_model_dir=str(CHECKPOINT), max_input_len=MAX_INPUT_LEN, max_seq_len=MAX_SEQ_LEN, torch_threads=0,
+        hf_model_dir=str(CHECKPOINT), max_input_len=max_input_len, max_seq_len=MAX_SEQ_LEN, torch_threads=0,
         guided_decoding_backend="", tokenizer_dir="",  # guided decoding off, as the C++ backend without its config
     )
     policy = f"  default_queue_policy {{ max_queue_size: {MAX_QUEUE} }}\n"
     text, count = re.subn(r"(dynamic_batching \{\n)", r"\1" + policy, text)
     assert count == 1
+    text, count = re.subn(r'^name: "tensorrt_llm"$', f'name: "{name}"', text, flags=re.M)
+    assert count == 1
+    for key, value in extra.items():
+        text += f'\nparameters: {{ key: "{key}" value: {{ string_value: "{value}" }} }}\n'
     return text
 
 
@@ -142,6 +154,12 @@ def server(tmp_path_factory):
     (target / "1").mkdir(parents=True)
     shutil.copy2(MODEL_DIR / "1" / "model.py", target / "1" / "model.py")
     (target / "config.pbtxt").write_text(render_config())
+    limited = tmp / "repo" / NUM_TOKENS_MODEL
+    (limited / "1").mkdir(parents=True)
+    shutil.copy2(MODEL_DIR / "1" / "model.py", limited / "1" / "model.py")
+    (limited / "config.pbtxt").write_text(
+        render_config(NUM_TOKENS_MODEL, NUM_TOKENS_ENGINE_MAX_INPUT_LEN, max_num_tokens=MAX_NUM_TOKENS)
+    )
     installation = locate_tritonserver(work_dir=tmp / "work")
     http, grpc, metrics = _free_ports(3)
     triton = TritonServer(
@@ -213,9 +231,9 @@ def stream(url: str, payload: dict, timeout: float = 120.0) -> tuple[int, list[d
     return status, events
 
 
-def generate(url: str, payload: dict, timeout: float = 120.0) -> tuple[int, dict]:
+def generate(url: str, payload: dict, timeout: float = 120.0, model: str = "tensorrt_llm") -> tuple[int, dict]:
     """POST generate (exactly one response expected); returns (HTTP status, body)."""
-    answer = httpx.post(f"{url}/v2/models/tensorrt_llm/generate", json=payload, timeout=timeout)
+    answer = httpx.post(f"{url}/v2/models/{model}/generate", json=payload, timeout=timeout)
     return answer.status_code, answer.json()
 
 
@@ -506,6 +524,23 @@ def test_silently_adjusted_values(server, url, prompts, greedy, hf_tokenizer):
     n = greedy_with_eos(greedy, "one_word")
     status, body = generate(url, request(prompts["one_word"], n + 2, exclude_input_in_output=[True], end_id=[-1]))
     assert status == 200 and body["sequence_length"] == n + 2 and _ids(body["output_ids"])[n] == EOS
+
+
+def test_the_prompt_limit_is_min_of_max_seq_len_minus_1_and_max_num_tokens(url, hf_tokenizer):
+    """8b. With chunked context off, for an engine with context FMHA and packed input, the executor's
+    maximum input length is min(max_seq_len - 1, max_num_tokens), whatever the engine's max_input_len
+    (``TrtGptModel`` constructor, batch_manager/trtGptModel.h): here min(255, 150) = 150 with an engine
+    max_input_len of 100. A prompt above it fails ``LlmRequest::validate`` with both numbers; one above
+    the engine's max_input_len but within it is served."""
+    words = hf_tokenizer.encode("word " * 400) * 2
+    status, body = generate(url, request(words[: MAX_NUM_TOKENS + 1], 2), model=NUM_TOKENS_MODEL)
+    assert (
+        f"Prompt length ({MAX_NUM_TOKENS + 1}) exceeds maximum input length ({MAX_NUM_TOKENS}). Set log level to "
+        "info and check TRTGptModel logs for how maximum input length is set" in error_of(status, body)
+    )
+    for length in (NUM_TOKENS_ENGINE_MAX_INPUT_LEN + 1, MAX_NUM_TOKENS):
+        status, body = generate(url, request(words[:length], 2, exclude_input_in_output=[True]), model=NUM_TOKENS_MODEL)
+        assert status == 200 and body["sequence_length"] == 2, (length, body)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -412,3 +412,52 @@ def test_model_in_a_single_top_level_folder_is_found(tmp_path: Path, checkpoint_
     (tmp_path / "weights" / "other").mkdir()
     with pytest.raises(ConfigError, match="config.json not found"):
         inspect_weights(tmp_path / "weights")
+
+
+# --- the longest prompt the executor takes -----------------------------------------------------
+
+
+def test_engine_config_records_packed_context_fmha(tmp_path: Path) -> None:
+    """build_config.plugin_config.context_fmha and remove_input_padding (gptJsonConfig.cpp
+    parsePluginConfig) decide which limit the executor applies (trtGptModel.h)."""
+    both = engine_config(plugin_config={"context_fmha": True, "remove_input_padding": True})
+    assert inspect_weights(write_engine(tmp_path / "both", both)).limits.packed_context_fmha is True
+    padded = engine_config(plugin_config={"context_fmha": True, "remove_input_padding": False})
+    assert inspect_weights(write_engine(tmp_path / "padded", padded)).limits.packed_context_fmha is False
+    none = inspect_weights(write_engine(tmp_path / "none", engine_config(plugin_config=None)))
+    assert none.limits.packed_context_fmha is False
+
+
+@pytest.mark.parametrize(
+    ("limits", "expected", "reason"),
+    [
+        # chunked context off, context FMHA + packed input: min(max_seq_len - 1, max_num_tokens), not max_input_len
+        (ModelLimits(64, 16384, 16384, max_num_tokens=8192, packed_context_fmha=True), 8192, "min(16383, 8192)"),
+        (ModelLimits(64, 1024, 4096, max_num_tokens=8192, packed_context_fmha=True), 4095, "min(4095, 8192)"),
+        # chunked context: max_seq_len - 1
+        (ModelLimits(64, 16384, 16384, max_num_tokens=8192, packed_context_fmha=True, enable_chunked_context=True),
+         16383, "chunked context on"),
+        # neither: the engine's max_input_len
+        (ModelLimits(64, 16384, 16384, max_num_tokens=8192), 16384, ""),
+        (ModelLimits(64, 2047, 2048), 2047, ""),
+    ],
+)
+def test_executor_max_input_len_follows_trtgptmodel(limits: ModelLimits, expected: int, reason: str) -> None:
+    assert limits.executor_max_input_len() == expected
+    assert reason in limits.input_limit_reason() and (reason != "" or limits.input_limit_reason() == "")
+
+
+def test_the_reference_model_applies_the_same_input_limit() -> None:
+    """The reference tensorrt_llm model (and the benchmark stand-in, which reuses its initialize) computes
+    the limit with its own function: it must agree with ModelLimits on every branch (the reference stands
+    for an engine with context FMHA and packed input when it is given max_num_tokens)."""
+    from tests.modules import load_file
+
+    ref = load_file("reference_model", REPO_ROOT / "triton_model_repo" / "tensorrt_llm_reference" / "1" / "model.py")
+    for max_input_len, max_seq_len in ((100, 256), (300, 256), (16384, 16384)):
+        for max_num_tokens in (None, 1, 50, 150, 255, 8192):
+            for chunked in (False, True):
+                ours = ModelLimits(8, max_input_len, max_seq_len, max_num_tokens=max_num_tokens,
+                                   packed_context_fmha=max_num_tokens is not None, enable_chunked_context=chunked)
+                theirs = ref.executor_max_input_len(max_input_len, max_seq_len, max_num_tokens, chunked)
+                assert theirs == ours.executor_max_input_len(), (max_input_len, max_seq_len, max_num_tokens, chunked)

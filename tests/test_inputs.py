@@ -37,7 +37,7 @@ def rejected(**overrides: Any) -> str:
 
 MAX_SEED = 2**53 - 1
 INT32_MAX = 2**31 - 1
-INT_RANGE = {"max_tokens": f"1 to {INT32_MAX}", "min_tokens": f"0 to {INT32_MAX}", "top_k": f"0 to {INT32_MAX}"}
+INT_RANGE = {"max_tokens": f"1 to {INT32_MAX}", "min_tokens": f"-1 to {INT32_MAX}", "top_k": "-1 to 1024"}
 FLOAT_RANGE = {
     "temperature": "0 to 5",
     "top_p": "0 to 1",
@@ -57,7 +57,7 @@ BAD_VALUES = [
     ("max_tokens", INT32_MAX + 1, f"max_tokens={INT32_MAX + 1}", INT_RANGE["max_tokens"]),
     ("max_tokens", None, "None", INT_RANGE["max_tokens"]),
     ("max_tokens", float("nan"), "nan", INT_RANGE["max_tokens"]),
-    ("min_tokens", -1, "min_tokens=-1", INT_RANGE["min_tokens"]),
+    ("min_tokens", -2, "min_tokens=-2", INT_RANGE["min_tokens"]),
     ("min_tokens", 0.5, "0.5", INT_RANGE["min_tokens"]),
     ("temperature", -0.1, "temperature=-0.1", FLOAT_RANGE["temperature"]),
     ("temperature", 5.1, "temperature=5.1", FLOAT_RANGE["temperature"]),
@@ -70,7 +70,13 @@ BAD_VALUES = [
     ("temperature", 10**400, "temperature=1000", FLOAT_RANGE["temperature"]),  # too big for a float
     ("top_p", 1.1, "top_p=1.1", FLOAT_RANGE["top_p"]),
     ("top_p", -0.5, "top_p=-0.5", FLOAT_RANGE["top_p"]),
-    ("top_k", -1, "top_k=-1", INT_RANGE["top_k"]),
+    ("top_k", -2, "top_k=-2", INT_RANGE["top_k"]),
+    # above TOP_K_MAX (1024): TensorRT-LLM would clamp it with only a log warning
+    ("top_k", 1025, "top_k=1025", INT_RANGE["top_k"]),
+    ("length_penalty", -0.1, "length_penalty=-0.1", "0 to 5"),
+    ("length_penalty", 5.5, "length_penalty=5.5", "0 to 5"),
+    ("max_new_tokens", 0, "max_new_tokens=0", f"1 to {INT32_MAX}"),
+    ("min_new_tokens", -2, "min_new_tokens=-2", f"-1 to {INT32_MAX}"),
     ("top_k", 2.5, "2.5", INT_RANGE["top_k"]),
     ("repetition_penalty", 0, "repetition_penalty=0", FLOAT_RANGE["repetition_penalty"]),
     ("repetition_penalty", 0.00999, "repetition_penalty=0.00999", FLOAT_RANGE["repetition_penalty"]),
@@ -186,9 +192,13 @@ def test_defaults_are_valid_and_come_from_the_schema() -> None:
         "max_tokens": 512,
         "min_tokens": 0,
         "top_k": 0,
+        "length_penalty": 1.0,
+        "max_new_tokens": None,  # deprecated aliases: not given
+        "min_new_tokens": None,
     }
     for name, value in defaults.items():
-        assert getattr(inputs, name) == value, name
+        if name not in ("max_new_tokens", "min_new_tokens"):
+            assert getattr(inputs, name) == value, name
     assert inputs.system_prompt == "" and inputs.prompt_template is None and inputs.stop_sequences == []
 
 
@@ -232,7 +242,7 @@ def test_valid_values_are_typed() -> None:
         {"temperature": 0},
         {"temperature": 5},
         {"top_p": 1e-9},
-        {"top_k": 1_000_000},
+        {"top_k": 1024},
         {"max_tokens": 1},
         {"max_tokens": 1_000_000, "min_tokens": 1_000_000},
         {"presence_penalty": -2.0, "frequency_penalty": 2.0},
@@ -310,7 +320,7 @@ def test_schema_bounds_are_the_enforced_bounds(name: str, spec) -> None:
     fails just outside it: coglet's 422 check and ours agree, value for value."""
     assert spec.minimum is not None and spec.maximum is not None, f"{name} has no bounds in predict.py"
     step = 1 if spec.type == "integer" else max(abs(spec.minimum), abs(spec.maximum), 1) * 1e-9
-    extra = {"max_tokens": spec.maximum} if name == "min_tokens" else {}
+    extra = {"max_tokens": spec.maximum} if name in ("min_tokens", "min_new_tokens") else {}
     for ok in (spec.minimum, spec.maximum):
         if name == "max_tokens" and ok < 1:
             continue
@@ -348,3 +358,70 @@ def test_text_inputs_are_bounded_before_parsing(name: str, limit: int) -> None:
 def test_unknown_input_is_refused_with_the_list_of_inputs() -> None:
     message = rejected(temprature=0.5)
     assert "unknown input(s) temprature" in message and "temperature" in message
+
+
+def test_the_generator_holds_prompts_to_the_executors_limit_before_triton() -> None:
+    """An engine whose max_input_len is above max_num_tokens: with chunked context off the executor takes
+    at most min(max_seq_len - 1, max_num_tokens) prompt tokens (trtGptModel.h), so a longer prompt is refused
+    here, naming both numbers and the rule, instead of failing in Triton; with chunked context on it fits.
+    No Triton runs: prepare() only tokenizes and builds the request (the address is never dialled)."""
+    from cog_triton.generation import GeneratorConfig, build_generator
+    from tensorrtllm_backend.engine import ModelLimits
+
+    limits = ModelLimits(8, max_input_len=4000, max_seq_len=8192, max_num_tokens=64, packed_context_fmha=True)
+    generator = build_generator(GeneratorConfig(tokenizer_dir=CHECKPOINT, limits=limits, grpc_address="127.0.0.1:9"))
+    long_prompt = validate(prompt="word " * 100, prompt_template="{prompt}")
+    with pytest.raises(InputError) as info:
+        generator.prepare(long_prompt, "too-long")
+    message = info.value.message
+    assert "the prompt is too long: it has 10" in message and "maximum input length is 64 tokens" in message
+    assert "min(max_seq_len - 1, max_num_tokens) = min(8191, 64)" in message
+    assert generator.prepare(validate(prompt="word " * 40, prompt_template="{prompt}"), "fits").prompt_tokens <= 64
+    import dataclasses
+
+    chunked = build_generator(GeneratorConfig(tokenizer_dir=CHECKPOINT, grpc_address="127.0.0.1:9",
+                                              limits=dataclasses.replace(limits, enable_chunked_context=True)))
+    assert chunked.prepare(long_prompt, "chunked").prompt_tokens > 64
+
+
+# --- replicate/cog-triton's inputs (predict.py @1434a90) ------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("given", "max_tokens", "min_tokens"),
+    [
+        ({"max_new_tokens": 1000}, 1000, 0),  # max_tokens at its default: the alias applies
+        ({"max_new_tokens": 1000, "max_tokens": 1000}, 1000, 0),  # equal: fine
+        ({"min_new_tokens": 7}, 512, 7),
+        ({"min_new_tokens": 7, "min_tokens": 7}, 512, 7),
+        ({"min_new_tokens": 0, "min_tokens": 5}, 512, 5),  # 0 is "not given" there (if min_new_tokens:)
+        ({"min_new_tokens": -1}, 512, 0),  # -1: off
+        ({"min_tokens": -1}, 512, 0),
+        ({"max_new_tokens": None, "min_new_tokens": None}, 512, 0),
+    ],
+)
+def test_deprecated_aliases_take_over_like_replicates_predictor(given: dict, max_tokens: int, min_tokens: int) -> None:
+    inputs = validate(**given)
+    assert (inputs.max_tokens, inputs.min_tokens) == (max_tokens, min_tokens)
+
+
+@pytest.mark.parametrize(
+    ("given", "texts"),
+    [
+        ({"max_new_tokens": 1000, "max_tokens": 300}, ["max_new_tokens is a deprecated alias of max_tokens",
+                                                     "max_tokens=300", "max_new_tokens=1000"]),
+        ({"min_new_tokens": 4, "min_tokens": 2}, ["min_new_tokens is a deprecated alias of min_tokens",
+                                                 "min_tokens=2", "min_new_tokens=4"]),
+        ({"min_new_tokens": 4, "min_tokens": -1}, ["min_tokens=-1", "min_new_tokens=4"]),
+    ],
+)
+def test_an_alias_and_its_input_with_different_values_is_an_error(given: dict, texts: list[str]) -> None:
+    message = rejected(**given)
+    assert all(text in message for text in texts), message
+
+
+def test_minus_one_turns_top_k_off_and_other_inputs_are_carried() -> None:
+    inputs = validate(top_k=-1, length_penalty=2.5, log_performance_metrics=True)
+    assert inputs.top_k == 0 and inputs.length_penalty == 2.5 and inputs.log_performance_metrics is True
+    assert validate().length_penalty == 1.0 and validate().log_performance_metrics is False
+    assert "log_performance_metrics must be true or false" in rejected(log_performance_metrics="yes")

@@ -125,6 +125,7 @@ def test_greedy_output_equals_transformers_generate(stack, hf_model, hf_tokenize
     assert doc["metrics"]["input_token_count"] == len(PromptTokenizer(hf_tokenizer).encode(prompt).ids)
     assert doc["metrics"]["output_token_count"] == n_tokens
     assert doc["metrics"]["time_to_first_token_s"] > 0
+    assert doc["metrics"]["time_to_first_token"] == doc["metrics"]["time_to_first_token_s"]
 
 
 def test_first_prompt_matches_known_answer(stack):

@@ -56,6 +56,10 @@ PREDICT_INPUTS = [
     "response_format",
     "regex",
     "grammar",
+    "length_penalty",
+    "log_performance_metrics",
+    "max_new_tokens",
+    "min_new_tokens",
 ]
 
 
@@ -137,7 +141,7 @@ def test_dockerfile_runs_cog_http_server() -> None:
     cmds = [rest for keyword, rest in dockerfile_instructions() if keyword == "CMD"]
     assert len(cmds) == 1
     assert json.loads(cmds[0]) == ["python", "-m", "cog.server.http"]
-    assert not [rest for keyword, rest in dockerfile_instructions() if keyword == "ENTRYPOINT"]
+    # the ENTRYPOINT is the init (tini) in front of NGC's: tests/test_init.py
 
 
 def test_dockerfile_installs_requirements_and_copies_sources() -> None:
@@ -315,7 +319,7 @@ def test_import_predict_starts_nothing() -> None:
 def test_predict_inputs() -> None:
     import predict
 
-    signature = inspect.signature(predict.Predictor.predict)
+    signature = inspect.signature(predict.Predictor.run)
     names = [name for name in signature.parameters if name != "self"]
     assert names == PREDICT_INPUTS
     params = signature.parameters
@@ -327,8 +331,8 @@ def test_predict_inputs() -> None:
     assert params["stop_sequences"].default.default == ""
     # async (COG_MAX_CONCURRENCY > 1 needs it) and *returning* a generator: coglet 0.23.1 streams
     # that, while an async generator's output is collected to the end (cog_triton/cog_bridge.py)
-    assert inspect.iscoroutinefunction(predict.Predictor.predict)
-    assert not inspect.isasyncgenfunction(predict.Predictor.predict)
+    assert inspect.iscoroutinefunction(predict.Predictor.run)
+    assert not inspect.isasyncgenfunction(predict.Predictor.run)
     setup_params = [name for name in inspect.signature(predict.Predictor.setup).parameters if name != "self"]
     assert setup_params == ["weights"]
 
@@ -373,7 +377,7 @@ def test_readme_documents_every_input() -> None:
 
     import predict
 
-    for name in _inspect.signature(predict.Predictor.predict).parameters:
+    for name in _inspect.signature(predict.Predictor.run).parameters:
         if name != "self":
             assert f"`{name}`" in README, name
 
@@ -460,3 +464,36 @@ def test_pins_check_accepts_a_suffixed_build_and_names_the_release(tmp_path: Pat
         )
         assert result.returncode == expected_rc, result.stderr
         assert text in result.stdout + result.stderr
+
+
+def test_predictor_uses_run_and_predict_still_works() -> None:
+    """cog 0.20+ prefers BaseRunner/run() (BasePredictor/predict() log deprecation warnings at every setup:
+    cog/predictor.py); coglet refuses a class defining both (crates/coglet-python/src/predictor.rs), so
+    predict() is cog's own bridge, BaseRunner.predict -> run(), with a DeprecationWarning. Called the old
+    way it reaches run() with the same inputs (the service is a stand-in here: no Triton)."""
+    import asyncio
+    import warnings
+
+    import cog
+    import predict
+
+    assert issubclass(predict.Predictor, cog.BaseRunner) and not issubclass(predict.Predictor, cog.BasePredictor)
+    assert "run" in vars(predict.Predictor) and "predict" not in vars(predict.Predictor)
+    seen: list = []
+
+    class Service:
+        async def stream(self, inputs, metric=None):
+            seen.append(inputs)
+            return iter(["ok"])
+
+    predictor = predict.Predictor()
+    predictor.service = Service()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        # every input given, as coglet gives them (a direct call would otherwise see Input() objects)
+        defaults = {n: p.default.default for n, p in inspect.signature(predict.Predictor.run).parameters.items()
+                    if n != "self"}
+        result = predictor.predict(**{**defaults, "prompt": "Hi", "max_new_tokens": 7, "seed": 1})  # the old name
+        stream = asyncio.run(result)
+    assert list(stream) == ["ok"] and seen[0].max_tokens == 7 and seen[0].prompt == "Hi"
+    assert any("predict() is deprecated; use run() instead" in str(w.message) for w in caught)

@@ -640,3 +640,17 @@ def test_triton_concurrent_streams_are_interleaved(triton_url, prompt_ids, hf_gr
     first_token = max(results[k][1][0][0] for k in keys)
     first_finish = min(results[k][1][-1][0] for k in keys)
     assert first_token < first_finish, "a request got its first token only after another one finished"
+
+
+def test_parse_request_clamps_top_k_to_the_sampling_layers_maximum():
+    """topKSamplingLayer.cpp ``setup``: a top_k above TOP_K_MAX (1024, samplingTopKKernels.h) is clamped to
+    it with a log warning; the request runs (the predictor's schema refuses such values before)."""
+    parsed = ref.parse_request(request_getter(input_ids=[7, 8], input_lengths=2, request_output_len=2,
+                                              runtime_top_k=5000), LIMITS)
+    assert parsed.params.top_k == ref.TOP_K_MAX == 1024
+    assert parsed.warnings == [
+        "TopK (5000) is larger than max supported number (1024). Clip to max supported number."
+    ]
+    at_max = ref.parse_request(request_getter(input_ids=[7], input_lengths=1, request_output_len=1,
+                                              runtime_top_k=1024), LIMITS)
+    assert at_max.params.top_k == 1024 and at_max.warnings == []

@@ -94,7 +94,7 @@ def _entry_points() -> list[tuple[str, inspect.Signature]]:
     import train
 
     return [
-        ("Input", inspect.signature(predict.Predictor.predict)),
+        ("Input", inspect.signature(predict.Predictor.run)),
         ("TrainingInput", inspect.signature(train.train)),
     ]
 

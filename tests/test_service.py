@@ -142,3 +142,33 @@ def test_the_end_token_final_is_not_a_token(triton: Running, tokenizer: Any) -> 
 
     assert asyncio.run(main()) == "Hello there"
     assert metrics["output_token_count"] == len(ids)
+    # in-process path: the time to first token under both names (cog_triton/metrics.py)
+    assert metrics["time_to_first_token"] == metrics["time_to_first_token_s"] >= 0
+
+
+def test_log_performance_metrics_prints_replicates_lines_at_the_end(triton: Running, tokenizer: Any,  # noqa: F811
+                                                                     capsys: pytest.CaptureFixture) -> None:
+    """replicate/cog-triton's log_performance_metrics input: the prediction logs its token count, tokens
+    per second, execution time and time to first token when the stream ends (printed from the thread
+    iterating the stream, coglet's, so they land in the prediction's logs); not without it."""
+    ids = tokenizer.encode("Hello there")
+
+    async def scenario(request):
+        for i, token in enumerate(ids):
+            yield response([token], final=i == len(ids) - 1, request_id=request.id)
+
+    triton.state.scenario = scenario
+    service = service_for(triton.address, tokenizer)
+
+    async def main(flag: bool) -> str:
+        return "".join([p async for p in service.generate(
+            PredictInputs.validate(prompt="Hi", temperature=0, log_performance_metrics=flag))])
+
+    assert asyncio.run(main(False)) == "Hello there"
+    assert "Tokens processed" not in capsys.readouterr().out
+    assert asyncio.run(main(True)) == "Hello there"
+    out = capsys.readouterr().out
+    assert f"Tokens processed: {len(ids)}\n" in out
+    assert "Serverside tokens per second: " in out and "Serverside execution time: " in out
+    assert "Serverside time to first token: " in out
+    asyncio.run(service._close_loop_resources())

@@ -24,6 +24,7 @@ from cog import BasePredictor, ConcatenateIterator, Input
 
 from cog_triton import cog_bridge
 from cog_triton.coalesce import IntervalFlusher
+from cog_triton.metrics import record_time_to_first_token
 
 cog_bridge.install_cancel_hook()
 #: The characters a prediction cycles through (its expected text: :func:`expected_text`).
@@ -74,7 +75,7 @@ class _Clock:
                 stream.sent += 1
                 if stream.first:
                     stream.first = False
-                    stream.scope.record_metric("time_to_first_token_s", round(time.monotonic() - stream.started, 4))
+                    record_time_to_first_token(stream.scope.record_metric, time.monotonic() - stream.started)
                 if stream.sent >= stream.n:
                     stream.flusher.close()
                     stream.scope.record_metric("output_token_count", stream.n)

@@ -45,7 +45,7 @@ stop_words_list         INT32    [1, 2, S]  row 0 token ids, row 1 cumulative en
 bad_words_list          INT32    [1, 2, S]  same format
 beam_width              INT32    [1]        only 1 is supported
 temperature             FP32     [1]        >= 0, default 1.0; 0 means greedy
-runtime_top_k           INT32    [1]        >= 0, default 0 (off); 1 means greedy
+runtime_top_k           INT32    [1]        >= 0, default 0 (off); 1 means greedy; > 1024 clamped to 1024
 runtime_top_p           FP32     [1]        <= 1; <= 0 or absent means unset. top_k 0 with top_p
                                             unset is greedy (as TensorRT-LLM's sampling layer)
 len_penalty             FP32     [1]        >= 0; otherwise ignored (only used by beam search)
@@ -129,6 +129,11 @@ class RequestError(ValueError):
 
 class QueueFullError(RequestError):
     """The not-yet-scheduled queue is at its maximum size."""
+
+
+#: The largest top_k the sampling layer runs: a larger one is clamped to it with a log warning
+#: (cpp/tensorrt_llm/kernels/samplingTopKKernels.h ``TOP_K_MAX``; layers/topKSamplingLayer.cpp ``setup``).
+TOP_K_MAX = 1024
 
 
 def _assertion(expression: str, detail: str) -> str:
@@ -482,6 +487,9 @@ def parse_request(
         return_log_probs=_scalar(get, "return_log_probs", bool, False),
     )
     params.validate()
+    top_k_clamped = params.top_k > TOP_K_MAX
+    if top_k_clamped:
+        params.top_k = TOP_K_MAX
     parsed = ParsedRequest(
         prompt_ids=prompt,
         params=params,
@@ -489,6 +497,11 @@ def parse_request(
         exclude_input_in_output=_scalar(get, "exclude_input_in_output", bool, limits.exclude_input_in_output),
         guide=parse_guide(get),
     )
+    if top_k_clamped:  # the sampling layer's clamp: a server log line, the request goes on
+        parsed.warnings.append(
+            f"TopK ({_scalar(get, 'runtime_top_k', int, 0)}) is larger than max supported number ({TOP_K_MAX}). "
+            "Clip to max supported number."
+        )
     if parsed.guide is not None and not limits.guided_decoding:
         raise RequestError(
             executor_error(
@@ -1073,6 +1086,21 @@ def _param(params: dict, key: str, default, conv):
         raise ValueError(f"parameter {key} must be {conv.__name__}, got {raw!r}") from None
 
 
+def executor_max_input_len(
+    max_input_len: int, max_seq_len: int, max_num_tokens: Optional[int], enable_chunked_context: bool
+) -> int:
+    """The longest prompt (tokens) the executor takes, as the ``TrtGptModel`` constructor sets it
+    (cpp/tensorrt_llm/batch_manager/trtGptModel.h): ``max_seq_len - 1`` with chunked context; else
+    ``min(max_seq_len - 1, max_num_tokens)`` for an engine with context FMHA and packed input (what
+    ``trtllm-build`` 1.1 builds by default; this model stands for one when ``max_num_tokens`` is given);
+    else the engine's ``max_input_len``. A longer prompt fails ``LlmRequest::validate``."""
+    if enable_chunked_context:
+        return max_seq_len - 1
+    if max_num_tokens is not None:
+        return min(max_seq_len - 1, max_num_tokens)
+    return max_input_len
+
+
 def max_queue_size_of(model_config: dict) -> int:
     """``dynamic_batching.default_queue_policy.max_queue_size`` (0 = unlimited), where the C++
     backend's ``getExecutorConfigFromParams`` reads the executor's maxQueueSize from."""
@@ -1087,7 +1115,9 @@ class TritonPythonModel:
     """The ``tensorrt_llm`` model (decoupled): validates and queues requests for the :class:`Scheduler`.
 
     Model parameters (string values): hf_model_dir (required), max_input_len, max_seq_len (default:
-    the checkpoint's max_position_embeddings), max_active_requests (default 1),
+    the checkpoint's max_position_embeddings), max_num_tokens and enable_chunked_context (which with
+    them set the longest prompt as the executor does: :func:`executor_max_input_len`),
+    max_active_requests (default 1),
     exclude_input_in_output (default false, as upstream), torch_threads (0 = torch default).
     ``dynamic_batching { default_queue_policy { max_queue_size: N } }`` caps the waiting requests.
 
@@ -1180,11 +1210,16 @@ class TritonPythonModel:
         max_seq_len = _param(params, "max_seq_len", n_pos, int)
         max_input_len = _param(params, "max_input_len", max_seq_len - 1, int)
         max_active = _param(params, "max_active_requests", 1, int)
-        if max_input_len < 1 or max_seq_len < 2 or max_active < 1:
+        max_num_tokens = _param(params, "max_num_tokens", None, int)
+        chunked = _param(params, "enable_chunked_context", False, bool)
+        bad_num_tokens = max_num_tokens is not None and max_num_tokens < 1
+        if max_input_len < 1 or max_seq_len < 2 or max_active < 1 or bad_num_tokens:
             raise ValueError(
-                f"need max_input_len >= 1, max_seq_len >= 2 and max_active_requests >= 1; got {max_input_len}, "
-                f"{max_seq_len}, {max_active}"
+                f"need max_input_len >= 1, max_seq_len >= 2, max_active_requests >= 1 and max_num_tokens >= 1 (or "
+                f"empty); got {max_input_len}, {max_seq_len}, {max_active}, {max_num_tokens}"
             )
+        engine_max_input_len = max_input_len
+        max_input_len = executor_max_input_len(max_input_len, max_seq_len, max_num_tokens, chunked)
         if max_seq_len > n_pos:
             self._log("warn", f"max_seq_len {max_seq_len} exceeds the checkpoint's max_position_embeddings {n_pos}")
         exclude = _param(params, "exclude_input_in_output", None, bool)
@@ -1204,7 +1239,8 @@ class TritonPythonModel:
         self._log(
             "info",
             f"loaded {self.engine_name} in {time.monotonic() - started:.1f} s (TensorRT-LLM {TRTLLM_VERSION} "
-            f"tensorrtllm backend behaviour); max_input_len={max_input_len} max_seq_len={max_seq_len} "
+            f"tensorrtllm backend behaviour); max_input_len={max_input_len} (engine {engine_max_input_len}, "
+            f"max_num_tokens {max_num_tokens}, chunked context {chunked}) max_seq_len={max_seq_len} "
             f"max_active_requests={max_active} max_queue_size={max_queue or 'unlimited'} "
             f"exclude_input_in_output={exclude} guided_decoding={'xgrammar' if self.limits.guided_decoding else 'off'}",
         )

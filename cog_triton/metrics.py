@@ -1,0 +1,51 @@
+"""The Cog metrics a prediction records, under the names clients of Replicate's LLM images read.
+
+Replicate's own LLM predictors record ``input_token_count`` and ``output_token_count`` (tokens):
+replicate/cog-triton ``predict.py`` (@1434a90) and replicate/cog-vllm ``predict.py`` (@69318df),
+through ``cog.emit_metric``. Neither records the time to first token as a metric (cog-triton only logs
+"Serverside time to first token" with ``log_performance_metrics``), and Replicate's API shows language
+models' ``time_to_first_token`` in seconds, a name its public code does not pin. So it is recorded under
+both ``time_to_first_token`` (that name) and ``time_to_first_token_s`` (this project's name since the
+start, which benchmarks/loadgen.py reads), with the same value in seconds.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Union
+
+INPUT_TOKEN_COUNT = "input_token_count"
+OUTPUT_TOKEN_COUNT = "output_token_count"
+#: Both names of the time to first token (seconds, from predict() to the first token).
+TIME_TO_FIRST_TOKEN_NAMES = ("time_to_first_token", "time_to_first_token_s")
+
+MetricSink = Callable[[str, Union[int, float]], None]
+
+
+def record_time_to_first_token(record: MetricSink, seconds: float) -> None:
+    """Record the time to first token (seconds, rounded to 0.1 ms) under each of its names."""
+    value = round(seconds, 4)
+    for name in TIME_TO_FIRST_TOKEN_NAMES:
+        record(name, value)
+
+
+
+
+def performance_lines(output_tokens: int, seconds: float, time_to_first_token: Optional[float]) -> list[str]:
+    """What ``log_performance_metrics`` logs, as replicate/cog-triton ``predict.py`` (@1434a90) logs it:
+    tokens processed, tokens per second and execution time (``seconds``, from predict() to the end of
+    the stream), and the time to first token (seconds) when a token came."""
+    rate = output_tokens / seconds if seconds > 0 else 0.0
+    lines = [
+        f"Tokens processed: {output_tokens}",
+        f"Serverside tokens per second: {rate:.2f}",
+        f"Serverside execution time: {seconds:.2f} seconds",
+    ]
+    if time_to_first_token is not None:
+        lines.append(f"Serverside time to first token: {time_to_first_token:.2f} seconds")
+    return lines
+
+
+__all__ = (
+    "INPUT_TOKEN_COUNT", "OUTPUT_TOKEN_COUNT", "TIME_TO_FIRST_TOKEN_NAMES", "performance_lines",
+    "record_time_to_first_token",
+)
