@@ -107,6 +107,26 @@ def stream_generator(handle: StreamHandle) -> Iterator[str]:
     return generator
 
 
+def then(generator: Iterator[str], at_end: Callable[[], None]) -> Iterator[str]:
+    """``generator``'s items, then ``at_end()`` in the iterating thread once it ends, fails or is closed.
+
+    The new generator is registered with ``generator``'s handle, so that coglet's cancel of a
+    prediction that returned it still reaches the stream (the cancel hook looks the returned object up).
+    """
+    handle = _STREAMS.get(generator)
+
+    def chained() -> Iterator[str]:
+        try:
+            yield from generator
+        finally:
+            at_end()
+
+    out = chained()
+    if handle is not None:
+        _STREAMS[out] = handle
+    return out
+
+
 async def open_stream(source: AsyncIterator[str], interval_s: float = 0.0) -> Iterator[str]:
     """Start consuming ``source`` on the running loop; return the sync generator coglet will iterate.
 

@@ -28,8 +28,6 @@ def record_time_to_first_token(record: MetricSink, seconds: float) -> None:
         record(name, value)
 
 
-
-
 def performance_lines(output_tokens: int, seconds: float, time_to_first_token: Optional[float]) -> list[str]:
     """What ``log_performance_metrics`` logs, as replicate/cog-triton ``predict.py`` (@1434a90) logs it:
     tokens processed, tokens per second and execution time (``seconds``, from predict() to the end of

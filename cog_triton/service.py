@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Optional, TypeVar, Union
 
-from cog_triton.cog_bridge import open_stream
+from cog_triton.cog_bridge import open_stream, then
 from cog_triton.generation import Generator, GeneratorConfig, Outcome, Prepared, build_generator
 from common.errors import (
     ConfigError,
@@ -87,17 +87,14 @@ def reference_limits(settings: Settings, manifest: Optional[Manifest]) -> dict[s
     }
 
 
+def _print_performance(seen: dict[str, Union[int, float]], started: float) -> None:
+    """``log_performance_metrics``: print the prediction's performance lines (called from the thread that
+    iterates its stream: coglet's, so they land in the prediction's logs)."""
+    ttft = seen.get("time_to_first_token_s")
+    lines = performance_lines(int(seen.get(OUTPUT_TOKEN_COUNT, 0)), time.monotonic() - started,
+                              None if ttft is None else float(ttft))
+    print("\n".join(lines), flush=True)
 
-def _logging_performance(stream: Iterator[str], seen: dict[str, Union[int, float]], started: float) -> Iterator[str]:
-    """``stream``, then (``log_performance_metrics``) the prediction's performance lines printed from the
-    thread that iterates it (coglet's, so they land in the prediction's logs). Closing it closes ``stream``."""
-    try:
-        yield from stream
-    finally:
-        ttft = seen.get("time_to_first_token_s")
-        lines = performance_lines(int(seen.get(OUTPUT_TOKEN_COUNT, 0)), time.monotonic() - started,
-                                  None if ttft is None else float(ttft))
-        print("\n".join(lines), flush=True)
 
 class LLMService:
     """Weights, model repository, Triton process and generation for one predictor.
@@ -434,7 +431,8 @@ class LLMService:
                 if metric:
                     metric(name, value)
 
-            return _logging_performance(await self._open(inputs, capture, started), seen, started)
+            stream = await self._open(inputs, capture, started)
+            return then(stream, lambda: _print_performance(seen, started))
         return await self._open(inputs, metric, started)
 
     async def _open(self, inputs: PredictInputs, metric: Optional[MetricSink], started: float) -> Iterator[str]:

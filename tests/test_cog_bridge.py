@@ -324,3 +324,20 @@ def test_cancel_hook_leaves_other_futures_alone() -> None:
     failed: concurrent.futures.Future = concurrent.futures.Future()
     failed.set_exception(ValueError("x"))
     assert failed.cancel() is False
+
+
+def test_a_chained_generator_is_cancelled_like_the_stream_it_wraps() -> None:
+    """cog_bridge.then (log_performance_metrics wraps the stream with it): coglet's cancel looks up the
+    object predict() returned, so the wrapper must lead to the same stream."""
+    import concurrent.futures
+
+    cog_bridge.install_cancel_hook()
+    cancelled: list[str] = []
+    handle = cog_bridge.StreamHandle(lambda: cancelled.append("stream"))
+    ended: list[str] = []
+    wrapped = cog_bridge.then(cog_bridge.stream_generator(handle), lambda: ended.append("at_end"))
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    future.set_result(wrapped)  # predict() returned the wrapper
+    future.cancel()  # what coglet does on a cancel
+    assert cancelled == ["stream"] and handle.cancelled.is_set()
+    assert list(wrapped) == [] and ended == ["at_end"]
