@@ -133,14 +133,14 @@ def test_a_killed_stream_process_fails_only_its_prediction_and_is_restarted(stac
     it) and both processes serve again."""
     before = stream_pids(stack["cog"])
     assert len(before) == 2, before
-    runs = [start_stream(stack, {**LONG, "seed": n}) for n in range(2)]
+    runs = [start_stream(stack, {**LONG, "max_tokens": 150, "min_tokens": 150, "seed": n}) for n in range(2)]
     for _, result, first in runs:
         assert first.wait(120) and result["chunks"], result
     victim = before[0]
     killed = time.monotonic()
     os.kill(victim, signal.SIGKILL)
     for thread, _, _ in runs:
-        thread.join(timeout=120)
+        thread.join(timeout=600)  # generous: only "not hung" (the survivor runs on a CPU model, maybe a loaded one)
     finals = [result["final"] for _, result, _ in runs]
     failed = [f for f in finals if f["status"] == "failed"]
     assert len(failed) == 1 and [f["status"] for f in finals].count("succeeded") == 1, finals
