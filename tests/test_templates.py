@@ -536,12 +536,12 @@ def test_every_ensemble_input_is_used(rendered) -> None:
 
 
 def test_reference_declares_every_input_the_ensemble_maps() -> None:
+    values = template_values(RenderOptions(template_dir=TEMPLATE_DIR, model_repo_dir=Path("/x")), engine_info(Path("/weights")))
     ensemble = parse_model_config(
-        fill_template((TEMPLATE_DIR / "ensemble" / "config.pbtxt").read_text(), {"triton_max_batch_size": 8}, source="e"),
+        fill_template((TEMPLATE_DIR / "ensemble" / "config.pbtxt").read_text(), values["ensemble"], source="e"),
         source="ensemble",
     )
     (step,) = [s for s in ensemble.ensemble_scheduling.step if s.model_name == "tensorrt_llm"]
-    values = template_values(RenderOptions(template_dir=TEMPLATE_DIR, model_repo_dir=Path("/x")), engine_info(Path("/weights")))
     for folder in ("tensorrt_llm", "tensorrt_llm_reference"):
         text = (TEMPLATE_DIR / folder / "config.pbtxt").read_text()
         config = parse_model_config(fill_template(text, values[folder], source=folder), source=folder)
