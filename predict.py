@@ -126,6 +126,11 @@ class Predictor(BasePredictor):
             default="",
             max_length=100000,
         ),
+        lora_weights: str = Input(
+            description="A LoRA adapter (a fine-tune of this model) to apply: the https URL of a .tar, .tar.gz or .zip archive of a Hugging Face PEFT adapter (adapter_config.json + adapter_model.safetensors), or hf://owner/repo[@revision]. Empty: the base model.",  # noqa: E501 - one literal
+            default="",
+            max_length=4096,
+        ),
     ) -> ConcatenateIterator[str]:
         """Stream the model's answer as text deltas.
 
@@ -151,6 +156,7 @@ class Predictor(BasePredictor):
             response_format=response_format,
             regex=regex,
             grammar=grammar,
+            lora_weights=lora_weights,
         )
         log.info("seed %d", inputs.seed)
         # The prediction's metric scope, taken here (coglet finds it through a context variable): the

@@ -19,6 +19,7 @@ from typing import Any, Optional, Sequence
 
 from common.errors import InputError
 from cog_triton.guided import Guide, select_guide
+from cog_triton.lora.refs import AdapterRef, parse_adapter_ref
 from cog_triton.schema import InputSpec, input_specs
 from cog_triton.stop import parse_stop_sequences
 
@@ -173,6 +174,7 @@ class PredictInputs:
     stop_sequences: list[str] = field(default_factory=list)
     seed: int = 0
     guide: Optional[Guide] = None
+    lora: Optional[AdapterRef] = None
 
     @property
     def greedy(self) -> bool:
@@ -247,6 +249,9 @@ class PredictInputs:
             regex=check_text("regex", get("regex"), expected="a regular expression as a string (or empty)"),
             grammar=check_text("grammar", get("grammar"), expected="an EBNF grammar as a string (or empty)"),
         )
+        lora = parse_adapter_ref(
+            check_text("lora_weights", get("lora_weights"), expected="a URL or hf:// reference (or empty)")
+        )
         return cls(
             prompt=prompt,
             messages=messages,
@@ -263,6 +268,7 @@ class PredictInputs:
             stop_sequences=parse_stop_sequences(stop_value),
             seed=seed,
             guide=guide,
+            lora=lora,
         )
 
     def token_budget(self, prompt_tokens: int, max_input_len: int, max_seq_len: int) -> int:

@@ -36,6 +36,8 @@ IMPORT_TO_DISTRIBUTION = {
     "huggingface_hub": "huggingface-hub",
     "tenacity": "tenacity",
     "cog": "cog",
+    "torch": "torch",
+    "safetensors": "safetensors",
 }
 PREDICT_INPUTS = [
     "prompt",
@@ -56,6 +58,7 @@ PREDICT_INPUTS = [
     "response_format",
     "regex",
     "grammar",
+    "lora_weights",
 ]
 
 
