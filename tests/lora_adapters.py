@@ -15,21 +15,58 @@ import torch
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
 
-def make_adapter(checkpoint: Path, out: Path, *, r: int, alpha: float, targets: Sequence[str], seed: int,
-                 layers: Optional[Sequence[int]] = None, rank_pattern: Optional[dict] = None) -> Path:
-    """A PEFT LoRA adapter of the checkpoint with random A and B (``init_lora_weights=False``: both random,
-    so that the adapter changes the greedy output), saved with save_pretrained into ``out``."""
-    from peft import LoraConfig, get_peft_model  # noqa: PLC0415
-    from transformers import AutoModelForCausalLM  # noqa: PLC0415
+class AdapterFactory:
+    """Makes adapters of a checkpoint and computes transformers + peft's greedy output with them, loading the
+    base model once (peft injects adapter layers into it and ``unload`` takes them out again)."""
 
-    base = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32, local_files_only=True)
-    torch.manual_seed(seed)
-    config = LoraConfig(r=r, lora_alpha=alpha, target_modules=list(targets), init_lora_weights=False,
-                        layers_to_transform=list(layers) if layers is not None else None,
-                        rank_pattern=rank_pattern or {})
-    model = get_peft_model(base, config)
-    model.save_pretrained(str(out))
-    return out
+    def __init__(self, checkpoint: Path) -> None:
+        from transformers import AutoModelForCausalLM  # noqa: PLC0415
+
+        self.checkpoint = checkpoint
+        self.base = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32, local_files_only=True)
+        self.base.eval()
+
+    def make(self, out: Path, *, r: int, alpha: float, targets: Sequence[str], seed: int,
+             layers: Optional[Sequence[int]] = None, rank_pattern: Optional[dict] = None) -> Path:
+        """A PEFT LoRA adapter with random A and B (``init_lora_weights=False``: both random, so that it changes
+        the greedy output), saved with save_pretrained into ``out``."""
+        from peft import LoraConfig, get_peft_model  # noqa: PLC0415
+
+        torch.manual_seed(seed)
+        config = LoraConfig(r=r, lora_alpha=alpha, target_modules=list(targets), init_lora_weights=False,
+                            layers_to_transform=list(layers) if layers is not None else None,
+                            rank_pattern=rank_pattern or {})
+        model = get_peft_model(self.base, config)
+        try:
+            model.save_pretrained(str(out))
+        finally:
+            self.base = model.unload()
+            self.base.__dict__.pop("peft_config", None)
+        return out
+
+    def greedy(self, adapter: Optional[Path], prompt_ids: list[int], max_new_tokens: int, eos: int) -> list[int]:
+        """Greedy tokens of transformers (+ peft with ``adapter``) for ``prompt_ids``, ending before ``eos``."""
+        model = self.base
+        if adapter is not None:
+            from peft import PeftModel  # noqa: PLC0415
+
+            model = PeftModel.from_pretrained(self.base, str(adapter))
+        try:
+            ids = torch.tensor([prompt_ids])
+            with torch.inference_mode():
+                out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                     max_new_tokens=max_new_tokens, pad_token_id=eos)
+        finally:
+            if adapter is not None:
+                self.base = model.unload()
+                self.base.__dict__.pop("peft_config", None)
+        new = out[0, len(prompt_ids):].tolist()
+        return new[: new.index(eos)] if eos in new else new
+
+
+def make_adapter(checkpoint: Path, out: Path, **kwargs) -> Path:
+    """:meth:`AdapterFactory.make` with a base model of its own."""
+    return AdapterFactory(checkpoint).make(out, **kwargs)
 
 
 def pack(adapter: Path, archive: Path, *, folder: str = "") -> Path:
@@ -60,21 +97,8 @@ def pack_files(archive: Path, files: dict[str, bytes]) -> Path:
 
 def peft_greedy(checkpoint: Path, adapter: Optional[Path], prompt_ids: list[int], max_new_tokens: int,
                 eos: int) -> list[int]:
-    """Greedy tokens of transformers (+ peft with ``adapter``) for ``prompt_ids``, ending before ``eos``."""
-    from transformers import AutoModelForCausalLM  # noqa: PLC0415
-
-    model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32, local_files_only=True)
-    if adapter is not None:
-        from peft import PeftModel  # noqa: PLC0415
-
-        model = PeftModel.from_pretrained(model, str(adapter))
-    model.eval()
-    ids = torch.tensor([prompt_ids])
-    with torch.inference_mode():
-        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                             max_new_tokens=max_new_tokens, pad_token_id=eos)
-    new = out[0, len(prompt_ids):].tolist()
-    return new[: new.index(eos)] if eos in new else new
+    """:meth:`AdapterFactory.greedy` with a base model of its own."""
+    return AdapterFactory(checkpoint).greedy(adapter, prompt_ids, max_new_tokens, eos)
 
 
 def adapter_config(adapter: Path) -> dict:
