@@ -53,7 +53,7 @@ ADAPTER_THREADS = 4
 
 
 def _inline(inputs: PredictInputs) -> bool:
-    if inputs.guide is not None or inputs.lora is not None:
+    if inputs.guide is not None:  # (an adapter is resolved before, on the adapter threads)
         return False
     size = len(inputs.prompt) + len(inputs.system_prompt) + len(inputs.prompt_template or "")
     for message in inputs.messages or ():

@@ -40,6 +40,9 @@ LLAMA3_8B = ModelShape(num_layers=32, hidden_size=4096, mlp_hidden_size=14336, n
                        head_size=128)
 BLOCK = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",
          "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
+#: Module id -> Hugging Face name, written out from lora_manager.py's LORA_MODULE_IDS and lora_helper.py's
+#: get_default_trtllm_modules_to_hf_modules (not taken from tensorrtllm_backend.lora, which is under test).
+UPSTREAM_HF_NAMES = {1: "q_proj", 2: "k_proj", 3: "v_proj", 4: "o_proj", 5: "gate_proj", 6: "down_proj", 7: "up_proj"}
 CONFIG = {"peft_type": "LORA", "r": 16, "lora_alpha": 32, "bias": "none", "use_rslora": False}
 
 
@@ -160,7 +163,7 @@ def test_each_row_gives_back_peft_delta(tmp_path, checkpoint_dir, smollm, kwargs
     layers = model.base_model.model.model.layers
     for (module_id, layer, r), row in zip(rows_of(converted.tensors), values):
         module = names[module_id]
-        hf = TRTLLM_TO_HF[module]
+        hf = UPSTREAM_HF_NAMES[module_id]
         in_dim, out_dim = smollm.shape.module_dims(module)
         a = row[: r * in_dim].reshape(r, in_dim)
         b = row[r * in_dim: r * in_dim + out_dim * r].reshape(out_dim, r)

@@ -9,7 +9,11 @@ requestId N due to the following error: " and the ensemble's "in ensemble 'ensem
 
 from __future__ import annotations
 
+import asyncio
+import http.server
 import struct
+import threading
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -24,10 +28,11 @@ from tensorrtllm_backend.engine import ModelLimits, inspect_weights
 from tensorrtllm_backend.lora import engine_lora_spec
 from tests.lora_adapters import make_adapter, pack
 from tests.test_client import Running, error, response
-from tests.test_stream_pool import inputs, is_stop, stream, triton  # noqa: F401 - the module's FakeTriton
+from tests.test_stream_pool import tokenizer  # noqa: F401 - the default model's tokenizer
+from tests.test_stream_pool import inputs, is_stop, paced, stream, triton  # noqa: F401 - the module's FakeTriton
 
 CHECKPOINT = Path(__file__).resolve().parents[1] / "build" / "default_model" / "checkpoint"
-LIMITS = ModelLimits(max_batch_size=8, max_input_len=64, max_seq_len=1024)
+LIMITS = ModelLimits(max_batch_size=8, max_input_len=2048, max_seq_len=4096)
 TOKENS = [504, 1205, 2106]
 
 
@@ -170,3 +175,75 @@ def test_an_engine_without_the_lora_plugin_refuses_before_anything_is_fetched(tr
         pool.stop()
     assert "built without the LoRA plugin" in info.value.message and "lora_plugin null" in info.value.message
     assert len(triton.state.requests) == before and server.counter["/a.tar.gz"] == downloads
+
+
+class SlowFiles(http.server.SimpleHTTPRequestHandler):
+    """Serves a folder, each answer after ``delay_s`` seconds (a slow adapter host)."""
+
+    delay_s = 3.0
+
+    def do_GET(self) -> None:  # noqa: N802
+        time.sleep(self.delay_s)
+        super().do_GET()
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_a_slow_adapter_download_does_not_hold_up_other_streams(lora_pool, triton, adapter_url, tokenizer):  # noqa: F811
+    """Adapters are fetched on the stream process's adapter threads, neither on its event loop nor in its prompt
+    thread: while one downloads for 3 s, a base prediction of the same process with a long prompt (prepared in
+    the prompt thread) starts at once and receives its tokens (one every 50 ms) without a pause."""
+    _, server = adapter_url
+    folder = server.work / "served"  # type: ignore[attr-defined]
+    handler = type("Slow", (SlowFiles,), {})
+    slow = http.server.ThreadingHTTPServer(("127.0.0.1", 0), lambda *a, **k: handler(*a, directory=str(folder), **k))
+    threading.Thread(target=slow.serve_forever, daemon=True).start()
+    ids = tokenizer.encode(" one two three four five six seven eight nine ten" * 4, add_special_tokens=False)[:40]
+    triton.state.scenario = paced(ids, step_s=0.05)
+    arrivals: list[float] = []
+    results: dict[str, Any] = {}
+    long_prompt = "word " * 1000  # over INLINE_PREPARE_CHARS: prepared in the prompt thread
+
+    def base() -> None:
+        async def run():
+            started = time.monotonic()
+            generator = await lora_pool.open(inputs(long_prompt), "slow-base", started, None)
+
+            def read():
+                for _ in generator:
+                    arrivals.append(time.monotonic())
+            await asyncio.to_thread(read)
+            return started
+        results["base_started"] = asyncio.run(run())
+
+    def with_adapter() -> None:
+        # a URL no earlier test used: not in any cache, so it is downloaded (slowly)
+        url = f"http://127.0.0.1:{slow.server_address[1]}/a.tar.gz?slow"
+        results["lora"] = stream(lora_pool, inputs(lora_weights=url), "slow-lora")
+    try:
+        second = threading.Thread(target=with_adapter)
+        second.start()
+        time.sleep(0.5)  # the adapter's download has begun
+        first = threading.Thread(target=base)
+        first.start()
+        first.join(60)
+        second.join(60)
+    finally:
+        slow.shutdown()
+        slow.server_close()
+    gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
+    assert len(arrivals) > 10, arrivals
+    assert arrivals[0] - results["base_started"] < 1.5 and max(gaps) < 1.5, (arrivals[0] - results["base_started"], gaps)
+    assert results["lora"][1] is None  # and the adapter's request itself succeeded
+
+
+def test_a_generator_without_lora_support_refuses_adapters(tokenizer):  # noqa: F811
+    from cog_triton.generation import build_generator
+    from cog_triton.lora.refs import parse_adapter_ref
+
+    generator = build_generator(GeneratorConfig(tokenizer_dir=CHECKPOINT, limits=LIMITS, grpc_address="127.0.0.1:1"),
+                                tokenizer=tokenizer)
+    with pytest.raises(LoraAdapterError) as info:
+        generator.prepare(inputs(lora_weights="https://example.com/a.tar.gz"), "no-lora")
+    assert "cannot serve LoRA adapters: no LoRA support was configured" in info.value.message
