@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import dataclasses
 import importlib.util
 import logging
 import threading
@@ -86,16 +87,20 @@ def reference_limits(settings: Settings, manifest: Optional[Manifest]) -> dict[s
     }
 
 
+def base_model_of(manifest: Optional[Manifest]) -> str:
+    """The Hub id the archive was built from (its build config's source.checkpoint), or "" (a local folder)."""
+    source = (manifest.build_config.get("source") or {}) if manifest is not None else {}
+    checkpoint = str(source.get("checkpoint", "")) if isinstance(source, dict) else ""
+    return checkpoint if "/" in checkpoint and not checkpoint.startswith((".", "/", "~")) else ""
+
+
 def reference_lora(manifest: Optional[Manifest]) -> dict[str, Any]:
     """For a checkpoint archive: the ``lora`` section of its build config (manifest.json) and what it was made
     from, as :func:`tensorrtllm_backend.engine.inspect_weights` takes them (``reference_lora``, ``base_model``)."""
     if manifest is None or manifest.backend != "reference":
         return {}
-    source = manifest.build_config.get("source") or {}
-    checkpoint = str(source.get("checkpoint", "")) if isinstance(source, dict) else ""
     lora = manifest.build_config.get("lora")
-    return {"reference_lora": lora if isinstance(lora, dict) else None,
-            "base_model": checkpoint if "/" in checkpoint and not checkpoint.startswith((".", "/", "~")) else ""}
+    return {"reference_lora": lora if isinstance(lora, dict) else None, "base_model": base_model_of(manifest)}
 
 
 class LLMService:
@@ -176,6 +181,8 @@ class LLMService:
             **reference_lora(manifest),
         )
         check_weights_match(info, manifest, self._gpus)
+        if info.kind == "engine" and base_model_of(manifest):  # for the LoRA refusals' messages
+            info = dataclasses.replace(info, lora=dataclasses.replace(info.lora, base_model=base_model_of(manifest)))
         if info.limits.max_batch_size < settings.max_concurrency:
             log.warning(
                 "Cog serves up to %d predictions at once (COG_MAX_CONCURRENCY, cog.yaml concurrency.max), but the "

@@ -206,6 +206,9 @@ REFUSALS = [
     ({}, _ab(0, "q_proj", 9, 8, 8), {"max_rank": 8}, "rank r=9 (layer 0 q_proj) is above the engine's max_lora_rank of 8"),
     ({}, _ab(0, "up_proj", 2, 8, 16), {"modules": ["attn_q"]}, "it adapts up_proj (mlp_gate), but the engine was built"),
     ({}, {}, {}, "holds no LoRA weights"),
+    ({"auto_mapping": {"base_model_class": "MistralForCausalLM"}}, _ab(0, "q_proj", 2, 8, 8), {},
+     "it was made for a MistralForCausalLM (adapter_config.json auto_mapping.base_model_class), but this model is a "
+     "LlamaForCausalLM"),
 ]
 
 
@@ -224,3 +227,11 @@ def test_not_safetensors_and_a_model_without_lora_are_refused():
     with pytest.raises(LoraAdapterError, match="built without the LoRA plugin"):
         convert({"peft_type": "LORA"}, _adapter_bytes(_ab(0, "q_proj", 2, 8, 8)), off, "x")
     check_config({"peft_type": "lora"}, "x")  # the type is matched without case, as peft writes "LORA"
+
+
+def test_another_base_model_name_with_the_same_sizes_is_served_and_logged(caplog):
+    config = {"peft_type": "LORA", "lora_alpha": 4, "base_model_name_or_path": "someone/llama-copy",
+              "auto_mapping": {"base_model_class": "LlamaForCausalLM"}}
+    with caplog.at_level("WARNING"):
+        convert(config, _adapter_bytes(_ab(0, "q_proj", 2, 8, 8)), _small(), "x")
+    assert "made from someone/llama-copy, this model from meta-llama/Meta-Llama-3-8B-Instruct" in caplog.text

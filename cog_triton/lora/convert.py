@@ -23,6 +23,7 @@ max_lora_rank) or, worse, silently: an adapter made for a model of other sizes.
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 from dataclasses import dataclass
@@ -38,6 +39,8 @@ from tensorrtllm_backend.lora import (
     WIRE_DATATYPES,
     LoraSpec,
 )
+
+log = logging.getLogger(__name__)
 
 #: ``<anything>.layers.<i>.<self_attn|mlp|...>.<module>.lora_<A|B>[.<adapter name>].weight``: the keys
 #: peft's save_pretrained writes (the same shape as lora_manager.py's HF_LORA_PATTERN for non-MoE modules).
@@ -98,6 +101,26 @@ def check_config(config: dict[str, Any], display: str) -> None:
         raise _fail(display, "this adapter cannot be served: " + "; ".join(problems))
 
 
+def check_base_model(config: dict[str, Any], spec: LoraSpec, display: str) -> None:
+    """Refuse an adapter made for another architecture: peft records the base model's class in
+    ``auto_mapping.base_model_class`` (e.g. "MistralForCausalLM") when it knows it. A different
+    ``base_model_name_or_path`` is only logged: it is often a local path or another copy of the same model,
+    and the sizes, checked in :func:`convert`, catch a model of another shape.
+
+    Raises:
+        LoraAdapterError: naming both architectures.
+    """
+    mapping = config.get("auto_mapping") or {}
+    made_for = mapping.get("base_model_class") if isinstance(mapping, dict) else None
+    if made_for and spec.architecture and made_for != spec.architecture:
+        raise _fail(display, f"it was made for a {made_for} (adapter_config.json auto_mapping.base_model_class), but "
+                    f"this model is a {spec.architecture}")
+    name = str(config.get("base_model_name_or_path") or "")
+    if name and spec.base_model and name != spec.base_model and "/" in name and not name.startswith(("/", ".")):
+        log.warning("adapter %s was made from %s, this model from %s: serving it (its sizes match)", display, name,
+                    spec.base_model)
+
+
 def _ab_pairs(tensors: dict[str, Any], display: str) -> dict[tuple[int, str], dict[str, Any]]:
     pairs: dict[tuple[int, str], dict[str, Any]] = {}
     for key, value in tensors.items():
@@ -124,6 +147,7 @@ def convert(config: dict[str, Any], weights: bytes, spec: LoraSpec, display: str
     if not spec.enabled or spec.shape is None:
         raise _fail(display, f"this model cannot serve LoRA adapters: {spec.off_reason}")
     check_config(config, display)
+    check_base_model(config, spec, display)
     import torch  # noqa: PLC0415 - only when an adapter is converted
     from safetensors import SafetensorError  # noqa: PLC0415
     from safetensors.torch import load  # noqa: PLC0415
@@ -197,4 +221,4 @@ def convert(config: dict[str, Any], weights: bytes, spec: LoraSpec, display: str
     )
 
 
-__all__ = ("ConvertedAdapter", "MAX_CONVERTED_BYTES", "check_config", "convert")
+__all__ = ("ConvertedAdapter", "MAX_CONVERTED_BYTES", "check_base_model", "check_config", "convert")
