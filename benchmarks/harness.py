@@ -1193,7 +1193,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     reference = args.engine == "reference"
     if args.paths is None:
-        args.paths = [p for p in (ALL_PATHS if reference else PATHS) if not (reference and p in (FLOOR_PATH, LORA_PATH))]
+        skipped = (FLOOR_PATH, LORA_PATH) if reference else ()
+        args.paths = [p for p in (ALL_PATHS if reference else PATHS) if p not in skipped]
     if GUIDED_PATH in args.paths and not reference:
         parser.error(f"--paths {GUIDED_PATH} needs --engine reference: the stand-in does not enforce guides")
     if FLOOR_PATH in args.paths and reference:

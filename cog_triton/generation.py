@@ -197,7 +197,8 @@ class Generator:
         """
         if self.adapters is None:
             raise LoraAdapterError(
-                f"lora_weights {ref.display} was given, but this model cannot serve LoRA adapters: {self.lora_off_reason}"
+                f"lora_weights {ref.display} was given, but this model cannot serve LoRA adapters: "
+                f"{self.lora_off_reason}"
             )
         return self.adapters.resolve(ref)
 

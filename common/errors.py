@@ -18,7 +18,7 @@ The tree::
     │   └── ManifestError      a file listed in manifest.json is missing, resized or altered
     ├── BuildError             building or packaging an engine failed (scripts/build_engine)
     ├── InputError             a prediction input is invalid (also raised for too-long prompts)
-    │   └── LoraAdapterError   lora_weights could not be fetched, is not a PEFT LoRA adapter, or does not fit the engine
+    │   └── LoraAdapterError   lora_weights cannot be fetched, is not a PEFT LoRA adapter, or does not fit
     ├── IncompleteOutputError  a guided output reached the token limit before its document was complete
     ├── StreamProcessError     a stream process (cog_triton.streamer) died or could not be reached
     └── TritonError            the Triton Inference Server failed

@@ -203,7 +203,8 @@ def test_a_lora_section_becomes_trtllm_builds_lora_flags_and_is_recorded() -> No
     ({"lora_target_modules": ["attn_qkv"]}, "'attn_qkv' not supported; allowed: attn_q, attn_k"),
     ({"lora_target_modules": ["attn_q", "attn_q"]}, "a module is listed twice"),
     ({"lora_target_modules": []}, "lora.lora_target_modules"),
-    ({"max_lora": 2}, "lora.max_lora: unknown key; allowed: lora_plugin, max_lora_rank, lora_target_modules, max_loras"),
+    ({"max_lora": 2},
+     "lora.max_lora: unknown key; allowed: lora_plugin, max_lora_rank, lora_target_modules, max_loras"),
 ])
 def test_bad_lora_sections_say_what_is_allowed(lora: dict[str, Any], expected: str) -> None:
     assert expected in problem(with_(dtype="bfloat16", lora=lora))

@@ -465,6 +465,7 @@ def test_a_checkpoint_takes_its_lora_limits_from_the_build_config(tmp_path: Path
     if importlib.util.find_spec("peft") is None:
         assert not default.enabled and "peft" in default.off_reason
         return
-    assert default.enabled and default.dtype == "float32" and default.max_rank == 64 and len(default.target_modules) == 7
+    assert default.enabled and default.dtype == "float32" and default.max_rank == 64
+    assert len(default.target_modules) == 7
     assert (limited.max_rank, limited.target_modules, limited.max_loras, limited.base_model) == (4, ("attn_k",), 2,
                                                                                                "org/model")

@@ -160,7 +160,8 @@ def test_a_full_cache_is_a_retryable_error(lora_pool, triton, adapter_url):  # n
     assert "Retry in a moment" in failure.message and "PEFT Cache is full" in failure.message
 
 
-def test_an_engine_without_the_lora_plugin_refuses_before_anything_is_fetched(triton, adapter_url, tmp_path):  # noqa: F811
+def test_an_engine_without_the_lora_plugin_refuses_before_anything_is_fetched(  # noqa: F811
+        triton, adapter_url, tmp_path):
     """Its executor would ignore the adapter (NoOpPeftCacheManager) and answer with the base model."""
     url, server = adapter_url
     config = {"pretrained_config": {"dtype": "bfloat16", "architecture": "LlamaForCausalLM"},
@@ -190,7 +191,8 @@ class SlowFiles(http.server.SimpleHTTPRequestHandler):
         pass
 
 
-def test_a_slow_adapter_download_does_not_hold_up_other_streams(lora_pool, triton, adapter_url, tokenizer):  # noqa: F811
+def test_a_slow_adapter_download_does_not_hold_up_other_streams(  # noqa: F811
+        lora_pool, triton, adapter_url, tokenizer):
     """Adapters are fetched on the stream process's adapter threads, neither on its event loop nor in its prompt
     thread: while one downloads for 3 s, a base prediction of the same process with a long prompt (prepared in
     the prompt thread) starts at once and receives its tokens (one every 50 ms) without a pause."""
@@ -234,7 +236,8 @@ def test_a_slow_adapter_download_does_not_hold_up_other_streams(lora_pool, trito
         slow.server_close()
     gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
     assert len(arrivals) > 10, arrivals
-    assert arrivals[0] - results["base_started"] < 1.5 and max(gaps) < 1.5, (arrivals[0] - results["base_started"], gaps)
+    first = arrivals[0] - results["base_started"]
+    assert first < 1.5 and max(gaps) < 1.5, (first, gaps)
     assert results["lora"][1] is None  # and the adapter's request itself succeeded
 
 

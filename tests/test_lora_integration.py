@@ -152,7 +152,8 @@ def test_both_adapters_and_the_base_at_once_each_correct(lora_stack):
 
 
 def _resends(stack) -> int:
-    return (stack["work"] / "cog.log").read_text(errors="replace").count("is not in Triton's cache: sending the request")
+    log = (stack["work"] / "cog.log").read_text(errors="replace")
+    return log.count("is not in Triton's cache: sending the request")
 
 
 def test_after_an_eviction_the_adapter_is_resent_and_still_correct(lora_stack):

@@ -536,7 +536,8 @@ def test_every_ensemble_input_is_used(rendered) -> None:
 
 
 def test_reference_declares_every_input_the_ensemble_maps() -> None:
-    values = template_values(RenderOptions(template_dir=TEMPLATE_DIR, model_repo_dir=Path("/x")), engine_info(Path("/weights")))
+    options_ = RenderOptions(template_dir=TEMPLATE_DIR, model_repo_dir=Path("/x"))
+    values = template_values(options_, engine_info(Path("/weights")))
     ensemble = parse_model_config(
         fill_template((TEMPLATE_DIR / "ensemble" / "config.pbtxt").read_text(), values["ensemble"], source="e"),
         source="ensemble",

@@ -86,7 +86,8 @@ def check_config(config: dict[str, Any], display: str) -> None:
                     "adapters (peft_type LORA) are served")
     problems = []
     if config.get("use_dora"):
-        problems.append("use_dora is true (DoRA needs a lora_config column the served tensorrt_llm model does not take)")
+        problems.append("use_dora is true (DoRA needs a lora_config column the served tensorrt_llm model does not "
+                        "take)")
     if config.get("bias", "none") not in ("none", None) or config.get("lora_bias"):
         problems.append(f"it trains biases (bias={config.get('bias')!r}, lora_bias={config.get('lora_bias')!r}); "
                         "TensorRT-LLM's LoRA has none")
@@ -168,7 +169,8 @@ def convert(config: dict[str, Any], weights: bytes, spec: LoraSpec, display: str
         module = HF_TO_TRTLLM.get(hf_module)
         if module is None:
             supported = ", ".join(TRTLLM_TO_HF[m] for m in SUPPORTED_MODULES)
-            raise _fail(display, f"it adapts {hf_module!r}, which this image cannot serve; supported modules: {supported}")
+            raise _fail(display, f"it adapts {hf_module!r}, which this image cannot serve; supported modules: "
+                        f"{supported}")
         if module not in spec.target_modules:
             built = ", ".join(f"{TRTLLM_TO_HF[m]} ({m})" for m in spec.target_modules)
             raise _fail(display, f"it adapts {hf_module} ({module}), but the engine was built for LoRA on {built} only "

@@ -1384,7 +1384,8 @@ class TritonPythonModel:
                 self._log("warn", text)
                 self._safe_send_error(sender, text)
                 return
-            on_done = lambda cache=self.lora_cache, task=parsed.lora.task_id, u=user: cache.release(task, u)  # noqa: E731
+            task_id = parsed.lora.task_id
+            on_done = lambda cache=self.lora_cache, u=user: cache.release(task_id, u)  # noqa: E731
         job = Job(
             generation=self.create_generation(parsed),
             sink=self.create_sink(sender),
