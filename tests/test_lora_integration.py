@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import threading
 import time
 from pathlib import Path
@@ -227,4 +226,3 @@ def test_the_schema_carries_lora_weights_and_the_adapter_cache_is_on_disk(lora_s
     assert field["type"] == "string" and field["default"] == "" and field["maxLength"] == 4096
     cached = [p for p in (lora_stack["work"] / "adapter_cache" / "adapters").iterdir() if not p.name.startswith(".")]
     assert len(cached) >= 3
-    shutil.rmtree(lora_stack["work"] / "made", ignore_errors=True)

@@ -258,8 +258,9 @@ def test_a_full_cache_is_upstreams_error_and_frees_up_when_requests_end(lora_env
     assert after == expected["a3"]
 
 
-def test_the_converter_rows_are_what_the_model_unpacks(lora_env):
-    """The converter's [module id, layer, rank] rows and row widths (lora_manager.py's layout) for a1."""
+def test_the_converter_rows_sent_for_a1(lora_env):
+    """The rows the model above unpacked for a1: [module id, layer, rank] (lora_manager.py's layout), one per
+    layer and module, the width of the widest row; and task ids are 60-bit (positive UINT64)."""
     tensors = lora_env["tensors"]["a1"]
     config = struct.unpack(f"<{3 * tensors.rows}i", tensors.config)
     rows = [config[i:i + 3] for i in range(0, len(config), 3)]
