@@ -163,6 +163,11 @@ class Predictor(BaseRunner):
             ge=-1,
             le=2147483647,
         ),
+        lora_weights: str = Input(
+            description="A LoRA adapter (a fine-tune of this model) to apply: the https URL of a .tar, .tar.gz or .zip archive of a Hugging Face PEFT adapter (adapter_config.json + adapter_model.safetensors), or hf://owner/repo[@revision]. Empty: the base model.",  # noqa: E501 - one literal
+            default="",
+            max_length=4096,
+        ),
     ) -> ConcatenateIterator[str]:
         """Stream the model's answer as text deltas.
 
@@ -192,6 +197,7 @@ class Predictor(BaseRunner):
             log_performance_metrics=log_performance_metrics,
             max_new_tokens=max_new_tokens,
             min_new_tokens=min_new_tokens,
+            lora_weights=lora_weights,
         )
         log.info("seed %d", inputs.seed)
         # The prediction's metric scope, taken here (coglet finds it through a context variable): the

@@ -20,6 +20,12 @@ number of concurrent streams over three paths in the same run:
   step) and the predictor compiles and checks it; next to ``cog`` it gives the per-token cost of
   guidance. Its requests end when the document closes, so instead of the token count each output
   is checked to parse and validate against the schema.
+* ``cog_lora`` (stand-in only, opt-in with ``--paths``): the ``cog`` requests with ``lora_weights``,
+  ``--lora-adapters`` PEFT adapters of the default model (rank ``--lora-rank`` on every projection,
+  made with peft, served over HTTP) assigned round-robin across the streams, so that every batch mixes
+  them; the stand-in keeps them in its LoRA cache as the reference model does (its tokens do not depend on
+  them), so next to ``cog`` it gives what carrying adapters costs the serving path per token. Each adapter is
+  fetched and converted during the warm-up.
 
 Points are (streams, stand-in step) pairs: ``--concurrency`` at ``--step-ms``, or ``--points
 64@5,128@10,256@20`` (the stack restarts for each step; the stand-in runs ``--engine-instances``
@@ -72,10 +78,12 @@ STANDIN_TEXT = STANDIN_DIR / "text.txt"
 REFERENCE_MODEL = REPO_ROOT / "triton_model_repo" / "tensorrt_llm_reference" / "1" / "model.py"
 PATHS = ("tensorrt_llm", "ensemble", "cog", "floor")
 GUIDED_PATH = "cog_json"
+LORA_PATH = "cog_lora"
 FLOOR_PATH = "floor"
 FLOOR_DIR = REPO_ROOT / "benchmarks" / "floor"
-ALL_PATHS = PATHS + (GUIDED_PATH,)
-COG_PATHS = ("cog", GUIDED_PATH, FLOOR_PATH)
+ALL_PATHS = PATHS + (GUIDED_PATH, LORA_PATH)
+COG_PATHS = ("cog", GUIDED_PATH, FLOOR_PATH, LORA_PATH)
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 DEFAULT_CONCURRENCY = (1, 8, 32, 64, 128)
 REFERENCE_CONCURRENCY = (1, 2, 4)
 SMOKE_CONCURRENCY = (1, 4)
@@ -277,6 +285,35 @@ def write_standin_templates(target: Path, *, step_ms: float, sender_threads: int
     return target
 
 
+def make_adapters(folder: Path, count: int, rank: int) -> list[Path]:
+    """``count`` PEFT LoRA adapters of the default model (rank ``rank`` on every projection, random weights),
+    packed as ``lora-<i>-r<rank>.tar.gz`` in ``folder``; kept between runs."""
+    folder.mkdir(parents=True, exist_ok=True)
+    archives = [folder / f"lora-{i}-r{rank}.tar.gz" for i in range(count)]
+    missing = [(i, a) for i, a in enumerate(archives) if not a.is_file()]
+    if not missing:
+        return archives
+    import tarfile  # noqa: PLC0415
+
+    import torch  # noqa: PLC0415 - heavy
+    from peft import LoraConfig, get_peft_model  # noqa: PLC0415
+    from transformers import AutoModelForCausalLM  # noqa: PLC0415
+
+    checkpoint = ARCHIVE.parent / "checkpoint"
+    for i, archive in missing:
+        model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32, local_files_only=True)
+        torch.manual_seed(1000 + i)
+        config = LoraConfig(r=rank, lora_alpha=rank, target_modules=LORA_TARGETS, init_lora_weights=False)
+        adapter = folder / f"lora-{i}-r{rank}"
+        get_peft_model(model, config).save_pretrained(str(adapter))
+        with tarfile.open(archive.with_suffix(".tmp"), "w:gz") as tar:
+            for name in ("adapter_config.json", "adapter_model.safetensors"):
+                tar.add(adapter / name, name)
+        archive.with_suffix(".tmp").rename(archive)
+    log.info("made %d LoRA adapters (rank %d on %s) in %s", len(missing), rank, "/".join(LORA_TARGETS), folder)
+    return archives
+
+
 class Stack:
     """Weights HTTP server + Cog server (+ Triton under it) for one benchmark run."""
 
@@ -287,6 +324,8 @@ class Stack:
         self.cog: Optional[CogServer] = None
         self.floor: Optional[FloorServer] = None  # set by main() when the floor path runs
         self._weights: Optional[WeightsHTTPServer] = None
+        self._adapters: Optional[WeightsHTTPServer] = None
+        self.adapter_urls: list[str] = []
 
     def __enter__(self) -> "Stack":
         args = self.args
@@ -297,7 +336,12 @@ class Stack:
         env = serving_env(
             f"{self._weights.url}/{args.archive.name}", work=self.work, triton_http_port=self.triton_port,
             COG_TRITON_REFERENCE_MAX_BATCH_SIZE=str(args.batch_limit), COG_TRITON_STOP_TIMEOUT_S="5",
+            COG_TRITON_ADAPTER_CACHE_DIR=str(self.work / "adapter_cache"),
         )
+        if LORA_PATH in args.paths:
+            archives = make_adapters(args.out / "lora_adapters", args.lora_adapters, args.lora_rank)
+            self._adapters = WeightsHTTPServer(archives[0].parent).__enter__()
+            self.adapter_urls = [f"{self._adapters.url}/{a.name}" for a in archives]
         if args.engine == "standin":
             templates = write_standin_templates(
                 self.work / "templates", step_ms=args.step_ms, sender_threads=args.sender_threads,
@@ -322,6 +366,8 @@ class Stack:
             self.cog.stop()
         if self._weights is not None:
             self._weights.__exit__()
+        if self._adapters is not None:
+            self._adapters.__exit__()
 
     @property
     def root_pid(self) -> int:
@@ -419,6 +465,7 @@ class Workload:
             # start offsets on whole characters, so that the text a request decodes to is well defined
             self.seeds = [i for i, t in enumerate(self.cycle) if "\ufffd" not in self.tokenizer.decode([t])]
         self._texts: dict[int, str] = {}
+        self.adapter_urls: list[str] = []  # set once the stack serves them (the cog_lora path)
 
     def seed(self, index: int) -> int:
         return self.seeds[(index * 97) % len(self.seeds)]
@@ -438,7 +485,7 @@ class Workload:
             self._texts[key] = self.tokenizer.decode(ids, skip_special_tokens=True).rstrip("\ufffd")
         return self._texts[key]
 
-    def body(self, path: str, seed: int, tokens: Optional[int] = None) -> dict[str, Any]:
+    def body(self, path: str, seed: int, tokens: Optional[int] = None, index: int = 0) -> dict[str, Any]:
         n = tokens or self.tokens
         if path == "tensorrt_llm":
             return {
@@ -453,16 +500,19 @@ class Workload:
         if path == GUIDED_PATH:  # ends when the document closes: no min_tokens
             return {"input": {"prompt": GUIDED_PROMPT, "json_schema": json.dumps(GUIDED_SCHEMA), "max_tokens": n,
                               "temperature": 0, "seed": seed}}
-        return {"input": {"prompt": PROMPT, "max_tokens": n, "min_tokens": n, "temperature": 0, "seed": seed}}
+        body = {"input": {"prompt": PROMPT, "max_tokens": n, "min_tokens": n, "temperature": 0, "seed": seed}}
+        if path == LORA_PATH:  # adapters round-robin over the requests: every batch mixes them
+            body["input"]["lora_weights"] = self.adapter_urls[index % len(self.adapter_urls)]
+        return body
 
     def request(self, path: str, index: int) -> dict[str, Any]:
         seed = self.seed(index)
-        item: dict[str, Any] = {"body": self.body(path, seed)}
+        item: dict[str, Any] = {"body": self.body(path, seed, index=index)}
         if path == GUIDED_PATH:
             item["expect_json_schema"] = GUIDED_SCHEMA
         elif path == FLOOR_PATH:
             item["expect_text"] = _floor_module().expected_text(self.tokens)
-        elif path == "cog":
+        elif path in ("cog", LORA_PATH):  # the stand-in's tokens do not depend on the adapter
             item["expect_text"] = self.expected_text(seed)
         else:
             item["expect_ids"] = self.expected_ids(seed)
@@ -619,10 +669,13 @@ def warm_up(stack: Stack, work: Workload, args: argparse.Namespace) -> None:
         spec_result = _raw_ids(stack, spec)
         work.reference_ids = spec_result
         log.info("reference output for the benchmark prompt: %r", work.tokenizer.decode(spec_result)[:80])
+    work.adapter_urls = stack.adapter_urls
     for path in args.paths:
         tokens = args.tokens if path == GUIDED_PATH else 4  # a guided document needs room to close
+        # the cog_lora warm-up sends each adapter once: its download and conversion are not measured
+        count = len(work.adapter_urls) if path == LORA_PATH else 1
         spec = {**base_spec(stack, path, args), "tokens": tokens, "mode": "sweep", "concurrency": 1,
-                "requests": [{"body": work.body(path, work.seed(0), tokens=tokens)}]}
+                "requests": [{"body": work.body(path, work.seed(0), tokens=tokens, index=i)} for i in range(count)]}
         result, _, _ = run_loadgen(stack, spec)
         if result["errors"]:
             raise RuntimeError(f"warm-up request on {path} failed: {result['error_messages']}")
@@ -672,7 +725,7 @@ def sweep(stack: Stack, work: Workload, args: argparse.Namespace, concurrency: S
         floor = group.get(FLOOR_PATH, {}).get("tokens_per_s")
         for path, point in group.items():
             point["ratio_to_direct"] = round(point["tokens_per_s"] / direct, 3) if direct else None
-            if path in ("cog", GUIDED_PATH):
+            if path in ("cog", GUIDED_PATH, LORA_PATH):
                 point["ratio_to_floor"] = round(point["tokens_per_s"] / floor, 3) if floor else None
     return points
 
@@ -858,6 +911,7 @@ def markdown(doc: dict[str, Any]) -> str:
             f"{_num(p['others_busy_cores'], '{:.2f}')} |"
         )
     lines += guidance_lines(doc)
+    lines += lora_lines(doc)
     errors = {(p["path"], p["streams"]): p["error_messages"] for p in doc["points"] if p["error_messages"]}
     if errors:
         lines += ["", "Errors:", ""]
@@ -893,6 +947,37 @@ def guidance_lines(doc: dict[str, Any]) -> list[str]:
         cells = [_num(x.get("cpu_us_per_token", {}).get(role)) for role in ("stub:tensorrt_llm", "cog_worker")
                  for x in (plain, guided)]
         lines.append(f"| {n} | {rate_plain:.1f} | {rate_guided:.1f} | {ratio} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def lora_lines(doc: dict[str, Any]) -> list[str]:
+    """What adapters cost: ``cog_lora`` next to ``cog`` at each stream count (both present)."""
+    by = {(p["path"], p["streams"]): p for p in doc["points"]}
+    pairs = [(by[("cog", n)], by[(LORA_PATH, n)]) for n in doc["meta"]["concurrency"]
+             if ("cog", n) in by and (LORA_PATH, n) in by]
+    if not pairs:
+        return []
+    meta = doc["meta"]
+    lines = [
+        "",
+        f"LoRA adapters (`{LORA_PATH}`: {meta.get('lora_adapters')} adapters of rank {meta.get('lora_rank')} on every "
+        "projection, round-robin over the streams, each fetched and converted in the warm-up) next to no adapter "
+        "(`cog`): the same requests and tokens. Per-stream rate, and CPU µs per streamed token of the servers "
+        "together, of the stream processes and of the engine (`stub:tensorrt_llm`: the stand-in's LoRA cache):",
+        "",
+        "| streams | tok/s no adapter | with | ratio | servers µs/token no adapter | with | difference | "
+        "stream_proc no adapter | with | stub no adapter | with |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for plain, lora in pairs:
+        n = plain["streams"]
+        ratio = f"{lora['tokens_per_s'] / plain['tokens_per_s']:.2f}" if plain["tokens_per_s"] else "—"
+        a, b = plain.get("cpu_us_per_token_servers"), lora.get("cpu_us_per_token_servers")
+        diff = _num(b - a, "{:+.0f}") if a is not None and b is not None else "—"
+        cells = [_num(x.get("cpu_us_per_token", {}).get(role)) for role in ("stream_proc", "stub:tensorrt_llm")
+                 for x in (plain, lora)]
+        lines.append(f"| {n} | {plain['tokens_per_s'] / n:.1f} | {lora['tokens_per_s'] / n:.1f} | {ratio} | "
+                     f"{_num(a)} | {_num(b)} | {diff} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -1102,6 +1187,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--end-id-after", type=int, default=0,
                         help="stand-in: end requests on the end token after this many tokens (default 0: never; "
                         "the benchmark's min_tokens keeps every request at --tokens anyway)")
+    parser.add_argument("--lora-adapters", type=int, default=4,
+                        help=f"adapters of the {LORA_PATH} path, round-robin over its streams (default 4)")
+    parser.add_argument("--lora-rank", type=int, default=16, help="their rank (default 16)")
     parser.add_argument("--engine", choices=("standin", "reference"), default="standin",
                         help="standin (default) or reference: the real CPU reference model (~18 tok/s)")
     parser.add_argument("--smoke", action="store_true", help="a short run for tests")
@@ -1120,11 +1208,16 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     reference = args.engine == "reference"
     if args.paths is None:
-        args.paths = [p for p in (ALL_PATHS if reference else PATHS) if not (reference and p == FLOOR_PATH)]
+        skipped = (FLOOR_PATH, LORA_PATH) if reference else ()
+        args.paths = [p for p in (ALL_PATHS if reference else PATHS) if p not in skipped]
     if GUIDED_PATH in args.paths and not reference:
         parser.error(f"--paths {GUIDED_PATH} needs --engine reference: the stand-in does not enforce guides")
     if FLOOR_PATH in args.paths and reference:
         parser.error(f"--paths {FLOOR_PATH} needs the stand-in engine (it runs at the stand-in's step)")
+    if LORA_PATH in args.paths and reference:
+        parser.error(f"--paths {LORA_PATH} needs the stand-in engine (whose tokens every request can check)")
+    if not 1 <= args.lora_adapters <= 64 or not 1 <= args.lora_rank <= 64:
+        parser.error("--lora-adapters and --lora-rank must be in 1..64")
     if args.points is not None and (args.concurrency is not None or reference or args.soak):
         parser.error("--points replaces --concurrency and --step-ms, with the stand-in engine and not with --soak")
     if args.points is not None:
@@ -1196,6 +1289,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "concurrency": args.concurrency,
         "paths": args.paths,
         "machine": {"cpus": os.cpu_count(), "cpu_model": _cpu_model(), "gpu": _gpu(), "loadavg_before": loadavg()},
+        **({"lora_adapters": args.lora_adapters, "lora_rank": args.lora_rank} if LORA_PATH in args.paths else {}),
     }
     if args.soak:
         meta.update({k: getattr(args, k) for k in ("soak_minutes", "soak_streams", "soak_cancel_every",

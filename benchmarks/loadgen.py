@@ -40,8 +40,8 @@ import sys
 import time
 from typing import Any, Callable, Optional
 
-#: Paths answered by Cog's /predictions (the harness's ``cog``, ``cog_json`` and ``floor``).
-COG_PATHS = ("cog", "cog_json", "floor")
+#: Paths answered by Cog's /predictions (the harness's ``cog``, ``cog_json``, ``cog_lora`` and ``floor``).
+COG_PATHS = ("cog", "cog_json", "cog_lora", "floor")
 
 perf = time.perf_counter
 monotonic = time.monotonic

@@ -10,6 +10,12 @@ on the end token, which the engine does not return) and ``sequence_length`` INT3
 request asks for ``triton_enable_empty_final_response``, so every response carries
 ``triton_final_response``, and the last one says true (server src/grpc/stream_infer_handler.cc).
 
+LoRA (TensorRT-LLM 1.1.0's inflight_batcher_llm ``ensemble`` and ``tensorrt_llm`` config.pbtxt, which the
+ensemble passes through): ``lora_task_id`` UINT64 [1, 1]; with the adapter's weights, also
+``lora_weights`` [1, rows, width] in the model's dtype (FP16, BF16, or FP32 for the CPU reference model)
+and ``lora_config`` INT32 [1, rows, 3] (module id, layer, rank per row), as made by
+:mod:`cog_triton.lora.convert`. The backend caches a task's weights, so later requests send only the id.
+
 Why gRPC and not the HTTP generate extension. Measured on this machine (scripts/benchmark,
 token-rate stand-in engine, 128 streams through Cog): with HTTP ``generate_stream``, 107–215 of
 256 predictions ended early, the text an exact prefix of what the engine sent, while the engine had
@@ -50,6 +56,10 @@ log = logging.getLogger(__name__)
 
 _INT32 = struct.Struct("<i")
 
+#: Most bytes one request may carry (LoRA weights travel with the first request of an adapter; gRPC's own
+#: ceiling is 2 GiB). Triton's gRPC server accepts messages up to INT32_MAX bytes.
+MAX_REQUEST_BYTES = 1 << 30
+
 #: gRPC channel options. Triton is local, so reconnecting is cheap: gRPC's default reconnect backoff
 #: (1 s, growing to 120 s, during which every call fails at once with UNAVAILABLE) is cut to 0.1-1 s.
 #: After a restart of Triton the channel is replaced outright (:meth:`TritonClient.reset`), and each
@@ -58,11 +68,33 @@ _INT32 = struct.Struct("<i")
 CHANNEL_OPTIONS = [
     ("grpc.use_local_subchannel_pool", 1),
     ("grpc.max_receive_message_length", 64 << 20),
-    ("grpc.max_send_message_length", 64 << 20),
+    ("grpc.max_send_message_length", MAX_REQUEST_BYTES),
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
+
+
+@dataclass(frozen=True, eq=False)
+class LoraTensors:
+    """An adapter's ``lora_weights`` and ``lora_config`` as raw little-endian bytes (see the module docstring).
+
+    Attributes:
+        datatype: the protocol dtype of ``weights``: "FP16", "BF16" or "FP32".
+        rows: module-layer rows; width: values per row (the widest row; shorter ones are zero-padded).
+        weights: rows x width values. config: rows x 3 INT32 values.
+    """
+
+    datatype: str
+    rows: int
+    width: int
+    weights: bytes
+    config: bytes
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the two tensors add to a request."""
+        return len(self.weights) + len(self.config)
 
 
 @dataclass(frozen=True)
@@ -74,6 +106,8 @@ class GenerateRequest:
     them on the text (the engine would match stop words over prompt and output tokens together,
     cpp/tensorrt_llm/kernels/stopCriteriaKernels.cu ``stopWordsCriterion``) and stops the request by id.
     ``guide_type``/``guide``: TensorRT-LLM guided decoding (json, json_schema, regex, ebnf_grammar).
+    ``lora_task_id``: the adapter's task (None: the base model); ``lora``: its tensors, sent when the
+    backend may not hold the task (see :mod:`cog_triton.lora.tasks`).
     """
 
     input_ids: list[int]
@@ -91,6 +125,8 @@ class GenerateRequest:
     request_id: str = ""
     guide_type: str = ""
     guide: str = ""
+    lora_task_id: Optional[int] = None
+    lora: Optional[LoraTensors] = None
 
     def to_grpc(self, model: str) -> service_pb2.ModelInferRequest:
         """The ``ModelInferRequest`` for ``model``; optional tensors are left out when unused."""
@@ -113,6 +149,12 @@ class GenerateRequest:
             _add(request, "guided_decoding_guide_type", "BYTES", [1, 1], _bytes_tensor(self.guide_type))
             if self.guide:  # "json" takes no guide (utils.cc getGuidedDecodingParamsFromTensors)
                 _add(request, "guided_decoding_guide", "BYTES", [1, 1], _bytes_tensor(self.guide))
+        if self.lora_task_id is not None:  # utils.cc getLoraConfigFromTensors reads the three only with an id
+            _add(request, "lora_task_id", "UINT64", [1, 1], struct.pack("<Q", self.lora_task_id))
+            if self.lora is not None:
+                lora = self.lora
+                _add(request, "lora_weights", lora.datatype, [1, lora.rows, lora.width], lora.weights)
+                _add(request, "lora_config", "INT32", [1, lora.rows, 3], lora.config)
         request.parameters["triton_enable_empty_final_response"].bool_param = True
         return request
 

@@ -10,6 +10,11 @@ and sizes the request (input errors are raised here, before Triton). Per token:
 :meth:`Generator.text_stream` reads the ensemble's gRPC stream, detokenizes incrementally once, cuts
 stop sequences, and yields text deltas; nothing in it waits on a lock, a future or another thread.
 
+LoRA: a request with ``lora_weights`` carries its adapter's ``lora_task_id``, and its tensors unless this
+process has already had that task served (:mod:`cog_triton.lora.tasks`); when the backend answers that the
+task is not in its cache, :meth:`Generator.text_stream` sends the request once more with the tensors. The
+adapter itself is resolved (downloaded, converted) by :meth:`Generator.resolve_adapter`, off the event loop.
+
 Every stream here is watched for silence: :meth:`Generator.watchdog` fails a stream that received
 nothing from Triton for ``token_timeout_s`` seconds (a sweep every half second, not a timer per token).
 """
@@ -17,20 +22,32 @@ nothing from Triton for ``token_timeout_s`` seconds (a sweep every half second, 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Optional
 
-from common.errors import IncompleteOutputError, InferenceError, InputError, TritonError
-from cog_triton.client import GenerateRequest, TritonClient
+from common.errors import (
+    IncompleteOutputError,
+    InferenceError,
+    InputError,
+    LoraAdapterError,
+    LoraCacheFullError,
+    TritonError,
+)
+from cog_triton.client import GenerateChunk, GenerateRequest, TritonClient
 from cog_triton.detokenizer import IncrementalDetokenizer
 from cog_triton.guided import Guide, GuideChecker
 from cog_triton.inputs import PredictInputs
+from cog_triton.lora.refs import AdapterRef
+from cog_triton.lora.store import StoreLimits
+from cog_triton.lora.tasks import Adapter, Adapters, is_cache_full, is_cache_miss
 from cog_triton.prompt import PromptTokenizer
 from cog_triton.stop import StopSequenceMatcher
 from tensorrtllm_backend.engine import ModelLimits
+from tensorrtllm_backend.lora import LoraSpec
 
 log = logging.getLogger(__name__)
 
@@ -40,10 +57,11 @@ WATCHDOG_PERIOD_S = 0.5
 
 @dataclass(frozen=True)
 class Prepared:
-    """A request ready to send: the gRPC request and the prompt's length in tokens."""
+    """A request ready to send: the gRPC request, the prompt's length in tokens, and its LoRA adapter (or None)."""
 
     request: GenerateRequest
     prompt_tokens: int
+    adapter: Optional[Adapter] = None
 
 
 @dataclass
@@ -77,6 +95,8 @@ class GeneratorConfig:
         add_special_tokens / special_tokens_in_user_text: :class:`cog_triton.prompt.PromptTokenizer`'s.
         guided: guided decoding is on (a :class:`cog_triton.guided.GuideChecker` is built).
         guided_off_reason: why it is off, for the error a guided request gets.
+        lora: which LoRA adapters the model serves (None: none).
+        adapter_limits: the adapter disk cache and download bounds (None: adapters are refused).
     """
 
     tokenizer_dir: Path
@@ -87,6 +107,8 @@ class GeneratorConfig:
     special_tokens_in_user_text: bool = False
     guided: bool = False
     guided_off_reason: str = ""
+    lora: Optional[LoraSpec] = None
+    adapter_limits: Optional[StoreLimits] = None
 
 
 def build_generator(config: GeneratorConfig, tokenizer: Any = None) -> "Generator":
@@ -114,6 +136,8 @@ def build_generator(config: GeneratorConfig, tokenizer: Any = None) -> "Generato
         guides=GuideChecker(tokenizer) if config.guided else None,
         guided_off_reason=config.guided_off_reason,
         token_timeout_s=config.token_timeout_s,
+        adapters=Adapters(config.lora, config.adapter_limits) if config.lora and config.adapter_limits else None,
+        lora_off_reason=config.lora.off_reason if config.lora else "no LoRA support was configured",
     )
 
 
@@ -135,6 +159,7 @@ class Generator:
         guides: the guide checker when guided decoding is on, else None.
         guided_off_reason: why guided decoding is off (for the error a guided request gets).
         token_timeout_s: a stream that receives nothing from Triton for this long fails, seconds.
+        adapters: resolves LoRA adapters (None: requests with lora_weights are refused, ``lora_off_reason``).
     """
 
     def __init__(
@@ -147,6 +172,8 @@ class Generator:
         guides: Optional[GuideChecker] = None,
         guided_off_reason: str = "",
         token_timeout_s: float = 120.0,
+        adapters: Optional[Adapters] = None,
+        lora_off_reason: str = "",
     ) -> None:
         self.tokenizer = tokenizer
         self.prompts = prompts
@@ -155,18 +182,44 @@ class Generator:
         self.guides = guides
         self.guided_off_reason = guided_off_reason
         self.token_timeout_s = token_timeout_s
+        self.adapters = adapters
+        self.lora_off_reason = lora_off_reason
         self._watched: set[_Watched] = set()
         self._background: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------ per request
-    def prepare(self, inputs: PredictInputs, request_id: str) -> Prepared:
+    def resolve_adapter(self, ref: AdapterRef) -> Adapter:
+        """The LoRA adapter ``ref`` names, fetched and converted (blocking: up to the adapter download deadline).
+
+        Raises:
+            LoraAdapterError: the model serves no LoRA, or the adapter cannot be fetched or served (see
+                :meth:`cog_triton.lora.tasks.Adapters.resolve`).
+        """
+        if self.adapters is None:
+            raise LoraAdapterError(
+                f"lora_weights {ref.display} was given, but this model cannot serve LoRA adapters: "
+                f"{self.lora_off_reason}"
+            )
+        return self.adapters.resolve(ref)
+
+    def triton_restarted(self) -> None:
+        """Triton was restarted: use a new gRPC channel, and forget the LoRA tasks it held."""
+        self.client.reset()
+        if self.adapters is not None:
+            self.adapters.held.clear()
+
+    def prepare(self, inputs: PredictInputs, request_id: str, adapter: Optional[Adapter] = None) -> Prepared:
         """Render and tokenize the prompt (once; :mod:`cog_triton.prompt`) and build the request.
 
-        Blocking (tokenizer, chat template, guide compilation): call it off the event loop.
+        With ``inputs.lora``, ``adapter`` is its resolved adapter (resolved here when not given): the request
+        carries its ``lora_task_id``, and its tensors unless this process has had the task served already.
+
+        Blocking (tokenizer, chat template, guide compilation, adapter download): call it off the event loop.
 
         Raises:
             InputError: the prompt is too long for the model, min_tokens cannot fit, the chat
                 template refuses the input, or the guide does not compile / guided decoding is off.
+            LoraAdapterError: see :meth:`resolve_adapter`.
         """
         if inputs.messages is not None:
             prompt = self.prompts.encode_messages(inputs.messages, inputs.system_prompt)
@@ -178,6 +231,14 @@ class Generator:
             prompt_tokens, limits.executor_max_input_len(), limits.max_seq_len, limits.input_limit_reason()
         )
         guided = self._guide_fields(inputs.guide)
+        lora: dict[str, object] = {}
+        if inputs.lora is not None:
+            adapter = adapter or self.resolve_adapter(inputs.lora)
+            assert self.adapters is not None
+            held = adapter.task_id in self.adapters.held
+            lora = {"lora_task_id": adapter.task_id, "lora": None if held else adapter.tensors}
+        else:
+            adapter = None
         greedy = inputs.greedy
         request = GenerateRequest(
             input_ids=prompt.ids,
@@ -195,8 +256,9 @@ class Generator:
             seed=inputs.seed,
             request_id=request_id,
             **guided,
+            **lora,  # type: ignore[arg-type]
         )
-        return Prepared(request, prompt_tokens)
+        return Prepared(request, prompt_tokens, adapter)
 
     def _guide_fields(self, guide: Optional[Guide]) -> dict[str, str]:
         """GenerateRequest fields for ``guide``, compiled first so that a bad one fails here, not in Triton.
@@ -267,7 +329,7 @@ class Generator:
         guided_ids: Optional[list[int]] = [] if inputs.guide is not None else None  # to check the document
         engine_done = False  # the engine sent its final response: nothing to stop
         try:
-            async for chunk in self.client.generate_stream(request):
+            async for chunk in self._responses(prepared):
                 watched.last = time.monotonic()
                 ids = chunk.output_ids
                 if not ids:
@@ -309,6 +371,44 @@ class Generator:
             if not engine_done and outcome.send_stop:
                 # Cancelled, cut by a stop sequence, or failed: make Triton stop generating too.
                 self.stop_in_background(request.request_id)
+
+    async def _responses(self, prepared: Prepared) -> AsyncIterator[GenerateChunk]:
+        """The request's responses; for an adapter the backend no longer holds, the request is sent once more
+        with its weights (the cache-miss error comes before any token, so nothing was streamed yet).
+
+        Raises:
+            LoraCacheFullError: the backend's LoRA cache has no room for the adapter ("PEFT Cache is full").
+            As :meth:`cog_triton.client.TritonClient.generate_stream` otherwise.
+        """
+        request, adapter = prepared.request, prepared.adapter
+        resent = False
+        while True:
+            answered = False
+            try:
+                async for chunk in self.client.generate_stream(request):
+                    if not answered and adapter is not None and self.adapters is not None:
+                        self.adapters.held.add(adapter.task_id)  # the backend holds the task now
+                    answered = True
+                    yield chunk
+                return
+            except InferenceError as exc:
+                if adapter is None or answered:
+                    raise
+                if is_cache_miss(exc.message, adapter.task_id) and request.lora is None and not resent:
+                    if self.adapters is not None:
+                        self.adapters.held.discard(adapter.task_id)
+                    log.info("LoRA task %d (%s) is not in Triton's cache: sending the request again with its "
+                             "weights", adapter.task_id, adapter.display)
+                    request, resent = dataclasses.replace(request, lora=adapter.tensors), True
+                    continue
+                if is_cache_full(exc.message):
+                    raise LoraCacheFullError(
+                        f"the engine's LoRA cache has no room for adapter {adapter.display} (lora_task_id "
+                        f"{adapter.task_id}): every adapter in it is in use by running requests. Retry in a moment; "
+                        "to serve more adapters at once raise COG_TRITON_LORA_CACHE_HOST_MEMORY_BYTES (or the "
+                        f"engine's lora.max_loras). Triton said: {exc.message}"
+                    ) from None
+                raise
 
     # ------------------------------------------------------------------- housekeeping
     async def watchdog(self, period_s: float = WATCHDOG_PERIOD_S) -> None:

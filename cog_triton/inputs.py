@@ -19,6 +19,7 @@ from typing import Any, Optional, Sequence
 
 from common.errors import InputError
 from cog_triton.guided import Guide, select_guide
+from cog_triton.lora.refs import AdapterRef, parse_adapter_ref
 from cog_triton.schema import InputSpec, input_specs
 from cog_triton.stop import parse_stop_sequences
 
@@ -212,6 +213,7 @@ class PredictInputs:
     guide: Optional[Guide] = None
     length_penalty: float = 1.0
     log_performance_metrics: bool = False
+    lora: Optional[AdapterRef] = None
 
     @property
     def greedy(self) -> bool:
@@ -290,6 +292,9 @@ class PredictInputs:
             regex=check_text("regex", get("regex"), expected="a regular expression as a string (or empty)"),
             grammar=check_text("grammar", get("grammar"), expected="an EBNF grammar as a string (or empty)"),
         )
+        lora = parse_adapter_ref(
+            check_text("lora_weights", get("lora_weights"), expected="a URL or hf:// reference (or empty)")
+        )
         return cls(
             prompt=prompt,
             messages=messages,
@@ -309,6 +314,7 @@ class PredictInputs:
             guide=guide,
             length_penalty=check_number("length_penalty", get("length_penalty")),
             log_performance_metrics=check_boolean("log_performance_metrics", get("log_performance_metrics")),
+            lora=lora,
         )
 
     def token_budget(self, prompt_tokens: int, max_input_len: int, max_seq_len: int, limit_reason: str = "") -> int:

@@ -29,6 +29,7 @@ from common.errors import (
 )
 from cog_triton.inputs import PredictInputs
 from cog_triton.metrics import INPUT_TOKEN_COUNT, OUTPUT_TOKEN_COUNT, performance_lines, record_time_to_first_token
+from cog_triton.lora.store import StoreLimits
 from cog_triton.settings import Settings, VerifyMode
 from cog_triton.stream_pool import StreamPool
 from cog_triton.supervisor import Health, State, Supervisor, TaskStream
@@ -94,6 +95,20 @@ def _print_performance(seen: dict[str, Union[int, float]], started: float) -> No
     lines = performance_lines(int(seen.get(OUTPUT_TOKEN_COUNT, 0)), time.monotonic() - started,
                               None if ttft is None else float(ttft))
     print("\n".join(lines), flush=True)
+def base_model_of(manifest: Optional[Manifest]) -> str:
+    """The Hub id the archive was built from (its build config's source.checkpoint), or "" (a local folder)."""
+    source = (manifest.build_config.get("source") or {}) if manifest is not None else {}
+    checkpoint = str(source.get("checkpoint", "")) if isinstance(source, dict) else ""
+    return checkpoint if "/" in checkpoint and not checkpoint.startswith((".", "/", "~")) else ""
+
+
+def reference_lora(manifest: Optional[Manifest]) -> dict[str, Any]:
+    """For a checkpoint archive: the ``lora`` section of its build config (manifest.json) and what it was made
+    from, as :func:`tensorrtllm_backend.engine.inspect_weights` takes them (``reference_lora``, ``base_model``)."""
+    if manifest is None or manifest.backend != "reference":
+        return {}
+    lora = manifest.build_config.get("lora")
+    return {"reference_lora": lora if isinstance(lora, dict) else None, "base_model": base_model_of(manifest)}
 
 
 class LLMService:
@@ -171,8 +186,11 @@ class LLMService:
             settings.weights_path,
             tokenizer_dir=settings.path(settings.tokenizer_dir) if settings.tokenizer_dir else None,
             **reference_limits(settings, manifest),
+            **reference_lora(manifest),
         )
         check_weights_match(info, manifest, self._gpus)
+        if info.kind == "engine" and base_model_of(manifest):  # for the LoRA refusals' messages
+            info = dataclasses.replace(info, lora=dataclasses.replace(info.lora, base_model=base_model_of(manifest)))
         if info.limits.max_batch_size < settings.max_concurrency:
             log.warning(
                 "Cog serves up to %d predictions at once (COG_MAX_CONCURRENCY, cog.yaml concurrency.max), but the "
@@ -180,6 +198,7 @@ class LLMService:
                 "rebuild the engine with limits.max_batch_size >= %d, or lower the concurrency",
                 settings.max_concurrency, info.limits.max_batch_size, settings.max_concurrency,
             )
+        log.info("%s", info.lora.describe())
         log.info(
             "%s %s (%s), world size %d, max_input_len %d, max_seq_len %d, max_batch_size %d",
             "engine" if info.kind == "engine" else "Hugging Face checkpoint",
@@ -233,6 +252,8 @@ class LLMService:
             special_tokens_in_user_text=settings.special_tokens_in_user_text,
             guided=guided,
             guided_off_reason=off_reason,
+            lora=info.lora,
+            adapter_limits=self._adapter_limits(),
         )
         processes = settings.stream_process_count()
         if processes:
@@ -322,6 +343,20 @@ class LLMService:
         log.info("guided decoding (structured output) is off: %s", reason)
         return False, reason
 
+    def _adapter_limits(self) -> StoreLimits:
+        """The LoRA adapter disk cache and its download bounds (COG_TRITON_ADAPTER_*, COG_TRITON_DOWNLOAD_*)."""
+        s = self.settings
+        return StoreLimits(
+            root=s.path(s.adapter_cache_dir),
+            budget_bytes=s.adapter_cache_bytes,
+            max_adapter_bytes=s.adapter_max_bytes,
+            timeout_s=s.download_timeout_s,
+            retries=s.download_retries,
+            deadline_s=s.adapter_download_deadline_s,
+            min_rate_bytes_s=s.download_min_rate_bytes_s,
+            rate_grace_s=s.download_rate_grace_s,
+        )
+
     def _render_options(self) -> RenderOptions:
         s = self.settings
         return RenderOptions(
@@ -343,6 +378,10 @@ class LLMService:
             reference_torch_threads=s.reference_torch_threads,
             tensorrt_llm_parameters=s.tensorrt_llm_parameters,
             guided_decoding=importlib.util.find_spec("xgrammar") is not None,
+            lora_cache_optimal_adapter_size=s.lora_cache_optimal_adapter_size,
+            lora_cache_max_adapter_size=s.lora_cache_max_adapter_size,
+            lora_cache_gpu_memory_fraction=s.lora_cache_gpu_memory_fraction,
+            lora_cache_host_memory_bytes=s.lora_cache_host_memory_bytes,
         )
 
     def _self_test(self) -> None:
@@ -364,7 +403,7 @@ class LLMService:
         if self.pool is not None:
             self.pool.reconnect()
         if self.generator is not None:
-            self.generator.client.reset()
+            self.generator.triton_restarted()
 
     async def _close_loop_resources(self) -> None:
         """Release what the in-process path bound to the running loop (its gRPC channel, the watchdog)."""
@@ -446,9 +485,11 @@ class LLMService:
         generator = self.generator
         assert generator is not None
         self._ensure_watchdog(generator)
-        prepared = await asyncio.get_running_loop().run_in_executor(
-            self._prepare_pool, generator.prepare, inputs, request_id
-        )
+        loop = asyncio.get_running_loop()
+        adapter = None
+        if inputs.lora is not None:  # a download may take long: not in the prompt thread
+            adapter = await loop.run_in_executor(None, generator.resolve_adapter, inputs.lora)
+        prepared = await loop.run_in_executor(self._prepare_pool, generator.prepare, inputs, request_id, adapter)
         if metric:
             metric(INPUT_TOKEN_COUNT, prepared.prompt_tokens)
         return await open_stream(self._in_process(generator, inputs, prepared, metric, started), self.interval_s)

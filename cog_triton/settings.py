@@ -144,6 +144,38 @@ class Settings(BaseSettings):
         "name; by default they stay text, so a user cannot open a system turn.",
     )
 
+    # --- LoRA adapters (the lora_weights input) -------------------------------------------
+    adapter_cache_dir: Path = Field(
+        default=Path("build/adapters"),
+        description="Local disk cache of LoRA adapters, shared by the stream processes (one folder per source).",
+    )
+    adapter_cache_bytes: int = Field(
+        default=20 << 30, ge=1, description="Most bytes the cached adapters take together; least recently used "
+        "ones are removed above it."
+    )
+    adapter_max_bytes: int = Field(
+        default=4 << 30, ge=1, description="Most bytes one adapter may download and unpack to."
+    )
+    adapter_download_deadline_s: float = Field(
+        default=600.0, gt=0, description="Deadline of one adapter's download, retries included (seconds)."
+    )
+    lora_cache_optimal_adapter_size: Optional[int] = Field(
+        default=None, ge=1, description="The C++ backend's lora_cache_optimal_adapter_size (rank an adapter page "
+        "is sized for); default: the backend's, 8."
+    )
+    lora_cache_max_adapter_size: Optional[int] = Field(
+        default=None, ge=1, description="The C++ backend's lora_cache_max_adapter_size; default: the engine's "
+        "max_lora_rank."
+    )
+    lora_cache_gpu_memory_fraction: Optional[float] = Field(
+        default=None, gt=0, le=1, description="Share of the GPU memory left after the KV cache that the LoRA cache "
+        "takes; default: the backend's, 0.05."
+    )
+    lora_cache_host_memory_bytes: Optional[int] = Field(
+        default=None, ge=1, description="Host LoRA cache, bytes (the CPU reference model's whole LoRA cache); "
+        "default: room for the engine's lora.max_loras adapters of its max_lora_rank."
+    )
+
     # --- CPU reference backend (Hugging Face checkpoints) ---------------------------------
     reference_max_batch_size: int = Field(default=8, ge=1, le=256, description="Concurrent requests it interleaves.")
     reference_max_seq_len: Optional[int] = Field(

@@ -17,8 +17,10 @@ serves START/CANCEL/STOP/RECONNECT commands until the worker closes the socket. 
 SIGKILL, the kernel closes its end, this process reads end-of-file and exits (no PR_SET_PDEATHSIG:
 that signal follows the *thread* that started the process, and a restart may come from a short-lived one).
 
-Threads: the event loop (gRPC streams, commands, sending events) and one thread that renders and
-tokenizes prompts (a Hugging Face fast tokenizer is not safe to call from several threads at once).
+Threads: the event loop (gRPC streams, commands, sending events), one thread that renders and
+tokenizes prompts (a Hugging Face fast tokenizer is not safe to call from several threads at once), and a
+few that resolve LoRA adapters (download, conversion: up to minutes), so that an adapter's download never
+holds up another request's prompt, nor the loop.
 """
 
 from __future__ import annotations
@@ -46,10 +48,12 @@ log = logging.getLogger("cog_triton.streamer")
 #: its first token. Longer inputs (up to megabytes) and guides (xgrammar compiles them: milliseconds
 #: and more) go to the prepare thread so that they never stall the streams of this process.
 INLINE_PREPARE_CHARS = 4096
+#: Threads per stream process that download and convert LoRA adapters.
+ADAPTER_THREADS = 4
 
 
 def _inline(inputs: PredictInputs) -> bool:
-    if inputs.guide is not None:
+    if inputs.guide is not None:  # (an adapter is resolved before, on the adapter threads)
         return False
     size = len(inputs.prompt) + len(inputs.system_prompt) + len(inputs.prompt_template or "")
     for message in inputs.messages or ():
@@ -79,6 +83,7 @@ class Streamer:
         self._writer: Optional[asyncio.StreamWriter] = None
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._prepare_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="streamer-prepare")
+        self._adapter_pool = ThreadPoolExecutor(max_workers=ADAPTER_THREADS, thread_name_prefix="streamer-adapter")
         self.served = 0
 
     # ------------------------------------------------------------------ events out
@@ -128,6 +133,7 @@ class Streamer:
             for task in list(self._tasks.values()):
                 task.cancel()
             self._prepare_pool.shutdown(wait=False, cancel_futures=True)
+            self._adapter_pool.shutdown(wait=False, cancel_futures=True)
 
     @staticmethod
     async def _read(reader: asyncio.StreamReader) -> Any:
@@ -159,7 +165,7 @@ class Streamer:
             self.generator.stop_in_background(command[1])
         elif kind == ipc.RECONNECT:
             assert self.generator is not None
-            self.generator.client.reset()
+            self.generator.triton_restarted()
         else:
             log.error("%s: unknown command %r", self.name, kind)
 
@@ -172,10 +178,15 @@ class Streamer:
         assert generator is not None
         loop = asyncio.get_running_loop()
         try:
+            adapter = None
+            if inputs.lora is not None:
+                adapter = await loop.run_in_executor(self._adapter_pool, generator.resolve_adapter, inputs.lora)
             if _inline(inputs):
                 prepared = generator.prepare(inputs, request_id)
             else:
-                prepared = await loop.run_in_executor(self._prepare_pool, generator.prepare, inputs, request_id)
+                prepared = await loop.run_in_executor(
+                    self._prepare_pool, generator.prepare, inputs, request_id, adapter
+                )
         except asyncio.CancelledError:
             return
         except Exception as exc:  # noqa: BLE001 - an input error (or a bug): predict() raises it

@@ -14,6 +14,9 @@ contents in ``target_dir``:
   allows it, and starts from byte 0 otherwise; the sha256 covers every byte either way. The whole
   download, retries included, has a deadline.
 * The archive's sha256 is checked when one is given.
+* Zip archives are accepted where the caller allows them (``allow_zip``: LoRA adapters), unpacked with
+  :mod:`zipfile` under the same member rules and byte limit (symlink members are refused; CRCs are checked).
+* A download may be capped in bytes (``max_download_bytes``): a larger ``Content-Length`` or body fails it.
 * Archives are unpacked with :mod:`tarfile` (compression detected from the content, ``"r:*"``)
   under the rules of tarfile's ``"data"`` extraction filter, enforced by our own code on every
   Python (the filter is missing before 3.10.12 / 3.11.4): modes lose setuid, setgid, sticky and
@@ -55,6 +58,7 @@ import stat
 import tarfile
 import tempfile
 import time
+import zipfile
 import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -179,6 +183,8 @@ class _Limits:
     min_rate_bytes_s: float
     rate_grace_s: float
     max_extracted_bytes: Optional[int]
+    max_download_bytes: Optional[int] = None
+    allow_zip: bool = False
 
 
 def fetch_weights(
@@ -192,6 +198,8 @@ def fetch_weights(
     min_rate_bytes_s: float = DEFAULT_DOWNLOAD_MIN_RATE_BYTES_S,
     rate_grace_s: float = DEFAULT_DOWNLOAD_RATE_GRACE_S,
     max_extracted_bytes: Optional[int] = None,
+    max_download_bytes: Optional[int] = None,
+    allow_zip: bool = False,
 ) -> WeightsResult:
     """Fetch weights from ``source`` into ``target_dir`` and return what was done.
 
@@ -217,6 +225,9 @@ def fetch_weights(
             of the files listed in the archive's own manifest.json plus
             :data:`MANIFEST_SLACK_BYTES` once that member is met, until then (and without one)
             :data:`EXTRACT_RATIO` times the archive's size, at least :data:`EXTRACT_FLOOR_BYTES`.
+        max_download_bytes: most bytes an http(s) download may have (``None``: no cap); a larger
+            ``Content-Length`` fails before the body is read, a longer body as soon as it passes the cap.
+        allow_zip: accept zip archives too (unpacked under the same rules; refused otherwise).
 
     Returns:
         A :class:`WeightsResult`; ``skipped`` is True when the marker left by an earlier fetch of
@@ -249,7 +260,10 @@ def fetch_weights(
         raise ValueError(f"rate_grace_s must be > 0 seconds, got {rate_grace_s!r}")
     if max_extracted_bytes is not None and not max_extracted_bytes > 0:
         raise ValueError(f"max_extracted_bytes must be > 0 bytes, or None for automatic, got {max_extracted_bytes!r}")
-    limits = _Limits(timeout_s, retries, deadline_s, min_rate_bytes_s, rate_grace_s, max_extracted_bytes)
+    if max_download_bytes is not None and not max_download_bytes > 0:
+        raise ValueError(f"max_download_bytes must be > 0 bytes, or None for no cap, got {max_download_bytes!r}")
+    limits = _Limits(timeout_s, retries, deadline_s, min_rate_bytes_s, rate_grace_s, max_extracted_bytes,
+                     max_download_bytes, allow_zip)
 
     src = _parse_source(source)
     expected_sha = _normalize_sha256(sha256, src.display)
@@ -336,7 +350,7 @@ def _fetch(
                     f"the file is corrupt or the expected checksum is wrong. The previous contents of {target} "
                     "were kept"
                 )
-            _extract_archive(archive, staging, src.display, limits.max_extracted_bytes)
+            _extract_archive(archive, staging, src.display, limits.max_extracted_bytes, allow_zip=limits.allow_zip)
         files = _inventory(staging)
         if not files:
             raise (WeightsError if kind == "directory" else ArchiveError)(
@@ -407,7 +421,37 @@ def _exclusive_lock(target: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def _acquire_lock(path: Path, target: Path) -> Optional[int]:
+@contextmanager
+def target_lock(target: Path, *, wait: bool = True) -> Iterator[bool]:
+    """The lock :func:`fetch_weights` holds on ``target`` while it fetches into it, for other writers of the
+    same folder (the LoRA adapter cache evicts and fills its folders under it).
+
+    Yields True when held; with ``wait=False``, False (at once) when another process holds it. Where no
+    lock file can be made (read-only file system) it yields True unlocked, as fetch_weights does.
+
+    Raises:
+        WeightsError: the lock file cannot be created or locked for another reason.
+    """
+    path = target.parent / f".{target.name}.lock"
+    try:
+        fd = _acquire_lock(path, target, wait=wait)
+    except BlockingIOError:
+        yield False
+        return
+    if fd is None:
+        yield True
+        return
+    try:
+        yield True
+    finally:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        os.close(fd)
+
+
+def _acquire_lock(path: Path, target: Path, wait: bool = True) -> Optional[int]:
     waited = False
     while True:
         try:
@@ -422,6 +466,8 @@ def _acquire_lock(path: Path, target: Path) -> Optional[int]:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
+                if not wait:
+                    raise
                 if not waited:
                     log.info("another process is fetching weights into %s; waiting for it to finish (lock %s)",
                              target, path)
@@ -432,6 +478,9 @@ def _acquire_lock(path: Path, target: Path) -> Optional[int]:
                 current: Optional[os.stat_result] = os.stat(path)
             except FileNotFoundError:
                 current = None
+        except BlockingIOError:
+            os.close(fd)
+            raise
         except OSError as exc:
             os.close(fd)
             raise WeightsError(f"could not lock {path} for fetching into {target}: {exc}") from exc
@@ -764,11 +813,14 @@ class _Budget:
 
     def declare(self, member: tarfile.TarInfo) -> None:
         """Count a regular member's declared size before it is written; check the limit and free space."""
-        self.declared += member.size
+        self.declare_bytes(member.name, member.size)
+
+    def declare_bytes(self, name: str, size: int) -> None:
+        """Count ``size`` declared bytes of member ``name`` before it is written; check the limit and free space."""
+        self.declared += size
         if self.declared > self.limit:
-            raise self._over(f"member {_show(member.name)} ({member.size} bytes) brings it to {self.declared} bytes")
-        _check_free_space(self.staging, member.size,
-                          f"member {_show(member.name)} ({member.size} bytes) of {self.display}")
+            raise self._over(f"member {_show(name)} ({size} bytes) brings it to {self.declared} bytes")
+        _check_free_space(self.staging, size, f"member {_show(name)} ({size} bytes) of {self.display}")
 
     def wrote(self, count: int, name: str) -> None:
         """Count ``count`` bytes just read for member ``name``, before they are written."""
@@ -862,12 +914,18 @@ class _SafeTarFile(tarfile.TarFile):
                 remaining -= len(chunk)
 
 
-def _extract_archive(archive: Path, staging: Path, display: str, max_extracted_bytes: Optional[int] = None) -> None:
-    """Unpack the tar archive ``archive`` into the empty folder ``staging`` (see :func:`fetch_weights`)."""
+def _extract_archive(archive: Path, staging: Path, display: str, max_extracted_bytes: Optional[int] = None,
+                     *, allow_zip: bool = False) -> None:
+    """Unpack the tar archive ``archive`` (or, with ``allow_zip``, zip archive) into the empty folder ``staging``
+    (see :func:`fetch_weights`)."""
     with open(archive, "rb") as fh:
         head = fh.read(tarfile.BLOCKSIZE)
     if not head:
         raise ArchiveError(f"the weights archive {display} is empty (0 bytes); expected a {SUPPORTED_KINDS}")
+    if allow_zip and head.startswith((b"PK\x03\x04", b"PK\x05\x06")):
+        size = archive.stat().st_size
+        _extract_zip(archive, staging, display, _Budget.for_archive(display, staging, size, max_extracted_bytes))
+        return
     for magic, what in _UNSUPPORTED_MAGIC:
         if head.startswith(magic):
             raise ArchiveError(f"the weights file {display} is {what}, not a tar archive; supported: {SUPPORTED_KINDS}")
@@ -912,6 +970,51 @@ def _extract_archive(archive: Path, staging: Path, display: str, max_extracted_b
         if exc.errno is None:  # decompressor errors (bz2 "Invalid data stream", ...) carry no errno
             raise _corrupt(display, exc) from exc
         raise WeightsError(f"could not unpack {display} into {staging}: {exc}") from exc
+
+
+def _extract_zip(archive: Path, staging: Path, display: str, budget: _Budget) -> None:
+    """Unpack a zip archive by the rules of :func:`_member_problem` (paths, depth, no links), counting bytes."""
+    dest = os.path.realpath(staging)
+    try:
+        with zipfile.ZipFile(archive) as zf:
+            for info in zf.infolist():
+                name = info.filename
+                mode = info.external_attr >> 16
+                problem = _member_problem(_zip_as_tar(info), dest)
+                if problem is None and stat.S_ISLNK(mode):
+                    problem = "is a symlink, which zip archives may not hold here"
+                if problem is not None:
+                    raise ArchiveError(
+                        f"unsafe archive {display}: member {_show(name)} {problem}; refusing to unpack it "
+                        "(nothing was written outside the target directory)"
+                    )
+                target = staging / name
+                if info.is_dir():
+                    target.mkdir(parents=True, exist_ok=True)
+                    continue
+                if PurePosixPath(name).name == VERIFIED_NAME:
+                    continue
+                budget.declare_bytes(name, info.file_size)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with zf.open(info) as source, open(target, "wb") as out:
+                    while chunk := source.read(CHUNK_BYTES):
+                        budget.wrote(len(chunk), name)
+                        out.write(chunk)
+                os.chmod(target, 0o644)
+    except WeightsError:
+        raise
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, zlib.error, lzma.LZMAError, NotImplementedError) as exc:
+        raise _corrupt(display, exc) from exc
+    except OSError as exc:
+        raise WeightsError(f"could not unpack {display} into {staging}: {exc}") from exc
+
+
+def _zip_as_tar(info: zipfile.ZipInfo) -> tarfile.TarInfo:
+    """A zip member as the TarInfo that :func:`_member_problem` checks (a directory or a regular file)."""
+    member = tarfile.TarInfo(info.filename.rstrip("/") if info.is_dir() else info.filename)
+    member.type = tarfile.DIRTYPE if info.is_dir() else tarfile.REGTYPE
+    member.size = info.file_size
+    return member
 
 
 def _checked_members(
@@ -1224,6 +1327,8 @@ def _download_once(client: httpx.Client, url: str, display: str, transfer: _Tran
                     transfer.restart()
                 transfer.total = _content_length(response)
                 transfer.validator = _validator(response)
+                if limits.max_download_bytes is not None and (transfer.total or 0) > limits.max_download_bytes:
+                    raise DownloadError(_too_big(display, transfer.total, limits))
                 accept = response.headers.get("accept-ranges", "").strip().lower()
                 transfer.resumable = transfer.total is not None and accept != "none"
                 mode = "wb"
@@ -1242,6 +1347,8 @@ def _download_once(client: httpx.Client, url: str, display: str, transfer: _Tran
                     fh.write(chunk)
                     transfer.hasher.update(chunk)
                     transfer.received += len(chunk)
+                    if limits.max_download_bytes is not None and transfer.received > limits.max_download_bytes:
+                        raise DownloadError(_too_big(display, transfer.received, limits))
                     progress.update(transfer.received)
                     now = time.monotonic()
                     if transfer.deadline is not None and now >= transfer.deadline:
@@ -1314,6 +1421,11 @@ def _content_length(response: httpx.Response) -> Optional[int]:
     except ValueError:
         return None
     return length if length >= 0 else None
+
+
+def _too_big(display: str, size: Optional[int], limits: _Limits) -> str:
+    return (f"{display} has more than the {limits.max_download_bytes} bytes allowed to download "
+            f"({size} bytes or more); refusing it")
 
 
 def _truncated(display: str, expected: int, received: int) -> str:

@@ -18,12 +18,14 @@ The tree::
     │   └── ManifestError      a file listed in manifest.json is missing, resized or altered
     ├── BuildError             building or packaging an engine failed (scripts/build_engine)
     ├── InputError             a prediction input is invalid (also raised for too-long prompts)
+    │   └── LoraAdapterError   lora_weights cannot be fetched, is not a PEFT LoRA adapter, or does not fit
     ├── IncompleteOutputError  a guided output reached the token limit before its document was complete
     ├── StreamProcessError     a stream process (cog_triton.streamer) died or could not be reached
     └── TritonError            the Triton Inference Server failed
         ├── TritonStartupError Triton did not become ready (carries the tail of its log)
         ├── TritonDiedError    Triton exited while running
         └── InferenceError     Triton answered a request with an error
+            └── LoraCacheFullError  the engine's LoRA cache has no room: every adapter in it is in use (retryable)
 
 Translation to a prediction failure happens once, at the boundary (``predict.py``).
 """
@@ -110,6 +112,14 @@ class InputError(CogTritonError):
     code = "invalid_input"
 
 
+class LoraAdapterError(InputError):
+    """The ``lora_weights`` input cannot be served: unreachable or too large, not a PEFT LoRA adapter, or made for
+    another model (architecture, rank above max_lora_rank, modules the engine was not built for), or the engine
+    has no LoRA support. The message names the value and the limit."""
+
+    code = "invalid_lora_adapter"
+
+
 class IncompleteOutputError(CogTritonError):
     """Structured output: the generation reached its token limit before the guided document was complete."""
 
@@ -144,3 +154,10 @@ class InferenceError(TritonError):
     """Triton answered an inference request with an error."""
 
     code = "inference_error"
+
+
+class LoraCacheFullError(InferenceError):
+    """The engine's LoRA cache could not take the adapter: all cached adapters are in use by running requests
+    ("PEFT Cache is full", TensorRT-LLM's peftCacheManager.cpp). Retryable: room frees up as requests finish."""
+
+    code = "lora_cache_full"

@@ -159,6 +159,10 @@ def trtllm_build_argv(config: EngineBuildConfig, checkpoint_dir: Path, engine_di
     ]  # fmt: skip
     for plugin, value in config.plugins.items():
         argv += [f"--{plugin}", value]
+    if config.lora is not None:  # "LoRA arguments" of tensorrt_llm/commands/build.py, and its lora_plugin flag
+        lora = config.lora
+        argv += ["--lora_plugin", lora.lora_plugin, "--max_lora_rank", str(lora.max_lora_rank),
+                 "--lora_target_modules", *lora.lora_target_modules]
     argv += ["--workers", str(config.workers), "--log_level", "info"]
     return tuple(argv)
 

@@ -26,6 +26,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from common.errors import BuildConfigError
+from tensorrtllm_backend.lora import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS, SUPPORTED_MODULES
 
 
 class Backend(str, Enum):
@@ -103,7 +104,6 @@ PLUGINS: dict[str, tuple[str, ...]] = {
     "gpt_attention_plugin": PLUGIN_DTYPES,
     "nccl_plugin": PLUGIN_DTYPES,
     "moe_plugin": PLUGIN_DTYPES,
-    "lora_plugin": PLUGIN_DTYPES,
     "mamba_conv1d_plugin": PLUGIN_DTYPES,
     "gemm_swiglu_plugin": ("fp8", "disable"),
     "low_latency_gemm_plugin": ("fp8", "disable"),
@@ -204,6 +204,46 @@ class Features(BaseModel):
     reduce_fusion: bool = False
 
 
+class Lora(BaseModel):
+    """Serving LoRA adapters per request (``trtllm-build --lora_plugin --max_lora_rank --lora_target_modules``,
+    tensorrt_llm/commands/build.py; recorded in the engine's config.json ``build_config.lora_config``).
+
+    Attributes:
+        lora_plugin: the LoRA plugin's dtype; ``auto`` = the engine dtype. LoRA weights must have the
+            model's dtype (loraUtils.cpp), so another value must equal ``dtype``.
+        max_lora_rank: the largest adapter rank (r) served; also sizes the plugin's workspace.
+        lora_target_modules: TensorRT-LLM module names adapters may touch (tensorrt_llm/lora_manager.py
+            LORA_MODULE_IDS; this image converts the separate attention and MLP projections).
+        max_loras: how many adapters of ``max_lora_rank`` on every module the LoRA cache is sized to hold
+            (the default of COG_TRITON_LORA_CACHE_HOST_MEMORY_BYTES; not a trtllm-build flag).
+    """
+
+    model_config = _STRICT
+    lora_plugin: str = "auto"
+    max_lora_rank: int = Field(default=DEFAULT_MAX_LORA_RANK, ge=1, le=1024)
+    lora_target_modules: tuple[str, ...] = Field(default=SUPPORTED_MODULES, min_length=1)
+    max_loras: int = Field(default=DEFAULT_MAX_LORAS, ge=1, le=4096)
+
+    @field_validator("lora_plugin")
+    @classmethod
+    def _check_plugin(cls, value: str) -> str:
+        allowed = ("auto", "float16", "bfloat16", "float32")
+        if value not in allowed:
+            raise ValueError(f"{value!r} is not allowed; allowed: {', '.join(allowed)} (remove the lora section "
+                             "to build without LoRA)")
+        return value
+
+    @field_validator("lora_target_modules")
+    @classmethod
+    def _check_modules(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        unknown = [m for m in value if m not in SUPPORTED_MODULES]
+        if unknown:
+            raise ValueError(f"{', '.join(map(repr, unknown))} not supported; allowed: {', '.join(SUPPORTED_MODULES)}")
+        if len(set(value)) != len(value):
+            raise ValueError("a module is listed twice")
+        return value
+
+
 class EngineBuildConfig(BaseModel):
     """One model's build recipe, as written in ``configs/engines/<name>.yaml``.
 
@@ -218,6 +258,7 @@ class EngineBuildConfig(BaseModel):
         features: paged KV cache, paged context FMHA, multiple profiles and other build switches.
         plugins: ``trtllm-build`` plugin flags, e.g. ``gemm_plugin: auto``.
         workers: parallel engine builds (``trtllm-build --workers``), at most the world size.
+        lora: serve LoRA adapters per request (see :class:`Lora`); None: no LoRA plugin.
 
     Raises (from :func:`load_build_config`):
         BuildConfigError: unknown key, bad value or inconsistent combination.
@@ -238,6 +279,7 @@ class EngineBuildConfig(BaseModel):
         default_factory=lambda: {"gemm_plugin": "auto", "gpt_attention_plugin": "auto"}
     )
     workers: int = Field(default=1, ge=1, le=64)
+    lora: Optional[Lora] = None
 
     @field_validator("name")
     @classmethod
@@ -249,6 +291,9 @@ class EngineBuildConfig(BaseModel):
     @field_validator("plugins")
     @classmethod
     def _check_plugins(cls, value: dict[str, str]) -> dict[str, str]:
+        if "lora_plugin" in value:
+            raise ValueError("set the LoRA plugin in the lora section (lora: {lora_plugin: auto, max_lora_rank: ..., "
+                             "lora_target_modules: [...]}), not under plugins")
         for plugin, setting in value.items():
             if plugin not in PLUGINS:
                 raise ValueError(f"unknown plugin {plugin!r}; known: {', '.join(sorted(PLUGINS))}")
@@ -259,6 +304,15 @@ class EngineBuildConfig(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> "EngineBuildConfig":
         q, kv = self.quantization, self.kv_cache_quantization
+        lora = self.lora
+        if lora is not None and lora.lora_plugin != "auto":
+            wanted = "float32" if self.backend is Backend.REFERENCE else self.dtype.value
+            if lora.lora_plugin != wanted:
+                raise ValueError(
+                    f"lora.lora_plugin {lora.lora_plugin} differs from the model dtype {wanted}: TensorRT-LLM requires "
+                    "LoRA weights of the model's dtype (loraUtils.cpp), and a plugin of another dtype silently ignores "
+                    "them (tensorrtllm_backend issue #791); use auto"
+                )
         if self.backend is Backend.REFERENCE:
             problems = []
             if self.parallelism.world_size != 1:

@@ -10,16 +10,22 @@ rank. Engines from before 0.8 (``builder_config`` layout) are rejected.
 
 A Hugging Face checkpoint (``config.json`` with ``architectures``/``model_type`` and weight files)
 is served by the CPU reference implementation of the ``tensorrt_llm`` model instead.
+
+LoRA support (:attr:`WeightsInfo.lora`): an engine's from its config.json (build_config.lora_config and
+plugin_config.lora_plugin, :func:`tensorrtllm_backend.lora.engine_lora_spec`); a checkpoint's from its
+sizes and the archive's build config (:func:`tensorrtllm_backend.lora.checkpoint_lora_spec`).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Optional
 
 from common.errors import ConfigError
+from tensorrtllm_backend.lora import LoraSpec, checkpoint_lora_spec, engine_lora_spec
 from tensorrtllm_backend.pins import TENSORRT_LLM_VERSION, TRITON_IMAGE
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
@@ -96,6 +102,7 @@ class WeightsInfo:
         architecture: e.g. "LlamaForCausalLM".
         dtype: e.g. "float16".
         trtllm_version: the TensorRT-LLM version that built the engine (None for checkpoints).
+        lora: which LoRA adapters the model can serve (off by default).
     """
 
     kind: Literal["engine", "hf_checkpoint"]
@@ -108,6 +115,7 @@ class WeightsInfo:
     architecture: str = ""
     dtype: str = ""
     trtllm_version: Optional[str] = None
+    lora: LoraSpec = field(default_factory=lambda: LoraSpec(False, "no LoRA support was looked up"))
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -206,6 +214,7 @@ def _engine_info(weights_dir: Path, config: dict[str, Any], tokenizer_dir: Path)
         architecture=str(pretrained.get("architecture", "")),
         dtype=str(pretrained.get("dtype", "")),
         trtllm_version=version,
+        lora=engine_lora_spec(config, where),
     )
 
 
@@ -216,6 +225,8 @@ def _checkpoint_info(
     max_batch_size: int,
     max_seq_len: Optional[int],
     max_input_len: Optional[int],
+    lora_build: Optional[dict[str, Any]] = None,
+    base_model: str = "",
 ) -> WeightsInfo:
     if not any(any(weights_dir.glob(p)) for p in HF_WEIGHT_PATTERNS):
         raise ConfigError(
@@ -242,6 +253,10 @@ def _checkpoint_info(
         limits=ModelLimits(max_batch_size=max_batch_size, max_input_len=inp, max_seq_len=seq),
         architecture=str(architectures[0]),
         dtype=str(config.get("torch_dtype") or config.get("dtype") or "float32"),
+        lora=checkpoint_lora_spec(
+            config, lora_build, importlib.util.find_spec("peft") is not None,
+            base_model=base_model or str(config.get("_name_or_path") or ""),
+        ),
     )
 
 
@@ -266,8 +281,13 @@ def inspect_weights(
     reference_max_batch_size: int = 8,
     reference_max_seq_len: Optional[int] = None,
     reference_max_input_len: Optional[int] = None,
+    reference_lora: Optional[dict[str, Any]] = None,
+    base_model: str = "",
 ) -> WeightsInfo:
     """Describe the weights unpacked in ``weights_dir``.
+
+    ``reference_lora`` / ``base_model``: for a checkpoint, the ``lora`` section of the archive's build
+    config (None: LoRA defaults) and what it was made from (for messages).
 
     An engine is recognised by ``rank*.engine`` files (or ``build_config`` in config.json); a
     Hugging Face checkpoint by ``config.json`` with weights and no engine files.
@@ -290,5 +310,6 @@ def inspect_weights(
     if any(weights_dir.glob("rank*.engine")) or "build_config" in config or "builder_config" in config:
         return _engine_info(weights_dir, config, tokenizer)
     return _checkpoint_info(
-        weights_dir, config, tokenizer, reference_max_batch_size, reference_max_seq_len, reference_max_input_len
+        weights_dir, config, tokenizer, reference_max_batch_size, reference_max_seq_len, reference_max_input_len,
+        reference_lora, base_model,
     )

@@ -31,6 +31,7 @@ from tritonclient.grpc import model_config_pb2
 
 from common.errors import TemplateError
 from tensorrtllm_backend.engine import XGRAMMAR_TOKENIZER_INFO_NAME, WeightsInfo
+from tensorrtllm_backend.lora import TRITON_DATATYPES, spec_to_parameters
 
 log = logging.getLogger(__name__)
 
@@ -235,6 +236,40 @@ class RenderOptions:
     reference_torch_threads: int = 0
     tensorrt_llm_parameters: str = ""
     guided_decoding: bool = True
+    lora_cache_optimal_adapter_size: Optional[int] = None
+    lora_cache_max_adapter_size: Optional[int] = None
+    lora_cache_gpu_memory_fraction: Optional[float] = None
+    lora_cache_host_memory_bytes: Optional[int] = None
+
+
+def lora_cache_values(options: RenderOptions, info: WeightsInfo) -> dict[str, object]:
+    """The C++ backend's ``lora_cache_*`` parameters (model_instance_state.cc getPeftCacheConfigFromParams;
+    its defaults: optimal adapter size 8, max adapter size 64, GPU fraction 0.05, host 1 GiB).
+
+    Each setting that is set wins. For an engine with LoRA, the defaults are: max adapter size = the
+    engine's max_lora_rank (pages fit any adapter it takes), and host bytes = ``max_loras`` adapters of the
+    maximum size (:meth:`tensorrtllm_backend.lora.LoraSpec.host_cache_bytes`). Without LoRA nothing is set.
+    """
+    lora = info.lora
+    values: dict[str, object] = {
+        "lora_cache_optimal_adapter_size": options.lora_cache_optimal_adapter_size,
+        "lora_cache_max_adapter_size": options.lora_cache_max_adapter_size,
+        "lora_cache_gpu_memory_fraction": options.lora_cache_gpu_memory_fraction,
+        "lora_cache_host_memory_bytes": options.lora_cache_host_memory_bytes,
+    }
+    if lora.enabled:
+        if values["lora_cache_max_adapter_size"] is None:
+            values["lora_cache_max_adapter_size"] = lora.max_rank
+        if values["lora_cache_host_memory_bytes"] is None:
+            values["lora_cache_host_memory_bytes"] = lora.host_cache_bytes()
+    return values
+
+
+def lora_weights_datatype(info: WeightsInfo) -> str:
+    """The ``lora_weights`` data_type: the served model's dtype (float32 for the CPU reference model)."""
+    if info.kind != "engine":
+        return "TYPE_FP32"
+    return TRITON_DATATYPES.get(info.lora.dtype if info.lora.enabled else info.dtype, "TYPE_FP16")
 
 
 def template_values(options: RenderOptions, info: WeightsInfo) -> dict[str, dict[str, object]]:
@@ -247,6 +282,8 @@ def template_values(options: RenderOptions, info: WeightsInfo) -> dict[str, dict
     batch = options.triton_max_batch_size or info.limits.max_batch_size
     tokenizer = str(info.tokenizer_dir)
     common = {"triton_max_batch_size": batch}
+    lora_dtype = lora_weights_datatype(info)
+    lora_cache = lora_cache_values(options, info)
     trtllm: dict[str, object] = {
         **common,
         "decoupled_mode": options.decoupled,
@@ -266,6 +303,8 @@ def template_values(options: RenderOptions, info: WeightsInfo) -> dict[str, dict
         "guided_decoding_backend": None,
         "xgrammar_tokenizer_info_path": None,
         **{name: None for name in OPTIONAL_TENSORRT_LLM_PARAMETERS},
+        **lora_cache,
+        "lora_weights_datatype": lora_dtype,
     }
     tokenizer_info = (
         usable_tokenizer_info(info.tokenizer_dir / XGRAMMAR_TOKENIZER_INFO_NAME) if options.guided_decoding else None
@@ -274,7 +313,8 @@ def template_values(options: RenderOptions, info: WeightsInfo) -> dict[str, dict
         trtllm["guided_decoding_backend"] = GUIDED_DECODING_BACKENDS[0]
         trtllm["xgrammar_tokenizer_info_path"] = str(tokenizer_info)
     overrides = parse_key_values(options.tensorrt_llm_parameters, what="COG_TRITON_TENSORRT_LLM_PARAMETERS")
-    structural = set(common) | {"decoupled_mode", "max_queue_delay_microseconds", "logits_datatype"}
+    structural = set(common) | {"decoupled_mode", "max_queue_delay_microseconds", "logits_datatype",
+                                "lora_weights_datatype"}
     unknown = sorted(k for k in overrides if k not in trtllm or k in structural)
     if unknown:
         allowed = sorted(k for k in trtllm if k not in structural)
@@ -283,8 +323,14 @@ def template_values(options: RenderOptions, info: WeightsInfo) -> dict[str, dict
         )
     trtllm.update(overrides)
     check_guided_decoding(trtllm)
+    reference_lora = {
+        "lora_plugin": "float32" if info.lora.enabled else "",
+        **spec_to_parameters(info.lora),
+        "lora_cache_host_memory_bytes": lora_cache["lora_cache_host_memory_bytes"] if info.lora.enabled else None,
+        "lora_weights_datatype": lora_dtype,
+    }
     return {
-        "ensemble": dict(common),
+        "ensemble": {**common, "lora_weights_datatype": lora_dtype},
         "preprocessing": {
             **common,
             "max_queue_delay_microseconds": options.max_queue_delay_microseconds,
@@ -305,6 +351,7 @@ def template_values(options: RenderOptions, info: WeightsInfo) -> dict[str, dict
             # As upstream's Python tensorrt_llm model: xgrammar built from tokenizer_dir (docs/model_config.md).
             "guided_decoding_backend": GUIDED_DECODING_BACKENDS[0] if options.guided_decoding else None,
             "tokenizer_dir": tokenizer,
+            **reference_lora,
         },
     }
 
@@ -436,7 +483,8 @@ def render_model_repository(options: RenderOptions, info: WeightsInfo) -> dict[s
                 model_py = source / "1" / "model.py"
                 if not model_py.is_file():
                     raise TemplateError(f"{model_py} is missing (Python backend model)")
-                shutil.copy2(model_py, model_dir / "1" / "model.py")
+                for module in sorted((source / "1").glob("*.py")):  # model.py and the modules it loads
+                    shutil.copy2(module, model_dir / "1" / module.name)
             (model_dir / "config.pbtxt").write_text(text_format.MessageToString(config))
             rendered[name] = config
     except BaseException:

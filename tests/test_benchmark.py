@@ -433,6 +433,62 @@ def test_smoke_run_delivers_every_token_on_every_path(tmp_path: Path, default_ar
         assert (out / "results.png").stat().st_size > 0
 
 
+def test_the_lora_path_is_opt_in_and_stand_in_only() -> None:
+    args = harness.parse_args(["--paths", "cog,cog_lora", "--lora-adapters", "3", "--lora-rank", "8"])
+    assert args.paths == ["cog", "cog_lora"] and (args.lora_adapters, args.lora_rank) == (3, 8)
+    assert "cog_lora" not in harness.parse_args([]).paths
+    assert "cog_lora" not in harness.parse_args(["--engine", "reference"]).paths
+    for bad in (["--engine", "reference", "--paths", "cog_lora"], ["--lora-adapters", "0"], ["--lora-rank", "65"]):
+        with pytest.raises(SystemExit):
+            harness.parse_args(bad)
+
+
+def test_lora_requests_mix_the_adapters_round_robin_and_expect_the_same_text() -> None:
+    work = harness.Workload(harness.parse_args(["--paths", "cog,cog_lora", "--tokens", "8"]))
+    work.adapter_urls = ["http://a/0.tar.gz", "http://a/1.tar.gz", "http://a/2.tar.gz"]
+    requests = [work.request("cog_lora", i) for i in range(6)]
+    assert [r["body"]["input"]["lora_weights"] for r in requests] == work.adapter_urls * 2
+    for i, request in enumerate(requests):
+        plain = work.request("cog", i)
+        assert request["expect_text"] == plain["expect_text"]
+        assert {k: v for k, v in request["body"]["input"].items() if k != "lora_weights"} == plain["body"]["input"]
+
+
+def test_the_lora_table_compares_each_stream_count_with_no_adapter() -> None:
+    def point(path: str, streams: int, rate: float, servers: float) -> dict:
+        return {"path": path, "streams": streams, "tokens_per_s": rate, "cpu_us_per_token_servers": servers,
+                "cpu_us_per_token": {"stream_proc": servers / 2, "stub:tensorrt_llm": servers / 4}}
+
+    doc = {"meta": {"concurrency": [4, 16], "lora_adapters": 4, "lora_rank": 16},
+           "points": [point("cog", 4, 400, 500), point("cog_lora", 4, 380, 530), point("cog", 16, 1600, 280)]}
+    lines = harness.lora_lines(doc)
+    assert "4 adapters of rank 16" in lines[1]
+    assert lines[-1] == "| 4 | 100.0 | 95.0 | 0.95 | 500 | 530 | +30 | 250 | 265 | 125 | 132 |"
+    assert not harness.lora_lines({"meta": {"concurrency": [4]}, "points": [point("cog", 4, 1, 1)]})
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_smoke_run_with_adapters_delivers_every_token(tmp_path: Path, default_archive: Path) -> None:
+    """The cog_lora path end to end: two adapters made with peft, mixed over the streams; every prediction
+    gets exactly the stand-in's tokens, each adapter is downloaded once (in the warm-up)."""
+    out = tmp_path / "bench"
+    result = subprocess.run(
+        [str(REPO_ROOT / "scripts" / "benchmark"), "--paths", "cog,cog_lora", "--concurrency", "4", "--tokens", "16",
+         "--rounds", "1", "--lora-adapters", "2", "--lora-rank", "4", "--out", str(out)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=280, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["meta"]["lora_adapters"] == 2 and doc["meta"]["lora_rank"] == 4
+    for p in doc["points"]:
+        assert p["errors"] == 0 and p["count_mismatches"] == 0 and p["content_mismatches"] == 0, p
+        assert p["tokens"] == p["expected_tokens"] == 4 * 16
+    assert "LoRA adapters (`cog_lora`: 2 adapters of rank 4" in (out / "results.md").read_text()
+    cog_log = (out / "work" / "cog.log").read_text()
+    assert cog_log.count("lora_task_id") == 2, "each adapter is resolved once, in the warm-up"
+
+
 def test_at_128_streams_every_prediction_gets_exactly_what_the_engine_sent(tmp_path: Path, default_archive: Path) -> None:
     """The lost-token check under overload: 128 concurrent predictions through the real Cog server and
     Triton on this 2-core machine, the stand-in sending from 4 threads (as the C++ backend's several

@@ -177,3 +177,38 @@ def test_local_checkpoint_paths(tmp_path: Path) -> None:
     assert absolute.checkpoint_path(Path("/elsewhere")) == tmp_path
     hub = parse_build_config(with_(source={"checkpoint": "org/name", "revision": "v1.0"}))
     assert hub.checkpoint_path(tmp_path) is None and hub.source.revision == "v1.0"
+
+
+# --- LoRA ----------------------------------------------------------------------------------------
+
+
+def test_a_lora_section_becomes_trtllm_builds_lora_flags_and_is_recorded() -> None:
+    from tensorrtllm_backend.build import trtllm_build_argv
+
+    config = parse_build_config(with_(lora={"max_lora_rank": 16, "lora_target_modules": ["attn_q", "attn_v"]}))
+    argv = trtllm_build_argv(config, Path("/c"), Path("/e"))
+    start = argv.index("--lora_plugin")
+    assert argv[start:start + 7] == ("--lora_plugin", "auto", "--max_lora_rank", "16", "--lora_target_modules",
+                                     "attn_q", "attn_v")
+    assert config.to_manifest()["lora"] == {"lora_plugin": "auto", "max_lora_rank": 16,
+                                            "lora_target_modules": ["attn_q", "attn_v"], "max_loras": 8}
+    assert "--lora_plugin" not in trtllm_build_argv(parse_build_config(with_()), Path("/c"), Path("/e"))
+    assert parse_build_config(with_(lora={})).lora.max_lora_rank == 64  # trtllm-build's default
+
+
+@pytest.mark.parametrize("lora,expected", [
+    ({"lora_plugin": "float16"}, "lora.lora_plugin float16 differs from the model dtype bfloat16"),
+    ({"lora_plugin": "int8"}, "'int8' is not allowed; allowed: auto, float16, bfloat16, float32"),
+    ({"max_lora_rank": 0}, "lora.max_lora_rank: Input should be greater than or equal to 1"),
+    ({"lora_target_modules": ["attn_qkv"]}, "'attn_qkv' not supported; allowed: attn_q, attn_k"),
+    ({"lora_target_modules": ["attn_q", "attn_q"]}, "a module is listed twice"),
+    ({"lora_target_modules": []}, "lora.lora_target_modules"),
+    ({"max_lora": 2},
+     "lora.max_lora: unknown key; allowed: lora_plugin, max_lora_rank, lora_target_modules, max_loras"),
+])
+def test_bad_lora_sections_say_what_is_allowed(lora: dict[str, Any], expected: str) -> None:
+    assert expected in problem(with_(dtype="bfloat16", lora=lora))
+
+
+def test_the_lora_plugin_lives_in_the_lora_section() -> None:
+    assert "set the LoRA plugin in the lora section" in problem(with_(plugins={"lora_plugin": "auto"}))

@@ -133,6 +133,8 @@ def render_config(name: str = "tensorrt_llm", max_input_len: int = MAX_INPUT_LEN
         triton_max_batch_size=MAX_ACTIVE, decoupled_mode="true", max_queue_delay_microseconds=0,
         hf_model_dir=str(CHECKPOINT), max_input_len=max_input_len, max_seq_len=MAX_SEQ_LEN, torch_threads=0,
         guided_decoding_backend="", tokenizer_dir="",  # guided decoding off, as the C++ backend without its config
+        lora_weights_datatype="TYPE_FP32", lora_plugin="", max_lora_rank="", lora_target_modules="",
+        lora_model_shape="", lora_cache_host_memory_bytes="",  # LoRA off here; tests/test_lora_reference.py has it on
     )
     policy = f"  default_queue_policy {{ max_queue_size: {MAX_QUEUE} }}\n"
     text, count = re.subn(r"(dynamic_batching \{\n)", r"\1" + policy, text)
@@ -152,7 +154,8 @@ def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("conformance")
     target = tmp / "repo" / "tensorrt_llm"
     (target / "1").mkdir(parents=True)
-    shutil.copy2(MODEL_DIR / "1" / "model.py", target / "1" / "model.py")
+    for module in (MODEL_DIR / "1").glob("*.py"):
+        shutil.copy2(module, target / "1" / module.name)
     (target / "config.pbtxt").write_text(render_config())
     limited = tmp / "repo" / NUM_TOKENS_MODEL
     (limited / "1").mkdir(parents=True)

@@ -461,3 +461,58 @@ def test_the_reference_model_applies_the_same_input_limit() -> None:
                                    packed_context_fmha=max_num_tokens is not None, enable_chunked_context=chunked)
                 theirs = ref.executor_max_input_len(max_input_len, max_seq_len, max_num_tokens, chunked)
                 assert theirs == ours.executor_max_input_len(), (max_input_len, max_seq_len, max_num_tokens, chunked)
+# --- LoRA support ------------------------------------------------------------------------------
+
+LLAMA_SIZES = {"num_hidden_layers": 32, "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
+               "num_key_value_heads": 8, "head_size": 128}
+
+
+def lora_engine_config(plugin: Any = "bfloat16", **lora: Any) -> dict[str, Any]:
+    """An engine config.json as trtllm-build 1.1 writes its LoRA facts (gptJsonConfig.cpp parseLora reads them)."""
+    config = copy.deepcopy(ENGINE_CONFIG)
+    config["pretrained_config"].update(LLAMA_SIZES, dtype="bfloat16")
+    config["build_config"]["plugin_config"] = {"lora_plugin": plugin}
+    config["build_config"]["lora_config"] = {"max_lora_rank": 16, "lora_target_modules": ["attn_q", "attn_v"], **lora}
+    return config
+
+
+def test_an_engine_with_the_lora_plugin_serves_its_modules_up_to_its_rank(tmp_path: Path) -> None:
+    info = inspect_weights(write_engine(tmp_path / "e", lora_engine_config()))
+    lora = info.lora
+    assert lora.enabled and lora.dtype == "bfloat16" and lora.max_rank == 16
+    assert lora.target_modules == ("attn_q", "attn_v")
+    assert lora.shape.module_dims("attn_q") == (4096, 4096) and lora.shape.module_dims("attn_v") == (4096, 1024)
+    assert lora.triton_datatype == "TYPE_BF16"
+    # peftCacheManager.cpp getPageManagerConfig: max adapter = rank x sum(in + out) x layers values
+    assert lora.adapter_values() == 16 * ((4096 + 4096) + (4096 + 1024)) * 32
+    assert lora.host_cache_bytes() == 8 * lora.adapter_values() * 2
+
+
+@pytest.mark.parametrize("config,reason", [
+    (lora_engine_config(plugin=None), "built without the LoRA plugin"),
+    (lora_engine_config(lora_target_modules=[]), "no LoRA module or max_lora_rank 0"),
+    (lora_engine_config(max_lora_rank=0), "no LoRA module or max_lora_rank 0"),
+    (lora_engine_config(lora_target_modules=["attn_qkv"]), "include attn_qkv, which this image cannot convert"),
+    (ENGINE_CONFIG, "built without the LoRA plugin"),
+])
+def test_an_engine_without_usable_lora_says_why(tmp_path: Path, config: dict[str, Any], reason: str) -> None:
+    lora = inspect_weights(write_engine(tmp_path / "e", config)).lora
+    assert not lora.enabled and reason in lora.off_reason
+
+
+def test_a_checkpoint_takes_its_lora_limits_from_the_build_config(tmp_path: Path) -> None:
+    import importlib.util
+
+    sizes = {**LLAMA_SIZES, "head_dim": 128}
+    sizes.pop("head_size")
+    folder = write_checkpoint(tmp_path / "c", {**HF_CONFIG, **sizes})
+    default = inspect_weights(folder).lora
+    limited = inspect_weights(folder, reference_lora={"max_lora_rank": 4, "lora_target_modules": ["attn_k"],
+                                                      "max_loras": 2}, base_model="org/model").lora
+    if importlib.util.find_spec("peft") is None:
+        assert not default.enabled and "peft" in default.off_reason
+        return
+    assert default.enabled and default.dtype == "float32" and default.max_rank == 64
+    assert len(default.target_modules) == 7
+    assert (limited.max_rank, limited.target_modules, limited.max_loras, limited.base_model) == (4, ("attn_k",), 2,
+                                                                                               "org/model")

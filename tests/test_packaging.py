@@ -36,6 +36,8 @@ IMPORT_TO_DISTRIBUTION = {
     "huggingface_hub": "huggingface-hub",
     "tenacity": "tenacity",
     "cog": "cog",
+    "torch": "torch",
+    "safetensors": "safetensors",
 }
 PREDICT_INPUTS = [
     "prompt",
@@ -60,6 +62,7 @@ PREDICT_INPUTS = [
     "log_performance_metrics",
     "max_new_tokens",
     "min_new_tokens",
+    "lora_weights",
 ]
 
 

@@ -522,7 +522,8 @@ def triton_url(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("reference_triton")
     target = tmp / "repo" / "tensorrt_llm"
     (target / "1").mkdir(parents=True)
-    shutil.copy2(MODEL_DIR / "1" / "model.py", target / "1" / "model.py")
+    for module in (MODEL_DIR / "1").glob("*.py"):
+        shutil.copy2(module, target / "1" / module.name)
     template = string.Template((MODEL_DIR / "config.pbtxt").read_text())
     (target / "config.pbtxt").write_text(
         template.substitute(
@@ -530,6 +531,8 @@ def triton_url(tmp_path_factory):
             hf_model_dir=str(CHECKPOINT), max_input_len=512, max_seq_len=1024,
             exclude_input_in_output="true", torch_threads=0,
             guided_decoding_backend="xgrammar", tokenizer_dir=str(CHECKPOINT),
+            lora_weights_datatype="TYPE_FP32", lora_plugin="", max_lora_rank="", lora_target_modules="",
+            lora_model_shape="", lora_cache_host_memory_bytes="",  # LoRA off (tests/test_lora_reference.py has it on)
         )
     )
     installation = locate_tritonserver(work_dir=tmp / "work")

@@ -7,6 +7,7 @@ one thing mocked here: the tests are about how the service treats what Triton an
 from __future__ import annotations
 
 import asyncio
+import struct
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -172,3 +173,40 @@ def test_log_performance_metrics_prints_replicates_lines_at_the_end(triton: Runn
     assert "Serverside tokens per second: " in out and "Serverside execution time: " in out
     assert "Serverside time to first token: " in out
     asyncio.run(service._close_loop_resources())
+
+
+def test_in_process_lora_sends_weights_once_and_again_after_a_cache_miss(triton: Running, tokenizer: Any,  # noqa: F811
+                                                                         tmp_path: Path) -> None:
+    """COG_TRITON_STREAM_PROCESSES=0: the adapter is resolved off the caller's loop and the same
+    weights-once / resend-once logic runs in the Cog worker."""
+    from cog_triton.local import WeightsHTTPServer
+    from cog_triton.lora.store import StoreLimits
+    from cog_triton.lora.tasks import Adapters
+    from tensorrtllm_backend.engine import inspect_weights
+    from tests.lora_adapters import make_adapter, pack
+
+    folder = make_adapter(CHECKPOINT, tmp_path / "made", r=2, alpha=4, targets=["q_proj"], seed=1)
+    pack(folder, tmp_path / "served" / "a.tar.gz")
+    answers = ["ok", "miss", "ok"]
+    seen: list[bool] = []
+
+    async def scenario(request):
+        names = [t.name for t in request.inputs]
+        seen.append("lora_weights" in names)
+        if answers.pop(0) == "miss":
+            task = struct.unpack("<Q", request.raw_input_contents[names.index("lora_task_id")])[0]
+            yield error(f"in ensemble 'ensemble', Executor failed process requestId 3 due to the following error: "
+                        f"LoRA task {task} not found in cache. Please send LoRA weights with request")
+            return
+        yield response([tokenizer.encode("Hi")[0]], final=True, request_id=request.id)
+
+    triton.state.scenario = scenario
+    service = service_for(triton.address, tokenizer)
+    lora = inspect_weights(CHECKPOINT, reference_lora={"max_lora_rank": 8}).lora
+    service.generator.adapters = Adapters(lora, StoreLimits(root=tmp_path / "cache", retries=0))
+    with WeightsHTTPServer(tmp_path / "served") as server:
+        url = f"{server.url}/a.tar.gz"
+        for _ in range(2):
+            text, failure, _ = run(service, lora_weights=url)
+            assert failure is None and text == "Hi"
+    assert seen == [True, False, True]

@@ -536,12 +536,13 @@ def test_every_ensemble_input_is_used(rendered) -> None:
 
 
 def test_reference_declares_every_input_the_ensemble_maps() -> None:
+    options_ = RenderOptions(template_dir=TEMPLATE_DIR, model_repo_dir=Path("/x"))
+    values = template_values(options_, engine_info(Path("/weights")))
     ensemble = parse_model_config(
-        fill_template((TEMPLATE_DIR / "ensemble" / "config.pbtxt").read_text(), {"triton_max_batch_size": 8}, source="e"),
+        fill_template((TEMPLATE_DIR / "ensemble" / "config.pbtxt").read_text(), values["ensemble"], source="e"),
         source="ensemble",
     )
     (step,) = [s for s in ensemble.ensemble_scheduling.step if s.model_name == "tensorrt_llm"]
-    values = template_values(RenderOptions(template_dir=TEMPLATE_DIR, model_repo_dir=Path("/x")), engine_info(Path("/weights")))
     for folder in ("tensorrt_llm", "tensorrt_llm_reference"):
         text = (TEMPLATE_DIR / folder / "config.pbtxt").read_text()
         config = parse_model_config(fill_template(text, values[folder], source=folder), source=folder)
@@ -757,3 +758,83 @@ def test_the_decoupled_engine_is_the_ensembles_last_step(rendered) -> None:
     for step in steps[:-1]:
         assert not configs[step.model_name].model_transaction_policy.decoupled
     assert {t.name for t in configs["ensemble"].output} == {"output_ids", "sequence_length"}
+
+
+# --- LoRA ----------------------------------------------------------------------------------------
+
+
+def lora_engine_info(tmp_path: Path, dtype: str = "bfloat16"):
+    import dataclasses
+
+    from tensorrtllm_backend.lora import LoraSpec, ModelShape
+
+    shape = ModelShape(num_layers=32, hidden_size=4096, mlp_hidden_size=14336, num_heads=32, num_kv_heads=8,
+                       head_size=128)
+    lora = LoraSpec(True, dtype=dtype, max_rank=16, target_modules=("attn_q", "attn_v"), shape=shape, max_loras=4)
+    return dataclasses.replace(engine_info(tmp_path), dtype=dtype, lora=lora)
+
+
+def test_an_engine_with_lora_gets_its_lora_cache_sized_and_its_weights_dtype(tmp_path: Path) -> None:
+    info = lora_engine_info(tmp_path)
+    opts = options(tmp_path)
+    render_model_repository(opts, info)
+    configs = read_rendered(opts.model_repo_dir)
+    p = params(configs["tensorrt_llm"])
+    assert p["lora_cache_max_adapter_size"] == "16"  # the engine's max_lora_rank
+    assert p["lora_cache_host_memory_bytes"] == str(4 * 16 * (8192 + 5120) * 32 * 2)  # max_loras full adapters
+    for key in ("lora_cache_optimal_adapter_size", "lora_cache_gpu_memory_fraction", "lora_prefetch_dir"):
+        assert key not in p  # the backend's defaults
+    for model in ("tensorrt_llm", "ensemble"):
+        weights = {t.name: t for t in configs[model].input}["lora_weights"]
+        assert model_config_pb2.DataType.Name(weights.data_type) == "TYPE_BF16", model
+
+
+def test_lora_cache_settings_win(tmp_path: Path) -> None:
+    opts = options(tmp_path, lora_cache_optimal_adapter_size=4, lora_cache_max_adapter_size=32,
+                   lora_cache_gpu_memory_fraction=0.1, lora_cache_host_memory_bytes=123456789)
+    render_model_repository(opts, lora_engine_info(tmp_path, dtype="float16"))
+    configs = read_rendered(opts.model_repo_dir)
+    p = params(configs["tensorrt_llm"])
+    assert (p["lora_cache_optimal_adapter_size"], p["lora_cache_max_adapter_size"], p["lora_cache_gpu_memory_fraction"],
+            p["lora_cache_host_memory_bytes"]) == ("4", "32", "0.1", "123456789")
+    weights = {t.name: t for t in configs["tensorrt_llm"].input}["lora_weights"]
+    assert model_config_pb2.DataType.Name(weights.data_type) == "TYPE_FP16"
+
+
+def test_an_engine_without_lora_sets_no_lora_cache(tmp_path: Path) -> None:
+    opts = options(tmp_path)
+    render_model_repository(opts, engine_info(tmp_path))
+    p = params(read_rendered(opts.model_repo_dir)["tensorrt_llm"])
+    assert not [key for key in p if key.startswith("lora_")]
+
+
+def test_the_reference_model_gets_the_lora_build_as_parameters(tmp_path: Path) -> None:
+    import dataclasses
+    import json
+
+    from tensorrtllm_backend.lora import checkpoint_lora_spec
+
+    hf = {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2, "hidden_size": 8, "intermediate_size": 16,
+          "num_attention_heads": 2, "num_key_value_heads": 1}
+    lora = checkpoint_lora_spec(hf, {"max_lora_rank": 4, "lora_target_modules": ["attn_q"], "max_loras": 3}, True)
+    info = dataclasses.replace(checkpoint_info(tmp_path), lora=lora)
+    opts = options(tmp_path)
+    render_model_repository(opts, info)
+    config = read_rendered(opts.model_repo_dir)["tensorrt_llm"]
+    p = params(config)
+    assert p["lora_plugin"] == "float32" and p["max_lora_rank"] == "4"
+    assert json.loads(p["lora_target_modules"]) == ["attn_q"]
+    assert json.loads(p["lora_model_shape"])["hidden_size"] == 8
+    assert p["lora_cache_host_memory_bytes"] == str(3 * 4 * (8 + 8) * 2 * 4)
+    weights = {t.name: t for t in config.input}["lora_weights"]
+    assert model_config_pb2.DataType.Name(weights.data_type) == "TYPE_FP32"
+    off = dataclasses.replace(info, lora=checkpoint_lora_spec(hf, None, False))
+    render_model_repository(opts, off)
+    assert "lora_plugin" not in params(read_rendered(opts.model_repo_dir)["tensorrt_llm"])
+
+
+def test_the_reference_model_py_and_its_modules_are_copied(tmp_path: Path) -> None:
+    opts = options(tmp_path)
+    render_model_repository(opts, checkpoint_info(tmp_path))
+    live = opts.model_repo_dir / "tensorrt_llm" / "1"
+    assert sorted(p.name for p in live.glob("*.py")) == ["lora.py", "model.py"]

@@ -104,7 +104,7 @@ class Route:
     status: int = 200
     fail_first: int = 0  # answer 500 this many times first
     delay_s: float = 0.0  # sleep before answering
-    content_length: Optional[int] = None  # announce this length instead of len(body)
+    content_length: Optional[int] = None  # announce this length instead of len(body); -1: announce none
     trickle_bytes: int = 0  # send the body in pieces of this many bytes ...
     trickle_interval_s: float = 0.0  # ... with this pause between them
     drop_first_after: Optional[int] = None  # first request: announce the full body, send this many bytes, hang up
@@ -162,7 +162,8 @@ class WeightsServer:
                     self._record(path, status)
                     self.send_response(status)
                     self.send_header("Content-Type", "application/octet-stream")
-                    self.send_header("Content-Length", str(length))
+                    if length >= 0:  # -1: no Content-Length, the body ends when the connection closes
+                        self.send_header("Content-Length", str(length))
                     if route.ranges:
                         self.send_header("Accept-Ranges", "bytes")
                     if route.etag:
@@ -1032,3 +1033,62 @@ def test_a_redirects_signed_query_is_never_logged(
         for text in (record.getMessage(), repr(record.args), str(record.msg)):
             for secret in ("t0ps3cr3t", "AKIAEXAMPLE", "m1ne"):
                 assert secret not in text, (record.name, text)
+
+
+# --- zip archives and the download cap (LoRA adapters) ---------------------------------------------
+
+
+def make_zip(path: Path, files: dict[str, bytes], links: dict[str, str] = {}) -> Path:  # noqa: B006
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, data in files.items():
+            zf.writestr(name, data)
+        for name, link in links.items():
+            info = zipfile.ZipInfo(name)
+            info.external_attr = (stat.S_IFLNK | 0o777) << 16
+            zf.writestr(info, link)
+    return path
+
+
+def test_zip_is_unpacked_only_where_allowed(tmp_path: Path, target: Path) -> None:
+    archive = make_zip(tmp_path / "w.zip", GOOD_FILES)
+    with pytest.raises(ArchiveError, match="zip archive"):
+        fetch_weights(archive, target)
+    fetch_weights(archive, target, allow_zip=True)
+    assert_contents(target, GOOD_FILES)
+
+
+@pytest.mark.parametrize("files,links,fragment", [
+    ({"../escape.txt": b"x"}, {}, "'..' path component"),
+    ({"/abs.txt": b"x"}, {}, "absolute path"),
+    ({"ok.txt": b"x"}, {"link": "/etc/passwd"}, "is a symlink"),
+])
+def test_unsafe_zip_members_are_refused(tmp_path: Path, target: Path, files, links, fragment) -> None:
+    archive = make_zip(tmp_path / "bad.zip", files, links)
+    with pytest.raises(ArchiveError) as info:
+        fetch_weights(archive, target, allow_zip=True)
+    assert fragment in str(info.value)
+    assert_contents(target, OLD_FILES)  # the previous contents stay
+    assert not (tmp_path / "escape.txt").exists()
+
+
+def test_a_zip_bomb_stops_at_the_byte_limit(tmp_path: Path, target: Path) -> None:
+    archive = make_zip(tmp_path / "bomb.zip", {"zeros.bin": b"\0" * 5_000_000})
+    assert archive.stat().st_size < 50_000
+    with pytest.raises(ArchiveError, match="over the limit of 1000000 bytes"):
+        fetch_weights(archive, target, allow_zip=True, max_extracted_bytes=1_000_000)
+    assert_contents(target, OLD_FILES)
+
+
+@pytest.mark.parametrize("announce", [True, False], ids=["content-length", "no-length"])
+def test_the_download_cap(server: WeightsServer, target: Path, tmp_path: Path, announce: bool) -> None:
+    """A larger Content-Length fails before the body; without one, the body fails once it passes the cap."""
+    body = good_tar(tmp_path / "w.tar.gz", {"big.bin": os.urandom(300_000)}).read_bytes()
+    url = server.serve("/w.tar.gz", body, content_length=None if announce else -1)
+    with pytest.raises(DownloadError) as info:
+        fetch_weights(url, target, max_download_bytes=100_000, retries=0)
+    message = str(info.value)
+    assert "more than the 100000 bytes allowed to download" in message
+    seen = int(message.rsplit("(", 1)[1].split()[0])
+    assert seen == len(body) if announce else 100_000 < seen < len(body)
+    assert server.hits["/w.tar.gz"] == 1  # not retried
+    assert_contents(target, OLD_FILES)

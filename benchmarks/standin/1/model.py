@@ -41,6 +41,9 @@ Behaviour:
   instance) send them. Each request is bound to one sender thread, so its responses leave in order
   (as from one upstream instance); different requests' responses are sent concurrently when
   ``sender_threads`` > 1.
+* **LoRA** (``lora_task_id``, ``lora_weights``, ``lora_config``): parsed, checked and cached as by the
+  reference model (the same errors, cache misses and evictions), and otherwise ignored: the tokens are
+  the text's whatever the adapter, so the benchmark measures what carrying adapters costs the serving path.
 * **Cancellation checks** are cached for ``cancellation_check_period_ms`` (default 100, upstream's
   ``cancellation_check_period_ms`` default read in the same constructor; its ``WaitForCancel``
   thread polls at that period) instead of one IPC round trip per request per step.
@@ -386,6 +389,11 @@ def standin_class(ref):
 
         def create_sink(self, sender) -> ThreadedSink:
             return self.senders.sink(ref.TritonSink(sender))
+
+        def create_lora_applier(self):
+            """None: LoRA requests are parsed and cached as the reference does (its checks, cache miss, cache
+            full, eviction), but the stand-in's tokens do not depend on an adapter."""
+            return None
 
         def finalize(self) -> None:
             super().finalize()  # the Scheduler's last error responses still go through the senders

@@ -61,6 +61,10 @@ return_log_probs        BOOL     [1]        default false
 guided_decoding_guide_type STRING [1]       json, json_schema, regex or ebnf_grammar; any other value
                                             is ignored (the request is unguided), as upstream
 guided_decoding_guide   STRING   [1]        the schema / regex / grammar (not needed for json)
+lora_task_id            UINT64   [1]        the LoRA task (adapter); read with lora_weights and lora_config
+lora_weights            FP32     [1, N, W]  per module-layer row: in weights [r, in] then out weights
+                                            [out, r], flattened, zero-padded (float32: this model's dtype)
+lora_config             INT32    [1, N, 3]  per row: module id, layer, rank r
 ======================= ======== ========== ====================================================
 
 Response tensors (batch dimension 1, then the beam dimension):
@@ -88,6 +92,10 @@ model is configured as upstream's Python model is: ``guided_decoding_backend: xg
 stop token (what ``tensorrt_llm.llmapi.tokenizer._xgrammar_tokenizer_info`` records). A guide xgrammar
 cannot compile fails that request (the predictor refuses such guides before they get here).
 
+LoRA adapters per request (lora_task_id, lora_weights, lora_config) follow the executor's semantics and
+are applied with peft: ``lora.py`` beside this file has the upstream sources and the details (the cache
+miss and cache full errors, the bounded cache that evicts, different adapters in one batch).
+
 Layers, so that another engine (e.g. a token-rate stand-in) can reuse all but the generation:
 
 * request parsing: :func:`parse_word_list`, :class:`SamplingParams`, :class:`ModelLimits`,
@@ -102,14 +110,18 @@ Layers, so that another engine (e.g. a token-rate stand-in) can reuse all but th
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import inspect
 import itertools
 import json
+import sys
 import threading
 import time
 import traceback
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Deque, Dict, List, Optional, Protocol, Sequence
 
 import numpy as np
@@ -121,6 +133,23 @@ except ImportError:  # imported by tests, outside Triton
     pb_utils = None
 
 TRTLLM_VERSION = "1.1.0"  # the TensorRT-LLM release whose tensorrtllm backend we follow
+#: The C++ backend's lora_cache_host_memory_bytes default (PeftCacheManagerConfig::kDefaultHostCacheSize, 1 GiB).
+DEFAULT_LORA_CACHE_BYTES = 1 << 30
+
+
+def _load_sibling(name: str):
+    """``<name>.py`` beside this file, as a module (Triton loads model.py from its path, not as a package)."""
+    module_name = f"tensorrt_llm_reference_{name}"
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(module_name, Path(__file__).with_name(f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+lora_support = _load_sibling("lora")
 
 
 class RequestError(ValueError):
@@ -311,6 +340,7 @@ class ModelLimits:
         exclude_input_in_output: default of the per-request input of the same name. Upstream's
             constructor default is false (model_instance_state.cc).
         guided_decoding: whether the model has a guided decoder (requests with a guide fail without).
+        lora: the model's LoRA build (``lora.LoraModel``), or None: LoRA tensors are ignored.
     """
 
     max_input_len: int
@@ -318,6 +348,7 @@ class ModelLimits:
     vocab_size: int
     exclude_input_in_output: bool = False
     guided_decoding: bool = False
+    lora: object = None
 
 
 @dataclass
@@ -335,6 +366,8 @@ class ParsedRequest:
     warnings: List[str] = field(default_factory=list)
     guide: Optional["GuideSpec"] = None
     grammar: object = None  # the guide compiled by the model (xgrammar CompiledGrammar), set before generation
+    lora: object = None  # the request's lora.LoraRequest, or None
+    adapter: Optional[str] = None  # the applier's name of its cached LoRA task, set before generation
 
 
 def _scalar(get: Callable[[str], Optional[np.ndarray]], name: str, kind: type, default):
@@ -399,6 +432,12 @@ def is_stop_request(get: Callable[[str], Optional[np.ndarray]]) -> bool:
     """True when the request's ``stop`` input is true. Upstream checks it before reading any other
     input (``ModelInstanceState::handleStopRequest``)."""
     return bool(_scalar(get, "stop", bool, False))
+
+
+def executor_response_error(request_number: int, message: str) -> str:
+    """Text of an error the executor sends as it is (an expected LoRA exception, executorImpl.cpp
+    fetchNewRequests), with the backend's prefix (model_instance_state.cc fillTritonResponse)."""
+    return f"Executor failed process requestId {request_number} due to the following error: {message}"
 
 
 def executor_error(request_number: int, message: str) -> str:
@@ -545,7 +584,24 @@ def parse_request(
                 )
             )
         params.max_new_tokens = reduced
+    # PeftCacheManager::addRequestPeft runs after LlmRequest::validate in fetchNewRequests (executorImpl.cpp);
+    # the LoraConfig constructor's checks run in the backend, before the executor (utils.cc), but fail the
+    # request the same way for a client.
+    try:
+        parsed.lora = lora_support.parse_lora(get, limits.lora)
+    except lora_support.LoraRequestError as exc:
+        raise RequestError(lora_error_text(request_number, exc)) from None
     return parsed
+
+
+def lora_error_text(request_number: int, exc: "lora_support.LoraRequestError") -> str:
+    """A LoRA error as the client reads it: the backend's own errors as they are, the executor's with its
+    prefixes (see ``lora.STAGES``)."""
+    if exc.stage == "backend":
+        return str(exc)
+    if exc.stage == "expected":
+        return executor_response_error(request_number, str(exc))
+    return executor_error(request_number, str(exc))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -638,7 +694,8 @@ class Generation:
     with the request's generator.
     """
 
-    def __init__(self, model, prompt_ids: Sequence[int], params: SamplingParams, grammar=None) -> None:
+    def __init__(self, model, prompt_ids: Sequence[int], params: SamplingParams, grammar=None,
+                 adapter: Optional[str] = None, applier=None) -> None:
         from transformers import (  # noqa: PLC0415
             RepetitionPenaltyLogitsProcessor,
             TemperatureLogitsWarper,
@@ -649,6 +706,8 @@ class Generation:
         if not prompt_ids:
             raise ValueError("prompt_ids is empty")
         self.model = model
+        self.adapter = adapter  # the LoRA adapter each forward pass runs with (None: the base model)
+        self._applier = applier  # lora.PeftApplier when the model serves LoRA
         self.prompt_ids: List[int] = [int(t) for t in prompt_ids]
         self.params = params
         self.tokens: List[int] = []
@@ -747,12 +806,16 @@ class Generation:
         """Run one decoding step. Returns the accepted new tokens: ``[token]``, or ``[]``."""
         if self.finished:
             return []
+        applier = self._applier
         with torch.inference_mode():
-            if not self._started:
-                self._started = True
-                logits = self._forward(self.prompt_ids)
-            else:
-                logits = self._forward([self._pending])
+            with applier.lock if applier is not None else contextlib.nullcontext():
+                if applier is not None:
+                    applier.use(self.adapter)
+                if not self._started:
+                    self._started = True
+                    logits = self._forward(self.prompt_ids)
+                else:
+                    logits = self._forward([self._pending])
             self._pending = None
             if self._matcher is not None:
                 # GuidedDecoder::build fills the bitmask after accepting the last token; execute applies it
@@ -829,6 +892,12 @@ class Job:
     request_id: str = ""
     stop_requested: bool = False
     sent: int = 0
+    on_done: Optional[Callable[[], None]] = None  # called once when the job leaves the scheduler
+
+    def done(self) -> None:
+        callback, self.on_done = self.on_done, None
+        if callback is not None:
+            callback()
 
 
 class Scheduler:
@@ -921,6 +990,7 @@ class Scheduler:
             self._by_id.clear()
         for job in left:
             job.generation.stop("error")
+            job.done()
             self._safe(job, lambda j=job: j.sink.send_error("the model was unloaded before the request finished"))
 
     # -- scheduler thread -------------------------------------------------------------------------
@@ -989,6 +1059,7 @@ class Scheduler:
                 self._active.remove(job)
             if job.request_id and self._by_id.get(job.request_id) is job:
                 del self._by_id[job.request_id]
+        job.done()
 
     def _loop(self) -> None:
         while True:
@@ -1191,7 +1262,34 @@ class TritonPythonModel:
 
     def create_generation(self, parsed: ParsedRequest) -> TokenGenerator:
         """The per-request generation object for a validated request."""
-        return Generation(self.model, parsed.prompt_ids, parsed.params, grammar=parsed.grammar)
+        return Generation(self.model, parsed.prompt_ids, parsed.params, grammar=parsed.grammar,
+                          adapter=parsed.adapter, applier=getattr(self, "lora_applier", None))
+
+    def create_lora_applier(self):
+        """What applies cached LoRA tasks to the model (peft), or None to only keep the cache (a stand-in)."""
+        return lora_support.PeftApplier(self.model)
+
+    def load_lora(self, params: dict) -> None:
+        """The model's LoRA build and cache, from the parameters lora_plugin (empty: no LoRA), max_lora_rank,
+        lora_target_modules, lora_model_shape and lora_cache_host_memory_bytes (default 1 GiB, as upstream)."""
+        self.lora_model = None
+        self.lora_applier = None
+        self.lora_cache = None
+        if not _param(params, "lora_plugin", "", str):
+            return
+        self.lora_model = lora_support.LoraModel.from_parameters(
+            _param(params, "lora_target_modules", "", str), _param(params, "max_lora_rank", "", str),
+            _param(params, "lora_model_shape", "", str),
+        )
+        if self.lora_model is None:
+            raise ValueError("lora_plugin is set but lora_target_modules, max_lora_rank or lora_model_shape is not")
+        self.lora_applier = self.create_lora_applier()
+        applier = self.lora_applier
+        self.lora_cache = lora_support.LoraCache(
+            self.lora_model, _param(params, "lora_cache_host_memory_bytes", DEFAULT_LORA_CACHE_BYTES, int),
+            on_store=applier.store if applier is not None else (lambda task, rows: None),
+            on_evict=applier.evict if applier is not None else (lambda handle: None),
+        )
 
     def create_sink(self, sender) -> ResponseSink:
         """Where a request's responses go: its Triton response sender, called from the scheduler
@@ -1227,10 +1325,12 @@ class TritonPythonModel:
             # the constructor's wording (model_instance_state.cc)
             self._log("warn", "exclude_input_in_output is not specified, will be set to false")
             exclude = False
+        self.load_lora(params)
         self.limits = ModelLimits(
             max_input_len=max_input_len, max_seq_len=max_seq_len, vocab_size=vocab_size,
             exclude_input_in_output=exclude,
             guided_decoding=getattr(self, "grammar_compiler", None) is not None,
+            lora=self.lora_model,
         )
         max_queue = max_queue_size_of(cfg)
         self._request_numbers = itertools.count(1)
@@ -1242,8 +1342,16 @@ class TritonPythonModel:
             f"tensorrtllm backend behaviour); max_input_len={max_input_len} (engine {engine_max_input_len}, "
             f"max_num_tokens {max_num_tokens}, chunked context {chunked}) max_seq_len={max_seq_len} "
             f"max_active_requests={max_active} max_queue_size={max_queue or 'unlimited'} "
-            f"exclude_input_in_output={exclude} guided_decoding={'xgrammar' if self.limits.guided_decoding else 'off'}",
+            f"exclude_input_in_output={exclude} guided_decoding={'xgrammar' if self.limits.guided_decoding else 'off'} "
+            f"lora={self._lora_summary()}",
         )
+
+    def _lora_summary(self) -> str:
+        model = self.lora_model
+        if model is None:
+            return "off"
+        return (f"max_lora_rank {model.max_rank}, modules {'/'.join(model.target_modules)}, cache "
+                f"{self.lora_cache.budget_bytes} bytes")
 
     def execute(self, requests):
         for request in requests:
@@ -1302,16 +1410,30 @@ class TritonPythonModel:
                 message = f"guided decoding could not compile the {parsed.guide.guide_type} guide: {exc}"
                 self._safe_send_error(sender, message)
                 return
+        on_done = None
+        if parsed.lora is not None and self.lora_cache is not None:
+            user = object()
+            try:
+                parsed.adapter = self.lora_cache.admit(parsed.lora, user)
+            except lora_support.LoraRequestError as exc:
+                text = lora_error_text(number, exc)
+                self._log("warn", text)
+                self._safe_send_error(sender, text)
+                return
+            task_id = parsed.lora.task_id
+            on_done = lambda cache=self.lora_cache, u=user: cache.release(task_id, u)  # noqa: E731
         job = Job(
             generation=self.create_generation(parsed),
             sink=self.create_sink(sender),
             streaming=parsed.streaming,
             prefix_ids=[] if parsed.exclude_input_in_output else list(parsed.prompt_ids),
             request_id=request_id,
+            on_done=on_done,
         )
         try:
             self.scheduler.submit(job)
         except RequestError as exc:
+            job.done()
             self._safe_send_error(sender, str(exc))
 
     def _safe_send_error(self, sender, message: str) -> None:

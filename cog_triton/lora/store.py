@@ -1,0 +1,300 @@
+"""The local disk cache of LoRA adapters, shared by every stream process of the predictor.
+
+An adapter is fetched once per source into ``<root>/adapters/<source key>/`` and reused from there:
+
+* ``https://`` / ``http://`` archives with the weights' fetcher, :func:`cog_triton.weights.fetch_weights`
+  (bounded: timeouts, retries, a deadline, a minimum rate, a byte cap on the download and on what the
+  archive unpacks to; verified: Content-Length, tar/zip member rules; locked: one fetch per folder across
+  processes with ``flock``, the folder replaced by an atomic rename; and skipped when its marker shows the
+  same source already in place, so a cached adapter is never downloaded twice).
+* ``hf://owner/repo[@revision]`` with ``huggingface_hub.hf_hub_download`` (its retries, resume and
+  ``HF_TOKEN``), the two files' sizes checked first (``dry_run``), under the same folder lock, staged
+  beside the folder and renamed into place.
+
+The cache is bounded by ``budget_bytes`` (LRU): after each fetch, the folders used least recently (the
+folder's mtime, set on every use) are removed until the rest fits, except the one just used and any being
+fetched (their lock is held). Removal renames the folder away first, so a reader never sees half a folder;
+a reader whose folder vanished fetches it again (once).
+
+Every adapter read from the cache is identified by its content: the sha256 of ``adapter_config.json`` and
+``adapter_model.safetensors`` (:attr:`LocalAdapter.sha256`), whatever URL it came from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import secrets
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from common.errors import LoraAdapterError, WeightsError
+from cog_triton.lora.refs import AdapterRef
+from cog_triton.weights import fetch_weights, target_lock
+
+log = logging.getLogger(__name__)
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+ADAPTER_FILES = (ADAPTER_CONFIG, ADAPTER_WEIGHTS)
+#: Written into an hf:// folder once both files are in place (the http(s) fetcher writes its own marker).
+HF_MARKER = ".cog-triton-hf.json"
+
+
+@dataclass(frozen=True)
+class StoreLimits:
+    """Where the cache lives and what bounds it.
+
+    Attributes:
+        root: the cache folder (created when missing).
+        budget_bytes: most bytes the cached adapters may take together (LRU eviction above it).
+        max_adapter_bytes: most bytes one adapter may download and unpack to.
+        timeout_s / retries / deadline_s / min_rate_bytes_s / rate_grace_s: the download's bounds, as
+            :func:`cog_triton.weights.fetch_weights` takes them (seconds, bytes/s).
+    """
+
+    root: Path
+    budget_bytes: int = 20 << 30
+    max_adapter_bytes: int = 4 << 30
+    timeout_s: float = 60.0
+    retries: int = 3
+    deadline_s: float = 600.0
+    min_rate_bytes_s: float = 100_000
+    rate_grace_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class LocalAdapter:
+    """An adapter read from the cache.
+
+    Attributes:
+        ref: what the request named.
+        config: the parsed adapter_config.json.
+        weights: the bytes of adapter_model.safetensors.
+        sha256: hex sha256 over adapter_config.json's bytes then adapter_model.safetensors' bytes.
+    """
+
+    ref: AdapterRef
+    config: dict
+    weights: bytes
+    sha256: str
+
+
+class AdapterStore:
+    """Fetches adapters into the disk cache and reads them (thread- and process-safe; blocking)."""
+
+    def __init__(self, limits: StoreLimits) -> None:
+        self.limits = limits
+        self.folder = limits.root / "adapters"
+
+    def get(self, ref: AdapterRef) -> LocalAdapter:
+        """The adapter ``ref`` names, fetched when it is not cached (blocking: up to the download deadline).
+
+        Raises:
+            LoraAdapterError: it could not be fetched (unreachable, HTTP error, too large, corrupt
+                archive), or it is not a PEFT LoRA adapter (no adapter_config.json / adapter_model.safetensors).
+        """
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise LoraAdapterError(f"cannot create the adapter cache {self.folder}: {exc}") from exc
+        target = self.folder / ref.key
+        for attempt in (1, 2):
+            started = time.monotonic()
+            if ref.kind == "hf":
+                self._fetch_hf(ref, target)
+            else:
+                self._fetch_url(ref, target)
+            try:
+                os.utime(target)  # last use, for the LRU
+                adapter = self._read(ref, target)
+            except FileNotFoundError:
+                if attempt == 2:
+                    raise LoraAdapterError(f"lora_weights {ref.display}: the cached adapter vanished twice while "
+                                           "being read (the adapter cache is smaller than one adapter?)") from None
+                log.info("adapter %s was evicted while being read; fetching it again", ref.display)
+                continue
+            log.info("adapter %s ready (sha256 %s, %d bytes) in %.2f s", ref.display, adapter.sha256[:12],
+                     len(adapter.weights), time.monotonic() - started)
+            self.evict(keep=target)
+            return adapter
+        raise AssertionError("unreachable")
+
+    def touch(self, ref: AdapterRef) -> None:
+        """Mark ``ref``'s folder used now (for the LRU), when a process serves it from memory.
+
+        Raises:
+            OSError: the folder is gone.
+        """
+        os.utime(self.folder / ref.key)
+
+    # ------------------------------------------------------------------ fetching
+    def _fetch_url(self, ref: AdapterRef, target: Path) -> None:
+        limits = self.limits
+        try:
+            fetch_weights(
+                ref.source, target, timeout_s=limits.timeout_s, retries=limits.retries, deadline_s=limits.deadline_s,
+                min_rate_bytes_s=limits.min_rate_bytes_s, rate_grace_s=limits.rate_grace_s,
+                max_extracted_bytes=limits.max_adapter_bytes, max_download_bytes=limits.max_adapter_bytes,
+                allow_zip=True,
+            )
+        except WeightsError as exc:
+            message = exc.message.replace("COG_TRITON_MAX_EXTRACTED_BYTES", "COG_TRITON_ADAPTER_MAX_BYTES")
+            message = message.replace("COG_TRITON_DOWNLOAD_DEADLINE_S", "COG_TRITON_ADAPTER_DOWNLOAD_DEADLINE_S")
+            raise LoraAdapterError(f"lora_weights {ref.display} could not be fetched: {message}") from None
+
+    def _fetch_hf(self, ref: AdapterRef, target: Path) -> None:
+        with target_lock(target):
+            if (target / HF_MARKER).is_file() and all((target / name).is_file() for name in ADAPTER_FILES):
+                return
+            staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.staging-", dir=target.parent))
+            try:
+                commit = _hf_download(ref, staging, self.limits)
+                (staging / HF_MARKER).write_text(json.dumps({"source": ref.source, "commit": commit}) + "\n")
+                if target.exists():
+                    old = target.parent / f".{target.name}.old-{secrets.token_hex(4)}"
+                    os.rename(target, old)
+                    shutil.rmtree(old, ignore_errors=True)
+                os.rename(staging, target)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+
+    # ------------------------------------------------------------------ reading
+    def _read(self, ref: AdapterRef, target: Path) -> LocalAdapter:
+        """Read the adapter in ``target`` (or in its only visible subfolder).
+
+        Raises:
+            FileNotFoundError: the folder vanished (evicted by another process).
+            LoraAdapterError: the files are not a PEFT LoRA adapter.
+        """
+        if not target.is_dir():
+            raise FileNotFoundError(target)
+        root = target
+        if not (root / ADAPTER_CONFIG).is_file():
+            visible = [p for p in target.iterdir() if not p.name.startswith(".") and p.name != "__MACOSX"]
+            if len(visible) == 1 and visible[0].is_dir():
+                root = visible[0]
+        config_path, weights_path = root / ADAPTER_CONFIG, root / ADAPTER_WEIGHTS
+        if not config_path.is_file() or not weights_path.is_file():
+            found = sorted(str(p.relative_to(target)) for p in target.rglob("*")
+                           if p.is_file() and not p.name.startswith(".") and ".cache" not in p.parts)[:10]
+            bin_hint = (" (adapter_model.bin is a pickle, which is not loaded: save the adapter with safetensors, "
+                        "the default of peft's save_pretrained)") if (root / "adapter_model.bin").is_file() else ""
+            raise LoraAdapterError(
+                f"lora_weights {ref.display} is not a PEFT LoRA adapter: it needs {ADAPTER_CONFIG} and "
+                f"{ADAPTER_WEIGHTS} at its top level (or in its only folder){bin_hint}; found: "
+                f"{', '.join(found) or 'no files'}"
+            )
+        config_bytes = config_path.read_bytes()
+        weights = weights_path.read_bytes()
+        try:
+            config = json.loads(config_bytes)
+        except ValueError as exc:
+            raise LoraAdapterError(f"lora_weights {ref.display}: {ADAPTER_CONFIG} is not valid JSON ({exc})") from None
+        if not isinstance(config, dict):
+            raise LoraAdapterError(f"lora_weights {ref.display}: {ADAPTER_CONFIG} must hold a JSON object")
+        digest = hashlib.sha256(config_bytes)
+        digest.update(weights)
+        return LocalAdapter(ref=ref, config=config, weights=weights, sha256=digest.hexdigest())
+
+    # ------------------------------------------------------------------ eviction
+    def entries(self) -> list[tuple[float, int, Path]]:
+        """(last use as mtime, bytes, folder) of every cached adapter."""
+        out = []
+        if not self.folder.is_dir():
+            return out
+        for entry in self.folder.iterdir():
+            if entry.name.startswith(".") or not entry.is_dir():
+                continue
+            try:
+                used = entry.stat().st_mtime
+                size = sum(f.stat().st_size for f in entry.rglob("*") if f.is_file())
+            except OSError:
+                continue
+            out.append((used, size, entry))
+        return out
+
+    def evict(self, keep: Optional[Path] = None) -> list[Path]:
+        """Remove the least recently used adapters until the cache fits ``budget_bytes``; never ``keep``, nor
+        one being fetched, nor anything while another process evicts. Returns the folders removed."""
+        removed: list[Path] = []
+        with target_lock(self.folder / ".evict", wait=False) as held:
+            if not held:
+                return removed
+            entries = sorted(self.entries(), key=lambda e: e[0])
+            total = sum(size for _, size, _ in entries)
+            for _, size, folder in entries:
+                if total <= self.limits.budget_bytes:
+                    break
+                if keep is not None and folder == keep:
+                    continue
+                with target_lock(folder, wait=False) as free:
+                    if not free:
+                        continue
+                    old = folder.parent / f".{folder.name}.old-{secrets.token_hex(4)}"
+                    try:
+                        os.rename(folder, old)
+                    except OSError:
+                        continue
+                shutil.rmtree(old, ignore_errors=True)
+                total -= size
+                removed.append(folder)
+                log.info("adapter cache over its budget of %d bytes: evicted %s (%d bytes)",
+                         self.limits.budget_bytes, folder.name, size)
+        return removed
+
+
+def _hf_download(ref: AdapterRef, staging: Path, limits: StoreLimits) -> str:
+    """Download the adapter's two files from the Hub into ``staging``; return the commit.
+
+    Raises:
+        LoraAdapterError: no such repository, revision or file, too large, or the download failed.
+    """
+    import huggingface_hub  # noqa: PLC0415 - only for hf:// references
+    from huggingface_hub import errors as hf_errors  # noqa: PLC0415
+
+    def download(filename: str, dry_run: bool):
+        return huggingface_hub.hf_hub_download(
+            ref.repo_id, filename, revision=ref.revision, local_dir=staging, dry_run=dry_run,
+            etag_timeout=limits.timeout_s,
+        )
+
+    try:
+        infos = [download(name, True) for name in ADAPTER_FILES]
+        size = sum(info.file_size or 0 for info in infos)
+        if size > limits.max_adapter_bytes:
+            raise LoraAdapterError(
+                f"lora_weights {ref.display} has {size} bytes of adapter files, more than the "
+                f"{limits.max_adapter_bytes} allowed (COG_TRITON_ADAPTER_MAX_BYTES)"
+            )
+        for name in ADAPTER_FILES:
+            download(name, False)
+        return infos[0].commit_hash
+    except hf_errors.EntryNotFoundError as exc:
+        raise LoraAdapterError(
+            f"lora_weights {ref.display} is not a PEFT LoRA adapter: the repository has no {_missing(exc)} "
+            f"(it needs {' and '.join(ADAPTER_FILES)})"
+        ) from None
+    except hf_errors.RevisionNotFoundError:
+        raise LoraAdapterError(f"lora_weights {ref.display}: revision {ref.revision!r} not found") from None
+    except hf_errors.RepositoryNotFoundError:
+        raise LoraAdapterError(
+            f"lora_weights {ref.display}: repository {ref.repo_id} not found, or private (set HF_TOKEN)"
+        ) from None
+    except (hf_errors.HfHubHTTPError, hf_errors.LocalEntryNotFoundError, OSError, ValueError) as exc:
+        raise LoraAdapterError(f"lora_weights {ref.display} could not be downloaded: {type(exc).__name__}: "
+                               f"{str(exc)[:300]}") from None
+
+
+def _missing(exc: Exception) -> str:
+    text = str(exc)
+    return next((name for name in ADAPTER_FILES if name in text), "adapter files")
+
+
+__all__ = ("ADAPTER_CONFIG", "ADAPTER_FILES", "ADAPTER_WEIGHTS", "AdapterStore", "LocalAdapter", "StoreLimits")

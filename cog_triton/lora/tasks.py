@@ -1,0 +1,187 @@
+"""LoRA task ids and what a stream process knows about the backend's LoRA cache.
+
+* **Task ids.** TensorRT-LLM caches an adapter's weights under the request's ``lora_task_id`` (UINT64) and
+  serves later requests of that task from its cache (``triton_backend/.../tensorrt_llm/config.pbtxt``: "The
+  LoRA will be cached, so that subsequent requests for the same task only require lora_task_id"). The id
+  here is the adapter's content hash (:func:`task_id_of`): every stream process, and every restart, gives
+  the same adapter the same id, and two adapters never share one (60 bits of sha256).
+* **Which tasks the backend holds** is not visible to a client; each process remembers the tasks it has
+  served (:class:`HeldTasks`) and sends the weights only for the others. When the backend evicted a task
+  meanwhile (or another process's request filled it), it answers "LoRA task <id> not found in cache. Please
+  send LoRA weights with request" (``batch_manager/peftCacheManager.cpp`` ``addRequestPeft``), and the
+  request is sent once more with the weights (:func:`is_cache_miss`; ``cog_triton.generation``).
+* **Cache full**: "PEFT Cache is full. Could not store taskId=<id>" (the same function) when every cached
+  task is in use; it becomes :class:`common.errors.LoraCacheFullError` (retryable).
+
+:class:`Adapters` turns a request's ``lora_weights`` into its task id and tensors: fetched through the disk
+cache (:mod:`cog_triton.lora.store`), converted (:mod:`cog_triton.lora.convert`) and kept converted in memory
+(LRU, ``memory_bytes``). It blocks (download, conversion): callers run it off the event loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Optional
+
+from common.errors import LoraAdapterError
+from cog_triton.client import LoraTensors
+from cog_triton.lora.convert import ConvertedAdapter, convert
+from cog_triton.lora.refs import AdapterRef
+from cog_triton.lora.store import AdapterStore, StoreLimits
+from tensorrtllm_backend.lora import LoraSpec
+
+log = logging.getLogger(__name__)
+
+#: Tasks a process remembers as held by the backend (the oldest are forgotten: a forgotten one is resent).
+HELD_TASKS_LIMIT = 4096
+#: Converted adapters kept in memory per process, bytes.
+DEFAULT_MEMORY_BYTES = 1 << 30
+
+
+def task_id_of(sha256_hex: str) -> int:
+    """The ``lora_task_id`` of an adapter: the first 60 bits of its content sha256 (a positive UINT64)."""
+    return int(sha256_hex[:15], 16)
+
+
+def is_cache_miss(message: str, task_id: int) -> bool:
+    """Whether Triton's error ``message`` is the executor's cache miss for ``task_id`` (peftCacheManager.cpp)."""
+    return f"LoRA task {task_id} not found in cache" in message
+
+
+def is_cache_full(message: str) -> bool:
+    """Whether Triton's error ``message`` is the executor's "PEFT Cache is full" (peftCacheManager.cpp)."""
+    return "PEFT Cache is full" in message
+
+
+@dataclass(frozen=True, eq=False)
+class Adapter:
+    """A request's adapter: its ``lora_task_id``, tensors and what it is (for logs and errors)."""
+
+    task_id: int
+    tensors: LoraTensors
+    display: str
+    sha256: str
+    converted: ConvertedAdapter
+
+
+class HeldTasks:
+    """The task ids this process has had served (bounded, least recently used forgotten first; thread-safe)."""
+
+    def __init__(self, limit: int = HELD_TASKS_LIMIT) -> None:
+        self.limit = limit
+        self._ids: OrderedDict[int, None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __contains__(self, task_id: int) -> bool:
+        with self._lock:
+            if task_id in self._ids:
+                self._ids.move_to_end(task_id)
+                return True
+            return False
+
+    def add(self, task_id: int) -> None:
+        with self._lock:
+            self._ids[task_id] = None
+            self._ids.move_to_end(task_id)
+            while len(self._ids) > self.limit:
+                self._ids.popitem(last=False)
+
+    def discard(self, task_id: int) -> None:
+        with self._lock:
+            self._ids.pop(task_id, None)
+
+    def clear(self) -> None:
+        """Forget everything (Triton restarted: its LoRA cache is empty)."""
+        with self._lock:
+            self._ids.clear()
+
+
+class Adapters:
+    """Resolves ``lora_weights`` references to :class:`Adapter` (see the module docstring).
+
+    Args:
+        spec: what the served model accepts.
+        limits: the disk cache and download bounds.
+        memory_bytes: converted adapters kept in memory, bytes.
+    """
+
+    def __init__(self, spec: LoraSpec, limits: StoreLimits, memory_bytes: int = DEFAULT_MEMORY_BYTES) -> None:
+        self.spec = spec
+        self.store = AdapterStore(limits)
+        self.memory_bytes = memory_bytes
+        self.held = HeldTasks()
+        self._by_content: OrderedDict[str, Adapter] = OrderedDict()
+        self._by_source: dict[str, str] = {}
+        self._locks: dict[str, threading.Lock] = {}
+        self._lock = threading.Lock()
+
+    def check_enabled(self, ref: AdapterRef) -> None:
+        """Raise at once when the model serves no LoRA (before anything is downloaded).
+
+        Raises:
+            LoraAdapterError: naming why (e.g. the engine was built without the LoRA plugin).
+        """
+        if not self.spec.enabled:
+            raise LoraAdapterError(f"lora_weights {ref.display} was given, but this model cannot serve LoRA "
+                                   f"adapters: {self.spec.off_reason}")
+
+    def resolve(self, ref: AdapterRef) -> Adapter:
+        """The adapter ``ref`` names, from memory, the disk cache or its source (blocking).
+
+        Raises:
+            LoraAdapterError: see :meth:`check_enabled`, :meth:`cog_triton.lora.store.AdapterStore.get` and
+                :func:`cog_triton.lora.convert.convert`.
+        """
+        self.check_enabled(ref)
+        with self._lock:
+            lock = self._locks.setdefault(ref.key, threading.Lock())
+        with lock:  # one fetch and conversion per source in this process at a time
+            cached = self._cached(ref)
+            if cached is not None:
+                return cached
+            started = time.monotonic()
+            local = self.store.get(ref)
+            with self._lock:
+                known = self._by_content.get(local.sha256)
+            if known is None:
+                converted = convert(local.config, local.weights, self.spec, ref.display)
+                known = Adapter(task_id_of(local.sha256), converted.tensors, ref.display, local.sha256, converted)
+                log.info(
+                    "adapter %s: lora_task_id %d, rank %d, %d layers x %s, %d rows (%.1f MB), ready in %.2f s",
+                    ref.display, known.task_id, converted.rank, converted.layers, "/".join(converted.modules),
+                    converted.tensors.rows, converted.tensors.nbytes / 1e6, time.monotonic() - started,
+                )
+            self._remember(ref, known)
+            return known
+
+    def _cached(self, ref: AdapterRef) -> Optional[Adapter]:
+        with self._lock:
+            sha = self._by_source.get(ref.key)
+            adapter = self._by_content.get(sha) if sha else None
+            if adapter is not None:
+                self._by_content.move_to_end(sha)  # type: ignore[arg-type]
+        if adapter is not None:
+            try:
+                self.store.touch(ref)
+            except OSError:
+                pass
+        return adapter
+
+    def _remember(self, ref: AdapterRef, adapter: Adapter) -> None:
+        with self._lock:
+            self._by_source[ref.key] = adapter.sha256
+            self._by_content[adapter.sha256] = adapter
+            self._by_content.move_to_end(adapter.sha256)
+            total = sum(a.tensors.nbytes for a in self._by_content.values())
+            while total > self.memory_bytes and len(self._by_content) > 1:
+                sha, old = self._by_content.popitem(last=False)
+                total -= old.tensors.nbytes
+                for key in [k for k, v in self._by_source.items() if v == sha]:
+                    del self._by_source[key]
+
+
+__all__ = ("Adapter", "Adapters", "HeldTasks", "is_cache_full", "is_cache_miss", "task_id_of")

@@ -1,0 +1,252 @@
+"""LoRA in the predictor's request path: real stream processes (cog_triton.streamer) against FakeTriton
+(tests/test_client.py), with an adapter of the bundled model made with peft and served over HTTP.
+
+What Triton answers is produced on purpose, as TensorRT-LLM's executor words it
+(batch_manager/peftCacheManager.cpp addRequestPeft, behind the backend's "Executor failed process
+requestId N due to the following error: " and the ensemble's "in ensemble 'ensemble', "): the cache miss
+(the request is sent again, once, with the weights), and the full cache (a retryable lora_cache_full error).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.server
+import struct
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from common.errors import InferenceError, LoraAdapterError, LoraCacheFullError
+from cog_triton.generation import GeneratorConfig
+from cog_triton.local import WeightsHTTPServer
+from cog_triton.lora.store import StoreLimits
+from cog_triton.stream_pool import StreamPool
+from tensorrtllm_backend.engine import ModelLimits, inspect_weights
+from tensorrtllm_backend.lora import engine_lora_spec
+from tests.lora_adapters import make_adapter, pack
+from tests.test_client import Running, error, response
+from tests.test_stream_pool import tokenizer  # noqa: F401 - the default model's tokenizer
+from tests.test_stream_pool import inputs, is_stop, paced, stream, triton  # noqa: F401 - the module's FakeTriton
+
+CHECKPOINT = Path(__file__).resolve().parents[1] / "build" / "default_model" / "checkpoint"
+LIMITS = ModelLimits(max_batch_size=8, max_input_len=2048, max_seq_len=4096)
+TOKENS = [504, 1205, 2106]
+
+
+def _names(request) -> dict[str, Any]:
+    return {t.name: t for t in request.inputs}
+
+
+def _task_id(request) -> int:
+    index = [t.name for t in request.inputs].index("lora_task_id")
+    return struct.unpack("<Q", request.raw_input_contents[index])[0]
+
+
+def miss_text(task: int) -> str:
+    return (f"in ensemble 'ensemble', Executor failed process requestId 7 due to the following error: LoRA task "
+            f"{task} not found in cache. Please send LoRA weights with request")
+
+
+@pytest.fixture(scope="module")
+def adapter_url(tmp_path_factory) -> Iterator[str]:
+    work = tmp_path_factory.mktemp("lora_gen")
+    folder = make_adapter(CHECKPOINT, work / "made", r=4, alpha=8, targets=["q_proj", "v_proj"], seed=5)
+    pack(folder, work / "served" / "a.tar.gz")
+    with WeightsHTTPServer(work / "served") as server:
+        server.work = work  # type: ignore[attr-defined]
+        yield f"{server.url}/a.tar.gz", server
+
+
+def _pool(triton: Running, work: Path, lora) -> StreamPool:  # noqa: F811
+    config = GeneratorConfig(tokenizer_dir=CHECKPOINT, limits=LIMITS, grpc_address=triton.address,
+                             token_timeout_s=5.0, lora=lora, adapter_limits=StoreLimits(root=work, retries=0))
+    pool = StreamPool(config, 1, interval_s=0.0, start_timeout_s=120)
+    pool.start()
+    return pool
+
+
+@pytest.fixture(scope="module")
+def lora_pool(triton: Running, tmp_path_factory) -> Iterator[StreamPool]:  # noqa: F811
+    info = inspect_weights(CHECKPOINT, reference_lora={"max_lora_rank": 8})
+    pool = _pool(triton, tmp_path_factory.mktemp("adapter_cache"), info.lora)
+    yield pool
+    pool.stop()
+
+
+def scripted(answers: list[str]):
+    """A scenario: a request without weights gets the next scripted answer ("miss", "full") or tokens."""
+
+    async def scenario(request):
+        if is_stop(request):
+            yield response([], final=True, request_id=request.id)
+            return
+        names = _names(request)
+        answer = answers.pop(0) if answers and "lora_weights" not in names else "ok"
+        if answer == "miss":
+            yield error(miss_text(_task_id(request)))
+        elif answer == "full":
+            yield error("in ensemble 'ensemble', Executor failed process requestId 9 due to the following error: "
+                        f"PEFT Cache is full. Could not store taskId={_task_id(request)}")
+        else:
+            for i, token in enumerate(TOKENS):
+                yield response([token], final=i == len(TOKENS) - 1, request_id=request.id)
+
+    return scenario
+
+
+def test_weights_go_with_the_first_request_only_and_with_upstreams_names(lora_pool, triton, adapter_url):  # noqa: F811
+    url, server = adapter_url
+    triton.state.scenario = scripted([])
+    before = len(triton.state.requests)
+    for request_id in ("lora-1", "lora-2"):
+        chunks, failure, _, _ = stream(lora_pool, inputs(lora_weights=url), request_id)
+        assert failure is None and chunks
+    first, second = triton.state.requests[before:before + 2]
+    names = _names(first)
+    assert names["lora_task_id"].datatype == "UINT64" and list(names["lora_task_id"].shape) == [1, 1]
+    assert names["lora_weights"].datatype == "FP32"  # the reference model's dtype
+    rows, width = list(names["lora_weights"].shape)[1:]
+    assert list(names["lora_weights"].shape) == [1, 60, 4 * (576 + 576)] and rows == 60
+    assert names["lora_config"].datatype == "INT32" and list(names["lora_config"].shape) == [1, 60, 3]
+    index = [t.name for t in first.inputs].index("lora_weights")
+    assert len(first.raw_input_contents[index]) == rows * width * 4
+    assert "lora_weights" not in _names(second) and "lora_config" not in _names(second)
+    assert _task_id(second) == _task_id(first)
+    assert server.counter["/a.tar.gz"] == 1
+
+
+def test_a_cache_miss_is_answered_by_sending_the_weights_again_once(lora_pool, triton, adapter_url):  # noqa: F811
+    url, _ = adapter_url
+    triton.state.scenario = scripted([])
+    stream(lora_pool, inputs(lora_weights=url), "lora-warm")  # the process now believes Triton holds the task
+    triton.state.scenario = scripted(["miss"])
+    before = len(triton.state.requests)
+    chunks, failure, _, _ = stream(lora_pool, inputs(lora_weights=url), "lora-miss")
+    assert failure is None and chunks
+    sent = [r for r in triton.state.requests[before:] if not is_stop(r)]
+    assert ["lora_weights" in _names(r) for r in sent] == [False, True]
+    assert sent[0].id == sent[1].id == "lora-miss"
+
+
+def test_only_one_resend(lora_pool, triton, adapter_url):  # noqa: F811
+    """Should the weights not stay in the cache either, the second miss is the prediction's error."""
+    url, _ = adapter_url
+    triton.state.scenario = scripted([])
+    stream(lora_pool, inputs(lora_weights=url), "lora-warm2")
+
+    async def always_miss(request):
+        if is_stop(request):
+            yield response([], final=True, request_id=request.id)
+            return
+        yield error(miss_text(_task_id(request)))
+
+    triton.state.scenario = always_miss
+    before = len(triton.state.requests)
+    _, failure, _, _ = stream(lora_pool, inputs(lora_weights=url), "lora-miss2")
+    assert isinstance(failure, InferenceError) and "not found in cache" in failure.message
+    assert len([r for r in triton.state.requests[before:] if not is_stop(r)]) == 2
+
+
+def test_a_full_cache_is_a_retryable_error(lora_pool, triton, adapter_url):  # noqa: F811
+    url, _ = adapter_url
+    triton.state.scenario = scripted([])
+    stream(lora_pool, inputs(lora_weights=url), "lora-warm3")
+    triton.state.scenario = scripted(["full"])
+    _, failure, _, _ = stream(lora_pool, inputs(lora_weights=url), "lora-full")
+    assert isinstance(failure, LoraCacheFullError) and failure.code == "lora_cache_full"
+    assert "Retry in a moment" in failure.message and "PEFT Cache is full" in failure.message
+
+
+def test_an_engine_without_the_lora_plugin_refuses_before_anything_is_fetched(  # noqa: F811
+        triton, adapter_url, tmp_path):
+    """Its executor would ignore the adapter (NoOpPeftCacheManager) and answer with the base model."""
+    url, server = adapter_url
+    config = {"pretrained_config": {"dtype": "bfloat16", "architecture": "LlamaForCausalLM"},
+              "build_config": {"plugin_config": {"lora_plugin": None}, "lora_config": {}}}
+    pool = _pool(triton, tmp_path / "cache", engine_lora_spec(config))
+    try:
+        downloads = server.counter["/a.tar.gz"]
+        before = len(triton.state.requests)
+        with pytest.raises(LoraAdapterError) as info:  # an input error: raised by predict(), before any output
+            stream(pool, inputs(lora_weights=url), "lora-off")
+    finally:
+        pool.stop()
+    assert "built without the LoRA plugin" in info.value.message and "lora_plugin null" in info.value.message
+    assert len(triton.state.requests) == before and server.counter["/a.tar.gz"] == downloads
+
+
+class SlowFiles(http.server.SimpleHTTPRequestHandler):
+    """Serves a folder, each answer after ``delay_s`` seconds (a slow adapter host)."""
+
+    delay_s = 3.0
+
+    def do_GET(self) -> None:  # noqa: N802
+        time.sleep(self.delay_s)
+        super().do_GET()
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_a_slow_adapter_download_does_not_hold_up_other_streams(  # noqa: F811
+        lora_pool, triton, adapter_url, tokenizer):
+    """Adapters are fetched on the stream process's adapter threads, neither on its event loop nor in its prompt
+    thread: while one downloads for 3 s, a base prediction of the same process with a long prompt (prepared in
+    the prompt thread) starts at once and receives its tokens (one every 50 ms) without a pause."""
+    _, server = adapter_url
+    folder = server.work / "served"  # type: ignore[attr-defined]
+    handler = type("Slow", (SlowFiles,), {})
+    slow = http.server.ThreadingHTTPServer(("127.0.0.1", 0), lambda *a, **k: handler(*a, directory=str(folder), **k))
+    threading.Thread(target=slow.serve_forever, daemon=True).start()
+    ids = tokenizer.encode(" one two three four five six seven eight nine ten" * 4, add_special_tokens=False)[:40]
+    triton.state.scenario = paced(ids, step_s=0.05)
+    arrivals: list[float] = []
+    results: dict[str, Any] = {}
+    long_prompt = "word " * 1000  # over INLINE_PREPARE_CHARS: prepared in the prompt thread
+
+    def base() -> None:
+        async def run():
+            started = time.monotonic()
+            generator = await lora_pool.open(inputs(long_prompt), "slow-base", started, None)
+
+            def read():
+                for _ in generator:
+                    arrivals.append(time.monotonic())
+            await asyncio.to_thread(read)
+            return started
+        results["base_started"] = asyncio.run(run())
+
+    def with_adapter() -> None:
+        # a URL no earlier test used: not in any cache, so it is downloaded (slowly)
+        url = f"http://127.0.0.1:{slow.server_address[1]}/a.tar.gz?slow"
+        results["lora"] = stream(lora_pool, inputs(lora_weights=url), "slow-lora")
+    try:
+        second = threading.Thread(target=with_adapter)
+        second.start()
+        time.sleep(0.5)  # the adapter's download has begun
+        first = threading.Thread(target=base)
+        first.start()
+        first.join(60)
+        second.join(60)
+    finally:
+        slow.shutdown()
+        slow.server_close()
+    gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
+    assert len(arrivals) > 10, arrivals
+    first = arrivals[0] - results["base_started"]
+    assert first < 1.5 and max(gaps) < 1.5, (first, gaps)
+    assert results["lora"][1] is None  # and the adapter's request itself succeeded
+
+
+def test_a_generator_without_lora_support_refuses_adapters(tokenizer):  # noqa: F811
+    from cog_triton.generation import build_generator
+    from cog_triton.lora.refs import parse_adapter_ref
+
+    generator = build_generator(GeneratorConfig(tokenizer_dir=CHECKPOINT, limits=LIMITS, grpc_address="127.0.0.1:1"),
+                                tokenizer=tokenizer)
+    with pytest.raises(LoraAdapterError) as info:
+        generator.prepare(inputs(lora_weights="https://example.com/a.tar.gz"), "no-lora")
+    assert "cannot serve LoRA adapters: no LoRA support was configured" in info.value.message

@@ -1,0 +1,321 @@
+"""The lora_weights input's references (cog_triton.lora.refs) and the adapter disk cache
+(cog_triton.lora.store), against real local HTTP servers: archives of three kinds, fetched once, shared
+by processes, bounded (LRU), refused when they are not adapters or are too large; hf:// through
+huggingface_hub against a local stand-in of the Hub's resolve endpoint (the Hub cannot be reached from
+the test machines; the stand-in answers what huggingface_hub's ``get_hf_file_metadata`` reads)."""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import json
+import multiprocessing
+import os
+import tarfile
+import threading
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from common.errors import InputError, LoraAdapterError
+from cog_triton.inputs import PredictInputs
+from cog_triton.local import WeightsHTTPServer, free_port
+from cog_triton.lora.refs import parse_adapter_ref
+from cog_triton.lora.store import AdapterStore, StoreLimits
+from tests.lora_adapters import pack_files
+
+CONFIG = json.dumps({"peft_type": "LORA", "r": 2}).encode()
+ADAPTER = {"adapter_config.json": CONFIG, "adapter_model.safetensors": b"\x08" + b"\0" * 7 + b"{}" + b" " * 6}
+
+
+def content_sha(files: dict[str, bytes]) -> str:
+    return hashlib.sha256(files["adapter_config.json"] + files["adapter_model.safetensors"]).hexdigest()
+
+
+# --- refs --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value,kind,display", [
+    ("https://user:secret@example.com/a.tar.gz?X-Amz-Signature=abc", "url", "https://example.com/a.tar.gz"),
+    ("http://127.0.0.1:8111/a.zip", "url", "http://127.0.0.1:8111/a.zip"),
+    ("hf://owner/repo", "hf", "hf://owner/repo"),
+    ("hf://owner/my.repo-1@v1.0", "hf", "hf://owner/my.repo-1@v1.0"),
+])
+def test_accepted_references(value, kind, display):
+    ref = parse_adapter_ref(value)
+    assert (ref.kind, ref.display, ref.source) == (kind, display, value)
+    assert len(ref.key) == 40 and ref.key == parse_adapter_ref(value).key
+    if kind == "hf":
+        assert ref.repo_id.startswith("owner/")
+
+
+@pytest.mark.parametrize("value,fragment", [
+    ("/etc/passwd", "'/etc/passwd' is not allowed"),
+    ("file:///etc/passwd", "is not allowed"),
+    ("ftp://example.com/a.tar", "is not allowed"),
+    ("https:///nohost.tar", "has no host"),
+    ("hf://justaname", "hf://owner/repo or hf://owner/repo@revision"),
+    ("hf://owner/repo@", "hf://owner/repo or"),
+])
+def test_refused_references_say_what_is_allowed(value, fragment):
+    with pytest.raises(LoraAdapterError) as info:
+        parse_adapter_ref(value)
+    assert fragment in info.value.message and "hf://owner/repo" in info.value.message
+
+
+def test_predict_inputs_check_lora_weights():
+    assert PredictInputs.validate(prompt="hi").lora is None
+    assert PredictInputs.validate(prompt="hi", lora_weights="  ").lora is None
+    assert PredictInputs.validate(prompt="hi", lora_weights="hf://a/b").lora.repo_id == "a/b"
+    with pytest.raises(InputError, match="lora_weights has 4097 characters; at most 4096"):
+        PredictInputs.validate(prompt="hi", lora_weights="h" * 4097)
+
+
+# --- store -------------------------------------------------------------------------------------
+
+
+def _tar(path: Path, files: dict[str, bytes], folder: str = "") -> Path:
+    return pack_files(path, {f"{folder}/{k}" if folder else k: v for k, v in files.items()})
+
+
+def _zip(path: Path, files: dict[str, bytes]) -> Path:
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, data in files.items():
+            zf.writestr(name, data)
+    return path
+
+
+@pytest.fixture
+def served(tmp_path):
+    root = tmp_path / "served"
+    root.mkdir()
+    with WeightsHTTPServer(root) as server:
+        yield root, server
+
+
+def _store(tmp_path: Path, **limits) -> AdapterStore:
+    return AdapterStore(StoreLimits(root=tmp_path / "cache", retries=0, **limits))
+
+
+@pytest.mark.parametrize("name,make", [
+    ("a.tar.gz", lambda p: _tar(p, ADAPTER)),
+    ("a.zip", lambda p: _zip(p, ADAPTER)),
+    ("a.tgz", lambda p: _tar(p, ADAPTER, folder="my-adapter")),
+])
+def test_each_archive_kind_is_fetched_once_and_read_from_the_cache(tmp_path, served, name, make):
+    root, server = served
+    make(root / name)
+    store = _store(tmp_path)
+    ref = parse_adapter_ref(f"{server.url}/{name}")
+    first = store.get(ref)
+    assert first.config == {"peft_type": "LORA", "r": 2}
+    assert first.weights == ADAPTER["adapter_model.safetensors"] and first.sha256 == content_sha(ADAPTER)
+    again = AdapterStore(store.limits).get(ref)  # another process's store, the same folder
+    assert again.sha256 == first.sha256
+    assert server.counter[f"/{name}"] == 1
+
+
+def test_not_an_adapter_lists_what_it_holds(tmp_path, served):
+    root, server = served
+    _tar(root / "x.tar.gz", {"README.md": b"hi", "adapter_model.bin": b"pickle"})
+    with pytest.raises(LoraAdapterError) as info:
+        _store(tmp_path).get(parse_adapter_ref(f"{server.url}/x.tar.gz"))
+    message = info.value.message
+    assert "is not a PEFT LoRA adapter" in message and "README.md" in message and "safetensors" in message
+
+
+def test_unsafe_zip_members_are_refused(tmp_path, served):
+    root, server = served
+    _zip(root / "evil.zip", {**ADAPTER, "../outside.txt": b"x"})
+    with pytest.raises(LoraAdapterError) as info:
+        _store(tmp_path).get(parse_adapter_ref(f"{server.url}/evil.zip"))
+    assert "'../outside.txt'" in info.value.message and "'..' path component" in info.value.message
+    assert not (tmp_path / "cache" / "outside.txt").exists()
+
+
+def test_too_large_adapters_are_refused_before_unpacking(tmp_path, served):
+    root, server = served
+    _tar(root / "big.tar.gz", {**ADAPTER, "adapter_model.safetensors": os.urandom(200_000)})
+    with pytest.raises(LoraAdapterError) as info:
+        _store(tmp_path, max_adapter_bytes=50_000).get(parse_adapter_ref(f"{server.url}/big.tar.gz"))
+    assert "50000 bytes allowed" in info.value.message
+
+
+@pytest.mark.parametrize("path,fragment", [("missing.tar.gz", "HTTP 404"), (None, "could not connect")])
+def test_unreachable_adapters_are_refused(tmp_path, served, path, fragment):
+    _, server = served
+    url = f"{server.url}/{path}" if path else f"http://127.0.0.1:{free_port()}/a.tar.gz"
+    with pytest.raises(LoraAdapterError) as info:
+        _store(tmp_path).get(parse_adapter_ref(url))
+    assert "could not be fetched" in info.value.message and fragment in info.value.message
+
+
+def _sized(n: int) -> dict[str, bytes]:
+    return {**ADAPTER, "adapter_model.safetensors": bytes([n]) * 10_000}
+
+
+def test_least_recently_used_adapters_are_removed_above_the_budget(tmp_path, served):
+    root, server = served
+    for n in range(3):
+        _tar(root / f"{n}.tar.gz", _sized(n))
+    store = _store(tmp_path, budget_bytes=25_000)  # two adapters of ~10 KB fit, not three
+    refs = [parse_adapter_ref(f"{server.url}/{n}.tar.gz") for n in range(3)]
+    store.get(refs[0])
+    time.sleep(0.05)
+    store.get(refs[1])
+    time.sleep(0.05)
+    store.touch(refs[0])  # 0 used after 1: 1 is now the least recently used
+    time.sleep(0.05)
+    store.get(refs[2])
+    cached = {p.name for p in store.folder.iterdir() if not p.name.startswith(".")}
+    assert cached == {refs[0].key, refs[2].key}
+    assert sum(size for _, size, _ in store.entries()) <= 25_000
+    store.get(refs[1])  # fetched again: it was removed
+    assert server.counter["/1.tar.gz"] == 2 and server.counter["/0.tar.gz"] == 1
+
+
+def _fetch_in_process(root: str, url: str, queue) -> None:
+    store = AdapterStore(StoreLimits(root=Path(root), retries=0))
+    queue.put(store.get(parse_adapter_ref(url)).sha256)
+
+
+class SlowHandler(http.server.SimpleHTTPRequestHandler):
+    """Serves files slowly, so that concurrent fetches overlap; counts GETs."""
+
+    hits: list = []
+
+    def do_GET(self) -> None:  # noqa: N802
+        type(self).hits.append(self.path)
+        time.sleep(0.5)
+        super().do_GET()
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_processes_fetching_the_same_adapter_download_it_once(tmp_path):
+    served = tmp_path / "served"
+    served.mkdir()
+    _tar(served / "a.tar.gz", ADAPTER)
+    handler = type("Handler", (SlowHandler,), {"hits": []})
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), lambda *a, **k: handler(*a, directory=str(served), **k))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/a.tar.gz"
+        ctx = multiprocessing.get_context("spawn")
+        queue = ctx.Queue()
+        procs = [ctx.Process(target=_fetch_in_process, args=(str(tmp_path / "cache"), url, queue)) for _ in range(3)]
+        for proc in procs:
+            proc.start()
+        results = [queue.get(timeout=120) for _ in procs]
+        for proc in procs:
+            proc.join(60)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert results == [content_sha(ADAPTER)] * 3
+    assert handler.hits == ["/a.tar.gz"], "each process must not download it again"
+
+
+# --- hf:// -------------------------------------------------------------------------------------
+
+
+class FakeHub(http.server.BaseHTTPRequestHandler):
+    """``/<owner>/<repo>/resolve/<revision>/<file>``: HEAD and GET of the files in ``repos``, with the headers
+    huggingface_hub reads (X-Repo-Commit, ETag, Content-Length); a missing file or repo is 404 with the
+    Hub's X-Error-Code (EntryNotFound, RepoNotFound)."""
+
+    repos: dict = {}
+    gets: list = []
+
+    def _answer(self, body: bool) -> None:
+        parts = self.path.split("?")[0].strip("/").split("/")
+        repo, revision, name = "/".join(parts[:2]), parts[3], "/".join(parts[4:])
+        files = self.repos.get(repo)
+        if files is None or name not in files:
+            self.send_response(404)
+            self.send_header("X-Error-Code", "RepoNotFound" if files is None else "EntryNotFound")
+            self.send_header("X-Error-Message", "not found")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        data = files[name]
+        self.send_response(200)
+        self.send_header("X-Repo-Commit", "c" * 40)
+        self.send_header("ETag", f'"{hashlib.sha256(data).hexdigest()}"')
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if body:
+            type(self).gets.append((repo, revision, name))
+            self.wfile.write(data)
+
+    def do_HEAD(self) -> None:  # noqa: N802
+        self._answer(False)
+
+    def do_GET(self) -> None:  # noqa: N802
+        self._answer(True)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def hub(monkeypatch):
+    import huggingface_hub.constants as constants
+
+    handler = type("Hub", (FakeHub,), {"repos": {"me/adapter": ADAPTER, "me/not-adapter": {"README.md": b"x"}},
+                                        "gets": []})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+    monkeypatch.setattr(constants, "ENDPOINT", endpoint)
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", endpoint + "/{repo_id}/resolve/{revision}/{filename}")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    try:
+        yield handler
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_hf_references_are_resolved_with_huggingface_hub_and_cached(tmp_path, hub):
+    store = _store(tmp_path)
+    ref = parse_adapter_ref("hf://me/adapter@v2")
+    adapter = store.get(ref)
+    assert adapter.sha256 == content_sha(ADAPTER) and adapter.config["peft_type"] == "LORA"
+    assert sorted(hub.gets) == [("me/adapter", "v2", "adapter_config.json"),
+                                ("me/adapter", "v2", "adapter_model.safetensors")]
+    assert AdapterStore(store.limits).get(ref).sha256 == adapter.sha256
+    assert len(hub.gets) == 2, "a cached hf:// adapter is not downloaded again"
+
+
+@pytest.mark.parametrize("value,fragment", [
+    ("hf://me/not-adapter", "is not a PEFT LoRA adapter: the repository has no adapter_config.json"),
+    ("hf://me/nothing-here", "repository me/nothing-here not found"),
+])
+def test_hf_references_that_are_not_adapters_are_refused(tmp_path, hub, value, fragment):
+    with pytest.raises(LoraAdapterError) as info:
+        _store(tmp_path).get(parse_adapter_ref(value))
+    assert fragment in info.value.message, info.value.message
+
+
+def test_hf_adapters_over_the_size_limit_are_refused_before_downloading(tmp_path, hub):
+    with pytest.raises(LoraAdapterError, match="more than the 10 allowed"):
+        _store(tmp_path, max_adapter_bytes=10).get(parse_adapter_ref("hf://me/adapter"))
+    assert hub.gets == []
+
+
+def test_tar_members_are_listed_as_given():
+    """The pack helper writes plain members (a sanity check of the test's own archives)."""
+    path = Path(__file__).parent / "__tmp_check.tar.gz"
+    try:
+        _tar(path, ADAPTER, folder="f")
+        with tarfile.open(path) as tar:
+            assert sorted(tar.getnames()) == ["f/adapter_config.json", "f/adapter_model.safetensors"]
+    finally:
+        path.unlink(missing_ok=True)
