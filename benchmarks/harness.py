@@ -811,12 +811,17 @@ def soak_summary(records: list[dict[str, Any]], kill: dict[str, Any], args: argp
         "content_mismatches": sum(1 for r in plain if r["status"] == "succeeded" and not r["content_ok"]),
     }
     if kill_at is not None:
+        # In flight at the fault: started before the supervisor could have found it (it polls every 0.5 s,
+        # cog_triton/supervisor.py), ended after the kill. A prediction sent in that window meets the dead
+        # stub just like one that was running.
+        found_by = kill_at + FAULT_DETECTION_S
         after = [r for r in records if r["start"] >= kill_at]
         recovered = [r for r in after if r["status"] == "succeeded"]
         out["errors_after_kill"] = sum(1 for r in records if r["error"] and r["end"] >= kill_at)
-        out["in_flight_at_kill"] = sum(1 for r in records if r["start"] < kill_at <= r["end"])
+        out["in_flight_at_kill"] = sum(1 for r in records if r["start"] < found_by and kill_at <= r["end"])
         out["in_flight_at_kill_failed"] = sum(
-            1 for r in records if r["start"] < kill_at <= r["end"] and r["status"] not in ("succeeded", "canceled"))
+            1 for r in records
+            if r["start"] < found_by and kill_at <= r["end"] and r["status"] not in ("succeeded", "canceled"))
         out["recoveries"] = len(recovered)
         out["started_after_kill"] = len(after)
         out["first_success_after_kill_s"] = (
@@ -981,7 +986,12 @@ def lora_lines(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
+#: How long after the kill a prediction still counts as in flight at the fault, seconds: the supervisor's
+#: polling period (0.5 s) twice.
+FAULT_DETECTION_S = 1.0
+
 SOAK_LABELS = {
+    "in_flight_at_kill": f"in flight at the kill (started before it + {FAULT_DETECTION_S:g} s of detection)",
     "recoveries": "recoveries (started after the kill, succeeded)",
     "first_success_after_kill_s": "first success after the kill, s",
     "triton_restarts": "Triton restarts (supervisor log)",

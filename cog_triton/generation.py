@@ -329,7 +329,11 @@ class Generator:
         guided_ids: Optional[list[int]] = [] if inputs.guide is not None else None  # to check the document
         engine_done = False  # the engine sent its final response: nothing to stop
         try:
-            async for chunk in self._responses(prepared):
+            # Without an adapter the client's stream is read directly: no extra generator layer per token.
+            responses = (
+                self.client.generate_stream(request) if prepared.adapter is None else self._responses(prepared)
+            )
+            async for chunk in responses:
                 watched.last = time.monotonic()
                 ids = chunk.output_ids
                 if not ids:

@@ -159,7 +159,8 @@ def server(tmp_path_factory):
     (target / "config.pbtxt").write_text(render_config())
     limited = tmp / "repo" / NUM_TOKENS_MODEL
     (limited / "1").mkdir(parents=True)
-    shutil.copy2(MODEL_DIR / "1" / "model.py", limited / "1" / "model.py")
+    for module in (MODEL_DIR / "1").glob("*.py"):  # model.py and its sibling modules
+        shutil.copy2(module, limited / "1" / module.name)
     (limited / "config.pbtxt").write_text(
         render_config(NUM_TOKENS_MODEL, NUM_TOKENS_ENGINE_MAX_INPUT_LEN, max_num_tokens=MAX_NUM_TOKENS)
     )
