@@ -791,7 +791,7 @@ def test_extracted_size_is_bounded_by_the_setting(target: Path, tmp_path: Path) 
 def test_default_extraction_limit_is_a_multiple_of_the_archive_size(
     target: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import cog_triton.weights as weights
+    import cog_triton.weights.archive as weights
 
     monkeypatch.setattr(weights, "EXTRACT_FLOOR_BYTES", 1 << 20)  # instead of 1 GiB, to keep the test small
     archive = _zeros_tar(tmp_path / "bomb.tar.gz", 8 << 20)

@@ -1,0 +1,76 @@
+"""Fetch model weights into a local folder: download, verify, safely unpack, and skip when unchanged.
+
+:func:`fetch_weights` accepts an http(s) URL, a ``file://`` URL or a local path, pointing to a
+``.tar`` / ``.tar.gz`` (``.tgz``; bzip2 and xz work too) archive or to a directory, and leaves its
+contents in ``target_dir``:
+
+* One fetch at a time per target: the whole fetch holds an exclusive lock (``flock``) on
+  ``.<target name>.lock`` beside the target; a second fetch waits, then finds the marker and skips.
+* HTTP downloads are streamed with httpx into a temporary file next to the target, hashed while
+  they stream, checked against ``Content-Length``, and retried (tenacity, exponential backoff with
+  jitter) on connection errors, timeouts, truncated bodies, transfers below the minimum rate and
+  5xx answers; 4xx answers are not retried. A retry resumes where the previous attempt stopped
+  (``Range``, validated with ``If-Range`` against the ETag or Last-Modified) when the server
+  allows it, and starts from byte 0 otherwise; the sha256 covers every byte either way. The whole
+  download, retries included, has a deadline.
+* The archive's sha256 is checked when one is given.
+* Zip archives are accepted where the caller allows them (``allow_zip``: LoRA adapters), unpacked with
+  :mod:`zipfile` under the same member rules and byte limit (symlink members are refused; CRCs are checked).
+* A download may be capped in bytes (``max_download_bytes``): a larger ``Content-Length`` or body fails it.
+* Archives are unpacked with :mod:`tarfile` (compression detected from the content, ``"r:*"``)
+  under the rules of tarfile's ``"data"`` extraction filter, enforced by our own code on every
+  Python (the filter is missing before 3.10.12 / 3.11.4): modes lose setuid, setgid, sticky and
+  group/other write bits, files get owner read+write, directory modes and all owners in the archive
+  are ignored (nothing is ever chowned). A per-member check names the offending member: absolute
+  paths, ``..`` components, paths deeper than :data:`MAX_MEMBER_DEPTH` components or longer than
+  :data:`MAX_MEMBER_PATH_BYTES`, links that resolve outside the target, device files, FIFOs and
+  sparse files are refused with :class:`~common.errors.ArchiveError`.
+* The unpacked size is bounded (see :func:`fetch_weights`, ``max_extracted_bytes``): every
+  member's declared size and every byte written count, and free disk space is checked before the
+  extraction and before each file.
+* Everything is unpacked (or copied) into a staging folder beside ``target_dir`` which then
+  replaces ``target_dir`` by rename, so a failed fetch leaves the previous weights in place.
+* A marker file (:data:`MARKER_NAME`) records what was fetched; the next identical fetch whose
+  files are all still present with their recorded sizes is skipped. Verification records
+  (:data:`~common.files.VERIFIED_NAME`) in an archive or a copied folder are dropped: only this
+  machine's own hashing writes them.
+
+URLs are never logged or put into error messages with their userinfo or query string (see
+:func:`redact_url`); the records of httpx's and httpcore's own logs (request lines, and at DEBUG
+level the response headers with a redirect's ``Location``) are redacted the same way.
+
+The package, one module per concern (this module is its public face):
+
+* :mod:`~cog_triton.weights.sources`: what a source is (URL or path), redaction, local fingerprints;
+* :mod:`~cog_triton.weights.download`: HTTP download with retries, resume, deadline and minimum rate;
+* :mod:`~cog_triton.weights.archive`: safe extraction of tar (and zip) archives within a byte budget;
+* :mod:`~cog_triton.weights.cache`: the target's lock, the marker, and the atomic staging swap;
+* :mod:`~cog_triton.weights.fetch`: :func:`fetch_weights`, which puts them together.
+"""
+
+from __future__ import annotations
+
+from cog_triton.weights.archive import EXTRACT_FLOOR_BYTES, EXTRACT_RATIO, MANIFEST_SLACK_BYTES
+from cog_triton.weights.cache import target_lock
+from cog_triton.weights.download import (
+    DEFAULT_DOWNLOAD_DEADLINE_S,
+    DEFAULT_DOWNLOAD_MIN_RATE_BYTES_S,
+    DEFAULT_DOWNLOAD_RATE_GRACE_S,
+)
+from cog_triton.weights.fetch import WeightsResult, fetch_weights
+from cog_triton.weights.sources import SUPPORTED_KINDS, redact_text, redact_url
+
+__all__ = (
+    "DEFAULT_DOWNLOAD_DEADLINE_S",
+    "DEFAULT_DOWNLOAD_MIN_RATE_BYTES_S",
+    "DEFAULT_DOWNLOAD_RATE_GRACE_S",
+    "EXTRACT_FLOOR_BYTES",
+    "EXTRACT_RATIO",
+    "MANIFEST_SLACK_BYTES",
+    "SUPPORTED_KINDS",
+    "WeightsResult",
+    "fetch_weights",
+    "redact_text",
+    "redact_url",
+    "target_lock",
+)

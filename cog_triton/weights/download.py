@@ -1,0 +1,382 @@
+"""HTTP downloads of weights: streamed with httpx, hashed while they stream, retried with backoff and resumed
+with Range/If-Range, within a deadline and a minimum rate; URLs redacted from httpx's and httpcore's logs.
+
+Part of :mod:`cog_triton.weights` (its public face is the package).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import httpx
+from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
+
+from cog_triton.weights.archive import _check_free_space
+from cog_triton.weights.sources import redact_text
+from common.errors import DownloadError, WeightsError
+
+log = logging.getLogger("cog_triton.weights")
+
+
+#: Progress is logged when this fraction of the download has arrived since the last line ...
+PROGRESS_FRACTION = 0.10
+
+
+#: ... or when this many seconds have passed since it.
+PROGRESS_INTERVAL_S = 5.0
+
+
+#: First retry waits about this long (seconds, plus jitter); each further one twice as long.
+RETRY_INITIAL_BACKOFF_S = 1.0
+
+
+#: Longest wait between two attempts (seconds).
+RETRY_MAX_BACKOFF_S = 30.0
+
+
+#: Default deadline of a whole download, all attempts and the waits between them (seconds; 0: none).
+DEFAULT_DOWNLOAD_DEADLINE_S = 6 * 3600.0
+
+
+#: Default lowest transfer rate (bytes per second; 0: no minimum) ...
+DEFAULT_DOWNLOAD_MIN_RATE_BYTES_S = 100_000
+
+
+#: ... measured over consecutive windows of this many seconds, the first from the start of each attempt.
+DEFAULT_DOWNLOAD_RATE_GRACE_S = 60.0
+
+
+_CONTENT_RANGE_RE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class _Limits:
+    timeout_s: float
+    retries: int
+    deadline_s: float
+    min_rate_bytes_s: float
+    rate_grace_s: float
+    max_extracted_bytes: Optional[int]
+    max_download_bytes: Optional[int] = None
+    allow_zip: bool = False
+
+
+class _TransientDownloadError(DownloadError):
+    """A download failure worth retrying (connection, timeout, truncated body, too slow, 5xx)."""
+
+
+#: Loggers whose records are redacted (plus any other httpx*/httpcore* logger that exists by then).
+_REDACTED_LOGGERS = (
+    "httpx", "httpcore", "httpcore.connection", "httpcore.connection_pool", "httpcore.http11", "httpcore.http2",
+    "httpcore.proxy", "httpcore.socks", "hpack",
+)  # fmt: skip
+
+
+class _RedactUrlFilter(logging.Filter):
+    """Removes userinfo and query strings from the URLs in httpx's and httpcore's log records.
+
+    httpx logs each request line ("HTTP Request: GET <url> ..."), at INFO level; httpcore logs, at
+    DEBUG level, the response headers, a redirect's ``Location`` (absolute or relative) included.
+    The whole formatted message is redacted with :func:`redact_text` and replaces the record's
+    ``msg`` (``args`` emptied) whenever it changed.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # noqa: BLE001 - a broken record is the handler's to report, not ours
+            return True
+        redacted = redact_text(message)
+        if redacted != message:
+            record.msg, record.args = redacted, ()
+        return True
+
+
+def _install_log_redaction() -> None:
+    """Attach :class:`_RedactUrlFilter` to every httpx/httpcore logger (a logger's filters only see
+    the records logged on it, not those its children propagate, hence each one by name)."""
+    existing = [name for name in logging.root.manager.loggerDict if name.split(".")[0] in ("httpx", "httpcore")]
+    for name in {*_REDACTED_LOGGERS, *existing}:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _RedactUrlFilter) for f in logger.filters):
+            logger.addFilter(_RedactUrlFilter())
+
+
+_install_log_redaction()
+
+
+class _Progress:
+    def __init__(self, display: str, total: Optional[int], done: int = 0) -> None:
+        self.display = display
+        self.total = total
+        self.started = self.last_time = time.monotonic()
+        self.base = self.last_bytes = done  # bytes that were there before this attempt (a resumed download)
+
+    def rate(self, done: int, now: float) -> float:
+        return (done - self.base) / max(now - self.started, 1e-6) / 1e6
+
+    def update(self, done: int) -> None:
+        now = time.monotonic()
+        step_due = self.total is not None and done - self.last_bytes >= self.total * PROGRESS_FRACTION
+        if not step_due and now - self.last_time < PROGRESS_INTERVAL_S:
+            return
+        self.last_time, self.last_bytes = now, done
+        if self.total:
+            log.info("downloading %s: %d of %d bytes (%.0f%%), %.1f MB/s",
+                     self.display, done, self.total, 100.0 * done / self.total, self.rate(done, now))
+        else:
+            log.info("downloading %s: %d bytes, %.1f MB/s", self.display, done, self.rate(done, now))
+
+    def finish(self, done: int) -> None:
+        now = time.monotonic()
+        log.info("downloaded %s: %d bytes in %.1f s, %.1f MB/s",
+                 self.display, done, now - self.started, self.rate(done, now))
+
+
+@dataclass
+class _Transfer:
+    """One download across its attempts: the bytes in ``dest`` so far (``received``, all of them in
+    ``hasher``) and what the server said about the file (for resuming)."""
+
+    dest: Path
+    deadline: Optional[float]  # time.monotonic() value; None: no deadline
+    hasher: Any = field(default_factory=hashlib.sha256)
+    received: int = 0
+    total: Optional[int] = None  # the whole file's size in bytes, when the server said
+    validator: Optional[str] = None  # strong ETag, else Last-Modified: sent as If-Range when resuming
+    resumable: bool = False
+    started: float = field(default_factory=time.monotonic)
+    last_error: Optional[str] = None
+
+    def restart(self) -> None:
+        """Forget the bytes so far: the next write starts the file (and the hash) from byte 0."""
+        self.hasher = hashlib.sha256()
+        self.received = 0
+
+    def past_deadline(self) -> bool:
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+def _deadline_error(display: str, transfer: _Transfer, limits: _Limits) -> DownloadError:
+    elapsed = time.monotonic() - transfer.started
+    of = f" of {transfer.total}" if transfer.total is not None else ""
+    last = f"; the last attempt failed with: {transfer.last_error}" if transfer.last_error else ""
+    return DownloadError(
+        f"the download of {display} did not finish within the deadline of {_num(limits.deadline_s)} s "
+        f"(COG_TRITON_DOWNLOAD_DEADLINE_S): {transfer.received}{of} bytes arrived in {elapsed:.1f} s{last}. "
+        "Raise COG_TRITON_DOWNLOAD_DEADLINE_S (0: no deadline) or use a faster source"
+    )
+
+
+def _too_slow(display: str, rate: float, window_s: float, limits: _Limits) -> str:
+    return (
+        f"the download of {display} is too slow: {rate:.0f} bytes/s over the last {window_s:.1f} s, below the minimum "
+        f"of {_num(limits.min_rate_bytes_s)} bytes/s (COG_TRITON_DOWNLOAD_MIN_RATE_BYTES_S, measured over "
+        f"COG_TRITON_DOWNLOAD_RATE_GRACE_S={_num(limits.rate_grace_s)} s); use a faster source, or lower the "
+        "minimum (0 disables it)"
+    )
+
+
+def _download(url: str, display: str, dest: Path, limits: _Limits) -> tuple[str, int]:
+    """Download ``url`` into ``dest``; return (sha256 hex, size in bytes). Raises DownloadError."""
+    _install_log_redaction()
+    attempts = limits.retries + 1
+    transfer = _Transfer(dest, deadline=time.monotonic() + limits.deadline_s if limits.deadline_s > 0 else None)
+    backoff = wait_exponential_jitter(
+        initial=RETRY_INITIAL_BACKOFF_S, max=RETRY_MAX_BACKOFF_S, jitter=RETRY_INITIAL_BACKOFF_S / 2
+    )
+
+    def wait(state: RetryCallState) -> float:  # never sleep past the deadline
+        seconds = backoff(state)
+        if transfer.deadline is not None:
+            seconds = max(0.0, min(seconds, transfer.deadline - time.monotonic()))
+        return seconds
+
+    def before_sleep(state: RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome is not None else None
+        transfer.last_error = str(getattr(exc, "message", exc))
+        sleep = state.next_action.sleep if state.next_action is not None else 0.0
+        log.warning("download attempt %d of %d failed: %s; retrying in %.1f s",
+                    state.attempt_number, attempts, transfer.last_error, sleep)
+
+    retrying = Retrying(
+        stop=stop_after_attempt(attempts) | (lambda state: transfer.past_deadline()),
+        wait=wait,
+        retry=retry_if_exception_type(_TransientDownloadError),
+        before_sleep=before_sleep,
+        reraise=True,
+    )
+    with httpx.Client(
+        timeout=httpx.Timeout(limits.timeout_s), follow_redirects=True, headers={"Accept-Encoding": "identity"}
+    ) as client:
+        try:
+            retrying(_download_once, client, url, display, transfer, limits)
+        except _TransientDownloadError as exc:
+            if transfer.past_deadline():
+                transfer.last_error = exc.message
+                raise _deadline_error(display, transfer, limits) from exc
+            tries = f"after {attempts} attempts" if attempts > 1 else "(no retries configured)"
+            raise DownloadError(f"{exc.message}; gave up {tries}") from exc.__cause__
+    return transfer.hasher.hexdigest(), transfer.received
+
+
+def _download_once(client: httpx.Client, url: str, display: str, transfer: _Transfer, limits: _Limits) -> None:
+    """One attempt: fetch the rest of the file (or all of it) into ``transfer.dest``."""
+    if transfer.past_deadline():
+        raise _deadline_error(display, transfer, limits)
+    headers: dict[str, str] = {}
+    if transfer.received and transfer.resumable and _size_of(transfer.dest) == transfer.received:
+        headers["Range"] = f"bytes={transfer.received}-"
+        if transfer.validator:
+            headers["If-Range"] = transfer.validator
+    elif transfer.received:
+        transfer.restart()
+    timeout = limits.timeout_s
+    if transfer.deadline is not None:
+        timeout = max(0.001, min(timeout, transfer.deadline - time.monotonic()))
+    expected: Optional[int] = None
+    phase = "connecting to"
+    try:
+        with client.stream("GET", url, headers=headers, timeout=timeout) as response:
+            status = response.status_code
+            if status >= 500:
+                raise _TransientDownloadError(f"HTTP {status} {response.reason_phrase} (server error) from {display}")
+            if status == 416 and "Range" in headers:
+                transfer.restart()
+                transfer.resumable = False
+                raise _TransientDownloadError(
+                    f"{display} refused to resume at byte {headers['Range'][6:-1]} (HTTP 416); starting over"
+                )
+            if status >= 400:
+                hint = "check the URL" + (" and its credentials" if status in (401, 403) else "")
+                raise DownloadError(f"HTTP {status} {response.reason_phrase} for {display}; {hint}")
+            if status == 206 and "Range" in headers:
+                _check_resumed_range(response, display, transfer)
+                mode = "ab"
+                log.info("resuming the download of %s at byte %d of %s", display, transfer.received, transfer.total)
+            elif status == 200:
+                if transfer.received:
+                    log.info("%s answered the request to resume at byte %d with the whole file (HTTP 200): the server "
+                             "does not resume, or the file changed; starting over from byte 0",
+                             display, transfer.received)
+                    transfer.restart()
+                transfer.total = _content_length(response)
+                transfer.validator = _validator(response)
+                if limits.max_download_bytes is not None and (transfer.total or 0) > limits.max_download_bytes:
+                    raise DownloadError(_too_big(display, transfer.total, limits))
+                accept = response.headers.get("accept-ranges", "").strip().lower()
+                transfer.resumable = transfer.total is not None and accept != "none"
+                mode = "wb"
+                log.info("downloading %s (%s)", display,
+                         f"{transfer.total} bytes" if transfer.total is not None else "size unknown")
+                if transfer.total is not None:
+                    _check_free_space(transfer.dest.parent, transfer.total, f"the download of {display}")
+            else:
+                raise DownloadError(f"unexpected HTTP {status} {response.reason_phrase} for {display}")
+            expected = transfer.total
+            progress = _Progress(display, expected, transfer.received)
+            phase = "reading from"
+            window_start, window_bytes = time.monotonic(), transfer.received
+            with open(transfer.dest, mode) as fh:
+                for chunk in response.iter_raw():  # as the bytes arrive (exact counts on a short read)
+                    fh.write(chunk)
+                    transfer.hasher.update(chunk)
+                    transfer.received += len(chunk)
+                    if limits.max_download_bytes is not None and transfer.received > limits.max_download_bytes:
+                        raise DownloadError(_too_big(display, transfer.received, limits))
+                    progress.update(transfer.received)
+                    now = time.monotonic()
+                    if transfer.deadline is not None and now >= transfer.deadline:
+                        raise _deadline_error(display, transfer, limits)
+                    if limits.min_rate_bytes_s and now - window_start >= limits.rate_grace_s:
+                        rate = (transfer.received - window_bytes) / (now - window_start)
+                        if rate < limits.min_rate_bytes_s:
+                            raise _TransientDownloadError(_too_slow(display, rate, now - window_start, limits))
+                        window_start, window_bytes = now, transfer.received
+    except httpx.TimeoutException as exc:
+        if transfer.past_deadline():
+            raise _deadline_error(display, transfer, limits) from exc
+        raise _TransientDownloadError(
+            f"timed out after {limits.timeout_s:g} s {phase} {display} (timeout_s={limits.timeout_s:g}; "
+            "raise COG_TRITON_DOWNLOAD_TIMEOUT_S for slow servers)"
+        ) from exc
+    except httpx.ConnectError as exc:
+        raise _TransientDownloadError(f"could not connect to {display}: {_scrub(exc, url, display)}") from exc
+    except (httpx.RemoteProtocolError, httpx.NetworkError) as exc:
+        if expected is not None:
+            raise _TransientDownloadError(_truncated(display, expected, transfer.received)) from exc
+        raise _TransientDownloadError(
+            f"connection to {display} failed after {transfer.received} bytes: {_scrub(exc, url, display)}"
+        ) from exc
+    except httpx.HTTPError as exc:  # invalid URL, too many redirects, ...
+        raise DownloadError(f"could not download {display}: {type(exc).__name__}: {_scrub(exc, url, display)}") from exc
+    except OSError as exc:
+        raise WeightsError(f"could not write the download of {display} to {transfer.dest}: {exc}") from exc
+    if expected is not None and transfer.received != expected:
+        raise _TransientDownloadError(_truncated(display, expected, transfer.received))
+    progress.finish(transfer.received)
+
+
+def _check_resumed_range(response: httpx.Response, display: str, transfer: _Transfer) -> None:
+    """Accept a 206 answer only if it continues exactly where ``transfer`` stopped, in the same file."""
+    header = response.headers.get("content-range", "")
+    match = _CONTENT_RANGE_RE.match(header)
+    total = None if match is None or match.group(3) == "*" else int(match.group(3))
+    if match is None or int(match.group(1)) != transfer.received or total not in (None, transfer.total):
+        at = transfer.received
+        transfer.restart()
+        transfer.resumable = False
+        raise _TransientDownloadError(
+            f"{display} answered the request to resume at byte {at} with Content-Range {header!r} (the file has "
+            f"{transfer.total} bytes); starting over"
+        )
+
+
+def _validator(response: httpx.Response) -> Optional[str]:
+    """What to send as If-Range: a strong ETag, else Last-Modified (weak ETags are not allowed there)."""
+    etag = response.headers.get("etag")
+    if etag and not etag.startswith("W/"):
+        return etag
+    return response.headers.get("last-modified") or None
+
+
+def _size_of(path: Path) -> Optional[int]:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return None
+
+
+def _content_length(response: httpx.Response) -> Optional[int]:
+    value = response.headers.get("content-length")
+    if value is None:
+        return None
+    try:
+        length = int(value)
+    except ValueError:
+        return None
+    return length if length >= 0 else None
+
+
+def _too_big(display: str, size: Optional[int], limits: _Limits) -> str:
+    return (f"{display} has more than the {limits.max_download_bytes} bytes allowed to download "
+            f"({size} bytes or more); refusing it")
+
+
+def _truncated(display: str, expected: int, received: int) -> str:
+    return (f"truncated download of {display}: expected {expected} bytes (Content-Length), "
+            f"received {received} bytes before the connection closed")
+
+
+def _scrub(exc: BaseException, url: str, display: str) -> str:
+    return redact_text(str(exc).replace(url, display)) or type(exc).__name__

@@ -1,0 +1,270 @@
+"""fetch_weights: a source into a target folder, under its lock, skipped when the marker matches.
+
+Part of :mod:`cog_triton.weights` (its public face is the package).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import shutil
+import stat
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Union
+
+from cog_triton.weights.archive import _extract_archive
+from cog_triton.weights.cache import (
+    MARKER_VERSION,
+    _copy_directory,
+    _exclusive_lock,
+    _inventory,
+    _marker_matches,
+    _read_marker,
+    _remove_leftovers,
+    _replace_directory,
+    _write_marker,
+)
+from cog_triton.weights.download import (
+    DEFAULT_DOWNLOAD_DEADLINE_S,
+    DEFAULT_DOWNLOAD_MIN_RATE_BYTES_S,
+    DEFAULT_DOWNLOAD_RATE_GRACE_S,
+    _download,
+    _Limits,
+)
+from cog_triton.weights.sources import (
+    SUPPORTED_KINDS,
+    SourceLike,
+    _directory_overlap,
+    _hash_file,
+    _local_fingerprint,
+    _normalize_sha256,
+    _parse_source,
+    _Source,
+)
+from common.errors import ArchiveError, ChecksumError, WeightsError
+from common.files import KEEP_NAMES
+
+log = logging.getLogger("cog_triton.weights")
+
+
+@dataclass(frozen=True)
+class WeightsResult:
+    """What :func:`fetch_weights` left in the target directory.
+
+    Attributes:
+        path: the target directory (absolute).
+        source: the source as given, with userinfo and query string removed from URLs.
+        sha256: hex sha256 of the archive (as downloaded / as on disk); ``None`` for a directory.
+        size_bytes: size of the archive in bytes; for a directory, the total bytes of its files.
+        skipped: ``True`` when an earlier identical fetch was found intact and reused.
+    """
+
+    path: Path
+    source: str
+    sha256: Optional[str]
+    size_bytes: int
+    skipped: bool
+
+
+def fetch_weights(
+    source: SourceLike,
+    target_dir: Union[str, "os.PathLike[str]"],
+    *,
+    sha256: Optional[str] = None,
+    timeout_s: float = 60.0,
+    retries: int = 3,
+    deadline_s: float = DEFAULT_DOWNLOAD_DEADLINE_S,
+    min_rate_bytes_s: float = DEFAULT_DOWNLOAD_MIN_RATE_BYTES_S,
+    rate_grace_s: float = DEFAULT_DOWNLOAD_RATE_GRACE_S,
+    max_extracted_bytes: Optional[int] = None,
+    max_download_bytes: Optional[int] = None,
+    allow_zip: bool = False,
+) -> WeightsResult:
+    """Fetch weights from ``source`` into ``target_dir`` and return what was done.
+
+    Args:
+        source: ``http://`` / ``https://`` URL, ``file://`` URL or local path (str or Path) of a
+            tar archive (plain, gzip, bzip2 or xz; the kind is detected from the content) or of a
+            directory whose contents are copied.
+        target_dir: folder that receives the contents; created when missing. Its previous contents
+            are replaced (a ``.gitkeep`` in it is kept). Temporary files and the lock file
+            ``.<name>.lock`` are made beside it.
+        sha256: expected hex sha256 of the archive (any case); verified when given. Not allowed
+            for a directory source.
+        timeout_s: timeout in seconds for each network operation (connect, each read).
+        retries: how many times a failed download is retried (connection errors, timeouts,
+            truncated bodies, transfers below ``min_rate_bytes_s`` and HTTP 5xx; never 4xx), with
+            exponential backoff; a retry resumes the transfer where the server allows it.
+        deadline_s: the whole download, all attempts and waits included, must finish within this
+            many seconds (0: no deadline); a missed deadline is not retried.
+        min_rate_bytes_s: an attempt fails when fewer than this many bytes per second arrive over
+            a window of ``rate_grace_s`` seconds (0: no minimum).
+        rate_grace_s: length of that window in seconds; the first starts with each attempt.
+        max_extracted_bytes: most bytes an archive may unpack to. ``None`` (automatic): the sizes
+            of the files listed in the archive's own manifest.json plus
+            :data:`MANIFEST_SLACK_BYTES` once that member is met, until then (and without one)
+            :data:`EXTRACT_RATIO` times the archive's size, at least :data:`EXTRACT_FLOOR_BYTES`.
+        max_download_bytes: most bytes an http(s) download may have (``None``: no cap); a larger
+            ``Content-Length`` fails before the body is read, a longer body as soon as it passes the cap.
+        allow_zip: accept zip archives too (unpacked under the same rules; refused otherwise).
+
+    Returns:
+        A :class:`WeightsResult`; ``skipped`` is True when the marker left by an earlier fetch of
+        the same source (same sha256 when given; for local sources, same size and modification
+        time) matches and every recorded file is present with its recorded size in bytes, or when
+        the source directory is ``target_dir`` itself.
+
+    Raises:
+        WeightsError: the source is missing or unsupported, ``sha256`` is malformed or given for a
+            directory, files could not be written, or there is not enough free disk space.
+        DownloadError: HTTP 4xx/5xx, timeout, connection failure, truncated download or a transfer
+            below the minimum rate (after the retries), or the deadline passed.
+        ChecksumError: the archive's sha256 differs from ``sha256``.
+        ArchiveError: the archive is not a tar archive, is corrupt or truncated, unpacks to more
+            than the limit, or has a member that would land outside ``target_dir``, is nested too
+            deep, or is a device file, FIFO or sparse file.
+        ValueError: a timeout, rate or limit argument is out of range.
+
+    On any error the previous contents of ``target_dir`` are left untouched.
+    """
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s!r}")
+    if retries < 0:
+        raise ValueError(f"retries must be >= 0, got {retries!r}")
+    if not deadline_s >= 0:
+        raise ValueError(f"deadline_s must be >= 0 seconds (0: no deadline), got {deadline_s!r}")
+    if not min_rate_bytes_s >= 0:
+        raise ValueError(f"min_rate_bytes_s must be >= 0 bytes per second (0: no minimum), got {min_rate_bytes_s!r}")
+    if not rate_grace_s > 0:
+        raise ValueError(f"rate_grace_s must be > 0 seconds, got {rate_grace_s!r}")
+    if max_extracted_bytes is not None and not max_extracted_bytes > 0:
+        raise ValueError(f"max_extracted_bytes must be > 0 bytes, or None for automatic, got {max_extracted_bytes!r}")
+    if max_download_bytes is not None and not max_download_bytes > 0:
+        raise ValueError(f"max_download_bytes must be > 0 bytes, or None for no cap, got {max_download_bytes!r}")
+    limits = _Limits(timeout_s, retries, deadline_s, min_rate_bytes_s, rate_grace_s, max_extracted_bytes,
+                     max_download_bytes, allow_zip)
+
+    src = _parse_source(source)
+    expected_sha = _normalize_sha256(sha256, src.display)
+    target = Path(target_dir).absolute()
+    if target.exists() and not target.is_dir():
+        raise WeightsError(f"target {target} exists and is not a directory")
+
+    kind = "archive"
+    fingerprint: Optional[dict[str, Any]] = None
+    if src.path is not None:
+        if not src.path.exists():
+            raise WeightsError(
+                f"weights source {src.display} does not exist; give an http(s) URL, a file:// URL or the "
+                f"path of a {SUPPORTED_KINDS}"
+            )
+        if src.path.is_dir():
+            kind = "directory"
+            if expected_sha is not None:
+                raise WeightsError(
+                    f"a sha256 was given for the directory {src.display}, but checksums apply to archives only; "
+                    "drop the sha256 or point the weights at a .tar/.tar.gz archive"
+                )
+            overlap = _directory_overlap(src.path, target)
+            if overlap == "same":
+                size = sum(e.get("size", 0) for e in _inventory(target))
+                log.info("weights source %s is the target directory itself; nothing to copy", src.display)
+                return WeightsResult(path=target, source=src.display, sha256=None, size_bytes=size, skipped=True)
+            if overlap is not None:
+                raise WeightsError(
+                    f"weights source directory {src.display} and target {target} overlap ({overlap}); "
+                    "use separate folders"
+                )
+        elif not src.path.is_file():
+            raise WeightsError(f"weights source {src.display} is neither a regular file nor a directory")
+        fingerprint = _local_fingerprint(src.path, kind, src.display)
+
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise WeightsError(f"could not prepare {target}: {exc}") from exc
+    with _exclusive_lock(target):
+        marker = _read_marker(target)
+        if marker is not None and _marker_matches(marker, src.key, expected_sha, fingerprint, target):
+            log.info("weights from %s already present in %s (%d files); skipping the fetch",
+                     src.display, target, len(marker["files"]))
+            return WeightsResult(
+                path=target, source=src.display, sha256=marker.get("sha256"),
+                size_bytes=int(marker["size_bytes"]), skipped=True,
+            )
+        return _fetch(src, kind, fingerprint, expected_sha, target, limits)
+
+
+def _fetch(
+    src: "_Source", kind: str, fingerprint: Optional[dict[str, Any]], expected_sha: Optional[str], target: Path,
+    limits: _Limits,
+) -> WeightsResult:
+    """The body of :func:`fetch_weights`, run under the target's lock once the marker did not match."""
+    started = time.monotonic()
+    log.info("fetching weights from %s into %s", src.display, target)
+    try:
+        _remove_leftovers(target)
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.staging-", dir=target.parent))
+    except OSError as exc:
+        raise WeightsError(f"could not prepare {target}: {exc}") from exc
+    download: Optional[Path] = None
+    try:
+        digest: Optional[str]
+        if kind == "directory":
+            assert src.path is not None
+            _copy_directory(src.path, staging, src.display)
+            digest, size = None, 0
+        else:
+            if src.url is not None:
+                download = target.parent / f".{target.name}.download-{secrets.token_hex(4)}"
+                digest, size = _download(src.url, src.display, download, limits)
+                archive = download
+            else:
+                assert src.path is not None
+                archive = src.path
+                digest, size = _hash_file(archive, src.display)
+            if expected_sha is not None and digest != expected_sha:
+                raise ChecksumError(
+                    f"sha256 mismatch for {src.display}: expected {expected_sha}, got {digest} ({size} bytes); "
+                    f"the file is corrupt or the expected checksum is wrong. The previous contents of {target} "
+                    "were kept"
+                )
+            _extract_archive(archive, staging, src.display, limits.max_extracted_bytes, allow_zip=limits.allow_zip)
+        files = _inventory(staging)
+        if not files:
+            raise (WeightsError if kind == "directory" else ArchiveError)(
+                f"the weights {kind} {src.display} contains no files"
+            )
+        if kind == "directory":
+            size = sum(e.get("size", 0) for e in files)
+        try:
+            for name in KEEP_NAMES:
+                if (target / name).is_file() and not (staging / name).exists():
+                    shutil.copy2(target / name, staging / name)
+            _write_marker(staging, {
+                "version": MARKER_VERSION,
+                "source": src.display,
+                "source_key": src.key,
+                "sha256": digest,
+                "size_bytes": size,
+                "local": fingerprint,
+                "fetched_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "files": files,
+            })
+            os.chmod(staging, stat.S_IMODE(target.stat().st_mode) if target.is_dir() else 0o755)
+            _replace_directory(staging, target)
+        except OSError as exc:
+            raise WeightsError(f"could not move the new weights into {target}: {exc}") from exc
+    finally:
+        if download is not None:
+            download.unlink(missing_ok=True)
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+
+    log.info("weights from %s ready in %s: %d files, source %d bytes, %.1f s",
+             src.display, target, len(files), size, time.monotonic() - started)
+    return WeightsResult(path=target, source=src.display, sha256=digest, size_bytes=size, skipped=False)
