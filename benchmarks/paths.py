@@ -1,0 +1,91 @@
+"""The benchmark's paths, default points, prompts and process roles (constants shared by its modules).
+
+Part of ``scripts/benchmark`` (:mod:`benchmarks.harness`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from cog_triton.settings import REPO_ROOT
+
+log = logging.getLogger("benchmark")
+
+
+ARCHIVE = REPO_ROOT / "build" / "default_model" / "smollm2-135m-instruct.tar.gz"
+
+
+STANDIN_DIR = REPO_ROOT / "benchmarks" / "standin"
+
+
+STANDIN_TEXT = STANDIN_DIR / "text.txt"
+
+
+REFERENCE_MODEL = REPO_ROOT / "triton_model_repo" / "tensorrt_llm_reference" / "1" / "model.py"
+
+
+PATHS = ("tensorrt_llm", "ensemble", "cog", "floor")
+
+
+GUIDED_PATH = "cog_json"
+
+
+LORA_PATH = "cog_lora"
+
+
+FLOOR_PATH = "floor"
+
+
+FLOOR_DIR = REPO_ROOT / "benchmarks" / "floor"
+
+
+ALL_PATHS = PATHS + (GUIDED_PATH, LORA_PATH)
+
+
+COG_PATHS = ("cog", GUIDED_PATH, FLOOR_PATH, LORA_PATH)
+
+
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+DEFAULT_CONCURRENCY = (1, 8, 32, 64, 128)
+
+
+REFERENCE_CONCURRENCY = (1, 2, 4)
+
+
+SMOKE_CONCURRENCY = (1, 4)
+
+
+PROMPT = "Write a short essay about the history of printing."
+
+
+GUIDED_PROMPT = "Describe one famous early printed book as JSON."
+
+
+#: The guide of ``cog_json`` requests: nested, with an array, an enum and bounded numbers; small
+#: enough to close well within the default 64 tokens of --engine reference.
+GUIDED_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "title": {"type": "string", "maxLength": 24},
+        "year": {"type": "integer", "minimum": 1400, "maximum": 1900},
+        "language": {"type": "string", "enum": ["Latin", "German", "English", "other"]},
+        "printer": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 16}},
+                    "required": ["name"], "additionalProperties": False},
+    },
+    "required": ["title", "year", "language", "printer"],
+    "additionalProperties": False,
+}
+
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+CORE_ROLES = ("tritonserver", "stub:tensorrt_llm", "stub:preprocessing", "cog_server", "cog_worker", "stream_proc",
+              "loadgen")
+
+
+SERVER_ROLES = ("tritonserver", "stub:tensorrt_llm", "stub:preprocessing", "cog_server", "cog_worker", "stream_proc")
