@@ -171,6 +171,8 @@ def cpu_report(before: CpuSnapshot, after: CpuSnapshot, tokens: int) -> dict[str
         "cpu_cores": {r: round(v / wall, 3) for r, v in sorted(cpu_s.items())} if wall > 0 else {},
         "machine_busy_cores": round(busy / wall, 3) if wall > 0 else None,
         "others_busy_cores": round(max(0.0, busy - ours) / wall, 3) if wall > 0 else None,
+        # a virtual machine's CPUs its host gave to others meanwhile (/proc/stat steal), in cores
+        "steal_cores": round((after.machine_steal - before.machine_steal) / CLK_TCK / wall, 3) if wall > 0 else None,
         "pids": {r: p for r, p in sorted(after.pids.items())},
     }
 

@@ -101,12 +101,14 @@ def cpu_ticks(pids: Iterable[int]) -> int:
     return total
 
 
-def machine_busy_ticks() -> tuple[int, int]:
-    """(busy, total) clock ticks of all CPUs from /proc/stat."""
+def machine_busy_ticks() -> tuple[int, int, int]:
+    """(busy, total, steal) clock ticks of all CPUs from /proc/stat. Steal (a virtual machine's CPUs taken by
+    its host for others) is not counted as busy: it is time this machine's processes could not run."""
     values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
     idle = values[3] + (values[4] if len(values) > 4 else 0)
+    steal = values[7] if len(values) > 7 else 0
     total = sum(values[:8])
-    return total - idle, total
+    return total - idle - steal, total, steal
 
 
 def loadavg() -> list[float]:
@@ -121,10 +123,11 @@ class CpuSnapshot:
     machine_busy: int
     machine_total: int
     pid_ticks: dict[int, int]
+    machine_steal: int = 0
 
 
 def snapshot(roles: dict[str, list[int]]) -> CpuSnapshot:
-    busy, total = machine_busy_ticks()
+    busy, total, steal = machine_busy_ticks()
     pid_ticks = {pid: cpu_ticks([pid]) for pids in roles.values() for pid in pids}
     ticks = {r: sum(pid_ticks[pid] for pid in p) for r, p in roles.items()}
-    return CpuSnapshot(time.monotonic(), ticks, roles, busy, total, pid_ticks)
+    return CpuSnapshot(time.monotonic(), ticks, roles, busy, total, pid_ticks, steal)

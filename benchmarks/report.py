@@ -78,10 +78,11 @@ def markdown(doc: dict[str, Any]) -> str:
         "",
         "CPU µs per streamed token (utime + stime over the point / tokens delivered); `servers` sums all but the "
         "load generator and the harness; `busy cores` is the whole machine's, `others` what processes outside "
-        "this benchmark used.",
+        "this benchmark used, `steal` what a virtual machine's host took from its CPUs for others (/proc/stat).",
         "",
-        "| path | streams | " + " | ".join(roles) + " | servers | busiest process (cores) | busy cores | others |",
-        "|---|---:|" + "---:|" * (len(roles) + 4),
+        "| path | streams | " + " | ".join(roles)
+        + " | servers | busiest process (cores) | busy cores | others | steal |",
+        "|---|---:|" + "---:|" * (len(roles) + 5),
     ]
     for p in doc["points"]:
         cells = [_num(p["cpu_us_per_token"].get(r)) for r in roles]
@@ -90,7 +91,7 @@ def markdown(doc: dict[str, Any]) -> str:
         lines.append(
             f"| {p['path']} | {p['streams']} | " + " | ".join(cells)
             + f" | {_num(p['cpu_us_per_token_servers'])} | {top} | {_num(p['machine_busy_cores'], '{:.2f}')} | "
-            f"{_num(p['others_busy_cores'], '{:.2f}')} |"
+            f"{_num(p['others_busy_cores'], '{:.2f}')} | {_num(p.get('steal_cores'), '{:.2f}')} |"
         )
     lines += guidance_lines(doc)
     lines += lora_lines(doc)
