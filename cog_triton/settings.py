@@ -115,23 +115,41 @@ class Settings(BaseSettings):
     triton_max_batch_size: Optional[int] = Field(
         default=None, ge=1, description="Triton max_batch_size; default: the engine's max_batch_size."
     )
-    max_queue_delay_microseconds: int = Field(default=0, ge=0)
-    batching_strategy: BatchingStrategy = BatchingStrategy.INFLIGHT_FUSED
-    batch_scheduler_policy: SchedulerPolicy = SchedulerPolicy.GUARANTEED_NO_EVICT
-    kv_cache_free_gpu_mem_fraction: float = Field(default=0.9, gt=0, le=1)
-    max_tokens_in_paged_kv_cache: Optional[int] = Field(default=None, ge=1)
+    max_queue_delay_microseconds: int = Field(
+        default=0, ge=0, description="Triton's dynamic batching queue delay (max_queue_delay_microseconds)."
+    )
+    batching_strategy: BatchingStrategy = Field(
+        default=BatchingStrategy.INFLIGHT_FUSED,
+        description="gpt_model_type of the TensorRT-LLM backend: inflight_fused_batching or V1.",
+    )
+    batch_scheduler_policy: SchedulerPolicy = Field(
+        default=SchedulerPolicy.GUARANTEED_NO_EVICT,
+        description="batch_scheduler_policy of the TensorRT-LLM backend: max_utilization or guaranteed_no_evict.",
+    )
+    kv_cache_free_gpu_mem_fraction: float = Field(
+        default=0.9, gt=0, le=1, description="Share of the free GPU memory the paged KV cache takes, (0, 1]."
+    )
+    max_tokens_in_paged_kv_cache: Optional[int] = Field(
+        default=None, ge=1, description="Cap on the paged KV cache, tokens; default: none (the memory fraction decides)."
+    )
     enable_kv_cache_reuse: bool = Field(
         default=True,
         description="Reuse paged KV-cache blocks of a common prompt prefix (a repeated system prompt) across "
         "requests; the C++ backend's own default is true (getKvCacheConfigFromParams).",
     )
-    enable_chunked_context: bool = False
+    enable_chunked_context: bool = Field(
+        default=False,
+        description="Chunked context (prefill) in the C++ backend; the longest prompt is then max_seq_len - 1 "
+        "(README: Inputs). Needs an engine built with paged context FMHA.",
+    )
     tensorrt_llm_parameters: str = Field(
         default="",
         description="Extra parameters of the C++ tensorrt_llm model as key:value,key:value "
         "(e.g. multi_block_mode:true); only TensorRT-LLM 1.1.0 parameter keys are accepted.",
     )
-    preprocessing_instance_count: int = Field(default=1, ge=1, le=64)
+    preprocessing_instance_count: int = Field(
+        default=1, ge=1, le=64, description="Instances of the ensemble's preprocessing model."
+    )
     add_special_tokens: Optional[bool] = Field(
         default=None,
         description="Add the tokenizer's special tokens (BOS) to every prompt (true) or to none (false); "
@@ -189,9 +207,9 @@ class Settings(BaseSettings):
     # --- Triton process ------------------------------------------------------------------
     tritonserver: Optional[Path] = Field(default=None, description="tritonserver binary; default: auto-detect.")
     backend_dir: Optional[Path] = Field(default=None, description="--backend-directory; default: auto-detect.")
-    http_port: int = Field(default=8000, ge=1, le=65535)
-    grpc_port: int = Field(default=8001, ge=1, le=65535)
-    metrics_port: int = Field(default=8002, ge=1, le=65535)
+    http_port: int = Field(default=8000, ge=1, le=65535, description="Triton's HTTP port (bound to 127.0.0.1).")
+    grpc_port: int = Field(default=8001, ge=1, le=65535, description="Triton's gRPC port (bound to 127.0.0.1).")
+    metrics_port: int = Field(default=8002, ge=1, le=65535, description="Triton's metrics port (127.0.0.1).")
     startup_timeout_s: float = Field(default=600.0, gt=0, description="Deadline for /v2/health/ready.")
     stop_timeout_s: float = Field(default=15.0, gt=0, description="Grace period after SIGINT before SIGKILL.")
     request_timeout_s: float = Field(
@@ -314,3 +332,49 @@ class Settings(BaseSettings):
                 env = ENV_PREFIX + field.upper()
                 problems.append(f"{env}={err.get('input')!r}: {err['msg']}")
             raise ConfigError("invalid settings: " + "; ".join(problems)) from None
+
+
+def _shown_default(value: object) -> str:
+    if value is None:
+        return "unset"
+    if isinstance(value, Enum):
+        return f"`{value.value}`"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, Path):
+        return f"`{value}`"
+    if isinstance(value, str):
+        return f"`{value}`" if value else "`\"\"`"
+    if isinstance(value, float) and value.is_integer():
+        return f"{int(value)}"
+    return f"{value}"
+
+
+def settings_markdown() -> str:
+    """The settings as a Markdown table (variable, default, meaning), from this module's :class:`Settings`:
+    docs/settings.md is this text (tests/test_docs.py checks it), so the docs cannot drift from the code.
+    Regenerate with ``python -m cog_triton.settings > docs/settings.md``."""
+    lines = [
+        "# Settings",
+        "",
+        "<!-- generated by `python -m cog_triton.settings > docs/settings.md` from cog_triton/settings.py; "
+        "do not edit -->",
+        "",
+        "Environment variables, read into one typed object (`cog_triton/settings.py`, pydantic-settings).",
+        "Booleans accept true/false/1/0/yes/no/on/off; an empty variable means \"unset\"; an unknown",
+        "`COG_TRITON_*` variable or a bad value fails setup naming the variable and what is allowed.",
+        "Relative paths are relative to the repository root. Cog's own variables: `COG_WEIGHTS` (the weights",
+        "when `COG_TRITON_WEIGHTS` is unset), `COG_MAX_CONCURRENCY` (prediction slots; the Dockerfile sets it",
+        "from `cog.yaml`), `PORT` (5000).",
+        "",
+        "| variable | default | meaning |",
+        "|---|---|---|",
+    ]
+    for name, field in Settings.model_fields.items():
+        meaning = " ".join((field.description or "").split()).replace("|", "\\|")
+        lines.append(f"| `{ENV_PREFIX}{name.upper()}` | {_shown_default(field.default)} | {meaning} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(settings_markdown(), end="")
