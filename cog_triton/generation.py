@@ -452,6 +452,7 @@ class Generator:
         async def send() -> None:
             try:
                 await client.stop(request_id)
+                log.info("Triton request %s: stop request sent", request_id)  # tests tie it to the request
             except TritonError as exc:
                 log.warning("could not stop request %s in Triton: %s", request_id, exc)
 

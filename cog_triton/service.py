@@ -480,6 +480,7 @@ class LLMService:
             raise TritonError("setup() has not completed: Triton is not running")
         await supervisor.wait_ready()
         request_id = f"cog-triton-{uuid.uuid4().hex}"
+        log.info("Triton request id %s", request_id)  # in the prediction's logs: ties it to Triton's log lines
         if self.pool is not None:
             return await self.pool.open(inputs, request_id, started, metric)
         generator = self.generator

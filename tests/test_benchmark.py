@@ -489,6 +489,7 @@ def test_smoke_run_with_adapters_delivers_every_token(tmp_path: Path, default_ar
     assert cog_log.count("lora_task_id") == 2, "each adapter is resolved once, in the warm-up"
 
 
+@pytest.mark.integration
 def test_at_128_streams_every_prediction_gets_exactly_what_the_engine_sent(tmp_path: Path, default_archive: Path) -> None:
     """The lost-token check under overload: 128 concurrent predictions through the real Cog server and
     Triton on this 2-core machine, the stand-in sending from 4 threads (as the C++ backend's several
@@ -613,6 +614,7 @@ def test_guided_requests_are_checked_against_their_schema_not_a_token_count() ->
     assert json.loads(work_body["input"]["json_schema"]) == schema and "min_tokens" not in work_body["input"]
 
 
+@pytest.mark.integration
 def test_short_soak_recovers_from_a_killed_stub_and_reports_it(tmp_path: Path, default_archive: Path) -> None:
     """`--soak --smoke`: 4 streams through Cog for 30 s, every 5th prediction cancelled, the
     tensorrt_llm stub SIGKILLed at 40%. Only predictions in flight at the kill may fail; Triton is

@@ -195,7 +195,9 @@ def test_fact_a_returned_generator_streams(toy) -> None:
     server = toy(RETURNED_GENERATOR, {"n": INT_INPUT})
     out = outputs(server.stream({"n": 4}))
     assert [chunk for _, chunk in out] == ["t0 ", "t1 ", "t2 ", "t3 "]
-    assert out[0][0] < 2.5 * STEP_S and out[-1][0] - out[0][0] > 2 * STEP_S
+    # Streamed: the chunks arrive spread over the source's sleeps (each at least STEP_S), not together at
+    # the end. A lower bound: a loaded machine only makes it larger.
+    assert out[-1][0] - out[0][0] > 2 * STEP_S
 
 
 def _cancel_after(server: ToyServer, prediction_id: str, delay_s: float) -> threading.Thread:
@@ -224,14 +226,16 @@ def test_bridge_streams_and_cancel_reaches_the_source(toy) -> None:
     server = toy(BRIDGE, {"n": INT_INPUT, "fail_at": {"type": "integer", "default": -1}})
     out = outputs(server.stream({"n": 4}))
     assert "".join(chunk for _, chunk in out) == "t0 t1 t2 t3 "
-    assert out[0][0] < 2.5 * STEP_S  # streamed, not collected
+    assert out[-1][0] - out[0][0] > 2 * STEP_S  # streamed, not collected (a lower bound: load only adds)
 
     canceller = _cancel_after(server, "bridge-cancel", 2.5 * STEP_S)
     events = server.stream({"n": 40}, prediction_id="bridge-cancel")
     canceller.join()
     assert events[-1][1] == "completed" and events[-1][2]["status"] == "canceled"
-    assert events[-1][0] < 2.5 * STEP_S + 2.0  # not the 12 s the source would have run
-    deadline = time.monotonic() + 5
+    # Not run to its end (the fact above: coglet alone streams all of it before reporting canceled): of the
+    # 40 chunks, those made before the cancel (about 2) came, and not half of them.
+    assert len(outputs(events)) < 20, len(outputs(events))
+    deadline = time.monotonic() + 60  # only "not hung"
     while "SOURCE CANCELLED" not in server.log.read_text(errors="replace") and time.monotonic() < deadline:
         time.sleep(0.1)
     assert "SOURCE CANCELLED" in server.log.read_text(errors="replace")
@@ -276,7 +280,12 @@ def test_waiting_deltas_are_joined_into_one_item(waiting: int) -> None:
 
     generator, gate = asyncio.run_coroutine_threadsafe(start(), loop).result()
     loop.call_soon_threadsafe(gate.set)
-    time.sleep(0.2)  # every part is waiting in the queue before the first read
+    # Every part is waiting in the queue before the first read: the source has ended (it logs so after
+    # its last part was queued).
+    deadline = time.monotonic() + 60  # only "not hung"
+    while not log and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert log == ["source closed"]
     items = list(generator)
     assert "".join(items) == "".join(f"p{i} " for i in range(waiting))
     assert len(items) == 1

@@ -114,15 +114,19 @@ def test_a_killed_stub_fails_the_running_prediction_fast_and_triton_restarts(sta
     still reports every model ready. Before: the running prediction hung for 122 s and every later one
     failed with "Stub process is not healthy"."""
     pid = stub_pid(stack, model)
+    started = time.monotonic()
     thread, result, first = start_stream(stack, LONG)
     assert first.wait(120) and result["chunks"], result
     killed = time.monotonic()
     os.kill(pid, signal.SIGKILL)
-    thread.join(timeout=60)
+    thread.join(timeout=600)  # only "not hung"
     final = result["final"]
     assert final["status"] == "failed", final
     assert f"stub of model '{model}'" in final["error"] and "restarting" in final["error"], final["error"]
-    assert result["done"] - killed < 2.0, result["done"] - killed
+    # Failed within twice the time the run took to its first output (a few tokens of the 400; both slow down
+    # alike on a loaded machine): not at the 120-s no-token timeout, nor at the end of the ~20-s generation.
+    first_output = max(killed - started, 1.0)
+    assert result["done"] - killed < 2 * first_output, (result["done"] - killed, first_output)
     serves_again(stack)
     assert stub_pid(stack, model) != pid
 
@@ -133,10 +137,12 @@ def test_a_killed_stream_process_fails_only_its_prediction_and_is_restarted(stac
     it) and both processes serve again."""
     before = stream_pids(stack["cog"])
     assert len(before) == 2, before
+    started = time.monotonic()
     runs = [start_stream(stack, {**LONG, "max_tokens": 150, "min_tokens": 150, "seed": n}) for n in range(2)]
     for _, result, first in runs:
         assert first.wait(120) and result["chunks"], result
     victim = before[0]
+    first_outputs = time.monotonic() - started
     killed = time.monotonic()
     os.kill(victim, signal.SIGKILL)
     for thread, _, _ in runs:
@@ -147,7 +153,9 @@ def test_a_killed_stream_process_fails_only_its_prediction_and_is_restarted(stac
     assert f"stream process stream-0 (pid {victim}) was killed by signal 9" in failed[0]["error"] or (
         f"(pid {victim}) was killed by signal 9" in failed[0]["error"]), failed[0]["error"]
     lost = next(result for _, result, _ in runs if result["final"]["status"] == "failed")
-    assert lost["done"] - killed < 2.0, lost["done"] - killed
+    # Failed within twice the time both streams took to their first outputs: not at the end of the survivor's
+    # run (the bound comes from this run, so it grows with the machine's load).
+    assert lost["done"] - killed < 2 * max(first_outputs, 1.0), (lost["done"] - killed, first_outputs)
     assert health(stack)["status"] == "READY"
     deadline = time.monotonic() + 60
     while (len(stream_pids(stack["cog"])) < 2 or victim in stream_pids(stack["cog"])) and time.monotonic() < deadline:
@@ -162,13 +170,14 @@ def test_a_killed_stream_process_fails_only_its_prediction_and_is_restarted(stac
 def test_a_stopped_triton_is_unhealthy_fails_fast_and_is_restarted(stack) -> None:
     """SIGSTOP: before, the prediction failed only at the 120 s no-token timeout, and health said READY."""
     pid = triton_pid(stack)
+    started = time.monotonic()
     thread, result, first = start_stream(stack, LONG)
     assert first.wait(120) and result["chunks"], result
     stopped = time.monotonic()
     os.kill(pid, signal.SIGSTOP)
     try:
         seen = []
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60  # only "not hung"
         while time.monotonic() < deadline:
             doc = health(stack)
             seen.append(doc["status"])
@@ -177,7 +186,7 @@ def test_a_stopped_triton_is_unhealthy_fails_fast_and_is_restarted(stack) -> Non
                 break
             time.sleep(0.05)
         assert "UNHEALTHY" in seen, seen
-        thread.join(timeout=60)
+        thread.join(timeout=600)  # only "not hung"
     finally:
         try:
             os.kill(pid, signal.SIGCONT)  # in case the supervisor has not killed it
@@ -185,7 +194,9 @@ def test_a_stopped_triton_is_unhealthy_fails_fast_and_is_restarted(stack) -> Non
             pass
     final = result["final"]
     assert final["status"] == "failed" and "stopped" in final["error"], final
-    assert result["done"] - stopped < 3.0, result["done"] - stopped
+    # Failed within twice the time the run took to its first output (before: only at the 120-s no-token timeout).
+    first_output = max(stopped - started, 1.0)
+    assert result["done"] - stopped < 2 * first_output, (result["done"] - stopped, first_output)
     serves_again(stack)
     assert triton_pid(stack) != pid
 
@@ -193,10 +204,18 @@ def test_a_stopped_triton_is_unhealthy_fails_fast_and_is_restarted(stack) -> Non
 def test_a_prediction_sent_while_triton_restarts_waits_for_it(stack) -> None:
     """Before: is_alive() was true as soon as the new Triton was spawned, so a prediction arriving
     during the restart failed with "Connection refused"."""
-    os.kill(triton_pid(stack), signal.SIGKILL)
+    log = stack["work"] / "cog.log"
+    offset = log.stat().st_size
+    pid = triton_pid(stack)
+    os.kill(pid, signal.SIGKILL)
     doc = stack["cog"].predict(SHORT, timeout_s=400)  # at once: Triton is down or restarting
     assert doc["status"] == "succeeded", doc
-    assert "restarting Triton" in (stack["work"] / "cog.log").read_text(errors="replace")
+    with log.open("rb") as fh:  # only what was logged after the kill
+        fh.seek(offset)
+        new = fh.read().decode("utf-8", "replace")
+    assert new.count("Triton was killed by SIGKILL; failing the running predictions and restarting Triton") == 1
+    assert new.count("Triton restarted (") == 1, new[-3000:]
+    assert triton_pid(stack) != pid
 
 
 def test_hostile_inputs_do_not_stall_a_running_stream(stack) -> None:
@@ -235,7 +254,12 @@ def test_hostile_inputs_do_not_stall_a_running_stream(stack) -> None:
     during = [b - a for a, b in zip(stamps, stamps[1:]) if hostile_start <= b <= hostile_end + 0.5]
     before = [b - a for a, b in zip(stamps, stamps[1:]) if b < hostile_start]
     assert during, "the stream produced nothing while the hostile requests were handled"
-    assert max(during) < max(1.0, 10 * sorted(before)[len(before) // 2]), (max(during), before)
+    # The stream's pace against itself before the hostile requests (10 times its median gap), or, on a
+    # machine so loaded that the requests' own CPU work slows it, against their time: a stream blocked while
+    # they were handled (a refusal made on its event loop) waits most of that time at once.
+    pace = 10 * sorted(before)[len(before) // 2]
+    window = hostile_end - hostile_start
+    assert max(during) < max(pace, window / 2), (max(during), before, window)
 
 
 def test_shutdown_leaves_no_process_and_no_shared_memory(tmp_path, default_archive: Path) -> None:

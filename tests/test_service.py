@@ -33,7 +33,11 @@ class AliveProcess:
 
     url = "http://127.0.0.1:1"
 
+    def __init__(self) -> None:
+        self.polls = 0  # is_alive() calls: the service's "is Triton dying?" look polls it every 0.1 s
+
     def is_alive(self) -> bool:
+        self.polls += 1
         return True
 
     def is_stopped(self) -> bool:
@@ -94,33 +98,63 @@ def run(service: LLMService, **inputs: Any) -> tuple[str, Optional[BaseException
     return asyncio.run(main())
 
 
+def polls_of(service: LLMService) -> int:
+    """How often the service asked the process whether Triton is alive."""
+    return service.server.polls  # type: ignore[union-attr]
+
+
 def test_an_error_triton_answers_arrives_at_once(triton: Running, tokenizer: Any) -> None:  # noqa: F811
-    """Before: every error waited 2 s for "is Triton dying?", errors Triton answered included."""
+    """Before: every error waited 2 s for "is Triton dying?", errors Triton answered included. The look
+    polls the process every 0.1 s: an answered error polls it no more often than a request that succeeds
+    (the baseline, measured here), so nothing waited for a dying Triton."""
+
+    async def answered(request):
+        yield response([tokenizer.encode("Hi")[0]], final=True, request_id=request.id)
+
+    triton.state.scenario = answered
+    service = service_for(triton.address, tokenizer)
+    text, failure, _ = run(service)
+    assert failure is None and text == "Hi"
+    baseline = polls_of(service)
 
     async def refused(request):
         yield error("in ensemble 'ensemble', bad input")
 
     triton.state.scenario = refused
-    _, failure, elapsed = run(service_for(triton.address, tokenizer))
+    service = service_for(triton.address, tokenizer)
+    _, failure, _ = run(service)
     assert isinstance(failure, InferenceError) and "bad input" in failure.message
-    assert elapsed < 1.0, elapsed
+    assert polls_of(service) == baseline
 
     async def error_after_a_token(request):
         yield response([tokenizer.encode("Hi")[0]], request_id=request.id)
         yield error("Encountered an error in forward function")
 
     triton.state.scenario = error_after_a_token
-    _, failure, elapsed = run(service_for(triton.address, tokenizer))
+    service = service_for(triton.address, tokenizer)
+    _, failure, _ = run(service)
     assert isinstance(failure, InferenceError) and "forward function" in failure.message
-    assert elapsed < 1.0, elapsed
+    assert polls_of(service) == baseline
 
 
 def test_a_broken_connection_waits_briefly_for_a_dying_triton(triton: Running, tokenizer: Any) -> None:  # noqa: F811
-    """A transport error may mean Triton is going down: the service looks for 2 s before reporting it."""
+    """A transport error may mean Triton is going down: the service looks for 2 s (20 polls, 0.1 s
+    apart) before reporting it."""
+
+    async def answered(request):
+        yield response([tokenizer.encode("Hi")[0]], final=True, request_id=request.id)
+
+    triton.state.scenario = answered
+    service = service_for(triton.address, tokenizer)
+    assert run(service)[1] is None
+    baseline = polls_of(service)
     triton.state.abort = grpc.StatusCode.UNAVAILABLE
-    _, failure, elapsed = run(service_for(triton.address, tokenizer))
+    service = service_for(triton.address, tokenizer)
+    _, failure, elapsed = run(service)
     assert type(failure) is TritonError and "UNAVAILABLE" in failure.message
-    assert 1.5 < elapsed < 5.0, elapsed
+    assert polls_of(service) == baseline + 20
+    # 20 sleeps of 0.1 s never take less; the upper bound only means "not hung" (a loaded machine).
+    assert 2.0 <= elapsed < 120, elapsed
 
 
 def test_the_end_token_final_is_not_a_token(triton: Running, tokenizer: Any) -> None:  # noqa: F811
@@ -210,3 +244,50 @@ def test_in_process_lora_sends_weights_once_and_again_after_a_cache_miss(triton:
             text, failure, _ = run(service, lora_weights=url)
             assert failure is None and text == "Hi"
     assert seen == [True, False, True]
+
+
+def test_a_stream_silent_for_the_request_timeout_fails_naming_the_setting(triton: Running,  # noqa: F811
+                                                                          tokenizer: Any) -> None:
+    """COG_TRITON_REQUEST_TIMEOUT_S: Triton opened the stream, sent one token and then nothing. The
+    watchdog fails the prediction after the timeout (not before it: it counts from the last token),
+    with the text streamed so far kept and an error naming the setting."""
+    sent: dict[str, float] = {}
+
+    async def one_token_then_silence(request):
+        if request.model_name == "tensorrt_llm":  # the stop request that follows the failure
+            return
+        yield response([tokenizer.encode("Hi")[0]], request_id=request.id)
+        sent["at"] = time.monotonic()
+        await asyncio.sleep(3600)
+
+    triton.state.scenario = one_token_then_silence
+    timeout_s = 1.5
+    text, failure, elapsed = run(service_for(triton.address, tokenizer, token_timeout_s=timeout_s))
+    failed_at = time.monotonic()
+    assert text == "Hi"
+    assert isinstance(failure, InferenceError), failure
+    assert failure.message == f"no token from Triton for {timeout_s:g} s (COG_TRITON_REQUEST_TIMEOUT_S)"
+    assert failed_at - sent["at"] >= timeout_s
+    assert elapsed < 120, elapsed  # only "not hung": without the watchdog the stream waits an hour
+
+
+def test_a_stream_ending_without_its_final_response_fails_and_keeps_what_came(triton: Running,  # noqa: F811
+                                                                              tokenizer: Any) -> None:
+    """Triton's stream closed (OK status) after two tokens and no final response: the user gets the
+    text so far and an error that says the answer is incomplete, not a shorter answer passed off as
+    whole. It is a broken connection, so the service first looks whether Triton is dying (20 polls)."""
+    ids = tokenizer.encode("Hello there")
+    assert len(ids) >= 2
+
+    async def cut(request):
+        for token in ids[:2]:
+            yield response([token], request_id=request.id)
+
+    triton.state.scenario = cut
+    triton.state.end_call_after_scenario = True
+    service = service_for(triton.address, tokenizer)
+    text, failure, _ = run(service)
+    assert text == tokenizer.decode(ids[:2])
+    assert type(failure) is TritonError, failure
+    assert "ended without the final response" in failure.message and triton.address in failure.message
+    assert polls_of(service) == 1 + 20  # supervisor.wait_ready's look, then the 2-s look for a dying Triton
