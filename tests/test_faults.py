@@ -122,7 +122,13 @@ def test_a_killed_stub_fails_the_running_prediction_fast_and_triton_restarts(sta
     thread.join(timeout=600)  # only "not hung"
     final = result["final"]
     assert final["status"] == "failed", final
-    assert f"stub of model '{model}'" in final["error"] and "restarting" in final["error"], final["error"]
+    # Triton 2.51 itself sometimes aborts (SIGABRT) when the tensorrt_llm stub dies under a running request,
+    # before the supervisor's next look at the stubs: then the error names Triton's death. Either way the
+    # prediction fails naming the fault and the restart.
+    error = final["error"]
+    stub_named = f"stub of model '{model}'" in error and "restarting" in error
+    triton_aborted = "Triton was killed by SIGABRT" in error and "being restarted" in error
+    assert stub_named or triton_aborted, error
     # Failed within twice the time the run took to its first output (a few tokens of the 400; both slow down
     # alike on a loaded machine): not at the 120-s no-token timeout, nor at the end of the ~20-s generation.
     first_output = max(killed - started, 1.0)
