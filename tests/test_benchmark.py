@@ -1,7 +1,7 @@
 """scripts/benchmark and its token-rate stand-in engine (benchmarks/).
 
-Unit tests of the stand-in (its tensors, batched steps, tokens, ends, sender threads, the
-reference model's ``create_sink`` hook) run without Triton; the smoke test runs ``scripts/benchmark
+Unit tests of the stand-in (its tensors, batched steps, tokens, ends, sender threads) run without
+Triton; the stand-in's Triton model runs in a real tritonserver (streaming and stop); the smoke test runs ``scripts/benchmark
 --smoke`` on the real stack and checks the report's structure, that every path delivered exactly
 the requested tokens, and that every named process has CPU figures. No speed is asserted.
 """
@@ -16,7 +16,6 @@ import threading
 import types
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from benchmarks import harness
@@ -241,124 +240,77 @@ def test_a_failed_send_marks_the_request_cancelled(ref) -> None:
 
 
 # ------------------------------------------------------------------------------------------------
-# the Triton model (fake pb_utils): the reference's glue with the stand-in's hooks
+# the Triton model in a real Triton: the reference's glue with the stand-in's hooks
 # ------------------------------------------------------------------------------------------------
 
 
-class FakeTensor:
-    def __init__(self, name, array) -> None:
-        self.name, self.array = name, np.asarray(array)
+@pytest.fixture(scope="module")
+def standin_triton(tmp_path_factory, checkpoint_dir: Path):
+    """A real tritonserver serving the product's ensemble with the stand-in as ``tensorrt_llm`` (as
+    scripts/benchmark renders it: the stand-in's templates through setup()'s renderer)."""
+    from benchmarks.stack import write_standin_templates
+    from tensorrtllm_backend.engine import inspect_weights
+    from tensorrtllm_backend.server import LaunchConfig, TritonServer, locate_tritonserver
+    from tensorrtllm_backend.templates import RenderOptions, render_model_repository
+    from tests.test_reference_model import _free_ports
 
-    def as_numpy(self):
-        return self.array
-
-
-class FakeResponse:
-    def __init__(self, output_tensors, error=None) -> None:
-        self.tensors = {t.name: t.array for t in output_tensors}
-        self.error = error
-
-
-class FakeSender:
-    def __init__(self) -> None:
-        self.responses: list[tuple[FakeResponse, int]] = []
-        self.done = threading.Event()
-
-    def send(self, response=None, flags=0) -> None:
-        self.responses.append((response, flags))
-        if flags:
-            self.done.set()
-
-    def is_cancelled(self) -> bool:
-        return False
-
-
-class FakeRequest:
-    def __init__(self, tensors: dict, request_id: str = "") -> None:
-        self.tensors = {k: FakeTensor(k, v) for k, v in tensors.items()}
-        self.sender = FakeSender()
-        self.rid = request_id
-
-    def get_response_sender(self):
-        return self.sender
-
-    def request_id(self) -> str:
-        return self.rid
-
-
-@pytest.fixture()
-def fake_pb_utils(ref, monkeypatch):
-    fake = types.SimpleNamespace(
-        using_decoupled_model_transaction_policy=lambda cfg: True,
-        get_input_tensor_by_name=lambda request, name: request.tensors.get(name),
-        Tensor=FakeTensor, InferenceResponse=FakeResponse, TritonError=lambda message, *a: message,
-        TRITONSERVER_RESPONSE_COMPLETE_FINAL=1,
-    )
-    monkeypatch.setattr(ref, "pb_utils", fake)
-    return fake
-
-
-def _model_args(checkpoint_dir: Path, **params) -> dict:
-    values = {"hf_model_dir": str(checkpoint_dir), "max_active_requests": "4", "exclude_input_in_output": "true",
-              "reference_model": str(REFERENCE / "1" / "model.py"), "text_file": str(STANDIN / "text.txt"),
-              "step_ms": "1", **params}
-    config = {"parameters": {k: {"string_value": str(v)} for k, v in values.items()},
-              "model_transaction_policy": {"decoupled": True}}
-    return {"model_config": json.dumps(config)}
-
-
-def test_reference_model_builds_each_sink_with_create_sink(ref, fake_pb_utils) -> None:
-    made = []
-
-    class Hooked(ref.TritonPythonModel):
-        def load_engine(self, params):
-            self.engine_name = "scripted"
-            return 50, 64
-
-        def create_generation(self, parsed):
-            gen = standin.StandinGeneration(parsed.prompt_ids, parsed.params, standin.StepClock(0.0), [7, 8])
-            return gen
-
-        def create_sink(self, sender):
-            made.append(sender)
-            return super().create_sink(sender)
-
-    model = Hooked()
-    model.initialize(_model_args(Path("/unused")))
-    request = FakeRequest({"input_ids": [[1, 2]], "input_lengths": [2], "request_output_len": [3],
-                           "streaming": [True]})
+    tmp = tmp_path_factory.mktemp("standin_triton")
+    templates = write_standin_templates(tmp / "templates", step_ms=2, sender_threads=2)
+    info = inspect_weights(checkpoint_dir, reference_max_batch_size=4, reference_max_seq_len=2048)
+    render_model_repository(RenderOptions(template_dir=templates, model_repo_dir=tmp / "repo", guided_decoding=False),
+                            info)
+    http, grpc, metrics = _free_ports(3)
+    server = TritonServer(locate_tritonserver(work_dir=tmp / "work"),
+                          LaunchConfig(model_repo=tmp / "repo", http_port=http, grpc_port=grpc, metrics_port=metrics),
+                          log_file=tmp / "triton.log", stop_timeout_s=5)
+    server.start()
     try:
-        model.execute([request])
-        assert request.sender.done.wait(10)
+        server.wait_ready(180)
+        yield {"grpc": f"127.0.0.1:{grpc}", "log": tmp / "triton.log"}
     finally:
-        model.finalize()
-    assert made == [request.sender]
-    tokens = [int(t) for r, _ in request.sender.responses for t in r.tensors["output_ids"].reshape(-1)]
-    assert tokens == [7, 8, 7]
+        server.stop()
 
 
-def test_standin_model_streams_the_text_and_answers_stop(ref, fake_pb_utils, checkpoint_dir, hf_tokenizer) -> None:
-    model = standin.standin_class(ref)()
-    model.initialize(_model_args(checkpoint_dir, sender_threads=2))
+@pytest.mark.integration
+def test_standin_in_triton_streams_the_text_and_answers_stop(standin_triton, hf_tokenizer) -> None:
+    """Through Triton's own pb_utils (no fake): each request's tokens are the text cycled from its seed,
+    one response per token, and a stop request for a running request's id ends it with an empty final
+    response (checked failing with the reference glue's stop made a no-op)."""
+    import asyncio
+
+    from cog_triton.client import GenerateRequest, TritonClient
+
     cycle = standin.text_token_ids(hf_tokenizer, (STANDIN / "text.txt").read_text(encoding="utf-8"))
-    base = {"input_ids": [[1, 2, 3]], "input_lengths": [3], "streaming": [True], "end_id": [2]}
-    full = FakeRequest({**base, "request_output_len": [8], "seed": [5]}, "full")
-    long = FakeRequest({**base, "request_output_len": [100000], "seed": [0]}, "long")
-    try:
-        model.execute([full, long])
-        assert full.sender.done.wait(10)
-        stop = FakeRequest({"input_ids": [[0]], "input_lengths": [1], "request_output_len": [1], "stop": [True]},
-                           "long")
-        model.execute([stop])
-        assert stop.sender.done.wait(10) and long.sender.done.wait(10)
-    finally:
-        model.finalize()
-    tokens = [int(t) for r, _ in full.sender.responses for t in r.tensors["output_ids"].reshape(-1)]
-    assert tokens == standin.expected_tokens(cycle, 5, 8)
-    assert [flags for _, flags in full.sender.responses] == [0] * 7 + [1]
-    last, flags = long.sender.responses[-1]
-    assert flags == 1 and last.error is None and last.tensors["output_ids"].shape == (1, 1, 0)  # stopped
-    assert stop.sender.responses == [(stop.sender.responses[0][0], 1)] and stop.sender.responses[0][0].tensors == {}
+
+    async def scenario() -> tuple[list[list[int]], list[list[int]]]:
+        client = TritonClient(standin_triton["grpc"])
+        try:
+            full = [c.output_ids async for c in client.generate_stream(
+                GenerateRequest(input_ids=[1, 2, 3], max_tokens=8, seed=5, request_id="full"))]
+            long: list[list[int]] = []
+
+            async def read_long() -> None:
+                async for chunk in client.generate_stream(
+                        GenerateRequest(input_ids=[1, 2, 3], max_tokens=1500, seed=0, request_id="long")):
+                    long.append(chunk.output_ids)
+
+            reader = asyncio.create_task(read_long())
+            while len(long) < 3:
+                await asyncio.sleep(0.01)
+            await client.stop("long")
+            await asyncio.wait_for(reader, 120)  # only "not hung"
+            return full, long
+        finally:
+            await client.aclose()
+
+    full, long = asyncio.run(scenario())
+    assert [t for chunk in full for t in chunk] == standin.expected_tokens(cycle, 5, 8)
+    assert [len(chunk) for chunk in full if chunk] == [1] * 8  # one response per token
+    tokens = [t for chunk in long for t in chunk]
+    assert 3 <= len(tokens) < 1500 and tokens == standin.expected_tokens(cycle, 0, len(tokens))
+    assert long[-1] == []  # the stopped request's final response has no tokens
+    log = standin_triton["log"].read_text()
+    assert log.count("stop request for id 'long': 1 running request(s) stopped") == 1
 
 
 # ------------------------------------------------------------------------------------------------
