@@ -154,7 +154,14 @@ def run_module(module: str, work: Path, max_children: int) -> dict:
     print(f"[mutation] {module}: scratch copy in {scratch}", flush=True)
     make_scratch(module, scratch)
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
-    env.pop("PYTHONPATH", None)
+    # a test that starts Python (tests/test_templates.py runs scripts/fill_template.py) imports the mutated
+    # module, which imports mutmut's trampoline: that process gets mutmut alone (not the pytest and other
+    # packages beside it in TOOLS) on its path; the mutant under test reaches it through the environment
+    shim = scratch / "mutmut-import"
+    shim.mkdir()
+    for entry in ("mutmut", f"mutmut-{MUTMUT_VERSION}.dist-info"):
+        (shim / entry).symlink_to(TOOLS / entry)
+    env["PYTHONPATH"] = str(shim)
     started = time.monotonic()
     log = scratch / "mutmut.log"
     with open(log, "w") as out:
