@@ -76,8 +76,8 @@ def test_every_relative_link_exists(page: Path) -> None:
 def test_every_documented_script_and_module_exists(page: Path) -> None:
     missing = []
     for line in _code(page.read_text()):
-        for script in re.findall(r"(?<![\w./-])((?:\.?/)?scripts/[\w.-]+)", line):
-            if not (REPO_ROOT / script.lstrip("./")).is_file():
+        for script in re.findall(r"(?<![\w./-])((?:\.?/)?scripts/[\w./-]*[\w-])", line):
+            if not (REPO_ROOT / script.removeprefix("./")).exists():
                 missing.append(script)
         for module in re.findall(r"python3? -m ([\w.]+)", line):
             if module not in ("pytest", "pip", "venv") and importlib.util.find_spec(module) is None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -13,7 +13,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import pytest  # noqa: E402
 
 from common.errors import InputError  # noqa: E402
-from cog_triton.inputs import FLOAT32_TINY, PredictInputs  # noqa: E402
+from cog_triton.guided import Guide  # noqa: E402
+from cog_triton.inputs import FLOAT32_TINY, PredictInputs, check_text  # noqa: E402
 from cog_triton.schema import input_specs  # noqa: E402
 from cog_triton.stop import MAX_STOP_SEQUENCE_LENGTH, MAX_STOP_SEQUENCES  # noqa: E402
 
@@ -346,7 +347,8 @@ def test_values_float32_cannot_represent_are_refused(name: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("name", "limit"), [("prompt", 1_000_000), ("system_prompt", 1_000_000), ("prompt_template", 100_000), ("stop_sequences", 8192)]
+    ("name", "limit"),
+    [("prompt", 1_000_000), ("system_prompt", 1_000_000), ("prompt_template", 100_000), ("stop_sequences", 8192)],
 )
 def test_text_inputs_are_bounded_before_parsing(name: str, limit: int) -> None:
     assert input_specs()[name].max_length == limit
@@ -425,3 +427,201 @@ def test_minus_one_turns_top_k_off_and_other_inputs_are_carried() -> None:
     assert inputs.top_k == 0 and inputs.length_penalty == 2.5 and inputs.log_performance_metrics is True
     assert validate().length_penalty == 1.0 and validate().log_performance_metrics is False
     assert "log_performance_metrics must be true or false" in rejected(log_performance_metrics="yes")
+
+
+# --- messages, structured output, LoRA: each input reaches PredictInputs ---------------------
+
+
+def rejected_message(**overrides: Any) -> str:
+    """The whole message (without the "[invalid_input]" code) that a user gets for these inputs."""
+    with pytest.raises(InputError) as info:
+        validate(**overrides)
+    return info.value.message
+
+
+CONVERSATION = '[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}, ' \
+    '{"role": "assistant", "content": ""}, {"role": "user", "content": " Again "}]'
+
+
+def test_messages_are_parsed_in_order_and_kept_as_given() -> None:
+    inputs = validate(prompt="", messages=CONVERSATION)
+    assert inputs.messages == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": ""},  # an empty turn is allowed; only the role must be non-empty
+        {"role": "user", "content": " Again "},
+    ]
+    assert inputs.prompt == "" and inputs.prompt_template is None
+    assert validate().messages is None  # a prompt alone is no conversation
+    assert validate(system_prompt=" Be brief. ").system_prompt == " Be brief. "  # kept as typed
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('[{"role": "user", "content": "hi"}',
+         "messages is not valid JSON (Expecting ',' delimiter at line 1 column 35); "
+         'give a JSON array such as [{"role": "user", "content": "Hi"}]'),
+        ("{}", 'messages must be a non-empty JSON array of {"role", "content"} objects, got {}'),
+        ("[]", 'messages must be a non-empty JSON array of {"role", "content"} objects, got []'),
+        ('"Hi"', "messages must be a non-empty JSON array of {\"role\", \"content\"} objects, got 'Hi'"),
+        ('[{"role": "user", "content": "a"}, 7]', "messages[1] must be an object with role and content, got 7"),
+        ('[{"role": "", "content": "a"}]', "messages[0].role must be a non-empty string, got ''"),
+        ('[{"role": " ", "content": "a"}]', "messages[0].role must be a non-empty string, got ' '"),
+        ('[{"content": "a"}]', "messages[0].role must be a non-empty string, got None"),
+        ('[{"role": 1, "content": "a"}]', "messages[0].role must be a non-empty string, got 1"),
+        ('[{"role": "user"}]', "messages[0].content must be a string, got None"),
+        ('[{"role": "user", "content": ["a"]}]', "messages[0].content must be a string, got ['a']"),
+        ('[{"role": "user", "content": "a"}, {"role": "user", "content": "b", "name": "x", "id": 1}]',
+         "messages[1] has unknown key(s) id, name; each message has role and content"),
+    ],
+    ids=["not-json", "object", "empty", "string", "item-not-object", "empty-role", "blank-role", "no-role",
+         "role-not-string", "no-content", "content-not-string", "unknown-keys"],
+)
+def test_bad_messages_are_refused_naming_the_item(text: str, message: str) -> None:
+    assert rejected_message(prompt="", messages=text) == message
+
+
+def test_prompt_and_messages_together_or_with_a_template_are_refused() -> None:
+    assert rejected_message(messages=CONVERSATION) == (
+        "prompt and messages are both given; give exactly one: prompt for a single user turn, or messages for a "
+        "whole conversation (add the prompt as the last user message)"
+    )
+    assert rejected_message(prompt="", messages=CONVERSATION, prompt_template="{prompt}") == (
+        "prompt_template applies to prompt; messages are rendered with the model's chat template, so leave "
+        "prompt_template empty (or send prompt instead of messages)"
+    )
+    # blank messages are "not given": the prompt is used
+    assert validate(messages="  ").messages is None
+
+
+def test_a_blank_prompt_is_shown_shortened_in_the_message() -> None:
+    assert rejected_message(prompt=" " * 100) == (
+        "prompt='" + " " * 36 + "... is empty or only whitespace, and so is messages; give exactly one of prompt "
+        "(a non-empty text to respond to) or messages (a JSON array of role/content objects)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("messages", "a JSON array of messages as a string (or empty)"),
+        ("system_prompt", "a string (or empty)"),
+        ("prompt_template", "a string containing {prompt} (or empty)"),
+        ("json_schema", "a JSON Schema as a string (or empty)"),
+        ("regex", "a regular expression as a string (or empty)"),
+        ("grammar", "an EBNF grammar as a string (or empty)"),
+        ("lora_weights", "a URL or hf:// reference (or empty)"),
+    ],
+)
+def test_a_text_input_of_another_type_is_refused_saying_what_it_takes(name: str, expected: str) -> None:
+    assert rejected_message(**{name: 5}) == f"{name} must be {expected}, got 5 (int)"
+
+
+@pytest.mark.parametrize("name", ["messages", "json_schema", "regex", "grammar", "lora_weights"])
+def test_text_inputs_are_bounded_at_exactly_their_max_length(name: str) -> None:
+    limit = input_specs()[name].max_length
+    assert limit is not None
+    assert rejected_message(**{name: " " * (limit + 1)}) == (
+        f"{name} has {limit + 1} characters; at most {limit} are allowed"
+    )
+    inputs = validate(**{name: " " * limit})  # exactly the limit: accepted (blank, so "not given")
+    assert inputs.messages is None and inputs.guide is None and inputs.lora is None
+
+
+def test_check_text_says_a_string_unless_told_otherwise() -> None:
+    with pytest.raises(InputError) as info:
+        check_text("prompt", ["Hi"])
+    assert info.value.message == "prompt must be a string, got ['Hi'] (list)"
+    with pytest.raises(InputError):
+        check_text("prompt", None, empty_ok=False)
+    assert check_text("prompt", None) == ""
+
+
+def test_a_long_prompt_template_without_placeholder_is_shown_by_its_first_80_characters() -> None:
+    template = "".join(chr(ord("a") + i % 26) for i in range(100))
+    assert rejected_message(prompt_template=template) == (
+        f"prompt_template={template[:80]!r} must contain {{prompt}} (and may contain {{system_prompt}}); leave it "
+        "empty to use the model's chat template"
+    )
+
+
+@pytest.mark.parametrize(
+    ("given", "guide"),
+    [
+        ({"json_schema": '{"type": "object", "properties": {"a": {"type": "integer"}}}'},
+         Guide("json_schema", '{"type":"object","properties":{"a":{"type":"integer"}}}', "json_schema")),
+        ({"response_format": "json_object"}, Guide("json", "", "response_format")),
+        ({"regex": "[0-9]+"}, Guide("regex", "[0-9]+", "regex")),
+        ({"grammar": 'root ::= "yes" | "no"'}, Guide("ebnf_grammar", 'root ::= "yes" | "no"', "grammar")),
+        ({"response_format": "text"}, None),
+        ({}, None),
+    ],
+    ids=["json_schema", "json_object", "regex", "grammar", "text", "none"],
+)
+def test_structured_output_inputs_become_the_guide(given: dict, guide: Optional[Guide]) -> None:
+    assert validate(**given).guide == guide
+
+
+@pytest.mark.parametrize("value", ["yaml", "", "JSON_OBJECT", 5, None])
+def test_response_format_outside_its_choices_is_refused(value: Any) -> None:
+    assert rejected_message(response_format=value) == (
+        f"response_format={value!r} is not allowed; allowed: one of 'text', 'json_object'"
+    )
+
+
+def test_lora_weights_become_the_adapter_reference() -> None:
+    ref = validate(lora_weights=" hf://owner/adapter@v1 ").lora
+    assert ref is not None and (ref.kind, ref.repo_id, ref.revision) == ("hf", "owner/adapter", "v1")
+    url = validate(lora_weights="https://example.com/a.tar?sig=secret").lora
+    assert url is not None and url.kind == "url" and url.source == "https://example.com/a.tar?sig=secret"
+    assert validate().lora is None and validate(lora_weights="  ").lora is None
+
+
+def test_unknown_inputs_are_listed_with_every_input() -> None:
+    assert rejected_message(temprature=1, topk=2) == (
+        "unknown input(s) temprature, topk; the inputs are: " + ", ".join(input_specs())
+    )
+
+
+def test_an_out_of_range_number_is_shown_as_given() -> None:
+    """The value in the message is the one the user sent (11), not its float conversion (11.0)."""
+    assert rejected_message(repetition_penalty=11) == "repetition_penalty=11 is out of range; allowed: 0.01 to 10"
+    assert rejected_message(top_k=1025) == "top_k=1025 is out of range; allowed: -1 to 1024"
+
+
+def test_a_non_boolean_is_shown_in_the_message() -> None:
+    assert rejected_message(log_performance_metrics="yes") == "log_performance_metrics must be true or false, got 'yes'"
+
+
+@pytest.mark.parametrize("extra", [0, 1, 2])
+def test_a_shown_value_is_cut_to_80_characters(extra: int) -> None:
+    """_show keeps a repr of up to 80 characters whole and cuts a longer one to 77 and "..."."""
+    value = "x" * (78 + extra)  # its repr has 80 + extra characters
+    shown = repr(value) if extra == 0 else repr(value)[:77] + "..."
+    assert rejected_message(temperature=value) == f"temperature must be a number from 0 to 5, got {shown}"
+
+
+def test_a_drawn_seed_spans_the_31_bit_range() -> None:
+    """Drawn seeds are uniform over 0 .. 2**31 - 1: 200 of them all below 2**30 has probability 2**-200."""
+    seeds = [validate(seed=None).seed for _ in range(200)]
+    assert max(seeds) >= 2**30 and max(seeds) <= 2**31 - 1 and min(seeds) >= 0
+
+
+def test_the_token_budget_messages_name_the_conversation_and_the_limit() -> None:
+    chat = validate(prompt="", messages=CONVERSATION)
+    with pytest.raises(InputError) as info:
+        chat.token_budget(prompt_tokens=101, max_input_len=100, max_seq_len=200, limit_reason="max_num_tokens")
+    assert info.value.message == (
+        "the conversation is too long: it has 101 tokens (after the chat template), and the model's maximum input "
+        "length is 100 tokens (max_num_tokens); shorten the conversation"
+    )
+    with pytest.raises(InputError) as info:
+        validate().token_budget(prompt_tokens=101, max_input_len=100, max_seq_len=200)
+    assert info.value.message == (
+        "the prompt is too long: it has 101 tokens (after formatting), and the model's maximum input length is 100 "
+        "tokens; shorten the prompt"
+    )
+    with pytest.raises(InputError) as info:
+        chat.token_budget(prompt_tokens=100, max_input_len=100, max_seq_len=100)
+    assert info.value.message.startswith("the conversation has 100 tokens, which leaves no room")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import re
 import shutil
 import subprocess
@@ -14,7 +16,7 @@ from tritonclient.grpc import model_config_pb2
 
 from common.errors import ConfigError, TemplateError
 from cog_triton.settings import REPO_ROOT, BatchingStrategy, SchedulerPolicy
-from tensorrtllm_backend.engine import ModelLimits, WeightsInfo
+from tensorrtllm_backend.engine import XGRAMMAR_TOKENIZER_INFO_NAME, ModelLimits, WeightsInfo
 from tensorrtllm_backend.templates import (
     OPTIONAL_TENSORRT_LLM_PARAMETERS,
     REQUIRED_TENSORRT_LLM_PARAMETERS,
@@ -22,6 +24,7 @@ from tensorrtllm_backend.templates import (
     drop_empty_parameters,
     fill_template,
     format_value,
+    guided_decoding_of,
     parse_key_values,
     parse_model_config,
     placeholders,
@@ -278,7 +281,8 @@ def test_parse_key_values_rejects_items_without_key(spec: str, item: str) -> Non
 
 
 def test_template_values_cover_every_placeholder_exactly() -> None:
-    values = template_values(RenderOptions(template_dir=TEMPLATE_DIR, model_repo_dir=Path("/x")), engine_info(Path("/weights")))
+    opts = RenderOptions(template_dir=TEMPLATE_DIR, model_repo_dir=Path("/x"))
+    values = template_values(opts, engine_info(Path("/weights")))
     for folder in TEMPLATE_FOLDERS:
         names = placeholders((TEMPLATE_DIR / folder / "config.pbtxt").read_text())
         assert set(values[folder]) == names, folder
@@ -555,7 +559,10 @@ def test_reference_declares_every_input_the_ensemble_maps() -> None:
 # --- scripts/fill_template.py -------------------------------------------------------------------
 
 
-FILL_VALUES = "triton_max_batch_size:8,max_queue_delay_microseconds:0,preprocessing_instance_count:2,tokenizer_dir:/tok,add_special_tokens:true"
+FILL_VALUES = (
+    "triton_max_batch_size:8,max_queue_delay_microseconds:0,preprocessing_instance_count:2,tokenizer_dir:/tok,"
+    "add_special_tokens:true"
+)
 
 
 def run_fill(*args: str) -> subprocess.CompletedProcess:
@@ -686,24 +693,6 @@ def test_drop_empty_parameters_keeps_what_it_is_told_to() -> None:
     assert set(config.parameters) == {"tokenizer_dir", "b"}
 
 
-@pytest.mark.parametrize(
-    ("spec", "fragments"),
-    [
-        ("guided_decoding_backend:xgrammar", ["needs xgrammar_tokenizer_info_path", "leaves guided decoding off"]),
-        ("guided_decoding_backend:outlines", ["guided_decoding_backend='outlines'", "only accepts xgrammar"]),
-        ("xgrammar_tokenizer_info_path:/tmp/x.json", ["guided_decoding_backend is not", "guided_decoding_backend:xgrammar"]),
-        ("guided_decoding_backend:xgrammar,xgrammar_tokenizer_info_path:/no/such.json", ["/no/such.json does not exist"]),
-    ],
-)
-def test_guided_decoding_half_configured_is_refused(tmp_path: Path, spec: str, fragments: list[str]) -> None:
-    """The backend silently leaves guided decoding off when only one of the two is set
-    (getGuidedDecodingConfigFromParams): a user who sets only the backend gets an error instead."""
-    with pytest.raises(TemplateError) as info:
-        render_model_repository(options(tmp_path, tensorrt_llm_parameters=spec), engine_info(tmp_path))
-    for fragment in fragments:
-        assert fragment in str(info.value), fragment
-
-
 def test_guided_decoding_fully_configured_is_rendered(tmp_path: Path) -> None:
     info_file = tmp_path / "xgrammar_tokenizer_info.json"
     info_file.write_text('{"encoded_vocab": [], "tokenizer_str": "", "stop_token_ids": [2]}')
@@ -726,7 +715,8 @@ def test_no_request_input_without_the_outputs_it_makes_the_backend_write(folder:
     """With return_perf_metrics the C++ backend writes ten outputs whatever the request asked for
     (model_instance_state.cc fillTritonResponse); undeclared, each response fails ("unexpected
     inference output"). Either all are declared or the input is not."""
-    values = template_values(RenderOptions(template_dir=TEMPLATE_DIR, model_repo_dir=Path("/x")), engine_info(Path("/w")))
+    opts = RenderOptions(template_dir=TEMPLATE_DIR, model_repo_dir=Path("/x"))
+    values = template_values(opts, engine_info(Path("/w")))
     text = (TEMPLATE_DIR / folder / "config.pbtxt").read_text()
     config = parse_model_config(fill_template(text, values[folder], source=folder), source=folder)
     inputs = {t.name for t in config.input}
@@ -840,3 +830,229 @@ def test_the_reference_model_py_and_its_modules_are_copied(tmp_path: Path) -> No
     source = sorted(p.name for p in (TEMPLATE_DIR / "tensorrt_llm_reference" / "1").glob("*.py"))
     assert {"model.py", "lora.py", "parsing.py", "generation.py", "scheduler.py"} <= set(source)
     assert sorted(p.name for p in live.glob("*.py")) == source
+
+
+# --- messages, escaping, leftovers of an interrupted render, guided decoding, log lines ------------
+
+
+def test_template_errors_list_every_name_comma_separated() -> None:
+    with pytest.raises(TemplateError) as info:
+        fill_template("a: ${one} ${two}", {"one": 1, "two": 2, "x": 3, "y": 4}, source="s.pbtxt")
+    assert info.value.message == "s.pbtxt: no placeholder named x, y (placeholders: one, two)"
+    with pytest.raises(TemplateError) as info:
+        fill_template("a: ${one} ${two} ${three}", {"one": 1}, source="s.pbtxt")
+    assert info.value.message == "s.pbtxt: placeholder(s) left unfilled: ${three}, ${two}"
+
+
+def test_a_backslash_or_quote_in_a_value_survives_into_the_parsed_config() -> None:
+    """A Windows-style path or a quote in a value would end or change the pbtxt string literal unescaped."""
+    value = 'C:\\models\\tok "v2"'
+    text = 'name: "m"\nbackend: "python"\nparameters: { key: "p" value: { string_value: "${p}" } }\n'
+    filled = fill_template(text, {"p": value}, source="m")
+    assert 'string_value: "C:\\\\models\\\\tok \\"v2\\""' in filled
+    assert params(parse_model_config(filled, source="m")) == {"p": value}
+
+
+@pytest.mark.parametrize(
+    ("spec", "parsed"),
+    [
+        ("a:1,,b:2", {"a": "1", "b": "2"}),  # an empty item is skipped, not the end
+        (",a:1", {"a": "1"}),  # a leading comma separates (nothing before it is escaped)
+        ("\\,a:1", {",a": "1"}),  # an escaped comma is part of the key
+        ("a:x\\\\y", {"a": "x\\y"}),  # an escaped backslash is one backslash
+    ],
+)
+def test_parse_key_values_separators_and_escapes(spec: str, parsed: dict) -> None:
+    assert parse_key_values(spec, what="subs") == parsed
+
+
+def test_a_malformed_override_names_the_setting_and_the_item(tmp_path: Path) -> None:
+    opts = options(tmp_path, tensorrt_llm_parameters="multi_block_mode")
+    with pytest.raises(TemplateError) as info:
+        render_model_repository(opts, engine_info(tmp_path))
+    assert info.value.message == "COG_TRITON_TENSORRT_LLM_PARAMETERS: 'multi_block_mode' is not key:value"
+
+
+@pytest.mark.parametrize(
+    "key", ["max_queue_delay_microseconds", "logits_datatype", "lora_weights_datatype", "triton_max_batch_size"]
+)
+def test_structural_parameters_cannot_be_overridden(tmp_path: Path, key: str) -> None:
+    """These are set from other settings or the weights (and shared with the ensemble): an override would make
+    the models disagree, so it is refused like an unknown name."""
+    opts = options(tmp_path, tensorrt_llm_parameters=f"{key}:1,zzz:2")
+    with pytest.raises(TemplateError) as info:
+        render_model_repository(opts, engine_info(tmp_path))
+    message = info.value.message
+    assert message.startswith(f"COG_TRITON_TENSORRT_LLM_PARAMETERS: unknown parameter(s) {key}, zzz; allowed: ")
+    allowed = message.split("; allowed: ", 1)[1].split(", ")
+    assert allowed == sorted(allowed) and "batch_scheduler_policy" in allowed and "multi_block_mode" in allowed
+    assert key not in allowed
+
+
+GUIDED = "COG_TRITON_TENSORRT_LLM_PARAMETERS"
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("guided_decoding_backend:xgrammar",
+         f"{GUIDED}: guided_decoding_backend=xgrammar needs xgrammar_tokenizer_info_path too (the tokenizer info "
+         "JSON made by TensorRT-LLM's examples/generate_xgrammar_tokenizer_info.py); without it the backend leaves "
+         "guided decoding off and ignores every request's guide"),
+        ("guided_decoding_backend:outlines",
+         f"{GUIDED}: guided_decoding_backend='outlines'; TensorRT-LLM 1.1's C++ backend only accepts xgrammar and "
+         "would fail to load"),
+        ("xgrammar_tokenizer_info_path:/tmp/x.json",
+         f"{GUIDED}: xgrammar_tokenizer_info_path is set but guided_decoding_backend is not; set "
+         "guided_decoding_backend:xgrammar, or the backend leaves guided decoding off"),
+        ("guided_decoding_backend:xgrammar,xgrammar_tokenizer_info_path:/no/such.json",
+         f"{GUIDED}: xgrammar_tokenizer_info_path=/no/such.json does not exist"),
+    ],
+    ids=["backend-only", "other-backend", "info-only", "missing-file"],
+)
+def test_guided_decoding_refusals_say_what_to_set(tmp_path: Path, spec: str, message: str) -> None:
+    """The backend silently leaves guided decoding off when only one of the two is set
+    (getGuidedDecodingConfigFromParams): a user who sets only one gets an error saying what to set instead."""
+    with pytest.raises(TemplateError) as info:
+        render_model_repository(options(tmp_path, tensorrt_llm_parameters=spec), engine_info(tmp_path))
+    assert info.value.message == message
+
+
+TOKENIZER_INFO = {"encoded_vocab": ["a"], "tokenizer_str": "{}", "stop_token_ids": [0]}
+
+
+def write_tokenizer_info(info: WeightsInfo, content: object) -> Path:
+    path = info.tokenizer_dir / XGRAMMAR_TOKENIZER_INFO_NAME
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(content if isinstance(content, str) else json.dumps(content), encoding="utf-8")
+    return path
+
+
+def test_the_engines_tokenizer_info_turns_guided_decoding_on(tmp_path: Path) -> None:
+    """With the tokenizer info file (TensorRT-LLM's _xgrammar_tokenizer_info) beside the engine's tokenizer, the
+    C++ backend gets both parameters it needs (getGuidedDecodingConfigFromParams); without it, or with guided
+    decoding turned off (no xgrammar to check guides), both stay empty: off."""
+    info = engine_info(tmp_path)
+    off = render_model_repository(options(tmp_path), info)["tensorrt_llm"]
+    assert not guided_decoding_of(off)
+    path = write_tokenizer_info(info, {**TOKENIZER_INFO, "tokenizer_str": "é"})  # not ASCII: read as UTF-8
+    on = render_model_repository(options(tmp_path), info)["tensorrt_llm"]
+    assert params(on)["guided_decoding_backend"] == "xgrammar"
+    assert params(on)["xgrammar_tokenizer_info_path"] == str(path)
+    assert guided_decoding_of(on)
+    disabled = render_model_repository(options(tmp_path, guided_decoding=False), info)["tensorrt_llm"]
+    assert (params(disabled)["guided_decoding_backend"], params(disabled)["xgrammar_tokenizer_info_path"]) == ("", "")
+    assert not guided_decoding_of(disabled)
+
+
+def test_the_reference_model_has_guided_decoding_unless_it_is_off(tmp_path: Path) -> None:
+    """The CPU reference model, like upstream's Python model, needs only guided_decoding_backend (it builds
+    xgrammar from tokenizer_dir); turned off, the parameter is not rendered at all (the reference model keeps no
+    empty parameters: only the C++ backend needs its required keys present)."""
+    on = render_model_repository(options(tmp_path), checkpoint_info(tmp_path))["tensorrt_llm"]
+    assert params(on)["guided_decoding_backend"] == "xgrammar" and guided_decoding_of(on)
+    off = render_model_repository(options(tmp_path, guided_decoding=False), checkpoint_info(tmp_path))["tensorrt_llm"]
+    assert "guided_decoding_backend" not in params(off) and not guided_decoding_of(off)
+    assert params(off)["exclude_input_in_output"] == "true"  # only generated tokens come back, as from the engine
+
+
+def config_with(backend: str, **parameters: str) -> model_config_pb2.ModelConfig:
+    config = model_config_pb2.ModelConfig(name="tensorrt_llm", backend=backend)
+    for key, value in parameters.items():
+        config.parameters[key].string_value = value
+    return config
+
+
+@pytest.mark.parametrize(
+    ("config", "on"),
+    [
+        (config_with("tensorrtllm"), False),
+        (config_with("tensorrtllm", guided_decoding_backend="xgrammar"), False),
+        (config_with("tensorrtllm", guided_decoding_backend="xgrammar", xgrammar_tokenizer_info_path=""), False),
+        (config_with("tensorrtllm", guided_decoding_backend="xgrammar", xgrammar_tokenizer_info_path="/i.json"), True),
+        (config_with("tensorrtllm", guided_decoding_backend="outlines", xgrammar_tokenizer_info_path="/i.json"), False),
+        (config_with("tensorrtllm", xgrammar_tokenizer_info_path="/i.json"), False),
+        (config_with("python", guided_decoding_backend="xgrammar"), True),
+        (config_with("python", guided_decoding_backend=""), False),
+        (config_with("python"), False),
+    ],
+    ids=["cpp-none", "cpp-backend-only", "cpp-empty-path", "cpp-both", "cpp-other-backend", "cpp-path-only",
+         "python-xgrammar", "python-empty", "python-none"],
+)
+def test_guided_decoding_of_a_rendered_config(config: model_config_pb2.ModelConfig, on: bool) -> None:
+    before = model_config_pb2.ModelConfig()
+    before.CopyFrom(config)
+    assert guided_decoding_of(config) is on
+    # looking does not write: reading a missing key of a protobuf map would add it, empty, to the config
+    assert config == before
+
+
+@pytest.mark.parametrize(
+    ("content", "warning"),
+    [
+        ({"encoded_vocab": [], "stop_token_ids": [0]}, "lacks tokenizer_str, which TensorRT-LLM's C++ backend reads "
+         "unconditionally: guided decoding stays off"),
+        ({}, "lacks encoded_vocab, tokenizer_str, stop_token_ids, which TensorRT-LLM's C++ backend reads "
+         "unconditionally: guided decoding stays off"),
+        ([], "lacks encoded_vocab, tokenizer_str, stop_token_ids, which"),  # JSON, but not an object
+        ("{not json", "is unreadable (Expecting property name enclosed in double quotes: line 1 column 2 (char 1)): "
+         "guided decoding stays off"),
+    ],
+    ids=["one-key-missing", "all-keys-missing", "not-an-object", "not-json"],
+)
+def test_a_tokenizer_info_the_backend_cannot_load_leaves_guided_decoding_off_with_a_warning(
+    tmp_path: Path, caplog, content: object, warning: str
+) -> None:
+    info = engine_info(tmp_path)
+    path = write_tokenizer_info(info, content)
+    with caplog.at_level(logging.WARNING, logger="tensorrtllm_backend.templates"):
+        config = render_model_repository(options(tmp_path), info)["tensorrt_llm"]
+    assert not guided_decoding_of(config)
+    warnings = [r.getMessage() for r in caplog.records if r.name == "tensorrtllm_backend.templates"]
+    assert len(warnings) == 1 and warnings[0].startswith(f"{path} {warning}"), warnings
+
+
+def test_leftovers_of_an_interrupted_render_are_cleared(tmp_path: Path) -> None:
+    """A render killed half-way leaves <repo>.staging (being written) or <repo>.old (the one replaced): the next
+    render removes both and succeeds; a model repository in a folder that does not exist yet is created."""
+    opts = RenderOptions(template_dir=TEMPLATE_DIR, model_repo_dir=tmp_path / "live" / "model_repository")
+    render_model_repository(opts, engine_info(tmp_path))
+    for leftover in ("model_repository.staging", "model_repository.old"):
+        (tmp_path / "live" / leftover / "stray_model").mkdir(parents=True)
+    render_model_repository(opts, checkpoint_info(tmp_path))
+    assert sorted(p.name for p in (tmp_path / "live").iterdir()) == ["model_repository"]
+    assert read_rendered(opts.model_repo_dir)["tensorrt_llm"].backend == "python"
+    render_model_repository(opts, engine_info(tmp_path))  # replacing it leaves no backup behind either
+    assert sorted(p.name for p in (tmp_path / "live").iterdir()) == ["model_repository"]
+
+
+@pytest.mark.parametrize(("kind", "backend"), [("engine", "TensorRT-LLM"), ("hf_checkpoint", "CPU reference")])
+def test_a_render_is_logged_with_its_folder_and_backend(tmp_path: Path, caplog, kind: str, backend: str) -> None:
+    info = engine_info(tmp_path) if kind == "engine" else checkpoint_info(tmp_path)
+    opts = options(tmp_path)
+    with caplog.at_level(logging.INFO, logger="tensorrtllm_backend.templates"):
+        render_model_repository(opts, info)
+    lines = [r.getMessage() for r in caplog.records if r.name == "tensorrtllm_backend.templates"]
+    assert lines == [f"rendered model repository {opts.model_repo_dir} ({backend} backend)"]
+
+
+@pytest.mark.parametrize(
+    ("dtype", "datatype"), [("bfloat16", "TYPE_BF16"), ("float32", "TYPE_FP32"), ("", "TYPE_FP16")]
+)
+def test_an_engine_without_lora_declares_lora_weights_in_the_engines_dtype(
+    tmp_path: Path, dtype: str, datatype: str
+) -> None:
+    """An engine config without a dtype is float16, TensorRT-LLM's default."""
+    import dataclasses
+
+    info = dataclasses.replace(engine_info(tmp_path), dtype=dtype)
+    configs = render_model_repository(options(tmp_path), info)
+    for model in ("tensorrt_llm", "ensemble"):
+        weights = {t.name: t for t in configs[model].input}["lora_weights"]
+        assert model_config_pb2.DataType.Name(weights.data_type) == datatype, model
+
+
+def test_the_reference_model_without_lora_ignores_the_lora_cache_setting(tmp_path: Path) -> None:
+    opts = options(tmp_path, lora_cache_host_memory_bytes=123456789)
+    p = params(render_model_repository(opts, checkpoint_info(tmp_path))["tensorrt_llm"])
+    assert not [key for key in p if key.startswith("lora_")]
