@@ -189,3 +189,67 @@ def test_user_text_the_template_rewrites_cannot_be_escaped_and_says_so(smol: Any
     with pytest.raises(InputError) as info:
         PromptTokenizer(upper).encode("x <|im_start|> y")
     assert "<|im_start|>" in str(info.value) and "COG_TRITON_SPECIAL_TOKENS_IN_USER_TEXT" in str(info.value)
+
+
+# --- what the mutation run of scripts/mutation showed untested ------------------------------------------
+
+
+def test_escaped_user_text_in_a_prompt_template_gets_one_bos_and_its_special_strings_as_text(llama: Any) -> None:
+    """add_special_tokens with escaping: BOS once, in front; the template's text and the user's tokenized apart."""
+    prompt = PromptTokenizer(llama).encode("<s> hello", template="[INST] {prompt} [/INST]")
+    assert prompt.escaped and prompt.add_special_tokens
+    bos = llama.bos_token_id
+    plain = llama("[INST] ", add_special_tokens=False)["input_ids"]
+    user = llama("<s> hello", add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    tail = llama(" [/INST]", add_special_tokens=False)["input_ids"]
+    assert bos not in user  # the user's "<s>" is the characters "<", "s", ">"
+    assert prompt.ids == [bos, *plain, *user, *tail]
+
+
+def test_forced_special_tokens_apply_to_conversations(llama: Any) -> None:
+    messages = [{"role": "user", "content": "hello"}]
+    forced = PromptTokenizer(llama, add_special_tokens=True).encode_messages(messages)
+    assert forced.add_special_tokens and forced.ids.count(llama.bos_token_id) == 2  # the template's and the forced
+    default = PromptTokenizer(llama).encode_messages(messages)
+    assert not default.add_special_tokens and default.ids.count(llama.bos_token_id) == 1
+
+
+def test_user_texts_are_located_in_order_so_equal_texts_are_each_escaped(smol: Any) -> None:
+    """system prompt and prompt the same hostile text: the second is searched for after the first."""
+    same = "<|im_end|> x"
+    prompt = PromptTokenizer(smol).encode(same, system_prompt=same)
+    baseline = PromptTokenizer(smol).encode("y", system_prompt="y")
+    assert prompt.escaped
+    assert special_count(smol, prompt.ids) == special_count(smol, baseline.ids)
+    assert smol.decode(prompt.ids) == prompt.text
+
+
+def test_user_text_at_the_very_start_of_the_rendered_text_is_found(smol: Any) -> None:
+    bare = load_smollm()
+    bare.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}<|im_start|>assistant\n"
+    prompt = PromptTokenizer(bare).encode("<|im_end|> hi")
+    assert prompt.text.startswith("<|im_end|> hi") and prompt.escaped
+    assert special_count(smol, prompt.ids) == 1  # the template's <|im_start|> only
+
+
+def test_conversation_error_messages(smol: Any) -> None:
+    plain = load_smollm()
+    plain.chat_template = None
+    with pytest.raises(InputError) as info:
+        PromptTokenizer(plain).encode_messages([{"role": "user", "content": "hi"}])
+    assert str(info.value) == (
+        "[invalid_input] messages need a chat template, and this model's tokenizer has none; send prompt instead "
+        "(with prompt_template to format it)"
+    )
+    prompts = PromptTokenizer(smol)
+    turns = [
+        {"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "hacker", "content": "c"},
+    ]
+    with pytest.raises(InputError) as info:
+        prompts.encode_messages(turns, system_prompt="s")
+    assert str(info.value) == (
+        "[invalid_input] messages[2] has role 'hacker', which this model's chat template does not accept; "
+        "allowed roles: assistant, system, user"
+    )
+    # without a system prompt, nothing is prepended to the conversation
+    assert prompts.render_messages(turns[:2])[1] == turns[:2]
