@@ -467,10 +467,11 @@ def test_ends_inside_a_character_with_a_tokenizer_that_cannot_convert_ids():
     assert _ends_inside_a_character(NoTokens(), [1, 2]) is False
 
 
-def test_a_stream_cut_after_the_lead_byte_of_e_acute_loses_only_that_character(tokenizer):
+def test_a_stream_cut_after_the_lead_byte_of_e_acute_loses_only_that_character(tokenizer, caplog):
     ids = tokenizer.encode("caf") + [LEAD2]
     det = IncrementalDetokenizer(tokenizer)
     assert "".join(det.push([i]) for i in ids) + det.finish() == "caf"
+    assert not _warnings(caplog)  # reconciled by dropping the one U+FFFD, not by the divergence path
 
 
 def _warnings(caplog) -> list[str]:
@@ -495,6 +496,9 @@ def test_streaming_stops_once_more_than_max_window_ids_are_carried_over(tokenize
         "the rest comes at the end"
     ]
     assert det.push(tokenizer.encode(" world")) == ""  # nothing more is streamed ...
+    for _ in range(5):
+        assert det.push([unknown] * 3) == ""
+    assert len(_warnings(caplog)) == 1  # (and streaming is not tried again)
     assert det.finish() == " world"  # ... the rest comes at the end
 
 
@@ -520,9 +524,28 @@ def test_special_ids_that_decode_to_nothing_stay_out_of_the_window(tokenizer, ca
     assert IncrementalDetokenizer(tokenizer).push([2]) == ""  # skip_special_tokens defaults to True
 
 
-def test_a_tokenizer_whose_special_ids_fail_to_decode_still_filters_the_others():
-    det = IncrementalDetokenizer(CharTokenizer(specials={0: "", 1: None, 2: ""}), max_window=8)
-    assert det._noop_ids == {0, 2}  # 1 raised: not filtered, and the ids after it are still tried
+def _fills_the_window(tok, token_id, caplog) -> bool:
+    """Whether 20 pushes of `token_id` after some text stop the streaming (max_window 8)."""
+    caplog.clear()
+    det = IncrementalDetokenizer(tok, max_window=8)
+    det.push([ord("h")])
+    for _ in range(20):
+        det.push([token_id])
+    return bool(_warnings(caplog))
+
+
+def test_which_special_ids_stay_out_of_the_window(caplog):
+    class Added:  # transformers' AddedToken has .special; an entry without it is not special
+        def __init__(self, **kw):
+            self.__dict__.update(kw)
+
+    # decode raises for 1: not filtered, and the ids after it are still tried
+    tok = CharTokenizer(specials={0: "", 1: None, 2: ""})
+    assert [_fills_the_window(tok, i, caplog) for i in (0, 2)] == [False, False]
+    # no all_special_ids: the special entries of added_tokens_decoder still count, the others do not
+    tok = CharTokenizer(specials={3: "", 4: ""}, added_tokens_decoder={3: Added(special=True), 4: Added()})
+    del tok.all_special_ids
+    assert [_fills_the_window(tok, i, caplog) for i in (3, 4)] == [False, True]
 
 
 class CharTokenizer:
@@ -554,24 +577,23 @@ class CharTokenizer:
 
 def test_a_decode_that_changes_earlier_text_is_held_back_and_reconciled_at_the_end(caplog):
     tok = CharTokenizer(upper=True)
-    ids = [ord(c) for c in "abc!" + "x" * 50]
+    ids = [ord(c) for c in "ab" + "c" * 43 + "!" + "x" * 5]
     det = IncrementalDetokenizer(tok, max_window=64)
     deltas = [det.push([i]) for i in ids]
-    assert deltas[:3] == ["a", "b", "c"]
-    assert deltas[3:] == [""] * 51  # "ABC!" does not extend "abc": nothing more is streamed
-    assert det.finish() == "ABC!" + "X" * 50  # everything, from the first character that differs
-    assert _warnings(caplog) == [
+    assert deltas[:45] == ["a", "b"] + ["c"] * 43
+    assert deltas[45:] == [""] * 6  # "ABC...!" does not extend "abc...": nothing more is streamed
+    assert det.finish() == "AB" + "C" * 43 + "!XXXXX"  # everything, from the first character that differs
+    assert _warnings(caplog) == [  # 40 characters of each side from where they differ
         "incremental detokenization diverged from the full decode after 0 characters "
-        f"(emitted 'abc', full text {('ABC!' + 'X' * 36)!r})"
+        f"(emitted {('ab' + 'c' * 38)!r}, full text {('AB' + 'C' * 38)!r})"
     ]
 
 
 def test_common_prefix_len():
     from cog_triton.detokenizer import _common_prefix_len
 
-    assert [_common_prefix_len(a, b) for a, b in [("abc", "abd"), ("ab", "abc"), ("abc", "ab"), ("", "x")]] == [
-        2, 2, 2, 0,
-    ]
+    pairs = [("abc", "abd"), ("ab", "abc"), ("abc", "ab"), ("", "x"), ("axc", "ayc"), ("abcd", "abcd")]
+    assert [_common_prefix_len(a, b) for a, b in pairs] == [2, 2, 2, 0, 1, 4]
 
 
 def test_cleanup_holds_back_only_what_may_start_a_replacement(cleanup_tokenizer):
