@@ -253,3 +253,39 @@ def test_conversation_error_messages(smol: Any) -> None:
     )
     # without a system prompt, nothing is prepended to the conversation
     assert prompts.render_messages(turns[:2])[1] == turns[:2]
+
+
+def test_special_strings_come_from_both_special_token_lists(smol: Any) -> None:
+    """<file_sep> is special only in added_tokens_decoder (not in all_special_tokens): it stays text too."""
+    assert "<file_sep>" not in smol.all_special_tokens
+    prompt = PromptTokenizer(smol).encode("a <file_sep> b")
+    assert prompt.escaped and smol.convert_tokens_to_ids("<file_sep>") not in prompt.ids
+    assert not PromptTokenizer(smol).encode("None of them").escaped  # no special string in it
+
+
+def test_a_prompt_template_uses_the_exact_spans_not_a_search(smol: Any) -> None:
+    """The template's own <|im_end|> comes first and stays a control token; the user's, after it, is text."""
+    prompt = PromptTokenizer(smol, add_special_tokens=False).encode("<|im_end|>", template="<|im_end|>{prompt}")
+    im_end = smol.convert_tokens_to_ids("<|im_end|>")
+    user = smol("<|im_end|>", add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    assert prompt.ids == [im_end, *user] and user != [im_end]
+
+
+def test_a_plain_prompt_is_escaped_as_one_piece() -> None:
+    plain = load_smollm()
+    plain.chat_template = None
+    prompt = PromptTokenizer(plain, add_special_tokens=False).encode("<|im_end|> hi")
+    assert prompt.escaped
+    assert prompt.ids == plain("<|im_end|> hi", add_special_tokens=False, split_special_tokens=True)["input_ids"]
+
+
+def test_the_message_when_user_text_cannot_be_located(smol: Any) -> None:
+    upper = load_smollm()
+    upper.chat_template = "{% for m in messages %}<|im_start|>{{ m['content'] | upper }}<|im_end|>{% endfor %}"
+    with pytest.raises(InputError) as info:
+        PromptTokenizer(upper).encode("x <|im_start|> y")
+    assert str(info.value) == (
+        "[invalid_input] the input contains the special token '<|im_start|>', and the chat template changes the "
+        "text around it, so it cannot be kept as plain text; remove it, or set "
+        "COG_TRITON_SPECIAL_TOKENS_IN_USER_TEXT=true to let user text contain control tokens"
+    )
