@@ -289,3 +289,35 @@ def test_the_message_when_user_text_cannot_be_located(smol: Any) -> None:
         "text around it, so it cannot be kept as plain text; remove it, or set "
         "COG_TRITON_SPECIAL_TOKENS_IN_USER_TEXT=true to let user text contain control tokens"
     )
+
+
+def test_roles_named_by_the_template_are_accepted_and_a_strict_template_still_takes_system(smol: Any) -> None:
+    strict = load_smollm()
+    strict.chat_template = (
+        "{% for m in messages %}{% if m['role'] not in ['system', 'user', 'assistant', 'tool'] %}"
+        "{{ raise_exception('unknown role ' + m['role']) }}{% endif %}{% if m.role == 'tool' %}[tool]{% endif %}"
+        "{{ m['content'] }}{% endfor %}"
+    )
+    prompts = PromptTokenizer(strict)
+    assert prompts.roles == {"system", "user", "assistant", "tool"}  # the probe used real roles: system accepted
+    assert prompts.render_messages([{"role": "tool", "content": "42"}])[0] == "[tool]42"
+
+
+def test_template_roles_of_a_dict_reads_each_template_not_its_repr() -> None:
+    from cog_triton.prompt import template_roles  # noqa: PLC0415
+
+    # the repr of this dict escapes the quotes: a search of the repr would find no role
+    assert template_roles({"default": "{% if m.role == 'tool' %}\"x\"{% endif %}"}) == {"tool"}
+
+
+def test_a_tokenizer_without_special_tokens() -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: PLC0415
+    from transformers import PreTrainedTokenizerFast  # noqa: PLC0415
+
+    core = Tokenizer(models.WordLevel({"[?]": 0, "XXXX": 1, "hello": 2}, unk_token="[?]"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    bare = PreTrainedTokenizerFast(tokenizer_object=core)
+    assert not bare.all_special_tokens and bare.bos_token is None
+    prompt = PromptTokenizer(bare).encode("XXXX hello")
+    assert prompt.ids == [1, 2] and not prompt.escaped  # nothing to escape: no special strings at all
+    assert prompt.add_special_tokens  # no BOS to find at the start: the tokenizer's own choice applies
