@@ -549,3 +549,33 @@ def test_is_complete_for_each_guide_type(checker: GuideChecker, tokenizer) -> No
     grammar = Guide("ebnf_grammar", 'root ::= "yes" | "no"', "grammar")
     assert checker.is_complete(grammar, ids("no")) and not checker.is_complete(grammar, ids("maybe"))
     assert not checker.is_complete(Guide("regex", "(yes|no)", "regex"), ids("ye"))  # a prefix only
+
+
+def test_a_new_checker_compiles_for_the_models_vocabulary_and_replays_every_guide_type(tokenizer) -> None:
+    """A checker of its own (the `checker` fixture is shared, so only its first user would see __init__ change)."""
+    padded = len(tokenizer) + 64  # models pad their vocabulary; the grammar's token masks must be that size
+    own = GuideChecker(tokenizer, vocab_size=padded)
+    assert own.compile(Guide("json", "", "response_format")).tokenizer_info.vocab_size == padded
+    assert GuideChecker(tokenizer).compile(Guide("json", "", "response_format")).tokenizer_info.vocab_size == len(
+        tokenizer
+    )
+    yes = tokenizer("yes", add_special_tokens=False)["input_ids"]
+    assert own.is_complete(Guide("regex", "(yes|no)", "regex"), yes)
+    assert own.is_complete(Guide("ebnf_grammar", 'root ::= "yes"', "grammar"), yes)
+
+
+def test_without_xgrammar_guided_decoding_is_a_configuration_error(tokenizer, monkeypatch) -> None:
+    import sys  # noqa: PLC0415
+
+    from common.errors import ConfigError  # noqa: PLC0415
+    from tensorrtllm_backend.pins import XGRAMMAR_VERSION  # noqa: PLC0415
+
+    monkeypatch.setitem(sys.modules, "xgrammar", None)  # as if not installed: `import xgrammar` raises ImportError
+    with pytest.raises(ConfigError) as info:
+        GuideChecker(tokenizer)
+    expected = f"guided decoding needs the xgrammar package ({XGRAMMAR_VERSION}): "
+    assert str(info.value).split("] ", 1)[1].startswith(expected)
+
+
+def test_xgrammar_reason_strips_only_trailing_full_stops() -> None:
+    assert xgrammar_reason(ValueError("value out of range: MAX.")) == "value out of range: MAX"
