@@ -274,9 +274,9 @@ def test_a_prompt_template_uses_the_exact_spans_not_a_search(smol: Any) -> None:
 def test_a_plain_prompt_is_escaped_as_one_piece() -> None:
     plain = load_smollm()
     plain.chat_template = None
-    prompt = PromptTokenizer(plain, add_special_tokens=False).encode("<|im_end|> hi")
+    prompt = PromptTokenizer(plain, add_special_tokens=False).encode("hello <|im_end|>")
     assert prompt.escaped
-    assert prompt.ids == plain("<|im_end|> hi", add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    assert prompt.ids == plain("hello <|im_end|>", add_special_tokens=False, split_special_tokens=True)["input_ids"]
 
 
 def test_the_message_when_user_text_cannot_be_located(smol: Any) -> None:
