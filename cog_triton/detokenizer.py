@@ -233,8 +233,8 @@ class IncrementalDetokenizer:
         Makes it the new read offset; the caller sets ``_extra`` afterwards when needed.
         """
         old_read = self._read
-        new_prefix_ids = self._win[old_read:boundary]
-        new_prefix_text = self._decode(new_prefix_ids) if new_prefix_ids else ""
+        # never empty: push() calls _step only after adding ids; _try_move_read_offset passes boundary > _read
+        new_prefix_text = self._decode(self._win[old_read:boundary])
         if new_prefix_text:
             # The ids of this step become the prefix (context for the next step).
             del self._win[:old_read]

@@ -158,9 +158,9 @@ class GuideChecker:
             InputError: xgrammar cannot compile it; the message names the input and xgrammar's reason.
         """
         compiler = self._compiler
+        if guide.guide_type == "json":  # xgrammar's own JSON grammar: nothing of the user's to refuse
+            return compiler.compile_builtin_json_grammar()
         try:
-            if guide.guide_type == "json":
-                return compiler.compile_builtin_json_grammar()
             if guide.guide_type == "json_schema":
                 return compiler.compile_json_schema(guide.guide)
             if guide.guide_type == "regex":
@@ -171,7 +171,6 @@ class GuideChecker:
                 "json_schema": "json_schema is not a JSON Schema that guided decoding supports",
                 "regex": "regex is not a regular expression that guided decoding supports",
                 "ebnf_grammar": "grammar is not an EBNF grammar that guided decoding accepts",
-                "json": "the built-in JSON grammar failed to compile",
             }[guide.guide_type]
             raise InputError(f"{what}: {xgrammar_reason(exc)}") from None
 

@@ -407,3 +407,227 @@ def test_invalid_pushes(tokenizer):
         det.push([1])
     with pytest.raises(ValueError):
         IncrementalDetokenizer(tokenizer, max_window=2)
+
+
+# --- what the mutation run of scripts/mutation showed untested ---------------------------------------
+
+
+def test_the_byte_table_is_the_inverse_of_transformers_bytes_to_unicode():
+    """_BYTE_DECODER is built once at import; the builder itself is compared with GPT-2's table."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    from cog_triton.detokenizer import _byte_decoder
+
+    assert _byte_decoder() == {char: byte for byte, char in bytes_to_unicode().items()}
+
+
+def test_token_bytes_of_byte_fallback_and_byte_level_tokens():
+    from cog_triton.detokenizer import _token_bytes
+
+    assert _token_bytes("<0xE2>") == b"\xe2"  # sentencepiece byte fallback: hexadecimal
+    assert _token_bytes("<0x0a>") == b"\n"
+    assert _token_bytes("Ġhé") == b" h\xe9"  # byte-level BPE: each character is one byte ("Ġ" 0x20, "é" 0xE9)
+    assert _token_bytes("▁hello") is None  # a sentencepiece piece: whole characters
+    assert _token_bytes("") is None
+
+
+# SmolLM2's byte-level vocabulary: "Ã" is byte 0xC3 (lead of 2), "©" 0xA9 (continuation), "ó" 0xF3 (lead of 4)
+LEAD2, CONT, LEAD4 = 142, 119, 188
+
+
+@pytest.mark.parametrize(
+    ("ids", "inside"),
+    [
+        ([LEAD2], True),  # 1 byte of 2
+        ([LEAD2, CONT], False),  # é complete
+        ([CONT], False),  # a stray continuation byte: invalid, not incomplete
+        ([LEAD4], True),  # 1 byte of 4 (lead F3: 0xF3 & 0xF8 == 0xF0)
+        ([LEAD4, CONT, CONT], True),  # 3 bytes of 4
+        ([LEAD4, CONT, CONT, CONT], False),  # 4 of 4
+        ([19556], False),  # "Hello": ASCII
+        ("unknown-then-lead", True),  # an id with no token resets the tail; the lead byte after it counts
+        ("lead-then-unknown", False),  # ... and one before it does not
+    ],
+)
+def test_ends_inside_a_character(tokenizer, ids, inside):
+    unknown = len(tokenizer) + 5
+    assert tokenizer.convert_ids_to_tokens([unknown]) == [None]
+    if isinstance(ids, str):
+        ids = {"unknown-then-lead": [unknown, LEAD2], "lead-then-unknown": [LEAD2, unknown]}[ids]
+    assert _ends_inside_a_character(tokenizer, ids) is inside
+    emoji = tokenizer.encode("😀")
+    assert _ends_inside_a_character(tokenizer, emoji) is False and _ends_inside_a_character(tokenizer, emoji[:-1])
+
+
+def test_ends_inside_a_character_with_a_tokenizer_that_cannot_convert_ids():
+    class NoTokens:  # stand-in for a tokenizer without convert_ids_to_tokens support (none installed here)
+        def convert_ids_to_tokens(self, ids):
+            raise NotImplementedError
+
+    assert _ends_inside_a_character(NoTokens(), [1, 2]) is False
+
+
+def test_a_stream_cut_after_the_lead_byte_of_e_acute_loses_only_that_character(tokenizer, caplog):
+    ids = tokenizer.encode("caf") + [LEAD2]
+    det = IncrementalDetokenizer(tokenizer)
+    assert "".join(det.push([i]) for i in ids) + det.finish() == "caf"
+    assert not _warnings(caplog)  # reconciled by dropping the one U+FFFD, not by the divergence path
+
+
+def _warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "cog_triton.detokenizer"]
+
+
+@pytest.mark.parametrize(("first", "degrades_at"), [(2, 5), (3, 4)])  # 8 carried over: not yet; 9: stop
+def test_streaming_stops_once_more_than_max_window_ids_are_carried_over(tokenizer, caplog, first, degrades_at):
+    """Window: the first push has `first` ids (text, then unknown ids that decode to nothing); each later push
+    three unknown ids. Before push k, 3 * (k - 2) + first ids are carried over; more than 8 stops streaming."""
+    unknown = len(tokenizer) + 1000
+    det = IncrementalDetokenizer(tokenizer, max_window=8)
+    assert det.push([19556] + [unknown] * (first - 1)) == "Hello"
+    k = 1
+    while not _warnings(caplog):
+        k += 1
+        assert det.push([unknown] * 3) == ""
+        assert k < 10, "streaming never stopped"
+    assert k == degrades_at
+    assert _warnings(caplog) == [
+        "incremental detokenization stopped streaming (more than 8 tokens without a stable text boundary); "
+        "the rest comes at the end"
+    ]
+    assert det.push(tokenizer.encode(" world")) == ""  # nothing more is streamed ...
+    for _ in range(5):
+        assert det.push([unknown] * 3) == ""
+    assert len(_warnings(caplog)) == 1  # (and streaming is not tried again)
+    assert det.finish() == " world"  # ... the rest comes at the end
+
+
+def test_the_default_window_is_256_ids(tokenizer, caplog):
+    unknown = len(tokenizer) + 1000
+    det = IncrementalDetokenizer(tokenizer)
+    assert det.push([19556] + [unknown] * 255) == "Hello"
+    det.push([unknown])  # 256 carried over: still streaming
+    assert not _warnings(caplog)
+    det.push([unknown])  # 257
+    assert len(_warnings(caplog)) == 1
+
+
+def test_special_ids_that_decode_to_nothing_stay_out_of_the_window(tokenizer, caplog):
+    """<|im_end|> (in all_special_ids) and <file_sep> (special only in added_tokens_decoder) decode to "";
+    hundreds of them do not fill the window, so the text after them still streams."""
+    det = IncrementalDetokenizer(tokenizer, max_window=8)
+    assert det.push([19556]) == "Hello"
+    for _ in range(20):
+        assert det.push([2, 5]) == ""
+    assert det.push(tokenizer.encode(" world")) == " world"
+    assert not _warnings(caplog)
+    assert IncrementalDetokenizer(tokenizer).push([2]) == ""  # skip_special_tokens defaults to True
+
+
+def _fills_the_window(tok, token_id, caplog) -> bool:
+    """Whether 20 pushes of `token_id` after some text stop the streaming (max_window 8)."""
+    caplog.clear()
+    det = IncrementalDetokenizer(tok, max_window=8)
+    det.push([ord("h")])
+    for _ in range(20):
+        det.push([token_id])
+    return bool(_warnings(caplog))
+
+
+def test_which_special_ids_stay_out_of_the_window(caplog):
+    class Added:  # transformers' AddedToken has .special; an entry without it is not special
+        def __init__(self, **kw):
+            self.__dict__.update(kw)
+
+    # decode raises for 1: not filtered, and the ids after it are still tried
+    tok = CharTokenizer(specials={0: "", 1: None, 2: ""})
+    assert [_fills_the_window(tok, i, caplog) for i in (0, 2)] == [False, False]
+    # no all_special_ids: the special entries of added_tokens_decoder still count, the others do not
+    tok = CharTokenizer(specials={3: "", 4: ""}, added_tokens_decoder={3: Added(special=True), 4: Added()})
+    del tok.all_special_ids
+    assert [_fills_the_window(tok, i, caplog) for i in (3, 4)] == [False, True]
+
+
+class CharTokenizer:
+    """A stand-in tokenizer: id i is the character chr(i), with optional special ids (text, "" or None: decode
+    raises) and an `upper` flag: a "!" anywhere upper-cases the whole decode, a context dependence no real
+    tokenizer here has, to reach the paths for decodes that disagree between a window and the full text."""
+
+    def __init__(self, specials=None, upper=False, **attributes):
+        self.specials = specials or {}
+        self.all_special_ids = list(self.specials)
+        self.upper = upper
+        self.__dict__.update(attributes)
+
+    def decode(self, ids, skip_special_tokens=True):
+        out = []
+        for i in ids:
+            if i in self.specials:
+                if self.specials[i] is None:
+                    raise ValueError(f"cannot decode {i}")
+                out.append("" if skip_special_tokens else self.specials[i] or f"<{i}>")
+            else:
+                out.append(chr(i))
+        text = "".join(out)
+        return text.upper() if self.upper and "!" in text else text
+
+    def convert_ids_to_tokens(self, ids):
+        return [chr(i) for i in ids]
+
+
+def test_a_decode_that_changes_earlier_text_is_held_back_and_reconciled_at_the_end(caplog):
+    tok = CharTokenizer(upper=True)
+    ids = [ord(c) for c in "ab" + "c" * 43 + "!" + "x" * 5]
+    det = IncrementalDetokenizer(tok, max_window=64)
+    deltas = [det.push([i]) for i in ids]
+    assert deltas[:45] == ["a", "b"] + ["c"] * 43
+    assert deltas[45:] == [""] * 6  # "ABC...!" does not extend "abc...": nothing more is streamed
+    assert det.finish() == "AB" + "C" * 43 + "!XXXXX"  # everything, from the first character that differs
+    assert _warnings(caplog) == [  # 40 characters of each side from where they differ
+        "incremental detokenization diverged from the full decode after 0 characters "
+        f"(emitted {('ab' + 'c' * 38)!r}, full text {('AB' + 'C' * 38)!r})"
+    ]
+
+
+def test_common_prefix_len():
+    from cog_triton.detokenizer import _common_prefix_len
+
+    pairs = [("abc", "abd"), ("ab", "abc"), ("abc", "ab"), ("", "x"), ("axc", "ayc"), ("abcd", "abcd")]
+    assert [_common_prefix_len(a, b) for a, b in pairs] == [2, 2, 2, 0, 1, 4]
+
+
+def test_cleanup_holds_back_only_what_may_start_a_replacement(cleanup_tokenizer):
+    tok = cleanup_tokenizer
+    space = tok.convert_tokens_to_ids("Ġ")
+    ids = tok.encode("Hi") + [space] + tok.encode("n't")  # "Hi", " ", "n", "'t" -> "Hin't"
+    det = IncrementalDetokenizer(tok)
+    assert [det.push([i]) for i in ids] == ["Hi", "", "", "n't"]  # " " and " n" wait; "Hi" does not
+    assert det.finish() == ""
+    det = IncrementalDetokenizer(tok)
+    assert det.push(tok.encode("Hello world")) == "Hello world"
+
+
+def test_no_cleanup_without_the_attribute():
+    """A tokenizer without clean_up_tokenization_spaces gets no hold-back: a trailing " n" streams at once."""
+    det = IncrementalDetokenizer(CharTokenizer())
+    assert det.push([ord(" "), ord("n")]) == " n"
+
+
+def test_error_messages():
+    tok = CharTokenizer()
+    det = IncrementalDetokenizer(tok)
+    for value, message in [
+        (5, "token_ids must be a sequence of integer token ids, got int"),
+        ("abc", "token_ids must be a sequence of integer token ids, got str"),
+        ([1.5], r"token ids must be integers, got 1.5 \(float\)"),
+        ([True], "token ids must be integers, got a bool"),
+    ]:
+        with pytest.raises(TypeError, match=f"^{message}$"):
+            det.push(value)
+    with pytest.raises(ValueError, match="^token ids must be non-negative, got -1$"):
+        det.push([-1])
+    det.finish()
+    with pytest.raises(RuntimeError, match=r"^IncrementalDetokenizer\.push\(\) called after finish\(\)$"):
+        det.push([1])
+    with pytest.raises(ValueError, match="^max_window must be at least 8 tokens, got 7$"):
+        IncrementalDetokenizer(tok, max_window=7)

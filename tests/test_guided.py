@@ -455,3 +455,127 @@ def test_messages_without_a_chat_template_are_refused(tokenizer) -> None:
     plain.chat_template = None
     with pytest.raises(InputError, match="messages need a chat template"):
         PromptTokenizer(plain).encode_messages(THREE_TURNS)
+
+
+# --- what the mutation run of scripts/mutation showed untested ------------------------------------------
+
+
+def test_each_guide_type_names_its_document() -> None:
+    names = {t: Guide(t, "", "x").document for t in ("json", "json_schema", "regex", "ebnf_grammar")}
+    assert names == {
+        "json": "JSON document",
+        "json_schema": "JSON document",
+        "regex": "match of the regex",
+        "ebnf_grammar": "sentence of the grammar",
+    }
+
+
+@pytest.mark.parametrize("keyword", ["type", "properties", "$ref", "anyOf", "oneOf", "allOf", "enum", "const"])
+def test_a_schema_keyword_beside_name_and_schema_means_a_plain_schema(keyword: str) -> None:
+    plain = {"name": "x", "schema": {"type": "string"}, keyword: {"type": "string"}}
+    assert json.loads(select_guide(json_schema=json.dumps(plain)).guide) == plain  # type: ignore[union-attr]
+
+
+def test_only_an_object_with_a_name_and_a_schema_object_is_unwrapped() -> None:
+    no_name = {"schema": {"type": "string"}}
+    assert json.loads(select_guide(json_schema=json.dumps(no_name)).guide) == no_name  # type: ignore[union-attr]
+    not_an_object = {"name": "x", "schema": "string"}
+    assert json.loads(select_guide(json_schema=json.dumps(not_an_object)).guide) == not_an_object  # type: ignore
+    unwrapped = select_guide(json_schema=json.dumps({"name": "x", "schema": {"type": "string"}}))
+    assert unwrapped == Guide("json_schema", '{"type":"string"}', "json_schema")
+    # the schema is sent compact and with its non-ASCII characters as they are
+    assert select_guide(json_schema='{"title": "café", "type": "string"}').guide == '{"title":"café","type":"string"}'
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"json_schema": "{", "regex": "a"},
+            "json_schema and regex are both set; give at most one of json_schema, regex and grammar "
+            "(each constrains the whole output)",
+        ),
+        (
+            {"response_format": "json_object", "grammar": "root ::= \"a\""},
+            "response_format=json_object asks for JSON, and grammar asks for another format; give one of them",
+        ),
+        ({"response_format": "yaml"}, "response_format='yaml' is not allowed; allowed: text, json_object"),
+        ({"json_schema": "{\n not json"}, "json_schema is not valid JSON: Expecting property name enclosed in "
+         "double quotes at line 2 column 2"),
+        (
+            {"json_schema": "[1, 2]"},
+            'json_schema must be a JSON Schema object such as {"type": "object", ...}, got a JSON list',
+        ),
+        ({"json_schema": "   ", "regex": " "}, None),  # blank inputs are not given
+    ],
+)
+def test_select_guide_messages(kwargs: dict[str, str], message: str | None) -> None:
+    if message is None:
+        assert select_guide(**kwargs) is None
+        return
+    with pytest.raises(InputError) as info:
+        select_guide(**kwargs)
+    assert str(info.value) == "[invalid_input] " + message
+
+
+def test_xgrammar_reason_without_a_prefix_and_without_text() -> None:
+    assert xgrammar_reason(ValueError("  plain reason.  ")) == "plain reason"
+    assert xgrammar_reason(ValueError("[01:02:03] f.cc:1: line one\nline two")) == "line one\nline two"
+    assert xgrammar_reason(RuntimeError("")) == "RuntimeError"
+
+
+@pytest.mark.parametrize(
+    ("guide", "message"),
+    [
+        (Guide("regex", "[a-z", "regex"), "regex is not a regular expression that guided decoding supports: "),
+        (Guide("ebnf_grammar", "root ::= foo", "grammar"), "grammar is not an EBNF grammar that guided decoding "
+         "accepts: EBNF parser error at line 1, column 10: Rule \"foo\" is not defined"),
+        (Guide("json_schema", '{"type": "objec"}', "json_schema"), "json_schema is not a JSON Schema that guided "
+         "decoding supports: "),
+    ],
+)
+def test_bad_guide_messages_start_with_the_input(checker: GuideChecker, guide: Guide, message: str) -> None:
+    with pytest.raises(InputError) as info:
+        checker.compile(guide)
+    assert str(info.value).startswith("[invalid_input] " + message)
+
+
+def test_is_complete_for_each_guide_type(checker: GuideChecker, tokenizer) -> None:
+    def ids(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    any_json = Guide("json", "", "response_format")
+    assert checker.is_complete(any_json, ids('{"a": [1, 2]}')) and not checker.is_complete(any_json, ids('{"a": '))
+    grammar = Guide("ebnf_grammar", 'root ::= "yes" | "no"', "grammar")
+    assert checker.is_complete(grammar, ids("no")) and not checker.is_complete(grammar, ids("maybe"))
+    assert not checker.is_complete(Guide("regex", "(yes|no)", "regex"), ids("ye"))  # a prefix only
+
+
+def test_a_new_checker_compiles_for_the_models_vocabulary_and_replays_every_guide_type(tokenizer) -> None:
+    """A checker of its own (the `checker` fixture is shared, so only its first user would see __init__ change)."""
+    padded = len(tokenizer) + 64  # models pad their vocabulary; the grammar's token masks must be that size
+    own = GuideChecker(tokenizer, vocab_size=padded)
+    assert own.compile(Guide("json", "", "response_format")).tokenizer_info.vocab_size == padded
+    assert GuideChecker(tokenizer).compile(Guide("json", "", "response_format")).tokenizer_info.vocab_size == len(
+        tokenizer
+    )
+    yes = tokenizer("yes", add_special_tokens=False)["input_ids"]
+    assert own.is_complete(Guide("regex", "(yes|no)", "regex"), yes)
+    assert own.is_complete(Guide("ebnf_grammar", 'root ::= "yes"', "grammar"), yes)
+
+
+def test_without_xgrammar_guided_decoding_is_a_configuration_error(tokenizer, monkeypatch) -> None:
+    import sys  # noqa: PLC0415
+
+    from common.errors import ConfigError  # noqa: PLC0415
+    from tensorrtllm_backend.pins import XGRAMMAR_VERSION  # noqa: PLC0415
+
+    monkeypatch.setitem(sys.modules, "xgrammar", None)  # as if not installed: `import xgrammar` raises ImportError
+    with pytest.raises(ConfigError) as info:
+        GuideChecker(tokenizer)
+    expected = f"guided decoding needs the xgrammar package ({XGRAMMAR_VERSION}): "
+    assert str(info.value).split("] ", 1)[1].startswith(expected)
+
+
+def test_xgrammar_reason_strips_only_trailing_full_stops() -> None:
+    assert xgrammar_reason(ValueError("value out of range: MAX.")) == "value out of range: MAX"

@@ -189,3 +189,135 @@ def test_user_text_the_template_rewrites_cannot_be_escaped_and_says_so(smol: Any
     with pytest.raises(InputError) as info:
         PromptTokenizer(upper).encode("x <|im_start|> y")
     assert "<|im_start|>" in str(info.value) and "COG_TRITON_SPECIAL_TOKENS_IN_USER_TEXT" in str(info.value)
+
+
+# --- what the mutation run of scripts/mutation showed untested ------------------------------------------
+
+
+def test_escaped_user_text_in_a_prompt_template_gets_one_bos_and_its_special_strings_as_text(llama: Any) -> None:
+    """add_special_tokens with escaping: BOS once, in front; the template's text and the user's tokenized apart."""
+    prompt = PromptTokenizer(llama).encode("<s> hello", template="[INST] {prompt} [/INST]")
+    assert prompt.escaped and prompt.add_special_tokens
+    bos = llama.bos_token_id
+    plain = llama("[INST] ", add_special_tokens=False)["input_ids"]
+    user = llama("<s> hello", add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    tail = llama(" [/INST]", add_special_tokens=False)["input_ids"]
+    assert bos not in user  # the user's "<s>" is the characters "<", "s", ">"
+    assert prompt.ids == [bos, *plain, *user, *tail]
+
+
+def test_forced_special_tokens_apply_to_conversations(llama: Any) -> None:
+    messages = [{"role": "user", "content": "hello"}]
+    forced = PromptTokenizer(llama, add_special_tokens=True).encode_messages(messages)
+    assert forced.add_special_tokens and forced.ids.count(llama.bos_token_id) == 2  # the template's and the forced
+    default = PromptTokenizer(llama).encode_messages(messages)
+    assert not default.add_special_tokens and default.ids.count(llama.bos_token_id) == 1
+
+
+def test_user_texts_are_located_in_order_so_equal_texts_are_each_escaped(smol: Any) -> None:
+    """system prompt and prompt the same hostile text: the second is searched for after the first."""
+    same = "<|im_end|> x"
+    prompt = PromptTokenizer(smol).encode(same, system_prompt=same)
+    baseline = PromptTokenizer(smol).encode("y", system_prompt="y")
+    assert prompt.escaped
+    assert special_count(smol, prompt.ids) == special_count(smol, baseline.ids)
+    assert smol.decode(prompt.ids) == prompt.text
+
+
+def test_user_text_at_the_very_start_of_the_rendered_text_is_found(smol: Any) -> None:
+    bare = load_smollm()
+    bare.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}<|im_start|>assistant\n"
+    prompt = PromptTokenizer(bare).encode("<|im_end|> hi")
+    assert prompt.text.startswith("<|im_end|> hi") and prompt.escaped
+    assert special_count(smol, prompt.ids) == 1  # the template's <|im_start|> only
+
+
+def test_conversation_error_messages(smol: Any) -> None:
+    plain = load_smollm()
+    plain.chat_template = None
+    with pytest.raises(InputError) as info:
+        PromptTokenizer(plain).encode_messages([{"role": "user", "content": "hi"}])
+    assert str(info.value) == (
+        "[invalid_input] messages need a chat template, and this model's tokenizer has none; send prompt instead "
+        "(with prompt_template to format it)"
+    )
+    prompts = PromptTokenizer(smol)
+    turns = [
+        {"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "hacker", "content": "c"},
+    ]
+    with pytest.raises(InputError) as info:
+        prompts.encode_messages(turns, system_prompt="s")
+    assert str(info.value) == (
+        "[invalid_input] messages[2] has role 'hacker', which this model's chat template does not accept; "
+        "allowed roles: assistant, system, user"
+    )
+    # without a system prompt, nothing is prepended to the conversation
+    assert prompts.render_messages(turns[:2])[1] == turns[:2]
+
+
+def test_special_strings_come_from_both_special_token_lists(smol: Any) -> None:
+    """<file_sep> is special only in added_tokens_decoder (not in all_special_tokens): it stays text too."""
+    assert "<file_sep>" not in smol.all_special_tokens
+    prompt = PromptTokenizer(smol).encode("a <file_sep> b")
+    assert prompt.escaped and smol.convert_tokens_to_ids("<file_sep>") not in prompt.ids
+    assert not PromptTokenizer(smol).encode("None of them").escaped  # no special string in it
+
+
+def test_a_prompt_template_uses_the_exact_spans_not_a_search(smol: Any) -> None:
+    """The template's own <|im_end|> comes first and stays a control token; the user's, after it, is text."""
+    prompt = PromptTokenizer(smol, add_special_tokens=False).encode("<|im_end|>", template="<|im_end|>{prompt}")
+    im_end = smol.convert_tokens_to_ids("<|im_end|>")
+    user = smol("<|im_end|>", add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    assert prompt.ids == [im_end, *user] and user != [im_end]
+
+
+def test_a_plain_prompt_is_escaped_as_one_piece() -> None:
+    plain = load_smollm()
+    plain.chat_template = None
+    prompt = PromptTokenizer(plain, add_special_tokens=False).encode("hello <|im_end|>")
+    assert prompt.escaped
+    assert prompt.ids == plain("hello <|im_end|>", add_special_tokens=False, split_special_tokens=True)["input_ids"]
+
+
+def test_the_message_when_user_text_cannot_be_located(smol: Any) -> None:
+    upper = load_smollm()
+    upper.chat_template = "{% for m in messages %}<|im_start|>{{ m['content'] | upper }}<|im_end|>{% endfor %}"
+    with pytest.raises(InputError) as info:
+        PromptTokenizer(upper).encode("x <|im_start|> y")
+    assert str(info.value) == (
+        "[invalid_input] the input contains the special token '<|im_start|>', and the chat template changes the "
+        "text around it, so it cannot be kept as plain text; remove it, or set "
+        "COG_TRITON_SPECIAL_TOKENS_IN_USER_TEXT=true to let user text contain control tokens"
+    )
+
+
+def test_roles_named_by_the_template_are_accepted_and_a_strict_template_still_takes_system(smol: Any) -> None:
+    strict = load_smollm()
+    strict.chat_template = (
+        "{% for m in messages %}{% if m['role'] not in ['system', 'user', 'assistant', 'tool'] %}"
+        "{{ raise_exception('unknown role ' + m['role']) }}{% endif %}{% if m.role == 'tool' %}[tool]{% endif %}"
+        "{{ m['content'] }}{% endfor %}"
+    )
+    prompts = PromptTokenizer(strict)
+    assert prompts.roles == {"system", "user", "assistant", "tool"}  # the probe used real roles: system accepted
+    assert prompts.render_messages([{"role": "tool", "content": "42"}])[0] == "[tool]42"
+
+
+def test_template_roles_of_a_dict_reads_each_template_not_its_repr() -> None:
+    from cog_triton.prompt import template_roles  # noqa: PLC0415
+
+    # the repr of this dict escapes the quotes: a search of the repr would find no role
+    assert template_roles({"default": "{% if m.role == 'tool' %}\"x\"{% endif %}"}) == {"tool"}
+
+
+def test_a_tokenizer_without_special_tokens() -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: PLC0415
+    from transformers import PreTrainedTokenizerFast  # noqa: PLC0415
+
+    core = Tokenizer(models.WordLevel({"[?]": 0, "XXXX": 1, "hello": 2}, unk_token="[?]"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    bare = PreTrainedTokenizerFast(tokenizer_object=core)
+    assert not bare.all_special_tokens and bare.bos_token is None
+    prompt = PromptTokenizer(bare).encode("XXXX hello")
+    assert prompt.ids == [1, 2] and not prompt.escaped  # nothing to escape: no special strings at all
+    assert prompt.add_special_tokens  # no BOS to find at the start: the tokenizer's own choice applies

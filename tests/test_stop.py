@@ -290,3 +290,57 @@ def test_parse_wrong_types():
     assert "int" in message and "42" in message
     _error(["a", 3])
     _error({"a": 1})
+
+
+# The messages are what a caller reads: each names the input, the offending value and what is allowed.
+# Compared whole (the mutation run of scripts/mutation showed that substring checks let wrong text through).
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (
+            '["a,b", "c"',
+            "stop_sequences: '[\"a,b\", \"c\"' starts like a JSON array but is not valid JSON (Expecting ',' "
+            "delimiter at character 11); pass a JSON array of strings such as '[\"a,b\", \"User:\"]' or a "
+            'comma-separated string such as "<end>,User:"',
+        ),
+        ('["a", 1]', "stop_sequences: '[\"a\", 1]' contains 1 (int); every stop sequence must be a string"),
+        (["a", None], "stop_sequences: ['a', None] contains None (NoneType); every stop sequence must be a string"),
+        (
+            42,
+            'stop_sequences: got 42 of type int; pass a comma-separated string such as "<end>,User:", '
+            "a JSON array of strings, or nothing",
+        ),
+    ],
+)
+def test_parse_error_messages(value, message):
+    assert _error(value) == "[invalid_input] " + message
+
+
+def test_long_values_are_shortened_to_120_characters_in_messages():
+    def shown(item: str) -> str:
+        message = _error(item)
+        return message[message.index("the stop sequence ") + len("the stop sequence ") : message.index(" is ")]
+
+    long = "".join(chr(ord("a") + i % 26) for i in range(MAX_STOP_SEQUENCE_LENGTH + 1))
+    assert shown(long) == repr(long)[:117] + "..."
+    assert len(shown(long)) == 120
+
+
+def test_show_keeps_a_repr_of_exactly_the_limit_whole():
+    from cog_triton.stop import _show
+
+    assert _show("x" * 118) == repr("x" * 118)  # 120 characters: not shortened
+    assert _show("x" * 119) == repr("x" * 119)[:117] + "..."  # 121: shortened to 120
+
+
+def test_programming_errors_name_what_was_wrong():
+    with pytest.raises(TypeError, match=r"^stop_sequences must be a sequence of strings, not a single string$"):
+        StopSequenceMatcher("ab")
+    with pytest.raises(TypeError, match=r"^stop sequences must be strings, got 3 \(int\)$"):
+        StopSequenceMatcher(["ab", 3])
+    m = StopSequenceMatcher(["ab"])
+    with pytest.raises(TypeError, match=r"^text must be a str, got bytes$"):
+        m.push(b"b")
+    m.finish()
+    with pytest.raises(RuntimeError, match=r"^StopSequenceMatcher\.push\(\) called after finish\(\)$"):
+        m.push("x")
