@@ -46,3 +46,20 @@ def test_imported_packages_sees_function_level_imports(tmp_path: Path) -> None:
     module = tmp_path / "m.py"
     module.write_text("import os\n\ndef f():\n    from cog_triton.service import LLMService\n")
     assert imported_packages(module) == {"os", "cog_triton"}
+
+
+#: A module longer than this says at its top why it is one module (issue 19: one concern per module).
+MAX_LINES_WITHOUT_REASON = 600
+REASON = "Why one module"
+
+
+def test_long_modules_say_why_they_are_one_module() -> None:
+    unexplained = []
+    for folder in ("common", "tensorrtllm_backend", "cog_triton", "benchmarks", "triton_model_repo", "scripts"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            text = path.read_text()
+            if text.count("\n") > MAX_LINES_WITHOUT_REASON:
+                docstring = ast.get_docstring(ast.parse(text)) or ""
+                if REASON not in docstring:
+                    unexplained.append(f"{path.relative_to(ROOT)} ({text.count(chr(10))} lines)")
+    assert unexplained == []

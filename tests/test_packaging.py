@@ -368,13 +368,6 @@ def _fenced_commands(text: str) -> list[str]:
     return [line.strip() for block in blocks for line in block.splitlines() if line.strip()]
 
 
-def test_readme_documents_every_setting() -> None:
-    from cog_triton.settings import Settings
-
-    missing = [f"COG_TRITON_{name.upper()}" for name in Settings.model_fields if f"`COG_TRITON_{name.upper()}`" not in README]
-    assert missing == []
-
-
 def test_readme_documents_every_input() -> None:
     import inspect as _inspect
 

@@ -837,4 +837,6 @@ def test_the_reference_model_py_and_its_modules_are_copied(tmp_path: Path) -> No
     opts = options(tmp_path)
     render_model_repository(opts, checkpoint_info(tmp_path))
     live = opts.model_repo_dir / "tensorrt_llm" / "1"
-    assert sorted(p.name for p in live.glob("*.py")) == ["lora.py", "model.py"]
+    source = sorted(p.name for p in (TEMPLATE_DIR / "tensorrt_llm_reference" / "1").glob("*.py"))
+    assert {"model.py", "lora.py", "parsing.py", "generation.py", "scheduler.py"} <= set(source)
+    assert sorted(p.name for p in live.glob("*.py")) == source
