@@ -7,14 +7,19 @@ preflight, subprocess orchestration, staging, manifest, packing, download, verif
 and the model are the real code.
 
 Golden files live in tests/golden/; regenerate them with ``UPDATE_GOLDEN=1 pytest tests/test_build_engine.py``
-and review the diff.
+and review the diff. The goldens are not only compared with themselves: every ``trtllm-build`` line in them
+is parsed by the stand-in's copy of TensorRT-LLM 1.1's argument parser (tests/fake_tensorrt_llm/tensorrt_llm/
+commands/build.py, which cites the upstream files), and the parsed values are checked against the config.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import importlib.util
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -31,8 +36,8 @@ from cog_triton.local import WeightsHTTPServer, free_port
 from cog_triton.service import LLMService
 from cog_triton.settings import REPO_ROOT, Settings
 from cog_triton.weights import fetch_weights
-from tensorrtllm_backend.build import plan_build, preflight
-from tensorrtllm_backend.build_config import load_build_config, parse_build_config
+from tensorrtllm_backend.build import plan_build, preflight, trtllm_build_argv
+from tensorrtllm_backend.build_config import PLUGINS, Features, load_build_config, parse_build_config
 from tensorrtllm_backend.manifest import MANIFEST_NAME, read_manifest, verify_weights
 from tensorrtllm_backend.pins import TENSORRT_LLM_VERSION, TRITON_IMAGE
 from tests.gpu_fakes import A100, H100, L4, fake_nvidia_smi, gpus, path_with
@@ -90,7 +95,9 @@ def base_env(**extra: str) -> dict[str, str]:
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
 def test_plan_matches_golden(path: Path) -> None:
     plan = plan_build(load_build_config(path), config_dir=EXAMPLES_DIR, work_dir=Path("/work/build"), output_dir=Path("/out"))
-    check_golden(GOLDEN / "build_plans" / f"{path.stem}.txt", plan.render().replace(str(REPO_ROOT), "<repo>"))
+    # build/ may be a link to a shared folder (git worktrees share one): its target is written as <repo>/build too
+    rendered = plan.render().replace(str((REPO_ROOT / "build").resolve()), "<repo>/build")
+    check_golden(GOLDEN / "build_plans" / f"{path.stem}.txt", rendered.replace(str(REPO_ROOT), "<repo>"))
 
 
 def test_dry_run_prints_the_plan_without_a_gpu() -> None:
@@ -120,6 +127,105 @@ def test_plan_shapes() -> None:
     pinned = parse_build_config({"name": "x", "source": {"checkpoint": "org/m", "revision": "abc123"}})
     fetch = plan_build(pinned, config_dir=Path("/"), work_dir=Path("/w"), output_dir=Path("/o")).steps[0].argv
     assert fetch is not None and fetch[fetch.index("--revision") + 1] == "abc123"
+
+
+# --- the trtllm-build line against trtllm-build's own argument parser -----------------------------
+
+
+def trtllm_build_parser() -> argparse.ArgumentParser:
+    """The stand-in's copy of ``tensorrt_llm/commands/build.py``'s parser, loaded without importing the
+    stand-in package into this process (other tests need ``tensorrt_llm`` to be absent here)."""
+    spec = importlib.util.spec_from_file_location("_trtllm_build", FAKE / "tensorrt_llm" / "commands" / "build.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.parse_arguments()
+
+
+def rejected(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """argparse's error message for ``argv``; fails the test when the parser accepts it."""
+    with pytest.raises(SystemExit) as exc:
+        trtllm_build_parser().parse_args(["--checkpoint_dir", "/c", *argv])
+    assert exc.value.code == 2
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize("path", ENGINE_EXAMPLES, ids=lambda p: p.stem)
+def test_golden_build_line_is_what_trtllm_build_parses_from_the_config(path: Path) -> None:
+    """Each golden plan's ``[build]`` line parses with trtllm-build's parser (parse_args: an unknown flag or
+    value exits 2), and every parsed value is the build config's, so a golden cannot drift from either."""
+    line = next(r for r in (GOLDEN / "build_plans" / f"{path.stem}.txt").read_text().splitlines()
+                if r.startswith("[build] "))
+    argv = shlex.split(line.removeprefix("[build] "))
+    assert argv[0] == "trtllm-build"
+    args = vars(trtllm_build_parser().parse_args(argv[1:]))
+    config = load_build_config(path)
+    onoff = {True: "enable", False: "disable"}
+    features = config.features
+    expected: dict[str, Any] = {
+        "checkpoint_dir": "/work/build/trtllm_checkpoint", "output_dir": "/work/build/engine",
+        **config.limits.model_dump(),
+        "kv_cache_type": "PAGED" if features.paged_kv_cache else "CONTINUOUS",
+        "context_fmha": onoff[features.context_fmha], "use_paged_context_fmha": onoff[features.paged_context_fmha],
+        "remove_input_padding": onoff[features.remove_input_padding],
+        "multiple_profiles": onoff[features.multiple_profiles], "use_fused_mlp": onoff[features.use_fused_mlp],
+        "reduce_fusion": onoff[features.reduce_fusion], **config.plugins,
+        "workers": config.workers, "log_level": "info",
+    }  # fmt: skip
+    if config.lora is not None:
+        expected |= {"lora_plugin": config.lora.lora_plugin, "max_lora_rank": config.lora.max_lora_rank,
+                     "lora_target_modules": list(config.lora.lora_target_modules)}
+    assert {k: args[k] for k in expected} == expected
+    # nothing else was set: every other option is at the parser's default
+    defaults = vars(trtllm_build_parser().parse_args([]))
+    assert {k: v for k, v in args.items() if k not in expected and v != defaults.get(k)} == {}
+
+
+def test_every_plugin_value_a_config_accepts_trtllm_build_accepts() -> None:
+    """build_config.PLUGINS (what a config may say) is within trtllm-build's plugin choices, and so are the
+    feature switches (both values) and the LoRA section's defaults."""
+    parser = trtllm_build_parser()
+    for plugin, values in PLUGINS.items():
+        for value in values:
+            assert getattr(parser.parse_args([f"--{plugin}", value]), plugin) == value
+    every = parse_build_config({
+        "name": "x", "source": {"checkpoint": "org/m"}, "lora": {},
+        "features": {name: flip for name, flip in zip(Features.model_fields, [True, False] * 4)},
+    })  # fmt: skip
+    for features in (every.features, Features(**{k: not v for k, v in every.features.model_dump().items()})):
+        argv = trtllm_build_argv(every.model_copy(update={"features": features}), Path("/c"), Path("/e"))
+        parser.parse_args(list(argv[1:]))  # exits 2 on anything trtllm-build rejects
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--max_seq_length", "4096"], "unrecognized arguments: --max_seq_length"),  # misspelled
+        (["--use_custom_all_reduce", "enable"], "unrecognized arguments: --use_custom_all_reduce"),  # gone in 1.x
+        (["--auto_parallel", "2"], "unrecognized arguments: --auto_parallel"),  # gone in 1.x
+        (["--context_fmha", "on"], "argument --context_fmha: invalid choice: 'on'"),
+        (["--gemm_plugin", "fp16"], "argument --gemm_plugin: invalid choice: 'fp16'"),
+        (["--kv_cache_type", "pagged"], "argument --kv_cache_type: invalid kv_cache_type value: 'pagged'"),
+        (["--max_batch_size", "8.5"], "argument --max_batch_size: invalid int value: '8.5'"),
+        (["--log_level", "debug"], "argument --log_level: invalid choice: 'debug'"),
+        (["--lora_target_modules", "q_proj"], "argument --lora_target_modules: invalid choice: 'q_proj'"),
+    ],
+)
+def test_trtllm_build_rejects_what_the_real_one_rejects(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert message in rejected(argv, capsys)
+
+
+def test_a_misspelled_flag_fails_the_stand_in_build_and_records_nothing(tmp_path: Path) -> None:
+    """The trtllm-build executable (what scripts/build_engine runs) exits 2 and builds nothing."""
+    record = tmp_path / "calls.jsonl"
+    env = base_env(FAKE_TRTLLM_RECORD=str(record))
+    argv = [str(FAKE / "bin" / "trtllm-build"), "--checkpoint_dir", str(tmp_path), "--output_dir",
+            str(tmp_path / "engine"), "--max_seq_lenn", "4096"]
+    result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "unrecognized arguments: --max_seq_lenn" in result.stderr
+    assert not record.exists() and not (tmp_path / "engine").exists()
 
 
 # --- TensorRT-LLM calls (recording stand-in) ------------------------------------------------------

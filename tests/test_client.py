@@ -16,10 +16,12 @@ from typing import Any, AsyncIterator, Callable, Iterator, Optional
 
 import grpc
 import pytest
-from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from common.errors import InferenceError, TritonError
 from cog_triton.client import GenerateChunk, GenerateRequest, TritonClient, parse_response
+from cog_triton.settings import REPO_ROOT
+from tensorrtllm_backend.templates import fill_template, parse_model_config
 
 I32 = struct.Struct("<i")
 
@@ -151,23 +153,82 @@ def tensor(request: service_pb2.ModelInferRequest, name: str) -> tuple[str, list
     return t.datatype, list(t.shape), request.raw_input_contents[names.index(name)]
 
 
+# How each ensemble datatype's raw little-endian bytes decode (Triton's raw_input_contents).
+DECODE = {"INT32": "i", "FP32": "f", "UINT64": "Q", "BOOL": "?"}
+
+
+def sent_tensors(request: service_pb2.ModelInferRequest) -> dict[str, tuple[str, list[int], list[Any]]]:
+    """Every input of ``request`` as name -> (datatype, shape, decoded values)."""
+    out = {}
+    for t, raw in zip(request.inputs, request.raw_input_contents, strict=True):
+        fmt = DECODE[t.datatype]
+        out[t.name] = (t.datatype, list(t.shape), list(struct.unpack(f"<{len(raw) // struct.calcsize(fmt)}{fmt}", raw)))
+    return out
+
+
+def ensemble_config() -> model_config_pb2.ModelConfig:
+    text = (REPO_ROOT / "triton_model_repo" / "ensemble" / "config.pbtxt").read_text()
+    values = {"triton_max_batch_size": 8, "lora_weights_datatype": "TYPE_FP16"}
+    return parse_model_config(fill_template(text, values, source="ensemble"), source="ensemble")
+
+
 def test_the_request_carries_the_ensembles_tensors(triton: Running) -> None:
+    """Every tensor sent, with its datatype, shape and value; each sampling value differs from the others
+    and from its default, so a swapped, dropped or mistyped tensor (presence for frequency, top_k as FP32)
+    fails."""
     triton.state.scenario = tokens([1])
     request = GenerateRequest(
-        input_ids=[5, 6, 7], max_tokens=8, min_tokens=3, temperature=0.5, top_k=1, top_p=0.25,
-        repetition_penalty=1.25, presence_penalty=0.5, frequency_penalty=-0.5, seed=2**40, request_id="abc",
+        input_ids=[5, 6, 7], max_tokens=8, min_tokens=3, temperature=0.5, top_k=7, top_p=0.25,
+        repetition_penalty=1.25, presence_penalty=0.75, frequency_penalty=-0.5, seed=2**40, request_id="abc",
     )
     collect(TritonClient(triton.address), request)
     [sent] = triton.state.requests
     assert sent.model_name == "ensemble" and sent.id == "abc"
-    assert tensor(sent, "input_ids") == ("INT32", [1, 3], struct.pack("<3i", 5, 6, 7))
-    assert tensor(sent, "max_tokens") == ("INT32", [1, 1], I32.pack(8))
-    assert tensor(sent, "min_tokens") == ("INT32", [1, 1], I32.pack(3))
-    assert struct.unpack("<f", tensor(sent, "top_p")[2]) == (0.25,)
-    assert struct.unpack("<Q", tensor(sent, "seed")[2]) == (2**40,)
-    assert tensor(sent, "stream") == ("BOOL", [1, 1], b"\x01")
+    assert sent_tensors(sent) == {
+        "input_ids": ("INT32", [1, 3], [5, 6, 7]),
+        "max_tokens": ("INT32", [1, 1], [8]),
+        "min_tokens": ("INT32", [1, 1], [3]),
+        "temperature": ("FP32", [1, 1], [0.5]),
+        "top_k": ("INT32", [1, 1], [7]),
+        "top_p": ("FP32", [1, 1], [0.25]),
+        "repetition_penalty": ("FP32", [1, 1], [1.25]),
+        "presence_penalty": ("FP32", [1, 1], [0.75]),
+        "frequency_penalty": ("FP32", [1, 1], [-0.5]),
+        "seed": ("UINT64", [1, 1], [2**40]),
+        "stream": ("BOOL", [1, 1], [True]),
+    }  # no stop_words: matched by the predictor, on the text
     assert sent.parameters["triton_enable_empty_final_response"].bool_param
-    assert "stop_words" not in {t.name for t in sent.inputs}  # matched by the predictor, on the text
+    defaults = sent_tensors(GenerateRequest(input_ids=[1], max_tokens=1).to_grpc("ensemble"))
+    assert {name: value for name, (_, _, value) in defaults.items() if name not in ("input_ids", "max_tokens")} == {
+        "temperature": [1.0], "top_k": [0], "top_p": [1.0], "repetition_penalty": [1.0], "presence_penalty": [0.0],
+        "frequency_penalty": [0.0], "seed": [0], "stream": [True],
+    }  # fmt: skip  (the neutral values: no penalty, no top-k/top-p filter)
+
+
+def test_each_tensor_sent_is_an_ensemble_input_of_its_type_wired_to_the_engine_input_of_its_meaning() -> None:
+    """The names and datatypes the client sends are the ensemble's (triton_model_repo/ensemble/config.pbtxt),
+    and the ensemble hands each sampling input to the tensorrt_llm input of the same meaning (inputs of
+    triton_backend/all_models/inflight_batcher_llm/tensorrt_llm/config.pbtxt in TensorRT-LLM)."""
+    ensemble = ensemble_config()
+    declared = {t.name: t for t in ensemble.input}
+    request = GenerateRequest(input_ids=[1, 2], max_tokens=3, min_tokens=1, length_penalty=2.0, guide_type="regex",
+                              guide="a+", lora_task_id=4).to_grpc("ensemble")
+    for t in request.inputs:
+        assert t.name in declared, t.name
+        want = model_config_pb2.DataType.Name(declared[t.name].data_type).removeprefix("TYPE_")
+        assert t.datatype == ("BYTES" if want == "STRING" else want), t.name
+        dims = list(declared[t.name].dims)
+        assert len(t.shape) == 1 + len(dims) and t.shape[0] == 1, t.name  # [batch, *dims]
+        assert all(d in (-1, n) for d, n in zip(dims, t.shape[1:])), t.name
+    (engine,) = [s for s in ensemble.ensemble_scheduling.step if s.model_name == "tensorrt_llm"]
+    assert {key: engine.input_map[key] for key in (
+        "runtime_top_k", "runtime_top_p", "temperature", "repetition_penalty", "presence_penalty",
+        "frequency_penalty", "len_penalty", "min_tokens", "seed", "streaming")} == {
+        "runtime_top_k": "top_k", "runtime_top_p": "top_p", "temperature": "temperature",
+        "repetition_penalty": "repetition_penalty", "presence_penalty": "presence_penalty",
+        "frequency_penalty": "frequency_penalty", "len_penalty": "length_penalty", "min_tokens": "min_tokens",
+        "seed": "seed", "streaming": "stream",
+    }  # fmt: skip
 
 
 def test_unused_optional_tensors_are_left_out_and_guides_are_bytes_tensors() -> None:
@@ -320,8 +381,6 @@ def test_stop_refused_and_stop_against_a_closed_port(triton: Running) -> None:
 def test_length_penalty_is_sent_as_the_ensemble_input_that_maps_to_len_penalty() -> None:
     """replicate/cog-triton sends length_penalty to its ensemble; ours maps the ensemble input
     length_penalty to tensorrt_llm's len_penalty (triton_model_repo/ensemble/config.pbtxt)."""
-    from cog_triton.settings import REPO_ROOT
-
     request = GenerateRequest(input_ids=[1, 2], max_tokens=3, length_penalty=2.5).to_grpc("ensemble")
     names = [tensor.name for tensor in request.inputs]
     index = names.index("length_penalty")

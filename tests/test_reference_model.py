@@ -176,22 +176,87 @@ def test_bad_words_are_never_generated(model, prompt_ids, hf_greedy):
     assert tokens[0] == greedy[0] and tokens[1] != greedy[1]
 
 
-@pytest.mark.parametrize(
-    "penalty",
-    [{"repetition_penalty": 1.5}, {"presence_penalty": 1.0}, {"frequency_penalty": 1.0}],
-    ids=lambda p: next(iter(p)),
-)
-def test_penalties_change_the_output(model, prompt_ids, hf_greedy, penalty):
-    neutral = hf_greedy("haiku", 16)  # "The waves of the sea, a ..., A ... of the" repeats tokens
-    tokens, _ = run(model, prompt_ids["haiku"], n=16, temperature=0.0, **penalty)
-    assert tokens != neutral
+def upstream_scores(model, prompt: list[int], tokens: list[int], *, temperature: float = 1.0,
+                    repetition_penalty: float = 1.0, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
+                    top_k: int = 0, top_p: float = 1.0) -> tuple[torch.Tensor, ...]:
+    """The processed scores of each generated position, computed apart from the reference model: one
+    transformers forward pass over prompt + tokens, then, in TensorRT-LLM's order (penaltyKernels.cu
+    batchApplyPenalty: temperature, then repetition/presence/frequency over the prompt and the tokens so
+    far), transformers' TemperatureLogitsWarper and RepetitionPenaltyLogitsProcessor, presence/frequency
+    written from the kernel, then transformers' TopKLogitsWarper/TopPLogitsWarper for sampling."""
+    from transformers import (
+        RepetitionPenaltyLogitsProcessor,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    ids = torch.tensor([prompt + tokens])
+    with torch.inference_mode():
+        logits = model(input_ids=ids).logits[0].float()
+    scores = []
+    for i in range(len(tokens)):
+        seen = ids[:, : len(prompt) + i]
+        row = logits[len(prompt) + i - 1].unsqueeze(0)
+        if temperature != 1.0:
+            row = TemperatureLogitsWarper(temperature)(seen, row)
+        if repetition_penalty != 1.0:
+            row = RepetitionPenaltyLogitsProcessor(repetition_penalty)(seen, row)
+        counts = torch.bincount(seen[0], minlength=row.shape[-1]).float().unsqueeze(0)
+        row = row - torch.where(counts > 0, presence_penalty + frequency_penalty * counts, 0.0)
+        if top_k > 0:
+            row = TopKLogitsWarper(top_k)(seen, row)
+        if top_p < 1.0:
+            row = TopPLogitsWarper(top_p)(seen, row)
+        scores.append(row)
+    return tuple(scores)
 
 
-def test_log_probs(model, prompt_ids):
-    tokens, gen = run(model, prompt_ids["haiku"], n=6, temperature=0.0, return_log_probs=True)
-    assert len(gen.log_probs) == len(tokens) == 6
-    assert all(lp <= 0.0 for lp in gen.log_probs)
-    assert gen.cum_log_prob == pytest.approx(sum(gen.log_probs))
+PENALTY_CASES = {
+    "repetition": {"repetition_penalty": 1.5},
+    "repetition_below_1": {"repetition_penalty": 0.7},
+    "presence": {"presence_penalty": 1.0},
+    "presence_negative": {"presence_penalty": -1.0},
+    "frequency": {"frequency_penalty": 0.75},
+    "all_and_temperature": {"temperature": 0.6, "repetition_penalty": 1.2, "presence_penalty": 0.5,
+                            "frequency_penalty": -0.3},
+}
+
+
+@pytest.mark.parametrize("case", PENALTY_CASES.values(), ids=PENALTY_CASES)
+def test_greedy_penalties_and_log_probs_match_transformers_on_the_same_ids(model, prompt_ids, hf_greedy, case):
+    """Greedy (top_k 1): every token is the argmax of the independently processed scores, and every
+    log-probability is transformers' compute_transition_scores of them: a wrong sign, a penalty that skips
+    the prompt, a swapped presence/frequency or temperature after the penalties all change both."""
+    prompt = prompt_ids["haiku"]
+    tokens, gen = run(model, prompt, n=12, top_k=1, return_log_probs=True, **case)
+    assert len(tokens) == 12 and tokens != hf_greedy("haiku", 12)  # the penalties changed the answer
+    scores = upstream_scores(model, prompt, tokens, **case)
+    assert [int(row.argmax()) for row in scores] == tokens
+    expected = model.compute_transition_scores(torch.tensor([prompt + tokens]), scores, normalize_logits=True)[0]
+    assert gen.log_probs == pytest.approx(expected.tolist(), abs=2e-3)
+    assert gen.cum_log_prob == pytest.approx(float(expected.sum()), abs=1e-2)
+
+
+def test_sampled_tokens_and_log_probs_match_transformers_warpers_on_the_same_ids(model, prompt_ids):
+    """Sampling (temperature, top_k, top_p, penalties): each token lies inside transformers' top-k/top-p
+    set and its log-probability is compute_transition_scores' over the renormalized set."""
+    prompt = prompt_ids["dragon"]
+    case = {"temperature": 0.8, "top_k": 20, "top_p": 0.9, "presence_penalty": 0.4, "frequency_penalty": 0.2}
+    tokens, gen = run(model, prompt, n=12, seed=5, return_log_probs=True, **case)
+    scores = upstream_scores(model, prompt, tokens, **case)
+    expected = model.compute_transition_scores(torch.tensor([prompt + tokens]), scores, normalize_logits=True)[0]
+    assert torch.isfinite(expected).all()  # every token was inside the kept set
+    assert gen.log_probs == pytest.approx(expected.tolist(), abs=2e-3)
+    assert any(lp < -0.01 for lp in gen.log_probs)  # sampled, not all near-certain
+
+
+def test_temperature_zero_is_greedy_and_outweighs_additive_penalties(model, prompt_ids, hf_greedy):
+    """Upstream multiplies the logits by 1 / (0 + 1e-6) before subtracting presence/frequency penalties,
+    so at temperature 0 they no longer change the argmax; the repetition penalty (a factor) still does."""
+    neutral = hf_greedy("haiku", 12)
+    assert run(model, prompt_ids["haiku"], n=12, temperature=0.0, presence_penalty=1.0)[0] == neutral
+    assert run(model, prompt_ids["haiku"], n=12, temperature=0.0, repetition_penalty=1.5)[0] != neutral
 
 
 def test_parse_word_list_valid():

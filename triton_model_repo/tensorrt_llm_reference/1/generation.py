@@ -12,6 +12,7 @@ import contextlib
 import inspect
 from typing import List, Optional, Protocol, Sequence
 
+import numpy as np
 import torch
 
 from .parsing import SamplingParams
@@ -96,20 +97,21 @@ class Generation:
     token (which is not kept, as upstream). After a step, ``finished`` may be True
     (request_output_len reached, stop word completed, end token).
 
-    Per step, the logits of the last position (float32) go through, in order: repetition_penalty;
-    presence/frequency penalties; min_tokens (end_id banned); bad words. Then comes greedy argmax
-    (see :attr:`SamplingParams.greedy`), or temperature -> top_k -> top_p -> multinomial sampling
-    with the request's generator.
+    Per step, the logits of the last position (float32) go through, in order: temperature;
+    repetition_penalty; presence/frequency penalties; min_tokens (end_id banned); bad words. Then comes
+    greedy argmax (see :attr:`SamplingParams.greedy`), or top_k -> top_p -> multinomial sampling with the
+    request's generator. The first three are TensorRT-LLM's ``batchApplyPenalty``
+    (``cpp/tensorrt_llm/kernels/penaltyKernels.cu``, @249d93d5): ``logit *= 1 / (temperature + 1e-6)``
+    unless temperature is 1 (so even greedy decoding scales, and temperature 0 makes the additive
+    penalties negligible); then, for each token id that occurs in prompt + output (the occurrence
+    counts start from the prompt in the context phase and grow by each generated token),
+    ``logit = logit < 0 ? logit * repetition : logit / repetition``, ``logit -= presence``,
+    ``logit -= frequency * occurrences``. Token ids outside the vocabulary are not counted.
     """
 
     def __init__(self, model, prompt_ids: Sequence[int], params: SamplingParams, grammar=None,
                  adapter: Optional[str] = None, applier=None) -> None:
-        from transformers import (  # noqa: PLC0415
-            RepetitionPenaltyLogitsProcessor,
-            TemperatureLogitsWarper,
-            TopKLogitsWarper,
-            TopPLogitsWarper,
-        )
+        from transformers import TopKLogitsWarper, TopPLogitsWarper  # noqa: PLC0415
 
         if not prompt_ids:
             raise ValueError("prompt_ids is empty")
@@ -127,16 +129,16 @@ class Generation:
         self._started = False
         self._generator = torch.Generator(device="cpu")
         self._generator.manual_seed(int(params.seed))
-        self._counts: Optional[torch.Tensor] = None  # occurrences of each token id in self.tokens
-        self._repetition = (
-            RepetitionPenaltyLogitsProcessor(float(params.repetition_penalty))
-            if params.repetition_penalty != 1.0
-            else None
+        self._counts: Optional[torch.Tensor] = None  # occurrences of each token id in prompt + self.tokens
+        # penaltyKernels.cu: each is applied only when it differs from its default (almostEqual, 1e-9), in float32
+        self._inv_temperature = (
+            None if abs(params.temperature - 1.0) < 1e-9
+            else float(np.float32(1.0) / (np.float32(params.temperature) + np.float32(1e-6)))
         )
+        self._penalized = any(abs(value - default) >= 1e-9 for value, default in (
+            (params.repetition_penalty, 1.0), (params.presence_penalty, 0.0), (params.frequency_penalty, 0.0)))
         self._warpers = []
         if not params.greedy:
-            if params.temperature != 1.0:
-                self._warpers.append(TemperatureLogitsWarper(float(params.temperature)))
             if params.top_k > 0:
                 self._warpers.append(TopKLogitsWarper(int(params.top_k)))
             if params.top_p is not None and params.top_p < 1.0:
@@ -173,15 +175,27 @@ class Generation:
         self._cache = out.past_key_values
         return out.logits[0, -1, :].float().unsqueeze(0)  # [1, vocab]
 
+    def _penalize(self, logits: torch.Tensor) -> torch.Tensor:
+        """Temperature, then the repetition/presence/frequency penalties (penaltyKernels.cu batchApplyPenalty)."""
+        p = self.params
+        vocab = logits.shape[-1]
+        if self._inv_temperature is not None:
+            logits = logits * self._inv_temperature
+        if not self._penalized:
+            return logits
+        if self._counts is None:  # the context phase: count the prompt's tokens
+            prompt = torch.tensor([t for t in self.prompt_ids if 0 <= t < vocab], dtype=torch.long)
+            self._counts = torch.bincount(prompt, minlength=vocab).to(torch.float32)
+        counts = self._counts[:vocab].unsqueeze(0)
+        seen = counts > 0
+        repeated = torch.where(logits < 0, logits * p.repetition_penalty, logits / p.repetition_penalty)
+        penalized = repeated - p.presence_penalty - p.frequency_penalty * counts
+        return torch.where(seen, penalized, logits)
+
     def _process(self, logits: torch.Tensor) -> torch.Tensor:
         p = self.params
         vocab = logits.shape[-1]
-        if self._repetition is not None:
-            context = torch.tensor([self.prompt_ids + self.tokens], dtype=torch.long)
-            logits = self._repetition(context, logits)
-        if self.tokens and (p.presence_penalty != 0.0 or p.frequency_penalty != 0.0):
-            counts = self._counts[:vocab].to(logits.dtype).unsqueeze(0)
-            logits = logits - p.presence_penalty * (counts > 0).to(logits.dtype) - p.frequency_penalty * counts
+        logits = self._penalize(logits)
         if p.end_id is not None and len(self.tokens) < p.min_tokens and 0 <= p.end_id < vocab:
             # With a guide that allows nothing but the end token (the document is complete), the end
             # token is still chosen: TensorRT-LLM's bitmask writes -inf (logitsBitmask.cu), its min-length
@@ -244,9 +258,9 @@ class Generation:
         self.tokens.append(token)
         if log_prob is not None:
             self.log_probs.append(log_prob)
-        if self._counts is None:
-            self._counts = torch.zeros(max(logits.shape[-1], token + 1), dtype=torch.float32)
-        self._counts[token] += 1
+        if self._counts is not None and 0 <= token < self._counts.shape[0]:
+            with torch.inference_mode():  # made in inference mode, so updated in it
+                self._counts[token] += 1  # the generation phase: one more occurrence of the new token
         if p.stop_words and stop_word_end(self.prompt_ids + self.tokens, 1, p.stop_words) is not None:
             self.stop("stop_words")
         elif len(self.tokens) >= p.max_new_tokens:

@@ -51,8 +51,8 @@ runtime_top_p           FP32     [1]        <= 1; <= 0 or absent means unset. to
 len_penalty             FP32     [1]        >= 0; otherwise ignored (only used by beam search)
 repetition_penalty      FP32     [1]        > 0, default 1.0 (multiplicative, prompt + output)
 min_tokens              INT32    [1]        >= 0, default 0; end_id is banned until reached
-presence_penalty        FP32     [1]        default 0.0 (additive, output tokens only)
-frequency_penalty       FP32     [1]        default 0.0 (additive, output tokens only)
+presence_penalty        FP32     [1]        default 0.0 (additive, prompt + output)
+frequency_penalty       FP32     [1]        default 0.0 (additive, prompt + output)
 seed                    UINT64   [1]        sampling seed, default 0
 exclude_input_in_output BOOL     [1]        default: the model parameter of the same name (false)
 streaming               BOOL     [1]        default false

@@ -106,7 +106,8 @@ class SamplingParams:
         max_new_tokens: ``request_output_len`` (after the max_seq_len reduction), >= 1.
         end_id: generating it ends the request; it is never returned or counted. None: no end token
             (upstream decodes with ``mEndId.value_or(-1)``, createNewDecoderRequests.cpp @b35ac1b6).
-        temperature: 0 means greedy. Otherwise logits are divided by it before top-k/top-p sampling.
+        temperature: 0 means greedy. Logits are multiplied by ``1 / (temperature + 1e-6)`` (unless it
+            is 1) before the penalties, greedy decoding included (penaltyKernels.cu batchApplyPenalty).
         top_k: ``runtime_top_k``; 0 is off, 1 is greedy.
         top_p: ``runtime_top_p`` in (0, 1]; None is unset (upstream resets values <= 0 to unset).
             With top_k 0 and top_p unset, decoding is greedy: TensorRT-LLM's top-k layer turns
@@ -114,7 +115,8 @@ class SamplingParams:
         length_penalty: ``len_penalty``; checked (>= 0), otherwise unused (beam search only).
         repetition_penalty: multiplicative, over prompt and generated tokens (as HF's
             RepetitionPenaltyLogitsProcessor). 1.0 turns it off.
-        presence_penalty / frequency_penalty: additive, over generated tokens:
+        presence_penalty / frequency_penalty: additive, over prompt and generated tokens, as
+            TensorRT-LLM counts occurrences (penaltyKernels.cu batchApplyPenalty):
             ``logit -= presence * (count > 0) + frequency * count``.
         min_tokens: end_id is banned until this many tokens have been generated.
         seed: seeds the request's own ``torch.Generator``. The same seed and inputs give the same tokens.
