@@ -135,9 +135,12 @@ def stream(pool: StreamPool, what: PredictInputs, request_id: str, *, until: Opt
 
     async def run() -> tuple[list[str], Optional[BaseException], float]:
         started = time.monotonic()
-        generator = await pool.open(what, request_id, started, metrics.__setitem__)
         chunks: list[str] = []
         first = float("nan")
+        try:
+            generator = await pool.open(what, request_id, started, metrics.__setitem__)
+        except StreamProcessError as exc:  # its process died before accepting it: run() raises it, as in predict
+            return chunks, exc, first
 
         def read() -> Optional[BaseException]:
             nonlocal first
