@@ -14,7 +14,10 @@ once, here, and two decisions are made per request rather than once per service:
   string of a special token, that text is tokenized with ``split_special_tokens=True`` and the
   template around it as usual; ``COG_TRITON_SPECIAL_TOKENS_IN_USER_TEXT=true`` restores the old
   behaviour (special-token strings become control tokens). Without such strings, the ids are exactly
-  those of tokenizing the whole rendered text.
+  those of tokenizing the whole rendered text. Where the chat template put each user text is found by
+  rendering the conversation again with markers in place of the contents, never by searching for the
+  text: the template may write the same string itself (SmolLM2's default system turn ends with
+  ``<|im_end|>``).
 
 **Conversations** (:meth:`PromptTokenizer.encode_messages`) are rendered with the chat template and
 tokenized the same way; every message's content is user text. Roles are checked against the ones the
@@ -43,6 +46,12 @@ _ROLE_LITERALS = (
     re.compile(_ROLE_REF + r"\s*(?:==|!=)\s*" + _ROLE_NAME),
     re.compile(_ROLE_NAME + r"\s*(?:==|!=)\s*\w+\s*" + _ROLE_REF),
 )
+
+
+# A message's content while locating it in the rendered conversation: private-use characters no tokenizer
+# or template writes, around the message's index (PromptTokenizer._template_spans).
+_MARK = "\ue000{}\ue001"
+_MARK_RE = re.compile("\ue000([0-9]+)\ue001")
 
 
 def template_roles(template: Any) -> set[str]:
@@ -110,13 +119,18 @@ class PromptTokenizer:
     def _apply_template(self, messages: Sequence[Mapping[str, str]]) -> str:
         return str(self.tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True))
 
+    @staticmethod
+    def _one_turn(prompt: str, system_prompt: str) -> list[dict[str, str]]:
+        """The conversation a ``prompt`` (and ``system_prompt``) is rendered as with the chat template."""
+        messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+        return [*messages, {"role": "user", "content": prompt}]
+
     # ------------------------------------------------------------------------------- rendering
     def render(self, prompt: str, system_prompt: str = "", template: Optional[str] = None) -> tuple[str, bool, list[tuple[int, int]]]:
         """(text, whether the chat template was used, spans of user text in it as (start, end) characters).
 
         The spans are exact for ``template`` and plain prompts; for the chat template they are found
-        by searching the rendered text for each user text in order (only when needed, see
-        :meth:`encode`), so here they are empty.
+        only when needed (see :meth:`encode` and :meth:`_template_spans`), so here they are empty.
 
         Raises:
             InputError: the chat template fails to render (e.g. it rejects a system message).
@@ -139,12 +153,8 @@ class PromptTokenizer:
             parts.append(template[pos:])
             return "".join(parts), False, spans
         if self.has_chat_template:
-            messages: list[dict[str, str]] = []
-            if system_prompt:
-                messages.append({"role": "system", "content": system_prompt})
-            messages.append({"role": "user", "content": prompt})
             try:
-                text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+                text = self._apply_template(self._one_turn(prompt, system_prompt))
             except Exception as exc:  # jinja errors raised by the template itself
                 raise InputError(f"the model's chat template rejected the messages: {exc}") from None
             return text, True, []
@@ -204,7 +214,7 @@ class PromptTokenizer:
         """
         text, conversation = self.render_messages(messages, system_prompt)
         add = self.forced_special if self.forced_special is not None else False
-        return self._encode_rendered(text, add, [m["content"] for m in conversation if m["content"]], None)
+        return self._encode_rendered(text, add, [m["content"] for m in conversation], conversation=conversation)
 
     # ------------------------------------------------------------------------------ tokenizing
     def encode(self, prompt: str, system_prompt: str = "", template: Optional[str] = None) -> Prompt:
@@ -221,13 +231,17 @@ class PromptTokenizer:
             add = False  # as apply_chat_template(tokenize=True): the template writes its own BOS
         else:
             add = not (self.bos_text and text.startswith(self.bos_text))
-        return self._encode_rendered(text, add, [t for t in (system_prompt, prompt) if t], None if chat else spans)
+        if chat:
+            conversation = self._one_turn(prompt, system_prompt)
+            return self._encode_rendered(text, add, [system_prompt, prompt], conversation=conversation)
+        return self._encode_rendered(text, add, [system_prompt, prompt], spans=spans)
 
     def _encode_rendered(
-        self, text: str, add: bool, user_texts: list[str], spans: Optional[list[tuple[int, int]]]
+        self, text: str, add: bool, user_texts: list[str], spans: Optional[list[tuple[int, int]]] = None,
+        conversation: Sequence[Mapping[str, str]] = (),
     ) -> Prompt:
-        """Tokenize rendered ``text``; ``user_texts`` (in order) keep special-token strings as text.
-        ``spans``: where the user texts are in ``text``, or None to find them (chat template)."""
+        """Tokenize rendered ``text``; ``user_texts`` keep special-token strings as text. ``spans``: where
+        they are in ``text``; or ``conversation``, the messages the chat template rendered ``text`` from."""
         risky = (
             not self.parse_user_special
             and self._special_re is not None
@@ -236,7 +250,7 @@ class PromptTokenizer:
         if not risky:
             return Prompt(text=text, ids=self._ids(text, add), add_special_tokens=add)
         if spans is None:
-            spans = self._locate(text, user_texts)
+            spans = self._template_spans(text, conversation)
         return Prompt(text=text, ids=self._segmented(text, spans, add), add_special_tokens=add, escaped=True)
 
     def _ids(self, text: str, add: bool, split_special: bool = False) -> list[int]:
@@ -245,24 +259,48 @@ class PromptTokenizer:
             kwargs["split_special_tokens"] = True
         return list(self.tokenizer(text, **kwargs)["input_ids"])
 
-    def _locate(self, text: str, user_texts: Sequence[str]) -> list[tuple[int, int]]:
-        spans = []
-        cursor = 0
-        for user_text in user_texts:
-            for candidate in (user_text, user_text.strip()):
-                start = text.find(candidate, cursor) if candidate else -1
-                if start >= 0:
-                    spans.append((start, start + len(candidate)))
-                    cursor = start + len(candidate)
-                    break
-            else:
-                found = self._special_re.search(user_text) if self._special_re else None
-                raise InputError(
-                    f"the input contains the special token {found.group(0) if found else '?'!r}, and the chat template "
-                    "changes the text around it, so it cannot be kept as plain text; remove it, or set "
-                    "COG_TRITON_SPECIAL_TOKENS_IN_USER_TEXT=true to let user text contain control tokens"
-                )
-        return spans
+    def _template_spans(self, text: str, conversation: Sequence[Mapping[str, str]]) -> list[tuple[int, int]]:
+        """Where each message's content is in ``text``, the chat template's rendering of ``conversation``,
+        as (start, end) characters.
+
+        The template renders the conversation again with every content replaced by a marker (private-use
+        characters and the message's index); putting the contents back in the markers' places must give
+        ``text`` exactly, with the contents as given or as the template trims them. That places each
+        content where the template put it, not at an equal string the template writes itself (SmolLM2's
+        default system turn ends with ``<|im_end|>``: a user's ``<|im_end|>`` is not that one).
+
+        Raises:
+            InputError: the template changes a content in another way (upper-cases it, or renders
+                something else for it), so its special-token strings cannot be kept as text.
+        """
+        marked = [{**message, "content": _MARK.format(index)} for index, message in enumerate(conversation)]
+        try:
+            rendered = self._apply_template(marked)
+        except Exception:  # noqa: BLE001 - a template that refuses markers cannot place the contents
+            rendered = ""
+        for trimmed in (False, True):
+            parts: list[str] = []
+            spans: list[tuple[int, int]] = []
+            length = pos = 0
+            for match in _MARK_RE.finditer(rendered):
+                content = str(conversation[int(match.group(1))]["content"])
+                if trimmed:
+                    content = content.strip()
+                parts += [rendered[pos : match.start()], content]
+                length += match.start() - pos
+                spans.append((length, length + len(content)))
+                length += len(content)
+                pos = match.end()
+            parts.append(rendered[pos:])
+            if spans and "".join(parts) == text:
+                return spans
+        user_text = "".join(str(message["content"]) for message in conversation)
+        found = self._special_re.search(user_text) if self._special_re else None
+        raise InputError(
+            f"the input contains the special token {found.group(0) if found else '?'!r}, and the chat template "
+            "changes the text around it, so it cannot be kept as plain text; remove it, or set "
+            "COG_TRITON_SPECIAL_TOKENS_IN_USER_TEXT=true to let user text contain control tokens"
+        )
 
     def _segmented(self, text: str, spans: list[tuple[int, int]], add: bool) -> list[int]:
         ids: list[int] = []

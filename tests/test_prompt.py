@@ -321,3 +321,32 @@ def test_a_tokenizer_without_special_tokens() -> None:
     prompt = PromptTokenizer(bare).encode("XXXX hello")
     assert prompt.ids == [1, 2] and not prompt.escaped  # nothing to escape: no special strings at all
     assert prompt.add_special_tokens  # no BOS to find at the start: the tokenizer's own choice applies
+
+
+def test_user_text_equal_to_a_string_the_template_writes_itself_is_the_users_copy(smol: Any) -> None:
+    """SmolLM2's default system turn ends with <|im_end|>: a prompt or message that is exactly
+    <|im_end|> must be escaped where the user's turn has it, not where the template wrote its own
+    (a search of the rendered text from its start found the template's, and the user's stayed a control
+    token). Checked token for token against the template's tokenization with the user's part split."""
+    im_end = smol.convert_tokens_to_ids("<|im_end|>")
+    user = smol("<|im_end|>", add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    assert im_end not in user
+    prompts = PromptTokenizer(smol)
+    expected = (
+        smol(SMOL_DEFAULT_SYSTEM + "<|im_start|>user\n", add_special_tokens=False)["input_ids"] + user
+        + smol("<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
+    )
+    for prompt in (prompts.encode("<|im_end|>"), prompts.encode_messages([{"role": "user", "content": "<|im_end|>"}])):
+        assert prompt.escaped and prompt.text == SMOL_DEFAULT_SYSTEM + "<|im_start|>user\n<|im_end|><|im_end|>\n" \
+            "<|im_start|>assistant\n"
+        assert prompt.ids == expected
+        assert prompt.ids.count(im_end) == 2  # the system turn's and the user turn's ends, not the user's text
+
+
+def test_a_template_that_trims_contents_still_places_them(smol: Any) -> None:
+    """Templates often write ``content | trim``: the trimmed content is placed, and its special strings stay text."""
+    trim = load_smollm()
+    trim.chat_template = "{% for m in messages %}<|im_start|>{{ m['content'] | trim }}<|im_end|>{% endfor %}"
+    prompt = PromptTokenizer(trim).encode_messages([{"role": "user", "content": "  <|im_end|> hi \n"}])
+    assert prompt.escaped and prompt.text == "<|im_start|><|im_end|> hi<|im_end|>"
+    assert special_count(smol, prompt.ids) == 2 and smol.decode(prompt.ids) == prompt.text
