@@ -362,41 +362,48 @@ def test_exclude_input_in_output_defaults_to_false_and_requests_override_it(serv
 # ------------------------------------------------------------------------------------------------
 
 
-def test_requests_wait_for_a_slot_and_the_queue_limit_rejects_one_more(url, prompts, greedy):
+def test_requests_wait_for_a_slot_and_the_queue_limit_rejects_one_more(server, url, prompts, greedy):
     """5. With both active slots busy, a request waits (it is not rejected) and runs when a slot
     frees; with ``default_queue_policy { max_queue_size: 1 }`` a second waiting request gets
     "Maximum queue size of 1 has been reached, please try again later" (executorImpl.cpp @b35ac1b6
-    ``enqueueRequests``; only not-yet-scheduled requests count)."""
+    ``enqueueRequests``; only not-yet-scheduled requests count). Whatever happens, every request it started
+    is stopped before it returns, so a failure here cannot leave the slots busy for the tests after it."""
     long_ = {"streaming": [True], "end_id": [-1]}
-    active = []
-    for i in range(MAX_ACTIVE):
-        s = Stream(url, {**request(prompts["haiku"], 200, **long_), "id": f"queue-active-{i}"})
-        assert s.first.wait(60) and s.events, "an active request produced no token"
-        active.append(s)
-    # Two more: one waits, the other finds the queue full. Which is which depends on arrival order.
-    extra = [Stream(url, {**request(prompts["haiku"], 3, **long_), "id": f"queue-extra-{i}"}) for i in range(2)]
-    deadline = time.monotonic() + 30
-    while not any(s.events for s in extra) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    rejected = [s for s in extra if s.events]
-    assert len(rejected) == 1, [s.events for s in extra]
-    (waiting,) = [s for s in extra if s not in rejected]
-    events = rejected[0].finish()
-    assert rejected[0].status == 400 and len(events) == 1
-    assert "Maximum queue size of 1 has been reached, please try again later" in events[0]["error"]
-    time.sleep(0.5)
-    assert not waiting.events, "the waiting request ran while both slots were busy"
-    status, _ = stream(url, stop_request("queue-active-0"))
-    assert status == 200
-    first_done = active[0].finish()[-1]
-    ended_at = active[0].events[-1][0]
-    events = waiting.finish()
-    assert waiting.status == 200 and "error" not in events[-1]
-    assert waiting.tokens() == greedy("haiku", 3)
-    assert waiting.events[0][0] > ended_at  # it started only after a slot freed
-    assert "error" not in first_done
-    stream(url, stop_request("queue-active-1"))
-    active[1].finish()
+    active: list[Stream] = []
+    extra: list[Stream] = []
+    try:
+        for i in range(MAX_ACTIVE):
+            s = Stream(url, {**request(prompts["haiku"], 200, **long_), "id": f"queue-active-{i}"})
+            assert s.first.wait(60) and s.events, "an active request produced no token"
+            active.append(s)
+        # Two more: one waits, the other finds the queue full. Which is which depends on arrival order.
+        extra = [Stream(url, {**request(prompts["haiku"], 3, **long_), "id": f"queue-extra-{i}"}) for i in range(2)]
+        deadline = time.monotonic() + 30
+        while not any(s.events for s in extra) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        rejected = [s for s in extra if s.events]
+        assert len(rejected) == 1, ([s.events for s in extra], server["log"].read_text()[-3000:])
+        (waiting,) = [s for s in extra if s not in rejected]
+        events = rejected[0].finish()
+        assert rejected[0].status == 400 and len(events) == 1
+        assert "Maximum queue size of 1 has been reached, please try again later" in events[0]["error"]
+        time.sleep(0.5)
+        assert not waiting.events, "the waiting request ran while both slots were busy"
+        status, _ = stream(url, stop_request("queue-active-0"))
+        assert status == 200
+        first_done = active[0].finish()[-1]
+        ended_at = active[0].events[-1][0]
+        events = waiting.finish()
+        assert waiting.status == 200 and "error" not in events[-1]
+        assert waiting.tokens() == greedy("haiku", 3)
+        assert waiting.events[0][0] > ended_at  # it started only after a slot freed
+        assert "error" not in first_done
+    finally:
+        for s in [*active, *extra]:
+            if s.is_alive():
+                stream(url, stop_request(s.payload["id"]))
+        for s in [*active, *extra]:
+            s.join(60)
 
 
 def test_stop_by_request_id(url, prompts, greedy):
