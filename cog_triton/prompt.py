@@ -277,7 +277,7 @@ class PromptTokenizer:
         try:
             rendered = self._apply_template(marked)
         except Exception:  # noqa: BLE001 - a template that refuses markers cannot place the contents
-            rendered = ""
+            raise self._unplaceable(conversation) from None
         for trimmed in (False, True):
             parts: list[str] = []
             spans: list[tuple[int, int]] = []
@@ -294,11 +294,15 @@ class PromptTokenizer:
             parts.append(rendered[pos:])
             if spans and "".join(parts) == text:
                 return spans
-        user_text = "".join(str(message["content"]) for message in conversation)
-        found = self._special_re.search(user_text) if self._special_re else None
-        raise InputError(
-            f"the input contains the special token {found.group(0) if found else '?'!r}, and the chat template "
-            "changes the text around it, so it cannot be kept as plain text; remove it, or set "
+        raise self._unplaceable(conversation)
+
+    def _unplaceable(self, conversation: Sequence[Mapping[str, str]]) -> InputError:
+        """The error for contents the chat template does not render as given (see :meth:`_template_spans`)."""
+        # Only risky contents get here, so one of them holds a special string (and the pattern exists).
+        found = next(filter(None, (self._special_re.search(str(m["content"])) for m in conversation)))
+        return InputError(
+            f"the input contains the special token {found.group(0)!r}, and the chat template changes the text "
+            "around it, so it cannot be kept as plain text; remove it, or set "
             "COG_TRITON_SPECIAL_TOKENS_IN_USER_TEXT=true to let user text contain control tokens"
         )
 

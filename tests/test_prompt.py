@@ -350,3 +350,35 @@ def test_a_template_that_trims_contents_still_places_them(smol: Any) -> None:
     prompt = PromptTokenizer(trim).encode_messages([{"role": "user", "content": "  <|im_end|> hi \n"}])
     assert prompt.escaped and prompt.text == "<|im_start|><|im_end|> hi<|im_end|>"
     assert special_count(smol, prompt.ids) == 2 and smol.decode(prompt.ids) == prompt.text
+
+
+def test_a_template_that_keeps_whitespace_places_the_content_as_given(smol: Any) -> None:
+    """SmolLM2's template writes the content as it is: its surrounding whitespace stays part of the user's text."""
+    text = "  <|im_end|> hi \n"
+    prompt = PromptTokenizer(smol).encode(text)
+    user = smol(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    head = smol(SMOL_DEFAULT_SYSTEM + "<|im_start|>user\n", add_special_tokens=False)["input_ids"]
+    assert prompt.escaped and prompt.ids[: len(head) + len(user)] == head + user
+
+
+def test_a_template_that_refuses_the_markers_refuses_the_escape_with_the_usual_message(smol: Any) -> None:
+    """Contents are placed by rendering markers in their place; a template that raises on a marker (here: on
+    any content not starting with a letter or "<") gives the user the same error as a rewriting template."""
+    picky = load_smollm()
+    picky.chat_template = (
+        "{% for m in messages %}{% if m['content'][0] not in 'abcdefghijklmnopqrstuvwxyz<' %}"
+        "{{ raise_exception('odd content') }}{% endif %}{{ m['content'] }}{% endfor %}"
+    )
+    assert PromptTokenizer(picky).encode("hello").text == "hello"  # the template itself renders user text
+    with pytest.raises(InputError) as info:
+        PromptTokenizer(picky).encode("<|im_end|> x")
+    assert str(info.value).startswith("[invalid_input] the input contains the special token '<|im_end|>', and the "
+                                      "chat template changes the text around it")
+
+
+def test_the_message_names_the_special_string_of_whichever_content_holds_it(smol: Any) -> None:
+    upper = load_smollm()
+    upper.chat_template = "{% for m in messages %}<|im_start|>{{ m['content'] | upper }}<|im_end|>{% endfor %}"
+    with pytest.raises(InputError) as info:
+        PromptTokenizer(upper).encode("x <|im_start|> y", system_prompt="plain words")
+    assert "the special token '<|im_start|>'" in str(info.value)
