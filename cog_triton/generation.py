@@ -46,6 +46,7 @@ from cog_triton.lora.store import StoreLimits
 from cog_triton.lora.tasks import Adapter, Adapters, is_cache_full, is_cache_miss
 from cog_triton.prompt import PromptTokenizer
 from cog_triton.stop import StopSequenceMatcher
+from cog_triton.token_floor import TokenFloor
 from tensorrtllm_backend.engine import ModelLimits
 from tensorrtllm_backend.lora import LoraSpec
 
@@ -186,6 +187,10 @@ class Generator:
         self.lora_off_reason = lora_off_reason
         self._watched: set[_Watched] = set()
         self._background: set[asyncio.Task[None]] = set()
+        self.floor = TokenFloor.of(tokenizer)
+        if not self.floor.max_token_chars:
+            log.info("every prompt is tokenized before its length is checked: the tokenizer gives no floor (%s)",
+                     self.floor.reason)
 
     # ------------------------------------------------------------------ per request
     def resolve_adapter(self, ref: AdapterRef) -> Adapter:
@@ -221,12 +226,13 @@ class Generator:
                 template refuses the input, or the guide does not compile / guided decoding is off.
             LoraAdapterError: see :meth:`resolve_adapter`.
         """
+        limits = self.limits
+        self._refuse_far_too_long(inputs, limits)
         if inputs.messages is not None:
             prompt = self.prompts.encode_messages(inputs.messages, inputs.system_prompt)
         else:
             prompt = self.prompts.encode(inputs.prompt, inputs.system_prompt, inputs.prompt_template)
         prompt_tokens = len(prompt.ids)
-        limits = self.limits
         budget = inputs.token_budget(
             prompt_tokens, limits.executor_max_input_len(), limits.max_seq_len, limits.input_limit_reason()
         )
@@ -259,6 +265,27 @@ class Generator:
             **lora,  # type: ignore[arg-type]
         )
         return Prepared(request, prompt_tokens, adapter)
+
+    def _refuse_far_too_long(self, inputs: PredictInputs, limits: ModelLimits) -> None:
+        """Refuse, before rendering and tokenizing it, a prompt whose text alone is more tokens than the
+        model takes (:class:`cog_triton.token_floor.TokenFloor`): a 1,000,000-character prompt costs no
+        tokenizer time. Prompts under the floor are tokenized and checked exactly, as before.
+
+        Raises:
+            InputError: the text's token floor exceeds ``executor_max_input_len()``.
+        """
+        texts = [message["content"] for message in inputs.messages] if inputs.messages is not None else [inputs.prompt]
+        floor = self.floor.at_least(inputs.system_prompt, *texts)
+        limit = limits.executor_max_input_len()
+        if floor > limit:
+            what = "conversation" if inputs.messages is not None else "prompt"
+            chars = len(inputs.system_prompt) + sum(len(text) for text in texts)
+            reason = limits.input_limit_reason()
+            raise InputError(
+                f"the {what} is too long: its {chars} characters are at least {floor} tokens (no token of this "
+                f"model's tokenizer stands for more than {self.floor.max_token_chars} characters), and the model's "
+                f"maximum input length is {limit} tokens{f' ({reason})' if reason else ''}; shorten the {what}"
+            )
 
     def _guide_fields(self, guide: Optional[Guide]) -> dict[str, str]:
         """GenerateRequest fields for ``guide``, compiled first so that a bad one fails here, not in Triton.
