@@ -58,7 +58,8 @@ class PooledStream:
     from any thread; the receiver thread finishes it when its END or FAILED event arrives.
     """
 
-    __slots__ = ("sid", "request_id", "process", "handle", "metric", "loop", "accepted", "pool", "__weakref__")
+    __slots__ = ("sid", "request_id", "process", "handle", "metric", "loop", "accepted", "pool", "stop_on_cancel",
+                 "__weakref__")
 
     def __init__(self, pool: "StreamPool", sid: int, request_id: str, process: "StreamProcess",
                  metric: Optional[MetricSink], loop: asyncio.AbstractEventLoop) -> None:
@@ -70,9 +71,12 @@ class PooledStream:
         self.loop = loop
         self.accepted: "asyncio.Future[int]" = loop.create_future()
         self.handle = StreamHandle(self._cancelled)
+        #: Set once the stream is cancelled or failed here: whether its process sends Triton the stop request.
+        self.stop_on_cancel: Optional[bool] = None
 
     def _cancelled(self) -> None:
         """coglet cancelled the prediction (or its generator was closed): stop the stream there."""
+        self.stop_on_cancel = True
         if self.pool._forget(self):
             self.process.send((ipc.CANCEL, self.sid, True))
         self._resolve(asyncio.CancelledError())
@@ -80,6 +84,7 @@ class PooledStream:
     def fail(self, error: BaseException) -> None:
         """End the prediction with ``error`` (from any thread); the stream process drops the stream
         without sending Triton a stop request (Triton is being restarted)."""
+        self.stop_on_cancel = False
         if self.pool._forget(self):
             self.process.send((ipc.CANCEL, self.sid, False))
         self._resolve(error)
@@ -302,6 +307,10 @@ class StreamPool:
                 process.streams[stream.sid] = stream
             self._register(stream)
             if process.send((ipc.START, stream.sid, request_id, inputs, started_at)):
+                if stream.stop_on_cancel is not None:
+                    # Failed (the supervisor) or cancelled between its registration and this START: that CANCEL
+                    # may have reached the process first, where it found nothing to cancel. Once more, after START.
+                    process.send((ipc.CANCEL, stream.sid, stream.stop_on_cancel))
                 break
             self._forget(stream)  # its process died a moment ago: try another
         else:

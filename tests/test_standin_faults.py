@@ -133,9 +133,13 @@ def requests_seen(stack: dict[str, Any]) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def predict(stack: dict[str, Any], mode: dict[str, Any]) -> tuple[str, dict[str, Any], list[dict[str, Any]]]:
+def predict(stack: dict[str, Any], mode: dict[str, Any],
+            requests: int = 1) -> tuple[str, dict[str, Any], list[dict[str, Any]]]:
     """Run one prediction over SSE with the stand-in in ``mode``: (the text streamed, the final
-    prediction document, the requests Triton got during it)."""
+    prediction document, the requests Triton got since it started, once there are ``requests`` of them).
+
+    A stop request is sent in the background as the prediction fails (Generator.stop_in_background): it
+    may reach Triton after the client has the failure, so it is waited for, not read at once."""
     (stack["dir"] / "mode").write_text(json.dumps(mode))
     before = len(requests_seen(stack))
     chunks: list[str] = []
@@ -145,6 +149,9 @@ def predict(stack: dict[str, Any], mode: dict[str, Any]) -> tuple[str, dict[str,
             chunks.append(data["chunk"])
         elif name == "completed":
             final = data
+    deadline = time.monotonic() + 30  # only "not hung": the stop request follows the failure within moments
+    while len(requests_seen(stack)) - before < requests and time.monotonic() < deadline:
+        time.sleep(0.02)
     return "".join(chunks), final, requests_seen(stack)[before:]
 
 
@@ -164,7 +171,7 @@ def test_a_stream_ending_without_its_final_response_fails_keeping_the_partial_te
     the user; the engine is told to stop the request (its id), so nothing keeps generating."""
     ids = tokenizer.encode(WORDS)
     assert len(ids) > 8
-    text, final, asked = predict(stack, {"ids": ids, "cut": 5})
+    text, final, asked = predict(stack, {"ids": ids, "cut": 5}, requests=2)
     assert final["status"] == "failed", final
     assert "ended without the final response" in final["error"] and stack["grpc"] in final["error"], final
     assert text == "".join(final["output"]) == tokenizer.decode(ids[:5])
@@ -179,7 +186,7 @@ def test_a_stream_that_stops_sending_fails_after_the_request_timeout(stack: dict
     setting and keeps the text that came; the engine gets a stop request for that request id."""
     ids = tokenizer.encode(WORDS)
     started = time.monotonic()
-    text, final, asked = predict(stack, {"ids": ids, "silent": 4})
+    text, final, asked = predict(stack, {"ids": ids, "silent": 4}, requests=2)
     assert time.monotonic() - started >= 3
     assert final["status"] == "failed", final
     # coglet puts its own prefix before the predictor's error ("Prediction failed: Generator iteration error: ...")

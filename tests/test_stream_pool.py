@@ -128,9 +128,13 @@ def inputs(prompt: str = "Hi", **extra: Any) -> PredictInputs:
 
 
 def stream(pool: StreamPool, what: PredictInputs, request_id: str, *, until: Optional[int] = None,
-           close_after: Optional[int] = None) -> tuple[list[str], Optional[BaseException], dict[str, Any], float]:
+           close_after: Optional[int] = None, opened: Optional[threading.Event] = None,
+           ) -> tuple[list[str], Optional[BaseException], dict[str, Any], float]:
     """Open a stream and read it like coglet's slot thread; return (chunks, error, metrics, seconds to
-    the first chunk). ``close_after``: close the generator after that many chunks (a cancel)."""
+    the first chunk). ``close_after``: close the generator after that many chunks (a cancel); ``opened`` is
+    set once the stream process accepted the stream (open returned). An error open raises (its process
+    died, a fault before acceptance) is returned as the error: predict's run() raises it the same way.
+    An input error open raises is raised (tests check it with pytest.raises)."""
     metrics: dict[str, Any] = {}
 
     async def run() -> tuple[list[str], Optional[BaseException], float]:
@@ -139,8 +143,10 @@ def stream(pool: StreamPool, what: PredictInputs, request_id: str, *, until: Opt
         first = float("nan")
         try:
             generator = await pool.open(what, request_id, started, metrics.__setitem__)
-        except StreamProcessError as exc:  # its process died before accepting it: run() raises it, as in predict
+        except (StreamProcessError, TritonError) as exc:  # run() raises it, as in predict
             return chunks, exc, first
+        if opened is not None:
+            opened.set()
 
         def read() -> Optional[BaseException]:
             nonlocal first
@@ -156,7 +162,12 @@ def stream(pool: StreamPool, what: PredictInputs, request_id: str, *, until: Opt
                 return exc
             return None
 
-        failure = await asyncio.to_thread(read)
+        # In a daemon thread (not asyncio.to_thread's executor, which the interpreter joins at exit): a stream
+        # that never ends fails the test that waits for it, and pytest still exits.
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Optional[BaseException]] = loop.create_future()
+        threading.Thread(target=lambda: loop.call_soon_threadsafe(done.set_result, read()), daemon=True).start()
+        failure = await done
         return chunks, failure, first
 
     chunks, failure, first = asyncio.run(run())
@@ -226,20 +237,72 @@ def test_closing_the_generator_stops_the_request_in_triton(pool, triton: Running
 
 
 def test_a_supervisor_fault_fails_the_stream_without_a_stop_request(pool, triton: Running, tokenizer: Any) -> None:
+    """A fault once the stream runs (open returned): the iteration fails with the supervisor's error."""
     p, watcher, _ = pool
     ids = tokenizer.encode(" x", add_special_tokens=False) * 500
     triton.state.scenario = paced(ids, step_s=0.02)
     result: dict[str, Any] = {}
-    reader = threading.Thread(target=lambda: result.update(out=stream(p, inputs(), "pool-fault")))
+    opened = threading.Event()
+    reader = threading.Thread(target=lambda: result.update(out=stream(p, inputs(), "pool-fault", opened=opened)),
+                              daemon=True)
     reader.start()
-    assert wait_for(lambda: bool(watcher.running))
+    assert opened.wait(60), "the stream process did not accept the stream"
     watcher.running[0].fail(TritonDiedError("Triton exited with signal 9; the prediction was stopped"))
     reader.join(timeout=30)
+    assert not reader.is_alive(), "the stream did not end after the fault"
     chunks, failure, _, _ = result["out"]
     assert isinstance(failure, TritonDiedError) and "signal 9" in failure.message
     time.sleep(0.5)  # a stop request would have been sent by now
     assert not any(r.id == "pool-fault" and is_stop(r) for r in triton.state.requests)
     assert wait_for(lambda: p.running_streams == 0)
+
+
+def test_a_supervisor_fault_before_acceptance_fails_open_with_its_error_and_starts_nothing(
+    pool, triton: Running, tokenizer: Any
+) -> None:
+    """A fault that reaches the stream before its process accepted it (here: as it is registered, before its
+    START is sent): open raises the supervisor's error, as predict's run() then does; no stop request is sent;
+    and the process does not go on streaming it (its CANCEL, sent before START, is sent again after it)."""
+    p, watcher, _ = pool
+    hello = tokenizer.encode(" Hi", add_special_tokens=False)
+    closed: set[str] = set()
+
+    async def scenario(request):
+        if is_stop(request):
+            yield response([], final=True, request_id=request.id)
+            return
+        if request.id == "pool-after":
+            yield response(hello, final=True, request_id=request.id)
+            return
+        try:  # one token, then a stream that only ends when the client goes away
+            yield response(hello, request_id=request.id)
+            await asyncio.sleep(3600)
+        finally:
+            closed.add(request.id)
+
+    triton.state.scenario = scenario
+    error = TritonDiedError("Triton exited with signal 9; the prediction was stopped")
+    register = p._register
+
+    def fail_on_register(s: PooledStream) -> None:
+        register(s)
+        s.fail(error)
+
+    p._register = fail_on_register
+    try:
+        chunks, failure, _, _ = stream(p, inputs(), "pool-early")
+    finally:
+        p._register = register
+    assert failure is error and chunks == []
+    assert wait_for(lambda: p.running_streams == 0) and not watcher.running
+    # The next stream goes to the same process (the first of those with fewest streams) and ends: its process
+    # handled the early stream's START and CANCEL before it.
+    chunks, failure, _, _ = stream(p, inputs(), "pool-after")
+    assert failure is None and "".join(chunks) == " Hi"
+    seen = [r.id for r in triton.state.requests]
+    assert "pool-early" not in seen or wait_for(lambda: "pool-early" in closed), "the failed stream went on in Triton"
+    # An orphaned stream would end only by the no-token timeout (2 s here), which sends the stop request.
+    assert not any(r.id == "pool-early" and is_stop(r) for r in triton.state.requests), "the failed stream went on"
 
 
 def test_a_silent_stream_fails_with_the_no_token_timeout(pool, triton: Running, tokenizer: Any) -> None:
@@ -284,19 +347,22 @@ def test_a_killed_stream_process_fails_only_its_streams_and_is_restarted(pool, t
     ids = tokenizer.encode(" tick", add_special_tokens=False) * 100
     triton.state.scenario = paced(ids, step_s=0.02)  # 2 s per stream
     results: dict[str, Any] = {}
-    readers = [threading.Thread(target=lambda n=n: results.update({n: stream(p, inputs(), n)}))
-               for n in ("pool-kill-a", "pool-kill-b")]
-    for reader in readers:
+    readers = {n: threading.Thread(target=lambda n=n: results.update({n: stream(p, inputs(), n)}), daemon=True)
+               for n in ("pool-kill-a", "pool-kill-b")}
+    for reader in readers.values():
         reader.start()
     assert wait_for(lambda: len(watcher.running) == 2)
     victim = watcher.running[0]
+    survivor = next(n for n in readers if n != victim.request_id)
     pid = victim.process.pid
     assert {s.process.pid for s in watcher.running} == {q.pid for q in p.processes}  # one each (least loaded)
     os.kill(pid, signal.SIGKILL)
-    for reader in readers:
-        reader.join(timeout=60)
+    readers[survivor].join(timeout=60)  # its own 2 s: only "not hung"
+    assert not readers[survivor].is_alive(), "the stream of the surviving process did not end"
+    # The killed process's stream ends at once, so before the survivor's 2 s of tokens.
+    assert not readers[victim.request_id].is_alive(), "the stream of the killed process did not fail"
     lost = results[victim.request_id]
-    kept = results[next(n for n in results if n != victim.request_id)]
+    kept = results[survivor]
     assert isinstance(lost[1], StreamProcessError) and f"(pid {pid}) was killed by signal 9" in lost[1].message
     assert kept[1] is None and "".join(kept[0]) == tokenizer.decode(ids)
     # the backup stop request for the lost generation went out through the other process
