@@ -2,9 +2,9 @@
 # GPU image: Triton Inference Server with the TensorRT-LLM backend, plus the Cog HTTP server.
 # The tag and TensorRT-LLM version are pinned in tensorrtllm_backend/pins.py, the one place that
 # this Dockerfile (checked below at build time and by tests/test_packaging.py), scripts/build_engine
-# and setup()'s manifest verification read: 26.02-trtllm-python-py3 ships TensorRT-LLM 1.1.0, and
-# engines must be built with that version (build them in this image: scripts/build_engine).
-FROM nvcr.io/nvidia/tritonserver:26.02-trtllm-python-py3
+# and setup()'s manifest verification read: 26.07-trtllm-python-py3 ships Triton 2.71.0 and TensorRT-LLM
+# 1.2.1, and engines must be built with that version (build them in this image: scripts/build_engine).
+FROM nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3
 
 ENV PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
@@ -28,15 +28,20 @@ RUN apt-get update \
     && /usr/bin/tini --version
 
 # coglet starts its worker as `python` from PATH (replicate/cog crates/coglet/src/orchestrator.rs,
-# SimpleSpawner) and `cog build` runs `python -m pip freeze` in the image; the NGC image has only
-# python3. The link is checked at once, so a base image without python3 fails the build here.
-RUN ln -sf "$(command -v python3)" /usr/local/bin/python && python -c "import sys; print(sys.version)"
+# SimpleSpawner) and `cog build` runs `python -m pip freeze` in the image. TensorRT-LLM 1.2's backend image
+# puts its packages in a virtual environment first on PATH, whose bin has `python` (tensorrtllm_backend
+# dockerfile/Dockerfile.triton.trt_llm_backend @ r26.07: /opt/venv-tritonserver); then no link is made, since
+# a link to that python3 from outside the venv would not see the venv's packages (Python looks for
+# pyvenv.cfg beside the link, not its target). An image with only python3 (26.02's layout) gets the link.
+# Checked at once; `python -m tensorrtllm_backend.pins` below fails when that `python` lacks tensorrt_llm.
+RUN command -v python >/dev/null || ln -sf "$(command -v python3)" /usr/local/bin/python; \
+    python -c "import sys; print(sys.executable, sys.version)"
 
 COPY requirements.txt /src/requirements.txt
 RUN python -m pip install --no-cache-dir -r /src/requirements.txt && python -c "import coglet, cog"
 
 COPY tensorrtllm_backend/pins.py /src/tensorrtllm_backend/pins.py
-# Fail the build if the base image's TensorRT-LLM is not the pinned one.
+# Fail the build if the base image's TensorRT-LLM (or its TRITON_SERVER_VERSION) is not the pinned one.
 RUN python -m tensorrtllm_backend.pins
 
 COPY predict.py train.py cog.yaml /src/

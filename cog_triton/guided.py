@@ -2,14 +2,14 @@
 
 A prediction may carry one guide (inputs ``json_schema``, ``response_format="json_object"``,
 ``regex`` or ``grammar``). It reaches the ``tensorrt_llm`` model as the two request tensors of
-TensorRT-LLM 1.1.0's Triton backend, ``guided_decoding_guide_type`` and ``guided_decoding_guide``.
+TensorRT-LLM's Triton backend (1.1.0 and 1.2.1), ``guided_decoding_guide_type`` and ``guided_decoding_guide``.
 The backend maps exactly four type strings (``json``, ``json_schema``, ``regex``, ``ebnf_grammar``)
 and silently ignores any other (``utils.cc`` ``getGuidedDecodingParamsFromTensors``, NVIDIA/TensorRT-LLM
 ``triton_backend/inflight_batcher_llm/src``), and its executor compiles the guide with xgrammar only
 when the request is first scheduled (``batch_manager/guidedDecoder.cpp`` ``GuidedDecoder::build``:
 ``CompileJSONSchema``, ``CompileBuiltinJSONGrammar``, ``Grammar::FromRegex`` / ``FromEBNF``). A guide
 xgrammar cannot compile would fail there, inside the engine's loop, so the predictor compiles it first
-with the same library (xgrammar 0.1.25, TensorRT-LLM 1.1's pin) and the same defaults
+with the same library (xgrammar 0.1.32, TensorRT-LLM 1.2.1's pin) and the same defaults
 (``compile_json_schema``: any whitespace, strict mode) and refuses it with xgrammar's reason.
 
 After the generation, :meth:`GuideChecker.is_complete` replays the output tokens through an xgrammar
@@ -29,7 +29,7 @@ from tensorrtllm_backend.pins import XGRAMMAR_VERSION
 
 log = logging.getLogger(__name__)
 
-#: The guide types TensorRT-LLM 1.1's backend maps (utils.cc getGuidedDecodingParamsFromTensors).
+#: The guide types the backend maps (utils.cc getGuidedDecodingParamsFromTensors, @c8c6df08 and @19290813).
 GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar")
 #: response_format choices (OpenAI's response_format.type names; json_schema has its own input).
 RESPONSE_FORMATS = ("text", "json_object")

@@ -145,7 +145,7 @@ class Settings(BaseSettings):
     tensorrt_llm_parameters: str = Field(
         default="",
         description="Extra parameters of the C++ tensorrt_llm model as key:value,key:value "
-        "(e.g. multi_block_mode:true); only TensorRT-LLM 1.1.0 parameter keys are accepted.",
+        "(e.g. multi_block_mode:true); only TensorRT-LLM 1.2.1 parameter keys are accepted.",
     )
     preprocessing_instance_count: int = Field(
         default=1, ge=1, le=64, description="Instances of the ensemble's preprocessing model."

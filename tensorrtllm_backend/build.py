@@ -24,8 +24,8 @@ any work it fails with :class:`~common.errors.BuildError` when no GPU is visible
 GPUs than ``tp_size * pp_size`` are, when their compute capability is too low for the chosen
 quantization, or when the installed TensorRT-LLM is missing or another version.
 
-``trtllm-build`` flags follow TensorRT-LLM 1.1.0 (``tensorrt_llm/commands/build.py`` and the
-plugin flags of ``tensorrt_llm/plugin/plugin.py``).
+``trtllm-build`` flags follow TensorRT-LLM 1.1.0 and 1.2.1, which has the same flags (``tensorrt_llm/commands/build.py``
+and the plugin flags of ``tensorrt_llm/plugin/plugin.py``; re-audit in docs/engines.md).
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def _flag(enabled: bool) -> str:
 
 
 def trtllm_build_argv(config: EngineBuildConfig, checkpoint_dir: Path, engine_dir: Path) -> tuple[str, ...]:
-    """The ``trtllm-build`` command line (TensorRT-LLM 1.1.0 flags) for ``config``."""
+    """The ``trtllm-build`` command line (TensorRT-LLM 1.1.0 and 1.2.1 flags) for ``config``."""
     limits, features = config.limits, config.features
     argv = [
         "trtllm-build",

@@ -8,7 +8,8 @@ packed as it is). Examples live in ``configs/engines/``; the schema is :class:`E
 Parsing is pyyaml's ``safe_load``; validation is pydantic's. Unknown keys are errors, and every
 error names the key path, the value seen and what is allowed (:class:`BuildConfigError`).
 
-Interface facts (TensorRT-LLM 1.1.0, the version pinned in :mod:`tensorrtllm_backend.pins`):
+Interface facts (TensorRT-LLM 1.1.0, unchanged in 1.2.1, the version pinned in :mod:`tensorrtllm_backend.pins`;
+re-audit in docs/engines.md):
 quantization modes are ``tensorrt_llm.quantization.QuantAlgo`` members reached through
 ``QuantConfig`` (weight-only int8/int4 at conversion time) or through ModelOpt calibration
 (``tensorrt_llm.quantization.quantize_and_export``; fp8, int4 AWQ, w4a8 AWQ, int8 SmoothQuant,

@@ -16,11 +16,13 @@
   (``xgrammar_tokenizer_info_path``), made as TensorRT-LLM's ``examples/generate_xgrammar_tokenizer_info.py``
   makes it: ``AutoTokenizer.from_pretrained`` then ``tensorrt_llm.llmapi.tokenizer._xgrammar_tokenizer_info``,
   dumped as JSON (keys ``encoded_vocab``, ``tokenizer_str``, ``stop_token_ids``). A tokenizer that
-  function does not support, or one it describes without ``tokenizer_str`` (tiktoken; the 1.1 backend
+  function does not support, or one it describes without ``tokenizer_str`` (tiktoken; the backend
   reads that key unconditionally), gets no file and a warning: the engine then serves without
   structured output.
 
-Interface source: TensorRT-LLM 1.1.0 (``tensorrt_llm/models/__init__.py`` MODEL_MAP,
+Interface source: TensorRT-LLM 1.1.0; for 1.2.1 the nearest stored ``quantize_and_export`` and
+``_xgrammar_tokenizer_info`` are unchanged (docs/engines.md), and the signature check below runs in the image
+(``tensorrt_llm/models/__init__.py`` MODEL_MAP,
 ``tensorrt_llm/mapping.py`` — tp_size/pp_size are keyword-only —,
 ``tensorrt_llm/models/modeling_utils.py`` QuantConfig/save_checkpoint,
 ``tensorrt_llm/quantization/quantize_by_modelopt.py``). TensorRT-LLM needs an NVIDIA GPU, so on a
@@ -193,7 +195,7 @@ def quantize(
     ]
     if unknown or missing:
         raise BuildError(
-            "tensorrt_llm.quantization.quantize_and_export has another signature than TensorRT-LLM 1.1.0's "
+            "tensorrt_llm.quantization.quantize_and_export has another signature than TensorRT-LLM 1.1.0's and 1.2.1's "
             f"(unknown: {', '.join(unknown) or 'none'}; missing: {', '.join(missing) or 'none'}): "
             "build inside the image built from our Dockerfile"
         )
@@ -228,7 +230,7 @@ def xgrammar_tokenizer_info(tokenizer_dir: Path, output: Path) -> bool:
     missing = [key for key in ("encoded_vocab", "tokenizer_str", "stop_token_ids") if key not in info]
     if missing:
         log.warning(
-            "the xgrammar tokenizer info lacks %s, which TensorRT-LLM 1.1's C++ backend reads unconditionally: "
+            "the xgrammar tokenizer info lacks %s, which TensorRT-LLM's C++ backend reads unconditionally: "
             "the engine will serve without structured output",
             ", ".join(missing),
         )

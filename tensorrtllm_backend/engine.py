@@ -1,6 +1,6 @@
 """What the unpacked weights hold: a TensorRT-LLM engine or a Hugging Face checkpoint, and its limits.
 
-Engine facts (``trtllm-build`` of TensorRT-LLM 0.8 and later, incl. 1.1.0): the engine folder has
+Engine facts (``trtllm-build`` of TensorRT-LLM 0.8 and later, incl. 1.1.0 and 1.2.1): the engine folder has
 ``config.json`` with ``version``, ``pretrained_config`` (``architecture``, ``dtype``,
 ``vocab_size``, ``mapping`` with ``world_size``/``tp_size``/``pp_size``) and ``build_config``
 (``max_batch_size``, ``max_input_len``, ``max_seq_len`` — or ``max_output_len`` up to about 0.10,

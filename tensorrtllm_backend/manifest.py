@@ -7,8 +7,8 @@ Written by ``scripts/build_engine`` at the archive's top level beside the engine
       "name": "llama-3-8b-instruct-bf16",
       "backend": "tensorrtllm",              # or "reference" (CPU reference backend)
       "kind": "engine",                      # or "hf_checkpoint"
-      "tensorrt_llm_version": "1.1.0",       # null for the reference backend
-      "triton_image": "nvcr.io/nvidia/tritonserver:26.02-trtllm-python-py3",
+      "tensorrt_llm_version": "1.2.1",       # null for the reference backend
+      "triton_image": "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3",
       "world_size": 1, "tp_size": 1, "pp_size": 1,
       "gpu": {"name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0"},   # null: no GPU needed
       "build_config": {...},                 # the validated YAML build config
@@ -61,6 +61,7 @@ from tensorrtllm_backend.pins import (
     TRITON_IMAGE,
     describe_version,
     installed_tensorrt_llm_version,
+    release_name,
     same_release,
 )
 
@@ -496,9 +497,9 @@ def check_engine_runs_here(
             f"engine {name!r} was built with TensorRT-LLM {describe_version(built_with)}"
             f"{f' ({built_image})' if built_image else ''}, but this image serves TensorRT-LLM "
             f"{describe_version(runtime_version)} "
-            f"({TRITON_IMAGE}); engines only load in the version that built them: rebuild it with "
-            f"scripts/build_engine inside this image (FROM {TRITON_IMAGE}), or serve it with an image that ships "
-            f"TensorRT-LLM {built_with}"
+            f"({TRITON_IMAGE}); engines only load in the version that built them: rebuild it with TensorRT-LLM "
+            f"{release_name(runtime_version)} (scripts/build_engine inside this image, FROM {TRITON_IMAGE}, or "
+            f"cog train), or serve it with an image that ships TensorRT-LLM {built_with}"
         )
     if len(gpus) < world_size:
         raise IncompatibleWeightsError(

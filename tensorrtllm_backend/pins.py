@@ -4,22 +4,32 @@ The Dockerfile's ``FROM`` line, the model-repository templates (tensor names) an
 all follow these values; ``tests/test_packaging.py`` fails when the Dockerfile drifts from them.
 
 Source of the pairing: Triton's compatibility matrix (triton-inference-server/server,
-docs/introduction/compatibility.md): NGC ``tritonserver:26.02-trtllm-python-py3`` ships
-TensorRT-LLM 1.1.0 (TensorRT 10.13.3.9, CUDA 13.0.2). The ``inflight_batcher_llm`` tensor names of
-that release (``seed``, ``min_tokens``, ``stop_words_list`` ...) are the ones our templates use.
+docs/introduction/compatibility.md @ r26.07 819ee377): NGC ``tritonserver:26.07-trtllm-python-py3`` is
+Triton 2.71.0 (``TRITON_VERSION`` @ r26.07) with TensorRT-LLM 1.2.1, TensorRT 10.14.1.48, CUDA 13.1.0.036
+(driver 590.44.01), Python 3.12.3 and torch 2.10.0a0+b4e4ee81d3.nv25.12. TensorRT-LLM 1.2.1 is the tag
+``v1.2.1`` (commit 376f7e1b); its ``inflight_batcher_llm`` tensor names (``seed``, ``min_tokens``,
+``stop_words_list`` ...) are those of 1.1.0, re-audited in docs/engines.md ("TensorRT-LLM 1.2.1 re-audit").
 """
 
 import re
+from typing import Mapping
 
 TRITON_IMAGE_REPOSITORY = "nvcr.io/nvidia/tritonserver"
-TRITON_IMAGE_TAG = "26.02-trtllm-python-py3"
+TRITON_IMAGE_TAG = "26.07-trtllm-python-py3"
 TRITON_IMAGE = f"{TRITON_IMAGE_REPOSITORY}:{TRITON_IMAGE_TAG}"
-TENSORRT_LLM_VERSION = "1.1.0"
-# The xgrammar release TensorRT-LLM 1.1 depends on (its docs/source/release-notes.md, "Release 1.1":
-# "The dependent xgrammar version is updated to 0.1.25"; requirements.txt xgrammar==0.1.25). The GPU
-# image ships it with tensorrt_llm; scripts/setup installs the same release for the CPU reference
-# backend and the predictor's guide checks (cog_triton/guided.py), so guides compile identically.
-XGRAMMAR_VERSION = "0.1.25"
+TENSORRT_LLM_VERSION = "1.2.1"
+# The Triton release in that image (server TRITON_VERSION @ r26.07). Its build sets TRITON_SERVER_VERSION in
+# the image's environment (server build.py @ r26.07, dockerfile_prepare_container_linux), which
+# :func:`check_triton_server` compares at image build time.
+TRITON_SERVER_VERSION = "2.71.0"
+# The xgrammar release TensorRT-LLM 1.2.1 depends on: NVIDIA/TensorRT-LLM PR #12016 (merged 2026-03-09)
+# raised requirements.txt and 3rdparty/fetch_content.json from xgrammar 0.1.25 to 0.1.32, and PR #12811
+# (2026-04-07, before the v1.2.1 tag of 2026-04-16) bumped it to 0.1.32 with its build patches. The nearest
+# stored requirements.txt (@000867d9, late 2025: transformers 4.57.1, tensorrt 10.13.3) still has 0.1.25 and
+# none is stored at 376f7e1b, so `pip show xgrammar` in the image confirms it (docs/engines.md). The GPU
+# image ships it with tensorrt_llm; scripts/setup installs the same release for the CPU reference backend
+# and the predictor's guide checks (cog_triton/guided.py), so guides compile identically.
+XGRAMMAR_VERSION = "0.1.32"
 
 _VERSION_RE = re.compile(r"^\s*v?(\d+)\.(\d+)\.(\d+)(.*?)\s*$")
 # What may follow major.minor.patch without making another release: NGC builds append the
@@ -41,7 +51,7 @@ def release_of(version: str) -> "tuple[int, int, int] | None":
 def same_release(a: str, b: str) -> bool:
     """True when two TensorRT-LLM version strings name the same release.
 
-    "1.1.0" equals "1.1.0.2601" and "1.1.0.post1"; "1.1.0" differs from "1.1.0rc5" and "1.2.0".
+    "1.2.1" equals "1.2.1.2607" and "1.2.1.post1"; "1.2.1" differs from "1.2.1rc5" and "1.2.0".
     Strings without a major.minor.patch prefix are compared as they are.
     """
     ma, mb = _VERSION_RE.match(a), _VERSION_RE.match(b)
@@ -55,12 +65,17 @@ def same_release(a: str, b: str) -> bool:
     return suffix_a == suffix_b
 
 
+def release_name(version: str) -> str:
+    """The release a version string names, without build suffix ("1.2.1.2607" -> "1.2.1"); unparsable ones as given."""
+    release = release_of(version)
+    return version.strip() if release is None else ".".join(str(part) for part in release)
+
+
 def describe_version(version: str) -> str:
     """The version as reported, with its release when a build suffix hides it ("1.0.3.2510 (release 1.0.3)")."""
-    release = release_of(version)
-    if release is None:
+    if release_of(version) is None:
         return version
-    plain = ".".join(str(part) for part in release)
+    plain = release_name(version)
     return version if version.strip() == plain else f"{version} (release {plain})"
 
 
@@ -95,11 +110,35 @@ def check_installed() -> str:
     return installed
 
 
+def check_triton_server(environ: "Mapping[str, str]") -> "str | None":
+    """Fail when the image's ``TRITON_SERVER_VERSION`` is set and is not :data:`TRITON_SERVER_VERSION`.
+
+    Returns the version found, or None when the variable is not set (a base image that does not set it
+    is not refused for that alone; the TensorRT-LLM check still runs).
+
+    Raises:
+        RuntimeError: the image reports another Triton release.
+    """
+    found = environ.get("TRITON_SERVER_VERSION", "").strip()
+    if not found:
+        return None
+    if found != TRITON_SERVER_VERSION:
+        raise RuntimeError(
+            f"the base image reports Triton {found} (TRITON_SERVER_VERSION), but tensorrtllm_backend/pins.py pins "
+            f"Triton {TRITON_SERVER_VERSION} ({TRITON_IMAGE}): update the pin and the Dockerfile's FROM together"
+        )
+    return found
+
+
 if __name__ == "__main__":
+    import os
     import sys
 
     try:
+        triton = check_triton_server(os.environ)
         print(f"TensorRT-LLM {check_installed()} matches the pin ({TRITON_IMAGE})")
+        if triton is not None:
+            print(f"Triton {triton} matches the pin")
     except RuntimeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(1)

@@ -35,29 +35,32 @@ from tensorrtllm_backend.lora import TRITON_DATATYPES, spec_to_parameters
 
 log = logging.getLogger(__name__)
 
-# Parameters the TensorRT-LLM 1.1 C++ backend reads with ModelState::GetParameter and no try/catch or
+# Parameters the TensorRT-LLM C++ backend reads with ModelState::GetParameter and no try/catch or
 # default, so a config without the key fails to load with "unexpected error when creating
 # modelInstanceState: Cannot find parameter with name: <key>" (triton_backend/inflight_batcher_llm/src/
-# model_state.cc GetParameter; model_instance_state.cc, the functions named below; the same in
-# tensorrtllm_backend r25.05 inflight_batcher_llm/src). They are rendered even when empty; for the
-# guided-decoding ones an empty value means "off" (getGuidedDecodingConfigFromParams returns no
-# config when guided_decoding_backend or xgrammar_tokenizer_info_path is empty).
+# model_state.cc GetParameter; model_instance_state.cc, the functions named below: 1.1 @c8c6df08, the
+# same four in 1.2.0rc8 @0c8de69a, the nearest stored version to 1.2.1; tensorrtllm_backend r25.05 too).
+# They are rendered even when empty; for the guided-decoding ones an empty value means "off"
+# (getGuidedDecodingConfigFromParams returns no config when guided_decoding_backend or
+# xgrammar_tokenizer_info_path is empty).
 REQUIRED_TENSORRT_LLM_PARAMETERS: dict[str, str] = {
     "gpt_model_type": "ModelInstanceState::getBatchingTypeFromParams",
     "tokenizer_dir": "ModelInstanceState::getGuidedDecodingConfigFromParams",
     "xgrammar_tokenizer_info_path": "ModelInstanceState::getGuidedDecodingConfigFromParams",
     "guided_decoding_backend": "ModelInstanceState::getGuidedDecodingConfigFromParams",
 }
-# The only guided_decoding_backend the 1.1 C++ backend accepts; any other value throws at load
-# ("Guided decoding is currently supported with 'xgrammar' backend ...", the same function).
+# The only guided_decoding_backend the C++ backend accepts (1.1, and 1.2.0rc8 @0c8de69a); any other value
+# throws at load ("Guided decoding is currently supported with 'xgrammar' backend ...", the same function).
 GUIDED_DECODING_BACKENDS = ("xgrammar",)
 # Keys getGuidedDecodingConfigFromParams reads from the tokenizer info file, all unconditionally (a file
 # without one fails the model load); TensorRT-LLM's _xgrammar_tokenizer_info writes them for fast tokenizers.
 XGRAMMAR_TOKENIZER_INFO_KEYS = ("encoded_vocab", "tokenizer_str", "stop_token_ids")
 
-# Parameters of the C++ tensorrt_llm model (TensorRT-LLM 1.1.0) that we do not set by default:
+# Parameters of the C++ tensorrt_llm model (TensorRT-LLM 1.2.1) that we do not set by default:
 # empty means "not set" and the rendered config omits them. COG_TRITON_TENSORRT_LLM_PARAMETERS
-# may set any of them.
+# may set any of them. enable_trt_overlap is new in 1.2: 1.1 read it only to warn that it is ignored
+# (model_instance_state.cc @c8c6df08); 1.2 reads it as a bool, default false, into
+# ExecutorConfig::setEnableTrtOverlap (@0c8de69a, 1.2.0rc8; NVIDIA/TensorRT-LLM PR #10018).
 OPTIONAL_TENSORRT_LLM_PARAMETERS = (
     "encoder_engine_dir",
     "max_attention_window_size",
@@ -89,6 +92,7 @@ OPTIONAL_TENSORRT_LLM_PARAMETERS = (
     "cuda_graph_mode",
     "cuda_graph_cache_size",
     "speculative_decoding_fast_logits",
+    "enable_trt_overlap",
 )
 
 PYTHON_MODELS = ("preprocessing", "tensorrt_llm_reference")
@@ -394,9 +398,9 @@ def guided_decoding_of(config: model_config_pb2.ModelConfig) -> bool:
 def check_guided_decoding(values: Mapping[str, object]) -> None:
     """Refuse guided-decoding parameters the C++ backend would ignore or fail on.
 
-    The 1.1 backend turns guided decoding on only when both ``guided_decoding_backend`` and
-    ``xgrammar_tokenizer_info_path`` are set: with one of them empty it is silently off, and a
-    request's guide is then ignored (model_instance_state.cc getGuidedDecodingConfigFromParams).
+    The backend (1.1, and 1.2.0rc8 @0c8de69a) turns guided decoding on only when both
+    ``guided_decoding_backend`` and ``xgrammar_tokenizer_info_path`` are set: with one of them empty it is
+    silently off, and a request's guide is then ignored (model_instance_state.cc getGuidedDecodingConfigFromParams).
 
     Raises:
         TemplateError: only one of the two is set, the backend is not "xgrammar", or the tokenizer
@@ -409,7 +413,7 @@ def check_guided_decoding(values: Mapping[str, object]) -> None:
     where = "COG_TRITON_TENSORRT_LLM_PARAMETERS"
     if backend and backend not in GUIDED_DECODING_BACKENDS:
         raise TemplateError(
-            f"{where}: guided_decoding_backend={backend!r}; TensorRT-LLM 1.1's C++ backend only accepts "
+            f"{where}: guided_decoding_backend={backend!r}; TensorRT-LLM 1.2.1's C++ backend only accepts "
             f"{', '.join(GUIDED_DECODING_BACKENDS)} and would fail to load"
         )
     if backend and not info:

@@ -8,7 +8,7 @@ and the model are the real code.
 
 Golden files live in tests/golden/; regenerate them with ``UPDATE_GOLDEN=1 pytest tests/test_build_engine.py``
 and review the diff. The goldens are not only compared with themselves: every ``trtllm-build`` line in them
-is parsed by the stand-in's copy of TensorRT-LLM 1.1's argument parser (tests/fake_tensorrt_llm/tensorrt_llm/
+is parsed by the stand-in's copy of TensorRT-LLM 1.2.1's argument parser (tests/fake_tensorrt_llm/tensorrt_llm/
 commands/build.py, which cites the upstream files), and the parsed values are checked against the config.
 """
 
@@ -280,7 +280,7 @@ def test_conversion_without_tensorrt_llm_says_where_to_run(tmp_path: Path, check
 
 
 def test_quantize_refuses_another_signature(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """A quantize_and_export without the 1.1.0 keywords (another TensorRT-LLM) fails before calibrating."""
+    """A quantize_and_export without the 1.1.0/1.2.1 keywords (another TensorRT-LLM) fails before calibrating."""
     from tensorrtllm_backend import convert
 
     called: list[Any] = []
@@ -330,8 +330,8 @@ def test_preflight_tensorrt_llm_version(monkeypatch: pytest.MonkeyPatch, tmp_pat
     config = load_build_config(EXAMPLES_DIR / "gpt2-medium-fp16.yaml")
     with pytest.raises(BuildError, match=f"TensorRT-LLM is not installed in this Python: .*FROM {TRITON_IMAGE}"):
         preflight(config, gpus(1), None)
-    with pytest.raises(BuildError, match=f"installed TensorRT-LLM is 1.2.1 but this project serves {TENSORRT_LLM_VERSION}"):
-        preflight(config, gpus(1), "1.2.1")
+    with pytest.raises(BuildError, match=f"installed TensorRT-LLM is 1.1.0 but this project serves {TENSORRT_LLM_VERSION}"):
+        preflight(config, gpus(1), "1.1.0")
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(BuildError, match="trtllm-build is not on PATH"):
         preflight(config, gpus(1), TENSORRT_LLM_VERSION)

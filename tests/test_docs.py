@@ -118,3 +118,39 @@ def test_the_architecture_has_mermaid_diagrams_github_renders() -> None:
         blocks = re.findall(r"```mermaid\n(.*?)```", page.read_text(), re.S)
         assert blocks, _rel(page)
         assert all(re.match(r"\s*(flowchart|graph|sequenceDiagram)\b", block) for block in blocks)
+
+
+def _section(path: Path, heading: str) -> str:
+    """The text under a Markdown heading, up to the next heading of the same or a higher level."""
+    text = path.read_text()
+    match = re.search(rf"^(#+) {re.escape(heading)}\s*$", text, flags=re.M)
+    assert match, f"{_rel(path)} has no heading {heading!r}"
+    level = len(match.group(1))
+    end = re.search(rf"^#{{1,{level}}} ", text[match.end():], flags=re.M)
+    return text[match.end(): match.end() + end.start()] if end else text[match.end():]
+
+
+def test_the_re_audit_names_the_pinned_releases() -> None:
+    """docs/engines.md's re-audit table states the image, Triton, TensorRT-LLM and xgrammar of the pin, so a
+    later pin that leaves the table behind fails here."""
+    from tensorrtllm_backend.pins import TENSORRT_LLM_VERSION, TRITON_IMAGE_TAG, TRITON_SERVER_VERSION, XGRAMMAR_VERSION
+
+    audit = _section(DOCS / "engines.md", f"TensorRT-LLM {TENSORRT_LLM_VERSION} re-audit")
+    rows = [line for line in audit.splitlines() if line.startswith("| ")]
+    assert rows[0].split("|")[1:5] == [" fact ", " 1.1.0 (`tritonserver:26.02`) ", f" {TENSORRT_LLM_VERSION} "
+                                       f"(`tritonserver:{TRITON_IMAGE_TAG.split('-')[0]}`) ", " source "]
+    assert len(rows) > 10 and all(row.count("|") == 5 for row in rows), "every row has fact, 1.1.0, 1.2.1, source"
+    assert TRITON_SERVER_VERSION in audit and XGRAMMAR_VERSION in audit and "376f7e1b" in audit
+
+
+@pytest.mark.parametrize(
+    ("page", "heading"), [(README, "On a GPU"), (DOCS / "engines.md", None), (DOCS / "deploy.md", None)]
+)
+def test_users_are_told_to_rebuild_engines_with_the_pinned_tensorrt_llm(page: Path, heading: str | None) -> None:
+    """Where users look before serving an engine, the pinned image and the rebuild with its TensorRT-LLM are named
+    (setup() refuses engines of another version: tensorrtllm_backend/manifest.py)."""
+    from tensorrtllm_backend.pins import TENSORRT_LLM_VERSION, TRITON_IMAGE_TAG
+
+    text = " ".join((_section(page, heading) if heading else page.read_text()).split())
+    assert TRITON_IMAGE_TAG in text
+    assert re.search(rf"rebuilt with (TensorRT-LLM )?{re.escape(TENSORRT_LLM_VERSION)}", text), _rel(page)

@@ -27,7 +27,7 @@ CHECKPOINT = REPO_ROOT / "build" / "default_model" / "checkpoint"
 TOKENIZER_SOURCE_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 ENGINE_CONFIG: dict[str, Any] = {
-    "version": "1.1.0",
+    "version": "1.2.1",
     "pretrained_config": {
         "architecture": "LlamaForCausalLM",
         "dtype": "float16",
@@ -109,8 +109,8 @@ def test_engine_limits_and_world_size(tmp_path: Path, caplog: pytest.LogCaptureF
     assert (info.world_size, info.tp_size, info.pp_size) == (2, 2, 1)
     assert info.architecture == "LlamaForCausalLM"
     assert info.dtype == "float16"
-    assert info.trtllm_version == "1.1.0"
-    assert TENSORRT_LLM_VERSION == "1.1.0"
+    assert info.trtllm_version == "1.2.1"
+    assert TENSORRT_LLM_VERSION == "1.2.1"
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
@@ -229,7 +229,7 @@ def test_engine_without_pretrained_config(tmp_path: Path) -> None:
 
 def test_invalid_json(tmp_path: Path) -> None:
     folder = write_engine(tmp_path / "engine")
-    (folder / "config.json").write_text('{"version": "1.1.0", "build_config": ')
+    (folder / "config.json").write_text('{"version": "1.2.1", "build_config": ')
     with pytest.raises(ConfigError) as info:
         inspect_weights(folder)
     assert "not valid JSON" in str(info.value)
@@ -468,7 +468,7 @@ LLAMA_SIZES = {"num_hidden_layers": 32, "hidden_size": 4096, "intermediate_size"
 
 
 def lora_engine_config(plugin: Any = "bfloat16", **lora: Any) -> dict[str, Any]:
-    """An engine config.json as trtllm-build 1.1 writes its LoRA facts (gptJsonConfig.cpp parseLora reads them)."""
+    """An engine config.json as trtllm-build 1.1 and 1.2 write its LoRA facts (gptJsonConfig.cpp parseLora reads them)."""
     config = copy.deepcopy(ENGINE_CONFIG)
     config["pretrained_config"].update(LLAMA_SIZES, dtype="bfloat16")
     config["build_config"]["plugin_config"] = {"lora_plugin": plugin}

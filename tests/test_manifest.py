@@ -183,7 +183,9 @@ def test_version_mismatch_names_both_versions_and_the_fix(tmp_path: Path) -> Non
     assert message.startswith("[incompatible_weights]")
     assert "built with TensorRT-LLM 1.0.0 (nvcr.io/nvidia/tritonserver:25.08-trtllm-python-py3)" in message
     assert f"this image serves TensorRT-LLM {TENSORRT_LLM_VERSION} ({TRITON_IMAGE})" in message
-    assert f"rebuild it with scripts/build_engine inside this image (FROM {TRITON_IMAGE})" in message
+    fix = f"rebuild it with TensorRT-LLM {TENSORRT_LLM_VERSION} (scripts/build_engine inside this image, FROM "
+    fix += TRITON_IMAGE
+    assert fix in message
 
 
 def test_too_few_gpus_names_world_size_and_visible_gpus(tmp_path: Path) -> None:
@@ -270,18 +272,39 @@ def test_manifest_must_agree_with_the_engine(tmp_path: Path) -> None:
         check_weights_match(info, lying, gpus(2), TENSORRT_LLM_VERSION)
     with pytest.raises(ManifestError, match="says kind hf_checkpoint, but the weights are of kind engine"):
         check_weights_match(info, dataclasses.replace(manifest, kind="hf_checkpoint"), gpus(2), TENSORRT_LLM_VERSION)
-    with pytest.raises(ManifestError, match="says TensorRT-LLM 1.0.0, but the engine's config.json says 1.1.0"):
-        check_weights_match(info, dataclasses.replace(manifest, tensorrt_llm_version="1.0.0"), gpus(2), "1.1.0")
+    with pytest.raises(ManifestError, match="says TensorRT-LLM 1.0.0, but the engine's config.json says 1.2.1"):
+        check_weights_match(info, dataclasses.replace(manifest, tensorrt_llm_version="1.0.0"), gpus(2), "1.2.1")
 
 
 def test_engines_without_manifest_are_still_checked(tmp_path: Path) -> None:
     old = inspect_weights(make_engine(tmp_path / "old", version="0.12.0"))
-    with pytest.raises(IncompatibleWeightsError, match="built with TensorRT-LLM 0.12.0, but this image serves TensorRT-LLM 1.1.0"):
-        check_weights_match(old, None, gpus(1), "1.1.0")
+    with pytest.raises(IncompatibleWeightsError, match="built with TensorRT-LLM 0.12.0, but this image serves TensorRT-LLM 1.2.1"):
+        check_weights_match(old, None, gpus(1), "1.2.1")
     wide = inspect_weights(make_engine(tmp_path / "wide", world=2))
     with pytest.raises(IncompatibleWeightsError, match="needs 2 GPUs, but 1 GPU"):
         check_weights_match(wide, None, gpus(1), TENSORRT_LLM_VERSION)
     check_weights_match(wide, None, gpus(2), TENSORRT_LLM_VERSION)
+
+
+def test_an_engine_of_tensorrt_llm_1_1_is_refused_with_the_rebuild_in_1_2_1(tmp_path: Path) -> None:
+    """The image serves TensorRT-LLM 1.2.1 (tritonserver:26.07); an engine only loads in the version that built
+    it, so a 1.1.0 engine (tritonserver:26.02) must be rebuilt, and the message says with which version."""
+    root = make_engine(tmp_path / "old", version="1.1.0")
+    manifest_for(root, version="1.1.0", triton_image="nvcr.io/nvidia/tritonserver:26.02-trtllm-python-py3")
+    checks = (
+        lambda: verify_weights(root, gpus(1), TENSORRT_LLM_VERSION),  # with the manifest
+        lambda: check_weights_match(inspect_weights(root), None, gpus(1), TENSORRT_LLM_VERSION),  # config.json alone
+    )
+    for check in checks:
+        with pytest.raises(IncompatibleWeightsError) as info:
+            check()
+        message = str(info.value)
+        assert "built with TensorRT-LLM 1.1.0" in message
+        assert "this image serves TensorRT-LLM 1.2.1 (nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3)" in message
+        assert "rebuild it with TensorRT-LLM 1.2.1 (scripts/build_engine inside this image" in message
+    # an NGC build of 1.2.1 reports a suffixed version: the message names the release to rebuild with
+    with pytest.raises(IncompatibleWeightsError, match=r"rebuild it with TensorRT-LLM 1\.2\.1 \("):
+        check_weights_match(inspect_weights(root), None, gpus(1), "1.2.1.2607")
 
 
 def test_unpack_keeps_marker_out_of_verification(tmp_path: Path) -> None:

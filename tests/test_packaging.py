@@ -107,7 +107,7 @@ def cog_config() -> dict:
 def test_dockerfile_from_is_pinned_image() -> None:
     froms = [rest for keyword, rest in dockerfile_instructions() if keyword == "FROM"]
     assert froms == [TRITON_IMAGE]
-    assert TRITON_IMAGE == "nvcr.io/nvidia/tritonserver:26.02-trtllm-python-py3"
+    assert TRITON_IMAGE == "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3"
     assert TENSORRT_LLM_VERSION in DOCKERFILE.read_text()  # the comment names the engine version
 
 
@@ -173,7 +173,7 @@ def test_pins_check_fails_without_the_pinned_tensorrt_llm() -> None:
 
 
 def test_pins_check_accepts_the_pinned_version_and_refuses_others(tmp_path: Path) -> None:
-    for version, expected_rc in ((TENSORRT_LLM_VERSION, 0), ("1.2.1", 1)):
+    for version, expected_rc in ((TENSORRT_LLM_VERSION, 0), ("1.1.0", 1)):
         site = tmp_path / version
         dist = site / f"tensorrt_llm-{version}.dist-info"
         dist.mkdir(parents=True)
@@ -188,7 +188,34 @@ def test_pins_check_accepts_the_pinned_version_and_refuses_others(tmp_path: Path
         )
         assert result.returncode == expected_rc, result.stderr
         if expected_rc:
-            assert f"ships TensorRT-LLM 1.2.1, but tensorrtllm_backend/pins.py pins {TENSORRT_LLM_VERSION}" in result.stderr
+            assert f"ships TensorRT-LLM 1.1.0, but tensorrtllm_backend/pins.py pins {TENSORRT_LLM_VERSION}" in result.stderr
+
+
+def test_pins_check_refuses_a_base_image_of_another_triton_release(tmp_path: Path) -> None:
+    """NGC images set TRITON_SERVER_VERSION (server build.py @ r26.07, dockerfile_prepare_container_linux); the
+    build-time check compares it with the pin (2.71.0 in tritonserver:26.07, server TRITON_VERSION @ r26.07)."""
+    from tensorrtllm_backend.pins import TRITON_SERVER_VERSION
+
+    assert TRITON_SERVER_VERSION == "2.71.0"
+    site = tmp_path / "site"
+    dist = site / f"tensorrt_llm-{TENSORRT_LLM_VERSION}.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: tensorrt_llm\nVersion: {TENSORRT_LLM_VERSION}\n")
+    env = {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{REPO_ROOT}"}
+    env.pop("TRITON_SERVER_VERSION", None)
+    for triton, expected_rc, text in (
+        ("2.66.0", 1, f"reports Triton 2.66.0 (TRITON_SERVER_VERSION), but tensorrtllm_backend/pins.py pins Triton "
+                      f"{TRITON_SERVER_VERSION}"),
+        (TRITON_SERVER_VERSION, 0, f"Triton {TRITON_SERVER_VERSION} matches the pin"),
+        (None, 0, "matches the pin"),  # not set: the TensorRT-LLM check alone decides
+    ):
+        run_env = env if triton is None else {**env, "TRITON_SERVER_VERSION": triton}
+        result = subprocess.run(
+            [sys.executable, "-m", "tensorrtllm_backend.pins"], cwd=REPO_ROOT, capture_output=True, text=True,
+            timeout=60, env=run_env,
+        )
+        assert result.returncode == expected_rc, result.stderr
+        assert text in result.stdout + result.stderr
 
 
 def test_cog_yaml() -> None:
@@ -406,6 +433,38 @@ def test_dockerfile_guarantees_python_and_the_cog_schema() -> None:
     assert not [rest for k, rest in instructions if k == "COPY" and rest.startswith(".cog")]
 
 
+def python_link_command() -> str:
+    """The Dockerfile's RUN that makes `python`, with /usr/local/bin replaced by a placeholder."""
+    run = next(rest for k, rest in dockerfile_instructions() if k == "RUN" and "/usr/local/bin/python" in rest)
+    return run.replace("/usr/local/bin", "{bin}")
+
+
+@pytest.mark.parametrize("layout", ["venv", "python3_only"])
+def test_dockerfile_python_is_the_base_images_python_on_path(tmp_path: Path, layout: str) -> None:
+    """With a virtual environment first on PATH that has `python` (tensorrtllm_backend's 1.2 image layout,
+    dockerfile/Dockerfile.triton.trt_llm_backend @ r26.07), `python` stays the venv's: a link to its python3
+    from outside the venv would not see the venv's packages. With only python3 on PATH (26.02's layout), the
+    link is made. Run here with /usr/local/bin replaced by a folder of this test."""
+    local_bin, venv_bin = tmp_path / "local_bin", tmp_path / "venv" / "bin"
+    local_bin.mkdir()
+    venv_bin.mkdir(parents=True)
+    (venv_bin / "python3").symlink_to(sys.executable)
+    if layout == "venv":
+        (venv_bin / "python").symlink_to(sys.executable)
+    env = {"PATH": f"{venv_bin}{os.pathsep}{local_bin}{os.pathsep}/usr/bin:/bin"}
+    result = subprocess.run(
+        ["/bin/sh", "-c", python_link_command().format(bin=local_bin)], env=env, capture_output=True, text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    if layout == "venv":
+        assert not (local_bin / "python").exists()
+        assert result.stdout.startswith(f"{venv_bin / 'python'} ")
+    else:
+        assert os.readlink(local_bin / "python") == str(venv_bin / "python3")
+        assert result.stdout.startswith(f"{local_bin / 'python'} ")
+
+
 def test_requirements_pin_coglet() -> None:
     lines = [line.split("#")[0].strip() for line in REQUIREMENTS.read_text().splitlines()]
     import coglet
@@ -415,9 +474,10 @@ def test_requirements_pin_coglet() -> None:
 
 
 def test_cog_yaml_records_the_base_image_cuda() -> None:
-    # Triton's compatibility matrix: tritonserver:26.02-trtllm-python-py3 has CUDA 13.0.2.006
-    assert cog_config()["build"]["cuda"] == "13.0"
-    assert TRITON_IMAGE.endswith(":26.02-trtllm-python-py3")
+    # Triton's compatibility matrix (server docs/introduction/compatibility.md @ r26.07):
+    # tritonserver:26.07-trtllm-python-py3 has CUDA 13.1.0.036
+    assert cog_config()["build"]["cuda"] == "13.1"
+    assert TRITON_IMAGE.endswith(":26.07-trtllm-python-py3")
 
 
 # --- TensorRT-LLM version strings (NGC builds report suffixed versions) -------------------------

@@ -57,7 +57,7 @@ def engine_info(tmp_path: Path, *, max_batch_size: int = 64) -> WeightsInfo:
         world_size=1,
         architecture="LlamaForCausalLM",
         dtype="float16",
-        trtllm_version="1.1.0",
+        trtllm_version="1.2.1",
     )
 
 
@@ -663,7 +663,7 @@ def test_script_malformed_substitutions(template_copy: Path) -> None:
     assert "triton_max_batch_size" in result.stderr
 
 
-# --- what the TensorRT-LLM 1.1 C++ backend reads without a default ---------------------------------
+# --- what the TensorRT-LLM C++ backend (1.1, 1.2.1) reads without a default ------------------------
 
 
 def test_parameters_the_backend_reads_unguarded_are_always_rendered(tmp_path: Path) -> None:
@@ -701,6 +701,20 @@ def test_guided_decoding_fully_configured_is_rendered(tmp_path: Path) -> None:
     render_model_repository(opts, engine_info(tmp_path))
     p = params(read_rendered(opts.model_repo_dir)["tensorrt_llm"])
     assert p["guided_decoding_backend"] == "xgrammar" and p["xgrammar_tokenizer_info_path"] == str(info_file)
+
+
+def test_enable_trt_overlap_of_tensorrt_llm_1_2_is_left_to_the_backend_unless_set(tmp_path: Path) -> None:
+    """TensorRT-LLM 1.2 reads enable_trt_overlap as a bool, default false, into
+    ExecutorConfig::setEnableTrtOverlap (model_instance_state.cc @0c8de69a, 1.2.0rc8; 1.1 @c8c6df08 only
+    warned that it is ignored). The rendered config leaves it out by default, so the backend's default
+    applies; COG_TRITON_TENSORRT_LLM_PARAMETERS sets it."""
+    assert 'key: "enable_trt_overlap"' in (TEMPLATE_DIR / "tensorrt_llm" / "config.pbtxt").read_text()
+    default = options(tmp_path / "default")
+    render_model_repository(default, engine_info(tmp_path))
+    assert "enable_trt_overlap" not in params(read_rendered(default.model_repo_dir)["tensorrt_llm"])
+    on = options(tmp_path / "on", tensorrt_llm_parameters="enable_trt_overlap:true")
+    render_model_repository(on, engine_info(tmp_path))
+    assert params(read_rendered(on.model_repo_dir)["tensorrt_llm"])["enable_trt_overlap"] == "true"
 
 
 PERF_METRIC_OUTPUTS = {
@@ -900,7 +914,7 @@ GUIDED = "COG_TRITON_TENSORRT_LLM_PARAMETERS"
          "JSON made by TensorRT-LLM's examples/generate_xgrammar_tokenizer_info.py); without it the backend leaves "
          "guided decoding off and ignores every request's guide"),
         ("guided_decoding_backend:outlines",
-         f"{GUIDED}: guided_decoding_backend='outlines'; TensorRT-LLM 1.1's C++ backend only accepts xgrammar and "
+         f"{GUIDED}: guided_decoding_backend='outlines'; TensorRT-LLM 1.2.1's C++ backend only accepts xgrammar and "
          "would fail to load"),
         ("xgrammar_tokenizer_info_path:/tmp/x.json",
          f"{GUIDED}: xgrammar_tokenizer_info_path is set but guided_decoding_backend is not; set "

@@ -1,9 +1,9 @@
-"""Recording stand-in for TensorRT-LLM 1.1.0 (see ../README.md); not the real package."""
+"""Recording stand-in for TensorRT-LLM 1.2.1 (see ../README.md); not the real package."""
 
 import json
 import os
 
-__version__ = "1.1.0"
+__version__ = "1.2.1"
 
 
 def record(call, **kwargs):

@@ -1,11 +1,14 @@
-"""Stand-in for ``tensorrt_llm/commands/build.py`` of TensorRT-LLM 1.1 (``trtllm-build``): the same argument
+"""Stand-in for ``tensorrt_llm/commands/build.py`` of TensorRT-LLM 1.2.1 (``trtllm-build``): the same argument
 parser, then a fake engine instead of a TensorRT build (no GPU here).
 
 The parser is written from the upstream source, flag by flag, so that it accepts what the real
 ``trtllm-build`` accepts and rejects (argparse exit status 2) what it rejects: an unknown or misspelled
 flag (``parse_args``, never ``parse_known_args``), a value outside ``choices``, a non-integer where the real
 one has ``type=int``. Sources (NVIDIA/TensorRT-LLM, 1.x line: the "TensorRT LLM" spelling, no auto-parallel
-arguments any more, ``LoraConfig`` from ``tensorrt_llm/lora_helper.py``):
+arguments any more, ``LoraConfig`` from ``tensorrt_llm/lora_helper.py``; re-audited for 1.2.1 against the
+nearest stored versions: ``commands/build.py`` of the 1.x line and ``plugin/plugin.py`` whose ``PluginConfig``
+is a pydantic model, with the same ``cli_plugin_args`` and the same choices built from each field's
+``Optional[Literal[...]]``/``bool`` annotation, so no flag or choice our plans use changed; docs/engines.md):
 
 * ``tensorrt_llm/commands/build.py`` ``parse_arguments()``: every flag below but the plugin group;
   ``--kv_cache_type`` is ``enum_type(KVCacheType)``, i.e. ``KVCacheType.from_string``, which upper-cases and

@@ -1,5 +1,5 @@
 """Stand-in for tensorrt_llm.llmapi.tokenizer: ``_xgrammar_tokenizer_info`` records its call and returns
-a dict of the real function's shape (TensorRT-LLM 1.1.0: ``encoded_vocab`` = the vocabulary's token
+a dict of the real function's shape (TensorRT-LLM 1.1.0 and 1.2.x: ``encoded_vocab`` = the vocabulary's token
 strings ordered by id, ``tokenizer_str`` = the fast tokenizer's JSON, ``stop_token_ids`` = [eos id];
 a slow tokenizer is refused with ValueError). Not the real implementation: tests check the wiring."""
 

@@ -1,4 +1,4 @@
-"""MODEL_MAP of the stand-in: HF architecture -> recording model class (TensorRT-LLM 1.1.0 class names)."""
+"""MODEL_MAP of the stand-in: HF architecture -> recording model class (TensorRT-LLM 1.1.0 and 1.2.x class names)."""
 
 import json
 import os

@@ -1,4 +1,4 @@
-"""QuantAlgo and quantize_and_export of the stand-in (TensorRT-LLM 1.1.0 names and keywords)."""
+"""QuantAlgo and quantize_and_export of the stand-in (TensorRT-LLM 1.1.0 and 1.2.x names and keywords)."""
 
 import enum
 import json
