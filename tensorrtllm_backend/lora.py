@@ -153,8 +153,9 @@ class ModelShape:
 
     def local_module_dims(self, module: str, tp_size: int = 1) -> tuple[int, int]:
         """(in, out) of ``module`` on one tensor-parallel rank, as LoraModule::localInDim / localOutDim give them:
-        attn_dense and mlp_4h_to_h split "in", the other modules "out"; key-value heads are split across ranks
-        with at least one per rank.
+        attn_dense and mlp_4h_to_h split "in", the other modules "out". attn_k / attn_v have num_kv_heads / tp_size
+        heads per rank; fewer key-value heads than ranks is taken as one per rank (replicated heads; not checked
+        against upstream's gptJsonConfig.cpp, which we could not read at 1.x).
 
         Raises:
             KeyError: a module this project does not serve.
