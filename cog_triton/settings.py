@@ -185,13 +185,20 @@ class Settings(BaseSettings):
         default=None, ge=1, description="The C++ backend's lora_cache_max_adapter_size; default: the engine's "
         "max_lora_rank."
     )
+    # The backend's PeftCacheManager takes this share of (free GPU memory + the memory pool's free bytes) when it is
+    # made (peftCacheManager.cpp getMaxNumSlots @ 9df6d722), which TrtGptModelInflightBatching's constructor does
+    # before it sizes the KV cache (trtGptModelInflightBatching.cpp @ b35ac1b6, 1.2.0rc2, and @ 00825c4e), and the
+    # KV cache takes kv_cache_free_gpu_mem_fraction of the memory free then (kvCacheManager.cpp
+    # calculateFreeMemBytes @ b35ac1b6): not "of the memory left after the KV cache" (upstream's docs/lora.md).
     lora_cache_gpu_memory_fraction: Optional[float] = Field(
-        default=None, gt=0, le=1, description="Share of the GPU memory left after the KV cache that the LoRA cache "
-        "takes; default: the backend's, 0.05."
+        default=None, gt=0, le=1, description="Share of the GPU memory free when the engine's LoRA cache is made, "
+        "before the KV cache is sized, that the LoRA cache takes (so the KV cache's fraction applies to what is left "
+        "after it); default: the backend's, 0.05."
     )
     lora_cache_host_memory_bytes: Optional[int] = Field(
         default=None, ge=1, description="Host LoRA cache, bytes (the CPU reference model's whole LoRA cache); "
-        "default: room for the engine's lora.max_loras adapters of its max_lora_rank."
+        "default: room for the engine's lora.max_loras adapters of its max_lora_rank, in whole pages of the "
+        "backend's cache; a value below one such adapter is refused at setup."
     )
 
     # --- CPU reference backend (Hugging Face checkpoints) ---------------------------------

@@ -27,7 +27,13 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from common.errors import BuildConfigError
-from tensorrtllm_backend.lora import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS, SUPPORTED_MODULES
+from tensorrtllm_backend.lora import (
+    DEFAULT_MAX_LORA_RANK,
+    DEFAULT_MAX_LORAS,
+    FUSED_MLP_PAIR,
+    SUPPORTED_MODULES,
+    fused_pair_problem,
+)
 
 
 class Backend(str, Enum):
@@ -214,7 +220,12 @@ class Lora(BaseModel):
             model's dtype (loraUtils.cpp), so another value must equal ``dtype``.
         max_lora_rank: the largest adapter rank (r) served; also sizes the plugin's workspace.
         lora_target_modules: TensorRT-LLM module names adapters may touch (tensorrt_llm/lora_manager.py
-            LORA_MODULE_IDS; this image converts the separate attention and MLP projections).
+            LORA_MODULE_IDS; this image converts the separate attention and MLP projections). With the fused
+            gated MLP (``features.use_fused_mlp``, the default) mlp_h_to_4h and mlp_gate go together or not at
+            all: the fused layer applies LoRA to gate_proj and up_proj only together (tensorrt_llm/layers/mlp.py
+            fc_gate_lora @ 04a2cacb; the fusion: tensorrt_llm/builder.py optimize_model_with_config @ 008b2b8d), so
+            an engine with one of them would silently ignore adapters' weights for it. With gemm_swiglu_plugin,
+            neither (FusedGatedMLP.fc_gate_plugin raises NotImplementedError for LoRA on them).
         max_loras: how many adapters of ``max_lora_rank`` on every module the LoRA cache is sized to hold
             (the default of COG_TRITON_LORA_CACHE_HOST_MEMORY_BYTES; not a trtllm-build flag).
     """
@@ -340,6 +351,19 @@ class EngineBuildConfig(BaseModel):
                 "use quantization int4_awq, fp8 or int8_sq, or kv_cache_quantization none"
             )
         f = self.features
+        if lora is not None and f.use_fused_mlp and fused_pair_problem(lora.lora_target_modules):
+            raise ValueError(
+                f"lora.lora_target_modules has {fused_pair_problem(lora.lora_target_modules)}; list both "
+                f"{' and '.join(FUSED_MLP_PAIR)} or neither, or set features.use_fused_mlp: false"
+            )
+        mlp_in = [m for m in FUSED_MLP_PAIR if lora is not None and m in lora.lora_target_modules]
+        if mlp_in and self.plugins.get("gemm_swiglu_plugin", "disable") != "disable":
+            raise ValueError(
+                f"plugins.gemm_swiglu_plugin {self.plugins['gemm_swiglu_plugin']} cannot apply LoRA to "
+                f"{' and '.join(mlp_in)}: trtllm-build raises NotImplementedError for LoRA on the fused MLP's input "
+                "projections with that plugin (tensorrt_llm/layers/mlp.py FusedGatedMLP.fc_gate_plugin); remove "
+                f"{' and '.join(mlp_in)} from lora.lora_target_modules or set gemm_swiglu_plugin: disable"
+            )
         gpt_attention = self.plugins.get("gpt_attention_plugin", "auto")
         if (f.paged_kv_cache or f.paged_context_fmha or f.context_fmha) and gpt_attention == "disable":
             raise ValueError("paged_kv_cache, paged_context_fmha and context_fmha need gpt_attention_plugin enabled")

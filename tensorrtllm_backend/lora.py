@@ -22,16 +22,37 @@ Interface facts, each read in NVIDIA/TensorRT-LLM (not copied):
   so a request with an adapter would silently get the base model: the predictor refuses it instead.
 * **Weights dtype** must be the model's (``cpp/tensorrt_llm/runtime/loraUtils.cpp``
   ``loraValidateRequestTensors``: "Expected lora weights to be the same data type as base model").
-* **Host LoRA cache size**: ``peftCacheManager.cpp`` ``getPageManagerConfig``: one adapter of the maximum
-  size takes ``max adapter size x sum over modules of (in + out) x layers`` values; the host cache
-  (``lora_cache_host_memory_bytes``, default 1 GiB: ``PeftCacheManagerConfig``) holds that many bytes.
+* **A fused gated MLP applies gate_proj and up_proj LoRA together or not at all.** ``trtllm-build`` fuses a
+  gated MLP's two input projections into one GEMM when ``plugin_config.use_fused_mlp`` is on (its default;
+  ``tensorrt_llm/builder.py`` ``optimize_model_with_config`` @ 008b2b8d; ``tensorrt_llm/models/modeling_utils.py``
+  ``fuse_gate_mlp`` @ 01ea6d79 replaces ``GatedMLP`` by ``FusedGatedMLP``), and the fused layer adds LoRA only
+  when both ``mlp_h_to_4h`` and ``mlp_gate`` are LoRA modules of the engine (``tensorrt_llm/layers/mlp.py``
+  ``fc_gate_lora`` @ 04a2cacb, unchanged from b57221b7's ``FusedGatedMLP.forward``): an engine built with one of
+  them ignores adapters' weights for it, while the executor, which knows only ``lora_target_modules``, takes
+  them. A module an adapter leaves out of an applied pair gets rank 0, whose output the LoRA kernel zeroes
+  (``cpp/tensorrt_llm/kernels/lora/lora.cpp`` ``LoraImpl::run`` @ 0f4dc1d0), so an adapter of only gate_proj or
+  only up_proj is served right by an engine that applies both. :attr:`LoraSpec.applied_modules`.
+* **Host LoRA cache size** (:meth:`LoraSpec.host_cache_bytes`): the cache is made of pages
+  (``cpp/tensorrt_llm/batch_manager/peftCacheManager.cpp`` ``getPageManagerConfig`` @ 9df6d722, the same
+  arithmetic @ 0cedd9a0). Per rank, with each module's local ``in + out`` (``loraModule.cpp``
+  ``createLoraModules`` @ 2a9abd95 and ``loraModule.h`` @ 0ccc36f7: attn_dense and mlp_4h_to_h split "in" by the
+  tensor-parallel size, the other modules split "out"): a slot is ``page width = the smallest in + out`` values;
+  a page has ``max(optimal adapter size x sum over modules of ceil((in + out) / page width) x local layers,
+  ceil(max adapter size x largest in + out / page width))`` slots; the cache has ``ceil(floor(bytes / (page
+  width x dtype size)) / slots per page)`` pages, and start-up fails with "Not enough space allocated to host
+  LoRA cache to hold 1 max sized LoRA" below ``ceil(max adapter size x sum of in + out x local layers / page
+  width)`` slots. An adapter takes ``ceil(rank x (in + out) / page width)`` slots per row, rows placed in order
+  and a row that does not fit the rest of a page starting the next one (``runtime/loraCache.cpp``
+  ``LoraCache::determineNumPages`` @ c85e8726). The optimal and maximum adapter sizes are capped at the
+  engine's max_lora_rank (``PeftCacheManager``'s constructor); their defaults are 8 and 64
+  (``executor.h`` ``PeftCacheConfig``), the host cache's 1 GiB (``peftCacheManagerConfig.h``).
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any, Iterable, Mapping, Optional
 
 #: LoraManager.LORA_MODULE_IDS (tensorrt_llm/lora_manager.py).
 LORA_MODULE_IDS: dict[str, int] = {
@@ -76,6 +97,16 @@ DEFAULT_MAX_LORA_RANK = 64
 DEFAULT_MAX_LORAS = 8
 #: The C++ backend's lora_cache_host_memory_bytes default (PeftCacheManagerConfig::kDefaultHostCacheSize).
 UPSTREAM_HOST_CACHE_BYTES = 1 << 30
+#: The backend's lora_cache_optimal_adapter_size and lora_cache_max_adapter_size defaults
+#: (executor.h PeftCacheConfig::kDefaultOptimalAdapterSize / kDefaultMaxAdapterSize).
+UPSTREAM_OPTIMAL_ADAPTER_SIZE = 8
+UPSTREAM_MAX_ADAPTER_SIZE = 64
+#: The two input projections of a gated MLP, which a fused gated MLP applies LoRA to only together
+#: (tensorrt_llm/layers/mlp.py fc_gate_lora): gate_proj and up_proj.
+FUSED_MLP_PAIR: tuple[str, str] = ("mlp_h_to_4h", "mlp_gate")
+#: Modules whose "in" dimension is split across tensor-parallel ranks (RowLinear); the others split "out"
+#: (loraModule.cpp createLoraModules: inTpSplitDim 1 for attn_dense and mlp_4h_to_h, outTpSplitDim 0 otherwise).
+_IN_SPLIT_MODULES = ("attn_dense", "mlp_4h_to_h")
 #: Bytes per value of each LoRA weights dtype, and the Triton / protocol names of the dtype.
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 TRITON_DATATYPES = {"float16": "TYPE_FP16", "bfloat16": "TYPE_BF16", "float32": "TYPE_FP32"}
@@ -120,8 +151,72 @@ class ModelShape:
         }
         return dims[module]
 
+    def local_module_dims(self, module: str, tp_size: int = 1) -> tuple[int, int]:
+        """(in, out) of ``module`` on one tensor-parallel rank, as LoraModule::localInDim / localOutDim give them:
+        attn_dense and mlp_4h_to_h split "in", the other modules "out". attn_k / attn_v have num_kv_heads / tp_size
+        heads per rank; fewer key-value heads than ranks is taken as one per rank (replicated heads; not checked
+        against upstream's gptJsonConfig.cpp, which we could not read at 1.x).
+
+        Raises:
+            KeyError: a module this project does not serve.
+        """
+        if module in ("attn_k", "attn_v"):
+            return self.hidden_size, max(self.num_kv_heads // tp_size, 1) * self.head_size
+        in_dim, out_dim = self.module_dims(module)
+        if module in _IN_SPLIT_MODULES:
+            return in_dim // tp_size, out_dim
+        return in_dim, out_dim // tp_size
+
     def to_json(self) -> dict[str, int]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def pages_for_rows(row_slots: Iterable[int], slots_per_page: int) -> int:
+    """Pages one adapter takes in the LoRA cache: its rows' slots placed in order, a row that does not fit in the
+    rest of the current page starting the next page (runtime/loraCache.cpp LoraCache::determineNumPages).
+
+    Args:
+        row_slots: slots of each row, ``ceil(rank x (local in + local out) / page width)``, in request order.
+        slots_per_page: the cache's slots per page.
+    """
+    page, used = 0, 0
+    for slots in row_slots:
+        if used + slots > slots_per_page:
+            page, used = page + 1, 0
+        used += slots
+    return page + 1
+
+
+@dataclass(frozen=True)
+class LoraCachePages:
+    """The geometry of one rank's LoRA cache (peftCacheManager.cpp getPageManagerConfig), in values and slots.
+
+    Attributes:
+        page_width: values per slot (the smallest local in + out of the engine's modules).
+        slots_per_page: slots per page.
+        min_slots: fewest slots the backend accepts ("Not enough space allocated to host LoRA cache to hold 1 max
+            sized LoRA").
+        adapter_pages: pages one adapter of the engine's max_lora_rank on every module and layer takes.
+        slot_bytes: bytes per slot (page width x the weights dtype's size).
+    """
+
+    page_width: int
+    slots_per_page: int
+    min_slots: int
+    adapter_pages: int
+    slot_bytes: int
+
+    def pages_of(self, cache_bytes: int) -> int:
+        """Pages a cache of ``cache_bytes`` has: ceil(floor(bytes / slot bytes) / slots per page)."""
+        return -(-(cache_bytes // self.slot_bytes) // self.slots_per_page)
+
+    def adapters_held(self, cache_bytes: int) -> int:
+        """How many adapters of the maximum size a cache of ``cache_bytes`` holds at once."""
+        return self.pages_of(cache_bytes) // self.adapter_pages
+
+    def accepts(self, cache_bytes: int) -> bool:
+        """Whether the backend starts with a cache of ``cache_bytes`` (its one-max-sized-LoRA check)."""
+        return cache_bytes // self.slot_bytes >= self.min_slots
 
 
 @dataclass(frozen=True)
@@ -138,6 +233,12 @@ class LoraSpec:
         max_loras: how many adapters of ``max_rank`` on every module the LoRA cache is sized for.
         architecture: e.g. "LlamaForCausalLM", for messages.
         base_model: what the model was made from (Hub id or checkpoint name; "" when unknown), for messages.
+        fused_mlp: the engine's gated MLP is fused (``plugin_config.use_fused_mlp``): it applies mlp_h_to_4h and
+            mlp_gate LoRA only together (:attr:`applied_modules`). False for the CPU reference model, whose
+            transformers MLP keeps gate_proj and up_proj apart.
+        paged_cache: served by the C++ backend, whose LoRA cache is paged (:meth:`host_cache_bytes`); False for
+            the CPU reference model, whose cache counts the values it holds.
+        tp_size / pp_size: the engine's tensor and pipeline parallelism (each rank has its own LoRA cache).
     """
 
     enabled: bool
@@ -149,6 +250,24 @@ class LoraSpec:
     max_loras: int = DEFAULT_MAX_LORAS
     architecture: str = ""
     base_model: str = ""
+    fused_mlp: bool = False
+    paged_cache: bool = False
+    tp_size: int = 1
+    pp_size: int = 1
+
+    @property
+    def unapplied_modules(self) -> tuple[str, ...]:
+        """Target modules whose adapter weights the engine ignores: the one of :data:`FUSED_MLP_PAIR` an engine
+        with a fused gated MLP was built with without the other (tensorrt_llm/layers/mlp.py fc_gate_lora)."""
+        if not self.fused_mlp:
+            return ()
+        present = [m for m in FUSED_MLP_PAIR if m in self.target_modules]
+        return tuple(present) if len(present) == 1 else ()
+
+    @property
+    def applied_modules(self) -> tuple[str, ...]:
+        """The target modules the engine applies adapters to (an adapter with another module is refused)."""
+        return tuple(m for m in self.target_modules if m not in self.unapplied_modules)
 
     @property
     def triton_datatype(self) -> str:
@@ -163,15 +282,57 @@ class LoraSpec:
         per_layer = sum(sum(self.shape.module_dims(m)) for m in self.target_modules if m in SUPPORTED_MODULES)
         return rank * per_layer * self.shape.num_layers
 
-    def host_cache_bytes(self) -> int:
-        """Bytes for ``max_loras`` adapters of the maximum size (getPageManagerConfig's maxLoraSize x dtype size)."""
-        return self.max_loras * self.adapter_values() * DTYPE_BYTES.get(self.dtype, 2)
+    def cache_pages(self, optimal_adapter_size: Optional[int] = None,
+                    max_adapter_size: Optional[int] = None) -> LoraCachePages:
+        """The C++ backend's LoRA cache geometry for this engine (see the module docstring for the arithmetic),
+        for the rank with the most layers.
+
+        Args:
+            optimal_adapter_size / max_adapter_size: lora_cache_optimal_adapter_size / lora_cache_max_adapter_size
+                (None: the backend's defaults, 8 and 64), both capped at max_lora_rank as the backend caps them.
+
+        Raises:
+            ValueError: LoRA is off (no modules or sizes to compute with).
+        """
+        if not self.enabled or self.shape is None or not self.target_modules:
+            raise ValueError("no LoRA cache: LoRA is off for this model")
+        optimal = min(optimal_adapter_size or UPSTREAM_OPTIMAL_ADAPTER_SIZE, self.max_rank)
+        largest = min(max_adapter_size or UPSTREAM_MAX_ADAPTER_SIZE, self.max_rank)
+        layers = -(-self.shape.num_layers // self.pp_size)
+        in_out = {m: sum(self.shape.local_module_dims(m, self.tp_size)) for m in self.target_modules}
+        width = min(in_out.values())
+        slots_per_page = max(optimal * sum(-(-d // width) for d in in_out.values()) * layers,
+                             -(-largest * max(in_out.values()) // width))
+        min_slots = -(-largest * sum(in_out.values()) * layers // width)
+        order = sorted(self.target_modules, key=LORA_MODULE_IDS.__getitem__)  # rows as the converter sorts them
+        rows = (-(-self.max_rank * in_out[m] // width) for _ in range(layers) for m in order)
+        return LoraCachePages(width, slots_per_page, min_slots, pages_for_rows(rows, slots_per_page),
+                              width * DTYPE_BYTES.get(self.dtype, 2))
+
+    def host_cache_bytes(self, optimal_adapter_size: Optional[int] = None,
+                         max_adapter_size: Optional[int] = None) -> int:
+        """Bytes of host LoRA cache that hold ``max_loras`` adapters of max_lora_rank on every module at once.
+
+        For the C++ backend (``paged_cache``): whole pages, ``max_loras`` x the pages one such adapter takes (the
+        page arithmetic of :meth:`cache_pages`, with the same optimal and maximum adapter sizes as the backend's
+        parameters); never below the backend's one-adapter minimum. For the CPU reference model, whose cache
+        counts the values it holds: ``max_loras`` x the adapter's values x the dtype's size.
+        """
+        if not self.paged_cache:
+            return self.max_loras * self.adapter_values() * DTYPE_BYTES.get(self.dtype, 2)
+        pages = self.cache_pages(optimal_adapter_size, max_adapter_size)
+        slots = max(self.max_loras * pages.adapter_pages * pages.slots_per_page, pages.min_slots)
+        return slots * pages.slot_bytes
 
     def describe(self) -> str:
         if not self.enabled:
             return f"LoRA off ({self.off_reason})"
+        ignored = ""
+        if self.unapplied_modules:
+            ignored = (f" ({', '.join(self.unapplied_modules)} not applied: the engine's fused gated MLP needs "
+                       f"{' and '.join(FUSED_MLP_PAIR)} together; adapters with it are refused)")
         return (
-            f"LoRA on: max_lora_rank {self.max_rank}, modules {', '.join(self.target_modules)}, weights "
+            f"LoRA on: max_lora_rank {self.max_rank}, modules {', '.join(self.target_modules)}{ignored}, weights "
             f"{self.dtype}, cache sized for {self.max_loras} adapters of the maximum size"
         )
 
@@ -210,7 +371,9 @@ def shape_of(config: Mapping[str, Any]) -> ModelShape:
 
 def engine_lora_spec(config: Mapping[str, Any], where: str = "config.json") -> LoraSpec:
     """The LoRA support of a ``trtllm-build`` engine, from its ``config.json`` (as gptJsonConfig.cpp parseLora
-    reads it). Never raises: an unreadable section gives a spec that is off, with the reason."""
+    reads it), with whether its gated MLP is fused (``build_config.plugin_config.use_fused_mlp``, on when absent)
+    and its tensor / pipeline parallelism (``pretrained_config.mapping``), which the LoRA cache is sized by.
+    Never raises: an unreadable section gives a spec that is off, with the reason."""
     pretrained = config.get("pretrained_config") or {}
     build = config.get("build_config") or {}
     plugin = (build.get("plugin_config") or {}).get("lora_plugin")
@@ -235,7 +398,17 @@ def engine_lora_spec(config: Mapping[str, Any], where: str = "config.json") -> L
         return LoraSpec(False, f"the engine's lora_target_modules include {', '.join(unsupported)}, which this "
                         f"image cannot convert adapters for (supported: {', '.join(SUPPORTED_MODULES)})",
                         dtype=dtype, architecture=arch)
-    return LoraSpec(True, dtype=dtype, max_rank=max_rank, target_modules=modules, shape=shape, architecture=arch)
+    mapping = pretrained.get("mapping") or {}
+    plugins = build.get("plugin_config") or {}
+    # plugin_config.use_fused_mlp (1.x, default on: tensorrt_llm/plugin/plugin.py); build_config.use_fused_mlp before
+    fused = plugins.get("use_fused_mlp", build.get("use_fused_mlp", True))
+    try:
+        tp, pp = int(mapping.get("tp_size", 1)), int(mapping.get("pp_size", 1))
+    except (TypeError, ValueError, AttributeError):
+        tp = pp = 1  # _engine_info refuses such a mapping with its own error
+    return LoraSpec(True, dtype=dtype, max_rank=max_rank, target_modules=modules, shape=shape, architecture=arch,
+                    fused_mlp=fused not in (False, "disable"), paged_cache=True, tp_size=max(tp, 1),
+                    pp_size=max(pp, 1))
 
 
 def checkpoint_lora_spec(hf_config: Mapping[str, Any], build_lora: Optional[Mapping[str, Any]],
@@ -245,7 +418,9 @@ def checkpoint_lora_spec(hf_config: Mapping[str, Any], build_lora: Optional[Mapp
     ``build_lora``: the ``lora`` section of the archive's build config (manifest.json), or None for the
     defaults (every supported module, max rank :data:`DEFAULT_MAX_LORA_RANK`); ``{"enabled": false}``-like
     sections are not used: a build config without ``lora`` uses the defaults. The reference model runs in
-    float32, so its lora_weights are float32 (the model's dtype, as loraUtils.cpp requires).
+    float32, so its lora_weights are float32 (the model's dtype, as loraUtils.cpp requires). It has no fused
+    gated MLP (transformers' MLP keeps gate_proj and up_proj as separate layers, each adapted by peft on its own)
+    and no paged cache, so ``fused_mlp`` and ``paged_cache`` stay off.
     """
     arch = str((hf_config.get("architectures") or [hf_config.get("model_type", "")])[0])
     if not peft_available:
@@ -282,7 +457,23 @@ def spec_to_parameters(spec: LoraSpec) -> dict[str, str]:
     }
 
 
+def fused_pair_problem(modules: Iterable[str]) -> str:
+    """Why ``modules`` cannot be an engine's LoRA modules when its gated MLP is fused, or "" when they can: one
+    of :data:`FUSED_MLP_PAIR` without the other (tensorrt_llm/layers/mlp.py fc_gate_lora adds LoRA to the fused
+    layer only when both are LoRA modules, so the engine would ignore adapters' weights for the one listed)."""
+    present = [m for m in FUSED_MLP_PAIR if m in set(modules)]
+    if len(present) != 1:
+        return ""
+    (have,) = present
+    (lack,) = [m for m in FUSED_MLP_PAIR if m != have]
+    return (f"{have} ({TRTLLM_TO_HF[have]}) without {lack} ({TRTLLM_TO_HF[lack]}): the fused gated MLP applies LoRA "
+            f"to {TRTLLM_TO_HF['mlp_h_to_4h']} and {TRTLLM_TO_HF['mlp_gate']} together or not at all "
+            "(tensorrt_llm/layers/mlp.py fc_gate_lora), so the engine would silently ignore adapters' "
+            f"{TRTLLM_TO_HF[have]} weights")
+
+
 __all__ = (
-    "DEFAULT_MAX_LORA_RANK", "DEFAULT_MAX_LORAS", "HF_TO_TRTLLM", "LORA_MODULE_IDS", "LoraSpec", "ModelShape",
-    "SUPPORTED_MODULES", "TRTLLM_TO_HF", "checkpoint_lora_spec", "engine_lora_spec", "shape_of",
+    "DEFAULT_MAX_LORA_RANK", "DEFAULT_MAX_LORAS", "FUSED_MLP_PAIR", "HF_TO_TRTLLM", "LORA_MODULE_IDS", "LoraCachePages",
+    "LoraSpec", "ModelShape", "SUPPORTED_MODULES", "TRTLLM_TO_HF", "checkpoint_lora_spec", "engine_lora_spec",
+    "fused_pair_problem", "pages_for_rows", "shape_of",
 )

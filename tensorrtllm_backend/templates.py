@@ -251,8 +251,14 @@ def lora_cache_values(options: RenderOptions, info: WeightsInfo) -> dict[str, ob
     its defaults: optimal adapter size 8, max adapter size 64, GPU fraction 0.05, host 1 GiB).
 
     Each setting that is set wins. For an engine with LoRA, the defaults are: max adapter size = the
-    engine's max_lora_rank (pages fit any adapter it takes), and host bytes = ``max_loras`` adapters of the
-    maximum size (:meth:`tensorrtllm_backend.lora.LoraSpec.host_cache_bytes`). Without LoRA nothing is set.
+    engine's max_lora_rank (pages fit any adapter it takes), and host bytes = room for ``max_loras`` adapters of
+    the maximum size in whole pages of the backend's cache, with the optimal and maximum adapter sizes rendered
+    here (:meth:`tensorrtllm_backend.lora.LoraSpec.host_cache_bytes`). Without LoRA nothing is set.
+
+    Raises:
+        TemplateError: COG_TRITON_LORA_CACHE_HOST_MEMORY_BYTES below the backend's minimum for the engine (it
+            would stop at start-up with "Not enough space allocated to host LoRA cache to hold 1 max sized LoRA",
+            peftCacheManager.cpp getPageManagerConfig), naming the minimum.
     """
     lora = info.lora
     values: dict[str, object] = {
@@ -262,10 +268,21 @@ def lora_cache_values(options: RenderOptions, info: WeightsInfo) -> dict[str, ob
         "lora_cache_host_memory_bytes": options.lora_cache_host_memory_bytes,
     }
     if lora.enabled:
-        if values["lora_cache_max_adapter_size"] is None:
-            values["lora_cache_max_adapter_size"] = lora.max_rank
-        if values["lora_cache_host_memory_bytes"] is None:
-            values["lora_cache_host_memory_bytes"] = lora.host_cache_bytes()
+        max_adapter_size = options.lora_cache_max_adapter_size or lora.max_rank
+        values["lora_cache_max_adapter_size"] = max_adapter_size
+        sizes = (options.lora_cache_optimal_adapter_size, max_adapter_size)
+        host = options.lora_cache_host_memory_bytes
+        if host is None:
+            values["lora_cache_host_memory_bytes"] = lora.host_cache_bytes(*sizes)
+        elif lora.paged_cache and not lora.cache_pages(*sizes).accepts(host):
+            pages = lora.cache_pages(*sizes)
+            raise TemplateError(
+                f"COG_TRITON_LORA_CACHE_HOST_MEMORY_BYTES={host} is below the {pages.min_slots * pages.slot_bytes} "
+                "bytes the TensorRT-LLM backend needs for one adapter of the engine's maximum size (it would stop at "
+                "start-up: \"Not enough space allocated to host LoRA cache to hold 1 max sized LoRA\"); set at least "
+                f"that, or leave it unset for room for {lora.max_loras} adapters "
+                f"({lora.host_cache_bytes(*sizes)} bytes)"
+            )
     return values
 
 

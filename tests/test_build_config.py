@@ -210,5 +210,39 @@ def test_bad_lora_sections_say_what_is_allowed(lora: dict[str, Any], expected: s
     assert expected in problem(with_(dtype="bfloat16", lora=lora))
 
 
+@pytest.mark.parametrize("modules,lone,partner", [
+    (["attn_q", "mlp_h_to_4h", "mlp_4h_to_h"], "mlp_h_to_4h (gate_proj)", "mlp_gate (up_proj)"),
+    (["mlp_gate"], "mlp_gate (up_proj)", "mlp_h_to_4h (gate_proj)"),
+])
+def test_one_of_the_fused_mlps_pair_is_refused_with_the_reason(modules: list[str], lone: str, partner: str) -> None:
+    """trtllm-build fuses the gated MLP (features.use_fused_mlp, on by default), and the fused layer adds LoRA only
+    when both mlp_h_to_4h and mlp_gate are LoRA modules (tensorrt_llm/layers/mlp.py fc_gate_lora @ 04a2cacb):
+    the engine would take adapters' weights for the one listed and silently ignore them."""
+    message = problem(with_(lora={"lora_target_modules": modules}))
+    assert f"lora.lora_target_modules has {lone} without {partner}: the fused gated MLP applies LoRA" in message
+    assert "together or not at all (tensorrt_llm/layers/mlp.py fc_gate_lora)" in message
+    assert "list both mlp_h_to_4h and mlp_gate or neither, or set features.use_fused_mlp: false" in message
+
+
+@pytest.mark.parametrize("changes", [
+    dict(lora={"lora_target_modules": ["attn_q", "mlp_h_to_4h", "mlp_gate"]}),  # both
+    dict(lora={"lora_target_modules": ["attn_q", "attn_v", "mlp_4h_to_h"]}),  # neither
+    dict(lora={}),  # every module
+    dict(lora={"lora_target_modules": ["mlp_h_to_4h"]}, features={"use_fused_mlp": False}),  # GatedMLP: fc, gate apart
+    dict(lora={"lora_target_modules": ["mlp_h_to_4h"]}, backend="reference"),  # transformers' MLP: not fused
+])
+def test_the_fused_mlps_pair_together_neither_or_unfused_is_accepted(changes: dict[str, Any]) -> None:
+    parse_build_config(with_(**changes))
+
+
+def test_lora_on_the_fused_mlps_pair_with_the_gemm_swiglu_plugin_is_refused() -> None:
+    """FusedGatedMLP.fc_gate_plugin (tensorrt_llm/layers/mlp.py @ 04a2cacb) raises NotImplementedError at build
+    time for LoRA on mlp_h_to_4h or mlp_gate with gemm_swiglu_plugin."""
+    message = problem(with_(quantization="fp8", plugins={"gemm_swiglu_plugin": "fp8"}, lora={}))
+    assert "plugins.gemm_swiglu_plugin fp8 cannot apply LoRA to mlp_h_to_4h and mlp_gate" in message
+    parse_build_config(with_(quantization="fp8", plugins={"gemm_swiglu_plugin": "fp8"},
+                             lora={"lora_target_modules": ["attn_q", "mlp_4h_to_h"]}))
+
+
 def test_the_lora_plugin_lives_in_the_lora_section() -> None:
     assert "set the LoRA plugin in the lora section" in problem(with_(plugins={"lora_plugin": "auto"}))

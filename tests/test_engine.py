@@ -485,7 +485,9 @@ def test_an_engine_with_the_lora_plugin_serves_its_modules_up_to_its_rank(tmp_pa
     assert lora.triton_datatype == "TYPE_BF16"
     # peftCacheManager.cpp getPageManagerConfig: max adapter = rank x sum(in + out) x layers values
     assert lora.adapter_values() == 16 * ((4096 + 4096) + (4096 + 1024)) * 32
-    assert lora.host_cache_bytes() == 8 * lora.adapter_values() * 2
+    # the C++ backend's paged cache, per rank of the engine's tensor parallelism (tests/test_lora.py: the sizes)
+    assert lora.paged_cache and (lora.tp_size, lora.pp_size) == (2, 1)
+    assert lora.fused_mlp and lora.applied_modules == ("attn_q", "attn_v")
 
 
 @pytest.mark.parametrize("config,reason", [

@@ -207,7 +207,7 @@ REFUSALS = [
     ({}, _ab(0, "q_proj", 9, 8, 8), {"max_rank": 8},
      "rank r=9 (layer 0 q_proj) is above the engine's max_lora_rank of 8"),
     ({}, _ab(0, "up_proj", 2, 8, 16), {"modules": ["attn_q"]},
-     "it adapts up_proj (mlp_gate), but the engine was built"),
+     "it adapts up_proj (mlp_gate), but the engine applies LoRA to q_proj (attn_q) only (its lora_target_modules)"),
     ({}, {}, {}, "holds no LoRA weights"),
     ({"auto_mapping": {"base_model_class": "MistralForCausalLM"}}, _ab(0, "q_proj", 2, 8, 8), {},
      "it was made for a MistralForCausalLM (adapter_config.json auto_mapping.base_model_class), but this model is a "
@@ -221,6 +221,42 @@ def test_refusals_name_the_value_and_the_limit(config, tensors, limits, fragment
         convert({"peft_type": "LORA", "lora_alpha": 4, **config}, _adapter_bytes(tensors), _small(**limits), "ad.tar")
     assert fragment in info.value.message, info.value.message
     assert info.value.message.startswith("lora_weights ad.tar:")
+
+
+def _fused(modules, fused: bool = True):
+    import dataclasses
+
+    return dataclasses.replace(_small(modules=modules), fused_mlp=fused, paged_cache=fused)
+
+
+def test_an_adapter_module_the_fused_engine_does_not_apply_is_refused_naming_both():
+    """An engine built with mlp_h_to_4h but not mlp_gate lists gate_proj among its LoRA modules, so the executor
+    takes the rows (loraUtils.cpp), but its fused gated MLP adds no LoRA without both (tensorrt_llm/layers/mlp.py
+    fc_gate_lora @ 04a2cacb): the adapter would be half applied. Refused, naming the modules and what it applies."""
+    tensors = {**_ab(0, "q_proj", 2, 8, 8), **_ab(0, "gate_proj", 2, 8, 16)}
+    with pytest.raises(LoraAdapterError) as info:
+        convert({"peft_type": "LORA"}, _adapter_bytes(tensors), _fused(["attn_q", "mlp_h_to_4h"]), "ad.tar")
+    message = info.value.message
+    assert message.startswith("lora_weights ad.tar: it adapts gate_proj (mlp_h_to_4h), which the engine does not "
+                              "apply: its lora_target_modules have mlp_h_to_4h (gate_proj) without mlp_gate (up_proj)")
+    assert "The engine applies LoRA to q_proj (attn_q) only" in message
+    assert "rebuild the engine with both mlp_h_to_4h and mlp_gate in lora.lora_target_modules" in message
+    # the CPU reference model (transformers' MLP, not fused) applies gate_proj alone
+    assert convert({"peft_type": "LORA"}, _adapter_bytes(tensors), _fused(["attn_q", "mlp_h_to_4h"], False),
+                   "ad.tar").modules == ("attn_q", "mlp_h_to_4h")
+
+
+def test_gate_and_up_adapters_are_served_by_an_engine_that_applies_both():
+    """Both projections (the usual all-linear adapter), or one alone: the module an adapter leaves out gets rank 0,
+    whose LoRA output the kernel zeroes (kernels/lora/lora.cpp LoraImpl::run @ 0f4dc1d0)."""
+    spec = _fused(["attn_q", "mlp_h_to_4h", "mlp_gate"])
+    both = {**_ab(0, "gate_proj", 2, 8, 16), **_ab(0, "up_proj", 2, 8, 16), **_ab(1, "gate_proj", 2, 8, 16),
+            **_ab(1, "up_proj", 2, 8, 16)}
+    converted = convert({"peft_type": "LORA"}, _adapter_bytes(both), spec, "x")
+    assert converted.modules == ("mlp_h_to_4h", "mlp_gate")
+    assert rows_of(converted.tensors) == [(5, 0, 2), (7, 0, 2), (5, 1, 2), (7, 1, 2)]
+    gate_only = convert({"peft_type": "LORA"}, _adapter_bytes(_ab(0, "gate_proj", 2, 8, 16)), spec, "x")
+    assert gate_only.modules == ("mlp_h_to_4h",)
 
 
 def test_not_safetensors_and_a_model_without_lora_are_refused():

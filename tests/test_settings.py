@@ -317,3 +317,18 @@ def test_concurrency_follows_cogs_own_variable(monkeypatch: pytest.MonkeyPatch) 
     assert Settings.from_env().max_concurrency == 12
     monkeypatch.setenv("COG_TRITON_MAX_CONCURRENCY", "5")
     assert Settings.from_env().max_concurrency == 5
+
+
+def test_the_lora_gpu_fraction_is_a_share_of_the_memory_free_before_the_kv_cache() -> None:
+    """TrtGptModelInflightBatching's constructor makes the PeftCacheManager, which takes lora_cache_gpu_memory_fraction
+    of the GPU memory free at that moment (peftCacheManager.cpp getMaxNumSlots @ 9df6d722), before it sizes the KV
+    cache from the memory free after that (trtGptModelInflightBatching.cpp @ b35ac1b6, TensorRT-LLM 1.2.0rc2, and
+    @ 00825c4e; kvCacheManager.cpp calculateFreeMemBytes @ b35ac1b6). Upstream's docs/lora.md, and our page until
+    now, say "left after the KV cache"."""
+    text = Settings.model_fields["lora_cache_gpu_memory_fraction"].description or ""
+    assert "free when the engine's LoRA cache is made, before the KV cache is sized" in text
+    assert "the KV cache's fraction applies to what is left after it" in text
+    assert "left after the KV cache" not in text
+    row = next(line for line in (REPO_ROOT / "docs" / "settings.md").read_text().splitlines()
+               if line.startswith("| `COG_TRITON_LORA_CACHE_GPU_MEMORY_FRACTION`"))
+    assert "before the KV cache is sized" in row

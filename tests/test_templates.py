@@ -774,7 +774,8 @@ def lora_engine_info(tmp_path: Path, dtype: str = "bfloat16"):
 
     shape = ModelShape(num_layers=32, hidden_size=4096, mlp_hidden_size=14336, num_heads=32, num_kv_heads=8,
                        head_size=128)
-    lora = LoraSpec(True, dtype=dtype, max_rank=16, target_modules=("attn_q", "attn_v"), shape=shape, max_loras=4)
+    lora = LoraSpec(True, dtype=dtype, max_rank=16, target_modules=("attn_q", "attn_v"), shape=shape, max_loras=4,
+                    fused_mlp=True, paged_cache=True)
     return dataclasses.replace(engine_info(tmp_path), dtype=dtype, lora=lora)
 
 
@@ -785,7 +786,11 @@ def test_an_engine_with_lora_gets_its_lora_cache_sized_and_its_weights_dtype(tmp
     configs = read_rendered(opts.model_repo_dir)
     p = params(configs["tensorrt_llm"])
     assert p["lora_cache_max_adapter_size"] == "16"  # the engine's max_lora_rank
-    assert p["lora_cache_host_memory_bytes"] == str(4 * 16 * (8192 + 5120) * 32 * 2)  # max_loras full adapters
+    # peftCacheManager.cpp getPageManagerConfig: page width 5120 (attn_v's 4096 + 1024), 8 x (2 + 1) x 32 = 768
+    # slots a page; a rank-16 adapter's rows take 26 (attn_q) and 16 (attn_v) slots a layer, 18 layers fill a page
+    # (loraCache.cpp determineNumPages), so 2 pages; max_loras 4 -> 8 pages. Values alone (4 x 16 x 13312 x 32 x 2
+    # bytes) would make 7 pages: 3 adapters.
+    assert p["lora_cache_host_memory_bytes"] == str(4 * 2 * 768 * 5120 * 2)
     for key in ("lora_cache_optimal_adapter_size", "lora_cache_gpu_memory_fraction", "lora_prefetch_dir"):
         assert key not in p  # the backend's defaults
     for model in ("tensorrt_llm", "ensemble"):
@@ -803,6 +808,28 @@ def test_lora_cache_settings_win(tmp_path: Path) -> None:
             p["lora_cache_host_memory_bytes"]) == ("4", "32", "0.1", "123456789")
     weights = {t.name: t for t in configs["tensorrt_llm"].input}["lora_weights"]
     assert model_config_pb2.DataType.Name(weights.data_type) == "TYPE_FP16"
+
+
+def test_the_host_cache_follows_the_optimal_adapter_size_setting(tmp_path: Path) -> None:
+    """lora_cache_optimal_adapter_size sets the page size: 5 x 3 x 32 = 480 slots, 11 layers' rows a page, so a
+    rank-16 adapter takes 3 pages and 4 take 12."""
+    opts = options(tmp_path, lora_cache_optimal_adapter_size=5)
+    render_model_repository(opts, lora_engine_info(tmp_path))
+    p = params(read_rendered(opts.model_repo_dir)["tensorrt_llm"])
+    assert p["lora_cache_optimal_adapter_size"] == "5"
+    assert p["lora_cache_host_memory_bytes"] == str(4 * 3 * 480 * 5120 * 2)
+
+
+def test_a_host_cache_too_small_for_one_adapter_is_refused_before_triton(tmp_path: Path) -> None:
+    """The backend would stop at start-up ("Not enough space allocated to host LoRA cache to hold 1 max sized
+    LoRA", peftCacheManager.cpp getPageManagerConfig) below ceil(16 x 13312 x 32 / 5120) = 1332 slots of 10240
+    bytes: the setting is refused with the minimum."""
+    minimum = 1332 * 5120 * 2
+    render_model_repository(options(tmp_path, lora_cache_host_memory_bytes=minimum), lora_engine_info(tmp_path))
+    with pytest.raises(TemplateError) as info:
+        render_model_repository(options(tmp_path, lora_cache_host_memory_bytes=minimum - 1), lora_engine_info(tmp_path))
+    assert f"COG_TRITON_LORA_CACHE_HOST_MEMORY_BYTES={minimum - 1} is below the {minimum} bytes" in info.value.message
+    assert "Not enough space allocated to host LoRA cache" in info.value.message
 
 
 def test_an_engine_without_lora_sets_no_lora_cache(tmp_path: Path) -> None:

@@ -18,7 +18,9 @@ The rules, as TensorRT-LLM applies them (``examples/hf_lora_convert.py`` and ``t
 Before converting, the adapter is checked against what the engine serves (:class:`LoraSpec`), so that a
 bad adapter fails here with what is wrong instead of in the executor (whose own checks,
 loraUtils.cpp ``loraValidateRequestTensors``, are the same: layer in range, module enabled, rank at most
-max_lora_rank) or, worse, silently: an adapter made for a model of other sizes.
+max_lora_rank) or, worse, silently: an adapter made for a model of other sizes, or one with a module the engine
+lists but does not apply (one of the fused gated MLP's pair without the other: :attr:`LoraSpec.applied_modules`;
+the executor takes such rows and the network ignores them).
 """
 
 from __future__ import annotations
@@ -32,12 +34,14 @@ from typing import Any
 from common.errors import LoraAdapterError
 from cog_triton.client import LoraTensors
 from tensorrtllm_backend.lora import (
+    FUSED_MLP_PAIR,
     HF_TO_TRTLLM,
     LORA_MODULE_IDS,
     SUPPORTED_MODULES,
     TRTLLM_TO_HF,
     WIRE_DATATYPES,
     LoraSpec,
+    fused_pair_problem,
 )
 
 log = logging.getLogger(__name__)
@@ -142,8 +146,9 @@ def convert(config: dict[str, Any], weights: bytes, spec: LoraSpec, display: str
     Raises:
         LoraAdapterError: the engine serves no LoRA; not a LoRA adapter or unsupported settings
             (:func:`check_config`); unreadable safetensors; no LoRA weights; a module this image cannot convert
-            or the engine was not built for; a layer beyond the model's; shapes of another model; a rank above
-            max_lora_rank; converted weights over :data:`MAX_CONVERTED_BYTES`. Each names the value and the limit.
+            or the engine does not apply (not built for it, or one of the fused gated MLP's pair built without the
+            other); a layer beyond the model's; shapes of another model; a rank above max_lora_rank; converted
+            weights over :data:`MAX_CONVERTED_BYTES`. Each names the value and the limit.
     """
     if not spec.enabled or spec.shape is None:
         raise _fail(display, f"this model cannot serve LoRA adapters: {spec.off_reason}")
@@ -171,10 +176,15 @@ def convert(config: dict[str, Any], weights: bytes, spec: LoraSpec, display: str
             supported = ", ".join(TRTLLM_TO_HF[m] for m in SUPPORTED_MODULES)
             raise _fail(display, f"it adapts {hf_module!r}, which this image cannot serve; supported modules: "
                         f"{supported}")
-        if module not in spec.target_modules:
-            built = ", ".join(f"{TRTLLM_TO_HF[m]} ({m})" for m in spec.target_modules)
-            raise _fail(display, f"it adapts {hf_module} ({module}), but the engine was built for LoRA on {built} only "
-                        "(lora_target_modules); use an adapter of those modules, or rebuild the engine with "
+        if module not in spec.applied_modules:
+            applied = ", ".join(f"{TRTLLM_TO_HF[m]} ({m})" for m in spec.applied_modules)
+            if module in spec.unapplied_modules:
+                raise _fail(display, f"it adapts {hf_module} ({module}), which the engine does not apply: its "
+                            f"lora_target_modules have {fused_pair_problem(spec.target_modules)}. The engine applies "
+                            f"LoRA to {applied} only; use an adapter of those modules, or rebuild the engine with "
+                            f"both {' and '.join(FUSED_MLP_PAIR)} in lora.lora_target_modules")
+            raise _fail(display, f"it adapts {hf_module} ({module}), but the engine applies LoRA to {applied} only "
+                        "(its lora_target_modules); use an adapter of those modules, or rebuild the engine with "
                         f"{module} in lora.lora_target_modules")
         if set(ab) != {"A", "B"}:
             raise _fail(display, f"layer {layer} {hf_module} has lora_{''.join(sorted(ab))} without its partner")
