@@ -35,6 +35,7 @@ from cog_triton.weights.download import (
     _download,
     _Limits,
 )
+from cog_triton.weights.hub import fetch_hub
 from cog_triton.weights.sources import (
     SUPPORTED_KINDS,
     SourceLike,
@@ -61,6 +62,7 @@ class WeightsResult:
         sha256: hex sha256 of the archive (as downloaded / as on disk); ``None`` for a directory.
         size_bytes: size of the archive in bytes; for a directory, the total bytes of its files.
         skipped: ``True`` when an earlier identical fetch was found intact and reused.
+        commit: for an ``hf://`` source, the commit its revision resolved to (None otherwise).
     """
 
     path: Path
@@ -68,6 +70,7 @@ class WeightsResult:
     sha256: Optional[str]
     size_bytes: int
     skipped: bool
+    commit: Optional[str] = None
 
 
 def fetch_weights(
@@ -89,7 +92,9 @@ def fetch_weights(
     Args:
         source: ``http://`` / ``https://`` URL, ``file://`` URL or local path (str or Path) of a
             tar archive (plain, gzip, bzip2 or xz; the kind is detected from the content) or of a
-            directory whose contents are copied.
+            directory whose contents are copied; or ``hf://owner/repo[@revision]``, a Hugging Face
+            checkpoint fetched from the Hub (:mod:`cog_triton.weights.hub`: only ``timeout_s`` of the
+            bounds below applies to it).
         target_dir: folder that receives the contents; created when missing. Its previous contents
             are replaced (a ``.gitkeep`` in it is kept). Temporary files and the lock file
             ``.<name>.lock`` are made beside it.
@@ -153,6 +158,13 @@ def fetch_weights(
     target = Path(target_dir).absolute()
     if target.exists() and not target.is_dir():
         raise WeightsError(f"target {target} exists and is not a directory")
+    if src.hub is not None:
+        if expected_sha is not None:
+            raise WeightsError(f"a sha256 was given for {src.display}, but checksums apply to archives only; an hf:// "
+                               "source is pinned by its revision (hf://owner/repo@<commit>): drop the sha256")
+        hub = fetch_hub(src.hub, target, src.key, timeout_s=timeout_s)
+        return WeightsResult(path=target, source=src.display, sha256=None, size_bytes=hub.size_bytes,
+                             skipped=hub.skipped, commit=hub.commit)
 
     kind = "archive"
     fingerprint: Optional[dict[str, Any]] = None
