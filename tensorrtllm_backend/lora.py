@@ -138,6 +138,8 @@ class LoraSpec:
         max_loras: how many adapters of ``max_rank`` on every module the LoRA cache is sized for.
         architecture: e.g. "LlamaForCausalLM", for messages.
         base_model: what the model was made from (Hub id or checkpoint name; "" when unknown), for messages.
+        rank_limit / rank_fix: what the rank limit is called and how to raise it, for the message refusing an
+            adapter above ``max_rank`` (an engine's build value, or a setting of the PyTorch backend).
     """
 
     enabled: bool
@@ -149,6 +151,8 @@ class LoraSpec:
     max_loras: int = DEFAULT_MAX_LORAS
     architecture: str = ""
     base_model: str = ""
+    rank_limit: str = "the engine's max_lora_rank"
+    rank_fix: str = "rebuild the engine with a larger lora.max_lora_rank"
 
     @property
     def triton_datatype(self) -> str:
