@@ -33,7 +33,7 @@ import json
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 from urllib.parse import parse_qs, unquote, urlsplit
 
 Content = Union[bytes, Path]
@@ -49,6 +49,8 @@ class HubRepo:
     revisions: dict[str, str]
     gated: Union[bool, str] = False
     private: bool = False
+    #: Every commit the repository has had: a commit stays fetchable when a branch or tag moves off it.
+    commits: set[str] = field(default_factory=set)
     _digests: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     def size(self, path: str) -> int:
@@ -92,6 +94,10 @@ class FakeHub:
     def __init__(self, token: Optional[str] = None) -> None:
         self.token = token
         self.granted: set[str] = set()
+        #: (repo_id, path) whose GET (not its HEAD) answers 404 EntryNotFound: a fetch that fails midway.
+        self.fail_get: set[tuple[str, str]] = set()
+        #: Called with the repo id after each model_info answer (e.g. to move a branch while a fetch runs).
+        self.after_model_info: Optional[Callable[[str], None]] = None
         self.repos: dict[str, HubRepo] = {}
         self.requests: list[tuple[str, str, Optional[str]]] = []
         self.gets: list[tuple[str, str, str]] = []
@@ -109,8 +115,8 @@ class FakeHub:
                  gated: Union[bool, str] = False, private: bool = False) -> str:
         """Serve ``files`` (path in the repository -> bytes or a file on disk) as ``repo_id``; return the commit of
         its first revision (each revision gets its own commit id, all with the same files)."""
-        self.repos[repo_id] = HubRepo(repo_id, dict(files), {r: commit_of(repo_id, r) for r in revisions},
-                                      gated=gated, private=private)
+        refs = {r: commit_of(repo_id, r) for r in revisions}
+        self.repos[repo_id] = HubRepo(repo_id, dict(files), refs, gated=gated, private=private, commits=set(refs.values()))
         return commit_of(repo_id, revisions[0])
 
     def add_folder(self, repo_id: str, folder: Path, **kwargs: object) -> str:
@@ -206,7 +212,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def _commit(self, repo: HubRepo, revision: str, send_body: bool) -> Optional[str]:
         if revision in repo.revisions:
             return repo.revisions[revision]
-        if revision in repo.revisions.values():
+        if revision in repo.commits:
             return revision
         self._error(404, "RevisionNotFound", f"Invalid rev id: {revision}", send_body)
         return None
@@ -242,6 +248,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 "id": repo.repo_id, "modelId": repo.repo_id, "sha": commit, "private": repo.private,
                 "gated": repo.gated, "disabled": False, "siblings": [{"rfilename": p} for p in sorted(repo.files)],
             }, body)
+            if self.owner.after_model_info is not None:
+                self.owner.after_model_info(repo.repo_id)
         elif rest[0] == "tree" and len(rest) >= 2:
             commit = self._commit(repo, rest[1], body)
             if commit is None:
@@ -273,7 +281,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if denied:
             self._error(*denied, body)
             return
-        if path not in repo.files:
+        if path not in repo.files or (body and (repo.repo_id, path) in self.owner.fail_get):
             self._error(404, "EntryNotFound", f"{path} does not exist on \"{revision}\"", body, commit=commit)
             return
         sha1, sha256 = repo.digests(path)
@@ -302,6 +310,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return
         with self.owner._lock:
             self.owner.gets.append((repo.repo_id, revision, path))
+
         content = repo.files[path]
         if isinstance(content, bytes):
             self.wfile.write(content[start:end + 1])
