@@ -358,14 +358,14 @@ def pytorch_limits(args: Mapping[str, Any]) -> ModelLimits:
     """The sizes the PyTorch backend accepts with ``args`` (from :func:`build_llm_args`), as a :class:`ModelLimits`
     whose ``executor_max_input_len()`` is the longest prompt: ``min(max_seq_len - 1, max_num_tokens)`` with chunked
     prefill off, ``max_seq_len - 1`` with it on (module docstring: llm.py ``_check_arguments``, base_worker.py
-    ``_deduce_max_tokens``). ``max_input_len`` holds that same value (the backend has no build-time one)."""
+    ``_deduce_max_tokens``; the rule is :meth:`ModelLimits.executor_max_input_len`'s ``pytorch_backend`` case).
+    ``max_input_len`` is ``max_seq_len - 1``: the backend has no build-time input length."""
     seq = int(args["max_seq_len"])
     tokens = int(args.get("max_num_tokens") or DEFAULT_MAX_NUM_TOKENS)
     chunked = bool(args.get("enable_chunked_prefill", False))
-    longest = seq - 1 if chunked else min(seq - 1, tokens)
     return ModelLimits(
         max_batch_size=int(args.get("max_batch_size") or DEFAULT_MAX_BATCH_SIZE),
-        max_input_len=longest,
+        max_input_len=seq - 1,
         max_seq_len=seq,
         max_num_tokens=tokens,
         enable_chunked_context=chunked,
