@@ -86,6 +86,7 @@ def fetch_weights(
     max_extracted_bytes: Optional[int] = None,
     max_download_bytes: Optional[int] = None,
     allow_zip: bool = False,
+    hf_token: Optional[str] = None,
 ) -> WeightsResult:
     """Fetch weights from ``source`` into ``target_dir`` and return what was done.
 
@@ -116,6 +117,8 @@ def fetch_weights(
         max_download_bytes: most bytes an http(s) download may have (``None``: no cap); a larger
             ``Content-Length`` fails before the body is read, a longer body as soon as it passes the cap.
         allow_zip: accept zip archives too (unpacked under the same rules; refused otherwise).
+        hf_token: for an ``hf://`` source, a Hugging Face token for this fetch only (None: huggingface_hub's own
+            lookup, ``HF_TOKEN``); never logged nor put in a message.
 
     Returns:
         A :class:`WeightsResult`; ``skipped`` is True when the marker left by an earlier fetch of
@@ -162,7 +165,7 @@ def fetch_weights(
         if expected_sha is not None:
             raise WeightsError(f"a sha256 was given for {src.display}, but checksums apply to archives only; an hf:// "
                                "source is pinned by its revision (hf://owner/repo@<commit>): drop the sha256")
-        hub = fetch_hub(src.hub, target, src.key, timeout_s=timeout_s)
+        hub = fetch_hub(src.hub, target, src.key, timeout_s=timeout_s, token=hf_token)
         return WeightsResult(path=target, source=src.display, sha256=None, size_bytes=hub.size_bytes,
                              skipped=hub.skipped, commit=hub.commit)
 

@@ -141,12 +141,15 @@ class HubFetch:
     skipped: bool
 
 
-def fetch_hub(ref: HubRef, target: Path, source_key: str, *, timeout_s: float = 60.0) -> HubFetch:
+def fetch_hub(ref: HubRef, target: Path, source_key: str, *, timeout_s: float = 60.0,
+              token: Optional[str] = None) -> HubFetch:
     """Fetch the checkpoint ``ref`` names into ``target`` (see the module docstring), under the target's lock.
 
     Args:
         source_key: the marker key of this source (:class:`cog_triton.weights.sources._Source` ``key``).
         timeout_s: seconds to wait for each of the Hub's answers (metadata calls and the ``HEAD`` of each file).
+        token: a Hugging Face token for this fetch only (``cog train``'s hf_token input); None: huggingface_hub's
+            own lookup (``HF_TOKEN``, the login token file).
 
     Raises:
         WeightsError: the repository, revision or files are not there, the repository is gated or private and no
@@ -165,10 +168,10 @@ def fetch_hub(ref: HubRef, target: Path, source_key: str, *, timeout_s: float = 
                      ref.text, target, len(marker["files"]), (marker.get("hub") or {}).get("commit"))
             files = tuple(entry["path"] for entry in marker["files"])
             return HubFetch((marker.get("hub") or {}).get("commit"), files, int(marker["size_bytes"]), True)
-        return _fetch_into(ref, target, source_key, timeout_s)
+        return _fetch_into(ref, target, source_key, timeout_s, token)
 
 
-def _fetch_into(ref: HubRef, target: Path, source_key: str, timeout_s: float) -> HubFetch:
+def _fetch_into(ref: HubRef, target: Path, source_key: str, timeout_s: float, token: Optional[str]) -> HubFetch:
     started = time.monotonic()
     log.info("fetching the checkpoint %s from the Hugging Face Hub into %s", ref.text, target)
     try:
@@ -178,7 +181,7 @@ def _fetch_into(ref: HubRef, target: Path, source_key: str, timeout_s: float) ->
     except OSError as exc:
         raise WeightsError(f"could not prepare {target}: {exc}") from exc
     try:
-        commit, files, size = _download(ref, staging, hub_cache, timeout_s)
+        commit, files, size = _download(ref, staging, hub_cache, timeout_s, token)
         shutil.rmtree(staging / ".cache", ignore_errors=True)  # huggingface_hub's local_dir metadata
         try:
             for name in KEEP_NAMES:
@@ -249,38 +252,36 @@ def _sample(names: list[str], limit: int = 8) -> str:
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "") if names else "nothing"
 
 
-def _scrub(text: str) -> str:
-    """``text`` without the Hugging Face token huggingface_hub would send (if any), and at most 300 characters."""
+def _lookup_token() -> Optional[str]:
     from huggingface_hub import get_token  # noqa: PLC0415 - only for hf:// sources
 
     try:
-        token = get_token()
-    except Exception:  # noqa: BLE001 - a failing token lookup must not hide the error being reported
-        token = None
-    if token:
-        text = text.replace(token, "<token>")
+        return get_token()
+    except Exception:  # noqa: BLE001 - e.g. an OIDC exchange that fails: no usable token
+        return None
+
+
+def _scrub(text: str, token: Optional[str] = None) -> str:
+    """``text`` without the Hugging Face token(s) that may be sent (``token`` and huggingface_hub's own), at most
+    300 characters."""
+    for secret in (token, _lookup_token()):
+        if secret:
+            text = text.replace(secret, "<token>")
     return text[:300]
 
 
-def _token_is_set() -> bool:
-    from huggingface_hub import get_token  # noqa: PLC0415
-
-    try:
-        return bool(get_token())
-    except Exception:  # noqa: BLE001 - e.g. an OIDC exchange that fails: no usable token
-        return False
-
-
-def _download(ref: HubRef, staging: Path, hub_cache: Path, timeout_s: float) -> tuple[str, list[str], int]:
+def _download(ref: HubRef, staging: Path, hub_cache: Path, timeout_s: float,
+              token: Optional[str] = None) -> tuple[str, list[str], int]:
     """Resolve, list, choose and fetch the files into ``staging``; return (commit, files, total bytes)."""
     import huggingface_hub  # noqa: PLC0415 - only for hf:// sources
     from huggingface_hub import errors as hf_errors  # noqa: PLC0415
     from huggingface_hub.hf_api import RepoFile  # noqa: PLC0415
 
     endpoint = os.environ.get("HF_ENDPOINT", "").strip().rstrip("/") or None
-    api = huggingface_hub.HfApi(endpoint=endpoint)
+    api = huggingface_hub.HfApi(endpoint=endpoint, token=token)
     display = ref.text
-    token_note = ("a Hugging Face token is set, but it has no access to it" if _token_is_set()
+    has_token = bool(token or _lookup_token())
+    token_note = ("a Hugging Face token is set, but it has no access to it" if has_token
                   else "no Hugging Face token is set (HF_TOKEN)")
     try:
         info = api.model_info(ref.repo_id, revision=ref.revision, timeout=timeout_s)
@@ -288,7 +289,7 @@ def _download(ref: HubRef, staging: Path, hub_cache: Path, timeout_s: float) -> 
         if not re.fullmatch(r"[0-9a-f]{40}", commit):
             raise WeightsError(f"the Hub answered {display} without a commit id (sha {commit[:60]!r}); is HF_ENDPOINT "
                                "a Hugging Face Hub?")
-        if info.gated and not _token_is_set():
+        if info.gated and not has_token:
             raise WeightsError(
                 f"{display} is a gated repository ({info.gated!r} approval) and no Hugging Face token is set: accept "
                 f"its license on the Hub with your account, then set HF_TOKEN to a token of that account"
@@ -302,7 +303,7 @@ def _download(ref: HubRef, staging: Path, hub_cache: Path, timeout_s: float) -> 
         if SAFETENSORS_INDEX in listing:
             index_path = huggingface_hub.hf_hub_download(
                 ref.repo_id, SAFETENSORS_INDEX, revision=commit, local_dir=staging, cache_dir=hub_cache,
-                endpoint=endpoint, etag_timeout=timeout_s,
+                endpoint=endpoint, etag_timeout=timeout_s, token=token,
             )
             shards = _index_shards(Path(index_path), display)
         files = select_files(listing, shards, display)
@@ -312,7 +313,7 @@ def _download(ref: HubRef, staging: Path, hub_cache: Path, timeout_s: float) -> 
                  _sample(files, 12))
         huggingface_hub.snapshot_download(
             ref.repo_id, revision=commit, local_dir=staging, cache_dir=hub_cache, allow_patterns=files,
-            endpoint=endpoint, etag_timeout=timeout_s, max_workers=4,
+            endpoint=endpoint, etag_timeout=timeout_s, max_workers=4, token=token,
         )
     except WeightsError:
         raise
@@ -330,7 +331,7 @@ def _download(ref: HubRef, staging: Path, hub_cache: Path, timeout_s: float) -> 
             f"{display}: repository {ref.repo_id} was not found, or it is private and {token_note}"
         ) from None
     except hf_errors.RemoteEntryNotFoundError as exc:
-        raise WeightsError(f"{display}: a file listed in the repository was not found at commit: {_scrub(str(exc))}"
+        raise WeightsError(f"{display}: a file listed in the repository was not found at commit: {_scrub(str(exc), token)}"
                            ) from None
     except hf_errors.OfflineModeIsEnabled:
         raise DownloadError(f"{display} cannot be fetched: HF_HUB_OFFLINE is set, which forbids reaching the Hub") \
@@ -339,15 +340,15 @@ def _download(ref: HubRef, staging: Path, hub_cache: Path, timeout_s: float) -> 
         status = exc.response.status_code if exc.response is not None else "?"
         raise DownloadError(
             f"{display} could not be fetched: the Hub answered HTTP {status}"
-            + (f" ({_scrub(exc.server_message)})" if exc.server_message else "")
+            + (f" ({_scrub(exc.server_message, token)})" if exc.server_message else "")
         ) from None
     except (hf_errors.LocalEntryNotFoundError, ConnectionError, TimeoutError) as exc:
         raise DownloadError(f"{display} could not be fetched: the Hub could not be reached ({type(exc).__name__}: "
-                            f"{_scrub(str(exc))})") from None
+                            f"{_scrub(str(exc), token)})") from None
     except OSError as exc:
-        raise WeightsError(f"{display} could not be written to {staging}: {_scrub(str(exc))}") from None
+        raise WeightsError(f"{display} could not be written to {staging}: {_scrub(str(exc), token)}") from None
     except Exception as exc:  # noqa: BLE001 - httpx errors and huggingface_hub's own; all mean "not fetched"
-        raise DownloadError(f"{display} could not be fetched: {type(exc).__name__}: {_scrub(str(exc))}") from None
+        raise DownloadError(f"{display} could not be fetched: {type(exc).__name__}: {_scrub(str(exc), token)}") from None
     _check_fetched(staging, files, listing, display)
     return commit, files, size
 
