@@ -46,8 +46,8 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
-from common.errors import ConfigError
-from tensorrtllm_backend.checkpoint import FACTS_VERSION
+from common.errors import ConfigError, IncompatibleWeightsError
+from tensorrtllm_backend.checkpoint import FACTS_VERSION, check_pytorch_checkpoint
 from tensorrtllm_backend.engine import ModelLimits
 from tensorrtllm_backend.lora import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS, SUPPORTED_MODULES, LoraSpec, shape_of
 
@@ -401,6 +401,60 @@ def pytorch_lora_spec(info: "WeightsInfo", args: Mapping[str, Any], base_model: 
     )
 
 
+@dataclass(frozen=True)
+class PyTorchServing:
+    """Everything setup needs to serve a checkpoint on the PyTorch backend (:func:`plan_pytorch_serving`).
+
+    Attributes:
+        args: the validated ``LLM(**args)`` keywords (JSON-serialisable), for the Triton model.
+        limits: what the predictor holds requests to (``executor_max_input_len()`` is the longest prompt).
+        lora: what adapters requests may carry (rank limit checked per request).
+        world_size: GPUs used, tensor_parallel_size x pipeline_parallel_size.
+    """
+
+    args: dict[str, Any]
+    limits: ModelLimits
+    lora: LoraSpec
+    world_size: int
+
+    def describe(self, info: "WeightsInfo") -> str:
+        """One line for setup's log: the checkpoint, its quantization and the serving limits."""
+        a, lim = self.args, self.limits
+        quant = info.quantization.describe() if info.quantization else "none"
+        reason = lim.input_limit_reason()
+        return (
+            f"Hugging Face checkpoint {info.architecture} ({info.dtype}), quantization {quant}, on the PyTorch backend "
+            f"(LLM API) with tp {a['tensor_parallel_size']} x pp {a['pipeline_parallel_size']}: max_seq_len "
+            f"{lim.max_seq_len}, longest prompt {lim.executor_max_input_len()}{f' ({reason})' if reason else ''}, "
+            f"max_batch_size {lim.max_batch_size}, max_num_tokens {lim.max_num_tokens}, guided decoding "
+            f"{a.get('guided_decoding_backend') or 'off'}, {self.lora.describe()}"
+        )
+
+
+def plan_pytorch_serving(info: "WeightsInfo", options: LlmApiOptions, gpus: Sequence["GPU"],
+                         base_model: str = "") -> PyTorchServing:
+    """Check the checkpoint and the machine, and build the arguments, limits and LoRA support to serve it on the
+    PyTorch backend (what setup calls once the weights are inspected, before Triton starts).
+
+    Raises:
+        IncompatibleWeightsError: the checkpoint's architecture or quantization is not served
+            (:func:`tensorrtllm_backend.checkpoint.check_pytorch_checkpoint`, with ``gpus``' compute capability), or
+            fewer GPUs are visible than tensor_parallel_size x pipeline_parallel_size.
+        ConfigError: see :func:`build_llm_args`.
+    """
+    check_pytorch_checkpoint(info, gpus)
+    args = build_llm_args(options, info)
+    world = int(args["tensor_parallel_size"]) * int(args["pipeline_parallel_size"])
+    if world > len(gpus):
+        raise IncompatibleWeightsError(
+            f"{options.name('tensor_parallel_size')} {args['tensor_parallel_size']} x "
+            f"{options.name('pipeline_parallel_size')} {args['pipeline_parallel_size']} = {world} ranks need {world} "
+            f"GPUs, but {len(gpus)} {'is' if len(gpus) == 1 else 'are'} visible: lower them, or run on a machine with "
+            f"{world} GPUs (check CUDA_VISIBLE_DEVICES)"
+        )
+    return PyTorchServing(args, pytorch_limits(args), pytorch_lora_spec(info, args, base_model), world)
+
+
 CHECKPOINT_BACKENDS = ("auto", "pytorch", "reference")
 
 
@@ -425,6 +479,6 @@ def choose_checkpoint_backend(choice: str, gpus: Sequence["GPU"]) -> str:
 
 __all__ = (
     "CHECKPOINT_BACKENDS", "DEFAULT_MAX_BATCH_SIZE", "DEFAULT_MAX_NUM_TOKENS", "NESTED_FIELDS", "TORCH_LLM_ARGS_FIELDS",
-    "LlmApiOptions", "build_llm_args", "choose_checkpoint_backend", "inferred_max_seq_len", "parse_llm_args_text",
+    "LlmApiOptions", "PyTorchServing", "build_llm_args", "plan_pytorch_serving", "choose_checkpoint_backend", "inferred_max_seq_len", "parse_llm_args_text",
     "pytorch_limits", "pytorch_lora_spec", "validate_llm_args",
 )

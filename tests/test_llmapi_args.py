@@ -32,6 +32,7 @@ from tensorrtllm_backend.llmapi_args import (
     build_llm_args,
     choose_checkpoint_backend,
     inferred_max_seq_len,
+    plan_pytorch_serving,
     pytorch_limits,
     pytorch_lora_spec,
     validate_llm_args,
@@ -335,3 +336,20 @@ def test_a_checkpoint_copy_keeps_its_facts(tmp_path, smollm2):
     (copy / "model.safetensors").write_bytes((DEFAULT_CHECKPOINT / "model.safetensors").read_bytes()[:64])
     info = inspect_weights(copy)
     assert info.config == smollm2.config and info.config["max_position_embeddings"] == 8192
+
+
+def test_setup_plan_checks_the_machine_and_reports_the_quantization(tmp_path, monkeypatch):
+    info = inspect_weights(checkpoint(tmp_path, extra={
+        "hf_quant_config.json": {"quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}}}))
+    options = env_settings(monkeypatch, LLM_TENSOR_PARALLEL_SIZE="2").llm_api_options()
+    with pytest.raises(IncompatibleWeightsError) as refused:
+        plan_pytorch_serving(info, options, [H100])
+    assert ("tensor_parallel_size (COG_TRITON_LLM_TENSOR_PARALLEL_SIZE) 2 x pipeline_parallel_size "
+            "(COG_TRITON_LLM_PIPELINE_PARALLEL_SIZE) 1 = 2 ranks need 2 GPUs, but 1 is visible") in refused.value.message
+    with pytest.raises(IncompatibleWeightsError, match="compute capability 8.9 or newer"):
+        plan_pytorch_serving(info, options, [A100, A100])
+    serving = plan_pytorch_serving(info, options, [H100, H100])
+    assert serving.world_size == 2 and serving.args["tensor_parallel_size"] == 2
+    line = serving.describe(info)
+    assert "LlamaForCausalLM (bfloat16), quantization FP8 (modelopt, hf_quant_config.json, KV cache FP8)" in line
+    assert "max_seq_len 2048, longest prompt 2047" in line and "LoRA off" in line
