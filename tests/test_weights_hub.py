@@ -259,3 +259,27 @@ def test_select_files_reads_only_top_level_tokenizer_and_metadata():
     with pytest.raises(WeightsError, match="names b.safetensors, which the repository lacks"):
         select_files(listing, ["b.safetensors"], "hf://a/b")
     assert parse_hub_ref(" hf://Org/Name.v2@refs/pr/1 ").revision == "refs/pr/1"
+
+
+def test_a_subprocess_reaches_the_stand_in_through_its_environment(hub, tmp_path):
+    """What the lead's end-to-end test through the real Cog server relies on: a fresh process finds the stand-in
+    through ``FakeHub.env()`` alone (HF_ENDPOINT, HF_HUB_OFFLINE=0), and with a token that has no access prints
+    the refusal without the token."""
+    import os
+    import subprocess
+    import sys
+
+    hub.add_repo("me/tiny", tiny_checkpoint())
+    hub.add_repo("me/gated", tiny_checkpoint(), gated="auto")
+    script = ("import sys; from cog_triton.weights import fetch_weights; "
+              "print(fetch_weights(sys.argv[1], sys.argv[2]).commit)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING"))}
+    env.update(hub.env(), HF_TOKEN=TOKEN, PYTHONPATH=str(REPO_ROOT), HF_HOME=str(tmp_path / "hf-home"))
+    ok = subprocess.run([sys.executable, "-c", script, "hf://me/tiny", str(tmp_path / "a")], env=env,
+                        capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.strip() == commit_of("me/tiny", "main")
+    refused = subprocess.run([sys.executable, "-c", script, "hf://me/gated", str(tmp_path / "b")], env=env,
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode != 0 and "a Hugging Face token is set, but it has no access to it" in refused.stderr
+    assert TOKEN not in refused.stderr + refused.stdout + ok.stderr + ok.stdout
