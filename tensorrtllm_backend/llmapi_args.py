@@ -208,11 +208,11 @@ def validate_llm_args(args: Mapping[str, Any], where: str = "LLM arguments") -> 
     """
     unknown = sorted(k for k in args if k not in TORCH_LLM_ARGS_FIELDS)
     if unknown:
-        first = unknown[0]
+        verb = "is not a field" if len(unknown) == 1 else "are not fields"
+        close = _close(unknown[0], sorted(TORCH_LLM_ARGS_FIELDS))
         raise ConfigError(
-            f"{where}: {', '.join(repr(k) for k in unknown)} {'is not a field' if len(unknown) == 1 else 'are not fields'}"
-            f" of TensorRT-LLM {FACTS_VERSION}'s TorchLlmArgs, which forbids unknown fields{_close(first, sorted(TORCH_LLM_ARGS_FIELDS))}"
-            f" (field names from {SOURCE})"
+            f"{where}: {', '.join(repr(k) for k in unknown)} {verb} of TensorRT-LLM {FACTS_VERSION}'s TorchLlmArgs, "
+            f"which forbids unknown fields{close} (field names from {SOURCE})"
         )
     if not isinstance(args.get("model"), str) or not args["model"]:
         raise ConfigError(f"{where}: model must be the checkpoint folder, got {args.get('model')!r}")
@@ -479,6 +479,6 @@ def choose_checkpoint_backend(choice: str, gpus: Sequence["GPU"]) -> str:
 
 __all__ = (
     "CHECKPOINT_BACKENDS", "DEFAULT_MAX_BATCH_SIZE", "DEFAULT_MAX_NUM_TOKENS", "NESTED_FIELDS", "TORCH_LLM_ARGS_FIELDS",
-    "LlmApiOptions", "PyTorchServing", "build_llm_args", "plan_pytorch_serving", "choose_checkpoint_backend", "inferred_max_seq_len", "parse_llm_args_text",
-    "pytorch_limits", "pytorch_lora_spec", "validate_llm_args",
+    "LlmApiOptions", "PyTorchServing", "build_llm_args", "choose_checkpoint_backend", "inferred_max_seq_len",
+    "parse_llm_args_text", "plan_pytorch_serving", "pytorch_limits", "pytorch_lora_spec", "validate_llm_args",
 )

@@ -331,8 +331,9 @@ def _download(ref: HubRef, staging: Path, hub_cache: Path, timeout_s: float,
             f"{display}: repository {ref.repo_id} was not found, or it is private and {token_note}"
         ) from None
     except hf_errors.RemoteEntryNotFoundError as exc:
-        raise WeightsError(f"{display}: a file listed in the repository was not found at commit: {_scrub(str(exc), token)}"
-                           ) from None
+        raise WeightsError(
+            f"{display}: a file listed in the repository was not found at its commit: {_scrub(str(exc), token)}"
+        ) from None
     except hf_errors.OfflineModeIsEnabled:
         raise DownloadError(f"{display} cannot be fetched: HF_HUB_OFFLINE is set, which forbids reaching the Hub") \
             from None
