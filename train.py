@@ -5,6 +5,12 @@
 this image, so the TensorRT-LLM that builds the engine is the one that serves it, and returns the
 archive (engine + tokenizer + manifest.json) as ``weights``: on Replicate the training's output
 weights become the new version's ``COG_WEIGHTS``, as replicate/cog-vllm does it.
+
+For a checkpoint served by the PyTorch backend there is nothing to build: a build config with
+``backend: pytorch`` (e.g. ``configs/engines/llama-3.1-8b-instruct-pytorch.yaml``) checks that TensorRT-LLM's
+PyTorch backend serves the checkpoint (architecture, quantization, safetensors) and packs it as it is, with
+manifest.json, into a ``.tar`` (no GPU needed). Serving ``COG_WEIGHTS=hf://owner/repo`` directly needs no
+training at all; the archive pins the files and lets setup verify them.
 """
 
 from __future__ import annotations
@@ -52,21 +58,23 @@ def resolve_config(config: str, work: FsPath) -> FsPath:
     return path
 
 
-def fetch_checkpoint(checkpoint: str, work: FsPath) -> str:
-    """A Hub id is returned as is; a URL or archive path is fetched and unpacked, its folder returned.
+def fetch_checkpoint(checkpoint: str, work: FsPath, hf_token: Optional[str] = None) -> str:
+    """A Hub id is returned as is (the build's fetch step downloads it); a URL, an archive path or an
+    ``hf://owner/repo[@revision]`` reference (only a checkpoint's files, at one commit: cog_triton.weights.hub)
+    is fetched here, its folder returned.
 
     Raises:
-        WeightsError: the download or extraction failed.
+        WeightsError: the download or extraction failed, or the hf:// repository is not a safetensors checkpoint.
     """
     from cog_triton.weights import fetch_weights  # noqa: PLC0415
     from tensorrtllm_backend.engine import find_model_root  # noqa: PLC0415
 
-    looks_remote = checkpoint.startswith(("http://", "https://", "file://"))
+    looks_remote = checkpoint.startswith(("http://", "https://", "file://", "hf://"))
     looks_archive = checkpoint.endswith((".tar", ".tar.gz", ".tgz"))
     if not (looks_remote or looks_archive):
         return checkpoint
     target = work / "checkpoint"
-    fetch_weights(checkpoint, target)
+    fetch_weights(checkpoint, target, hf_token=hf_token)
     return str(find_model_root(target).resolve())
 
 
@@ -76,7 +84,7 @@ async def train(
     ),
     checkpoint: str = Input(
         default="",
-        description="Replaces the config's source.checkpoint: a Hugging Face Hub id (org/name), or an http(s) URL or path of a .tar/.tar.gz of a Hugging Face checkpoint folder.",  # noqa: E501 - one literal for cog's schema generator
+        description="Replaces the config's source.checkpoint: a Hugging Face Hub id (org/name) or hf://owner/repo[@revision], or an http(s) URL or path of a .tar/.tar.gz of a Hugging Face checkpoint folder.",  # noqa: E501 - one literal for cog's schema generator
     ),
     hf_token: Optional[Secret] = Input(
         default=None, description="Hugging Face token for gated or private checkpoints (Llama, Gemma)."
@@ -116,7 +124,7 @@ def build_archive(config: str, checkpoint: str = "", hf_token: Optional[str] = N
     with tempfile.TemporaryDirectory(prefix="cog-triton-train-", dir=OUTPUT_DIR) as scratch:
         work = FsPath(scratch)
         config_path = resolve_config(config, work)
-        override = fetch_checkpoint(checkpoint, work) if checkpoint else None
+        override = fetch_checkpoint(checkpoint, work, hf_token) if checkpoint else None
         return build(
             config_path, work_dir=work / "build", output_dir=OUTPUT_DIR, checkpoint=override, runner=runner
         ).archive

@@ -18,6 +18,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from common.errors import ConfigError
+from tensorrtllm_backend.llmapi_args import LlmApiOptions, parse_llm_args_text
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ENV_PREFIX = "COG_TRITON_"
@@ -39,6 +40,22 @@ class SchedulerPolicy(str, Enum):
 
     MAX_UTILIZATION = "max_utilization"
     GUARANTEED_NO_EVICT = "guaranteed_no_evict"
+
+
+class CheckpointBackend(str, Enum):
+    """Which backend serves a Hugging Face checkpoint (tensorrtllm_backend.llmapi_args.choose_checkpoint_backend)."""
+
+    AUTO = "auto"  # the PyTorch backend when a GPU is visible, else the CPU reference model
+    PYTORCH = "pytorch"  # TensorRT-LLM's PyTorch backend through the LLM API (GPU)
+    REFERENCE = "reference"  # the CPU reference model
+
+
+class GuidedDecodingBackend(str, Enum):
+    """``guided_decoding_backend`` of the LLM API (TorchLlmArgs: xgrammar, llguidance or none)."""
+
+    XGRAMMAR = "xgrammar"
+    LLGUIDANCE = "llguidance"
+    NONE = "none"
 
 
 class VerifyMode(str, Enum):
@@ -65,7 +82,8 @@ class Settings(BaseSettings):
     weights: Optional[str] = Field(
         default=None,
         description="Default weights when setup() gets none: http(s)/file URL or local path to a "
-        ".tar/.tar.gz archive or a directory. Cog's COG_WEIGHTS is used when this is unset.",
+        ".tar/.tar.gz archive or a directory, or hf://owner/repo[@revision] (a Hugging Face checkpoint fetched "
+        "from the Hub with HF_TOKEN). Cog's COG_WEIGHTS is used when this is unset.",
     )
     weights_sha256: Optional[str] = Field(
         default=None, description="Expected sha256 (hex) of the weights archive; checked when set."
@@ -127,20 +145,24 @@ class Settings(BaseSettings):
         description="batch_scheduler_policy of the TensorRT-LLM backend: max_utilization or guaranteed_no_evict.",
     )
     kv_cache_free_gpu_mem_fraction: float = Field(
-        default=0.9, gt=0, le=1, description="Share of the free GPU memory the paged KV cache takes, (0, 1]."
+        default=0.9, gt=0, le=1, description="Share of the free GPU memory the paged KV cache takes, (0, 1] "
+        "(also the PyTorch backend's kv_cache_config.free_gpu_memory_fraction)."
     )
     max_tokens_in_paged_kv_cache: Optional[int] = Field(
-        default=None, ge=1, description="Cap on the paged KV cache, tokens; default: none (the memory fraction decides)."
+        default=None, ge=1, description="Cap on the paged KV cache, tokens; default: none (the memory fraction decides) "
+        "(also the PyTorch backend's kv_cache_config.max_tokens)."
     )
     enable_kv_cache_reuse: bool = Field(
         default=True,
         description="Reuse paged KV-cache blocks of a common prompt prefix (a repeated system prompt) across "
-        "requests; the C++ backend's own default is true (getKvCacheConfigFromParams).",
+        "requests; the C++ backend's own default is true (getKvCacheConfigFromParams). Also the PyTorch backend's "
+        "kv_cache_config.enable_block_reuse.",
     )
     enable_chunked_context: bool = Field(
         default=False,
         description="Chunked context (prefill) in the C++ backend; the longest prompt is then max_seq_len - 1 "
-        "(README: Inputs). Needs an engine built with paged context FMHA.",
+        "(README: Inputs). Needs an engine built with paged context FMHA. Also the PyTorch backend's "
+        "enable_chunked_prefill (without it a prompt may not exceed max_num_tokens).",
     )
     tensorrt_llm_parameters: str = Field(
         default="",
@@ -199,6 +221,51 @@ class Settings(BaseSettings):
         default=None, ge=1, description="Host LoRA cache, bytes (the CPU reference model's whole LoRA cache); "
         "default: room for the engine's lora.max_loras adapters of its max_lora_rank, in whole pages of the "
         "backend's cache; a value below one such adapter is refused at setup."
+    )
+
+    # --- Hugging Face checkpoints on TensorRT-LLM's PyTorch backend (LLM API) --------------
+    checkpoint_backend: CheckpointBackend = Field(
+        default=CheckpointBackend.AUTO,
+        description="What serves a Hugging Face checkpoint: auto (the PyTorch backend when a GPU is visible, else "
+        "the CPU reference model), pytorch (TensorRT-LLM's LLM API; needs a GPU) or reference (CPU).",
+    )
+    llm_tensor_parallel_size: int = Field(
+        default=1, ge=1, le=64, description="PyTorch backend: tensor parallel size (GPUs per pipeline stage)."
+    )
+    llm_pipeline_parallel_size: int = Field(default=1, ge=1, le=64, description="PyTorch backend: pipeline stages.")
+    llm_max_batch_size: Optional[int] = Field(
+        default=None, ge=1, description="PyTorch backend: most requests batched together; default: the LLM API's, 2048."
+    )
+    llm_max_num_tokens: Optional[int] = Field(
+        default=None, ge=1, description="PyTorch backend: most tokens in one batch; default: the LLM API's, 8192. "
+        "Without chunked prefill it also caps the prompt (README: Inputs)."
+    )
+    llm_max_seq_len: Optional[int] = Field(
+        default=None, ge=2, description="PyTorch backend: prompt + output tokens; default and maximum: the "
+        "checkpoint's max_position_embeddings (times its rope scaling factor), as the backend infers it."
+    )
+    llm_guided_decoding_backend: GuidedDecodingBackend = Field(
+        default=GuidedDecodingBackend.XGRAMMAR,
+        description="PyTorch backend: guided decoding (structured output) backend: xgrammar, llguidance or none.",
+    )
+    llm_enable_lora: bool = Field(
+        default=False, description="PyTorch backend: serve per-request LoRA adapters (the LLM API's lora_config)."
+    )
+    llm_max_lora_rank: int = Field(
+        default=64, ge=1, le=1024, description="PyTorch backend: largest adapter rank (r) served; a larger adapter "
+        "is refused per request naming its rank and this limit."
+    )
+    llm_max_loras: int = Field(default=8, ge=1, description="PyTorch backend: adapters held on the GPU at once.")
+    llm_max_cpu_loras: int = Field(default=16, ge=1, description="PyTorch backend: adapters held in host memory.")
+    llm_lora_target_modules: str = Field(
+        default="attn_q,attn_k,attn_v,attn_dense,mlp_h_to_4h,mlp_4h_to_h,mlp_gate",
+        description="PyTorch backend: comma-separated TensorRT-LLM modules adapters may adapt.",
+    )
+    llm_args: str = Field(
+        default="",
+        description="PyTorch backend: further LLM API arguments as a JSON or YAML mapping (e.g. "
+        "{\"kv_cache_config\": {\"dtype\": \"fp8\"}}), merged over the ones these settings make and checked "
+        "against TensorRT-LLM 1.2.1's TorchLlmArgs fields before Triton starts; a key a setting covers is refused.",
     )
 
     # --- CPU reference backend (Hugging Face checkpoints) ---------------------------------
@@ -271,6 +338,15 @@ class Settings(BaseSettings):
             raise ValueError("must be 64 hexadecimal characters")
         return value
 
+    @field_validator("llm_args")
+    @classmethod
+    def _check_llm_args(cls, value: str) -> str:
+        try:
+            parse_llm_args_text(value)
+        except ConfigError as exc:
+            raise ValueError(exc.message) from None
+        return value
+
     @field_validator("weights", mode="before")
     @classmethod
     def _empty_is_none(cls, value: object) -> object:
@@ -290,6 +366,57 @@ class Settings(BaseSettings):
         except AttributeError:  # not Linux
             cpus = os.cpu_count() or 1
         return max(1, min(8, cpus // 5))
+
+    def llm_api_options(self) -> LlmApiOptions:
+        """The typed options the PyTorch backend's ``LLM(...)`` arguments are built from
+        (:func:`tensorrtllm_backend.llmapi_args.build_llm_args`), with the setting behind each argument.
+
+        Raises:
+            ConfigError: COG_TRITON_LLM_ARGS is not a JSON/YAML mapping.
+        """
+        e = ENV_PREFIX
+        sources = {
+            "tensor_parallel_size": e + "LLM_TENSOR_PARALLEL_SIZE",
+            "pipeline_parallel_size": e + "LLM_PIPELINE_PARALLEL_SIZE",
+            "max_seq_len": e + "LLM_MAX_SEQ_LEN",
+            "kv_cache_config.free_gpu_memory_fraction": e + "KV_CACHE_FREE_GPU_MEM_FRACTION",
+            "kv_cache_config.enable_block_reuse": e + "ENABLE_KV_CACHE_REUSE",
+            "enable_chunked_prefill": e + "ENABLE_CHUNKED_CONTEXT",
+            "guided_decoding_backend": e + "LLM_GUIDED_DECODING_BACKEND",
+        }
+        optional = {
+            "max_batch_size": (self.llm_max_batch_size, "LLM_MAX_BATCH_SIZE"),
+            "max_num_tokens": (self.llm_max_num_tokens, "LLM_MAX_NUM_TOKENS"),
+            "kv_cache_config.max_tokens": (self.max_tokens_in_paged_kv_cache, "MAX_TOKENS_IN_PAGED_KV_CACHE"),
+        }
+        sources.update({path: e + name for path, (value, name) in optional.items() if value is not None})
+        if self.llm_enable_lora:
+            sources.update({
+                "lora_config.max_lora_rank": e + "LLM_MAX_LORA_RANK",
+                "lora_config.max_loras": e + "LLM_MAX_LORAS",
+                "lora_config.max_cpu_loras": e + "LLM_MAX_CPU_LORAS",
+                "lora_config.lora_target_modules": e + "LLM_LORA_TARGET_MODULES",
+            })
+        guided = self.llm_guided_decoding_backend
+        return LlmApiOptions(
+            tensor_parallel_size=self.llm_tensor_parallel_size,
+            pipeline_parallel_size=self.llm_pipeline_parallel_size,
+            max_batch_size=self.llm_max_batch_size,
+            max_num_tokens=self.llm_max_num_tokens,
+            max_seq_len=self.llm_max_seq_len,
+            free_gpu_memory_fraction=self.kv_cache_free_gpu_mem_fraction,
+            enable_block_reuse=self.enable_kv_cache_reuse,
+            kv_cache_max_tokens=self.max_tokens_in_paged_kv_cache,
+            enable_chunked_prefill=self.enable_chunked_context,
+            guided_decoding_backend=None if guided is GuidedDecodingBackend.NONE else guided.value,
+            enable_lora=self.llm_enable_lora,
+            max_lora_rank=self.llm_max_lora_rank,
+            max_loras=self.llm_max_loras,
+            max_cpu_loras=self.llm_max_cpu_loras,
+            lora_target_modules=tuple(m.strip() for m in self.llm_lora_target_modules.split(",") if m.strip()),
+            extra=parse_llm_args_text(self.llm_args),
+            sources=sources,
+        )
 
     def path(self, value: Path) -> Path:
         """Resolve ``value`` against the repository root when it is relative."""

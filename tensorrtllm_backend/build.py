@@ -14,8 +14,10 @@ Steps (each logged with its wall time; the plan is printed first and by ``--dry-
    (what its ``examples/generate_xgrammar_tokenizer_info.py`` does): the file the C++ backend's guided
    decoding (structured output) needs. It is made here, in the image whose TensorRT-LLM serves the
    engine, so that setup() needs no TensorRT-LLM import; a tokenizer it does not support gets none.
-5. **package**: engine + tokenizer (with the tokenizer info, when made) or the checkpoint as is, for
-   the reference backend, are staged in ``<work>/package`` with ``manifest.json`` and packed into
+5. **verify** (pytorch backend): the checkpoint is one TensorRT-LLM's PyTorch backend serves
+   (:func:`verify_pytorch_checkpoint`); nothing is built for it.
+6. **package**: engine + tokenizer (with the tokenizer info, when made) or the checkpoint as is, for
+   the reference and pytorch backends, are staged in ``<work>/package`` with ``manifest.json`` and packed into
    ``<output>/<name>.tar[.gz]`` with a ``.sha256`` beside it.
 
 The tensorrtllm backend must run inside the image built from our Dockerfile, so the TensorRT-LLM
@@ -42,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence
 
-from common.errors import BuildError, CogTritonError
+from common.errors import BuildError, CogTritonError, ConfigError
 from tensorrtllm_backend.build_config import (
     CALIBRATED_QFORMAT,
     KV_CACHE_QUANT_ALGO,
@@ -51,7 +53,8 @@ from tensorrtllm_backend.build_config import (
     EngineBuildConfig,
     load_build_config,
 )
-from tensorrtllm_backend.engine import XGRAMMAR_TOKENIZER_INFO_NAME
+from tensorrtllm_backend.checkpoint import FACTS_VERSION, check_pytorch_checkpoint
+from tensorrtllm_backend.engine import XGRAMMAR_TOKENIZER_INFO_NAME, WeightsInfo, inspect_weights
 from tensorrtllm_backend.gpus import GPU, describe, visible_gpus
 from tensorrtllm_backend.manifest import pack_archive, write_manifest
 from tensorrtllm_backend.pins import (
@@ -240,6 +243,11 @@ def plan_build(
         steps.append(Step("tokenizer-info", "write the xgrammar tokenizer info (guided decoding)", info_argv))
         archive = output_dir / f"{config.name}.tar"
         what = f"{engine_dir} (config.json, rank*.engine) + tokenizer of {checkpoint_dir} as tokenizer/"
+    elif config.backend is Backend.PYTORCH:
+        steps.append(Step("verify", f"check that TensorRT-LLM {FACTS_VERSION}'s PyTorch backend serves the checkpoint "
+                          f"{checkpoint_dir} (architecture, quantization, safetensors weights)"))
+        archive = output_dir / f"{config.name}.tar"  # safetensors do not compress: no gzip pass over GBs
+        what = f"checkpoint {checkpoint_dir} as is (PyTorch backend)"
     else:
         archive = output_dir / f"{config.name}.tar.gz"
         what = f"checkpoint {checkpoint_dir} as is (reference backend)"
@@ -265,7 +273,7 @@ def preflight(config: EngineBuildConfig, gpus: list[GPU], trtllm_version: Option
             a compute capability below what the quantization needs; TensorRT-LLM missing or not
             the pinned version. Each message names what was found and how to fix it.
     """
-    if config.backend is Backend.REFERENCE:
+    if config.backend in (Backend.REFERENCE, Backend.PYTORCH):
         return None
     need = config.parallelism.world_size
     if not gpus:
@@ -360,6 +368,29 @@ def stage_package(plan: BuildPlan) -> None:
             shutil.copy2(info, tokenizer / XGRAMMAR_TOKENIZER_INFO_NAME)
 
 
+def verify_pytorch_checkpoint(folder: Path) -> WeightsInfo:
+    """The ``verify`` step of a ``pytorch`` build: the checkpoint in ``folder`` is one TensorRT-LLM 1.2.1's PyTorch
+    backend serves (:func:`tensorrtllm_backend.checkpoint.check_pytorch_checkpoint`: architecture, quantization)
+    and has safetensors weights (the package leaves ``*.bin`` duplicates out). No GPU is needed; whether the
+    serving GPU runs its quantization is checked at setup.
+
+    Raises:
+        BuildError: naming the folder and why it cannot be served.
+    """
+    try:
+        info = inspect_weights(folder)
+        check_pytorch_checkpoint(info)
+    except ConfigError as exc:
+        raise BuildError(f"the checkpoint cannot be served by the PyTorch backend: {exc.message}") from None
+    if not any(info.weights_dir.glob("*.safetensors")):
+        raise BuildError(f"{info.weights_dir} has no *.safetensors weights, which the PyTorch backend archive needs "
+                         "(*.bin files are not packed); convert them to safetensors")
+    quant = info.quantization.describe() if info.quantization else "none"
+    log.info("checkpoint %s (%s, %s) is served by the PyTorch backend; quantization %s",
+             info.weights_dir, info.architecture, info.dtype, quant)
+    return info
+
+
 Runner = Callable[[Sequence[str]], None]
 
 
@@ -391,6 +422,11 @@ def execute(plan: BuildPlan, *, gpu: Optional[GPU], runner: Runner = run_subproc
     timings: dict[str, float] = {}
     plan.work_dir.mkdir(parents=True, exist_ok=True)
     for step in plan.steps:
+        if step.name == "verify":
+            started = time.monotonic()
+            verify_pytorch_checkpoint(plan.checkpoint_dir)
+            timings[step.name] = time.monotonic() - started
+            continue
         if step.argv is None:
             continue
         started = time.monotonic()

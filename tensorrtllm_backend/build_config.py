@@ -41,6 +41,12 @@ class Backend(str, Enum):
 
     TENSORRTLLM = "tensorrtllm"  # C++ TensorRT-LLM backend, engine built on GPU
     REFERENCE = "reference"  # CPU reference implementation, Hugging Face checkpoint as is
+    PYTORCH = "pytorch"  # TensorRT-LLM's PyTorch backend (LLM API): the checkpoint packed as is and verified
+
+#: Sections a ``pytorch`` build config may not set: the PyTorch backend builds nothing, and what they would
+#: decide is chosen when serving (COG_TRITON_LLM_* settings) or by the checkpoint itself (its quantization).
+PYTORCH_SERVING_SECTIONS = ("dtype", "quantization", "kv_cache_quantization", "calibration", "parallelism", "limits",
+                            "features", "plugins", "workers", "lora")
 
 
 class DType(str, Enum):
@@ -261,7 +267,8 @@ class EngineBuildConfig(BaseModel):
 
     Attributes:
         name: archive name, lowercase ``[a-z0-9._-]`` (the archive is ``<name>.tar.gz``).
-        backend: ``tensorrtllm`` (GPU engine) or ``reference`` (CPU, checkpoint packed as is).
+        backend: ``tensorrtllm`` (GPU engine), ``reference`` (CPU, checkpoint packed as is) or ``pytorch``
+            (the checkpoint packed as is for TensorRT-LLM's PyTorch backend, after checking it can serve it).
         source: the Hugging Face checkpoint.
         dtype: engine dtype; ``reference`` keeps the checkpoint's own dtype and ignores it.
         quantization / kv_cache_quantization / calibration: see :class:`Quantization`.
@@ -317,6 +324,19 @@ class EngineBuildConfig(BaseModel):
     def _check(self) -> "EngineBuildConfig":
         q, kv = self.quantization, self.kv_cache_quantization
         lora = self.lora
+        if self.backend is Backend.PYTORCH:
+            # sections that differ from their defaults (a dump of the config, as manifest.json and
+            # override_checkpoint write it, repeats the defaults: those are fine)
+            fields = type(self).model_fields
+            set_here = [k for k in PYTORCH_SERVING_SECTIONS
+                        if getattr(self, k) != fields[k].get_default(call_default_factory=True)]
+            if set_here:
+                raise ValueError(
+                    f"the pytorch backend builds nothing, so {', '.join(set_here)} cannot be set here: parallelism, "
+                    "limits and LoRA are serving settings (COG_TRITON_LLM_*), and a quantized model is a quantized "
+                    "checkpoint (e.g. a ModelOpt export such as nvidia/Llama-3.1-8B-Instruct-FP8)"
+                )
+            return self
         if lora is not None and lora.lora_plugin != "auto":
             wanted = "float32" if self.backend is Backend.REFERENCE else self.dtype.value
             if lora.lora_plugin != wanted:

@@ -9,7 +9,10 @@ where max_seq_len = max_input_len + max_output_len —, ``max_num_tokens``, ``ma
 rank. Engines from before 0.8 (``builder_config`` layout) are rejected.
 
 A Hugging Face checkpoint (``config.json`` with ``architectures``/``model_type`` and weight files)
-is served by the CPU reference implementation of the ``tensorrt_llm`` model instead.
+is served as it is: by TensorRT-LLM's PyTorch backend through the LLM API on a GPU (its arguments and limits:
+:mod:`tensorrtllm_backend.llmapi_args`; what it supports: :mod:`tensorrtllm_backend.checkpoint`, whose
+quantization reading :attr:`WeightsInfo.quantization` reports), or by the CPU reference implementation of the
+``tensorrt_llm`` model.
 
 LoRA support (:attr:`WeightsInfo.lora`): an engine's from its config.json (build_config.lora_config and
 plugin_config.lora_plugin, :func:`tensorrtllm_backend.lora.engine_lora_spec`); a checkpoint's from its
@@ -25,6 +28,7 @@ from pathlib import Path
 from typing import Any, Literal, Optional
 
 from common.errors import ConfigError
+from tensorrtllm_backend.checkpoint import CheckpointQuantization, checkpoint_quantization
 from tensorrtllm_backend.lora import LoraSpec, checkpoint_lora_spec, engine_lora_spec
 from tensorrtllm_backend.pins import TENSORRT_LLM_VERSION, TRITON_IMAGE
 
@@ -45,6 +49,10 @@ class ModelLimits:
     ``max_num_tokens``, on the engine's ``context_fmha`` and ``remove_input_padding`` plugins
     (``packed_context_fmha``: both on, as ``trtllm-build`` 1.1 builds by default) and on whether
     chunked context is on (``enable_chunked_context``, the backend parameter; a serving choice).
+
+    ``pytorch_backend``: the limits of a checkpoint served by TensorRT-LLM's PyTorch backend (LLM API), which
+    has no build-time ``max_input_len``: the longest prompt is ``min(max_seq_len - 1, max_num_tokens)``, or
+    ``max_seq_len - 1`` with chunked prefill (see :func:`tensorrtllm_backend.llmapi_args.pytorch_limits`).
     """
 
     max_batch_size: int
@@ -54,6 +62,7 @@ class ModelLimits:
     max_num_tokens: Optional[int] = None
     packed_context_fmha: bool = False
     enable_chunked_context: bool = False
+    pytorch_backend: bool = False
 
     @property
     def max_output_len(self) -> int:
@@ -72,13 +81,22 @@ class ModelLimits:
         """
         if self.enable_chunked_context:
             return self.max_seq_len - 1
-        if self.packed_context_fmha and self.max_num_tokens is not None:
+        if (self.packed_context_fmha or self.pytorch_backend) and self.max_num_tokens is not None:
             return min(self.max_seq_len - 1, self.max_num_tokens)
         return self.max_input_len
 
     def input_limit_reason(self) -> str:
         """How :meth:`executor_max_input_len` was reached, for error messages and logs ("" when it is the
         engine's ``max_input_len``)."""
+        if self.pytorch_backend:
+            if self.enable_chunked_context:
+                return f"max_seq_len - 1 = {self.max_seq_len} - 1, with chunked prefill on (PyTorch backend)"
+            if self.max_num_tokens is not None:
+                return (
+                    f"the PyTorch backend's limit with chunked prefill off: min(max_seq_len - 1, max_num_tokens) = "
+                    f"min({self.max_seq_len - 1}, {self.max_num_tokens})"
+                )
+            return ""
         if self.enable_chunked_context:
             return f"max_seq_len - 1 = {self.max_seq_len} - 1, with chunked context on"
         if self.packed_context_fmha and self.max_num_tokens is not None:
@@ -103,6 +121,9 @@ class WeightsInfo:
         dtype: e.g. "float16".
         trtllm_version: the TensorRT-LLM version that built the engine (None for checkpoints).
         lora: which LoRA adapters the model can serve (off by default).
+        quantization: a checkpoint's quantization as TensorRT-LLM's PyTorch backend reads it (ModelOpt's
+            hf_quant_config.json, ...), with whether 1.2.1 serves it; None when not quantized (and for engines).
+        config: a checkpoint's config.json (empty for engines), for the limits and LLM API arguments built from it.
     """
 
     kind: Literal["engine", "hf_checkpoint"]
@@ -116,6 +137,8 @@ class WeightsInfo:
     dtype: str = ""
     trtllm_version: Optional[str] = None
     lora: LoraSpec = field(default_factory=lambda: LoraSpec(False, "no LoRA support was looked up"))
+    quantization: Optional[CheckpointQuantization] = None
+    config: dict[str, Any] = field(default_factory=dict, compare=False)
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -257,6 +280,8 @@ def _checkpoint_info(
             config, lora_build, importlib.util.find_spec("peft") is not None,
             base_model=base_model or str(config.get("_name_or_path") or ""),
         ),
+        quantization=checkpoint_quantization(weights_dir, config),
+        config=config,
     )
 
 

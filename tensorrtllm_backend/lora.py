@@ -239,6 +239,8 @@ class LoraSpec:
         paged_cache: served by the C++ backend, whose LoRA cache is paged (:meth:`host_cache_bytes`); False for
             the CPU reference model, whose cache counts the values it holds.
         tp_size / pp_size: the engine's tensor and pipeline parallelism (each rank has its own LoRA cache).
+        rank_limit / rank_fix: what the rank limit is called and how to raise it, for the message refusing an
+            adapter above ``max_rank`` (an engine's build value, or a setting of the PyTorch backend).
     """
 
     enabled: bool
@@ -254,6 +256,8 @@ class LoraSpec:
     paged_cache: bool = False
     tp_size: int = 1
     pp_size: int = 1
+    rank_limit: str = "the engine's max_lora_rank"
+    rank_fix: str = "rebuild the engine with a larger lora.max_lora_rank"
 
     @property
     def unapplied_modules(self) -> tuple[str, ...]:

@@ -69,8 +69,8 @@ log = logging.getLogger(__name__)
 
 MANIFEST_NAME = "manifest.json"
 FORMAT_VERSION = 1
-BACKENDS = ("tensorrtllm", "reference")
-KINDS = {"tensorrtllm": "engine", "reference": "hf_checkpoint"}
+BACKENDS = ("tensorrtllm", "reference", "pytorch")
+KINDS = {"tensorrtllm": "engine", "reference": "hf_checkpoint", "pytorch": "hf_checkpoint"}
 HASH_CHUNK_BYTES = 8 * 1024 * 1024
 # Files that may sit beside the archive's contents without being listed (fetch_weights' marker,
 # the verification record).
@@ -242,7 +242,8 @@ def write_manifest(
 
     Args:
         root: the folder that becomes the archive (engine or checkpoint plus tokenizer).
-        backend: "tensorrtllm" (needs ``tensorrt_llm_version`` and ``gpu``) or "reference".
+        backend: "tensorrtllm" (needs ``tensorrt_llm_version`` and ``gpu``), "reference" or "pytorch" (a
+            checkpoint packed as it is).
         gpu: the GPU the engine was built on (its compute capability is recorded).
 
     Raises:
@@ -524,13 +525,14 @@ def check_engine_runs_here(
 def check_compatibility(manifest: Manifest, gpus: list[GPU], runtime_version: str) -> None:
     """Check that this machine can run the archive described by ``manifest``.
 
-    Reference-backend archives need no GPU and no TensorRT-LLM; engines go through
+    Checkpoint archives (reference and pytorch backends) are not tied to a TensorRT-LLM build or GPU (what the
+    PyTorch backend needs is checked at setup: tensorrtllm_backend.checkpoint); engines go through
     :func:`check_engine_runs_here`.
 
     Raises:
         IncompatibleWeightsError: see :func:`check_engine_runs_here`.
     """
-    if manifest.backend == "reference":
+    if manifest.kind == "hf_checkpoint":
         return
     check_engine_runs_here(
         manifest.name,

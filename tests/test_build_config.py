@@ -107,7 +107,7 @@ def test_unknown_nested_key_names_its_path_and_siblings() -> None:
     [
         ({"quantization": "int3"}, "quantization: Input should be 'none', 'int8_wo', 'int4_wo', 'int4_awq'"),
         ({"dtype": "fp16"}, "dtype: Input should be 'float16', 'bfloat16' or 'float32' (got 'fp16')"),
-        ({"backend": "vllm"}, "backend: Input should be 'tensorrtllm' or 'reference' (got 'vllm')"),
+        ({"backend": "vllm"}, "backend: Input should be 'tensorrtllm', 'reference' or 'pytorch' (got 'vllm')"),
         ({"name": "Llama 3"}, "name: 'Llama 3' is not allowed: use 1-100 characters of a-z 0-9 . _ - (lowercase)"),
         ({"source": {"checkpoint": "not a hub id"}}, "neither a local folder"),
         ({"source": {"checkpoint": "./local", "revision": "main"}}, "revision applies to Hugging Face Hub ids only"),
@@ -128,6 +128,8 @@ def test_unknown_nested_key_names_its_path_and_siblings() -> None:
         ({"workers": 2}, "workers (2) must not exceed the world size (1)"),
         ({"backend": "reference", "parallelism": {"tp_size": 2}}, "tp_size*pp_size must be 1 (got 2)"),
         ({"backend": "reference", "quantization": "fp8"}, "quantization and kv_cache_quantization must be none"),
+        ({"backend": "pytorch", "parallelism": {"tp_size": 2}, "limits": {"max_batch_size": 7}},
+         "the pytorch backend builds nothing, so parallelism, limits cannot be set here"),
         ({"calibration": {"awq_block_size": 100}, "quantization": "int4_awq"}, "calibration.awq_block_size: Input should be 32, 64 or 128"),
     ],
 )

@@ -1,7 +1,7 @@
 """The lora_weights input's references (cog_triton.lora.refs) and the adapter disk cache
 (cog_triton.lora.store), against real local HTTP servers: archives of three kinds, fetched once, shared
 by processes, bounded (LRU), refused when they are not adapters or are too large; hf:// through
-huggingface_hub against a local stand-in of the Hub's resolve endpoint (the Hub cannot be reached from
+huggingface_hub against the local stand-in of the Hub in tests/hub_server.py (the Hub cannot be reached from
 the test machines; the stand-in answers what huggingface_hub's ``get_hf_file_metadata`` reads)."""
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from cog_triton.inputs import PredictInputs
 from cog_triton.local import WeightsHTTPServer, free_port
 from cog_triton.lora.refs import parse_adapter_ref
 from cog_triton.lora.store import AdapterStore, StoreLimits
+from tests.hub_server import FakeHub
 from tests.lora_adapters import pack_files
 
 CONFIG = json.dumps({"peft_type": "LORA", "r": 2}).encode()
@@ -224,63 +225,14 @@ def test_processes_fetching_the_same_adapter_download_it_once(tmp_path):
 # --- hf:// -------------------------------------------------------------------------------------
 
 
-class FakeHub(http.server.BaseHTTPRequestHandler):
-    """``/<owner>/<repo>/resolve/<revision>/<file>``: HEAD and GET of the files in ``repos``, with the headers
-    huggingface_hub reads (X-Repo-Commit, ETag, Content-Length); a missing file or repo is 404 with the
-    Hub's X-Error-Code (EntryNotFound, RepoNotFound)."""
-
-    repos: dict = {}
-    gets: list = []
-
-    def _answer(self, body: bool) -> None:
-        parts = self.path.split("?")[0].strip("/").split("/")
-        repo, revision, name = "/".join(parts[:2]), parts[3], "/".join(parts[4:])
-        files = self.repos.get(repo)
-        if files is None or name not in files:
-            self.send_response(404)
-            self.send_header("X-Error-Code", "RepoNotFound" if files is None else "EntryNotFound")
-            self.send_header("X-Error-Message", "not found")
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-            return
-        data = files[name]
-        self.send_response(200)
-        self.send_header("X-Repo-Commit", "c" * 40)
-        self.send_header("ETag", f'"{hashlib.sha256(data).hexdigest()}"')
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        if body:
-            type(self).gets.append((repo, revision, name))
-            self.wfile.write(data)
-
-    def do_HEAD(self) -> None:  # noqa: N802
-        self._answer(False)
-
-    def do_GET(self) -> None:  # noqa: N802
-        self._answer(True)
-
-    def log_message(self, *args) -> None:
-        pass
-
-
 @pytest.fixture
 def hub(monkeypatch):
-    import huggingface_hub.constants as constants
-
-    handler = type("Hub", (FakeHub,), {"repos": {"me/adapter": ADAPTER, "me/not-adapter": {"README.md": b"x"}},
-                                        "gets": []})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    endpoint = f"http://127.0.0.1:{server.server_address[1]}"
-    monkeypatch.setattr(constants, "ENDPOINT", endpoint)
-    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", endpoint + "/{repo_id}/resolve/{revision}/{filename}")
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    try:
-        yield handler
-    finally:
-        server.shutdown()
-        server.server_close()
+    """The shared stand-in of the Hub (tests/hub_server.py), serving an adapter and a repository without one."""
+    with FakeHub() as server:
+        server.add_repo("me/adapter", ADAPTER, revisions=("main", "v2"))
+        server.add_repo("me/not-adapter", {"README.md": b"x"})
+        server.use(monkeypatch)
+        yield server
 
 
 def test_hf_references_are_resolved_with_huggingface_hub_and_cached(tmp_path, hub):

@@ -20,6 +20,8 @@ import pytest
 
 from common.errors import BuildConfigError, BuildError
 from cog_triton.local import CogServer, WeightsHTTPServer
+from tests.hub_server import FakeHub
+from tests.hub_server import tiny_checkpoint as tiny_hub_checkpoint
 from cog_triton.weights import fetch_weights
 from tensorrtllm_backend.manifest import read_manifest, verify_weights
 from train import CONFIG_DIR, OUTPUT_DIR, resolve_config, train
@@ -111,6 +113,44 @@ def test_hf_token_reaches_its_own_build_only(monkeypatch: pytest.MonkeyPatch) ->
     assert os.environ.get("HF_TOKEN") is None
     assert seen == [("org/gated", "hf_s3cret"), ("org/public", None)]  # the second training got no token
     assert Path(first.weights).name == Path(second.weights).name == "tiny-llama.tar.gz"
+
+
+PYTORCH_CONFIG = """\
+name: tiny-pytorch
+backend: pytorch
+source:
+  checkpoint: org/placeholder   # replaced by the checkpoint input
+"""
+
+
+def test_train_packages_and_verifies_a_checkpoint_for_the_pytorch_backend(tmp_path, monkeypatch, checkpoint_dir):
+    """Nothing is built for the PyTorch backend: the checkpoint (here hf://, fetched with the token of this training
+    only) is checked to be one 1.2.1 serves, and packed as it is into a .tar with its manifest, without a GPU."""
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no nvidia-smi: none is needed
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    with FakeHub(token="hf_trainToken") as hub:
+        hub.use(monkeypatch)
+        files = tiny_hub_checkpoint()
+        files["tokenizer.json"] = (checkpoint_dir / "tokenizer.json").read_bytes()
+        files["pytorch_model.bin"] = b"a duplicate in another format"
+        hub.add_repo("org/tiny", files, private=True)
+        output = asyncio.run(train(config=PYTORCH_CONFIG, checkpoint="hf://org/tiny", hf_token=Secret("hf_trainToken")))
+        assert os.environ.get("HF_TOKEN") is None
+        archive = Path(output.weights)
+        assert archive == OUTPUT_DIR / "tiny-pytorch.tar" and archive.is_file()
+        fetch_weights(str(archive), tmp_path / "w")
+        manifest = read_manifest(tmp_path / "w")
+        assert manifest is not None and (manifest.backend, manifest.kind) == ("pytorch", "hf_checkpoint")
+        assert {f.path for f in manifest.files} == {"config.json", "model.safetensors", "tokenizer.json",
+                                                     "tokenizer_config.json"}
+        assert verify_weights(tmp_path / "w", []) is not None
+
+        hub.add_repo("org/gpt2", tiny_hub_checkpoint("GPT2LMHeadModel"), private=True)
+        with pytest.raises(BuildError) as refused:
+            asyncio.run(train(config=PYTORCH_CONFIG, checkpoint="hf://org/gpt2", hf_token=Secret("hf_trainToken")))
+        assert "cannot be served by the PyTorch backend: " in refused.value.message
+        assert "architecture GPT2LMHeadModel is not in TensorRT-LLM 1.2.1's PyTorch backend" in refused.value.message
+        assert not [p for p in OUTPUT_DIR.iterdir() if p.name.startswith("cog-triton-train-")]
 
 
 def test_train_refuses_an_engine_without_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

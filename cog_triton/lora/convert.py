@@ -202,9 +202,8 @@ def convert(config: dict[str, Any], weights: bytes, spec: LoraSpec, display: str
                         f"{spec.architecture or 'model'}{base} has {hf_module} {want_in} -> {want_out}: the adapter "
                         "was made for a model of other sizes")
         if rank > spec.max_rank:
-            raise _fail(display, f"its rank r={rank} (layer {layer} {hf_module}) is above the engine's "
-                        f"max_lora_rank of {spec.max_rank}; use an adapter of rank <= {spec.max_rank}, or rebuild "
-                        "the engine with a larger lora.max_lora_rank")
+            raise _fail(display, f"its rank r={rank} (layer {layer} {hf_module}) is above {spec.rank_limit} of "
+                        f"{spec.max_rank}; use an adapter of rank <= {spec.max_rank}, or {spec.rank_fix}")
         if rank < 1:
             raise _fail(display, f"layer {layer} {hf_module} has rank 0")
         scale = alpha / (math.sqrt(rank) if rslora else rank)

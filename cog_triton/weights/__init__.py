@@ -1,8 +1,9 @@
 """Fetch model weights into a local folder: download, verify, safely unpack, and skip when unchanged.
 
 :func:`fetch_weights` accepts an http(s) URL, a ``file://`` URL or a local path, pointing to a
-``.tar`` / ``.tar.gz`` (``.tgz``; bzip2 and xz work too) archive or to a directory, and leaves its
-contents in ``target_dir``:
+``.tar`` / ``.tar.gz`` (``.tgz``; bzip2 and xz work too) archive or to a directory, or ``hf://owner/repo[@revision]``
+(a Hugging Face checkpoint fetched from the Hub with huggingface_hub: :mod:`cog_triton.weights.hub`), and leaves
+its contents in ``target_dir``:
 
 * One fetch at a time per target: the whole fetch holds an exclusive lock (``flock``) on
   ``.<target name>.lock`` beside the target; a second fetch waits, then finds the marker and skips.
@@ -45,6 +46,7 @@ The package, one module per concern (this module is its public face):
 * :mod:`~cog_triton.weights.download`: HTTP download with retries, resume, deadline and minimum rate;
 * :mod:`~cog_triton.weights.archive`: safe extraction of tar (and zip) archives within a byte budget;
 * :mod:`~cog_triton.weights.cache`: the target's lock, the marker, and the atomic staging swap;
+* :mod:`~cog_triton.weights.hub`: ``hf://`` sources (the files of a checkpoint, at one commit, staged);
 * :mod:`~cog_triton.weights.fetch`: :func:`fetch_weights`, which puts them together.
 """
 

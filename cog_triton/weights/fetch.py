@@ -35,6 +35,7 @@ from cog_triton.weights.download import (
     _download,
     _Limits,
 )
+from cog_triton.weights.hub import fetch_hub
 from cog_triton.weights.sources import (
     SUPPORTED_KINDS,
     SourceLike,
@@ -61,6 +62,7 @@ class WeightsResult:
         sha256: hex sha256 of the archive (as downloaded / as on disk); ``None`` for a directory.
         size_bytes: size of the archive in bytes; for a directory, the total bytes of its files.
         skipped: ``True`` when an earlier identical fetch was found intact and reused.
+        commit: for an ``hf://`` source, the commit its revision resolved to (None otherwise).
     """
 
     path: Path
@@ -68,6 +70,7 @@ class WeightsResult:
     sha256: Optional[str]
     size_bytes: int
     skipped: bool
+    commit: Optional[str] = None
 
 
 def fetch_weights(
@@ -83,13 +86,16 @@ def fetch_weights(
     max_extracted_bytes: Optional[int] = None,
     max_download_bytes: Optional[int] = None,
     allow_zip: bool = False,
+    hf_token: Optional[str] = None,
 ) -> WeightsResult:
     """Fetch weights from ``source`` into ``target_dir`` and return what was done.
 
     Args:
         source: ``http://`` / ``https://`` URL, ``file://`` URL or local path (str or Path) of a
             tar archive (plain, gzip, bzip2 or xz; the kind is detected from the content) or of a
-            directory whose contents are copied.
+            directory whose contents are copied; or ``hf://owner/repo[@revision]``, a Hugging Face
+            checkpoint fetched from the Hub (:mod:`cog_triton.weights.hub`: only ``timeout_s`` of the
+            bounds below applies to it).
         target_dir: folder that receives the contents; created when missing. Its previous contents
             are replaced (a ``.gitkeep`` in it is kept). Temporary files and the lock file
             ``.<name>.lock`` are made beside it.
@@ -111,6 +117,8 @@ def fetch_weights(
         max_download_bytes: most bytes an http(s) download may have (``None``: no cap); a larger
             ``Content-Length`` fails before the body is read, a longer body as soon as it passes the cap.
         allow_zip: accept zip archives too (unpacked under the same rules; refused otherwise).
+        hf_token: for an ``hf://`` source, a Hugging Face token for this fetch only (None: huggingface_hub's own
+            lookup, ``HF_TOKEN``); never logged nor put in a message.
 
     Returns:
         A :class:`WeightsResult`; ``skipped`` is True when the marker left by an earlier fetch of
@@ -153,6 +161,13 @@ def fetch_weights(
     target = Path(target_dir).absolute()
     if target.exists() and not target.is_dir():
         raise WeightsError(f"target {target} exists and is not a directory")
+    if src.hub is not None:
+        if expected_sha is not None:
+            raise WeightsError(f"a sha256 was given for {src.display}, but checksums apply to archives only; an hf:// "
+                               "source is pinned by its revision (hf://owner/repo@<commit>): drop the sha256")
+        hub = fetch_hub(src.hub, target, src.key, timeout_s=timeout_s, token=hf_token)
+        return WeightsResult(path=target, source=src.display, sha256=None, size_bytes=hub.size_bytes,
+                             skipped=hub.skipped, commit=hub.commit)
 
     kind = "archive"
     fingerprint: Optional[dict[str, Any]] = None

@@ -23,6 +23,8 @@ log = logging.getLogger("cog_triton.weights")
 
 
 SUPPORTED_KINDS = ".tar, .tar.gz/.tgz (also .tar.bz2, .tar.xz) or a directory"
+#: The Hugging Face Hub form of a weights source (a checkpoint fetched with huggingface_hub: cog_triton.weights.hub).
+HUB_FORM = "hf://owner/repo[@revision]"
 
 
 _SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
@@ -71,6 +73,7 @@ class _Source:
     display: str  # safe to log
     url: Optional[str] = None  # http(s) URL
     path: Optional[Path] = None  # local file or directory (absolute)
+    hub: Optional[Any] = None  # an hf:// reference (cog_triton.weights.hub.HubRef)
 
 
 def _parse_source(source: SourceLike) -> _Source:
@@ -80,7 +83,7 @@ def _parse_source(source: SourceLike) -> _Source:
         text = source.strip()
         if not text:
             raise WeightsError(f"the weights source is empty; give an http(s) URL, a file:// URL or a path to a "
-                               f"{SUPPORTED_KINDS}")
+                               f"{SUPPORTED_KINDS}, or {HUB_FORM}")
         match = _SCHEME_RE.match(text)
         if match is None:
             path = Path(text).expanduser()
@@ -94,6 +97,11 @@ def _parse_source(source: SourceLike) -> _Source:
                 if not host:
                     raise WeightsError(f"weights URL {redact_url(text)} has no host")
                 return _Source(key=_sha256_text(text), display=redact_url(text), url=text)
+            if scheme == "hf":
+                from cog_triton.weights.hub import parse_hub_ref  # noqa: PLC0415 - hub imports this module
+
+                ref = parse_hub_ref(text)
+                return _Source(key=_sha256_text(ref.text), display=ref.text, hub=ref)
             if scheme == "file":
                 parts = urlsplit(text)
                 if parts.netloc not in ("", "localhost"):
@@ -102,7 +110,7 @@ def _parse_source(source: SourceLike) -> _Source:
                 path = Path(url2pathname(parts.path))
             else:
                 raise WeightsError(f"unsupported weights URL scheme {scheme!r} in {redact_url(text)}; "
-                                   "use http://, https://, file:// or a local path")
+                                   f"use http://, https://, file://, a local path or {HUB_FORM}")
     else:
         raise TypeError(f"source must be a str or a path, got {type(source).__name__}")
     path = path.absolute()

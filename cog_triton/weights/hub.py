@@ -1,0 +1,396 @@
+"""``hf://owner/repo[@revision]`` weights: a Hugging Face checkpoint fetched from the Hub into the weights folder.
+
+Part of :mod:`cog_triton.weights` (its public face is the package; :func:`cog_triton.weights.fetch_weights`
+hands an ``hf://`` source to :func:`fetch_hub`).
+
+What is fetched: only the files a checkpoint needs, at one commit (the revision is resolved once, with
+``HfApi.model_info``, and every file is then fetched at that commit, so a branch that moves meanwhile cannot
+mix two versions):
+
+* ``config.json`` (required), ``generation_config.json``, the quantization files ``hf_quant_config.json`` and
+  ``quant_cfg.json`` (ModelOpt) and ``dtypes.json``;
+* the weights as safetensors: the shards ``model.safetensors.index.json`` names (and the index), or without an
+  index every top-level ``*.safetensors``. Duplicates in other formats (``*.bin``, ``*.pt``, ``*.pth``,
+  ``*.gguf``, ``consolidated.*`` not named by the index, sub-folders such as ``original/``) are not fetched; a
+  repository without safetensors weights is refused;
+* the tokenizer files (:data:`TOKENIZER_FILES`, ``*.tiktoken``) and chat templates, at the top level.
+
+How (huggingface_hub 2.4.0, read in ``.venv/lib/python3.11/site-packages/huggingface_hub``):
+``HfApi.model_info`` (``GET /api/models/{repo}/revision/{revision}``: the commit ``sha``, ``gated``), then
+``HfApi.list_repo_tree`` (``GET /api/models/{repo}/tree/{commit}?recursive=True``: every file and its size),
+then ``snapshot_download(allow_patterns=<those files>, revision=<commit>, local_dir=<staging>)``, which lists
+the tree again and fetches each file with ``hf_hub_download`` (``HEAD`` then ``GET /{repo}/resolve/{commit}/{file}``,
+reading ``X-Repo-Commit``, ``ETag``/``X-Linked-Etag`` and ``Content-Length``/``X-Linked-Size``). The endpoint is
+``HF_ENDPOINT`` (huggingface_hub's own setting; tests point it at a local stand-in of the Hub).
+
+The token is huggingface_hub's own lookup (``HF_TOKEN``, else the token file of ``huggingface-cli login``): it is
+never read into this module's messages or logs, and any text of the Hub's that is quoted in an error has it
+removed (:func:`_scrub`).
+
+Nothing half-written is left: everything lands in a staging folder beside the target (with huggingface_hub's
+own cache in a temporary folder beside it, so the user's ``~/.cache/huggingface`` is not written), is checked
+(every file present with the size the tree listing gave), and only then replaces the target by rename, with
+the same marker as the other sources (:mod:`cog_triton.weights.cache`): a later fetch of the same ``hf://``
+text whose files are intact is skipped without asking the Hub. A branch or tag is therefore not looked up
+again once fetched; pin a commit (``@<40 hex>``) or change the text to fetch anew.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import stat
+import tempfile
+import time
+from dataclasses import dataclass
+from fnmatch import fnmatch
+from pathlib import Path
+from typing import Any, Optional
+
+from cog_triton.weights.archive import _check_free_space
+from cog_triton.weights.cache import (
+    MARKER_VERSION,
+    _exclusive_lock,
+    _inventory,
+    _marker_matches,
+    _read_marker,
+    _remove_leftovers,
+    _replace_directory,
+    _write_marker,
+)
+from common.errors import DownloadError, WeightsError
+from common.files import KEEP_NAMES
+
+log = logging.getLogger("cog_triton.weights")
+
+SCHEME = "hf://"
+#: A Hub repository id, ``owner/name`` (huggingface_hub's validate_repo_id rules, without the length check).
+_REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+#: A branch, tag or commit (git ref characters; "/" allowed, as in "refs/pr/1").
+_REVISION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,254}$")
+FORM = "hf://owner/repo or hf://owner/repo@revision (a branch, tag or commit)"
+
+CONFIG_NAME = "config.json"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+#: Top-level files a checkpoint may have besides its weights and tokenizer (the quantization files are read by
+#: the PyTorch backend's ModelConfig.from_pretrained: see tensorrtllm_backend.checkpoint).
+METADATA_FILES = ("config.json", "generation_config.json", "hf_quant_config.json", "quant_cfg.json", "dtypes.json")
+#: Tokenizer and chat-template files (transformers' AutoTokenizer and chat templates), top level only.
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+    "vocab.json", "vocab.txt", "merges.txt", "chat_template.jinja", "chat_template.json",
+)  # fmt: skip
+TOKENIZER_PATTERNS = ("*.tiktoken",)
+#: Free disk kept beyond the checkpoint's own size when checking for room, bytes.
+FREE_SPACE_SLACK_BYTES = 64 << 20
+
+
+@dataclass(frozen=True)
+class HubRef:
+    """A checked ``hf://`` weights source.
+
+    Attributes:
+        text: the reference as given (stripped); safe to log (it holds no credentials).
+        repo_id: ``owner/name``.
+        revision: branch, tag or commit; None for the repository's default branch.
+    """
+
+    text: str
+    repo_id: str
+    revision: Optional[str] = None
+
+
+def is_hub_source(text: str) -> bool:
+    """True when ``text`` uses the ``hf://`` scheme (any case)."""
+    return text.strip()[: len(SCHEME)].lower() == SCHEME
+
+
+def parse_hub_ref(text: str) -> HubRef:
+    """The :class:`HubRef` of ``hf://owner/repo[@revision]``.
+
+    Raises:
+        WeightsError: not of that form; the message shows the value and the form.
+    """
+    stripped = text.strip()
+    if not is_hub_source(stripped):
+        raise WeightsError(f"weights source {stripped[:200]!r} is not an hf:// reference; give {FORM}")
+    body = stripped[len(SCHEME):].strip("/")
+    repo, at, revision = body.partition("@")
+    if not _REPO_RE.match(repo) or (at and not _REVISION_RE.match(revision)):
+        raise WeightsError(f"weights source {stripped[:200]!r} is not a Hugging Face reference of the form {FORM}")
+    return HubRef(text=stripped, repo_id=repo, revision=revision or None)
+
+
+@dataclass(frozen=True)
+class HubFetch:
+    """What :func:`fetch_hub` left in the target folder.
+
+    Attributes:
+        commit: the commit the revision resolved to (40 hex).
+        files: the fetched files (paths relative to the target), sorted.
+        size_bytes: their total size in bytes.
+        skipped: an earlier identical fetch was found intact and reused (no request was made).
+    """
+
+    commit: Optional[str]
+    files: tuple[str, ...]
+    size_bytes: int
+    skipped: bool
+
+
+def fetch_hub(ref: HubRef, target: Path, source_key: str, *, timeout_s: float = 60.0,
+              token: Optional[str] = None) -> HubFetch:
+    """Fetch the checkpoint ``ref`` names into ``target`` (see the module docstring), under the target's lock.
+
+    Args:
+        source_key: the marker key of this source (:class:`cog_triton.weights.sources._Source` ``key``).
+        timeout_s: seconds to wait for each of the Hub's answers (metadata calls and the ``HEAD`` of each file).
+        token: a Hugging Face token for this fetch only (``cog train``'s hf_token input); None: huggingface_hub's
+            own lookup (``HF_TOKEN``, the login token file).
+
+    Raises:
+        WeightsError: the repository, revision or files are not there, the repository is gated or private and no
+            usable token is set, it holds no ``config.json`` or no safetensors weights, there is no room on disk, or
+            the files cannot be written. DownloadError (a WeightsError): the Hub could not be reached or answered
+            with an error. Messages name the reference, and never hold the token.
+    """
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise WeightsError(f"could not prepare {target}: {exc}") from exc
+    with _exclusive_lock(target):
+        marker = _read_marker(target)
+        if marker is not None and _marker_matches(marker, source_key, None, None, target):
+            log.info("weights from %s already present in %s (%d files, commit %s); skipping the fetch",
+                     ref.text, target, len(marker["files"]), (marker.get("hub") or {}).get("commit"))
+            files = tuple(entry["path"] for entry in marker["files"])
+            return HubFetch((marker.get("hub") or {}).get("commit"), files, int(marker["size_bytes"]), True)
+        return _fetch_into(ref, target, source_key, timeout_s, token)
+
+
+def _fetch_into(ref: HubRef, target: Path, source_key: str, timeout_s: float, token: Optional[str]) -> HubFetch:
+    started = time.monotonic()
+    log.info("fetching the checkpoint %s from the Hugging Face Hub into %s", ref.text, target)
+    try:
+        _remove_leftovers(target)
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.staging-", dir=target.parent))
+        hub_cache = Path(tempfile.mkdtemp(prefix=f".{target.name}.download-", dir=target.parent))
+    except OSError as exc:
+        raise WeightsError(f"could not prepare {target}: {exc}") from exc
+    try:
+        commit, files, size = _download(ref, staging, hub_cache, timeout_s, token)
+        shutil.rmtree(staging / ".cache", ignore_errors=True)  # huggingface_hub's local_dir metadata
+        try:
+            for name in KEEP_NAMES:
+                if (target / name).is_file() and not (staging / name).exists():
+                    shutil.copy2(target / name, staging / name)
+            _write_marker(staging, {
+                "version": MARKER_VERSION,
+                "source": ref.text,
+                "source_key": source_key,
+                "sha256": None,
+                "size_bytes": size,
+                "local": None,
+                "hub": {"repo_id": ref.repo_id, "revision": ref.revision, "commit": commit},
+                "fetched_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "files": _inventory(staging),
+            })
+            os.chmod(staging, stat.S_IMODE(target.stat().st_mode) if target.is_dir() else 0o755)
+            _replace_directory(staging, target)
+        except OSError as exc:
+            raise WeightsError(f"could not move the new weights into {target}: {exc}") from exc
+    finally:
+        shutil.rmtree(hub_cache, ignore_errors=True)
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    log.info("checkpoint %s (commit %s) ready in %s: %d files, %d bytes, %.1f s",
+             ref.text, commit, target, len(files), size, time.monotonic() - started)
+    return HubFetch(commit, tuple(files), size, False)
+
+
+def select_files(listing: dict[str, int], shards: Optional[list[str]], display: str) -> list[str]:
+    """The files of ``listing`` (path -> size in bytes, the repository's tree) that a checkpoint needs.
+
+    Args:
+        shards: the weight files ``model.safetensors.index.json`` names (None: the repository has no index).
+        display: the reference, for messages.
+
+    Raises:
+        WeightsError: no ``config.json``, no safetensors weights, or the index names a file the repository lacks.
+    """
+    top = {path for path in listing if "/" not in path}
+    if CONFIG_NAME not in top:
+        raise WeightsError(
+            f"{display} has no config.json at its top level, so it is not a Hugging Face checkpoint; found "
+            f"{_sample(sorted(top))}"
+        )
+    if shards is not None:
+        missing = sorted(set(shards) - set(listing))
+        if missing:
+            raise WeightsError(f"{display}: {SAFETENSORS_INDEX} names {_sample(missing)}, which the repository lacks")
+        weights = [SAFETENSORS_INDEX, *sorted(set(shards))]
+    else:
+        weights = sorted(path for path in top if path.endswith(".safetensors"))
+    if not any(path.endswith(".safetensors") for path in weights):
+        others = sorted(p for p in listing if p.endswith((".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5")))
+        raise WeightsError(
+            f"{display} has no safetensors weights (*.safetensors at its top level or in {SAFETENSORS_INDEX}); "
+            f"found {_sample(others) if others else 'no weight files'}. The PyTorch backend and this image load "
+            "safetensors: give a repository or revision with safetensors weights"
+        )
+    wanted = [p for p in METADATA_FILES if p in top]
+    wanted += [p for p in TOKENIZER_FILES if p in top]
+    wanted += sorted(p for p in top if any(fnmatch(p, pattern) for pattern in TOKENIZER_PATTERNS))
+    return sorted(set(wanted) | set(weights))
+
+
+def _sample(names: list[str], limit: int = 8) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "") if names else "nothing"
+
+
+def _lookup_token() -> Optional[str]:
+    from huggingface_hub import get_token  # noqa: PLC0415 - only for hf:// sources
+
+    try:
+        return get_token()
+    except Exception:  # noqa: BLE001 - e.g. an OIDC exchange that fails: no usable token
+        return None
+
+
+def _scrub(text: str, token: Optional[str] = None) -> str:
+    """``text`` without the Hugging Face token(s) that may be sent (``token`` and huggingface_hub's own), at most
+    300 characters."""
+    for secret in (token, _lookup_token()):
+        if secret:
+            text = text.replace(secret, "<token>")
+    return text[:300]
+
+
+def _download(ref: HubRef, staging: Path, hub_cache: Path, timeout_s: float,
+              token: Optional[str] = None) -> tuple[str, list[str], int]:
+    """Resolve, list, choose and fetch the files into ``staging``; return (commit, files, total bytes)."""
+    import huggingface_hub  # noqa: PLC0415 - only for hf:// sources
+    from huggingface_hub import errors as hf_errors  # noqa: PLC0415
+    from huggingface_hub.hf_api import RepoFile  # noqa: PLC0415
+
+    endpoint = os.environ.get("HF_ENDPOINT", "").strip().rstrip("/") or None
+    api = huggingface_hub.HfApi(endpoint=endpoint, token=token)
+    display = ref.text
+    has_token = bool(token or _lookup_token())
+    token_note = ("a Hugging Face token is set, but it has no access to it" if has_token
+                  else "no Hugging Face token is set (HF_TOKEN)")
+    try:
+        info = api.model_info(ref.repo_id, revision=ref.revision, timeout=timeout_s)
+        commit = str(info.sha or "")
+        if not re.fullmatch(r"[0-9a-f]{40}", commit):
+            raise WeightsError(f"the Hub answered {display} without a commit id (sha {commit[:60]!r}); is HF_ENDPOINT "
+                               "a Hugging Face Hub?")
+        if info.gated and not has_token:
+            raise WeightsError(
+                f"{display} is a gated repository ({info.gated!r} approval) and no Hugging Face token is set: accept "
+                f"its license on the Hub with your account, then set HF_TOKEN to a token of that account"
+            )
+        listing = {
+            entry.path: int(entry.size or 0)
+            for entry in api.list_repo_tree(ref.repo_id, revision=commit, recursive=True)
+            if isinstance(entry, RepoFile)
+        }
+        shards: Optional[list[str]] = None
+        if SAFETENSORS_INDEX in listing:
+            index_path = huggingface_hub.hf_hub_download(
+                ref.repo_id, SAFETENSORS_INDEX, revision=commit, local_dir=staging, cache_dir=hub_cache,
+                endpoint=endpoint, etag_timeout=timeout_s, token=token,
+            )
+            shards = _index_shards(Path(index_path), display)
+        files = select_files(listing, shards, display)
+        size = sum(listing[path] for path in files)
+        _check_free_space(staging.parent, size + FREE_SPACE_SLACK_BYTES, f"the checkpoint {display}")
+        log.info("fetching %d files (%d bytes) of %s at commit %s: %s", len(files), size, display, commit,
+                 _sample(files, 12))
+        huggingface_hub.snapshot_download(
+            ref.repo_id, revision=commit, local_dir=staging, cache_dir=hub_cache, allow_patterns=files,
+            endpoint=endpoint, etag_timeout=timeout_s, max_workers=4, token=token,
+        )
+    except WeightsError:
+        raise
+    except hf_errors.RevisionNotFoundError:
+        raise WeightsError(
+            f"{display}: revision {ref.revision!r} was not found in {ref.repo_id} (give a branch, tag or commit of it)"
+        ) from None
+    except hf_errors.GatedRepoError:
+        raise WeightsError(
+            f"{display} is a gated repository and {token_note}: accept its license on the Hub with your account, "
+            "then set HF_TOKEN to a token of that account"
+        ) from None
+    except hf_errors.RepositoryNotFoundError:
+        raise WeightsError(
+            f"{display}: repository {ref.repo_id} was not found, or it is private and {token_note}"
+        ) from None
+    except hf_errors.RemoteEntryNotFoundError as exc:
+        raise WeightsError(
+            f"{display}: a file listed in the repository was not found at its commit: {_scrub(str(exc), token)}"
+        ) from None
+    except hf_errors.OfflineModeIsEnabled:
+        raise DownloadError(f"{display} cannot be fetched: HF_HUB_OFFLINE is set, which forbids reaching the Hub") \
+            from None
+    except hf_errors.HfHubHTTPError as exc:
+        status = exc.response.status_code if exc.response is not None else "?"
+        raise DownloadError(
+            f"{display} could not be fetched: the Hub answered HTTP {status}"
+            + (f" ({_scrub(exc.server_message, token)})" if exc.server_message else "")
+        ) from None
+    except (hf_errors.LocalEntryNotFoundError, ConnectionError, TimeoutError) as exc:
+        raise DownloadError(f"{display} could not be fetched: the Hub could not be reached ({type(exc).__name__}: "
+                            f"{_scrub(str(exc), token)})") from None
+    except OSError as exc:
+        raise WeightsError(f"{display} could not be written to {staging}: {_scrub(str(exc), token)}") from None
+    except Exception as exc:  # noqa: BLE001 - httpx errors and huggingface_hub's own; all mean "not fetched"
+        raise DownloadError(f"{display} could not be fetched: {type(exc).__name__}: {_scrub(str(exc), token)}") from None
+    _check_fetched(staging, files, listing, display)
+    return commit, files, size
+
+
+def _index_shards(path: Path, display: str) -> list[str]:
+    """The weight files a ``model.safetensors.index.json`` names (its ``weight_map`` values).
+
+    Raises:
+        WeightsError: not JSON, or no ``weight_map`` of file names.
+    """
+    try:
+        data: Any = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise WeightsError(f"{display}: {SAFETENSORS_INDEX} is not readable JSON ({exc})") from None
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map or not all(isinstance(v, str) for v in weight_map.values()):
+        raise WeightsError(f"{display}: {SAFETENSORS_INDEX} has no weight_map of tensor names to files")
+    shards = sorted(set(weight_map.values()))
+    bad = [s for s in shards if s.startswith("/") or ".." in s.split("/")]
+    if bad:
+        raise WeightsError(f"{display}: {SAFETENSORS_INDEX} names files outside the repository: {_sample(bad)}")
+    return shards
+
+
+def _check_fetched(staging: Path, files: list[str], listing: dict[str, int], display: str) -> None:
+    """Every chosen file is in ``staging`` with the size the tree listing gave.
+
+    Raises:
+        WeightsError: naming the first files that are missing or of another size.
+    """
+    problems = []
+    for path in files:
+        try:
+            size = (staging / path).stat().st_size
+        except OSError:
+            problems.append(f"{path} (missing)")
+            continue
+        if size != listing[path]:
+            problems.append(f"{path} ({size} bytes, the Hub lists {listing[path]})")
+    if problems:
+        raise WeightsError(f"{display} was not fetched whole: {_sample(problems)}")
+
+
+__all__ = ("FORM", "HubFetch", "HubRef", "SCHEME", "fetch_hub", "is_hub_source", "parse_hub_ref", "select_files")

@@ -1,0 +1,296 @@
+"""What TensorRT-LLM 1.2.1's PyTorch backend serves from a Hugging Face checkpoint: architectures and quantization.
+
+A checkpoint is served as it is (no engine build): ``tensorrt_llm.LLM(model=<folder>)`` reads its
+``config.json``, picks the model class registered for ``architectures[0]`` and loads the safetensors. Two things
+decide whether that can work, and both are checked here, before Triton starts, so a checkpoint the release
+cannot serve fails setup with a message instead of failing inside the Triton model:
+
+**Architectures** (:data:`PYTORCH_ARCHITECTURES`). The PyTorch backend's model registry is
+``MODEL_CLASS_MAPPING`` in ``tensorrt_llm/_torch/models/modeling_utils.py``, filled by the
+``@register_auto_model("<architecture>")`` decorator of each ``tensorrt_llm/_torch/models/modeling_*.py`` (read
+@``cb4c622c`` and earlier stored versions); ``AutoModelForCausalLM.from_config`` (``modeling_auto.py``
+@``01bffee1``) raises ``ValueError("Unknown architecture for AutoModelForCausalLM: <arch>")`` for any other
+``architectures[0]``. The search index holds no file of the v1.2.1 commit (``376f7e1b``), so the list is put
+together from the nearest sources, each entry naming its own: the 1.0.0 "Supported Models" page
+(nvidia.github.io/TensorRT-LLM/1.0.0/models/supported-models.html), the model imports of
+``_torch/models/__init__.py`` (stored @``015fb89c``), the release notes of 1.1 and 1.2
+(``docs/source/release-notes.md`` @``001eaece``: GPT-OSS, Hunyuan Dense/MoE, Seed-OSS in 1.1; K-EXAONE, Nemotron
+Nano/Super V3, Qwen3-Next, Qwen3-VL in 1.2), the supported-models page published for the 1.2 line (root of
+nvidia.github.io/TensorRT-LLM, which lists DeepSeek-V3.2, K-EXAONE, GLM-4.5-4.7, MiniMax M2/M2.1, Nemotron-3-Nano,
+Phi-4), and checked against the later registry index ``_torch/models/_arch_index.py`` (@``065ff9e9``, a superset:
+every entry here is in it). Architectures only that later index has (Gemma 4, Qwen3.5, DeepSeek-V4, Kimi-K2.5,
+Cohere2, ...) postdate 1.2 and are not listed.
+
+Registered but not text generation (``ModelConfig.is_generation_model``, ``tensorrt_llm/_torch/model_config.py``):
+``BertForSequenceClassification``, ``Qwen2ForProcessRewardModel``, ``Qwen2ForRewardModel``,
+``LlamaForTextEmbedding``; and the vision encoders ``CLIPVisionModel``, ``SiglipVisionModel``. This image streams
+generated text, so those are refused too (:data:`NOT_TEXT_GENERATION`).
+
+**Quantization** (:func:`checkpoint_quantization`). ``ModelConfig.from_pretrained`` (``_torch/model_config.py``,
+1.2-era stored version) reads, in this order: ``hf_quant_config.json`` (a ModelOpt export:
+``quantization.quant_algo``, ``quantization.kv_cache_quant_algo``; ``fp8_pb_wo`` is read as
+``FP8_BLOCK_SCALES``; ``MIXED_PRECISION`` also reads ``quant_cfg.json``), else ``config.json``
+``quantization_config`` with ``quant_method`` ``fp8`` and a ``weight_block_size`` (DeepSeek's FP8,
+``FP8_BLOCK_SCALES``) or ``mxfp4`` (GPT-OSS), else ``dtypes.json`` (MXFP4). Any other ``quantization_config``
+(GPTQ, AWQ, bitsandbytes, compressed-tensors, or ModelOpt's ``quant_method: "modelopt"`` without an
+``hf_quant_config.json`` beside it: the reader of that shape, ``read_modelopt_quant_config``, came later) is not
+read: the weights would load as if unquantized, so such a checkpoint is refused. The ModelOpt algorithms the
+PyTorch backend runs (:data:`MODELOPT_QUANT_ALGOS`) are the recipes of the "Quantization" feature page
+(nvidia.github.io/TensorRT-LLM/1.0.0/features/quantization.html and the later page: FP4, FP8 per tensor, FP8
+block scaling, FP8 rowwise, W4A16/W4A8 AWQ and GPTQ; "the default PyTorch backend supports FP4 and FP8
+quantization on the latest Blackwell and Hopper GPUs"), named as ``tensorrt_llm/quantization/mode.py``
+``QuantAlgo`` names them, with the GPU each needs (FP8 compute capability 8.9, NVFP4 10.0: ModelOpt's support
+matrix, nvidia.github.io/Model-Optimizer/guides/0_support_matrix.html).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
+
+from common.errors import IncompatibleWeightsError
+
+if TYPE_CHECKING:
+    from tensorrtllm_backend.engine import WeightsInfo
+    from tensorrtllm_backend.gpus import GPU
+
+#: The TensorRT-LLM release these facts were recorded for.
+FACTS_VERSION = "1.2.1"
+
+_DOCS_1_0 = "1.0.0 Supported Models page"
+_INIT = "_torch/models/__init__.py model imports (@015fb89c)"
+_NOTES_1_1 = "release notes, Release 1.1 (@001eaece)"
+_NOTES_1_2 = "release notes, Release 1.2 (@001eaece)"
+_DOCS_1_2 = "supported-models page of the 1.2 line"
+_DOCS_1_0_MM = "1.0-era Support Matrix (multimodal, served text-only here)"
+
+#: architectures[0] -> where it was found (see the module docstring); every key is in _arch_index.py @065ff9e9.
+PYTORCH_ARCHITECTURES: dict[str, str] = {
+    "DeciLMForCausalLM": _DOCS_1_0 + " (Nemotron-NAS: the class NemotronNASForCausalLM is registered under this name)",
+    "DeepseekV3ForCausalLM": _DOCS_1_0,
+    "DeepseekV32ForCausalLM": _DOCS_1_2,
+    "Exaone4ForCausalLM": _DOCS_1_0,
+    "ExaoneMoEForCausalLM": _NOTES_1_2 + " (K-EXAONE)",
+    "Gemma3ForCausalLM": _DOCS_1_0,
+    "Gemma3ForConditionalGeneration": _DOCS_1_0_MM,
+    "Glm4MoeForCausalLM": _DOCS_1_2,
+    "GptOssForCausalLM": _NOTES_1_1,
+    "HCXVisionForCausalLM": _DOCS_1_0_MM,
+    "HunYuanDenseV1ForCausalLM": _NOTES_1_1,
+    "HunYuanMoEV1ForCausalLM": _NOTES_1_1,
+    "LlamaForCausalLM": _DOCS_1_0,
+    "Llama4ForConditionalGeneration": _DOCS_1_0,
+    "LlavaLlamaModel": _DOCS_1_0_MM,
+    "LlavaNextForConditionalGeneration": _DOCS_1_0_MM,
+    "MiniMaxM2ForCausalLM": _DOCS_1_2,
+    "Mistral3ForConditionalGeneration": _DOCS_1_0_MM,
+    "MistralForCausalLM": _DOCS_1_0,
+    "MixtralForCausalLM": _DOCS_1_0,
+    "MllamaForConditionalGeneration": _DOCS_1_0,
+    "NemotronForCausalLM": _DOCS_1_0,
+    "NemotronHForCausalLM": _INIT + "; " + _NOTES_1_2 + " (Nemotron Nano V3)",
+    "Phi3ForCausalLM": _DOCS_1_2,
+    "Phi4MMForCausalLM": "release notes, Release 1.0 (phi-4-multimodal)",
+    "Qwen2ForCausalLM": _DOCS_1_0,
+    "Qwen2MoeForCausalLM": _INIT,
+    "Qwen2VLForConditionalGeneration": _DOCS_1_0_MM,
+    "Qwen2_5_VLForConditionalGeneration": _DOCS_1_0_MM,
+    "Qwen3ForCausalLM": _DOCS_1_0,
+    "Qwen3MoeForCausalLM": _DOCS_1_0,
+    "Qwen3NextForCausalLM": _NOTES_1_2,
+    "Qwen3VLForConditionalGeneration": _NOTES_1_2,
+    "Qwen3VLMoeForConditionalGeneration": _NOTES_1_2,
+    "SeedOssForCausalLM": _NOTES_1_1,
+    "Starcoder2ForCausalLM": _NOTES_1_2,
+}
+
+#: Registered architectures that do not generate text (ModelConfig.is_generation_model; vision encoders).
+NOT_TEXT_GENERATION = frozenset({
+    "BertForSequenceClassification", "Qwen2ForProcessRewardModel", "Qwen2ForRewardModel", "LlamaForTextEmbedding",
+    "CLIPVisionModel", "SiglipVisionModel",
+})
+
+#: ModelOpt quant_algo (QuantAlgo names) the PyTorch backend serves -> lowest compute capability (None: any GPU
+#: the backend runs on).
+MODELOPT_QUANT_ALGOS: dict[str, Optional[tuple[int, int]]] = {
+    "FP8": (8, 9),
+    "FP8_BLOCK_SCALES": (8, 9),
+    "FP8_PER_CHANNEL_PER_TOKEN": (8, 9),
+    "NVFP4": (10, 0),
+    "W4A16_AWQ": None,
+    "W4A8_AWQ": (8, 9),
+    "W4A16_GPTQ": None,
+    "W4A8_GPTQ": (8, 9),
+    "MIXED_PRECISION": None,
+}
+#: hf_quant_config.json spellings read as another QuantAlgo (ModelConfig.load_modelopt_quant_config).
+MODELOPT_ALIASES = {"fp8_pb_wo": "FP8_BLOCK_SCALES"}
+#: kv_cache_quant_algo values of a ModelOpt export that the PyTorch backend's KV cache takes.
+KV_CACHE_QUANT_ALGOS = {"FP8": (8, 9), "NVFP4": (10, 0)}
+#: Other quantization the 1.2-era ModelConfig.from_pretrained reads (config.json quantization_config).
+OTHER_QUANT_METHODS = {"fp8": "FP8_BLOCK_SCALES", "mxfp4": "MXFP4"}
+
+
+@dataclass(frozen=True)
+class CheckpointQuantization:
+    """How a checkpoint is quantized, as the PyTorch backend reads it.
+
+    Attributes:
+        algo: the QuantAlgo name (e.g. "FP8", "NVFP4", "FP8_BLOCK_SCALES"), or "" when the file names none.
+        kv_cache_algo: the KV cache's ("FP8"), or "".
+        source: where it was read: "hf_quant_config.json", "config.json quantization_config" or "dtypes.json".
+        method: "modelopt", or config.json's quant_method ("fp8", "mxfp4", "gptq", ...).
+        supported: whether TensorRT-LLM 1.2.1's PyTorch backend reads and runs it.
+        reason: why not (when not supported), for messages.
+    """
+
+    algo: str
+    kv_cache_algo: str
+    source: str
+    method: str
+    supported: bool = True
+    reason: str = ""
+
+    def describe(self) -> str:
+        kv = f", KV cache {self.kv_cache_algo}" if self.kv_cache_algo else ""
+        return f"{self.algo or 'unnamed'} ({self.method}, {self.source}{kv})"
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def checkpoint_quantization(folder: Path, config: Mapping[str, Any]) -> Optional[CheckpointQuantization]:
+    """The quantization of the checkpoint in ``folder`` (``config`` is its config.json), or None when it is not
+    quantized. Never raises: an unreadable file gives an unsupported result with the reason."""
+    hf_quant = folder / "hf_quant_config.json"
+    if hf_quant.is_file():
+        data = _read_json(hf_quant)
+        section = data.get("quantization") if isinstance(data, dict) else None
+        if not isinstance(section, dict):
+            return CheckpointQuantization("", "", "hf_quant_config.json", "modelopt", False,
+                                          "hf_quant_config.json has no \"quantization\" object (ModelOpt's export "
+                                          "writes quantization.quant_algo there)")
+        algo = str(section.get("quant_algo") or "")
+        algo = MODELOPT_ALIASES.get(algo, algo)
+        kv = str(section.get("kv_cache_quant_algo") or "")
+        return _judge(CheckpointQuantization(algo, kv, "hf_quant_config.json", "modelopt"))
+    qc = config.get("quantization_config")
+    if isinstance(qc, Mapping):
+        method = str(qc.get("quant_method") or "").lower()
+        where = "config.json quantization_config"
+        if method.startswith("modelopt"):
+            algo = str(qc.get("quant_algo") or "")
+            return CheckpointQuantization(
+                MODELOPT_ALIASES.get(algo, algo), str(qc.get("kv_cache_quant_algo") or ""), where, "modelopt", False,
+                f"ModelOpt quantization given only in config.json (quant_method {qc.get('quant_method')!r}); TensorRT-LLM "
+                f"{FACTS_VERSION}'s PyTorch backend reads ModelOpt's settings from hf_quant_config.json "
+                "(ModelConfig.from_pretrained): export the checkpoint with ModelOpt's unified Hugging Face export, "
+                "which writes hf_quant_config.json, or add that file",
+            )
+        if method == "fp8" and qc.get("weight_block_size"):
+            block = list(qc.get("weight_block_size") or [])
+            if block != [128, 128]:
+                return CheckpointQuantization("FP8_BLOCK_SCALES", "", where, method, False,
+                                              f"weight_block_size {block}: FP8_BLOCK_SCALES only supports (128, 128)")
+            return CheckpointQuantization("FP8_BLOCK_SCALES", "", where, method)
+        if method == "mxfp4":
+            return CheckpointQuantization("MXFP4", "", where, method)
+        return CheckpointQuantization(
+            "", "", where, method or "unnamed", False,
+            f"quant_method {qc.get('quant_method')!r} is not read by TensorRT-LLM {FACTS_VERSION}'s PyTorch backend, "
+            "which reads ModelOpt's hf_quant_config.json, FP8 block scales (quant_method fp8 with "
+            "weight_block_size) and MXFP4; the weights would load as if unquantized. Give the unquantized checkpoint "
+            "or a ModelOpt export (e.g. an nvidia/...-FP8 repository)",
+        )
+    if (folder / "dtypes.json").is_file():
+        return CheckpointQuantization("MXFP4", "", "dtypes.json", "mxfp4")
+    return None
+
+
+def _judge(q: CheckpointQuantization) -> CheckpointQuantization:
+    if not q.algo:
+        return CheckpointQuantization(q.algo, q.kv_cache_algo, q.source, q.method, True,
+                                      "")  # KV-cache-only quantization: weights as they are
+    if q.algo not in MODELOPT_QUANT_ALGOS:
+        return CheckpointQuantization(
+            q.algo, q.kv_cache_algo, q.source, q.method, False,
+            f"quant_algo {q.algo} is not one the PyTorch backend of TensorRT-LLM {FACTS_VERSION} runs "
+            f"(supported: {', '.join(sorted(MODELOPT_QUANT_ALGOS))})",
+        )
+    if q.kv_cache_algo and q.kv_cache_algo not in KV_CACHE_QUANT_ALGOS:
+        return CheckpointQuantization(
+            q.algo, q.kv_cache_algo, q.source, q.method, False,
+            f"kv_cache_quant_algo {q.kv_cache_algo} is not one the PyTorch backend's KV cache takes "
+            f"(supported: {', '.join(sorted(KV_CACHE_QUANT_ALGOS))})",
+        )
+    return q
+
+
+def architecture_support(architecture: str) -> tuple[bool, str]:
+    """(served, reason) for ``architectures[0]`` on the PyTorch backend of TensorRT-LLM 1.2.1."""
+    if architecture in PYTORCH_ARCHITECTURES:
+        return True, PYTORCH_ARCHITECTURES[architecture]
+    if architecture in NOT_TEXT_GENERATION:
+        return False, (f"architecture {architecture} is registered in TensorRT-LLM {FACTS_VERSION}'s PyTorch backend "
+                       "but does not generate text (a classifier, reward, embedding or vision model); this image "
+                       "serves text generation")
+    import difflib  # noqa: PLC0415
+
+    close = difflib.get_close_matches(architecture, PYTORCH_ARCHITECTURES, n=3, cutoff=0.6)
+    hint = f" (close: {', '.join(close)})" if close else ""
+    return False, (
+        f"architecture {architecture or '(none: config.json has no architectures)'} is not in TensorRT-LLM "
+        f"{FACTS_VERSION}'s PyTorch backend model registry{hint}; supported: {', '.join(sorted(PYTORCH_ARCHITECTURES))}"
+        ". Serve it with a prebuilt engine if TensorRT-LLM builds one for it, or with COG_TRITON_CHECKPOINT_BACKEND="
+        "reference on the CPU"
+    )
+
+
+def check_pytorch_checkpoint(info: "WeightsInfo", gpus: Sequence["GPU"] = ()) -> None:
+    """Refuse a checkpoint that TensorRT-LLM 1.2.1's PyTorch backend cannot serve, before Triton starts.
+
+    Args:
+        info: :func:`tensorrtllm_backend.engine.inspect_weights` of a checkpoint (kind "hf_checkpoint").
+        gpus: the visible GPUs; when given, a quantization is checked against the first one's compute capability.
+
+    Raises:
+        IncompatibleWeightsError: an engine was given, the architecture is not served, the quantization is not
+            read or not run by the backend, or the GPU is too old for it; the message names the value and what is
+            allowed.
+    """
+    if info.kind != "hf_checkpoint":
+        raise IncompatibleWeightsError(
+            f"the PyTorch backend serves Hugging Face checkpoints; {info.weights_dir} holds a TensorRT-LLM engine, "
+            "which the C++ backend serves"
+        )
+    served, reason = architecture_support(info.architecture)
+    if not served:
+        raise IncompatibleWeightsError(f"{info.weights_dir}: {reason}")
+    q = info.quantization
+    if q is None:
+        return
+    if not q.supported:
+        raise IncompatibleWeightsError(f"{info.weights_dir}: quantized checkpoint {q.describe()}: {q.reason}")
+    if gpus:
+        gpu = gpus[0]
+        for what, value, table in (("quant_algo", q.algo, MODELOPT_QUANT_ALGOS),
+                                   ("kv_cache_quant_algo", q.kv_cache_algo, KV_CACHE_QUANT_ALGOS)):
+            need = table.get(value) if value else None
+            if need is not None and gpu.capability < need:
+                raise IncompatibleWeightsError(
+                    f"{info.weights_dir}: {what} {value} needs a GPU of compute capability {need[0]}.{need[1]} or "
+                    f"newer, but GPU {gpu.index} ({gpu.name}) has {gpu.compute_capability}: use the unquantized "
+                    "checkpoint, another quantization, or a newer GPU"
+                )
+
+
+__all__ = (
+    "FACTS_VERSION", "KV_CACHE_QUANT_ALGOS", "MODELOPT_QUANT_ALGOS", "NOT_TEXT_GENERATION", "PYTORCH_ARCHITECTURES",
+    "CheckpointQuantization", "architecture_support", "check_pytorch_checkpoint", "checkpoint_quantization",
+)

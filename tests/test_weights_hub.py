@@ -1,0 +1,285 @@
+"""``hf://owner/repo[@revision]`` weights (cog_triton.weights.hub) through the real huggingface_hub against a local
+stand-in of the Hub (tests/hub_server.py; the Hub cannot be reached from the test machines): which files are
+fetched, the commit they are fetched at, reuse, and every refusal (no such repository or revision, gated, private,
+not a safetensors checkpoint, a fetch that fails midway) with nothing half-written left and the token never in a
+message or a log line."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from common.errors import DownloadError, WeightsError
+from cog_triton.weights import fetch_weights
+from cog_triton.weights.hub import parse_hub_ref, select_files
+from cog_triton.settings import REPO_ROOT
+from tensorrtllm_backend.engine import inspect_weights
+from tests.hub_server import FakeHub, commit_of, tiny_checkpoint
+
+TOKEN = "hf_secretTOKENvalue1234567890"
+DEFAULT_CHECKPOINT = REPO_ROOT / "build" / "default_model" / "checkpoint"
+
+
+@pytest.fixture
+def hub(monkeypatch):
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
+    with FakeHub(token=TOKEN) as server:
+        server.use(monkeypatch)
+        yield server
+
+
+def leftovers(target: Path) -> list[str]:
+    return sorted(p.name for p in target.parent.iterdir() if p.name.startswith(f".{target.name}."))
+
+
+def resolved_gets(hub: FakeHub) -> list[str]:
+    return sorted(path for _, _, path in hub.gets)
+
+
+# --- what is fetched ------------------------------------------------------------------------------
+
+
+def test_only_the_checkpoint_files_are_fetched_at_one_commit_and_reused(hub, tmp_path):
+    files = tiny_checkpoint()
+    files.update({
+        "generation_config.json": b"{}", "pytorch_model.bin": b"duplicate", "model.gguf": b"gguf",
+        "original/consolidated.pth": b"meta", "README.md": b"# card", "chat_template.jinja": b"{{ x }}",
+    })
+    commit = hub.add_repo("me/tiny", files)
+    target = tmp_path / "weights"
+    result = fetch_weights("hf://me/tiny", target)
+    assert (result.skipped, result.commit, result.source) == (False, commit, "hf://me/tiny")
+    wanted = ["chat_template.jinja", "config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+              "tokenizer_config.json"]
+    assert resolved_gets(hub) == wanted
+    assert {rev for _, rev, _ in hub.gets} == {commit}, "every file is fetched at the resolved commit"
+    assert sorted(p.name for p in target.iterdir() if not p.name.startswith(".")) == wanted
+    assert (target / "model.safetensors").read_bytes() == files["model.safetensors"]
+    marker = json.loads((target / ".cog-triton-weights.json").read_text())
+    assert marker["hub"] == {"repo_id": "me/tiny", "revision": None, "commit": commit}
+    assert leftovers(target) == [] and not (target / ".cache").exists()
+
+    requests = len(hub.requests)
+    again = fetch_weights("hf://me/tiny", target)
+    assert (again.skipped, again.commit, again.size_bytes) == (True, commit, result.size_bytes)
+    assert len(hub.requests) == requests, "a fetched checkpoint is reused without asking the Hub"
+    (target / "model.safetensors").write_bytes(b"x")  # damaged: fetched anew
+    assert fetch_weights("hf://me/tiny", target).skipped is False
+    assert (target / "model.safetensors").read_bytes() == files["model.safetensors"]
+
+
+def test_an_index_names_the_shards_and_duplicates_are_not_fetched(hub, tmp_path):
+    files = tiny_checkpoint()
+    shard = files.pop("model.safetensors")
+    files.update({
+        "model-00001-of-00002.safetensors": shard, "model-00002-of-00002.safetensors": shard,
+        "consolidated.safetensors": shard * 2,  # Mistral's duplicate of the shards
+        "model.safetensors.index.json": json.dumps({"metadata": {}, "weight_map": {
+            "a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}).encode(),
+        "hf_quant_config.json": json.dumps({"quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}}).encode(),
+    })
+    hub.add_repo("nvidia/tiny-FP8", files)
+    target = tmp_path / "w"
+    fetch_weights("hf://nvidia/tiny-FP8", target)
+    assert sorted(set(resolved_gets(hub))) == [
+        "config.json", "hf_quant_config.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+        "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json"]
+    info = inspect_weights(target)  # the ModelOpt checkpoint is reported as it is
+    assert (info.quantization.algo, info.quantization.kv_cache_algo, info.quantization.supported) == ("FP8", "FP8", True)
+
+
+def test_a_revision_is_resolved_to_its_commit(hub, tmp_path):
+    hub.add_repo("me/tiny", tiny_checkpoint(), revisions=("main", "v1.0"))
+    result = fetch_weights("hf://me/tiny@v1.0", tmp_path / "w")
+    assert result.commit == commit_of("me/tiny", "v1.0") != commit_of("me/tiny", "main")
+    assert {rev for _, rev, _ in hub.gets} == {result.commit}
+    pinned = fetch_weights(f"hf://me/tiny@{result.commit}", tmp_path / "w2")
+    assert pinned.commit == result.commit
+
+
+def test_a_branch_that_moves_during_the_fetch_does_not_change_what_is_fetched(hub, tmp_path):
+    hub.add_repo("me/tiny", tiny_checkpoint(), revisions=("main", "v1.0"))
+    hub.after_model_info = lambda repo: hub.repos[repo].revisions.pop("v1.0", None)  # the tag is deleted meanwhile
+    result = fetch_weights("hf://me/tiny@v1.0", tmp_path / "w")
+    assert result.commit == commit_of("me/tiny", "v1.0")
+    assert {rev for _, rev, _ in hub.gets} == {result.commit}
+
+
+def test_the_default_models_checkpoint_is_served_and_inspected(hub, tmp_path):
+    """The bundled SmolLM2 checkpoint, served from build/default_model/checkpoint as the Hub would serve it."""
+    hub.add_folder("HuggingFaceTB/SmolLM2-135M-Instruct", DEFAULT_CHECKPOINT)
+    target = tmp_path / "w"
+    result = fetch_weights("hf://HuggingFaceTB/SmolLM2-135M-Instruct", target)
+    names = sorted(p.name for p in DEFAULT_CHECKPOINT.iterdir())
+    assert sorted(p.name for p in target.iterdir() if not p.name.startswith(".")) == names
+    assert result.size_bytes == sum(p.stat().st_size for p in DEFAULT_CHECKPOINT.iterdir())
+    for name in ("config.json", "tokenizer.json"):
+        assert hashlib.sha256((target / name).read_bytes()).digest() == \
+            hashlib.sha256((DEFAULT_CHECKPOINT / name).read_bytes()).digest()
+    info = inspect_weights(target)
+    assert (info.kind, info.architecture, info.quantization) == ("hf_checkpoint", "LlamaForCausalLM", None)
+
+
+# --- refusals -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["hf://justaname", "hf://a/b@", "hf://a/b/c", "hf:///x"])
+def test_malformed_references_show_the_form(value, tmp_path):
+    with pytest.raises(WeightsError, match=r"hf://owner/repo or hf://owner/repo@revision"):
+        fetch_weights(value, tmp_path / "w")
+
+
+def test_a_checksum_is_refused_for_a_hub_source(tmp_path):
+    with pytest.raises(WeightsError, match="pinned by its revision"):
+        fetch_weights("hf://me/tiny", tmp_path / "w", sha256="a" * 64)
+
+
+def _previous(target: Path) -> None:
+    target.mkdir(parents=True)
+    (target / "old.txt").write_text("previous weights")
+
+
+def assert_untouched(target: Path) -> None:
+    assert (target / "old.txt").read_text() == "previous weights"
+    assert sorted(p.name for p in target.iterdir()) == ["old.txt"]
+    assert leftovers(target) == []
+
+
+def test_an_unknown_revision_is_refused_naming_it(hub, tmp_path):
+    hub.add_repo("me/tiny", tiny_checkpoint())
+    target = tmp_path / "w"
+    _previous(target)
+    with pytest.raises(WeightsError) as info:
+        fetch_weights("hf://me/tiny@no-such-branch", target)
+    assert "revision 'no-such-branch' was not found in me/tiny" in info.value.message
+    assert_untouched(target)
+
+
+@pytest.mark.parametrize("token", [None, "hf_someoneElsesToken"])
+def test_an_unknown_or_private_repository_is_refused(hub, tmp_path, monkeypatch, token):
+    hub.add_repo("me/private", tiny_checkpoint(), private=True)
+    if token:
+        monkeypatch.setenv("HF_TOKEN", token)
+    for repo in ("me/nothing", "me/private"):
+        with pytest.raises(WeightsError) as info:
+            fetch_weights(f"hf://{repo}", tmp_path / "w")
+        note = "a Hugging Face token is set, but it has no access" if token else "no Hugging Face token is set"
+        assert f"repository {repo} was not found, or it is private and {note}" in info.value.message
+    assert hub.gets == []
+
+
+def test_a_private_repository_is_fetched_with_the_token_from_the_environment(hub, tmp_path, monkeypatch):
+    hub.add_repo("me/private", tiny_checkpoint(), private=True)
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    fetch_weights("hf://me/private", tmp_path / "w")
+    assert all(auth == f"Bearer {TOKEN}" for _, path, auth in hub.requests if path.startswith(("/api/models", "/me/")))
+
+
+def test_a_gated_repository_without_a_token_is_refused_before_any_file(hub, tmp_path):
+    hub.add_repo("meta-llama/Llama-3.1-8B-Instruct", tiny_checkpoint(), gated="manual")
+    target = tmp_path / "w"
+    _previous(target)
+    with pytest.raises(WeightsError) as info:
+        fetch_weights("hf://meta-llama/Llama-3.1-8B-Instruct", target)
+    assert "is a gated repository ('manual' approval) and no Hugging Face token is set" in info.value.message
+    assert "set HF_TOKEN" in info.value.message
+    assert hub.gets == [] and not any("/resolve/" in path for _, path, _ in hub.requests)
+    assert_untouched(target)
+
+
+def test_a_token_without_access_is_refused_and_never_shown(hub, tmp_path, monkeypatch, caplog, capfd):
+    """A token in the environment, a failing fetch (403 GatedRepo): the token reached the Hub, and is in no error
+    message, no log record (any logger, DEBUG) and nothing printed."""
+    hub.add_repo("meta-llama/Llama-3.1-8B-Instruct", tiny_checkpoint(), gated="manual")
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    target = tmp_path / "w"
+    _previous(target)
+    with caplog.at_level(logging.DEBUG), pytest.raises(WeightsError) as info:
+        fetch_weights("hf://meta-llama/Llama-3.1-8B-Instruct", target)
+    assert "a Hugging Face token is set, but it has no access to it" in info.value.message
+    assert any(auth == f"Bearer {TOKEN}" for _, _, auth in hub.requests), "the token from HF_TOKEN was sent"
+    out, err = capfd.readouterr()
+    for text in (str(info.value), repr(info.value), caplog.text, out, err,
+                 " ".join(str(r.args) for r in caplog.records)):
+        assert TOKEN not in text
+    assert_untouched(target)
+
+    hub.granted.add("meta-llama/Llama-3.1-8B-Instruct")  # the license accepted: the same token now works
+    assert fetch_weights("hf://meta-llama/Llama-3.1-8B-Instruct", target).skipped is False
+
+
+def test_a_repository_without_safetensors_is_refused_naming_what_it_has(hub, tmp_path):
+    files = tiny_checkpoint()
+    files["pytorch_model.bin"] = files.pop("model.safetensors")
+    hub.add_repo("old/bin-only", files)
+    with pytest.raises(WeightsError) as info:
+        fetch_weights("hf://old/bin-only", tmp_path / "w")
+    assert "has no safetensors weights" in info.value.message and "found pytorch_model.bin" in info.value.message
+    assert hub.gets == []
+
+
+def test_a_repository_without_config_json_is_not_a_checkpoint(hub, tmp_path):
+    hub.add_repo("me/adapter", {"adapter_config.json": b"{}", "adapter_model.safetensors": b"x"})
+    with pytest.raises(WeightsError, match="has no config.json at its top level.*adapter_config.json"):
+        fetch_weights("hf://me/adapter", tmp_path / "w")
+
+
+def test_a_fetch_failing_midway_leaves_nothing_half_written(hub, tmp_path):
+    files = tiny_checkpoint()
+    files["model-2.safetensors"] = files["model.safetensors"]
+    hub.add_repo("me/tiny", files)
+    hub.fail_get.add(("me/tiny", "model-2.safetensors"))
+    target = tmp_path / "w"
+    _previous(target)
+    with pytest.raises(WeightsError) as info:
+        fetch_weights("hf://me/tiny", target)
+    assert info.value.message.startswith("hf://me/tiny")
+    assert any(path != "model-2.safetensors" for _, _, path in hub.gets), "other files had arrived"
+    assert_untouched(target)
+
+
+def test_an_unreachable_hub_is_a_download_error(tmp_path, monkeypatch):
+    with FakeHub() as hub:
+        hub.use(monkeypatch)
+    # the server is stopped: nothing listens on its port any more
+    with pytest.raises(DownloadError, match="hf://me/tiny could not be fetched"):
+        fetch_weights("hf://me/tiny", tmp_path / "w", timeout_s=5)
+
+
+def test_select_files_reads_only_top_level_tokenizer_and_metadata():
+    listing = {"config.json": 1, "model.safetensors": 2, "sub/tokenizer.json": 3, "tokenizer.model": 4,
+               "x.tiktoken": 5, "quant_cfg.json": 6, "sub/model.safetensors": 7}
+    assert select_files(listing, None, "hf://a/b") == [
+        "config.json", "model.safetensors", "quant_cfg.json", "tokenizer.model", "x.tiktoken"]
+    with pytest.raises(WeightsError, match="names b.safetensors, which the repository lacks"):
+        select_files(listing, ["b.safetensors"], "hf://a/b")
+    assert parse_hub_ref(" hf://Org/Name.v2@refs/pr/1 ").revision == "refs/pr/1"
+
+
+def test_a_subprocess_reaches_the_stand_in_through_its_environment(hub, tmp_path):
+    """What the lead's end-to-end test through the real Cog server relies on: a fresh process finds the stand-in
+    through ``FakeHub.env()`` alone (HF_ENDPOINT, HF_HUB_OFFLINE=0), and with a token that has no access prints
+    the refusal without the token."""
+    import os
+    import subprocess
+    import sys
+
+    hub.add_repo("me/tiny", tiny_checkpoint())
+    hub.add_repo("me/gated", tiny_checkpoint(), gated="auto")
+    script = ("import sys; from cog_triton.weights import fetch_weights; "
+              "print(fetch_weights(sys.argv[1], sys.argv[2]).commit)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING"))}
+    env.update(hub.env(), HF_TOKEN=TOKEN, PYTHONPATH=str(REPO_ROOT), HF_HOME=str(tmp_path / "hf-home"))
+    ok = subprocess.run([sys.executable, "-c", script, "hf://me/tiny", str(tmp_path / "a")], env=env,
+                        capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.strip() == commit_of("me/tiny", "main")
+    refused = subprocess.run([sys.executable, "-c", script, "hf://me/gated", str(tmp_path / "b")], env=env,
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode != 0 and "a Hugging Face token is set, but it has no access to it" in refused.stderr
+    assert TOKEN not in refused.stderr + refused.stdout + ok.stderr + ok.stdout
