@@ -353,3 +353,12 @@ def test_setup_plan_checks_the_machine_and_reports_the_quantization(tmp_path, mo
     line = serving.describe(info)
     assert "LlamaForCausalLM (bfloat16), quantization FP8 (modelopt, hf_quant_config.json, KV cache FP8)" in line
     assert "max_seq_len 2048, longest prompt 2047" in line and "LoRA off" in line
+
+
+def test_the_pytorch_backend_facts_are_those_of_the_pinned_tensorrt_llm() -> None:
+    """The architecture list, field tables and quantization rules were recorded for one release: moving the pin
+    (tensorrtllm_backend/pins.py) without reading them again at the new release fails here."""
+    from tensorrtllm_backend.checkpoint import FACTS_VERSION
+    from tensorrtllm_backend.pins import TENSORRT_LLM_VERSION
+
+    assert FACTS_VERSION == TENSORRT_LLM_VERSION
