@@ -20,8 +20,9 @@ from typing import Optional
 
 from cog import BaseModel, Input, Path, Secret
 
-from common.errors import BuildConfigError
-from cog_triton.settings import REPO_ROOT
+from common.errors import BuildConfigError, FetchRefusedError
+from cog_triton.fetch_rules import FetchRules
+from cog_triton.settings import REPO_ROOT, Settings
 from tensorrtllm_backend.build_config import NAME_PATTERN
 
 CONFIG_DIR = REPO_ROOT / "configs" / "engines"
@@ -52,11 +53,19 @@ def resolve_config(config: str, work: FsPath) -> FsPath:
     return path
 
 
-def fetch_checkpoint(checkpoint: str, work: FsPath) -> str:
+#: What the fetch rules' messages call what a training fetches.
+WHAT = "checkpoints"
+
+
+def fetch_checkpoint(checkpoint: str, work: FsPath, rules: Optional[FetchRules] = None) -> str:
     """A Hub id is returned as is; a URL or archive path is fetched and unpacked, its folder returned.
+
+    ``rules``: the fetch rules an http(s) URL's download is held to (every redirect and connection); the
+    training's input comes from an API caller, as ``lora_weights`` does.
 
     Raises:
         WeightsError: the download or extraction failed.
+        FetchRefusedError: the fetch rules refuse the URL, a redirect or an address it resolves to.
     """
     from cog_triton.weights import fetch_weights  # noqa: PLC0415
     from tensorrtllm_backend.engine import find_model_root  # noqa: PLC0415
@@ -66,8 +75,27 @@ def fetch_checkpoint(checkpoint: str, work: FsPath) -> str:
     if not (looks_remote or looks_archive):
         return checkpoint
     target = work / "checkpoint"
-    fetch_weights(checkpoint, target)
+    fetch_weights(checkpoint, target, rules=rules, what=WHAT)
     return str(find_model_root(target).resolve())
+
+
+def check_hub_owner(config_path: FsPath, override: Optional[str], rules: FetchRules) -> None:
+    """Refuse a Hub id (the ``checkpoint`` input's, else the build config's ``source.checkpoint``) whose owner the
+    Hub owner allow-list (COG_TRITON_FETCH_ALLOW_HF_OWNERS) does not name.
+
+    Raises:
+        FetchRefusedError: naming the owner and the list. BuildConfigError: the config is invalid.
+    """
+    from tensorrtllm_backend.build_config import load_build_config  # noqa: PLC0415
+
+    if override is not None:
+        hub_id = None if FsPath(override).expanduser().is_dir() else override
+    else:
+        source = load_build_config(config_path).source
+        hub_id = None if source.is_local else source.checkpoint
+    refusal = rules.hf_owner_refusal(hub_id, WHAT) if hub_id else None
+    if refusal is not None:
+        raise FetchRefusedError(f"checkpoint {hub_id}: {refusal}")
 
 
 async def train(
@@ -108,6 +136,8 @@ def build_archive(config: str, checkpoint: str = "", hf_token: Optional[str] = N
 
     Raises:
         BuildConfigError, BuildError, WeightsError: see :func:`tensorrtllm_backend.build.build`.
+        FetchRefusedError: the fetch rules (COG_TRITON_FETCH_*) refuse the checkpoint's URL or Hub owner.
+        ConfigError: a COG_TRITON_* setting is invalid.
     """
     from tensorrtllm_backend.build import build, run_subprocess  # noqa: PLC0415 - keeps the worker's start fast
 
@@ -116,7 +146,9 @@ def build_archive(config: str, checkpoint: str = "", hf_token: Optional[str] = N
     with tempfile.TemporaryDirectory(prefix="cog-triton-train-", dir=OUTPUT_DIR) as scratch:
         work = FsPath(scratch)
         config_path = resolve_config(config, work)
-        override = fetch_checkpoint(checkpoint, work) if checkpoint else None
+        rules = FetchRules.from_settings(Settings.from_env())
+        override = fetch_checkpoint(checkpoint, work, rules) if checkpoint else None
+        check_hub_owner(config_path, override, rules)
         return build(
             config_path, work_dir=work / "build", output_dir=OUTPUT_DIR, checkpoint=override, runner=runner
         ).archive

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
 
+from cog_triton.fetch_rules import FetchRules
 from cog_triton.weights.archive import _extract_archive
 from cog_triton.weights.cache import (
     MARKER_VERSION,
@@ -45,7 +46,7 @@ from cog_triton.weights.sources import (
     _parse_source,
     _Source,
 )
-from common.errors import ArchiveError, ChecksumError, WeightsError
+from common.errors import ArchiveError, ChecksumError, FetchRefusedError, WeightsError
 from common.files import KEEP_NAMES
 
 log = logging.getLogger("cog_triton.weights")
@@ -83,6 +84,8 @@ def fetch_weights(
     max_extracted_bytes: Optional[int] = None,
     max_download_bytes: Optional[int] = None,
     allow_zip: bool = False,
+    rules: Optional[FetchRules] = None,
+    what: str = "weights",
 ) -> WeightsResult:
     """Fetch weights from ``source`` into ``target_dir`` and return what was done.
 
@@ -111,6 +114,10 @@ def fetch_weights(
         max_download_bytes: most bytes an http(s) download may have (``None``: no cap); a larger
             ``Content-Length`` fails before the body is read, a longer body as soon as it passes the cap.
         allow_zip: accept zip archives too (unpacked under the same rules; refused otherwise).
+        rules: for a source an API caller gave (an adapter, a training's checkpoint): the fetch rules
+            (:mod:`cog_triton.fetch_rules`) every request and connection of an http(s) download is held to,
+            redirects included; ``what`` names what is fetched in their messages. None (the operator's own
+            weights): no rules.
 
     Returns:
         A :class:`WeightsResult`; ``skipped`` is True when the marker left by an earlier fetch of
@@ -124,6 +131,8 @@ def fetch_weights(
         DownloadError: HTTP 4xx/5xx, timeout, connection failure, truncated download or a transfer
             below the minimum rate (after the retries), or the deadline passed.
         ChecksumError: the archive's sha256 differs from ``sha256``.
+        FetchRefusedError: ``rules`` refuse the URL, a redirect or an address it resolves to; nothing was sent
+            there.
         ArchiveError: the archive is not a tar archive, is corrupt or truncated, unpacks to more
             than the limit, or has a member that would land outside ``target_dir``, is nested too
             deep, or is a device file, FIFO or sparse file.
@@ -146,9 +155,13 @@ def fetch_weights(
     if max_download_bytes is not None and not max_download_bytes > 0:
         raise ValueError(f"max_download_bytes must be > 0 bytes, or None for no cap, got {max_download_bytes!r}")
     limits = _Limits(timeout_s, retries, deadline_s, min_rate_bytes_s, rate_grace_s, max_extracted_bytes,
-                     max_download_bytes, allow_zip)
+                     max_download_bytes, allow_zip, rules, what)
 
     src = _parse_source(source)
+    if rules is not None and src.url is not None:  # the URL itself (scheme, host, an IP literal) before anything
+        refusal = rules.url_refusal(src.url, what)
+        if refusal is not None:
+            raise FetchRefusedError(refusal)
     expected_sha = _normalize_sha256(sha256, src.display)
     target = Path(target_dir).absolute()
     if target.exists() and not target.is_dir():
