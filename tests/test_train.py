@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from common.errors import BuildConfigError, BuildError
+from common.errors import BuildConfigError, BuildError, FetchRefusedError
 from cog_triton.local import CogServer, WeightsHTTPServer
 from cog_triton.weights import fetch_weights
 from tensorrtllm_backend.manifest import read_manifest, verify_weights
@@ -70,7 +70,14 @@ def test_resolve_config_by_name_or_yaml(tmp_path: Path) -> None:
     assert "config 'llama-4' is not one of gemma-2b-it, gpt2-medium-fp16, llama-2-7b-fp16-tp4" in str(info.value)
 
 
-def test_train_builds_a_reference_archive(tiny_checkpoint_url: str, tmp_path: Path) -> None:
+#: The checkpoint is served from 127.0.0.1 over http://, which the fetch rules refuse by default.
+OPT_IN = {"COG_TRITON_FETCH_ALLOW_PRIVATE": "true", "COG_TRITON_FETCH_ALLOW_HTTP": "true"}
+
+
+def test_train_builds_a_reference_archive(tiny_checkpoint_url: str, tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in OPT_IN.items():
+        monkeypatch.setenv(name, value)
     output = asyncio.run(train(config=TINY_CONFIG, checkpoint=tiny_checkpoint_url, hf_token=None))
     archive = Path(output.weights)
     assert archive == OUTPUT_DIR / "tiny-llama.tar.gz" and archive.is_file()
@@ -113,6 +120,26 @@ def test_hf_token_reaches_its_own_build_only(monkeypatch: pytest.MonkeyPatch) ->
     assert Path(first.weights).name == Path(second.weights).name == "tiny-llama.tar.gz"
 
 
+def test_the_checkpoint_follows_the_fetch_rules(tiny_checkpoint_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The training's checkpoint is an API caller's input, as lora_weights is: by default the local server is
+    refused (plain http://, then its loopback address), and a Hub id's owner must be on the owner list."""
+    before = len(list(OUTPUT_DIR.glob("*"))) if OUTPUT_DIR.is_dir() else 0
+    with pytest.raises(FetchRefusedError, match="plain http:// is refused; checkpoints are fetched only over https"):
+        asyncio.run(train(config=TINY_CONFIG, checkpoint=tiny_checkpoint_url, hf_token=None))
+    monkeypatch.setenv("COG_TRITON_FETCH_ALLOW_HTTP", "true")
+    with pytest.raises(FetchRefusedError, match="127.0.0.1 is a loopback address; checkpoints are fetched only from "
+                                                "public addresses"):
+        asyncio.run(train(config=TINY_CONFIG, checkpoint=tiny_checkpoint_url, hf_token=None))
+    monkeypatch.setenv("COG_TRITON_FETCH_ALLOW_HF_OWNERS", "trusted")
+    with pytest.raises(FetchRefusedError, match=r"checkpoint org/gated: the Hub owner 'org' is not on the list of "
+                                                r"owners checkpoints are fetched from \(COG_TRITON_FETCH_ALLOW_HF_"
+                                                r"OWNERS=trusted\)"):
+        asyncio.run(train(config=TINY_CONFIG, checkpoint="org/gated", hf_token=None))
+    with pytest.raises(FetchRefusedError, match="the Hub owner 'org' is not on the list"):  # the config's own source
+        asyncio.run(train(config=TINY_CONFIG.replace("org/placeholder", "org/model"), checkpoint="", hf_token=None))
+    assert (len(list(OUTPUT_DIR.glob("*"))) if OUTPUT_DIR.is_dir() else 0) == before
+
+
 def test_train_refuses_an_engine_without_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no nvidia-smi
     with pytest.raises(BuildError, match="needs an NVIDIA GPU, and none is visible"):
@@ -121,7 +148,7 @@ def test_train_refuses_an_engine_without_gpu(tmp_path: Path, monkeypatch: pytest
 
 @pytest.mark.integration
 def test_cog_train_through_the_real_cog_server(tiny_checkpoint_url: str, tmp_path: Path) -> None:
-    with CogServer({}, log_file=tmp_path / "cog-train.log", mode="train") as cog:
+    with CogServer(OPT_IN, log_file=tmp_path / "cog-train.log", mode="train") as cog:
         cog.wait_ready(timeout_s=120)
         response = httpx.put(
             f"{cog.url}/trainings/train-1",
