@@ -420,6 +420,30 @@ def test_fetch_weights_with_rules_ignores_proxies(monkeypatch: pytest.MonkeyPatc
         direct.server_close()
 
 
+def test_a_cached_fetch_is_refused_once_the_rules_refuse_its_url(tmp_path: Path) -> None:
+    """The URL is checked before the marker of an earlier fetch is: tightened rules are not bypassed by a copy
+    fetched under looser ones."""
+    import tarfile
+
+    root = tmp_path / "served"
+    root.mkdir()
+    (tmp_path / "f.txt").write_text("x")
+    with tarfile.open(root / "w.tar", "w") as tar:
+        tar.add(tmp_path / "f.txt", "f.txt")
+    handler = http.server.SimpleHTTPRequestHandler
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), lambda *a: handler(*a, directory=str(root)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/w.tar"
+    try:
+        assert not fetch_weights(url, tmp_path / "t", retries=0, rules=FetchRules.open()).skipped
+        assert fetch_weights(url, tmp_path / "t", retries=0, rules=FetchRules.open()).skipped
+        with pytest.raises(FetchRefusedError, match="127.0.0.1 is a loopback address"):
+            fetch_weights(url, tmp_path / "t", retries=0, rules=FetchRules(allow_http=True), what="adapters")
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_fetch_weights_refuses_a_literal_address_before_anything(tmp_path: Path) -> None:
     with pytest.raises(FetchRefusedError, match="169.254.169.254 is a link-local address"):
         fetch_weights("https://169.254.169.254/latest/meta-data/iam.tar", tmp_path / "t", rules=FetchRules(),

@@ -226,7 +226,10 @@ def _download(url: str, display: str, dest: Path, limits: _Limits) -> tuple[str,
         reraise=True,
     )
     guarded: dict[str, Any] = {}
-    if limits.rules is not None:  # every request and connection of this download (redirects too), no proxy
+    # Under fetch rules every request and connection (redirects too) goes through the guarded transport. No proxy:
+    # a Client given a transport mounts none from HTTP(S)_PROXY (httpx 0.28.1 _client.py, Client.__init__:
+    # allow_env_proxies = trust_env and transport is None), and trust_env=False also drops .netrc credentials.
+    if limits.rules is not None:
         guarded = {"transport": guarded_transport(FetchGuard(limits.rules, what=limits.what)), "trust_env": False}
     with httpx.Client(
         timeout=httpx.Timeout(limits.timeout_s), follow_redirects=True, headers={"Accept-Encoding": "identity"},
