@@ -237,9 +237,10 @@ def test_in_process_lora_sends_weights_once_and_again_after_a_cache_miss(triton:
 
     triton.state.scenario = scenario
     service = service_for(triton.address, tokenizer)
+    service.settings = Settings(stream_processes=0, fetch_allow_private=True, fetch_allow_http=True)  # 127.0.0.1
     lora = inspect_weights(CHECKPOINT, reference_lora={"max_lora_rank": 8}).lora
     service.generator.adapters = Adapters(lora, StoreLimits(root=tmp_path / "cache", retries=0,
-                                                            rules=FetchRules.open()))  # served from 127.0.0.1
+                                                            rules=FetchRules.open()))
     with WeightsHTTPServer(tmp_path / "served") as server:
         url = f"{server.url}/a.tar.gz"
         for _ in range(2):

@@ -29,7 +29,8 @@ from cog_triton.weights import redact_url
 #: A Hub repository id (``owner/name``; huggingface_hub's validate_repo_id rules, without the length check).
 _REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 _REVISION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,254}$")
-ALLOWED = ("an https:// (or http://) URL of a .tar, .tar.gz or .zip archive of a PEFT LoRA adapter, or "
+ALLOWED = ("an https:// URL (http:// where the server allows it) of a .tar, .tar.gz or .zip archive of a PEFT "
+           "LoRA adapter, or "
            "hf://owner/repo[@revision]")
 
 
