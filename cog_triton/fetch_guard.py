@@ -16,18 +16,22 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
+import importlib
 import logging
+import os
 import socket
 import threading
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, TypeVar, Union
 from urllib.parse import urlsplit
 
 from common.errors import FetchRefusedError
 from cog_triton.fetch_rules import FetchRules, normalize_host
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 Resolver = Callable[[str, int], Sequence[str]]
 
@@ -103,6 +107,50 @@ class FetchGuard:
             raise FetchRefusedError(hop + refusal)
 
 
+    def connect(self, host: str, port: int, *, dial: Callable[[str], T], peer_of: Callable[[T], str],
+                failures: tuple[type[BaseException], ...], error: Callable[[str], BaseException]) -> T:
+        """A connection for ``host``:``port`` to an allowed address: resolve once (:attr:`resolver`), skip refused
+        addresses, ``dial`` an allowed one (the address itself, so no second resolution can answer differently),
+        then check the connected peer (``peer_of``, the socket's ``getpeername``) before returning it.
+
+        Args:
+            dial: address -> an open connection (it raises one of ``failures`` when it cannot connect).
+            error: message -> the client library's connection error (no address, unresolvable).
+
+        Raises:
+            FetchRefusedError: every address is refused, or the connected peer is (that connection closed).
+            One of ``failures`` / ``error``: no allowed address could be connected to, or the name does not resolve.
+        """
+        try:
+            addresses = self.resolver(host, port)
+        except OSError as exc:
+            raise error(f"cannot resolve {host}: {exc}") from exc
+        refused: Optional[FetchRefusedError] = None
+        failed: Optional[BaseException] = None
+        for address in addresses:
+            try:
+                self.check_address(host, address)
+            except FetchRefusedError as exc:
+                refused = refused or exc
+                continue
+            try:
+                conn = dial(address)
+            except failures as exc:
+                failed = exc
+                continue
+            try:
+                self.check_address(host, peer_of(conn), dialled=address)
+            except FetchRefusedError:
+                conn.close()  # type: ignore[attr-defined]
+                raise
+            return conn
+        if failed is not None:
+            raise failed
+        if refused is not None:
+            raise refused
+        raise error(f"{host} resolves to no address")
+
+
 class GuardedBackend:
     """An httpcore (or httpcore2) network backend that connects only to allowed addresses.
 
@@ -126,37 +174,14 @@ class GuardedBackend:
 
     def connect_tcp(self, host: str, port: int, timeout: Optional[float] = None,
                     local_address: Optional[str] = None, socket_options: Optional[Iterable[Any]] = None) -> Any:
-        guard = self._guard()
-        try:
-            addresses = guard.resolver(host, port)
-        except OSError as exc:
-            raise self._core.ConnectError(f"cannot resolve {host}: {exc}") from exc
-        refused: Optional[FetchRefusedError] = None
-        failed: Optional[Exception] = None
-        for address in addresses:
-            try:
-                guard.check_address(host, address)
-            except FetchRefusedError as exc:
-                refused = refused or exc
-                continue
-            try:
-                stream = self._inner.connect_tcp(address, port, timeout=timeout, local_address=local_address,
-                                                 socket_options=socket_options)
-            except (self._core.ConnectError, self._core.ConnectTimeout) as exc:
-                failed = exc
-                continue
-            peer = stream.get_extra_info("server_addr")
-            try:
-                guard.check_address(host, str(peer[0]), dialled=address)
-            except FetchRefusedError:
-                stream.close()
-                raise
-            return stream
-        if failed is not None:
-            raise failed
-        if refused is not None:
-            raise refused
-        raise self._core.ConnectError(f"{host} resolves to no address")
+        return self._guard().connect(
+            host, port,
+            dial=lambda address: self._inner.connect_tcp(address, port, timeout=timeout, local_address=local_address,
+                                                         socket_options=socket_options),
+            peer_of=lambda stream: str(stream.get_extra_info("server_addr")[0]),
+            failures=(self._core.ConnectError, self._core.ConnectTimeout),
+            error=self._core.ConnectError,
+        )
 
     def connect_unix_socket(self, path: str, timeout: Optional[float] = None,
                             socket_options: Optional[Iterable[Any]] = None) -> Any:
@@ -197,6 +222,11 @@ def _guarded_transport_class(httpx_module: ModuleType, core: ModuleType) -> type
 _transport_classes: dict[str, type] = {}
 
 
+def _stack_missing(exc: ImportError) -> FetchRefusedError:
+    return FetchRefusedError(f"the HTTP client huggingface_hub uses is not importable ({exc}): hf:// cannot be held "
+                             "to the fetch rules, so it is refused")
+
+
 def _transport_class(flavor: str) -> type:
     if flavor not in _transport_classes:
         if flavor == "httpx":
@@ -205,9 +235,11 @@ def _transport_class(flavor: str) -> type:
 
             _transport_classes[flavor] = _guarded_transport_class(httpx, httpcore)
         else:
-            import httpcore2  # noqa: PLC0415
-            import httpx2  # noqa: PLC0415
-
+            try:  # huggingface_hub 2.x's HTTP stack: there only with it
+                import httpcore2  # noqa: PLC0415
+                import httpx2  # noqa: PLC0415
+            except ImportError as exc:
+                raise _stack_missing(exc) from exc
             _transport_classes[flavor] = _guarded_transport_class(httpx2, httpcore2)
     return _transport_classes[flavor]
 
@@ -233,28 +265,130 @@ def _current_hub_guard() -> FetchGuard:
     return guard
 
 
-def _hub_client() -> Any:
-    """huggingface_hub's shared client (its ``default_client_factory``'s settings), on a guarded transport that
-    opens a new connection for every request (so each request's guard checks the address it connects to)."""
-    import httpx2  # noqa: PLC0415
+def _hub_client(flavor: str) -> Any:
+    """huggingface_hub's shared client (1.x: httpx, 2.x: httpx2; its ``default_client_factory``'s settings:
+    redirects followed, no timeout of its own) on a guarded transport that opens a new connection for every
+    request, so that each request's guard checks the address it connects to."""
+    module = importlib.import_module(flavor)
+    transport = _transport_class(flavor)(_current_hub_guard, keepalive=False)
+    return module.Client(transport=transport, trust_env=False, follow_redirects=True, timeout=None)
 
-    transport = _transport_class("httpx2")(_current_hub_guard, keepalive=False)
-    return httpx2.Client(transport=transport, trust_env=False, follow_redirects=True, timeout=None)
+
+def _requests_classes(guard_of: Callable[[], FetchGuard]) -> tuple[type, type, type]:
+    """urllib3 connection classes whose ``_new_conn`` connects through :meth:`FetchGuard.connect`, and a requests
+    adapter using them, each request checked first (requests follows redirects by sending each hop through the
+    adapter). ``_new_conn`` makes the socket of both HTTPConnection and HTTPSConnection (TLS is wrapped around
+    it afterwards) in urllib3 1.26 and 2.x (``urllib3/connection.py``); a PoolManager picks its pool classes from
+    ``pool_classes_by_scheme`` (``urllib3/poolmanager.py``)."""
+    try:  # huggingface_hub 0.x's HTTP stack: there only with it
+        import requests.adapters  # noqa: PLC0415
+        from urllib3 import connection as u3connection  # noqa: PLC0415
+        from urllib3 import connectionpool  # noqa: PLC0415
+        from urllib3.exceptions import ConnectTimeoutError, NewConnectionError  # noqa: PLC0415
+        from urllib3.util import connection as u3util  # noqa: PLC0415
+    except ImportError as exc:
+        raise _stack_missing(exc) from exc
+
+    class Guarded:
+        def _new_conn(self: Any) -> socket.socket:
+            def dial(address: str) -> socket.socket:
+                try:
+                    return u3util.create_connection((address, self.port), self.timeout,
+                                                    source_address=self.source_address,
+                                                    socket_options=self.socket_options)
+                except TimeoutError as exc:
+                    raise ConnectTimeoutError(self, f"Connection to {self.host} timed out") from exc
+                except OSError as exc:
+                    raise NewConnectionError(self, f"Failed to establish a new connection: {exc}") from exc
+
+            return guard_of().connect(self._dns_host, self.port, dial=dial,
+                                      peer_of=lambda sock: str(sock.getpeername()[0]),
+                                      failures=(ConnectTimeoutError, NewConnectionError),
+                                      error=lambda message: NewConnectionError(self, message))
+
+    http_conn = type("GuardedHTTPConnection", (Guarded, u3connection.HTTPConnection), {})
+    https_conn = type("GuardedHTTPSConnection", (Guarded, u3connection.HTTPSConnection), {})
+    pools = {
+        "http": type("GuardedHTTPConnectionPool", (connectionpool.HTTPConnectionPool,), {"ConnectionCls": http_conn}),
+        "https": type("GuardedHTTPSConnectionPool", (connectionpool.HTTPSConnectionPool,),
+                      {"ConnectionCls": https_conn}),
+    }
+
+    class GuardedAdapter(requests.adapters.HTTPAdapter):
+        def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+            super().init_poolmanager(*args, **kwargs)
+            self.poolmanager.pool_classes_by_scheme = pools
+
+        session_class = requests.Session
+
+        def send(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+            guard_of().check_request(request.url)
+            return super().send(request, *args, **kwargs)
+
+    return http_conn, https_conn, GuardedAdapter
+
+
+def guarded_requests_session(guard: Union[FetchGuard, Callable[[], FetchGuard]]) -> Any:
+    """A ``requests.Session`` whose every request and connection follows ``guard`` (or the guard a function
+    returns, per connection): no proxy, no .netrc (``trust_env`` off); CA bundles from ``REQUESTS_CA_BUNDLE``,
+    ``CURL_CA_BUNDLE`` or ``SSL_CERT_FILE`` still apply."""
+    guard_of = (lambda: guard) if isinstance(guard, FetchGuard) else guard
+    adapter = _requests_classes(guard_of)[2]()
+    session = adapter.session_class()
+    session.trust_env = False
+    bundle = next((os.environ[k] for k in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "SSL_CERT_FILE")
+                   if os.environ.get(k)), None)
+    if bundle:
+        session.verify = bundle
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    return session
+
+
+def _hub_requests_session() -> Any:
+    """huggingface_hub 0.x's per-thread session factory (``configure_http_backend``), guarded per call."""
+    return guarded_requests_session(_current_hub_guard)
+
+
+def _install(hub: Any) -> str:
+    """Give the huggingface_hub module ``hub`` the guarded client; return which HTTP stack it uses.
+
+    huggingface_hub 1.x (httpx) and 2.x (httpx2) take a client factory (``set_client_factory``, 2.4.0's
+    ``huggingface_hub/utils/_http.py``, which imports httpx2 where 1.x imported httpx); 0.x takes a
+    ``requests.Session`` factory (``configure_http_backend``, one session per thread). Xet storage is switched
+    off (``constants.HF_HUB_DISABLE_XET``, read per call by ``is_xet_available``).
+
+    Raises:
+        FetchRefusedError: a huggingface_hub with neither (hf:// cannot be held to the rules).
+    """
+    hub.constants.HF_HUB_DISABLE_XET = True
+    if hasattr(hub, "set_client_factory"):
+        flavor = "httpx2" if hasattr(importlib.import_module("huggingface_hub.utils._http"), "httpx2") else "httpx"
+        hub.set_client_factory(functools.partial(_hub_client, flavor))
+        return flavor
+    if hasattr(hub, "configure_http_backend"):
+        hub.configure_http_backend(backend_factory=_hub_requests_session)
+        return "requests"
+    raise FetchRefusedError(f"huggingface_hub {getattr(hub, '__version__', '?')} cannot be given a guarded HTTP "
+                            "client, so hf:// references are refused; use an https:// URL of an archive")
 
 
 def install_hub_guard() -> None:
-    """Make this process's huggingface_hub client the guarded one and switch Xet storage off (once)."""
+    """Make this process's huggingface_hub client the guarded one and switch Xet storage off (once).
+
+    Raises:
+        FetchRefusedError: see :func:`_install`.
+    """
     global _hub_installed
     with _hub_lock:
         if _hub_installed:
             return
         import huggingface_hub  # noqa: PLC0415
-        from huggingface_hub import constants  # noqa: PLC0415
 
-        constants.HF_HUB_DISABLE_XET = True  # read per call by huggingface_hub.utils._runtime.is_xet_available
-        huggingface_hub.set_client_factory(_hub_client)
+        stack = _install(huggingface_hub)
         _hub_installed = True
-        log.info("huggingface_hub downloads follow the fetch rules (Xet storage off: files come over HTTP)")
+        log.info("huggingface_hub %s downloads follow the fetch rules (its %s client; Xet storage off: files come "
+                 "over HTTP)", huggingface_hub.__version__, stack)
 
 
 @contextlib.contextmanager
@@ -273,6 +407,7 @@ def hub_guard(rules: FetchRules, what: str = "adapters") -> Iterator[FetchGuard]
 __all__ = (
     "FetchGuard",
     "GuardedBackend",
+    "guarded_requests_session",
     "guarded_transport",
     "hub_guard",
     "install_hub_guard",

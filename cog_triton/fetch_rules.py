@@ -29,12 +29,13 @@ new request through ``GuardedTransport`` (scheme and host checked) and, for a ne
 (address checked). Proxies (``HTTP(S)_PROXY``) are not used for these fetches: through a proxy the connected
 peer would be the proxy, not the destination. ``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` are honoured.
 
-``hf://`` references are downloaded by huggingface_hub, whose HTTP client (httpx2, huggingface_hub 2.4's
-``set_client_factory``, ``huggingface_hub/utils/_http.py``) gets the same backend (``hub_guard``):
-the Hub endpoint (``HF_ENDPOINT``, an operator setting) and every redirect it answers with (its file CDN)
-are held to the address and scheme rules; the host allow-list is for URLs a caller gives, not the Hub's own
-hops. Xet storage is switched off for these downloads (``HF_HUB_DISABLE_XET``): hf_xet's own Rust client
-would connect where the backend cannot check; the Hub serves the same files over HTTP.
+``hf://`` references are downloaded by huggingface_hub, whose HTTP client gets the same checks (``hub_guard``):
+2.x's httpx2 and 1.x's httpx clients (``set_client_factory``) the same backend, 0.x's requests sessions
+(``configure_http_backend``; the GPU image's transformers 4.57 needs huggingface_hub < 1.0) urllib3 connections
+that connect the same way. The Hub endpoint (``HF_ENDPOINT``, an operator setting) and every redirect it answers
+with (its file CDN) are held to the address and scheme rules; the host allow-list is for URLs a caller gives,
+not the Hub's own hops. Xet storage is switched off for these downloads (``HF_HUB_DISABLE_XET``): hf_xet's own
+Rust client would connect where the checks cannot reach; the Hub serves the same files over HTTP.
 
 The weights of ``setup()`` (``COG_WEIGHTS``, ``COG_TRITON_WEIGHTS``) are the operator's, not an API caller's:
 the rules do not apply to them (scripts/serve and the tests fetch them from 127.0.0.1).

@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from common.errors import ConfigError, FetchRefusedError, InputError
-from cog_triton.fetch_guard import FetchGuard, guarded_transport, hub_guard
+from cog_triton.fetch_guard import FetchGuard, guarded_requests_session, guarded_transport, hub_guard
 from cog_triton.fetch_rules import FetchRules, address_problem, parse_hosts, parse_networks, parse_owners
 from cog_triton.settings import Settings
 from cog_triton.weights import fetch_weights
@@ -467,3 +467,73 @@ def test_the_hub_client_holds_every_request_to_the_rules(listener: Listener) -> 
         huggingface_hub.get_session().get(url)
     assert not listener.connected()
     assert constants.HF_HUB_DISABLE_XET is True
+
+
+# --------------------------------------------------------------------------------------------- requests (huggingface_hub 0.x)
+def test_a_guarded_requests_session_refuses_loopback_redirects_and_rebinding(listener: Listener,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """huggingface_hub 0.x (the GPU image's: transformers 4.57 needs < 1.0) downloads through requests; its
+    session factory gets urllib3 connections that connect through the same guard."""
+    import requests
+
+    server = Server("127.0.0.1", location=f"http://127.0.0.2:{listener.port}/a.tar.gz")
+    port = server.httpd.server_address[1]
+    proxy = Server("127.0.0.2")  # answers everything with "ok"
+    for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", proxy.url)  # not used: trust_env is off
+    try:
+        strict = guarded_requests_session(FetchGuard(FetchRules(allow_http=True), what="adapters"))
+        with pytest.raises(FetchRefusedError, match="127.0.0.1 is a loopback address"):
+            strict.get(f"{server.url}/a")
+        with pytest.raises(FetchRefusedError, match="plain http:// is refused"):
+            guarded_requests_session(FetchGuard(FetchRules(), what="adapters")).get(f"{server.url}/a")
+        allowed = FetchGuard(FetchRules(allow_http=True, allow_networks=LOCAL), what="adapters")
+        assert guarded_requests_session(allowed).get(f"{server.url}/a").text == "ok"
+        with pytest.raises(FetchRefusedError, match="the redirect to 127.0.0.2: 127.0.0.2 is a loopback address"):
+            guarded_requests_session(allowed).get(f"{server.url}/redirect")
+        answers = iter([["127.0.0.1"], ["127.0.0.2"]])
+        rebinding = FetchGuard(FetchRules(allow_http=True, allow_networks=LOCAL), what="adapters",
+                               resolver=lambda host, p: next(answers))
+        session = guarded_requests_session(rebinding)
+        assert session.get(f"http://rebind.example:{port}/first").text == "ok"
+        with pytest.raises(FetchRefusedError, match="rebind.example resolves to a loopback address"):
+            session.get(f"http://rebind.example:{port}/second")
+        assert server.requests == [("127.0.0.1", "/a"), ("127.0.0.1", "/redirect"), ("127.0.0.1", "/first")]
+        assert not listener.connected() and proxy.requests == []
+        with pytest.raises(requests.ConnectionError, match="cannot resolve"):
+            guarded_requests_session(FetchGuard(FetchRules(), what="adapters", resolver=_unresolvable)).get(
+                "https://nowhere.example/")
+    finally:
+        server.close()
+        proxy.close()
+
+
+def _unresolvable(host: str, port: int) -> list[str]:
+    raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+
+def test_each_huggingface_hub_generation_gets_its_guarded_client(listener: Listener) -> None:
+    """The dispatch of fetch_guard._install: 2.x (installed here) takes an httpx2 client factory; 0.x's
+    ``configure_http_backend`` (huggingface_hub 0.x's API, stood in for by a namespace: that version is not
+    installed here) takes a requests session factory whose sessions follow the calling thread's guard; a
+    huggingface_hub with neither is refused."""
+    import types
+
+    import huggingface_hub
+    from cog_triton.fetch_guard import _install
+
+    factories: list = []
+    old = types.SimpleNamespace(__version__="0.36.0", constants=types.SimpleNamespace(),
+                                configure_http_backend=lambda backend_factory: factories.append(backend_factory))
+    assert _install(old) == "requests" and old.constants.HF_HUB_DISABLE_XET is True
+    url = f"http://127.0.0.2:{listener.port}/x"
+    with hub_guard(FetchRules(allow_http=True), "adapters"):
+        with pytest.raises(FetchRefusedError, match="127.0.0.2 is a loopback address"):
+            factories[0]().get(url)
+    with pytest.raises(FetchRefusedError, match="plain http:// is refused; Hub downloads"):  # outside: the default
+        factories[0]().get(url)
+    assert not listener.connected()
+    assert _install(huggingface_hub) == "httpx2"
+    with pytest.raises(FetchRefusedError, match="huggingface_hub 0.1.0 cannot be given a guarded HTTP client"):
+        _install(types.SimpleNamespace(__version__="0.1.0", constants=types.SimpleNamespace()))
