@@ -20,22 +20,23 @@ service (169.254.169.254), every service on loopback or the private network, Tri
   owner.
 
 **Where they are checked** (:mod:`cog_triton.fetch_guard`). The address rule is checked on the address actually
-connected to, by the network backend of the HTTP client (``GuardedBackend``, an httpcore network backend): it resolves the host once,
-skips refused addresses, connects to an allowed one, and checks the connected socket's peer address
-(``getpeername``) before it returns the connection, so before any byte of the request (or of TLS) is sent. A
-name that resolves to a public address once and to a loopback one the next time (DNS rebinding) gets nothing
-from this: every new connection is resolved and checked again. Redirects are followed by httpx; each hop is a
-new request through ``GuardedTransport`` (scheme and host checked) and, for a new origin, a new connection
-(address checked). Proxies (``HTTP(S)_PROXY``) are not used for these fetches: through a proxy the connected
-peer would be the proxy, not the destination. ``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` are honoured.
+connected to, by the network backend of the HTTP client (``GuardedBackend``, an httpcore network backend): it
+resolves the host once, skips refused addresses, connects to an allowed one, and checks the connected socket's
+peer address (``getpeername``) before it returns the connection, so before any byte of the request (or of TLS) is
+sent. A name that resolves to a public address once and to a loopback one the next time (DNS rebinding) gets
+nothing from this: every new connection is resolved and checked again. Redirects are followed by httpx; each hop
+is a new request through ``GuardedTransport`` (scheme and host checked) and, for a new origin, a new connection
+(address checked). Proxies (``HTTP(S)_PROXY``) are not used for these fetches: through a proxy the connected peer
+would be the proxy, not the destination. ``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` are honoured.
 
 ``hf://`` references are downloaded by huggingface_hub, whose HTTP client gets the same checks (``hub_guard``):
 2.x's httpx2 and 1.x's httpx clients (``set_client_factory``) the same backend, 0.x's requests sessions
-(``configure_http_backend``; the GPU image's transformers 4.57 needs huggingface_hub < 1.0) urllib3 connections
-that connect the same way. The Hub endpoint (``HF_ENDPOINT``, an operator setting) and every redirect it answers
-with (its file CDN) are held to the address and scheme rules; the host allow-list is for URLs a caller gives,
-not the Hub's own hops. Xet storage is switched off for these downloads (``HF_HUB_DISABLE_XET``): hf_xet's own
-Rust client would connect where the checks cannot reach; the Hub serves the same files over HTTP.
+(``configure_http_backend``; the GPU image has it: TensorRT-LLM pins a transformers 4.x, which needs
+huggingface_hub < 1.0) urllib3 connections that connect the same way. The Hub endpoint (``HF_ENDPOINT``, an
+operator setting) and every redirect it answers with (its file CDN) are held to the address and scheme rules; the
+host allow-list is for URLs a caller gives, not the Hub's own hops. Xet storage is switched off for these
+downloads (``HF_HUB_DISABLE_XET``): hf_xet's own Rust client would connect where the checks cannot reach; the Hub
+serves the same files over HTTP.
 
 The weights of ``setup()`` (``COG_WEIGHTS``, ``COG_TRITON_WEIGHTS``) are the operator's, not an API caller's:
 the rules do not apply to them (scripts/serve and the tests fetch them from 127.0.0.1).

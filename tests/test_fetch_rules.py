@@ -469,11 +469,11 @@ def test_the_hub_client_holds_every_request_to_the_rules(listener: Listener) -> 
     assert constants.HF_HUB_DISABLE_XET is True
 
 
-# --------------------------------------------------------------------------------------------- requests (huggingface_hub 0.x)
+# ------------------------------------------------------------------------------ requests (huggingface_hub 0.x)
 def test_a_guarded_requests_session_refuses_loopback_redirects_and_rebinding(listener: Listener,
                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    """huggingface_hub 0.x (the GPU image's: transformers 4.57 needs < 1.0) downloads through requests; its
-    session factory gets urllib3 connections that connect through the same guard."""
+    """huggingface_hub 0.x (the GPU image's: TensorRT-LLM pins a transformers 4.x, which needs < 1.0) downloads
+    through requests; its session factory gets urllib3 connections that connect through the same guard."""
     import requests
 
     server = Server("127.0.0.1", location=f"http://127.0.0.2:{listener.port}/a.tar.gz")
