@@ -282,6 +282,16 @@ def test_a_name_resolving_to_loopback_is_refused_before_connecting(listener: Lis
     assert not listener.connected()
 
 
+@pytest.mark.parametrize("host", ["2130706434", "0x7f000002", "127.2"])
+def test_other_spellings_of_a_loopback_address_are_caught_when_resolved(listener: Listener, host: str) -> None:
+    """A decimal, hexadecimal or short IPv4 (inet_aton's forms) is no IP literal to the URL check; the system
+    resolver turns it into the address, which is checked before connecting."""
+    guard = FetchGuard(FetchRules(allow_http=True), what="adapters")
+    with pytest.raises(FetchRefusedError, match=f"{host} resolves to a loopback address"):
+        _get(guard, f"http://{host}:{listener.port}/a.tar.gz")
+    assert not listener.connected()
+
+
 def test_plain_http_is_refused_before_connecting(listener: Listener) -> None:
     guard = FetchGuard(FetchRules(allow_networks=LOCAL), what="adapters")
     with pytest.raises(FetchRefusedError, match="plain http:// is refused"):
