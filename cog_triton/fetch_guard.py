@@ -6,7 +6,9 @@
   and checks the connected socket's peer address (``getpeername``) before anything is sent.
 * :func:`guarded_transport`: an httpx transport on that backend, every request checked first (redirects are
   requests too), no proxy (through a proxy the peer would be the proxy).
-* :func:`hub_guard`: huggingface_hub's shared httpx2 client on the same backend, for ``hf://`` downloads.
+* :func:`guarded_requests_session`: the same for requests (urllib3 connections through the same connect loop).
+* :func:`hub_guard`: huggingface_hub's client (2.x httpx2, 1.x httpx, 0.x requests) guarded per call, for
+  ``hf://`` downloads.
 
 Split from :mod:`cog_triton.fetch_rules` so that the rules stay pure (addresses, names, lists) and this module
 holds what touches httpx, httpcore and huggingface_hub.
@@ -52,8 +54,8 @@ def resolve(host: str, port: int) -> list[str]:
 
 @dataclass
 class FetchGuard:
-    """The rules applied to one fetch (one download and its redirects): what the transport and the network
-    backend ask before each request and each connection.
+    """The rules applied to one fetch (one download and its redirects, or one Hub call): what the transport and
+    the network backend ask before each request and each connection.
 
     Args:
         rules: the rules.
@@ -105,7 +107,6 @@ class FetchGuard:
             later = self.single_url and self.first_host not in (None, normalize_host(host))
             hop = f"the redirect to {host}: " if later else ""
             raise FetchRefusedError(hop + refusal)
-
 
     def connect(self, host: str, port: int, *, dial: Callable[[str], T], peer_of: Callable[[T], str],
                 failures: tuple[type[BaseException], ...], error: Callable[[str], BaseException]) -> T:
