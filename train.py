@@ -26,8 +26,9 @@ from typing import Optional
 
 from cog import BaseModel, Input, Path, Secret
 
-from common.errors import BuildConfigError
-from cog_triton.settings import REPO_ROOT
+from common.errors import BuildConfigError, FetchRefusedError
+from cog_triton.fetch_rules import FetchRules
+from cog_triton.settings import REPO_ROOT, Settings
 from tensorrtllm_backend.build_config import NAME_PATTERN
 
 CONFIG_DIR = REPO_ROOT / "configs" / "engines"
@@ -58,13 +59,22 @@ def resolve_config(config: str, work: FsPath) -> FsPath:
     return path
 
 
-def fetch_checkpoint(checkpoint: str, work: FsPath, hf_token: Optional[str] = None) -> str:
+#: What the fetch rules' messages call what a training fetches.
+WHAT = "checkpoints"
+
+
+def fetch_checkpoint(checkpoint: str, work: FsPath, hf_token: Optional[str] = None,
+                     rules: Optional[FetchRules] = None) -> str:
     """A Hub id is returned as is (the build's fetch step downloads it); a URL, an archive path or an
     ``hf://owner/repo[@revision]`` reference (only a checkpoint's files, at one commit: cog_triton.weights.hub)
     is fetched here, its folder returned.
 
+    ``rules``: the fetch rules an http(s) URL's download is held to (every redirect and connection); the
+    training's input comes from an API caller, as ``lora_weights`` does.
+
     Raises:
         WeightsError: the download or extraction failed, or the hf:// repository is not a safetensors checkpoint.
+        FetchRefusedError: the fetch rules refuse the URL, a redirect or an address it resolves to.
     """
     from cog_triton.weights import fetch_weights  # noqa: PLC0415
     from tensorrtllm_backend.engine import find_model_root  # noqa: PLC0415
@@ -74,8 +84,34 @@ def fetch_checkpoint(checkpoint: str, work: FsPath, hf_token: Optional[str] = No
     if not (looks_remote or looks_archive):
         return checkpoint
     target = work / "checkpoint"
-    fetch_weights(checkpoint, target, hf_token=hf_token)
+    fetch_weights(checkpoint, target, hf_token=hf_token, rules=rules, what=WHAT)
     return str(find_model_root(target).resolve())
+
+
+def check_hub_owner(config_path: FsPath, checkpoint: str, rules: FetchRules) -> None:
+    """Refuse a Hub id (the ``checkpoint`` input's, as ``owner/repo`` or ``hf://owner/repo[@revision]``, else the
+    build config's ``source.checkpoint``) whose owner the Hub owner allow-list (COG_TRITON_FETCH_ALLOW_HF_OWNERS)
+    does not name. Called before anything is fetched; a URL or a local path has no Hub owner.
+
+    Raises:
+        FetchRefusedError: naming the owner and the list. BuildConfigError: the config is invalid.
+    """
+    from tensorrtllm_backend.build_config import load_build_config  # noqa: PLC0415
+
+    if checkpoint:
+        if checkpoint.startswith("hf://"):
+            hub_id: Optional[str] = checkpoint[len("hf://"):].partition("@")[0]
+        elif (checkpoint.startswith(("http://", "https://", "file://")) or checkpoint.endswith((".tar", ".tar.gz", ".tgz"))
+              or FsPath(checkpoint).expanduser().exists()):
+            hub_id = None
+        else:
+            hub_id = checkpoint
+    else:
+        source = load_build_config(config_path).source
+        hub_id = None if source.is_local else source.checkpoint
+    refusal = rules.hf_owner_refusal(hub_id, WHAT) if hub_id else None
+    if refusal is not None:
+        raise FetchRefusedError(f"checkpoint {hub_id}: {refusal}")
 
 
 async def train(
@@ -116,6 +152,8 @@ def build_archive(config: str, checkpoint: str = "", hf_token: Optional[str] = N
 
     Raises:
         BuildConfigError, BuildError, WeightsError: see :func:`tensorrtllm_backend.build.build`.
+        FetchRefusedError: the fetch rules (COG_TRITON_FETCH_*) refuse the checkpoint's URL or Hub owner.
+        ConfigError: a COG_TRITON_* setting is invalid.
     """
     from tensorrtllm_backend.build import build, run_subprocess  # noqa: PLC0415 - keeps the worker's start fast
 
@@ -124,7 +162,9 @@ def build_archive(config: str, checkpoint: str = "", hf_token: Optional[str] = N
     with tempfile.TemporaryDirectory(prefix="cog-triton-train-", dir=OUTPUT_DIR) as scratch:
         work = FsPath(scratch)
         config_path = resolve_config(config, work)
-        override = fetch_checkpoint(checkpoint, work, hf_token) if checkpoint else None
+        rules = FetchRules.from_settings(Settings.from_env())
+        check_hub_owner(config_path, checkpoint, rules)
+        override = fetch_checkpoint(checkpoint, work, hf_token, rules) if checkpoint else None
         return build(
             config_path, work_dir=work / "build", output_dir=OUTPUT_DIR, checkpoint=override, runner=runner
         ).archive

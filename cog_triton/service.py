@@ -29,6 +29,8 @@ from common.errors import (
 )
 from cog_triton.inputs import PredictInputs
 from cog_triton.metrics import INPUT_TOKEN_COUNT, OUTPUT_TOKEN_COUNT, performance_lines, record_time_to_first_token
+from cog_triton.fetch_rules import FetchRules
+from cog_triton.lora.refs import check_adapter_allowed
 from cog_triton.lora.store import StoreLimits
 from cog_triton.settings import Settings, VerifyMode
 from cog_triton.stream_pool import StreamPool
@@ -343,9 +345,12 @@ class LLMService:
         log.info("guided decoding (structured output) is off: %s", reason)
         return False, reason
 
-    def _adapter_limits(self) -> StoreLimits:
-        """The LoRA adapter disk cache and its download bounds (COG_TRITON_ADAPTER_*, COG_TRITON_DOWNLOAD_*)."""
+    def _adapter_limits(self) -> Optional[StoreLimits]:
+        """The LoRA adapter disk cache, its download bounds and fetch rules (COG_TRITON_ADAPTER_*,
+        COG_TRITON_DOWNLOAD_*, COG_TRITON_FETCH_*); None when adapters are off (COG_TRITON_LORA_ADAPTERS)."""
         s = self.settings
+        if not s.lora_adapters:
+            return None
         return StoreLimits(
             root=s.path(s.adapter_cache_dir),
             budget_bytes=s.adapter_cache_bytes,
@@ -355,6 +360,7 @@ class LLMService:
             deadline_s=s.adapter_download_deadline_s,
             min_rate_bytes_s=s.download_min_rate_bytes_s,
             rate_grace_s=s.download_rate_grace_s,
+            rules=FetchRules.from_settings(s),
         )
 
     def _render_options(self) -> RenderOptions:
@@ -452,7 +458,8 @@ class LLMService:
 
         Raises:
             InputError: the prompt is too long for the model, min_tokens cannot fit, the chat template
-                refuses the input, or the guide does not compile.
+                refuses the input, or the guide does not compile; LoraAdapterError: adapters are off
+                (COG_TRITON_LORA_ADAPTERS) or the fetch rules refuse ``lora_weights``, or it cannot be served.
             TritonError: setup() has not completed, or Triton could not be restarted in time.
             StreamProcessError: no stream process could take the prediction.
 
@@ -461,6 +468,8 @@ class LLMService:
         TritonError (the connection broke), IncompleteOutputError (a guided output reached the token
         limit before its document closed), StreamProcessError (its stream process died).
         """
+        if inputs.lora is not None:  # adapters off, or refused by the fetch rules: here, before a stream process
+            check_adapter_allowed(inputs.lora, FetchRules.from_settings(self.settings), self.settings.lora_adapters)
         started = time.monotonic()
         if inputs.log_performance_metrics:
             seen: dict[str, Union[int, float]] = {}

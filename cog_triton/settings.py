@@ -14,7 +14,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Optional
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from common.errors import ConfigError
@@ -268,6 +268,34 @@ class Settings(BaseSettings):
         "against TensorRT-LLM 1.2.1's TorchLlmArgs fields before Triton starts; a key a setting covers is refused.",
     )
 
+    lora_adapters: bool = Field(
+        default=True, description="Accept the lora_weights input; false refuses every prediction that gives one "
+        "(with a message saying so), and nothing is fetched."
+    )
+
+    # --- fetch rules: where inputs (lora_weights, cog train's checkpoint) may make the server fetch from ------
+    fetch_allow_http: bool = Field(
+        default=False, description="Let inputs fetch over plain http://; by default only https:// (each redirect "
+        "included)."
+    )
+    fetch_allow_private: bool = Field(
+        default=False, description="Let inputs fetch from every address: loopback, private networks, link-local "
+        "(the cloud instance metadata service 169.254.169.254 included) and other non-public ones; by default only "
+        "public addresses, checked on the address connected to. For tests; prefer COG_TRITON_FETCH_ALLOW_NETWORKS."
+    )
+    fetch_allow_networks: str = Field(
+        default="", description="Comma-separated networks (CIDR, e.g. 10.1.2.0/24,fd00:1::/64) inputs may fetch "
+        "from although they are not public (a private mirror)."
+    )
+    fetch_allow_hosts: str = Field(
+        default="", description="Comma-separated hosts URLs in inputs may fetch from, each redirect included: "
+        "names or IP addresses, *.example.com for its subdomains; empty: any host."
+    )
+    fetch_allow_hf_owners: str = Field(
+        default="", description="Comma-separated Hugging Face Hub users or organizations whose repositories hf:// "
+        "references (and cog train's Hub ids) may name; empty: any."
+    )
+
     # --- CPU reference backend (Hugging Face checkpoints) ---------------------------------
     reference_max_batch_size: int = Field(default=8, ge=1, le=256, description="Concurrent requests it interleaves.")
     reference_max_seq_len: Optional[int] = Field(
@@ -346,6 +374,15 @@ class Settings(BaseSettings):
         except ConfigError as exc:
             raise ValueError(exc.message) from None
         return value
+
+    @field_validator("fetch_allow_networks", "fetch_allow_hosts", "fetch_allow_hf_owners")
+    @classmethod
+    def _check_fetch_lists(cls, value: str, info: ValidationInfo) -> str:
+        from cog_triton.fetch_rules import parse_hosts, parse_networks, parse_owners  # noqa: PLC0415
+
+        parse = {"fetch_allow_networks": parse_networks, "fetch_allow_hosts": parse_hosts,
+                 "fetch_allow_hf_owners": parse_owners}[info.field_name]
+        return ",".join(str(item) for item in parse(value))
 
     @field_validator("weights", mode="before")
     @classmethod

@@ -18,7 +18,8 @@ The tree::
     │   └── ManifestError      a file listed in manifest.json is missing, resized or altered
     ├── BuildError             building or packaging an engine failed (scripts/build_engine)
     ├── InputError             a prediction input is invalid (also raised for too-long prompts)
-    │   └── LoraAdapterError   lora_weights cannot be fetched, is not a PEFT LoRA adapter, or does not fit
+    │   ├── LoraAdapterError   lora_weights cannot be fetched, is not a PEFT LoRA adapter, or does not fit
+    │   └── FetchRefusedError  the fetch rules refuse where an input would fetch from (address, http://, host)
     ├── IncompleteOutputError  a guided output reached the token limit before its document was complete
     ├── StreamProcessError     a stream process (cog_triton.streamer) died or could not be reached
     └── TritonError            the Triton Inference Server failed
@@ -118,6 +119,15 @@ class LoraAdapterError(InputError):
     has no LoRA support. The message names the value and the limit."""
 
     code = "invalid_lora_adapter"
+
+
+class FetchRefusedError(InputError):
+    """A fetch that an input asks for goes where the fetch rules (``cog_triton.fetch_rules``) do not allow: a
+    loopback, private, link-local or otherwise non-public address, plain http://, a host or Hub owner not on the
+    allow-list. Raised before any byte is sent there; the message names the rule, the value and the setting
+    that allows it."""
+
+    code = "fetch_refused"
 
 
 class IncompleteOutputError(CogTritonError):

@@ -22,6 +22,7 @@ import pytest
 from common.errors import InferenceError, LoraAdapterError, LoraCacheFullError
 from cog_triton.generation import GeneratorConfig
 from cog_triton.local import WeightsHTTPServer
+from cog_triton.fetch_rules import FetchRules
 from cog_triton.lora.store import StoreLimits
 from cog_triton.stream_pool import StreamPool
 from tensorrtllm_backend.engine import ModelLimits, inspect_weights
@@ -62,7 +63,7 @@ def adapter_url(tmp_path_factory) -> Iterator[str]:
 
 def _pool(triton: Running, work: Path, lora) -> StreamPool:  # noqa: F811
     config = GeneratorConfig(tokenizer_dir=CHECKPOINT, limits=LIMITS, grpc_address=triton.address,
-                             token_timeout_s=5.0, lora=lora, adapter_limits=StoreLimits(root=work, retries=0))
+                             token_timeout_s=5.0, lora=lora, adapter_limits=StoreLimits(root=work, retries=0, rules=FetchRules.open()))  # 127.0.0.1
     pool = StreamPool(config, 1, interval_s=0.0, start_timeout_s=120)
     pool.start()
     return pool

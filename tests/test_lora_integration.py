@@ -101,6 +101,8 @@ def lora_stack(tmp_path_factory, checkpoint_dir: Path, hf_tokenizer):
             COG_TRITON_STREAM_PROCESSES="1", COG_TRITON_LORA_CACHE_HOST_MEMORY_BYTES=str(BUDGET),
             COG_TRITON_ADAPTER_CACHE_DIR=str(work / "adapter_cache"), COG_TRITON_REFERENCE_MAX_INPUT_LEN="256",
             COG_TRITON_REFERENCE_MAX_SEQ_LEN="512", COG_TRITON_STOP_TIMEOUT_S="5", COG_TRITON_DOWNLOAD_RETRIES="0",
+            # the adapters come from 127.0.0.1 over http://, which the fetch rules refuse by default
+            COG_TRITON_FETCH_ALLOW_PRIVATE="true", COG_TRITON_FETCH_ALLOW_HTTP="true",
         )
         cog = CogServer(env, log_file=work / "cog.log", max_concurrency=4)
         cog.start()

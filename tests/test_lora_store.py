@@ -23,6 +23,7 @@ from common.errors import InputError, LoraAdapterError
 from cog_triton.inputs import PredictInputs
 from cog_triton.local import WeightsHTTPServer, free_port
 from cog_triton.lora.refs import parse_adapter_ref
+from cog_triton.fetch_rules import FetchRules, parse_owners
 from cog_triton.lora.store import AdapterStore, StoreLimits
 from tests.hub_server import FakeHub
 from tests.lora_adapters import pack_files
@@ -97,7 +98,8 @@ def served(tmp_path):
 
 
 def _store(tmp_path: Path, **limits) -> AdapterStore:
-    return AdapterStore(StoreLimits(root=tmp_path / "cache", retries=0, **limits))
+    """A store whose fetch rules let it fetch from the test's servers on 127.0.0.1 over http://."""
+    return AdapterStore(StoreLimits(root=tmp_path / "cache", retries=0, **{"rules": FetchRules.open(), **limits}))
 
 
 @pytest.mark.parametrize("name,make", [
@@ -178,7 +180,7 @@ def test_least_recently_used_adapters_are_removed_above_the_budget(tmp_path, ser
 
 
 def _fetch_in_process(root: str, url: str, queue) -> None:
-    store = AdapterStore(StoreLimits(root=Path(root), retries=0))
+    store = AdapterStore(StoreLimits(root=Path(root), retries=0, rules=FetchRules.open()))
     queue.put(store.get(parse_adapter_ref(url)).sha256)
 
 
@@ -271,3 +273,56 @@ def test_tar_members_are_listed_as_given():
             assert sorted(tar.getnames()) == ["f/adapter_config.json", "f/adapter_model.safetensors"]
     finally:
         path.unlink(missing_ok=True)
+
+
+# --- fetch rules (cog_triton.fetch_rules) ------------------------------------------------------------
+
+
+def _strict(tmp_path: Path, **rules) -> AdapterStore:
+    return AdapterStore(StoreLimits(root=tmp_path / "cache", retries=0, rules=FetchRules(**rules)))
+
+
+def test_by_default_adapters_come_only_over_https_from_public_addresses(tmp_path, served):
+    root, server = served
+    _tar(root / "a.tar.gz", ADAPTER)
+    url = f"{server.url}/a.tar.gz"
+    with pytest.raises(LoraAdapterError) as info:
+        _strict(tmp_path).get(parse_adapter_ref(url))
+    assert info.value.message == (f"lora_weights {url} is refused: plain http:// is refused; adapters are fetched "
+                                  "only over https:// (set COG_TRITON_FETCH_ALLOW_HTTP=true to allow http://)")
+    with pytest.raises(LoraAdapterError, match="127.0.0.1 is a loopback address; adapters are fetched only from "
+                                               "public addresses"):
+        _strict(tmp_path, allow_http=True).get(parse_adapter_ref(url))
+    local = url.replace("127.0.0.1", "localhost")  # a name: refused when its address is known, at the connection
+    with pytest.raises(LoraAdapterError, match="localhost resolves to a loopback address"):
+        _strict(tmp_path, allow_http=True).get(parse_adapter_ref(local))
+    assert server.counter == {}
+    assert not list((tmp_path / "cache" / "adapters").iterdir())
+
+
+def test_a_host_off_the_allow_list_is_refused(tmp_path, served):
+    root, server = served
+    _tar(root / "a.tar.gz", ADAPTER)
+    store = _strict(tmp_path, allow_http=True, allow_private=True, allow_hosts=("adapters.example.com",))
+    with pytest.raises(LoraAdapterError, match="the host 127.0.0.1 is not on the list of hosts adapters are fetched "
+                                               r"from \(COG_TRITON_FETCH_ALLOW_HOSTS=adapters.example.com\)"):
+        store.get(parse_adapter_ref(f"{server.url}/a.tar.gz"))
+    assert server.counter == {}
+
+
+def test_hf_references_follow_the_rules_on_the_hub_endpoint_and_the_owner_list(tmp_path, hub):
+    with pytest.raises(LoraAdapterError) as info:
+        _strict(tmp_path).get(parse_adapter_ref("hf://me/adapter"))
+    assert info.value.message.startswith("lora_weights hf://me/adapter is refused: http://127.0.0.1:")
+    assert "/me/adapter/resolve/main/adapter_config.json: plain http:// is refused; adapters" in info.value.message
+    with pytest.raises(LoraAdapterError, match="lora_weights hf://me/adapter is refused: 127.0.0.1 is a loopback"):
+        _strict(tmp_path, allow_http=True).get(parse_adapter_ref("hf://me/adapter"))
+    with pytest.raises(LoraAdapterError) as info:
+        _strict(tmp_path, allow_http=True, allow_private=True, allow_hf_owners=("trusted",)).get(
+            parse_adapter_ref("hf://me/adapter"))
+    assert info.value.message == ("lora_weights hf://me/adapter is refused: the Hub owner 'me' is not on the list of "
+                                  "owners adapters are fetched from (COG_TRITON_FETCH_ALLOW_HF_OWNERS=trusted)")
+    assert hub.gets == [] and hub.requests == []
+    adapter = _strict(tmp_path, allow_http=True, allow_private=True, allow_hf_owners=parse_owners("ME")).get(
+        parse_adapter_ref("hf://me/adapter"))
+    assert adapter.sha256 == content_sha(ADAPTER)

@@ -27,6 +27,7 @@ LOCAL_PACKAGES = {"common", "cog_triton", "tensorrtllm_backend", "predict"}
 IMPORT_TO_DISTRIBUTION = {
     "yaml": "pyyaml",
     "httpx": "httpx",
+    "httpcore": "httpcore",
     "grpc": "grpcio",
     "pydantic": "pydantic",
     "pydantic_settings": "pydantic-settings",

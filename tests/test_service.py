@@ -214,6 +214,7 @@ def test_in_process_lora_sends_weights_once_and_again_after_a_cache_miss(triton:
     """COG_TRITON_STREAM_PROCESSES=0: the adapter is resolved off the caller's loop and the same
     weights-once / resend-once logic runs in the Cog worker."""
     from cog_triton.local import WeightsHTTPServer
+    from cog_triton.fetch_rules import FetchRules
     from cog_triton.lora.store import StoreLimits
     from cog_triton.lora.tasks import Adapters
     from tensorrtllm_backend.engine import inspect_weights
@@ -236,8 +237,10 @@ def test_in_process_lora_sends_weights_once_and_again_after_a_cache_miss(triton:
 
     triton.state.scenario = scenario
     service = service_for(triton.address, tokenizer)
+    service.settings = Settings(stream_processes=0, fetch_allow_private=True, fetch_allow_http=True)  # 127.0.0.1
     lora = inspect_weights(CHECKPOINT, reference_lora={"max_lora_rank": 8}).lora
-    service.generator.adapters = Adapters(lora, StoreLimits(root=tmp_path / "cache", retries=0))
+    service.generator.adapters = Adapters(lora, StoreLimits(root=tmp_path / "cache", retries=0,
+                                                            rules=FetchRules.open()))
     with WeightsHTTPServer(tmp_path / "served") as server:
         url = f"{server.url}/a.tar.gz"
         for _ in range(2):

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from common.errors import BuildConfigError, BuildError
+from common.errors import BuildConfigError, BuildError, FetchRefusedError
 from cog_triton.local import CogServer, WeightsHTTPServer
 from tests.hub_server import FakeHub
 from tests.hub_server import tiny_checkpoint as tiny_hub_checkpoint
@@ -72,7 +72,14 @@ def test_resolve_config_by_name_or_yaml(tmp_path: Path) -> None:
     assert "config 'llama-4' is not one of gemma-2b-it, gpt2-medium-fp16, llama-2-7b-fp16-tp4" in str(info.value)
 
 
-def test_train_builds_a_reference_archive(tiny_checkpoint_url: str, tmp_path: Path) -> None:
+#: The checkpoint is served from 127.0.0.1 over http://, which the fetch rules refuse by default.
+OPT_IN = {"COG_TRITON_FETCH_ALLOW_PRIVATE": "true", "COG_TRITON_FETCH_ALLOW_HTTP": "true"}
+
+
+def test_train_builds_a_reference_archive(tiny_checkpoint_url: str, tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in OPT_IN.items():
+        monkeypatch.setenv(name, value)
     output = asyncio.run(train(config=TINY_CONFIG, checkpoint=tiny_checkpoint_url, hf_token=None))
     archive = Path(output.weights)
     assert archive == OUTPUT_DIR / "tiny-llama.tar.gz" and archive.is_file()
@@ -128,6 +135,9 @@ def test_train_packages_and_verifies_a_checkpoint_for_the_pytorch_backend(tmp_pa
     only) is checked to be one 1.2.1 serves, and packed as it is into a .tar with its manifest, without a GPU."""
     monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no nvidia-smi: none is needed
     monkeypatch.delenv("HF_TOKEN", raising=False)
+    # The training's checkpoint follows the fetch rules: the stand-in Hub is on 127.0.0.1, over http.
+    monkeypatch.setenv("COG_TRITON_FETCH_ALLOW_PRIVATE", "true")
+    monkeypatch.setenv("COG_TRITON_FETCH_ALLOW_HTTP", "true")
     with FakeHub(token="hf_trainToken") as hub:
         hub.use(monkeypatch)
         files = tiny_hub_checkpoint()
@@ -152,6 +162,27 @@ def test_train_packages_and_verifies_a_checkpoint_for_the_pytorch_backend(tmp_pa
         assert "architecture GPT2LMHeadModel is not in TensorRT-LLM 1.2.1's PyTorch backend" in refused.value.message
         assert not [p for p in OUTPUT_DIR.iterdir() if p.name.startswith("cog-triton-train-")]
 
+def test_the_checkpoint_follows_the_fetch_rules(tiny_checkpoint_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The training's checkpoint is an API caller's input, as lora_weights is: by default the local server is
+    refused (plain http://, then its loopback address), and a Hub id's owner must be on the owner list."""
+    before = len(list(OUTPUT_DIR.glob("*"))) if OUTPUT_DIR.is_dir() else 0
+    with pytest.raises(FetchRefusedError, match="plain http:// is refused; checkpoints are fetched only over https"):
+        asyncio.run(train(config=TINY_CONFIG, checkpoint=tiny_checkpoint_url, hf_token=None))
+    monkeypatch.setenv("COG_TRITON_FETCH_ALLOW_HTTP", "true")
+    with pytest.raises(FetchRefusedError, match="127.0.0.1 is a loopback address; checkpoints are fetched only from "
+                                                "public addresses"):
+        asyncio.run(train(config=TINY_CONFIG, checkpoint=tiny_checkpoint_url, hf_token=None))
+    monkeypatch.setenv("COG_TRITON_FETCH_ALLOW_HF_OWNERS", "trusted")
+    with pytest.raises(FetchRefusedError, match=r"checkpoint org/gated: the Hub owner 'org' is not on the list of "
+                                                r"owners checkpoints are fetched from \(COG_TRITON_FETCH_ALLOW_HF_"
+                                                r"OWNERS=trusted\)"):
+        asyncio.run(train(config=TINY_CONFIG, checkpoint="org/gated", hf_token=None))
+    with pytest.raises(FetchRefusedError, match=r"checkpoint org/gated: the Hub owner 'org' is not on the list"):
+        asyncio.run(train(config=TINY_CONFIG, checkpoint="hf://org/gated@v1", hf_token=None))
+    with pytest.raises(FetchRefusedError, match="the Hub owner 'org' is not on the list"):  # the config's own source
+        asyncio.run(train(config=TINY_CONFIG.replace("org/placeholder", "org/model"), checkpoint="", hf_token=None))
+    assert (len(list(OUTPUT_DIR.glob("*"))) if OUTPUT_DIR.is_dir() else 0) == before
+
 
 def test_train_refuses_an_engine_without_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no nvidia-smi
@@ -161,7 +192,7 @@ def test_train_refuses_an_engine_without_gpu(tmp_path: Path, monkeypatch: pytest
 
 @pytest.mark.integration
 def test_cog_train_through_the_real_cog_server(tiny_checkpoint_url: str, tmp_path: Path) -> None:
-    with CogServer({}, log_file=tmp_path / "cog-train.log", mode="train") as cog:
+    with CogServer(OPT_IN, log_file=tmp_path / "cog-train.log", mode="train") as cog:
         cog.wait_ready(timeout_s=120)
         response = httpx.put(
             f"{cog.url}/trainings/train-1",

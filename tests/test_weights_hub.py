@@ -283,3 +283,23 @@ def test_a_subprocess_reaches_the_stand_in_through_its_environment(hub, tmp_path
                              capture_output=True, text=True, timeout=120)
     assert refused.returncode != 0 and "a Hugging Face token is set, but it has no access to it" in refused.stderr
     assert TOKEN not in refused.stderr + refused.stdout + ok.stderr + ok.stdout
+
+
+def test_the_operators_hub_weights_are_not_held_to_the_callers_fetch_rules(hub, tmp_path):
+    """Once a caller's fetch (a LoRA adapter) has made this process's huggingface_hub client the guarded one, the
+    operator's own hf:// weights (HF_ENDPOINT on a private network here: 127.0.0.1, plain http) are still fetched;
+    a caller's hf:// checkpoint under the default rules is refused, before any request, and by owner."""
+    from common.errors import FetchRefusedError
+    from cog_triton.fetch_guard import install_hub_guard
+    from cog_triton.fetch_rules import FetchRules
+
+    install_hub_guard()
+    hub.add_repo("me/tiny", tiny_checkpoint())
+    assert fetch_weights("hf://me/tiny", tmp_path / "weights").path == tmp_path / "weights"
+    requests = len(hub.requests)
+    with pytest.raises(FetchRefusedError, match="plain http:// is refused"):
+        fetch_weights("hf://me/tiny", tmp_path / "caller", rules=FetchRules(), what="checkpoints")
+    with pytest.raises(FetchRefusedError, match="hf://me/tiny: the Hub owner 'me' is not on the list"):
+        fetch_weights("hf://me/tiny", tmp_path / "caller", rules=FetchRules.open().__class__(
+            allow_private=True, allow_http=True, allow_hf_owners=("trusted",)), what="checkpoints")
+    assert len(hub.requests) == requests and not (tmp_path / "caller").exists()

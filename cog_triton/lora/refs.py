@@ -9,6 +9,9 @@ Accepted:
 
 Local paths and ``file://`` URLs are refused: the input comes from API users, who must not read files of the
 server. The URL's credentials and query string never appear in messages (:func:`cog_triton.weights.redact_url`).
+Where an accepted reference may be fetched from is up to the fetch rules (:mod:`cog_triton.fetch_rules`):
+:func:`check_adapter_allowed` applies what can be judged without a connection (adapters off, the scheme, the
+host and Hub owner allow-lists, an IP-literal host); the addresses connected to are checked when fetching.
 """
 
 from __future__ import annotations
@@ -20,12 +23,14 @@ from typing import Optional
 from urllib.parse import urlsplit
 
 from common.errors import LoraAdapterError
+from cog_triton.fetch_rules import FetchRules
 from cog_triton.weights import redact_url
 
 #: A Hub repository id (``owner/name``; huggingface_hub's validate_repo_id rules, without the length check).
 _REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 _REVISION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,254}$")
-ALLOWED = ("an https:// (or http://) URL of a .tar, .tar.gz or .zip archive of a PEFT LoRA adapter, or "
+ALLOWED = ("an https:// URL (http:// where the server allows it) of a .tar, .tar.gz or .zip archive of a PEFT "
+           "LoRA adapter, or "
            "hf://owner/repo[@revision]")
 
 
@@ -83,4 +88,29 @@ def parse_adapter_ref(value: str, name: str = "lora_weights") -> Optional[Adapte
     raise LoraAdapterError(f"{name}={shown!r} is not allowed; give {ALLOWED}")
 
 
-__all__ = ("ALLOWED", "AdapterRef", "parse_adapter_ref")
+#: The setting that turns the lora_weights input off.
+ADAPTERS_SETTING = "COG_TRITON_LORA_ADAPTERS"
+#: What the fetch rules' messages call what is fetched.
+WHAT = "adapters"
+
+
+def check_adapter_allowed(ref: AdapterRef, rules: FetchRules, enabled: bool = True, name: str = "lora_weights") -> None:
+    """Refuse ``ref`` when adapters are off or the fetch rules refuse it without connecting (cheap: no DNS).
+
+    Raises:
+        LoraAdapterError: naming the value, the rule and the setting that allows it.
+    """
+    if not enabled:
+        raise LoraAdapterError(
+            f"{name} {ref.display} was given, but this server does not take LoRA adapters ({ADAPTERS_SETTING}=false); "
+            "leave it empty to use the base model"
+        )
+    if ref.kind == "hf":
+        refusal = rules.hf_owner_refusal(ref.repo_id, WHAT)
+    else:
+        refusal = rules.url_refusal(ref.source, WHAT)
+    if refusal is not None:
+        raise LoraAdapterError(f"{name} {ref.display} is refused: {refusal}")
+
+
+__all__ = ("ADAPTERS_SETTING", "ALLOWED", "AdapterRef", "check_adapter_allowed", "parse_adapter_ref")

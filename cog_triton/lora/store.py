@@ -11,6 +11,11 @@ An adapter is fetched once per source into ``<root>/adapters/<source key>/`` and
   ``HF_TOKEN``), the two files' sizes checked first (``dry_run``), under the same folder lock, staged
   beside the folder and renamed into place.
 
+Both are held to the fetch rules (:attr:`StoreLimits.rules`, :mod:`cog_triton.fetch_rules`): the reference is
+checked first (scheme, host and Hub owner allow-lists, an IP-literal host), then every connection of the
+download and its redirects (the address actually connected to); a refusal is a :class:`LoraAdapterError`
+naming the rule, and nothing is sent to a refused address.
+
 The cache is bounded by ``budget_bytes`` (LRU): after each fetch, the folders used least recently (the
 folder's mtime, set on every use) are removed until the rest fits, except the one just used and any being
 fetched (their lock is held). Removal renames the folder away first, so a reader never sees half a folder;
@@ -34,8 +39,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from common.errors import LoraAdapterError, WeightsError
-from cog_triton.lora.refs import AdapterRef
+from common.errors import FetchRefusedError, LoraAdapterError, WeightsError
+from cog_triton.fetch_guard import hub_guard
+from cog_triton.fetch_rules import FetchRules
+from cog_triton.lora.refs import WHAT, AdapterRef, check_adapter_allowed
 from cog_triton.weights import fetch_weights, target_lock
 
 log = logging.getLogger(__name__)
@@ -57,6 +64,7 @@ class StoreLimits:
         max_adapter_bytes: most bytes one adapter may download and unpack to.
         timeout_s / retries / deadline_s / min_rate_bytes_s / rate_grace_s: the download's bounds, as
             :func:`cog_triton.weights.fetch_weights` takes them (seconds, bytes/s).
+        rules: where adapters may be fetched from (default: https:// from public addresses only).
     """
 
     root: Path
@@ -67,6 +75,7 @@ class StoreLimits:
     deadline_s: float = 600.0
     min_rate_bytes_s: float = 100_000
     rate_grace_s: float = 60.0
+    rules: FetchRules = FetchRules()
 
 
 @dataclass(frozen=True)
@@ -97,9 +106,11 @@ class AdapterStore:
         """The adapter ``ref`` names, fetched when it is not cached (blocking: up to the download deadline).
 
         Raises:
-            LoraAdapterError: it could not be fetched (unreachable, HTTP error, too large, corrupt
-                archive), or it is not a PEFT LoRA adapter (no adapter_config.json / adapter_model.safetensors).
+            LoraAdapterError: the fetch rules refuse it (its URL, Hub owner, a redirect or an address it resolves
+                to), it could not be fetched (unreachable, HTTP error, too large, corrupt archive), or it is not a
+                PEFT LoRA adapter (no adapter_config.json / adapter_model.safetensors).
         """
+        check_adapter_allowed(ref, self.limits.rules)
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -142,8 +153,10 @@ class AdapterStore:
                 ref.source, target, timeout_s=limits.timeout_s, retries=limits.retries, deadline_s=limits.deadline_s,
                 min_rate_bytes_s=limits.min_rate_bytes_s, rate_grace_s=limits.rate_grace_s,
                 max_extracted_bytes=limits.max_adapter_bytes, max_download_bytes=limits.max_adapter_bytes,
-                allow_zip=True,
+                allow_zip=True, rules=limits.rules, what=WHAT,
             )
+        except FetchRefusedError as exc:
+            raise LoraAdapterError(f"lora_weights {ref.display} is refused: {exc.message}") from None
         except WeightsError as exc:
             message = exc.message.replace("COG_TRITON_MAX_EXTRACTED_BYTES", "COG_TRITON_ADAPTER_MAX_BYTES")
             message = message.replace("COG_TRITON_DOWNLOAD_DEADLINE_S", "COG_TRITON_ADAPTER_DOWNLOAD_DEADLINE_S")
@@ -155,7 +168,8 @@ class AdapterStore:
                 return
             staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.staging-", dir=target.parent))
             try:
-                commit = _hf_download(ref, staging, self.limits)
+                with hub_guard(self.limits.rules, WHAT):
+                    commit = _hf_download(ref, staging, self.limits)
                 (staging / HF_MARKER).write_text(json.dumps({"source": ref.source, "commit": commit}) + "\n")
                 if target.exists():
                     old = target.parent / f".{target.name}.old-{secrets.token_hex(4)}"
@@ -276,6 +290,8 @@ def _hf_download(ref: AdapterRef, staging: Path, limits: StoreLimits) -> str:
         for name in ADAPTER_FILES:
             download(name, False)
         return infos[0].commit_hash
+    except FetchRefusedError as exc:
+        raise LoraAdapterError(f"lora_weights {ref.display} is refused: {exc.message}") from None
     except hf_errors.EntryNotFoundError as exc:
         raise LoraAdapterError(
             f"lora_weights {ref.display} is not a PEFT LoRA adapter: the repository has no {_missing(exc)} "

@@ -17,6 +17,8 @@ from typing import Any, Optional
 import httpx
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
+from cog_triton.fetch_guard import FetchGuard, guarded_transport
+from cog_triton.fetch_rules import FetchRules
 from cog_triton.weights.archive import _check_free_space
 from cog_triton.weights.sources import redact_text
 from common.errors import DownloadError, WeightsError
@@ -65,6 +67,8 @@ class _Limits:
     max_extracted_bytes: Optional[int]
     max_download_bytes: Optional[int] = None
     allow_zip: bool = False
+    rules: Optional[FetchRules] = None  # for a source an API caller gave; None: the operator's own weights
+    what: str = "weights"
 
 
 class _TransientDownloadError(DownloadError):
@@ -188,7 +192,12 @@ def _too_slow(display: str, rate: float, window_s: float, limits: _Limits) -> st
 
 
 def _download(url: str, display: str, dest: Path, limits: _Limits) -> tuple[str, int]:
-    """Download ``url`` into ``dest``; return (sha256 hex, size in bytes). Raises DownloadError."""
+    """Download ``url`` into ``dest``; return (sha256 hex, size in bytes).
+
+    Raises:
+        DownloadError: see :func:`cog_triton.weights.fetch_weights`.
+        FetchRefusedError: ``limits.rules`` refuse a request or connection (never retried).
+    """
     _install_log_redaction()
     attempts = limits.retries + 1
     transfer = _Transfer(dest, deadline=time.monotonic() + limits.deadline_s if limits.deadline_s > 0 else None)
@@ -216,8 +225,15 @@ def _download(url: str, display: str, dest: Path, limits: _Limits) -> tuple[str,
         before_sleep=before_sleep,
         reraise=True,
     )
+    guarded: dict[str, Any] = {}
+    # Under fetch rules every request and connection (redirects too) goes through the guarded transport. No proxy:
+    # a Client given a transport mounts none from HTTP(S)_PROXY (httpx 0.28.1 _client.py, Client.__init__:
+    # allow_env_proxies = trust_env and transport is None), and trust_env=False also drops .netrc credentials.
+    if limits.rules is not None:
+        guarded = {"transport": guarded_transport(FetchGuard(limits.rules, what=limits.what)), "trust_env": False}
     with httpx.Client(
-        timeout=httpx.Timeout(limits.timeout_s), follow_redirects=True, headers={"Accept-Encoding": "identity"}
+        timeout=httpx.Timeout(limits.timeout_s), follow_redirects=True, headers={"Accept-Encoding": "identity"},
+        **guarded,
     ) as client:
         try:
             retrying(_download_once, client, url, display, transfer, limits)

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
 
+from cog_triton.fetch_guard import hub_guard
+from cog_triton.fetch_rules import FetchRules
 from cog_triton.weights.archive import _extract_archive
 from cog_triton.weights.cache import (
     MARKER_VERSION,
@@ -46,7 +48,7 @@ from cog_triton.weights.sources import (
     _parse_source,
     _Source,
 )
-from common.errors import ArchiveError, ChecksumError, WeightsError
+from common.errors import ArchiveError, ChecksumError, FetchRefusedError, WeightsError
 from common.files import KEEP_NAMES
 
 log = logging.getLogger("cog_triton.weights")
@@ -87,6 +89,9 @@ def fetch_weights(
     max_download_bytes: Optional[int] = None,
     allow_zip: bool = False,
     hf_token: Optional[str] = None,
+
+    rules: Optional[FetchRules] = None,
+    what: str = "weights",
 ) -> WeightsResult:
     """Fetch weights from ``source`` into ``target_dir`` and return what was done.
 
@@ -120,6 +125,11 @@ def fetch_weights(
         hf_token: for an ``hf://`` source, a Hugging Face token for this fetch only (None: huggingface_hub's own
             lookup, ``HF_TOKEN``); never logged nor put in a message.
 
+        rules: for a source an API caller gave (an adapter, a training's checkpoint): the fetch rules
+            (:mod:`cog_triton.fetch_rules`) every request and connection of an http(s) download is held to,
+            redirects included; ``what`` names what is fetched in their messages. None (the operator's own
+            weights): no rules.
+
     Returns:
         A :class:`WeightsResult`; ``skipped`` is True when the marker left by an earlier fetch of
         the same source (same sha256 when given; for local sources, same size and modification
@@ -132,6 +142,8 @@ def fetch_weights(
         DownloadError: HTTP 4xx/5xx, timeout, connection failure, truncated download or a transfer
             below the minimum rate (after the retries), or the deadline passed.
         ChecksumError: the archive's sha256 differs from ``sha256``.
+        FetchRefusedError: ``rules`` refuse the URL, a redirect or an address it resolves to; nothing was sent
+            there.
         ArchiveError: the archive is not a tar archive, is corrupt or truncated, unpacks to more
             than the limit, or has a member that would land outside ``target_dir``, is nested too
             deep, or is a device file, FIFO or sparse file.
@@ -154,9 +166,13 @@ def fetch_weights(
     if max_download_bytes is not None and not max_download_bytes > 0:
         raise ValueError(f"max_download_bytes must be > 0 bytes, or None for no cap, got {max_download_bytes!r}")
     limits = _Limits(timeout_s, retries, deadline_s, min_rate_bytes_s, rate_grace_s, max_extracted_bytes,
-                     max_download_bytes, allow_zip)
+                     max_download_bytes, allow_zip, rules, what)
 
     src = _parse_source(source)
+    if rules is not None and src.url is not None:  # the URL itself (scheme, host, an IP literal) before anything
+        refusal = rules.url_refusal(src.url, what)
+        if refusal is not None:
+            raise FetchRefusedError(refusal)
     expected_sha = _normalize_sha256(sha256, src.display)
     target = Path(target_dir).absolute()
     if target.exists() and not target.is_dir():
@@ -165,7 +181,15 @@ def fetch_weights(
         if expected_sha is not None:
             raise WeightsError(f"a sha256 was given for {src.display}, but checksums apply to archives only; an hf:// "
                                "source is pinned by its revision (hf://owner/repo@<commit>): drop the sha256")
-        hub = fetch_hub(src.hub, target, src.key, timeout_s=timeout_s, token=hf_token)
+        if rules is not None:
+            refusal = rules.hf_owner_refusal(src.hub.repo_id, what)
+            if refusal is not None:
+                raise FetchRefusedError(f"{src.display}: {refusal}")
+        # The Hub's connections follow the caller's rules; the operator's own weights (rules None) may come from
+        # any endpoint (HF_ENDPOINT may be a mirror on the private network): huggingface_hub's client in this
+        # process is the guarded one once any fetch installed it (cog_triton.fetch_guard), so say so explicitly.
+        with hub_guard(rules or FetchRules.open(), what):
+            hub = fetch_hub(src.hub, target, src.key, timeout_s=timeout_s, token=hf_token)
         return WeightsResult(path=target, source=src.display, sha256=None, size_bytes=hub.size_bytes,
                              skipped=hub.skipped, commit=hub.commit)
 

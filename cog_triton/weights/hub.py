@@ -18,8 +18,9 @@ mix two versions):
 How (huggingface_hub 2.4.0, read in ``.venv/lib/python3.11/site-packages/huggingface_hub``):
 ``HfApi.model_info`` (``GET /api/models/{repo}/revision/{revision}``: the commit ``sha``, ``gated``), then
 ``HfApi.list_repo_tree`` (``GET /api/models/{repo}/tree/{commit}?recursive=True``: every file and its size),
-then ``snapshot_download(allow_patterns=<those files>, revision=<commit>, local_dir=<staging>)``, which lists
-the tree again and fetches each file with ``hf_hub_download`` (``HEAD`` then ``GET /{repo}/resolve/{commit}/{file}``,
+then each of those files with ``hf_hub_download(revision=<commit>, local_dir=<staging>)``, four at a time (as
+``snapshot_download`` would, but in threads that keep the caller's fetch rules) (``HEAD`` then
+``GET /{repo}/resolve/{commit}/{file}``,
 reading ``X-Repo-Commit``, ``ETag``/``X-Linked-Etag`` and ``Content-Length``/``X-Linked-Size``). The endpoint is
 ``HF_ENDPOINT`` (huggingface_hub's own setting; tests point it at a local stand-in of the Hub).
 
@@ -37,6 +38,8 @@ again once fetched; pin a commit (``@<40 hex>``) or change the text to fetch ane
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextvars
 import json
 import logging
 import os
@@ -61,7 +64,7 @@ from cog_triton.weights.cache import (
     _replace_directory,
     _write_marker,
 )
-from common.errors import DownloadError, WeightsError
+from common.errors import DownloadError, FetchRefusedError, WeightsError
 from common.files import KEEP_NAMES
 
 log = logging.getLogger("cog_triton.weights")
@@ -311,11 +314,19 @@ def _download(ref: HubRef, staging: Path, hub_cache: Path, timeout_s: float,
         _check_free_space(staging.parent, size + FREE_SPACE_SLACK_BYTES, f"the checkpoint {display}")
         log.info("fetching %d files (%d bytes) of %s at commit %s: %s", len(files), size, display, commit,
                  _sample(files, 12))
-        huggingface_hub.snapshot_download(
-            ref.repo_id, revision=commit, local_dir=staging, cache_dir=hub_cache, allow_patterns=files,
-            endpoint=endpoint, etag_timeout=timeout_s, max_workers=4, token=token,
-        )
-    except WeightsError:
+        # Four files at a time, as snapshot_download would; each task runs in a copy of this context, so that the
+        # fetch rules in force here (cog_triton.fetch_guard.hub_guard, a context variable) hold in its threads too
+        # (snapshot_download's own thread pool would start them without it).
+        with concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="hub-fetch") as pool:
+            pending = [
+                pool.submit(contextvars.copy_context().run, huggingface_hub.hf_hub_download, ref.repo_id, path,
+                            revision=commit, local_dir=staging, cache_dir=hub_cache, endpoint=endpoint,
+                            etag_timeout=timeout_s, token=token)
+                for path in files
+            ]
+            for task in pending:
+                task.result()
+    except (WeightsError, FetchRefusedError):
         raise
     except hf_errors.RevisionNotFoundError:
         raise WeightsError(
