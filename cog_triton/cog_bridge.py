@@ -138,7 +138,10 @@ def on_end(generator: Iterator[str], callback: Callable[[Optional[BaseException]
     :func:`then`'s) stops: run to its end (None, False), raised ``error`` (error, ...), or was cancelled or closed
     early (None, True). It runs in the thread that iterates the generator, after its last item; nothing is added
     per item. Returns False (and sets nothing) when ``generator`` is not one of ours."""
-    handle = _STREAMS.get(generator)
+    try:
+        handle = _STREAMS.get(generator)
+    except TypeError:  # cannot be weakly referenced: not one of ours
+        return False
     if handle is None:
         return False
     handle.on_done = callback

@@ -192,7 +192,7 @@ class Streamer:
             if inputs.lora is not None:
                 adapter = await loop.run_in_executor(self._adapter_pool, generator.resolve_adapter, inputs.lora)
             if _inline(inputs):
-                prepared = generator.prepare(inputs, request_id)
+                prepared = generator.prepare(inputs, request_id, adapter)  # the adapter resolved above, once
             else:
                 prepared = await loop.run_in_executor(
                     self._prepare_pool, generator.prepare, inputs, request_id, adapter
