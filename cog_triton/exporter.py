@@ -21,6 +21,13 @@ Prometheus endpoint; this module gives the predictor one:
 
 Both parts are in the Prometheus text format 0.0.4, which is what Triton serves (its metrics names do not
 overlap ours: they start with ``nv_``), so the response is sent with that content type.
+
+"Queued" here is what the worker can see: coglet has no queue (all slots busy answers ``409 At capacity``:
+replicate/cog 6110c912 ``crates/coglet/src/transport/http/routes.rs``), so a prediction waits only inside
+predict(), for a Triton restart or a stream process. The engine's own queue is Triton's metric
+``nv_trt_llm_request_metrics{request_type="waiting"}`` of the C++ backend (NVIDIA/TensorRT-LLM 0d5352f5
+``triton_backend/inflight_batcher_llm/src/custom_metrics_reporter/custom_metrics_reporter.cc``), in the same
+scrape.
 """
 
 from __future__ import annotations
@@ -33,12 +40,17 @@ import time
 from typing import Callable, Mapping, Optional, Union
 
 import httpx
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 
 from common.errors import CogTritonError, ConfigError
 from cog_triton.metrics import INPUT_TOKEN_COUNT, OUTPUT_TOKEN_COUNT, MetricSink
 
 log = logging.getLogger(__name__)
+
+# No <name>_created series beside each counter and histogram (a timestamp per series, which doubles what a scrape
+# carries and no query here needs); vLLM does the same (vllm/engine/metrics.py @f0afa0c2). prometheus_client's
+# switch is process-wide: in the Cog worker this registry is its only user.
+disable_created_metrics()
 
 #: The text exposition format both parts of a scrape are in (Triton's /metrics is version 0.0.4).
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

@@ -126,8 +126,10 @@ def test_stream_process_counts_add_up() -> None:
 
 
 def test_every_metric_is_named_for_the_service() -> None:
-    names = [family.name for family in ServiceMetrics().registry.collect()]
+    metrics = ServiceMetrics()
+    names = [family.name for family in metrics.registry.collect()]
     assert names and all(name.startswith("cog_triton_") for name in names)
+    assert "_created" not in metrics.render().decode()  # no timestamp series beside each counter
 
 
 # ---------------------------------------------------------------------------------------- the endpoint
