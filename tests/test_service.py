@@ -355,3 +355,25 @@ def test_the_service_counts_each_prediction_once(triton: Running, tokenizer: Any
     assert sample(service, "cog_triton_generation_tokens_total") == 2 * len(ids) == 2 * first["output_token_count"]
     assert sample(service, "cog_triton_prompt_tokens_total") == 3 * first["input_token_count"]  # the failed one too
     assert sample(service, "cog_triton_predictions_running") == 0
+
+
+def test_setup_starts_the_metrics_endpoint_first_and_shutdown_stops_it(tmp_path: Path) -> None:
+    """The endpoint is up from the start of setup() (a port in use fails setup before a long download; an
+    operator can scrape a setup that fails), and shutdown() closes it."""
+    import httpx
+
+    from common.errors import WeightsError
+    from cog_triton.local import free_port
+
+    port = free_port()
+    service = LLMService(Settings(prometheus_port=port, prometheus_address="127.0.0.1", metrics_port=free_port(),
+                                  weights_dir=tmp_path / "weights", model_repo_dir=tmp_path / "repo"))
+    with pytest.raises(WeightsError):
+        service.setup(str(tmp_path / "no-such-weights.tar"))
+    scraped = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30)
+    assert scraped.status_code == 200
+    assert "cog_triton_predictions_running 0.0" in scraped.text
+    assert "cog_triton_triton_metrics_up 0.0" in scraped.text  # no Triton yet
+    service.shutdown()
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30)
