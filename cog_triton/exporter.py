@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import http.server
 import logging
+import socket
 import threading
 import time
 from typing import Callable, Mapping, Optional, Union
@@ -43,7 +44,7 @@ import httpx
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 
 from common.errors import CogTritonError, ConfigError
-from cog_triton.metrics import INPUT_TOKEN_COUNT, OUTPUT_TOKEN_COUNT, MetricSink
+from cog_triton.metrics import INPUT_TOKEN_COUNT, OUTPUT_TOKEN_COUNT, TIME_TO_FIRST_TOKEN_NAMES, MetricSink
 
 log = logging.getLogger(__name__)
 
@@ -59,12 +60,12 @@ TRITON_SCRAPE_TIMEOUT_S = 2.0
 #: Seconds. From a few ms (a warm, idle engine) to minutes (a long queue, a LoRA download before the first token).
 TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0,
                 40.0, 80.0, 160.0)
-#: Seconds per token: GPU decoding runs at 5-50 ms a token, the CPU reference model at 20-100 ms.
+#: Seconds per token: GPU decoding takes a few ms to tens of ms a token, the CPU reference model tens to hundreds.
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2,
                 0.3, 0.5, 0.75, 1.0, 2.5)
-#: The metric name :func:`cog_triton.metrics.record_time_to_first_token` gives the time to first token under
-#: (it records two names with one value; this one is observed).
-_TTFT_NAME = "time_to_first_token_s"
+#: The name of the time to first token this module observes (:func:`cog_triton.metrics.record_time_to_first_token`
+#: records one value under two names).
+_TTFT_NAME = TIME_TO_FIRST_TOKEN_NAMES[-1]
 #: LoRA adapter counts a stream process reports (keys of :meth:`cog_triton.lora.tasks.Adapters.take_counts`).
 LORA_COUNTS = ("memory_hits", "disk_hits", "fetches", "engine_misses")
 
@@ -284,6 +285,10 @@ class _Server(http.server.ThreadingHTTPServer):
     owner: "MetricsServer"
 
 
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
 class MetricsServer:
     """``GET /metrics`` on ``host:port``: the service's metrics, then Triton's (see the module docstring).
 
@@ -326,7 +331,7 @@ class MetricsServer:
                 the settings.
         """
         try:
-            server = _Server((self.host, self.requested_port), _Handler)
+            server = (_Server6 if ":" in self.host else _Server)((self.host, self.requested_port), _Handler)
         except OSError as exc:
             raise ConfigError(
                 f"the Prometheus endpoint cannot listen on {self.host}:{self.requested_port} "

@@ -255,3 +255,25 @@ def test_errors_keep_their_code() -> None:
     m = ServiceMetrics()
     m.track(None, time.monotonic()).finish(InferenceError("Triton said no"))
     assert value(m, "cog_triton_prediction_errors_total", code="inference_error") == 1
+
+
+def _has_ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as sock:
+            sock.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+def test_an_ipv6_address_can_be_given() -> None:
+    server = MetricsServer(ServiceMetrics(), "::1", 0)
+    if not _has_ipv6_loopback():  # this host has none: the error names the address
+        with pytest.raises(ConfigError, match="::1"):
+            server.start()
+        return
+    server.start()
+    try:
+        assert httpx.get(f"http://[::1]:{server.port}/metrics", timeout=10).status_code == 200
+    finally:
+        server.stop()
