@@ -31,7 +31,6 @@ import cog
 from cog import BaseRunner, ConcatenateIterator, Input, Path
 
 from cog_triton import cog_bridge
-from cog_triton.inputs import PredictInputs
 from cog_triton.service import LLMService
 from cog_triton.settings import Settings
 
@@ -174,7 +173,7 @@ class Predictor(BaseRunner):
         Input errors (bad values, a prompt too long for the model) are raised here, before any
         output; the returned generator is what coglet iterates to stream (see cog_triton.cog_bridge).
         """
-        inputs = PredictInputs.validate(
+        inputs = self.service.validate(  # PredictInputs.validate; a refusal is counted in the service's metrics
             prompt=prompt,
             messages=messages,
             system_prompt=system_prompt,

@@ -52,14 +52,20 @@ class StreamHandle:
     Args:
         on_cancel: called once, from the cancelling thread, when the prediction is cancelled or its
             generator closed early (stops the producer: a stream process's stream or an async task).
+
+    Attributes:
+        on_done: set by :func:`on_end`: called once by the generator, in the thread iterating it, when it
+            stops: ``on_done(error, cancelled)`` (``error``: what it raised, else None; ``cancelled``: the
+            stream was cancelled or the generator closed early).
     """
 
-    __slots__ = ("queue", "cancelled", "ended", "_on_cancel", "__weakref__")
+    __slots__ = ("queue", "cancelled", "ended", "on_done", "_on_cancel", "__weakref__")
 
     def __init__(self, on_cancel: Optional[Callable[[], None]] = None) -> None:
         self.queue: "queue.SimpleQueue[object]" = queue.SimpleQueue()
         self.cancelled = threading.Event()
         self.ended = False  # end() or fail() was called: the producer is done
+        self.on_done: Optional[Callable[[Optional[BaseException], bool], None]] = None
         self._on_cancel = on_cancel
 
     def put(self, text: str) -> None:
@@ -127,6 +133,21 @@ def then(generator: Iterator[str], at_end: Callable[[], None]) -> Iterator[str]:
     return out
 
 
+def on_end(generator: Iterator[str], callback: Callable[[Optional[BaseException], bool], None]) -> bool:
+    """Have ``callback(error, cancelled)`` called once when ``generator`` (one of :func:`stream_generator`'s or
+    :func:`then`'s) stops: run to its end (None, False), raised ``error`` (error, ...), or was cancelled or closed
+    early (None, True). It runs in the thread that iterates the generator, after its last item; nothing is added
+    per item. Returns False (and sets nothing) when ``generator`` is not one of ours."""
+    try:
+        handle = _STREAMS.get(generator)
+    except TypeError:  # cannot be weakly referenced: not one of ours
+        return False
+    if handle is None:
+        return False
+    handle.on_done = callback
+    return True
+
+
 async def open_stream(source: AsyncIterator[str], interval_s: float = 0.0) -> Iterator[str]:
     """Start consuming ``source`` on the running loop; return the sync generator coglet will iterate.
 
@@ -175,12 +196,14 @@ async def open_stream(source: AsyncIterator[str], interval_s: float = 0.0) -> It
 
 def _drain(handle: StreamHandle) -> Iterator[str]:
     get, get_nowait = handle.queue.get, handle.queue.get_nowait
+    error: Optional[BaseException] = None
     try:
         while True:
             item = get()
             if item is _DONE:
                 return
             if isinstance(item, BaseException):
+                error = item
                 raise item
             parts = [item]
             end: object = None
@@ -198,10 +221,18 @@ def _drain(handle: StreamHandle) -> Iterator[str]:
             if end is _DONE:
                 return
             if isinstance(end, BaseException):
+                error = end
                 raise end
     finally:
         if not handle.ended and not handle.cancelled.is_set():
             handle.cancel()  # closed early (GeneratorExit): stop the producer too
+        done = handle.on_done
+        if done is not None:
+            handle.on_done = None
+            try:
+                done(error, handle.cancelled.is_set())
+            except Exception:  # noqa: BLE001 - the stream's end must not fail for its bookkeeping
+                log.exception("the end-of-stream callback failed")
 
 
 _installed = False

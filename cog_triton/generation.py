@@ -428,6 +428,7 @@ class Generator:
                 if is_cache_miss(exc.message, adapter.task_id) and request.lora is None and not resent:
                     if self.adapters is not None:
                         self.adapters.held.discard(adapter.task_id)
+                        self.adapters.count("engine_misses")
                     log.info("LoRA task %d (%s) is not in Triton's cache: sending the request again with its "
                              "weights", adapter.task_id, adapter.display)
                     request, resent = dataclasses.replace(request, lora=adapter.tensors), True

@@ -25,6 +25,10 @@ Events, stream process -> worker, sent as a list per frame (many streams' events
 * ``(sid, FIRST_TOKEN, seconds)``: time from ``started_at`` to the first token.
 * ``(sid, END, output_tokens)``: the stream ended normally (finished or cut by a stop sequence).
 * ``(sid, FAILED, error, output_tokens)``: the stream failed with ``error``.
+* ``(sid, CANCELLED, output_tokens)``: a CANCEL stopped the stream after ``output_tokens`` tokens (the
+  worker has forgotten the stream by then; it only counts them, :mod:`cog_triton.exporter`).
+* ``(0, STATS, counts)``: LoRA adapter counts since the last STATS (``{name: increment}``,
+  :meth:`cog_triton.lora.tasks.Adapters.take_counts`); sent after a request with an adapter, never per token.
 * ``(0, READY, info)``: the process has loaded its tokenizer and connected; sent once.
 """
 
@@ -42,7 +46,7 @@ MAX_FRAME_BYTES = 256 << 20
 # commands
 CONFIG, START, CANCEL, STOP, RECONNECT = "config", "start", "cancel", "stop", "reconnect"
 # events (small ints: compared per chunk in the worker)
-ACCEPTED, REJECTED, TEXT, FIRST_TOKEN, END, FAILED, READY = range(7)
+ACCEPTED, REJECTED, TEXT, FIRST_TOKEN, END, FAILED, READY, CANCELLED, STATS = range(9)
 
 
 def encode(message: Any) -> bytes:

@@ -46,7 +46,8 @@ def free_port() -> int:
 def serving_env(weights_url: str, *, sha256: str = "", work: Optional[Path] = None, triton_http_port: int = 0,
                 **settings: str) -> dict[str, str]:
     """Environment for a :class:`CogServer` whose ``setup()`` fetches ``weights_url``, with Triton's
-    HTTP, gRPC and metrics ports free ports (``triton_http_port`` fixes the HTTP one).
+    HTTP, gRPC and metrics ports and the Prometheus endpoint's (on 127.0.0.1) free ports
+    (``triton_http_port`` fixes the HTTP one).
 
     ``sha256`` is checked over the download (``COG_TRITON_WEIGHTS_SHA256``); ``work`` holds the
     weights, the model repository and Triton's log; ``settings`` adds more variables.
@@ -56,6 +57,8 @@ def serving_env(weights_url: str, *, sha256: str = "", work: Optional[Path] = No
         "COG_TRITON_HTTP_PORT": str(triton_http_port or free_port()),
         "COG_TRITON_GRPC_PORT": str(free_port()),
         "COG_TRITON_METRICS_PORT": str(free_port()),
+        "COG_TRITON_PROMETHEUS_PORT": str(free_port()),
+        "COG_TRITON_PROMETHEUS_ADDRESS": "127.0.0.1",
     }
     if sha256:
         env["COG_TRITON_WEIGHTS_SHA256"] = sha256

@@ -2,6 +2,12 @@
 
 ``predict.py`` only declares Cog inputs and delegates here. One :class:`LLMService` owns the
 Triton process, the tokenizer and the HTTP client for the lifetime of the Cog worker.
+
+Why one module (about 650 lines): one concern, the predictor's life in the Cog worker: setup (weights,
+model repository, Triton, stream processes, the Prometheus endpoint, self-test), each prediction's path
+(validate, wait for Triton, hand it to a stream process or the in-process generator, count it in the
+metrics) and shutdown. What it drives lives in its own modules (weights/, stream_pool, supervisor,
+exporter, generation); the helpers above the class are the setup's.
 """
 
 from __future__ import annotations
@@ -15,10 +21,12 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Optional, TypeVar, Union
 
-from cog_triton.cog_bridge import open_stream, then
+from cog_triton.cog_bridge import on_end, open_stream, then
+from cog_triton.exporter import MetricsServer, ServiceMetrics, serve_metrics
 from cog_triton.generation import Generator, GeneratorConfig, Outcome, Prepared, build_generator
 from common.errors import (
     ConfigError,
@@ -122,6 +130,10 @@ class LLMService:
     Where the per-token work runs (``COG_TRITON_STREAM_PROCESSES``): in stream processes
     (:class:`cog_triton.stream_pool.StreamPool`, the default), or with 0 in this process, on the
     caller's event loop (:class:`cog_triton.generation.Generator`).
+
+    Prometheus metrics (:mod:`cog_triton.exporter`): :attr:`metrics` counts every prediction that goes through
+    :meth:`validate` and :meth:`stream`; :meth:`setup` serves them with Triton's on
+    ``COG_TRITON_PROMETHEUS_PORT`` until :meth:`shutdown`.
     """
 
     def __init__(self, settings: Settings) -> None:
@@ -134,6 +146,8 @@ class LLMService:
         self.pool: Optional[StreamPool] = None  # the stream processes
         self.generator: Optional[Generator] = None  # in-process streaming (stream_processes = 0)
         self._watchdog: Optional[asyncio.Task[None]] = None
+        self.metrics = ServiceMetrics()
+        self.metrics_server: Optional[MetricsServer] = None
         # In-process only: prompt formatting and tokenization run here, off the event loop. One thread: a
         # Hugging Face fast tokenizer is not safe to call from several threads at once ("Already borrowed").
         self._prepare_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cog-triton-prepare")
@@ -161,6 +175,7 @@ class LLMService:
                 from manifest.json.
             TritonStartupError: Triton did not become ready (message has its log tail).
             TritonError: the self-test generation failed.
+            ConfigError: the Prometheus endpoint cannot listen on COG_TRITON_PROMETHEUS_ADDRESS:PORT.
         """
         started = time.monotonic()
         settings = self.settings
@@ -171,6 +186,9 @@ class LLMService:
                 "of a .tar/.tar.gz archive or folder holding an engine or a Hugging Face checkpoint"
             )
         self.shutdown()
+        # First: a port in use fails setup before a download of many GB.
+        self.metrics_server = serve_metrics(self.metrics, settings.prometheus_address, settings.prometheus_port,
+                                            triton_metrics_port=settings.metrics_port)
         fetched = fetch_weights(
             source,
             settings.weights_path,
@@ -266,6 +284,7 @@ class LLMService:
                 interval_s=self.interval_s,
                 start_timeout_s=settings.startup_timeout_s,
                 on_transport_error=self._died_or,
+                metrics=self.metrics,
             )
             self.pool.launch()
         else:
@@ -395,7 +414,7 @@ class LLMService:
 
         async def run() -> str:
             try:
-                return "".join([part async for part in self.generate(inputs)])
+                return "".join([part async for part in self.generate(inputs, track=False)])
             finally:
                 await self._close_loop_resources()
 
@@ -406,6 +425,7 @@ class LLMService:
     def _triton_restarted(self) -> None:
         """The supervisor restarted Triton (called in its thread before new requests are let through): the
         gRPC channels to the old Triton are replaced."""
+        self.metrics.triton_restarts.inc()
         if self.pool is not None:
             self.pool.reconnect()
         if self.generator is not None:
@@ -422,7 +442,10 @@ class LLMService:
     # ------------------------------------------------------------- lifecycle
     def shutdown(self) -> None:
         """Stop the stream processes, stop watching and stop Triton (SIGINT, then SIGKILL after the grace
-        period); its shared memory is removed. Safe to call repeatedly."""
+        period); its shared memory is removed; stop the Prometheus endpoint. Safe to call repeatedly."""
+        if self.metrics_server is not None:
+            self.metrics_server.stop()
+            self.metrics_server = None
         if self.pool is not None:
             self.pool.stop()
             self.pool = None
@@ -442,7 +465,21 @@ class LLMService:
         return self.supervisor.health()
 
     # ------------------------------------------------------------ generation
-    async def stream(self, inputs: PredictInputs, metric: Optional[MetricSink] = None) -> Iterator[str]:
+    def validate(self, **inputs: Any) -> PredictInputs:
+        """:meth:`cog_triton.inputs.PredictInputs.validate`, counting a refused prediction in :attr:`metrics`
+        (predict() calls it first).
+
+        Raises:
+            InputError: as ``PredictInputs.validate``.
+        """
+        try:
+            return PredictInputs.validate(**inputs)
+        except Exception as exc:
+            self.metrics.refused(exc)
+            raise
+
+    async def stream(self, inputs: PredictInputs, metric: Optional[MetricSink] = None, *,
+                     track: bool = True) -> Iterator[str]:
         """Start generating ``inputs``; return the sync generator of text chunks coglet streams.
 
         Returns once the request is prepared (prompt rendered and tokenized once) and sent to Triton;
@@ -467,50 +504,76 @@ class LLMService:
         InferenceError (Triton rejected the request or sent nothing for COG_TRITON_REQUEST_TIMEOUT_S),
         TritonError (the connection broke), IncompleteOutputError (a guided output reached the token
         limit before its document closed), StreamProcessError (its stream process died).
+
+        ``track``: count the prediction in :attr:`metrics` (the self-test is not counted): running from this
+        call until the generator stops, then its outcome (and error code), its time to first token, time per
+        output token and token counts, once each.
         """
         if inputs.lora is not None:  # adapters off, or refused by the fetch rules: here, before a stream process
             check_adapter_allowed(inputs.lora, FetchRules.from_settings(self.settings), self.settings.lora_adapters)
         started = time.monotonic()
+        tracker = self.metrics.track(metric, started) if track else None
+        sink: Optional[MetricSink] = tracker if tracker is not None else metric
+        seen: dict[str, Union[int, float]] = {}
         if inputs.log_performance_metrics:
-            seen: dict[str, Union[int, float]] = {}
+            outer = sink
 
             def capture(name: str, value: Union[int, float]) -> None:
                 seen[name] = value
-                if metric:
-                    metric(name, value)
+                if outer:
+                    outer(name, value)
 
-            stream = await self._open(inputs, capture, started)
+            sink = capture
+        try:
+            stream = await self._open(inputs, sink, started, tracker.queued if tracker is not None else None)
+        except BaseException as exc:
+            if tracker is not None:
+                tracker.finish(exc)
+            raise
+        if tracker is not None:
+            on_end(stream, tracker.finish)
+        if inputs.log_performance_metrics:
             return then(stream, lambda: _print_performance(seen, started))
-        return await self._open(inputs, metric, started)
+        return stream
 
-    async def _open(self, inputs: PredictInputs, metric: Optional[MetricSink], started: float) -> Iterator[str]:
+    async def _open(self, inputs: PredictInputs, metric: Optional[MetricSink], started: float,
+                    queued: Optional[Callable[[], AbstractContextManager[None]]] = None) -> Iterator[str]:
         supervisor = self.supervisor
         if supervisor is None or (self.pool is None and self.generator is None):
             raise TritonError("setup() has not completed: Triton is not running")
-        await supervisor.wait_ready()
+        if supervisor.state is State.READY or queued is None:
+            await supervisor.wait_ready()  # returns at once while Triton runs
+        else:
+            with queued():  # Triton is being restarted: the prediction waits for it
+                await supervisor.wait_ready()
         request_id = f"cog-triton-{uuid.uuid4().hex}"
         log.info("Triton request id %s", request_id)  # in the prediction's logs: ties it to Triton's log lines
         if self.pool is not None:
-            return await self.pool.open(inputs, request_id, started, metric)
+            return await self.pool.open(inputs, request_id, started, metric, queued)
         generator = self.generator
         assert generator is not None
         self._ensure_watchdog(generator)
         loop = asyncio.get_running_loop()
         adapter = None
-        if inputs.lora is not None:  # a download may take long: not in the prompt thread
-            adapter = await loop.run_in_executor(None, generator.resolve_adapter, inputs.lora)
-        prepared = await loop.run_in_executor(self._prepare_pool, generator.prepare, inputs, request_id, adapter)
+        try:
+            if inputs.lora is not None:  # a download may take long: not in the prompt thread
+                adapter = await loop.run_in_executor(None, generator.resolve_adapter, inputs.lora)
+            prepared = await loop.run_in_executor(self._prepare_pool, generator.prepare, inputs, request_id, adapter)
+        finally:
+            if inputs.lora is not None:
+                self._count_lora(generator)
         if metric:
             metric(INPUT_TOKEN_COUNT, prepared.prompt_tokens)
         return await open_stream(self._in_process(generator, inputs, prepared, metric, started), self.interval_s)
 
-    async def generate(self, inputs: PredictInputs, metric: Optional[MetricSink] = None) -> AsyncIterator[str]:
+    async def generate(self, inputs: PredictInputs, metric: Optional[MetricSink] = None, *,
+                       track: bool = True) -> AsyncIterator[str]:
         """:meth:`stream` as an async iterator of text chunks (the self-test and tests use it).
 
         Raises:
             As :meth:`stream` and its generator.
         """
-        stream = await self.stream(inputs, metric)
+        stream = await self.stream(inputs, metric, track=track)
         end = object()
         try:
             while True:
@@ -520,6 +583,12 @@ class LLMService:
                 yield chunk  # type: ignore[misc]
         finally:
             stream.close()
+
+    def _count_lora(self, generator: Generator) -> None:
+        """In-process: add the LoRA adapter counts since the last call to :attr:`metrics` (a stream process sends
+        its own in a STATS event)."""
+        if generator.adapters is not None:
+            self.metrics.lora(generator.adapters.take_counts())
 
     def _ensure_watchdog(self, generator: Generator) -> None:
         loop = asyncio.get_running_loop()
@@ -562,6 +631,8 @@ class LLMService:
             raise await self._died_or(exc) from None
         finally:
             supervisor.unregister(watched)
+            if inputs.lora is not None:
+                self._count_lora(generator)
             if metric:
                 metric(OUTPUT_TOKEN_COUNT, outcome.output_tokens)
             log.info(

@@ -322,6 +322,21 @@ class Settings(BaseSettings):
     gpu_device_ids: Optional[str] = Field(default=None, description="Comma-separated GPU ids for the backend.")
     mpirun: str = Field(default="mpirun", description="mpirun binary for world_size > 1.")
 
+    # --- Prometheus endpoint (cog_triton/exporter.py; docs/operations.md, Metrics) ------------
+    prometheus_port: int = Field(
+        default=9464,
+        ge=0,
+        le=65535,
+        description="Port of the Prometheus endpoint: GET /metrics answers the predictor's metrics (cog_triton_*) "
+        "followed by Triton's own (nv_*); 0 = off. Only port 5000 is published on Replicate; elsewhere publish "
+        "this port to scrape it.",
+    )
+    prometheus_address: str = Field(
+        default="0.0.0.0",  # noqa: S104 - scraped from outside the container
+        min_length=1,
+        description="Address the Prometheus endpoint listens on; 127.0.0.1 keeps it inside the container.",
+    )
+
     # --- streaming ------------------------------------------------------------------------
     stream_processes: Optional[int] = Field(
         default=None,
@@ -355,6 +370,19 @@ class Settings(BaseSettings):
             if not os.environ.get(ENV_PREFIX + "MAX_CONCURRENCY"):
                 values = {**values, "max_concurrency": os.environ["COG_MAX_CONCURRENCY"]}
         return values
+
+    @model_validator(mode="after")
+    def _prometheus_port_is_not_tritons(self) -> "Settings":
+        """The endpoint cannot share a port with Triton (both would need it; Triton would not start)."""
+        taken = {"COG_TRITON_HTTP_PORT": self.http_port, "COG_TRITON_GRPC_PORT": self.grpc_port,
+                 "COG_TRITON_METRICS_PORT": self.metrics_port}
+        for name, port in taken.items():
+            if self.prometheus_port and self.prometheus_port == port:
+                raise ValueError(
+                    f"COG_TRITON_PROMETHEUS_PORT={port} is also {name}, Triton's; give the Prometheus endpoint "
+                    "another port, or 0 to turn it off"
+                )
+        return self
 
     @field_validator("weights_sha256")
     @classmethod
@@ -500,6 +528,9 @@ class Settings(BaseSettings):
             problems = []
             for err in exc.errors():
                 field = ".".join(str(p) for p in err["loc"])
+                if not field:  # a check of several settings together: its message names them
+                    problems.append(str(err["msg"]).removeprefix("Value error, "))
+                    continue
                 env = ENV_PREFIX + field.upper()
                 problems.append(f"{env}={err.get('input')!r}: {err['msg']}")
             raise ConfigError("invalid settings: " + "; ".join(problems)) from None

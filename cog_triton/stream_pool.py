@@ -25,6 +25,7 @@ Faults:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import os
@@ -34,7 +35,8 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Iterator, Optional, Union
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterator, Optional, Union
 
 from common.errors import ConfigError, StreamProcessError, TritonError
 from cog_triton import ipc
@@ -43,6 +45,9 @@ from cog_triton.generation import GeneratorConfig
 from cog_triton.inputs import PredictInputs
 from cog_triton.metrics import INPUT_TOKEN_COUNT, OUTPUT_TOKEN_COUNT, record_time_to_first_token
 from cog_triton.settings import REPO_ROOT
+
+if TYPE_CHECKING:
+    from cog_triton.exporter import ServiceMetrics
 
 log = logging.getLogger(__name__)
 
@@ -178,6 +183,8 @@ class StreamPool:
         on_transport_error: async callable run on the prediction's loop for a transport error; returns
             the error the prediction fails with (the service checks whether Triton is dying).
         register / unregister: called with each running :class:`PooledStream` (the supervisor's).
+        metrics: the service's Prometheus metrics (:mod:`cog_triton.exporter`): counts what only the pool sees
+            (stream-process restarts, tokens of cancelled streams, the processes' LoRA adapter counts).
     """
 
     def __init__(
@@ -190,6 +197,7 @@ class StreamPool:
         on_transport_error: Optional[Callable[[TritonError], Awaitable[BaseException]]] = None,
         register: Optional[Callable[[PooledStream], None]] = None,
         unregister: Optional[Callable[[PooledStream], None]] = None,
+        metrics: Optional["ServiceMetrics"] = None,
     ) -> None:
         if processes < 1:
             raise ValueError(f"processes must be >= 1, got {processes}")
@@ -199,6 +207,7 @@ class StreamPool:
         self.on_transport_error = on_transport_error
         self._register = register or (lambda stream: None)
         self._unregister = unregister or (lambda stream: None)
+        self.metrics = metrics
         self.processes = [StreamProcess(i) for i in range(processes)]
         self._sids = itertools.count(1)
         self._lock = threading.Lock()
@@ -288,10 +297,12 @@ class StreamPool:
 
     # ------------------------------------------------------------------- requests
     async def open(self, inputs: PredictInputs, request_id: str, started_at: float,
-                   metric: Optional[MetricSink] = None) -> Iterator[str]:
+                   metric: Optional[MetricSink] = None,
+                   queued: Optional[Callable[[], AbstractContextManager[None]]] = None) -> Iterator[str]:
         """Start streaming ``inputs`` in a stream process; return the generator coglet iterates.
 
-        Returns once the stream process has prepared the request and sent it to Triton.
+        Returns once the stream process has prepared the request and sent it to Triton. While no stream
+        process runs (all restarting), it waits for one inside ``queued()`` (the prediction counts as queued).
 
         Raises:
             InputError (or another error of the request's preparation): what the stream process
@@ -301,7 +312,10 @@ class StreamPool:
         """
         loop = asyncio.get_running_loop()
         for attempt in range(2):
-            process = self._pick() or await loop.run_in_executor(None, self._wait_for_process)
+            process = self._pick()
+            if process is None:
+                with queued() if queued is not None else contextlib.nullcontext():
+                    process = await loop.run_in_executor(None, self._wait_for_process)
             stream = PooledStream(self, next(self._sids), request_id, process, metric, loop)
             with self._lock:
                 process.streams[stream.sid] = stream
@@ -401,6 +415,14 @@ class StreamPool:
                     self._any_ready.notify_all()
             process.ready.set()
             return
+        if kind == ipc.CANCELLED:  # a stream the worker cancelled (and forgot): only its tokens count
+            if self.metrics is not None:
+                self.metrics.cancelled_stream(event[2])
+            return
+        if kind == ipc.STATS:
+            if self.metrics is not None:
+                self.metrics.lora(event[2])
+            return
         stream = process.streams.get(sid)
         if stream is None:
             return  # cancelled or failed here already
@@ -480,6 +502,8 @@ class StreamPool:
         if self._closing:
             return
         process.restarts += 1
+        if self.metrics is not None:
+            self.metrics.stream_process_restarts.inc()
         log.warning("restarting stream process %s (restart %d)", process.name, process.restarts)
         self._spawn(process)
         if process.ready.wait(self.start_timeout_s) and process.alive:

@@ -169,6 +169,16 @@ class Streamer:
         else:
             log.error("%s: unknown command %r", self.name, kind)
 
+    def _report_lora(self) -> None:
+        """Send the worker this process's LoRA adapter counts since the last report (one STATS event, only when
+        something happened; after requests with an adapter, never per token)."""
+        adapters = self.generator.adapters if self.generator is not None else None
+        if adapters is None:
+            return
+        counts = adapters.take_counts()
+        if counts:
+            self._send((0, ipc.STATS, counts))
+
     def _forget(self, sid: int) -> None:
         self._tasks.pop(sid, None)
         self._outcomes.pop(sid, None)
@@ -182,7 +192,7 @@ class Streamer:
             if inputs.lora is not None:
                 adapter = await loop.run_in_executor(self._adapter_pool, generator.resolve_adapter, inputs.lora)
             if _inline(inputs):
-                prepared = generator.prepare(inputs, request_id)
+                prepared = generator.prepare(inputs, request_id, adapter)  # the adapter resolved above, once
             else:
                 prepared = await loop.run_in_executor(
                     self._prepare_pool, generator.prepare, inputs, request_id, adapter
@@ -191,8 +201,12 @@ class Streamer:
             return
         except Exception as exc:  # noqa: BLE001 - an input error (or a bug): predict() raises it
             self._send((sid, ipc.REJECTED, _portable(exc)))
+            if inputs.lora is not None:
+                self._report_lora()
             return
         self._send((sid, ipc.ACCEPTED, prepared.prompt_tokens))
+        if inputs.lora is not None:
+            self._report_lora()
         outcome = Outcome()
         self._outcomes[sid] = outcome
         send = self._send
@@ -205,7 +219,9 @@ class Streamer:
             ):
                 push(text)
         except asyncio.CancelledError:
-            return  # the worker cancelled it and no longer listens
+            # The worker cancelled it and no longer listens for its text; it counts the tokens made.
+            send((sid, ipc.CANCELLED, outcome.output_tokens))
+            return
         except Exception as exc:  # noqa: BLE001 - reported to the worker, which fails the prediction with it
             flusher.close()  # what was generated before the failure still reaches the user
             send((sid, ipc.FAILED, _portable(exc), outcome.output_tokens))
@@ -216,6 +232,8 @@ class Streamer:
                 outcome.output_tokens, prepared.prompt_tokens, time.monotonic() - started_at,
                 " (stop sequence)" if outcome.stopped else "",
             )
+            if inputs.lora is not None:
+                self._report_lora()  # a request sent again after the engine's cache miss counts there
         flusher.close()
         send((sid, ipc.END, outcome.output_tokens))
 

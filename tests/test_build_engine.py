@@ -436,7 +436,8 @@ def test_setup_refuses_the_tp4_engine_on_two_gpus(tp4_build: dict[str, Any], tmp
     """setup() fails naming both numbers before Triton starts (no tritonserver process appears)."""
     monkeypatch.setenv("PATH", path_with(fake_nvidia_smi(tmp_path / "smi", gpus(2, H100))))
     repo = tmp_path / "repo"
-    service = LLMService(Settings(weights_dir=tmp_path / "w", model_repo_dir=repo, http_port=free_port()))
+    service = LLMService(Settings(weights_dir=tmp_path / "w", model_repo_dir=repo, http_port=free_port(),
+                                   prometheus_port=0))
     with pytest.raises(IncompatibleWeightsError) as info:
         service.setup(str(tp4_build["archive"]))
     assert "world size 4 (tp_size 4 x pp_size 1) and needs 4 GPUs, but 2 GPUs" in str(info.value)
@@ -445,7 +446,8 @@ def test_setup_refuses_the_tp4_engine_on_two_gpus(tp4_build: dict[str, Any], tmp
 
 def test_setup_refuses_the_engine_on_another_gpu_architecture(tp4_build: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", path_with(fake_nvidia_smi(tmp_path / "smi", gpus(4, A100))))
-    service = LLMService(Settings(weights_dir=tmp_path / "w", model_repo_dir=tmp_path / "repo", http_port=free_port()))
+    service = LLMService(Settings(weights_dir=tmp_path / "w", model_repo_dir=tmp_path / "repo", http_port=free_port(),
+                                   prometheus_port=0))
     with pytest.raises(IncompatibleWeightsError, match="compute capability 9.0, but GPU 0 \\(NVIDIA A100-SXM4-80GB\\) has compute capability 8.0"):
         service.setup(str(tp4_build["archive"]))
     assert service.server is None
@@ -503,6 +505,8 @@ def _settings(tmp_path: Path, **extra: Any) -> Settings:
         http_port=free_port(),
         grpc_port=free_port(),
         metrics_port=free_port(),
+        prometheus_port=free_port(),
+        prometheus_address="127.0.0.1",
         triton_log_file=tmp_path / "triton.log",
         stop_timeout_s=5,
         **extra,

@@ -350,3 +350,59 @@ def test_a_chained_generator_is_cancelled_like_the_stream_it_wraps() -> None:
     future.cancel()  # what coglet does on a cancel
     assert cancelled == ["stream"] and handle.cancelled.is_set()
     assert list(wrapped) == [] and ended == ["at_end"]
+
+
+def _ended(make) -> list[tuple[Any, bool]]:
+    """Run ``make(handle, generator)`` on a fresh stream with an end callback; return what the callback got."""
+    calls: list[tuple[Any, bool]] = []
+    handle = cog_bridge.StreamHandle()
+    generator = cog_bridge.stream_generator(handle)
+    assert cog_bridge.on_end(generator, lambda error, cancelled: calls.append((error, cancelled)))
+    make(handle, generator)
+    return calls
+
+
+def test_the_end_callback_says_how_the_stream_ended_once() -> None:
+    """on_end (the service's metrics count each prediction's outcome with it): called once, in the iterating
+    thread, after the last item: an end, a failure (the error raised), a cancel, or the generator closed early."""
+
+    def ends(handle: cog_bridge.StreamHandle, generator: Iterator[str]) -> None:
+        handle.put("a")
+        handle.end()
+        assert list(generator) == ["a"]
+
+    def fails(handle: cog_bridge.StreamHandle, generator: Iterator[str]) -> None:
+        handle.put("a")
+        handle.fail(failure)
+        with pytest.raises(RuntimeError):
+            list(generator)
+
+    def cancelled(handle: cog_bridge.StreamHandle, generator: Iterator[str]) -> None:
+        handle.put("a")
+        assert next(generator) == "a"
+        handle.cancel()
+        handle.fail(RuntimeError("after the cancel"))  # e.g. the supervisor's, a moment later: not what ended it
+        assert list(generator) == []
+
+    def closed(handle: cog_bridge.StreamHandle, generator: Iterator[str]) -> None:
+        handle.put("a")
+        assert next(generator) == "a"
+        generator.close()
+
+    failure = RuntimeError("Triton died")
+    assert _ended(ends) == [(None, False)]
+    assert _ended(fails) == [(failure, False)]
+    assert _ended(cancelled) == [(None, True)]
+    assert _ended(closed) == [(None, True)]
+    assert not cog_bridge.on_end(iter(["not ours"]), lambda error, cancelled: None)
+
+
+def test_the_end_callback_follows_a_chained_generator() -> None:
+    calls: list[tuple[Any, bool]] = []
+    handle = cog_bridge.StreamHandle()
+    wrapped = cog_bridge.then(cog_bridge.stream_generator(handle), lambda: calls.append(("at_end", False)))
+    assert cog_bridge.on_end(wrapped, lambda error, cancelled: calls.append((error, cancelled)))
+    handle.put("a")
+    handle.end()
+    assert list(wrapped) == ["a"]
+    assert calls == [(None, False), ("at_end", False)]

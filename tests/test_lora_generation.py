@@ -15,11 +15,12 @@ import struct
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import pytest
 
 from common.errors import InferenceError, LoraAdapterError, LoraCacheFullError
+from cog_triton.exporter import ServiceMetrics
 from cog_triton.generation import GeneratorConfig
 from cog_triton.local import WeightsHTTPServer
 from cog_triton.fetch_rules import FetchRules
@@ -61,10 +62,10 @@ def adapter_url(tmp_path_factory) -> Iterator[str]:
         yield f"{server.url}/a.tar.gz", server
 
 
-def _pool(triton: Running, work: Path, lora) -> StreamPool:  # noqa: F811
+def _pool(triton: Running, work: Path, lora, metrics: Optional[ServiceMetrics] = None) -> StreamPool:  # noqa: F811
     config = GeneratorConfig(tokenizer_dir=CHECKPOINT, limits=LIMITS, grpc_address=triton.address,
                              token_timeout_s=5.0, lora=lora, adapter_limits=StoreLimits(root=work, retries=0, rules=FetchRules.open()))  # 127.0.0.1
-    pool = StreamPool(config, 1, interval_s=0.0, start_timeout_s=120)
+    pool = StreamPool(config, 1, interval_s=0.0, start_timeout_s=120, metrics=metrics)
     pool.start()
     return pool
 
@@ -149,6 +150,42 @@ def test_only_one_resend(lora_pool, triton, adapter_url):  # noqa: F811
     _, failure, _, _ = stream(lora_pool, inputs(lora_weights=url), "lora-miss2")
     assert isinstance(failure, InferenceError) and "not found in cache" in failure.message
     assert len([r for r in triton.state.requests[before:] if not is_stop(r)]) == 2
+
+
+def test_the_adapter_cache_counts_reach_the_worker(triton, adapter_url, tmp_path):  # noqa: F811
+    """The stream process reports its LoRA counts (a STATS event after each request with an adapter) to the
+    worker's metrics: a download, then a hit in the process's memory, an engine cache miss (the request sent
+    again with the weights), and a new process (after a restart) finding the adapter on disk."""
+    url, server = adapter_url
+    lora = inspect_weights(CHECKPOINT, reference_lora={"max_lora_rank": 8}).lora
+    metrics = ServiceMetrics()
+    downloads = server.counter["/a.tar.gz"]
+
+    def count(name: str, **labels: str) -> float:
+        return metrics.registry.get_sample_value(name, labels) or 0.0
+
+    first = _pool(triton, tmp_path, lora, metrics)
+    try:
+        for request_id, answers in (("count-1", []), ("count-2", []), ("count-3", ["miss"])):
+            triton.state.scenario = scripted(answers)
+            chunks, failure, _, _ = stream(first, inputs(lora_weights=url), request_id)
+            assert failure is None and chunks
+    finally:
+        first.stop()
+    assert server.counter["/a.tar.gz"] == downloads + 1
+    assert count("cog_triton_lora_fetches_total") == 1
+    assert count("cog_triton_lora_cache_hits_total", cache="memory") == 2
+    assert count("cog_triton_lora_cache_hits_total", cache="disk") == 0
+    assert count("cog_triton_lora_engine_cache_misses_total") == 1
+    second = _pool(triton, tmp_path, lora, metrics)  # a new process: the same disk cache
+    try:
+        triton.state.scenario = scripted([])
+        assert stream(second, inputs(lora_weights=url), "count-4")[1] is None
+    finally:
+        second.stop()
+    assert server.counter["/a.tar.gz"] == downloads + 1
+    assert count("cog_triton_lora_cache_hits_total", cache="disk") == 1
+    assert count("cog_triton_lora_fetches_total") == 1
 
 
 def test_a_full_cache_is_a_retryable_error(lora_pool, triton, adapter_url):  # noqa: F811

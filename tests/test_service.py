@@ -15,7 +15,7 @@ from typing import Any, Optional
 import grpc
 import pytest
 
-from common.errors import InferenceError, TritonError
+from common.errors import InferenceError, InputError, TritonError
 from cog_triton.client import TritonClient
 from cog_triton.generation import Generator
 from cog_triton.inputs import PredictInputs
@@ -247,6 +247,12 @@ def test_in_process_lora_sends_weights_once_and_again_after_a_cache_miss(triton:
             text, failure, _ = run(service, lora_weights=url)
             assert failure is None and text == "Hi"
     assert seen == [True, False, True]
+    # the in-process path adds the adapter counts to the service's metrics itself
+    counts = {name: sample(service, name, **labels) for name, labels in (
+        ("cog_triton_lora_fetches_total", {}), ("cog_triton_lora_cache_hits_total", {"cache": "memory"}),
+        ("cog_triton_lora_engine_cache_misses_total", {}))}
+    assert counts == {"cog_triton_lora_fetches_total": 1, "cog_triton_lora_cache_hits_total": 1,
+                      "cog_triton_lora_engine_cache_misses_total": 1}
 
 
 def test_a_stream_silent_for_the_request_timeout_fails_naming_the_setting(triton: Running,  # noqa: F811
@@ -294,3 +300,83 @@ def test_a_stream_ending_without_its_final_response_fails_and_keeps_what_came(tr
     assert type(failure) is TritonError, failure
     assert "ended without the final response" in failure.message and triton.address in failure.message
     assert polls_of(service) == 1 + 20  # supervisor.wait_ready's look, then the 2-s look for a dying Triton
+
+
+def sample(service: LLMService, name: str, **labels: str) -> float:
+    """A value of the service's Prometheus metrics (cog_triton.exporter)."""
+    return service.metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+def test_the_service_counts_each_prediction_once(triton: Running, tokenizer: Any) -> None:  # noqa: F811
+    """Every prediction through stream() (predict's path) is counted once, when its generator stops: its outcome
+    and error code, its time to first token and time per output token, its tokens; a refusal of validate() too;
+    the self-test's (track=False) not at all."""
+    ids = tokenizer.encode("Hello there, friend")
+
+    async def answered(request):
+        for i, token in enumerate(ids):
+            yield response([token], final=i == len(ids) - 1, request_id=request.id)
+
+    async def refused(request):
+        yield error("in ensemble 'ensemble', bad input")
+
+    service = service_for(triton.address, tokenizer)
+    triton.state.scenario = answered
+    seen: dict[str, Any] = {}
+
+    async def main(**extra: Any) -> str:
+        try:
+            inputs = PredictInputs.validate(prompt="Hi", temperature=0, **extra)
+            return "".join([p async for p in service.generate(inputs, metric=seen.__setitem__)])
+        finally:
+            await service._close_loop_resources()
+
+    assert asyncio.run(main()) == "Hello there, friend"
+    first = dict(seen)
+    assert asyncio.run(main(log_performance_metrics=True)) == "Hello there, friend"  # the sink chain holds
+    triton.state.scenario = refused
+    with pytest.raises(InferenceError):
+        asyncio.run(main())
+    with pytest.raises(InputError):
+        service.validate(prompt="", temperature=0)
+    triton.state.scenario = answered
+
+    async def untracked() -> str:
+        try:
+            inputs = PredictInputs.validate(prompt="Hi", temperature=0)
+            return "".join([p async for p in service.generate(inputs, track=False)])
+        finally:
+            await service._close_loop_resources()
+
+    assert asyncio.run(untracked()) == "Hello there, friend"
+    assert sample(service, "cog_triton_predictions_total", outcome="succeeded") == 2
+    assert sample(service, "cog_triton_predictions_total", outcome="failed") == 2
+    assert sample(service, "cog_triton_prediction_errors_total", code="inference_error") == 1
+    assert sample(service, "cog_triton_prediction_errors_total", code="invalid_input") == 1
+    assert sample(service, "cog_triton_time_to_first_token_seconds_count") == 2
+    assert sample(service, "cog_triton_time_per_output_token_seconds_count") == 2
+    assert sample(service, "cog_triton_generation_tokens_total") == 2 * len(ids) == 2 * first["output_token_count"]
+    assert sample(service, "cog_triton_prompt_tokens_total") == 3 * first["input_token_count"]  # the failed one too
+    assert sample(service, "cog_triton_predictions_running") == 0
+
+
+def test_setup_starts_the_metrics_endpoint_first_and_shutdown_stops_it(tmp_path: Path) -> None:
+    """The endpoint is up from the start of setup() (a port in use fails setup before a long download; an
+    operator can scrape a setup that fails), and shutdown() closes it."""
+    import httpx
+
+    from common.errors import WeightsError
+    from cog_triton.local import free_port
+
+    port = free_port()
+    service = LLMService(Settings(prometheus_port=port, prometheus_address="127.0.0.1", metrics_port=free_port(),
+                                  weights_dir=tmp_path / "weights", model_repo_dir=tmp_path / "repo"))
+    with pytest.raises(WeightsError):
+        service.setup(str(tmp_path / "no-such-weights.tar"))
+    scraped = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30)
+    assert scraped.status_code == 200
+    assert "cog_triton_predictions_running 0.0" in scraped.text
+    assert "cog_triton_triton_metrics_up 0.0" in scraped.text  # no Triton yet
+    service.shutdown()
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30)

@@ -332,3 +332,24 @@ def test_the_lora_gpu_fraction_is_a_share_of_the_memory_free_before_the_kv_cache
     row = next(line for line in (REPO_ROOT / "docs" / "settings.md").read_text().splitlines()
                if line.startswith("| `COG_TRITON_LORA_CACHE_GPU_MEMORY_FRACTION`"))
     assert "before the KV cache is sized" in row
+
+
+def test_the_prometheus_endpoint_settings(clean_env: pytest.MonkeyPatch) -> None:
+    s = Settings.from_env()
+    assert (s.prometheus_address, s.prometheus_port) == ("0.0.0.0", 9464)  # on by default: docs/operations.md
+    clean_env.setenv("COG_TRITON_PROMETHEUS_PORT", "0")
+    clean_env.setenv("COG_TRITON_PROMETHEUS_ADDRESS", "127.0.0.1")
+    s = Settings.from_env()
+    assert (s.prometheus_address, s.prometheus_port) == ("127.0.0.1", 0)  # 0: off
+    message = config_error(clean_env, "COG_TRITON_PROMETHEUS_PORT", "70000")
+    assert "COG_TRITON_PROMETHEUS_PORT='70000'" in message and "65535" in message
+
+
+@pytest.mark.parametrize("triton", ["COG_TRITON_HTTP_PORT", "COG_TRITON_GRPC_PORT", "COG_TRITON_METRICS_PORT"])
+def test_the_prometheus_port_cannot_be_one_of_tritons(clean_env: pytest.MonkeyPatch, triton: str) -> None:
+    clean_env.setenv(triton, "9100")
+    message = config_error(clean_env, "COG_TRITON_PROMETHEUS_PORT", "9100")
+    assert f"COG_TRITON_PROMETHEUS_PORT=9100 is also {triton}" in message and "or 0 to turn it off" in message
+    assert "COG_TRITON_=" not in message  # a check of two settings names them, not an empty field
+    clean_env.setenv("COG_TRITON_PROMETHEUS_PORT", "0")
+    assert Settings.from_env().prometheus_port == 0  # off: no conflict

@@ -23,6 +23,7 @@ import pytest
 from tritonclient.grpc import service_pb2_grpc
 
 from common.errors import ConfigError, InferenceError, InputError, StreamProcessError, TritonDiedError, TritonError
+from cog_triton.exporter import ServiceMetrics
 from cog_triton.generation import GeneratorConfig
 from cog_triton.inputs import PredictInputs
 from cog_triton.stream_pool import PooledStream, StreamPool
@@ -96,7 +97,7 @@ def pool(triton: Running) -> Iterator[tuple[StreamPool, Watcher, list[BaseExcept
 
     watcher = Watcher()
     pool = StreamPool(config, 2, interval_s=INTERVAL_S, start_timeout_s=120, on_transport_error=on_transport_error,
-                      register=watcher.register, unregister=watcher.unregister)
+                      register=watcher.register, unregister=watcher.unregister, metrics=ServiceMetrics())
     pool.start()
     yield pool, watcher, transport_errors
     pool.stop()
@@ -227,13 +228,25 @@ def test_an_input_error_is_raised_by_open_before_any_output(pool, triton: Runnin
     assert pool[0].running_streams == 0
 
 
+def sample(p: StreamPool, name: str, **labels: str) -> float:
+    """A value of the pool's Prometheus metrics (cog_triton.exporter)."""
+    assert p.metrics is not None
+    return p.metrics.registry.get_sample_value(name, labels) or 0.0
+
+
 def test_closing_the_generator_stops_the_request_in_triton(pool, triton: Running, tokenizer: Any) -> None:
+    """... and the stream process reports the tokens it had made (CANCELLED): they count as generated."""
     ids = tokenizer.encode(" a b c d e f g h i j k l m n o p", add_special_tokens=False) * 20
     triton.state.scenario = paced(ids, step_s=0.02)
+    generated = sample(pool[0], "cog_triton_generation_tokens_total")
     chunks, failure, metrics, _ = stream(pool[0], inputs(), "pool-cancel", close_after=1)
     assert failure is None and len(chunks) == 1
     assert wait_for(lambda: any(r.id == "pool-cancel" and is_stop(r) for r in triton.state.requests))
     assert wait_for(lambda: pool[0].running_streams == 0)
+    assert "output_token_count" not in metrics  # the prediction's own metric is not recorded after a cancel
+    assert wait_for(lambda: sample(pool[0], "cog_triton_generation_tokens_total") > generated)
+    made = sample(pool[0], "cog_triton_generation_tokens_total") - generated
+    assert len(tokenizer.encode(chunks[0], add_special_tokens=False)) <= made < len(ids)
 
 
 def test_a_supervisor_fault_fails_the_stream_without_a_stop_request(pool, triton: Running, tokenizer: Any) -> None:
@@ -344,6 +357,7 @@ def test_a_broken_connection_is_decided_by_the_service(pool, triton: Running) ->
 def test_a_killed_stream_process_fails_only_its_streams_and_is_restarted(pool, triton: Running,
                                                                         tokenizer: Any) -> None:
     p, watcher, _ = pool
+    restarts = sample(p, "cog_triton_stream_process_restarts_total")
     ids = tokenizer.encode(" tick", add_special_tokens=False) * 100
     triton.state.scenario = paced(ids, step_s=0.02)  # 2 s per stream
     results: dict[str, Any] = {}
@@ -369,10 +383,38 @@ def test_a_killed_stream_process_fails_only_its_streams_and_is_restarted(pool, t
     assert wait_for(lambda: any(r.id == victim.request_id and is_stop(r) for r in triton.state.requests))
     assert wait_for(lambda: all(q.alive for q in p.processes), timeout_s=120)
     assert p.processes[victim.process.index].pid != pid and p.processes[victim.process.index].restarts == 1
+    assert sample(p, "cog_triton_stream_process_restarts_total") == restarts + 1
     triton.state.scenario = paced(tokenizer.encode(" back", add_special_tokens=False))
     for n in range(2):  # both processes serve again
         chunks, failure, _, _ = stream(p, inputs(), f"pool-after-kill-{n}")
         assert failure is None and "".join(chunks) == " back"
+
+
+def test_while_no_stream_process_runs_a_prediction_is_queued(pool, triton: Running, tokenizer: Any) -> None:
+    """Both processes killed: a new prediction waits for one to be restarted, counted as queued meanwhile
+    (cog_triton_predictions_queued), then streams."""
+    p, _, _ = pool
+    metrics = p.metrics
+    assert metrics is not None
+    triton.state.scenario = paced(tokenizer.encode(" back", add_special_tokens=False))
+    for process in p.processes:
+        os.kill(process.pid, signal.SIGKILL)
+    assert wait_for(lambda: not any(q.alive for q in p.processes))
+    tracker = metrics.track(None, time.monotonic())
+    result: dict[str, Any] = {}
+
+    async def run() -> str:
+        generator = await p.open(inputs(), "pool-queued", time.monotonic(), tracker, tracker.queued)
+        return "".join(await asyncio.to_thread(list, generator))
+
+    reader = threading.Thread(target=lambda: result.update(text=asyncio.run(run())))
+    reader.start()
+    assert wait_for(lambda: sample(p, "cog_triton_predictions_queued") == 1)
+    assert sample(p, "cog_triton_predictions_running") == 0
+    reader.join(timeout=120)
+    assert result["text"] == " back"
+    assert sample(p, "cog_triton_predictions_queued") == 0 and sample(p, "cog_triton_predictions_running") == 1
+    tracker.finish()
 
 
 def test_a_stream_process_that_cannot_start_fails_start_with_its_error(tmp_path: Path, triton: Running) -> None:

@@ -34,7 +34,9 @@ import os
 import secrets
 import shutil
 import tempfile
+import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -101,6 +103,15 @@ class AdapterStore:
     def __init__(self, limits: StoreLimits) -> None:
         self.limits = limits
         self.folder = limits.root / "adapters"
+        # Since the last take_counts(): "disk_hits" (found in the cache), "fetches" (downloaded into it).
+        self._counts: Counter[str] = Counter()
+        self._counts_lock = threading.Lock()
+
+    def take_counts(self) -> dict[str, int]:
+        """The cache hits and downloads since the last call (``disk_hits``, ``fetches``), and start again."""
+        with self._counts_lock:
+            counts, self._counts = dict(self._counts), Counter()
+        return counts
 
     def get(self, ref: AdapterRef) -> LocalAdapter:
         """The adapter ``ref`` names, fetched when it is not cached (blocking: up to the download deadline).
@@ -118,10 +129,9 @@ class AdapterStore:
         target = self.folder / ref.key
         for attempt in (1, 2):
             started = time.monotonic()
-            if ref.kind == "hf":
-                self._fetch_hf(ref, target)
-            else:
-                self._fetch_url(ref, target)
+            downloaded = self._fetch_hf(ref, target) if ref.kind == "hf" else self._fetch_url(ref, target)
+            with self._counts_lock:
+                self._counts["fetches" if downloaded else "disk_hits"] += 1
             try:
                 os.utime(target)  # last use, for the LRU
                 adapter = self._read(ref, target)
@@ -146,10 +156,11 @@ class AdapterStore:
         os.utime(self.folder / ref.key)
 
     # ------------------------------------------------------------------ fetching
-    def _fetch_url(self, ref: AdapterRef, target: Path) -> None:
+    def _fetch_url(self, ref: AdapterRef, target: Path) -> bool:
+        """Fetch ``ref`` into ``target`` unless it is there; True when it was downloaded."""
         limits = self.limits
         try:
-            fetch_weights(
+            result = fetch_weights(
                 ref.source, target, timeout_s=limits.timeout_s, retries=limits.retries, deadline_s=limits.deadline_s,
                 min_rate_bytes_s=limits.min_rate_bytes_s, rate_grace_s=limits.rate_grace_s,
                 max_extracted_bytes=limits.max_adapter_bytes, max_download_bytes=limits.max_adapter_bytes,
@@ -161,11 +172,13 @@ class AdapterStore:
             message = exc.message.replace("COG_TRITON_MAX_EXTRACTED_BYTES", "COG_TRITON_ADAPTER_MAX_BYTES")
             message = message.replace("COG_TRITON_DOWNLOAD_DEADLINE_S", "COG_TRITON_ADAPTER_DOWNLOAD_DEADLINE_S")
             raise LoraAdapterError(f"lora_weights {ref.display} could not be fetched: {message}") from None
+        return not result.skipped
 
-    def _fetch_hf(self, ref: AdapterRef, target: Path) -> None:
+    def _fetch_hf(self, ref: AdapterRef, target: Path) -> bool:
+        """Download ``ref`` from the Hub into ``target`` unless it is there; True when it was downloaded."""
         with target_lock(target):
             if (target / HF_MARKER).is_file() and all((target / name).is_file() for name in ADAPTER_FILES):
-                return
+                return False
             staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.staging-", dir=target.parent))
             try:
                 with hub_guard(self.limits.rules, WHAT):
@@ -178,6 +191,7 @@ class AdapterStore:
                 os.rename(staging, target)
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
+        return True
 
     # ------------------------------------------------------------------ reading
     def _read(self, ref: AdapterRef, target: Path) -> LocalAdapter:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Optional
 
@@ -118,6 +118,20 @@ class Adapters:
         self._by_source: dict[str, str] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
+        self._counts: Counter[str] = Counter()  # "memory_hits", "engine_misses" since the last take_counts()
+
+    def count(self, name: str) -> None:
+        """Count one ``name`` event (``engine_misses``: the backend no longer held a task; cog_triton.generation)."""
+        with self._lock:
+            self._counts[name] += 1
+
+    def take_counts(self) -> dict[str, int]:
+        """What happened since the last call, and start again: ``memory_hits`` (resolved from memory),
+        ``disk_hits`` and ``fetches`` (the disk cache's, :meth:`AdapterStore.take_counts`), ``engine_misses``."""
+        with self._lock:
+            counts, self._counts = self._counts, Counter()
+        counts.update(self.store.take_counts())
+        return {name: n for name, n in counts.items() if n}
 
     def check_enabled(self, ref: AdapterRef) -> None:
         """Raise at once when the model serves no LoRA (before anything is downloaded).
@@ -142,6 +156,7 @@ class Adapters:
         with lock:  # one fetch and conversion per source in this process at a time
             cached = self._cached(ref)
             if cached is not None:
+                self.count("memory_hits")
                 return cached
             started = time.monotonic()
             local = self.store.get(ref)

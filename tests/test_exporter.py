@@ -1,0 +1,279 @@
+"""The Prometheus metrics (cog_triton.exporter): a prediction sequence gives its counts, and the endpoint
+serves them with Triton's own text.
+
+Real parts throughout: prometheus_client's registry and its text parser, the endpoint's HTTP server on a
+free port, a real HTTP server standing for Triton's /metrics (its text is served as Triton words it). The
+real Cog server and Triton are in tests/test_metrics_integration.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.server
+import socket
+import threading
+import time
+from typing import Any, Iterator, Optional
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from common.errors import ConfigError, InferenceError, InputError, TritonDiedError
+from cog_triton.exporter import CONTENT_TYPE, MetricsServer, ServiceMetrics, serve_metrics
+from cog_triton.local import free_port
+from cog_triton.metrics import INPUT_TOKEN_COUNT, OUTPUT_TOKEN_COUNT, record_time_to_first_token
+
+#: A few lines as Triton 2.51 serves them (metric names and labels of its /metrics; values made up).
+TRITON_TEXT = (
+    "# HELP nv_inference_request_success Number of successful inference requests, all batch sizes\n"
+    "# TYPE nv_inference_request_success counter\n"
+    'nv_inference_request_success{model="ensemble",version="1"} 12\n'
+    "# HELP nv_inference_count Number of inferences performed (does not include cached requests)\n"
+    "# TYPE nv_inference_count counter\n"
+    'nv_inference_count{model="ensemble",version="1"} 12\n'
+)
+
+
+def value(metrics: ServiceMetrics, name: str, **labels: str) -> float:
+    got = metrics.registry.get_sample_value(name, labels)
+    assert got is not None, (name, labels)
+    return got
+
+
+def test_a_prediction_sequence_gives_its_counts() -> None:
+    m = ServiceMetrics()
+    seen: list[tuple[str, Any]] = []
+
+    # succeeded: 7 prompt tokens, first token after 2 s, 5 tokens over the 8 s since
+    started = time.monotonic() - 10.0
+    ok = m.track(lambda name, v: seen.append((name, v)), started)
+    assert value(m, "cog_triton_predictions_running") == 1
+    ok(INPUT_TOKEN_COUNT, 7)
+    record_time_to_first_token(ok, 2.0)
+    before = time.monotonic()
+    ok(OUTPUT_TOKEN_COUNT, 5)
+    after = time.monotonic()
+    ok.finish(None, False)
+    # the sink got every metric, unchanged (Cog's per-prediction metrics)
+    assert seen == [(INPUT_TOKEN_COUNT, 7), ("time_to_first_token", 2.0), ("time_to_first_token_s", 2.0),
+                    (OUTPUT_TOKEN_COUNT, 5)]
+    tpot = value(m, "cog_triton_time_per_output_token_seconds_sum")
+    first_at = started + 2.0
+    assert (before - first_at) / 4 <= tpot <= (after - first_at) / 4  # (last - first) / (tokens - 1)
+    assert value(m, "cog_triton_time_per_output_token_seconds_bucket", le="2.5") == 1
+    assert value(m, "cog_triton_time_per_output_token_seconds_bucket", le="1.0") == 0
+
+    # failed after 3 tokens (Triton died): its tokens and time per token count, with its code
+    failed = m.track(None, time.monotonic())
+    record_time_to_first_token(failed, 0.5)
+    failed(OUTPUT_TOKEN_COUNT, 3)
+    failed.finish(TritonDiedError("Triton was killed"), False)
+    failed.finish(None, False)  # only the first end counts
+
+    # cancelled (in-process: its output count is recorded): tokens count, no time per token
+    cancelled = m.track(None, time.monotonic())
+    record_time_to_first_token(cancelled, 0.25)
+    cancelled(OUTPUT_TOKEN_COUNT, 4)
+    cancelled.finish(None, True)
+
+    # refused before it started; cancelled while waiting; a bug; an input error found in the stream process
+    m.refused(InputError("prompt is empty"))
+    m.track(None, time.monotonic()).finish(asyncio.CancelledError())
+    m.track(None, time.monotonic()).finish(RuntimeError("boom"))
+    m.track(None, time.monotonic()).finish(InputError("the prompt is too long"))
+
+    assert value(m, "cog_triton_predictions_total", outcome="succeeded") == 1
+    assert value(m, "cog_triton_predictions_total", outcome="failed") == 4
+    assert value(m, "cog_triton_predictions_total", outcome="canceled") == 2
+    assert value(m, "cog_triton_prediction_errors_total", code="invalid_input") == 2
+    assert value(m, "cog_triton_prediction_errors_total", code="triton_died") == 1
+    assert value(m, "cog_triton_prediction_errors_total", code="internal") == 1
+    assert value(m, "cog_triton_time_to_first_token_seconds_count") == 3
+    assert value(m, "cog_triton_time_to_first_token_seconds_sum") == pytest.approx(2.75)
+    assert value(m, "cog_triton_time_per_output_token_seconds_count") == 2  # succeeded + failed, not cancelled
+    assert value(m, "cog_triton_prompt_tokens_total") == 7
+    assert value(m, "cog_triton_generation_tokens_total") == 5 + 3 + 4
+    assert value(m, "cog_triton_predictions_running") == 0
+    assert value(m, "cog_triton_predictions_queued") == 0
+
+
+def test_a_queued_prediction_is_not_running_meanwhile() -> None:
+    m = ServiceMetrics()
+    tracker = m.track(None, time.monotonic())
+    with tracker.queued():
+        assert value(m, "cog_triton_predictions_queued") == 1
+        assert value(m, "cog_triton_predictions_running") == 0
+    assert (value(m, "cog_triton_predictions_queued"), value(m, "cog_triton_predictions_running")) == (0, 1)
+    with pytest.raises(TritonDiedError):
+        with tracker.queued():
+            raise TritonDiedError("could not be restarted")
+    tracker.finish(TritonDiedError("could not be restarted"))
+    assert (value(m, "cog_triton_predictions_queued"), value(m, "cog_triton_predictions_running")) == (0, 0)
+
+
+def test_stream_process_counts_add_up() -> None:
+    m = ServiceMetrics()
+    m.lora({"fetches": 1, "disk_hits": 2})
+    m.lora({"memory_hits": 3, "engine_misses": 1, "fetches": 1})
+    m.cancelled_stream(6)
+    m.cancelled_stream(0)
+    assert value(m, "cog_triton_lora_fetches_total") == 2
+    assert value(m, "cog_triton_lora_cache_hits_total", cache="disk") == 2
+    assert value(m, "cog_triton_lora_cache_hits_total", cache="memory") == 3
+    assert value(m, "cog_triton_lora_engine_cache_misses_total") == 1
+    assert value(m, "cog_triton_generation_tokens_total") == 6
+
+
+def test_every_metric_is_named_for_the_service() -> None:
+    metrics = ServiceMetrics()
+    names = [family.name for family in metrics.registry.collect()]
+    assert names and all(name.startswith("cog_triton_") for name in names)
+    assert "_created" not in metrics.render().decode()  # no timestamp series beside each counter
+
+
+# ---------------------------------------------------------------------------------------- the endpoint
+class _TritonMetrics(http.server.BaseHTTPRequestHandler):
+    """Triton's /metrics (text set per test); ``hang`` makes it accept and never answer."""
+
+    text = TRITON_TEXT
+    status = 200
+    hang: Optional[threading.Event] = None
+
+    def do_GET(self) -> None:  # noqa: N802
+        if self.hang is not None:
+            self.hang.wait()
+            return
+        body = self.text.encode()
+        self.send_response(self.status)
+        self.send_header("Content-Type", "text/plain; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def triton_metrics() -> Iterator[tuple[str, type]]:
+    handler = type("Handler", (_TritonMetrics,), {})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/metrics", handler
+    if handler.hang is not None:
+        handler.hang.set()
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def endpoint(triton_metrics) -> Iterator[tuple[MetricsServer, ServiceMetrics, type]]:
+    url, handler = triton_metrics
+    metrics = ServiceMetrics()
+    server = MetricsServer(metrics, "127.0.0.1", 0, triton_url=url, triton_timeout_s=0.5)
+    server.start()
+    yield server, metrics, handler
+    server.stop()
+
+
+def families(text: str) -> dict[str, Any]:
+    return {family.name: family for family in text_string_to_metric_families(text)}
+
+
+def test_a_scrape_returns_ours_then_tritons_text_unchanged(endpoint) -> None:
+    server, metrics, _ = endpoint
+    metrics.track(None, time.monotonic()).finish()
+    response = httpx.get(server.url, timeout=10)
+    assert response.status_code == 200 and response.headers["content-type"] == CONTENT_TYPE
+    text = response.text
+    assert text.endswith(TRITON_TEXT) and text.index("cog_triton_") < text.index(TRITON_TEXT)
+    found = families(text)  # the whole answer is valid exposition text
+    assert found["cog_triton_triton_metrics_up"].samples[0].value == 1
+    assert [s.value for s in found["cog_triton_predictions"].samples
+            if s.name.endswith("_total") and s.labels == {"outcome": "succeeded"}] == [1]
+    assert found["nv_inference_count"].samples[0].labels == {"model": "ensemble", "version": "1"}
+
+
+def test_with_triton_down_our_metrics_still_come_back(endpoint) -> None:
+    server, metrics, handler = endpoint
+    handler.status = 503
+    first = families(httpx.get(server.url, timeout=10).text)
+    assert first["cog_triton_triton_metrics_up"].samples[0].value == 0 and "nv_inference_count" not in first
+    handler.status = 200
+    assert families(httpx.get(server.url, timeout=10).text)["cog_triton_triton_metrics_up"].samples[0].value == 1
+    gone = MetricsServer(metrics, "127.0.0.1", 0, triton_url=f"http://127.0.0.1:{free_port()}/metrics")
+    gone.start()
+    try:
+        found = families(httpx.get(gone.url, timeout=10).text)
+    finally:
+        gone.stop()
+    assert found["cog_triton_triton_metrics_up"].samples[0].value == 0 and "cog_triton_predictions" in found
+
+
+def test_a_triton_that_does_not_answer_costs_the_scrape_only_its_timeout(endpoint) -> None:
+    server, _, handler = endpoint
+    handler.hang = threading.Event()
+    found = families(httpx.get(server.url, timeout=30).text)  # the bound only means "not hung"
+    assert found["cog_triton_triton_metrics_up"].samples[0].value == 0
+
+
+def test_only_metrics_is_served(endpoint) -> None:
+    server, _, _ = endpoint
+    assert httpx.get(f"http://127.0.0.1:{server.port}/", timeout=10).status_code == 404
+    assert httpx.get(f"http://127.0.0.1:{server.port}/metrics?x=1", timeout=10).status_code == 200
+
+
+def test_a_port_in_use_is_a_clear_error_and_stop_frees_the_port() -> None:
+    metrics = ServiceMetrics()
+    first = MetricsServer(metrics, "127.0.0.1", 0)
+    first.start()
+    port = first.port
+    with pytest.raises(ConfigError) as info:
+        MetricsServer(metrics, "127.0.0.1", port).start()
+    assert f"127.0.0.1:{port}" in info.value.message
+    assert "COG_TRITON_PROMETHEUS_PORT" in info.value.message and "=0 to turn the endpoint off" in info.value.message
+    first.stop()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))  # free again
+    first.stop()  # idempotent
+
+
+def test_port_0_turns_the_endpoint_off() -> None:
+    assert serve_metrics(ServiceMetrics(), "127.0.0.1", 0, triton_metrics_port=1) is None
+    server = serve_metrics(ServiceMetrics(), "127.0.0.1", free_port(), triton_metrics_port=None)
+    assert server is not None
+    try:
+        found = families(httpx.get(server.url, timeout=10).text)
+    finally:
+        server.stop()
+    assert found["cog_triton_triton_metrics_up"].samples[0].value == 0
+
+
+def test_errors_keep_their_code() -> None:
+    m = ServiceMetrics()
+    m.track(None, time.monotonic()).finish(InferenceError("Triton said no"))
+    assert value(m, "cog_triton_prediction_errors_total", code="inference_error") == 1
+
+
+def _has_ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as sock:
+            sock.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+def test_an_ipv6_address_can_be_given() -> None:
+    server = MetricsServer(ServiceMetrics(), "::1", 0)
+    if not _has_ipv6_loopback():  # this host has none: the error names the address
+        with pytest.raises(ConfigError, match="::1"):
+            server.start()
+        return
+    server.start()
+    try:
+        assert httpx.get(f"http://[::1]:{server.port}/metrics", timeout=10).status_code == 200
+    finally:
+        server.stop()

@@ -1,0 +1,208 @@
+"""The Prometheus endpoint during real runs: the real Cog server (coglet) running predict.py, a real Triton with
+the CPU reference model, the endpoint on its own port (COG_TRITON_PROMETHEUS_PORT). Each test scrapes before,
+during and after what it does, and checks that the counts moved by exactly what it caused, against what the
+predictions themselves reported (their Cog metrics). Nothing is mocked.
+
+One stack for the module (one setup); the test that kills processes runs last.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from cog_triton.local import CogServer, WeightsHTTPServer, serving_env
+from tests.proc import descendants_of, pids_mentioning
+
+pytestmark = pytest.mark.integration
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, default_archive: Path):
+    work = tmp_path_factory.mktemp("metrics")
+    with WeightsHTTPServer(default_archive.parent) as weights:
+        env = serving_env(
+            f"{weights.url}/{default_archive.name}", work=work, COG_TRITON_REFERENCE_MAX_INPUT_LEN="384",
+            COG_TRITON_REFERENCE_MAX_SEQ_LEN="768", COG_TRITON_STOP_TIMEOUT_S="5", COG_TRITON_STREAM_PROCESSES="2",
+        )
+        cog = CogServer(env, log_file=work / "cog.log", max_concurrency=4)
+        cog.start()
+        try:
+            cog.wait_ready(timeout_s=400)
+            yield {"cog": cog, "work": work, "url": f"http://127.0.0.1:{env['COG_TRITON_PROMETHEUS_PORT']}/metrics"}
+        finally:
+            cog.stop()
+
+
+def scrape(stack) -> tuple[Samples, str]:
+    """Every sample of one scrape (ours and Triton's: the whole answer must parse), and its text."""
+    response = httpx.get(stack["url"], timeout=30)
+    assert response.status_code == 200, response.text
+    samples: Samples = {}
+    for family in text_string_to_metric_families(response.text):
+        for s in family.samples:
+            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return samples, response.text
+
+
+def get(samples: Samples, name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def delta(after: Samples, before: Samples, name: str, **labels: str) -> float:
+    return get(after, name, **labels) - get(before, name, **labels)
+
+
+def wait_until(stack, predicate: Callable[[Samples], bool], timeout_s: float = 120.0) -> Samples:
+    """Scrape until ``predicate`` holds (the bound only means "not hung")."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        samples, _ = scrape(stack)
+        if predicate(samples) or time.monotonic() > deadline:
+            return samples
+        time.sleep(0.1)
+
+
+class Streamed:
+    """A prediction with a chosen id over SSE, read in a thread (so it can be cancelled while it runs)."""
+
+    def __init__(self, cog: CogServer, inputs: dict[str, Any], prediction_id: str) -> None:
+        self.cog, self.id = cog, prediction_id
+        self.events: list[tuple[str, Any]] = []
+        self.first_output = threading.Event()
+        self.thread = threading.Thread(target=self._read, args=(inputs,), daemon=True)
+        self.thread.start()
+
+    def _read(self, inputs: dict[str, Any]) -> None:
+        with httpx.stream("POST", f"{self.cog.url}/predictions", json={"id": self.id, "input": inputs},
+                          headers={"Accept": "text/event-stream"}, timeout=600) as response:
+            event = "message"
+            for line in response.iter_lines():
+                if line.startswith("event:"):
+                    event = line[6:].strip()
+                elif line.startswith("data:"):
+                    self.events.append((event, json.loads(line[5:])))
+                    if event == "output":
+                        self.first_output.set()
+        self.first_output.set()
+
+    def final(self) -> dict[str, Any]:
+        self.thread.join(timeout=600)  # only "not hung"
+        event, data = self.events[-1]
+        assert event == "completed", self.events[-3:]
+        return data
+
+
+def test_a_scrape_during_and_after_a_run_finds_the_counts_it_caused(stack) -> None:
+    cog = stack["cog"]
+    before, text = scrape(stack)
+    # The self-test of setup is not a prediction; Triton's own metrics come in the same answer.
+    assert get(before, "cog_triton_predictions_total", outcome="succeeded") == 0
+    assert get(before, "cog_triton_triton_metrics_up") == 1
+    # (prometheus_client's parser names a counter's samples <name>_total; Triton's text says nv_inference_count)
+    assert get(before, "nv_inference_count_total", model="ensemble", version="1") > 0  # the self-test's request
+    assert 'nv_inference_count{model="ensemble",version="1"}' in text
+    assert "# TYPE nv_inference_request_success counter" in text
+
+    succeeded = [cog.predict({"prompt": prompt, "max_tokens": n, "temperature": 0})
+                 for prompt, n in (("What is a cat?", 12), ("What is rain?", 20), ("Name a colour.", 6))]
+    assert all(doc["status"] == "succeeded" for doc in succeeded), succeeded
+    refused = cog.predict({"prompt": ""})  # refused by predict()'s validation
+    too_long = cog.predict({"prompt": "word " * 1000})  # refused by the stream process (tokenized: too long)
+    assert refused["status"] == too_long["status"] == "failed"
+    assert "[invalid_input]" in refused["error"] and "too long" in too_long["error"]
+    # Triton's own count, in the same endpoint: the ensemble served the 3 (the refused ones never reached it).
+    served = wait_until(stack, lambda s: delta(s, before, "nv_inference_request_success_total",
+                                               model="ensemble", version="1") >= 3)
+    assert delta(served, before, "nv_inference_request_success_total", model="ensemble", version="1") == 3
+
+    # A long prediction: scraped while it streams, then cancelled.
+    running = Streamed(cog, {"prompt": "Write a very long story about a robot.", "max_tokens": 400,
+                             "min_tokens": 400, "temperature": 0}, f"metrics-cancel-{time.monotonic_ns()}")
+    assert running.first_output.wait(300), "no output"
+    during, _ = scrape(stack)
+    assert get(during, "cog_triton_predictions_running") == 1
+    assert get(during, "cog_triton_predictions_queued") == 0
+    assert httpx.post(f"{cog.url}/predictions/{running.id}/cancel", timeout=60).status_code == 200
+    cancelled = running.final()
+    assert cancelled["status"] == "canceled", cancelled
+
+    made = sum(doc["metrics"]["output_token_count"] for doc in succeeded)
+    # The cancelled stream's tokens come from its stream process a moment after the cancel (CANCELLED).
+    after = wait_until(stack, lambda s: get(s, "cog_triton_predictions_running") == 0
+                       and delta(s, before, "cog_triton_predictions_total", outcome="canceled") == 1
+                       and delta(s, before, "cog_triton_generation_tokens_total") > made)
+    assert delta(after, before, "cog_triton_predictions_total", outcome="succeeded") == 3
+    assert delta(after, before, "cog_triton_predictions_total", outcome="failed") == 2
+    assert delta(after, before, "cog_triton_predictions_total", outcome="canceled") == 1
+    assert delta(after, before, "cog_triton_prediction_errors_total", code="invalid_input") == 2
+    assert get(after, "cog_triton_predictions_running") == get(after, "cog_triton_predictions_queued") == 0
+
+    # Histograms: one time to first token per prediction that got a token (the 3 and the cancelled one), one time
+    # per output token per prediction that ended with 2 or more tokens (not the cancelled one).
+    with_token = [doc for doc in [*succeeded, cancelled] if "time_to_first_token_s" in doc["metrics"]]
+    assert len(with_token) == 4
+    assert delta(after, before, "cog_triton_time_to_first_token_seconds_count") == 4
+    assert delta(after, before, "cog_triton_time_to_first_token_seconds_sum") == pytest.approx(
+        sum(doc["metrics"]["time_to_first_token_s"] for doc in with_token), abs=4e-4)  # Cog's are rounded to 0.1 ms
+    assert delta(after, before, "cog_triton_time_per_output_token_seconds_count") == 3
+    # Tokens: each prediction's own counts; the cancelled one's prompt counts, and the tokens it made before
+    # the cancel (at least the first output, fewer than the 400 asked for).
+    assert delta(after, before, "cog_triton_prompt_tokens_total") == sum(
+        doc["metrics"]["input_token_count"] for doc in [*succeeded, cancelled])
+    cancelled_tokens = delta(after, before, "cog_triton_generation_tokens_total") - made
+    assert 1 <= cancelled_tokens < 400
+    assert get(after, "cog_triton_triton_restarts_total") == get(after, "cog_triton_stream_process_restarts_total") == 0
+
+
+def _stream_pids(cog: CogServer) -> list[int]:
+    assert cog.proc is not None
+    return sorted(set(pids_mentioning("cog_triton.streamer")) & descendants_of(cog.proc.pid))
+
+
+def _triton_pid(stack) -> int:
+    [pid] = pids_mentioning("tritonserver", f"--model-repository={stack['work'] / 'model_repository'}")
+    return pid
+
+
+def test_restarts_and_a_prediction_queued_behind_one_are_counted(stack) -> None:
+    """A killed stream process and a killed Triton are each restarted and counted once; a prediction that
+    arrives while Triton restarts waits for it, counted as queued meanwhile, then succeeds."""
+    cog, log = stack["cog"], stack["work"] / "cog.log"
+    before, _ = scrape(stack)
+    [victim, *_] = _stream_pids(cog)
+    os.kill(victim, signal.SIGKILL)
+    after = wait_until(stack, lambda s: delta(s, before, "cog_triton_stream_process_restarts_total") == 1)
+    assert delta(after, before, "cog_triton_stream_process_restarts_total") == 1
+
+    faults = log.read_text(errors="replace").count("restarting Triton")
+    os.kill(_triton_pid(stack), signal.SIGKILL)
+    deadline = time.monotonic() + 60  # only "not hung": the supervisor looks every 0.5 s
+    while log.read_text(errors="replace").count("restarting Triton") == faults and time.monotonic() < deadline:
+        time.sleep(0.1)
+    result: dict[str, Any] = {}
+    waiting = threading.Thread(target=lambda: result.update(
+        doc=cog.predict({"prompt": "Say hi.", "max_tokens": 3, "temperature": 0}, timeout_s=400)))
+    waiting.start()
+    queued: Optional[Samples] = wait_until(stack, lambda s: get(s, "cog_triton_predictions_queued") == 1
+                                           or "doc" in result)
+    assert get(queued, "cog_triton_predictions_queued") == 1, "the prediction was not seen waiting for Triton"
+    assert get(queued, "cog_triton_predictions_running") == 0
+    waiting.join(timeout=400)
+    assert result["doc"]["status"] == "succeeded", result["doc"]
+    after = wait_until(stack, lambda s: get(s, "cog_triton_predictions_running") == 0)
+    assert delta(after, before, "cog_triton_triton_restarts_total") == 1
+    assert delta(after, before, "cog_triton_predictions_total", outcome="succeeded") == 1
+    assert get(after, "cog_triton_predictions_queued") == 0
+    assert get(after, "cog_triton_triton_metrics_up") == 1  # the new Triton's metrics are read again
