@@ -14,12 +14,15 @@ PyTorch-backend model (``RenderOptions.llm_args``), as setup() will once it choo
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import importlib
 import subprocess
 import sys
 import sysconfig
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from types import ModuleType
+from typing import Any, Iterator, Mapping, Optional
 
 from cog_triton.settings import REPO_ROOT
 from tensorrtllm_backend.server import TritonInstallation
@@ -60,3 +63,23 @@ def render_pytorch_repository(target: Path, checkpoint: Path, *, llm_args: Optio
     options = RenderOptions(template_dir=REPO_ROOT / "triton_model_repo", model_repo_dir=target,
                             guided_decoding=guided_decoding, llm_args=args)
     return render_model_repository(options, info)
+
+
+@contextlib.contextmanager
+def standin_imported() -> Iterator[ModuleType]:
+    """The stand-in package imported in this process as ``tensorrt_llm``; on exit the modules and the path entry
+    are removed again (another ``tensorrt_llm``, tests/fake_tensorrt_llm, serves other tests)."""
+    def ours() -> list[str]:
+        return [k for k in sys.modules if k == "tensorrt_llm" or k.startswith("tensorrt_llm.")]
+
+    saved = {k: sys.modules.pop(k) for k in ours()}
+    sys.path.insert(0, str(STANDIN_ROOT))
+    try:
+        module = importlib.import_module("tensorrt_llm")
+        assert getattr(module, "STANDIN", False), module
+        yield module
+    finally:
+        sys.path.remove(str(STANDIN_ROOT))
+        for key in ours():
+            del sys.modules[key]
+        sys.modules.update(saved)

@@ -161,7 +161,7 @@ class TorchLlmArgs(StrictBaseModel):
     reasoning_parser: Optional[str] = None
     decoding_config: Optional[Any] = None
     mpi_session: Optional[Any] = Field(default=None, alias="_mpi_session")
-    backend: Optional[str] = None
+    backend: Optional[str] = Field(default=None, validate_default=True)
     return_perf_metrics: bool = False
     orchestrator_type: Optional[Literal["rpc", "ray"]] = None
     # TorchLlmArgs
