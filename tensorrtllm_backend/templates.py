@@ -524,8 +524,16 @@ LLM_ARGS_FILE = "llm_args.json"
 
 def llm_template_folder(options: RenderOptions, info: WeightsInfo) -> str:
     """The template folder rendered as ``tensorrt_llm``: the C++ backend's for an engine; for a Hugging Face
-    checkpoint the PyTorch backend's when ``options.llm_args`` is given, else the CPU reference model's."""
+    checkpoint the PyTorch backend's when ``options.llm_args`` is given, else the CPU reference model's.
+
+    Raises:
+        TemplateError: ``llm_args`` given for an engine (the PyTorch backend serves checkpoints, not engines).
+    """
     if info.kind == "engine":
+        if options.llm_args is not None:
+            raise TemplateError(f"the PyTorch backend's LLM arguments were given, but {info.weights_dir} holds a "
+                                "TensorRT-LLM engine, which the C++ backend serves; the PyTorch backend serves a "
+                                "Hugging Face checkpoint")
         return "tensorrt_llm"
     return PYTORCH_FOLDER if options.llm_args is not None else "tensorrt_llm_reference"
 
