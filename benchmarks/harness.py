@@ -3,11 +3,8 @@
 Starts the stack as a user gets it (the weights archive served over HTTP, the real Cog HTTP server
 running predict.py, Triton started by setup()) with ``tensorrt_llm`` served by the token-rate
 stand-in (``benchmarks/standin``; ``--engine reference``: the CPU reference model; ``--engine pytorch``: the
-product's PyTorch-backend model, ``triton_model_repo/tensorrt_llm_pytorch``, over the LLM API stand-in in its
-paced mode, ``benchmarks/standin_pytorch`` and ``benchmarks/llmapi_standin``: the same text at the same step, so
-the same checks hold, through the event loop, response thread and cancellation checks of the model that serves
-a Hugging Face checkpoint on a GPU), and sweeps the number of concurrent streams over three paths in the same
-run:
+PyTorch-backend model over the paced LLM API stand-in), and sweeps the number of concurrent streams over three
+paths in the same run:
 
 * ``tensorrt_llm``: Triton's ``/v2/models/tensorrt_llm/generate_stream`` with token ids (the engine
   alone inside Triton);
@@ -81,7 +78,6 @@ from benchmarks.paths import (
     FLOOR_PATH,
     GUIDED_PATH,
     LORA_PATH,
-    PACED_ENGINES,
     PATHS,
     REFERENCE_CONCURRENCY,
     SMOKE_CONCURRENCY,
@@ -263,8 +259,8 @@ def sweep(stack: Stack, work: Workload, args: argparse.Namespace, concurrency: S
         group = {}
         for path in args.paths:
             point = run_point(stack, work, path, streams, args)
-            point["step_ms"] = args.step_ms if args.engine in PACED_ENGINES else None
-            ideal = streams * 1e3 / args.step_ms if args.engine in PACED_ENGINES else None
+            point["step_ms"] = args.step_ms if args.engine != "reference" else None
+            ideal = streams * 1e3 / args.step_ms if args.engine != "reference" else None
             point["ratio_to_ideal"] = round(point["tokens_per_s"] / ideal, 3) if ideal else None
             group[path] = point
             points.append(point)
@@ -459,8 +455,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         help=f"adapters of the {LORA_PATH} path, round-robin over its streams (default 4)")
     parser.add_argument("--lora-rank", type=int, default=16, help="their rank (default 16)")
     parser.add_argument("--engine", choices=("standin", "reference", "pytorch"), default="standin",
-                        help="standin (default), reference: the real CPU reference model (~18 tok/s), or pytorch: "
-                        "the PyTorch-backend model over the paced LLM API stand-in (one instance)")
+                        help="standin (default), reference (the CPU reference model, ~18 tok/s) or pytorch (paced)")
     parser.add_argument("--smoke", action="store_true", help="a short run for tests")
     parser.add_argument("--soak", action="store_true",
                         help="soak run: 16 streams through Cog, 1 in 5 cancelled, a backend stub SIGKILLed part-way")
@@ -479,15 +474,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     if args.paths is None:
         skipped = (FLOOR_PATH, LORA_PATH) if reference else ()
         args.paths = [p for p in (ALL_PATHS if reference else PATHS) if p not in skipped]
-    if GUIDED_PATH in args.paths and args.engine == "standin":
+    if GUIDED_PATH in args.paths and not reference:
         parser.error(f"--paths {GUIDED_PATH} needs --engine reference: the stand-in does not enforce guides")
     if FLOOR_PATH in args.paths and reference:
         parser.error(f"--paths {FLOOR_PATH} needs the stand-in engine (it runs at the stand-in's step)")
-    if LORA_PATH in args.paths and reference:
-        parser.error(f"--paths {LORA_PATH} needs the stand-in engine (whose tokens every request can check)")
-    if args.engine == "pytorch" and (GUIDED_PATH in args.paths or LORA_PATH in args.paths):
-        parser.error(f"--engine pytorch runs {', '.join(PATHS)}: its paced LLM API stand-in enforces no guide and "
-                     "loads no adapter")
+    if LORA_PATH in args.paths and args.engine != "standin":
+        parser.error(f"--paths {LORA_PATH} needs --engine standin (it caches the adapters; its tokens are checked)")
     if not 1 <= args.lora_adapters <= 64 or not 1 <= args.lora_rank <= 64:
         parser.error("--lora-adapters and --lora-rank must be in 1..64")
     if args.points is not None and (args.concurrency is not None or reference or args.soak):

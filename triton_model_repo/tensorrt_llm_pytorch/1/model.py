@@ -53,6 +53,10 @@ prompt limits and the ``max_seq_len`` reduction are the LLM's (its texts: ``llma
 Modules beside this file: ``translate.py`` (tensors -> LLM request), ``parsing.py`` and ``lora.py`` (links to
 the CPU reference model's, whose checks and texts ``translate.py`` reuses). Triton loads this file by its
 path, so its folder is made the package :data:`PACKAGE` to import them.
+
+Why one module (about 620 lines): one concern, hosting the LLM in Triton's Python backend: the three threads,
+a request's life from ``execute`` to its final response, and the responses; the request's meaning is
+``translate.py``'s.
 """
 
 from __future__ import annotations
@@ -113,19 +117,7 @@ RequestError = _parsing.RequestError
 Submission = _translate.Submission
 to_submission = _translate.to_submission
 is_stop_request = _parsing.is_stop_request
-
-
-def stop_word_end(context: List[int], n_new: int, stop_words: List[List[int]]) -> Optional[int]:
-    """Where the first stop word completed by the last ``n_new`` tokens of ``context`` ends, or None: a word is
-    compared with prompt + output ending at a new token, so it may begin in the prompt but never lies wholly in
-    it (``stopWordsCriterion``, cpp/tensorrt_llm/kernels/stopCriteriaKernels.cu @9b931c0f; the PyTorch sampler
-    compares the request's tokens, prompt included, the same way: ``TorchSampler._meet_stop_token_criteria``)."""
-    first_new = len(context) - n_new
-    for end in range(first_new + 1, len(context) + 1):
-        for word in stop_words:
-            if word and end >= len(word) and context[end - len(word):end] == list(word):
-                return end
-    return None
+stop_word_end = _translate.stop_word_end
 
 
 # ------------------------------------------------------------------------------------------------

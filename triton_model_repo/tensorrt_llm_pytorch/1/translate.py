@@ -178,4 +178,17 @@ def to_submission(get: Callable[[str], Optional[np.ndarray]], *, vocab_size: int
     )
 
 
-__all__ = ["GUIDE_KEYS", "NO_LIMIT", "Submission", "to_submission"]
+def stop_word_end(context: List[int], n_new: int, stop_words: List[List[int]]) -> Optional[int]:
+    """Where the first stop word completed by the last ``n_new`` tokens of ``context`` ends, or None: a word is
+    compared with prompt + output ending at a new token, so it may begin in the prompt but never lies wholly in
+    it (``stopWordsCriterion``, cpp/tensorrt_llm/kernels/stopCriteriaKernels.cu @9b931c0f; the PyTorch sampler
+    compares the request's tokens, prompt included, the same way: ``TorchSampler._meet_stop_token_criteria``)."""
+    first_new = len(context) - n_new
+    for end in range(first_new + 1, len(context) + 1):
+        for word in stop_words:
+            if word and end >= len(word) and context[end - len(word):end] == list(word):
+                return end
+    return None
+
+
+__all__ = ["GUIDE_KEYS", "NO_LIMIT", "Submission", "stop_word_end", "to_submission"]
