@@ -176,6 +176,9 @@ def test_sampling_values_become_llm_api_sampling_params(model, trtllm, monkeypat
         got = {key: getattr(params, key) for key in expected}
         assert got == expected, extra
     assert spy.calls[0][1]["sampling_params"].end_id == -1  # no end_id: no end token
+    run(model, FakeRequest(**body(prompt, 2, streaming=[True], end_id=[EOS], pad_id=[7])))
+    params = spy.calls[-1][1]["sampling_params"]
+    assert (params.end_id, params.pad_id) == (EOS, 7)  # the request's pad_id (else the LLM API's: end_id)
 
 
 def test_the_end_token_is_dropped_and_leaves_an_empty_final_response(model, prompt, hf_tokenizer):

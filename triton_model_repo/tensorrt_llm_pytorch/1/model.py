@@ -291,8 +291,12 @@ class TritonPythonModel:
             from tensorrt_llm.llmapi import MpiCommSession  # noqa: PLC0415
 
             llm_args["_mpi_session"] = MpiCommSession(comm=COMM_WORLD, n_workers=COMM_WORLD.Get_size())
+        from tensorrt_llm import SamplingParams  # noqa: PLC0415
+        from tensorrt_llm.executor.request import LoRARequest  # noqa: PLC0415
         from tensorrt_llm.llmapi.llm_utils import update_llm_args_with_extra_dict  # noqa: PLC0415
+        from tensorrt_llm.sampling_params import GuidedDecodingParams  # noqa: PLC0415
 
+        self._api = (SamplingParams, LoRARequest, GuidedDecodingParams)
         self.llm_args = update_llm_args_with_extra_dict({}, llm_args)
         self._numbers = itertools.count(1)
         self._lock = threading.Lock()
@@ -468,10 +472,7 @@ class TritonPythonModel:
     async def _generate(self, live: Live) -> None:
         s = live.submission
         try:
-            from tensorrt_llm import SamplingParams  # noqa: PLC0415
-            from tensorrt_llm.executor.request import LoRARequest  # noqa: PLC0415
-            from tensorrt_llm.sampling_params import GuidedDecodingParams  # noqa: PLC0415
-
+            SamplingParams, LoRARequest, GuidedDecodingParams = self._api  # noqa: N806 - the LLM API's classes
             kwargs = dict(s.sampling)
             if "guided_decoding" in kwargs:
                 kwargs["guided_decoding"] = GuidedDecodingParams(**kwargs["guided_decoding"])

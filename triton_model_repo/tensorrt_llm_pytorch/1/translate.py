@@ -15,6 +15,8 @@ How the C++ semantics become ``SamplingParams`` (TensorRT-LLM 1.2.1's LLM API; s
 * no ``end_id`` (or -1) means no end token, as in the C++ executor: ``end_id=-1``, which is what the worker
   itself sends for ``ignore_eos`` (``end_id=-1 if ignore_eos else end_id``), and which keeps the LLM from
   filling the tokenizer's end token in (``_prepare_sampling_params`` calls ``_setup`` only when end_id is None);
+  ``pad_id`` is the request's when it has one (the ensemble's preprocessing always sends the tokenizer's),
+  else the LLM API's default, ``end_id`` (``SamplingParams.__post_init__``);
 * the penalties, ``min_tokens`` (when > 0) and ``seed`` (always, the C++ default 0) pass as they are;
   ``len_penalty`` is checked and not sent (beam search only);
 * stop words are matched by the model itself, over prompt and output as ``stopWordsCriterion`` does (the
@@ -36,7 +38,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .parsing import ModelLimits, RequestError, parse_request
+from .parsing import ModelLimits, RequestError, _scalar, parse_request
 
 #: Limits the C++ executor would apply and the LLM applies instead (never reached here).
 NO_LIMIT = 2**62
@@ -146,6 +148,9 @@ def to_submission(get: Callable[[str], Optional[np.ndarray]], *, vocab_size: int
         "seed": p.seed,
         "detokenize": False,
     }
+    pad_id = _scalar(get, "pad_id", int, None)
+    if pad_id is not None:
+        sampling["pad_id"] = pad_id
     if p.greedy:
         sampling["top_k"] = 1
     else:

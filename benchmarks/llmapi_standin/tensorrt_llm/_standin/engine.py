@@ -392,8 +392,9 @@ class Engine:
 
     @staticmethod
     def _dispatch(deliveries: list) -> None:
-        """Hand responses to their results: one call per event loop for the whole step (as upstream's
-        ``AwaitResponseHelper.handle_for_worker`` puts a batch of responses with one ``call_soon_threadsafe``)."""
+        """Hand responses to their results: one wake-up of each event loop for the whole step (upstream's
+        ``AwaitResponseHelper.handle_for_worker``, executor/base_worker.py @7b437aaa, puts each response in its
+        result's queue and notifies the loop once for all of them, ``_SyncQueue.notify_many``)."""
         by_loop: Dict[Any, list] = {}
         for result, response in deliveries:
             by_loop.setdefault(result._loop, []).append((result, response))
