@@ -218,7 +218,19 @@ def test_stop_words_end_the_request_over_prompt_and_output(model, trtllm, monkey
 # ------------------------------------------------------------------------------------------------
 
 
-def test_a_stop_request_aborts_every_request_with_its_id(model, prompt):
+def test_a_stop_request_aborts_the_latest_request_with_its_id(model, prompt, greedy):
+    """The C++ backend's one entry per request id: a later request with the id replaces it; the stop reaches
+    that one only, and after it ended, nothing (the earlier request runs to its end)."""
+    earlier = FakeRequest("twice", **body(prompt, 24, streaming=[True], end_id=[-1]))
+    later = FakeRequest("twice", **body(prompt, 400, streaming=[True], end_id=[-1]))
+    model.execute([earlier, later])
+    assert later.sender.first.wait(60)
+    model.execute([FakeRequest("twice", input_lengths=[1], request_output_len=[1], stop=[True])])
+    assert later.sender.final.wait(60) and earlier.sender.final.wait(60)
+    assert len(later.sender.tokens()) < 400 and earlier.sender.tokens() == greedy[:24]
+
+
+def test_a_stop_request_aborts_the_request_with_its_id(model, prompt):
     running = FakeRequest("stop-me", **body(prompt, 400, streaming=[True], end_id=[-1]))
     model.execute([running])
     assert running.sender.first.wait(60)

@@ -37,7 +37,7 @@ tests/test_conformance.py):
   a request that ends on it gets a last response with no ids (the PyTorch sampler adds the end token to the
   request's tokens before it checks it, ``_torch/pyexecutor/sampler.py`` @28edbcdb, so the model drops it);
   non-streaming: one response, prompt + generated unless ``exclude_input_in_output``;
-* ``stop`` (a request with the same request id and ``stop=true``): every request with that id is aborted
+* ``stop`` (a request with the same request id and ``stop=true``): the latest request with that id is aborted
   (``RequestOutput.abort()``) and ends with a normal final response; the stop request gets one empty
   successful final response, a request without an id an error (the C++ texts; upstream's ``llmapi`` model
   answers a CANCELLED error instead);
@@ -301,7 +301,7 @@ class TritonPythonModel:
         self._numbers = itertools.count(1)
         self._lock = threading.Lock()
         self._live: Dict[int, Live] = {}
-        self._by_request_id: Dict[str, List[Live]] = {}
+        self._by_request_id: Dict[str, Live] = {}  # the latest request with each Triton request id
         self._lora_paths: Dict[int, str] = {}
         self._responses: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
         self._closing = False
@@ -432,17 +432,20 @@ class TritonPythonModel:
         with self._lock:
             self._live[number] = live
             if request_id:
-                self._by_request_id.setdefault(request_id, []).append(live)
+                self._by_request_id[request_id] = live
         asyncio.run_coroutine_threadsafe(self._generate(live), self._loop)
 
     def _stop(self, request_id: str, sender) -> None:
-        """Abort every request with this Triton request id; answer one empty successful final response (the C++
-        backend's ``handleStopRequest`` / ``sendEnqueueResponse``), or the C++ error without an id."""
+        """Abort the latest request with this Triton request id (the C++ backend keeps one entry per id, replaced by
+        a later request with the same id and dropped when that one ends: ``mTritonRequestIdToRequestIds``); answer
+        one empty successful final response (``handleStopRequest`` / ``sendEnqueueResponse``), or the C++ error
+        without an id."""
         if not request_id:
             self._send_now(sender, error_response("Trying to stop a request but request ID is not provided"))
             return
         with self._lock:
-            targets = list(self._by_request_id.get(request_id, []))
+            latest = self._by_request_id.get(request_id)
+            targets = [latest] if latest is not None else []
         for live in targets:
             self._abort(live)
         self._log("info", f"stop request for id {request_id!r}: {len(targets)} running request(s) stopped")
@@ -562,12 +565,8 @@ class TritonPythonModel:
             live.final_sent = True
             with self._lock:
                 self._live.pop(live.number, None)
-                same = self._by_request_id.get(live.request_id)
-                if same is not None:
-                    if live in same:
-                        same.remove(live)
-                    if not same:
-                        del self._by_request_id[live.request_id]
+                if self._by_request_id.get(live.request_id) is live:
+                    del self._by_request_id[live.request_id]
 
     def _check_cancelled(self) -> None:
         """Ask Triton about every request without its final response (on this thread, which alone sends them)."""
