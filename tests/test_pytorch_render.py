@@ -99,3 +99,26 @@ def test_bad_llm_args_fail_and_keep_the_previous_repository(tmp_path: Path, llm_
 def test_llm_args_with_an_engine_are_refused(tmp_path: Path) -> None:
     with pytest.raises(TemplateError, match="holds a TensorRT-LLM engine, which the C\\+\\+ backend serves"):
         render_model_repository(options(tmp_path, llm_args=ARGS), engine_info(tmp_path))
+
+
+def test_add_lora_path_is_idempotent_and_needs_the_tensorrt_llm_step(tmp_path: Path) -> None:
+    from tensorrtllm_backend.templates import add_lora_path
+
+    ensemble = render_model_repository(options(tmp_path, llm_args=ARGS), checkpoint_info(tmp_path))["ensemble"]
+    count = len(ensemble.input)
+    add_lora_path(ensemble)
+    assert len(ensemble.input) == count and [t.name for t in ensemble.input].count("lora_path") == 1
+    del ensemble.input[:]
+    for step in ensemble.ensemble_scheduling.step:
+        step.model_name = "other"
+    with pytest.raises(TemplateError, match="no tensorrt_llm step to map lora_path to"):
+        add_lora_path(ensemble)
+
+
+def test_the_render_log_names_the_backend(tmp_path: Path, caplog) -> None:
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="tensorrtllm_backend.templates"):
+        render_model_repository(options(tmp_path / "p", llm_args=ARGS), checkpoint_info(tmp_path))
+        render_model_repository(options(tmp_path / "r"), checkpoint_info(tmp_path))
+    assert "(TensorRT-LLM PyTorch (LLM API) backend)" in caplog.text and "(CPU reference backend)" in caplog.text
