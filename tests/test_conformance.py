@@ -76,6 +76,15 @@ are under NVIDIA/TensorRT-LLM ``cpp/tensorrt_llm``.
     json needs a guide; a guided request to a model whose        ``executorImpl.cpp`` ``fetchNewRequests``
     config does not turn guided decoding on fails ("... but      (@b35ac1b6); the guided path itself: see
     GuidedDecoder is not setup ...")                             tests/test_guided.py
+11  guided decoding on: each guide type constrains the output    ``batch_manager/guidedDecoder.cpp`` (@000a01de);
+                                                                 the LLM API's ``GuidedDecodingParams``
+                                                                 (sampling_params.py @b35ac1b6)
+12  a LoRA adapter gives transformers + peft's output: the C++   reference model's lora.py; the LLM API's
+    tensors to the reference model, its folder (lora_path) to    ``LoRARequest`` (executor/request.py @4ce835a5)
+    the PyTorch-backend model
+13  Triton's request cancellation stops the generation           backend ``WaitForCancel``; the LLM API's
+                                                                 ``RequestOutput.abort()`` (executor/result.py
+                                                                 @a678b91a)
 === ============================================================ ==================================================
 
 What a client sees of a FINAL response through HTTP ``generate_stream`` (measured on Triton 2.51):
