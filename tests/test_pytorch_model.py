@@ -13,8 +13,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import threading
-import time
 import types
 from pathlib import Path
 

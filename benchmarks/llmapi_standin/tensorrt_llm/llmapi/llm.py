@@ -29,7 +29,6 @@ Paced mode (stand-in only): see README.md beside the package.
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import os
 from pathlib import Path
