@@ -195,10 +195,10 @@ class TorchState:
 
     def _forward(self, engine: "Engine", ids: List[int]):
         torch = self.torch
-        with engine.lora.use(self.adapter) if engine.lora is not None else contextlib.nullcontext():
-            out = engine.lora.model(input_ids=torch.tensor([ids]), past_key_values=self.cache, use_cache=True) \
-                if engine.lora is not None else engine.model(input_ids=torch.tensor([ids]),
-                                                             past_key_values=self.cache, use_cache=True)
+        model, adapter = (engine.lora.model, engine.lora.use(self.adapter)) if engine.lora is not None else (
+            engine.model, contextlib.nullcontext())
+        with adapter:
+            out = model(input_ids=torch.tensor([ids]), past_key_values=self.cache, use_cache=True)
         self.cache = out.past_key_values
         return out.logits[0, -1, :].float().unsqueeze(0)
 
@@ -371,8 +371,10 @@ class Engine:
                 if error is not None:
                     raise ValueError(error)
                 request.state = PacedState(request, self.cycle) if self.clock is not None else TorchState(self, request)
-            token, log_prob = request.state.next_token(self, request) if isinstance(request.state, TorchState) \
-                else request.state.next_token(request)
+            if isinstance(request.state, TorchState):
+                token, log_prob = request.state.next_token(self, request)
+            else:
+                token, log_prob = request.state.next_token(request)
         except Exception as exc:  # noqa: BLE001 - one request's failure (RequestError upstream)
             self.log(f"stand-in: request {request.request_id} failed: {traceback.format_exc()}")
             request.done = True
