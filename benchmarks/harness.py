@@ -2,8 +2,9 @@
 
 Starts the stack as a user gets it (the weights archive served over HTTP, the real Cog HTTP server
 running predict.py, Triton started by setup()) with ``tensorrt_llm`` served by the token-rate
-stand-in (``benchmarks/standin``; ``--engine reference``: the CPU reference model), and sweeps the
-number of concurrent streams over three paths in the same run:
+stand-in (``benchmarks/standin``; ``--engine reference``: the CPU reference model; ``--engine pytorch``: the
+PyTorch-backend model over the paced LLM API stand-in), and sweeps the number of concurrent streams over three
+paths in the same run:
 
 * ``tensorrt_llm``: Triton's ``/v2/models/tensorrt_llm/generate_stream`` with token ids (the engine
   alone inside Triton);
@@ -89,7 +90,7 @@ from cog_triton.settings import REPO_ROOT
 # the harness's public face (tests and other scripts use these through it)
 from benchmarks.paths import CORE_ROLES, GUIDED_SCHEMA  # noqa: F401,E402
 from benchmarks.report import lora_lines  # noqa: F401,E402
-from benchmarks.stack import fill_standin_template, write_standin_templates  # noqa: F401,E402
+from benchmarks.stack import fill_standin_template, write_pytorch_standin_templates, write_standin_templates  # noqa: F401,E402,E501
 
 log = logging.getLogger("benchmark")
 
@@ -258,8 +259,8 @@ def sweep(stack: Stack, work: Workload, args: argparse.Namespace, concurrency: S
         group = {}
         for path in args.paths:
             point = run_point(stack, work, path, streams, args)
-            point["step_ms"] = args.step_ms if args.engine == "standin" else None
-            ideal = streams * 1e3 / args.step_ms if args.engine == "standin" else None
+            point["step_ms"] = args.step_ms if args.engine != "reference" else None
+            ideal = streams * 1e3 / args.step_ms if args.engine != "reference" else None
             point["ratio_to_ideal"] = round(point["tokens_per_s"] / ideal, 3) if ideal else None
             group[path] = point
             points.append(point)
@@ -453,8 +454,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--lora-adapters", type=int, default=4,
                         help=f"adapters of the {LORA_PATH} path, round-robin over its streams (default 4)")
     parser.add_argument("--lora-rank", type=int, default=16, help="their rank (default 16)")
-    parser.add_argument("--engine", choices=("standin", "reference"), default="standin",
-                        help="standin (default) or reference: the real CPU reference model (~18 tok/s)")
+    parser.add_argument("--engine", choices=("standin", "reference", "pytorch"), default="standin",
+                        help="standin (default), reference (the CPU reference model, ~18 tok/s) or pytorch (paced)")
     parser.add_argument("--smoke", action="store_true", help="a short run for tests")
     parser.add_argument("--soak", action="store_true",
                         help="soak run: 16 streams through Cog, 1 in 5 cancelled, a backend stub SIGKILLed part-way")
@@ -477,8 +478,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         parser.error(f"--paths {GUIDED_PATH} needs --engine reference: the stand-in does not enforce guides")
     if FLOOR_PATH in args.paths and reference:
         parser.error(f"--paths {FLOOR_PATH} needs the stand-in engine (it runs at the stand-in's step)")
-    if LORA_PATH in args.paths and reference:
-        parser.error(f"--paths {LORA_PATH} needs the stand-in engine (whose tokens every request can check)")
+    if LORA_PATH in args.paths and args.engine != "standin":
+        parser.error(f"--paths {LORA_PATH} needs --engine standin (it caches the adapters; its tokens are checked)")
     if not 1 <= args.lora_adapters <= 64 or not 1 <= args.lora_rank <= 64:
         parser.error("--lora-adapters and --lora-rank must be in 1..64")
     if args.points is not None and (args.concurrency is not None or reference or args.soak):
@@ -499,7 +500,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         else:
             args.groups.append((step, [streams]))
     if args.engine_instances is None:
-        args.engine_instances = max(1, min(4, _cpus() // 4))
+        args.engine_instances = 1 if args.engine == "pytorch" else max(1, min(4, _cpus() // 4))
     if args.engine_instances < 1:
         parser.error("--engine-instances must be positive")
     if args.tokens is None:

@@ -26,6 +26,20 @@ STANDIN_TEXT = STANDIN_DIR / "text.txt"
 REFERENCE_MODEL = REPO_ROOT / "triton_model_repo" / "tensorrt_llm_reference" / "1" / "model.py"
 
 
+#: ``--engine pytorch``: the product's PyTorch-backend model, its benchmark wrapper and the LLM API stand-in.
+PYTORCH_MODEL_DIR = REPO_ROOT / "triton_model_repo" / "tensorrt_llm_pytorch"
+
+
+PYTORCH_STANDIN_DIR = REPO_ROOT / "benchmarks" / "standin_pytorch"
+
+
+LLMAPI_STANDIN_ROOT = REPO_ROOT / "benchmarks" / "llmapi_standin"
+
+
+#: Engines that emit the stand-in text's tokens at a fixed step (their output is known in advance).
+PACED_ENGINES = ("standin", "pytorch")
+
+
 PATHS = ("tensorrt_llm", "ensemble", "cog", "floor")
 
 

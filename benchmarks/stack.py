@@ -14,7 +14,18 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from benchmarks.paths import ARCHIVE, FLOOR_DIR, LORA_PATH, LORA_TARGETS, REFERENCE_MODEL, STANDIN_DIR, STANDIN_TEXT
+from benchmarks.paths import (
+    ARCHIVE,
+    FLOOR_DIR,
+    LLMAPI_STANDIN_ROOT,
+    LORA_PATH,
+    LORA_TARGETS,
+    PYTORCH_MODEL_DIR,
+    PYTORCH_STANDIN_DIR,
+    REFERENCE_MODEL,
+    STANDIN_DIR,
+    STANDIN_TEXT,
+)
 from benchmarks.procs import server_processes
 from cog_triton.local import CogServer, WeightsHTTPServer, free_port, serving_env
 from cog_triton.settings import REPO_ROOT
@@ -68,6 +79,53 @@ def write_standin_templates(target: Path, *, step_ms: float, sender_threads: int
         },
     )
     (llm / "config.pbtxt").write_text(config)
+    return target
+
+
+def pytorch_standin_config(*, step_ms: float, text_file: Path = STANDIN_TEXT,
+                           cancellation_check_period_ms: float = 100.0) -> str:
+    """The config.pbtxt of the ``--engine pytorch`` wrapper (``benchmarks/standin_pytorch``), made from the
+    product's PyTorch-backend template: its tensors and parameters as they are, its own placeholders that setup()
+    fills for the reference model kept as placeholders, the rest filled here, and a parameter for every other
+    placeholder of the reference template (setup() renders this folder as ``tensorrt_llm_reference``, and refuses
+    a value that names no placeholder), plus the wrapper's own parameters.
+
+    Raises:
+        ValueError: the product template has a placeholder this function does not know.
+    """
+    import string  # noqa: PLC0415
+
+    from tensorrtllm_backend.templates import placeholders  # noqa: PLC0415
+
+    product = (PYTORCH_MODEL_DIR / "config.pbtxt").read_text()
+    reference = placeholders((REFERENCE_MODEL.parent.parent / "config.pbtxt").read_text())
+    own = {"cancellation_check_period_ms": cancellation_check_period_ms}
+    unknown = placeholders(product) - reference - set(own)
+    if unknown:
+        raise ValueError(f"tensorrt_llm_pytorch/config.pbtxt has placeholders the benchmark does not fill: {unknown}")
+    text = string.Template(product).safe_substitute(own)
+    lines = [text.rstrip("\n")]
+    for name in sorted(reference - placeholders(product)):
+        lines.append(f'parameters: {{ key: "{name}" value: {{ string_value: "${{{name}}}" }} }}')
+    for key, value in (("pytorch_model", (PYTORCH_MODEL_DIR / "1" / "model.py").resolve()),
+                       ("standin_root", LLMAPI_STANDIN_ROOT.resolve()), ("step_ms", step_ms),
+                       ("text_file", text_file.resolve())):
+        escaped = str(value).replace("\\", "\\\\").replace('"', '\\"')
+        lines.append(f'parameters: {{ key: "{key}" value: {{ string_value: "{escaped}" }} }}')
+    return "\n".join(lines) + "\n"
+
+
+def write_pytorch_standin_templates(target: Path, *, step_ms: float, text_file: Path = STANDIN_TEXT) -> Path:
+    """A template folder (for COG_TRITON_TEMPLATE_DIR): the product's templates, with the PyTorch-backend model's
+    benchmark wrapper as ``tensorrt_llm_reference`` (the folder setup() renders for a checkpoint)."""
+    shutil.rmtree(target, ignore_errors=True)
+    source = REPO_ROOT / "triton_model_repo"
+    for folder in ("ensemble", "preprocessing", "tensorrt_llm"):
+        shutil.copytree(source / folder, target / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    llm = target / "tensorrt_llm_reference"
+    (llm / "1").mkdir(parents=True)
+    shutil.copy2(PYTORCH_STANDIN_DIR / "1" / "model.py", llm / "1" / "model.py")
+    (llm / "config.pbtxt").write_text(pytorch_standin_config(step_ms=step_ms, text_file=text_file))
     return target
 
 
@@ -135,6 +193,9 @@ class Stack:
                 self.work / "templates", step_ms=args.step_ms, sender_threads=args.sender_threads,
                 end_id_after=args.end_id_after, instances=args.engine_instances,
             )
+            env["COG_TRITON_TEMPLATE_DIR"] = str(templates)
+        elif args.engine == "pytorch":
+            templates = write_pytorch_standin_templates(self.work / "templates", step_ms=args.step_ms)
             env["COG_TRITON_TEMPLATE_DIR"] = str(templates)
         self.cog = CogServer(env, log_file=self.work / "cog.log", max_concurrency=args.cog_concurrency)
         log.info("starting the stack (%s engine); logs in %s", args.engine, self.work)

@@ -19,6 +19,7 @@ from benchmarks.paths import (
     GUIDED_PROMPT,
     GUIDED_SCHEMA,
     LORA_PATH,
+    PACED_ENGINES,
     PROMPT,
     STANDIN_DIR,
     STANDIN_TEXT,
@@ -43,7 +44,7 @@ class Workload:
         self.cycle: list[int] = []
         self.seeds: list[int] = [0]
         self.reference_ids: Optional[list[int]] = None
-        if args.engine == "standin":
+        if args.engine in PACED_ENGINES:
             standin = _standin_module()
             self.cycle = standin.text_token_ids(self.tokenizer, STANDIN_TEXT.read_text(encoding="utf-8"))
             # start offsets on whole characters, so that the text a request decodes to is well defined
@@ -55,7 +56,7 @@ class Workload:
         return self.seeds[(index * 97) % len(self.seeds)]
 
     def expected_ids(self, seed: int) -> Optional[list[int]]:
-        if self.args.engine == "standin":
+        if self.args.engine in PACED_ENGINES:
             return _standin_module().expected_tokens(self.cycle, seed, self.tokens)
         return self.reference_ids
 
@@ -63,7 +64,7 @@ class Workload:
         ids = self.expected_ids(seed)
         if ids is None:
             return None
-        key = seed if self.args.engine == "standin" else -1
+        key = seed if self.args.engine in PACED_ENGINES else -1
         if key not in self._texts:
             # the predictor never ends on U+FFFD (an incomplete character at the cut)
             self._texts[key] = self.tokenizer.decode(ids, skip_special_tokens=True).rstrip("\ufffd")

@@ -15,6 +15,9 @@ ensemble passes through): ``lora_task_id`` UINT64 [1, 1]; with the adapter's wei
 ``lora_weights`` [1, rows, width] in the model's dtype (FP16, BF16, or FP32 for the CPU reference model)
 and ``lora_config`` INT32 [1, rows, 3] (module id, layer, rank per row), as made by
 :mod:`cog_triton.lora.convert`. The backend caches a task's weights, so later requests send only the id.
+The PyTorch-backend model (triton_model_repo/tensorrt_llm_pytorch) takes the adapter's PEFT folder instead:
+``lora_path`` BYTES [1, 1] with the ``lora_task_id`` (the LLM API loads folders, ``LoRARequest``, and caches an
+adapter under its id), sent with every request of the adapter.
 
 Why gRPC and not the HTTP generate extension. Measured on this machine (scripts/benchmark,
 token-rate stand-in engine, 128 streams through Cog): with HTTP ``generate_stream``, 107–215 of
@@ -107,7 +110,8 @@ class GenerateRequest:
     cpp/tensorrt_llm/kernels/stopCriteriaKernels.cu ``stopWordsCriterion``) and stops the request by id.
     ``guide_type``/``guide``: TensorRT-LLM guided decoding (json, json_schema, regex, ebnf_grammar).
     ``lora_task_id``: the adapter's task (None: the base model); ``lora``: its tensors, sent when the
-    backend may not hold the task (see :mod:`cog_triton.lora.tasks`).
+    backend may not hold the task (see :mod:`cog_triton.lora.tasks`); ``lora_path``: its folder instead, for the
+    PyTorch-backend model.
     """
 
     input_ids: list[int]
@@ -127,6 +131,7 @@ class GenerateRequest:
     guide: str = ""
     lora_task_id: Optional[int] = None
     lora: Optional[LoraTensors] = None
+    lora_path: Optional[str] = None
 
     def to_grpc(self, model: str) -> service_pb2.ModelInferRequest:
         """The ``ModelInferRequest`` for ``model``; optional tensors are left out when unused."""
@@ -151,7 +156,9 @@ class GenerateRequest:
                 _add(request, "guided_decoding_guide", "BYTES", [1, 1], _bytes_tensor(self.guide))
         if self.lora_task_id is not None:  # utils.cc getLoraConfigFromTensors reads the three only with an id
             _add(request, "lora_task_id", "UINT64", [1, 1], struct.pack("<Q", self.lora_task_id))
-            if self.lora is not None:
+            if self.lora_path is not None:
+                _add(request, "lora_path", "BYTES", [1, 1], _bytes_tensor(self.lora_path))
+            elif self.lora is not None:
                 lora = self.lora
                 _add(request, "lora_weights", lora.datatype, [1, lora.rows, lora.width], lora.weights)
                 _add(request, "lora_config", "INT32", [1, lora.rows, 3], lora.config)

@@ -14,6 +14,8 @@ LoRA: a request with ``lora_weights`` carries its adapter's ``lora_task_id``, an
 process has already had that task served (:mod:`cog_triton.lora.tasks`); when the backend answers that the
 task is not in its cache, :meth:`Generator.text_stream` sends the request once more with the tensors. The
 adapter itself is resolved (downloaded, converted) by :meth:`Generator.resolve_adapter`, off the event loop.
+With the PyTorch backend (``GeneratorConfig.backend``) every request of an adapter carries its ``lora_task_id``
+and its folder (``lora_path``), nothing converted: the LLM API loads the folder and caches it by the id.
 
 Every stream here is watched for silence: :meth:`Generator.watchdog` fails a stream that received
 nothing from Triton for ``token_timeout_s`` seconds (a sweep every half second, not a timer per token).
@@ -27,7 +29,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Optional
+from typing import Any, AsyncIterator, Callable, Literal, Optional
 
 from common.errors import (
     IncompleteOutputError,
@@ -98,6 +100,8 @@ class GeneratorConfig:
         guided_off_reason: why it is off, for the error a guided request gets.
         lora: which LoRA adapters the model serves (None: none).
         adapter_limits: the adapter disk cache and download bounds (None: adapters are refused).
+        backend: what serves ``tensorrt_llm``: "engine" (the C++ backend, or the CPU reference model with its
+            tensors) or "pytorch" (the PyTorch backend over the LLM API: LoRA adapters go as folders).
     """
 
     tokenizer_dir: Path
@@ -110,6 +114,7 @@ class GeneratorConfig:
     guided_off_reason: str = ""
     lora: Optional[LoraSpec] = None
     adapter_limits: Optional[StoreLimits] = None
+    backend: Literal["engine", "pytorch"] = "engine"
 
 
 def build_generator(config: GeneratorConfig, tokenizer: Any = None) -> "Generator":
@@ -137,7 +142,8 @@ def build_generator(config: GeneratorConfig, tokenizer: Any = None) -> "Generato
         guides=GuideChecker(tokenizer) if config.guided else None,
         guided_off_reason=config.guided_off_reason,
         token_timeout_s=config.token_timeout_s,
-        adapters=Adapters(config.lora, config.adapter_limits) if config.lora and config.adapter_limits else None,
+        adapters=(Adapters(config.lora, config.adapter_limits, backend=config.backend)
+                  if config.lora and config.adapter_limits else None),
         lora_off_reason=config.lora.off_reason if config.lora else "no LoRA support was configured",
     )
 
@@ -241,8 +247,11 @@ class Generator:
         if inputs.lora is not None:
             adapter = adapter or self.resolve_adapter(inputs.lora)
             assert self.adapters is not None
-            held = adapter.task_id in self.adapters.held
-            lora = {"lora_task_id": adapter.task_id, "lora": None if held else adapter.tensors}
+            if adapter.path is not None:  # the PyTorch backend: the folder with every request
+                lora = {"lora_task_id": adapter.task_id, "lora_path": str(adapter.path)}
+            else:
+                held = adapter.task_id in self.adapters.held
+                lora = {"lora_task_id": adapter.task_id, "lora": None if held else adapter.tensors}
         else:
             adapter = None
         greedy = inputs.greedy
@@ -425,7 +434,8 @@ class Generator:
             except InferenceError as exc:
                 if adapter is None or answered:
                     raise
-                if is_cache_miss(exc.message, adapter.task_id) and request.lora is None and not resent:
+                if (is_cache_miss(exc.message, adapter.task_id) and request.lora is None and adapter.tensors is not None
+                        and not resent):
                     if self.adapters is not None:
                         self.adapters.held.discard(adapter.task_id)
                         self.adapters.count("engine_misses")

@@ -12,6 +12,8 @@ Template folders -> live model names:
     ensemble, preprocessing                                    -> same name
     tensorrt_llm            (C++ backend, engine weights)      -> tensorrt_llm
     tensorrt_llm_reference  (CPU reference, HF checkpoint)     -> tensorrt_llm
+    tensorrt_llm_pytorch    (PyTorch backend over the LLM API, HF checkpoint with ``RenderOptions.llm_args``)
+                                                               -> tensorrt_llm, the LLM's arguments in 1/llm_args.json
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import string
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Mapping, Optional
+from typing import Any, Mapping, Optional
 
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
@@ -95,7 +97,7 @@ OPTIONAL_TENSORRT_LLM_PARAMETERS = (
     "enable_trt_overlap",
 )
 
-PYTHON_MODELS = ("preprocessing", "tensorrt_llm_reference")
+PYTHON_MODELS = ("preprocessing", "tensorrt_llm_reference", "tensorrt_llm_pytorch")
 
 
 def placeholders(text: str) -> set[str]:
@@ -244,6 +246,10 @@ class RenderOptions:
     lora_cache_max_adapter_size: Optional[int] = None
     lora_cache_gpu_memory_fraction: Optional[float] = None
     lora_cache_host_memory_bytes: Optional[int] = None
+    #: The PyTorch backend's LLM arguments (``tensorrt_llm.LLM`` keywords, JSON values): with a Hugging Face
+    #: checkpoint, ``tensorrt_llm`` is then the PyTorch-backend model (``tensorrt_llm_pytorch``) and this dict its
+    #: ``1/llm_args.json`` (:func:`write_llm_args`). None: the CPU reference model serves a checkpoint.
+    llm_args: Optional[Mapping[str, Any]] = None
 
 
 def lora_cache_values(options: RenderOptions, info: WeightsInfo) -> dict[str, object]:
@@ -351,6 +357,7 @@ def template_values(options: RenderOptions, info: WeightsInfo) -> dict[str, dict
         "lora_weights_datatype": lora_dtype,
     }
     return {
+        "tensorrt_llm_pytorch": pytorch_values(options, common, lora_dtype),
         "ensemble": {**common, "lora_weights_datatype": lora_dtype},
         "preprocessing": {
             **common,
@@ -480,7 +487,7 @@ def render_model_repository(options: RenderOptions, info: WeightsInfo) -> dict[s
         TemplateError: a template is missing, unfilled, or invalid.
     """
     values = template_values(options, info)
-    llm_folder = "tensorrt_llm" if info.kind == "engine" else "tensorrt_llm_reference"
+    llm_folder = llm_template_folder(options, info)
     folders = {
         "ensemble": "ensemble",
         "preprocessing": "preprocessing",
@@ -496,6 +503,8 @@ def render_model_repository(options: RenderOptions, info: WeightsInfo) -> dict[s
             source = options.template_dir / folder
             keep = frozenset(REQUIRED_TENSORRT_LLM_PARAMETERS) if folder == "tensorrt_llm" else frozenset()
             config = render_config(source / "config.pbtxt", values[folder], keep)
+            if name == "ensemble" and llm_folder == PYTORCH_FOLDER:
+                add_lora_path(config)
             if config.name != name:
                 raise TemplateError(f"{source / 'config.pbtxt'}: model name is {config.name!r}, expected {name!r}")
             model_dir = staging / name
@@ -506,6 +515,8 @@ def render_model_repository(options: RenderOptions, info: WeightsInfo) -> dict[s
                     raise TemplateError(f"{model_py} is missing (Python backend model)")
                 for module in sorted((source / "1").glob("*.py")):  # model.py and the modules it loads
                     shutil.copy2(module, model_dir / "1" / module.name)
+            if folder == PYTORCH_FOLDER:
+                write_llm_args(model_dir / "1", options.llm_args or {})
             (model_dir / "config.pbtxt").write_text(text_format.MessageToString(config))
             rendered[name] = config
     except BaseException:
@@ -517,5 +528,84 @@ def render_model_repository(options: RenderOptions, info: WeightsInfo) -> dict[s
         os.replace(target, old)
     os.replace(staging, target)
     shutil.rmtree(old, ignore_errors=True)
-    log.info("rendered model repository %s (%s backend)", target, "TensorRT-LLM" if info.kind == "engine" else "CPU reference")
+    backend = {"tensorrt_llm": "TensorRT-LLM", PYTORCH_FOLDER: "TensorRT-LLM PyTorch (LLM API)"}.get(llm_folder,
+                                                                                             "CPU reference")
+    log.info("rendered model repository %s (%s backend)", target, backend)
     return rendered
+
+
+# ------------------------------------------------------------------------------------------------
+# The PyTorch backend (tensorrt_llm_pytorch: a Python model over tensorrt_llm.LLM)
+# ------------------------------------------------------------------------------------------------
+
+PYTORCH_FOLDER = "tensorrt_llm_pytorch"
+#: Where the PyTorch-backend model reads the LLM's arguments (beside its model.py).
+LLM_ARGS_FILE = "llm_args.json"
+
+
+def llm_template_folder(options: RenderOptions, info: WeightsInfo) -> str:
+    """The template folder rendered as ``tensorrt_llm``: the C++ backend's for an engine; for a Hugging Face
+    checkpoint the PyTorch backend's when ``options.llm_args`` is given, else the CPU reference model's.
+
+    Raises:
+        TemplateError: ``llm_args`` given for an engine (the PyTorch backend serves checkpoints, not engines).
+    """
+    if info.kind == "engine":
+        if options.llm_args is not None:
+            raise TemplateError(f"the PyTorch backend's LLM arguments were given, but {info.weights_dir} holds a "
+                                "TensorRT-LLM engine, which the C++ backend serves; the PyTorch backend serves a "
+                                "Hugging Face checkpoint")
+        return "tensorrt_llm"
+    return PYTORCH_FOLDER if options.llm_args is not None else "tensorrt_llm_reference"
+
+
+def pytorch_values(options: RenderOptions, common: Mapping[str, object], lora_dtype: str) -> dict[str, object]:
+    """Placeholder values of ``tensorrt_llm_pytorch/config.pbtxt``. ``lora_weights`` has the ensemble's dtype (the
+    ensemble maps it; the model refuses it). ``guided_decoding_backend`` mirrors the LLM arguments', so that
+    :func:`guided_decoding_of` reads the rendered config as for the other models."""
+    llm_args = options.llm_args or {}
+    return {
+        **common,
+        "decoupled_mode": options.decoupled,
+        "max_queue_delay_microseconds": options.max_queue_delay_microseconds,
+        "lora_weights_datatype": lora_dtype,
+        "exclude_input_in_output": True,
+        "cancellation_check_period_ms": None,
+        "guided_decoding_backend": llm_args.get("guided_decoding_backend"),
+    }
+
+
+def write_llm_args(folder: Path, llm_args: Mapping[str, Any]) -> Path:
+    """Write ``llm_args`` as ``folder/llm_args.json`` (the PyTorch-backend model passes it to ``LLM(**args)``).
+
+    Raises:
+        TemplateError: not a mapping with a ``model``, or a value JSON cannot hold.
+    """
+    if not isinstance(llm_args, Mapping) or not llm_args.get("model"):
+        raise TemplateError(f"the PyTorch backend's LLM arguments must be a mapping with a 'model' (the checkpoint "
+                            f"folder); got {str(llm_args)[:200]}")
+    try:
+        text = json.dumps(dict(llm_args), indent=2, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise TemplateError(f"the PyTorch backend's LLM arguments must be JSON values: {exc}") from None
+    path = folder / LLM_ARGS_FILE
+    path.write_text(text + "\n", encoding="utf-8")
+    return path
+
+
+def add_lora_path(ensemble: model_config_pb2.ModelConfig) -> None:
+    """Give the ensemble the PyTorch-backend model's ``lora_path`` input (TYPE_STRING [1], optional) and map it to
+    ``tensorrt_llm`` (the LLM API takes an adapter's folder, not converted tensors)."""
+    if any(t.name == "lora_path" for t in ensemble.input):
+        return
+    tensor = ensemble.input.add()
+    tensor.name = "lora_path"
+    tensor.data_type = model_config_pb2.TYPE_STRING
+    tensor.dims.append(1)
+    tensor.optional = True
+    tensor.allow_ragged_batch = True
+    for step in ensemble.ensemble_scheduling.step:
+        if step.model_name == "tensorrt_llm":
+            step.input_map["lora_path"] = "lora_path"
+            return
+    raise TemplateError("the ensemble has no tensorrt_llm step to map lora_path to")

@@ -464,6 +464,74 @@ def test_at_128_streams_every_prediction_gets_exactly_what_the_engine_sent(tmp_p
 
 
 # ------------------------------------------------------------------------------------------------
+# --engine pytorch: the PyTorch-backend model over the paced LLM API stand-in
+# ------------------------------------------------------------------------------------------------
+
+
+def test_the_pytorch_wrapper_has_the_product_models_tensors_and_the_reference_placeholders(tmp_path: Path) -> None:
+    """setup() renders the wrapper as tensorrt_llm_reference (every reference value must name a placeholder there),
+    and Triton serves it with the product PyTorch-backend model's tensors and parameters."""
+    from tensorrtllm_backend.templates import RenderOptions, template_values
+
+    templates = harness.write_pytorch_standin_templates(tmp_path / "t", step_ms=7)
+    path = templates / "tensorrt_llm_reference" / "config.pbtxt"
+    wrapper = parse_model_config(fill_template(path.read_text(), PRODUCT_VALUES, source=str(path)), source=str(path))
+    info_values = template_values(RenderOptions(template_dir=REPO_ROOT / "triton_model_repo", model_repo_dir=Path("/x"),
+                                                llm_args={"model": "/w"}), _weights())["tensorrt_llm_pytorch"]
+    product_path = REPO_ROOT / "triton_model_repo" / "tensorrt_llm_pytorch" / "config.pbtxt"
+    product = parse_model_config(fill_template(product_path.read_text(), info_values, source="p"), source="p")
+    assert list(wrapper.input) == list(product.input) and list(wrapper.output) == list(product.output)
+    assert (wrapper.name, wrapper.backend, wrapper.max_batch_size) == ("tensorrt_llm", "python", 64)
+    assert list(wrapper.instance_group) == list(product.instance_group)  # one instance: one LLM per GPU
+    params = {k: v.string_value for k, v in wrapper.parameters.items()}
+    assert params["step_ms"] == "7" and params["cancellation_check_period_ms"] == "100.0"
+    assert params["hf_model_dir"] == "/weights" and params["max_seq_len"] == "200"
+    assert Path(params["pytorch_model"]) == (product_path.parent / "1" / "model.py").resolve()
+    assert (Path(params["standin_root"]) / "tensorrt_llm" / "__init__.py").is_file()
+    assert (templates / "tensorrt_llm_reference" / "1" / "model.py").read_text() == (
+        REPO_ROOT / "benchmarks" / "standin_pytorch" / "1" / "model.py").read_text()
+
+
+def _weights():
+    from tensorrtllm_backend.engine import ModelLimits, WeightsInfo
+
+    return WeightsInfo(kind="hf_checkpoint", weights_dir=Path("/weights"), tokenizer_dir=Path("/weights"),
+                       limits=ModelLimits(max_batch_size=64, max_input_len=100, max_seq_len=200))
+
+
+def test_the_pytorch_engine_runs_the_paced_paths_only() -> None:
+    args = harness.parse_args(["--engine", "pytorch"])
+    assert args.paths == ["tensorrt_llm", "ensemble", "cog", "floor"] and args.engine_instances == 1
+    assert args.tokens == 256 and args.concurrency == [1, 8, 32, 64, 128]
+    for bad in (["--engine", "pytorch", "--paths", "cog,cog_json"], ["--engine", "pytorch", "--paths", "cog_lora"]):
+        with pytest.raises(SystemExit):
+            harness.parse_args(bad)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_smoke_run_of_the_pytorch_engine_delivers_every_token(tmp_path: Path, default_archive: Path) -> None:
+    """scripts/benchmark --engine pytorch: the real Cog server and predictor, setup() rendering the wrapper, the
+    product's PyTorch-backend model over the paced LLM API stand-in; direct (tensorrt_llm, ensemble) and cog get
+    exactly the stand-in text's tokens."""
+    out = tmp_path / "bench"
+    result = subprocess.run(
+        [str(REPO_ROOT / "scripts" / "benchmark"), "--smoke", "--engine", "pytorch", "--out", str(out)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=280, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["meta"]["engine"] == "pytorch" and doc["meta"]["paths"] == ["tensorrt_llm", "ensemble", "cog", "floor"]
+    for p in doc["points"]:
+        assert p["errors"] == 0 and p["count_mismatches"] == 0 and p["content_mismatches"] == 0, p
+        assert p["tokens"] == p["expected_tokens"] == p["requests"] * doc["meta"]["tokens"], p["path"]
+        assert p["step_ms"] == 10.0 and p["ratio_to_ideal"] is not None
+    triton_log = (out / "work" / "triton.log").read_text(errors="replace")
+    assert "[tensorrt_llm pytorch] LLM ready" in triton_log and '\\"max_batch_size\\": 8' in triton_log
+    assert "the PyTorch-backend model over the paced LLM API stand-in" in (out / "results.md").read_text()
+
+
+# ------------------------------------------------------------------------------------------------
 # the load generator's HTTP/SSE parsing
 # ------------------------------------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ import pytest
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from common.errors import InferenceError, TritonError
-from cog_triton.client import GenerateChunk, GenerateRequest, TritonClient, parse_response
+from cog_triton.client import GenerateChunk, GenerateRequest, LoraTensors, TritonClient, parse_response
 from cog_triton.settings import REPO_ROOT
 from tensorrtllm_backend.templates import fill_template, parse_model_config
 
@@ -240,6 +240,28 @@ def test_unused_optional_tensors_are_left_out_and_guides_are_bytes_tensors() -> 
     assert (datatype, shape) == ("BYTES", [1, 1])
     assert raw == I32.pack(len('{"a": "é"}'.encode())) + '{"a": "é"}'.encode()  # Triton's length-prefixed BYTES
     assert tensor(guided, "guided_decoding_guide_type")[2] == I32.pack(11) + b"json_schema"
+
+
+def test_an_adapter_folder_goes_as_lora_path_beside_its_task_id() -> None:
+    """The PyTorch-backend model's adapter input: lora_path, a length-prefixed BYTES [1, 1] next to lora_task_id,
+    instead of the converted tensors; an input of the ensemble rendered for that model, mapped to tensorrt_llm."""
+    from tensorrtllm_backend.templates import add_lora_path
+
+    request = GenerateRequest(input_ids=[1], max_tokens=2, lora_task_id=9, lora_path="/cache/adapters/é",
+                              lora=LoraTensors("FP32", 1, 1, b"\0" * 4, b"\0" * 12)).to_grpc("ensemble")
+    names = [t.name for t in request.inputs]
+    assert "lora_weights" not in names and "lora_config" not in names
+    assert tensor(request, "lora_path") == ("BYTES", [1, 1], I32.pack(len("/cache/adapters/é".encode()))
+                                            + "/cache/adapters/é".encode())
+    assert tensor(request, "lora_task_id")[2] == struct.pack("<Q", 9)
+    ensemble = ensemble_config()
+    add_lora_path(ensemble)
+    declared = {t.name: t for t in ensemble.input}
+    assert model_config_pb2.DataType.Name(declared["lora_path"].data_type) == "TYPE_STRING"
+    (engine,) = [s for s in ensemble.ensemble_scheduling.step if s.model_name == "tensorrt_llm"]
+    assert engine.input_map["lora_path"] == "lora_path"
+    without = GenerateRequest(input_ids=[1], max_tokens=2, lora_path="/x").to_grpc("ensemble")
+    assert "lora_path" not in {t.name for t in without.inputs}  # only with a task id, as the tensors
 
 
 # --- responses ---------------------------------------------------------------------------------------

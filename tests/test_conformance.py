@@ -1,9 +1,24 @@
-"""Conformance of the CPU reference ``tensorrt_llm`` model with the C++ ``tensorrtllm`` backend.
+"""Conformance of the ``tensorrt_llm`` models with the C++ ``tensorrtllm`` backend's contract.
 
-The reference model (triton_model_repo/tensorrt_llm_reference) stands in for TensorRT-LLM 1.1.0's
-C++ Triton backend on machines without a GPU, so it must behave the same in everything a client
-can observe. Each test below pins one behaviour against the real model served by a real
-``tritonserver`` (the nvidia-pytriton bundle), over HTTP ``generate_stream`` / ``generate``.
+Two implementations serve ``tensorrt_llm`` besides the C++ backend, and each test runs against both unless
+marked otherwise (the ``server`` fixture is parametrized: one real ``tritonserver``, the nvidia-pytriton bundle,
+per implementation, over HTTP ``generate_stream`` / ``generate`` and gRPC):
+
+* ``reference``: the CPU reference model (triton_model_repo/tensorrt_llm_reference), which stands in for
+  TensorRT-LLM 1.1.0's C++ Triton backend on machines without a GPU;
+* ``pytorch``: the PyTorch-backend model (triton_model_repo/tensorrt_llm_pytorch) over TensorRT-LLM 1.2.1's LLM
+  API, here its stand-in (benchmarks/llmapi_standin, the one mock: TensorRT-LLM cannot run here; tests/
+  test_llmapi_standin.py checks it against the upstream facts), reached by Triton's stub through an overlay
+  virtualenv (tests/llmapi_overlay.py).
+
+Where the PyTorch backend differs observably and the model cannot show the C++ behaviour, the test is marked
+for one implementation with the reason and the source: the queue limit (5: the C++ executor's ``maxQueueSize``;
+``TorchLlmArgs`` has no queue limit, llmapi/llm_args.py @7b437aaa), the executor's maximum input length (8b:
+``TrtGptModel``; the PyTorch backend refuses prompts above ``max_num_tokens`` in ``LLM._check_arguments``,
+llmapi/llm.py @4c05a748) and the ``max_seq_len`` reduction's warning (the LLM API's ``_deduce_max_tokens``,
+executor/base_worker.py @7b437aaa, words it differently). Guided output, LoRA and cancellation run on both:
+LoRA adapters reach the reference model as the C++ backend's converted tensors, the PyTorch one as a folder
+(``lora_path``), as the predictor sends them to each.
 (``/v2/models/<m>/infer`` answers 501 "HTTP end point doesn't support models with decoupled
 transaction policy" in Triton 2.51, so non-streaming requests go through ``generate``.)
 
@@ -61,6 +76,15 @@ are under NVIDIA/TensorRT-LLM ``cpp/tensorrt_llm``.
     json needs a guide; a guided request to a model whose        ``executorImpl.cpp`` ``fetchNewRequests``
     config does not turn guided decoding on fails ("... but      (@b35ac1b6); the guided path itself: see
     GuidedDecoder is not setup ...")                             tests/test_guided.py
+11  guided decoding on: each guide type constrains the output    ``batch_manager/guidedDecoder.cpp`` (@000a01de);
+                                                                 the LLM API's ``GuidedDecodingParams``
+                                                                 (sampling_params.py @b35ac1b6)
+12  a LoRA adapter gives transformers + peft's output: the C++   reference model's lora.py; the LLM API's
+    tensors to the reference model, its folder (lora_path) to    ``LoRARequest`` (executor/request.py @4ce835a5)
+    the PyTorch-backend model
+13  Triton's request cancellation stops the generation           backend ``WaitForCancel``; the LLM API's
+                                                                 ``RequestOutput.abort()`` (executor/result.py
+                                                                 @a678b91a)
 === ============================================================ ==================================================
 
 What a client sees of a FINAL response through HTTP ``generate_stream`` (measured on Triton 2.51):
@@ -102,6 +126,11 @@ MAX_SEQ_LEN = 256
 NUM_TOKENS_MODEL = "tensorrt_llm_num_tokens"
 NUM_TOKENS_ENGINE_MAX_INPUT_LEN = 100
 MAX_NUM_TOKENS = 150
+#: A third model of each server has guided decoding and LoRA on (the first one has both off).
+FEATURES_MODEL = "tensorrt_llm_features"
+LORA_MODULES = ["attn_q", "attn_k", "attn_v", "attn_dense", "mlp_h_to_4h", "mlp_4h_to_h"]
+IMPLEMENTATIONS = ("reference", "pytorch")
+PYTORCH_DIR = ROOT / "triton_model_repo" / "tensorrt_llm_pytorch"
 
 pytestmark = pytest.mark.integration
 
@@ -124,18 +153,21 @@ def _free_ports(n: int) -> list[int]:
             s.close()
 
 
-def render_config(name: str = "tensorrt_llm", max_input_len: int = MAX_INPUT_LEN, **extra: object) -> str:
+def render_config(name: str = "tensorrt_llm", max_input_len: int = MAX_INPUT_LEN, values: dict | None = None,
+                  **extra: object) -> str:
     """The reference template, filled; exclude_input_in_output left out (as the renderer drops an
-    empty parameter), a queue limit added where the C++ backend reads it, and ``extra`` parameters."""
+    empty parameter), a queue limit added where the C++ backend reads it, ``values`` replacing placeholder
+    values, and ``extra`` parameters."""
     text = (MODEL_DIR / "config.pbtxt").read_text()
     text = "\n".join(line for line in text.splitlines() if '"exclude_input_in_output" value' not in line)
-    text = string.Template(text).substitute(
+    filled = dict(
         triton_max_batch_size=MAX_ACTIVE, decoupled_mode="true", max_queue_delay_microseconds=0,
         hf_model_dir=str(CHECKPOINT), max_input_len=max_input_len, max_seq_len=MAX_SEQ_LEN, torch_threads=0,
         guided_decoding_backend="", tokenizer_dir="",  # guided decoding off, as the C++ backend without its config
         lora_weights_datatype="TYPE_FP32", lora_plugin="", max_lora_rank="", lora_target_modules="",
         lora_model_shape="", lora_cache_host_memory_bytes="",  # LoRA off here; tests/test_lora_reference.py has it on
     )
+    text = string.Template(text).substitute({**filled, **(values or {})})
     policy = f"  default_queue_policy {{ max_queue_size: {MAX_QUEUE} }}\n"
     text, count = re.subn(r"(dynamic_batching \{\n)", r"\1" + policy, text)
     assert count == 1
@@ -146,35 +178,77 @@ def render_config(name: str = "tensorrt_llm", max_input_len: int = MAX_INPUT_LEN
     return text
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """One tritonserver for the module, serving only the reference model as ``tensorrt_llm``."""
-    from tensorrtllm_backend.server import LaunchConfig, TritonServer, locate_tritonserver
+def features_values() -> dict:
+    """The reference model with guided decoding (xgrammar, as upstream's Python model is configured) and LoRA on
+    (an engine built with max_lora_rank 8 on LORA_MODULES)."""
+    from tensorrtllm_backend.engine import inspect_weights
+    from tensorrtllm_backend.lora import spec_to_parameters
 
-    tmp = tmp_path_factory.mktemp("conformance")
-    target = tmp / "repo" / "tensorrt_llm"
+    info = inspect_weights(CHECKPOINT, reference_lora={"max_lora_rank": 8, "lora_target_modules": LORA_MODULES})
+    lora = {key: value.replace("\\", "\\\\").replace('"', '\\"')  # inside pbtxt string literals
+            for key, value in spec_to_parameters(info.lora).items()}
+    return {"guided_decoding_backend": "xgrammar", "tokenizer_dir": str(CHECKPOINT), "lora_plugin": "float32",
+            **lora, "lora_cache_host_memory_bytes": 50_000_000}
+
+
+def render_pytorch_config(name: str) -> str:
+    """The PyTorch-backend template, filled as the renderer fills it, exclude_input_in_output left out."""
+    text = (PYTORCH_DIR / "config.pbtxt").read_text()
+    text = "\n".join(line for line in text.splitlines() if '"exclude_input_in_output" value' not in line)
+    text = string.Template(text).substitute(
+        triton_max_batch_size=MAX_ACTIVE, decoupled_mode="true", max_queue_delay_microseconds=0,
+        lora_weights_datatype="TYPE_FP32", cancellation_check_period_ms="", guided_decoding_backend="")
+    text, count = re.subn(r'^name: "tensorrt_llm"$', f'name: "{name}"', text, flags=re.M)
+    assert count == 1
+    return text
+
+
+def write_model(target: Path, source: Path, config: str, llm_args: dict | None = None) -> None:
+    """A model folder: ``source``'s 1/*.py (links copied as files, as the renderer does), the config, and
+    llm_args.json for the PyTorch-backend model."""
     (target / "1").mkdir(parents=True)
-    for module in (MODEL_DIR / "1").glob("*.py"):
+    for module in (source / "1").glob("*.py"):
         shutil.copy2(module, target / "1" / module.name)
-    (target / "config.pbtxt").write_text(render_config())
-    limited = tmp / "repo" / NUM_TOKENS_MODEL
-    (limited / "1").mkdir(parents=True)
-    for module in (MODEL_DIR / "1").glob("*.py"):  # model.py and its sibling modules
-        shutil.copy2(module, limited / "1" / module.name)
-    (limited / "config.pbtxt").write_text(
-        render_config(NUM_TOKENS_MODEL, NUM_TOKENS_ENGINE_MAX_INPUT_LEN, max_num_tokens=MAX_NUM_TOKENS)
-    )
+    (target / "config.pbtxt").write_text(config)
+    if llm_args is not None:
+        (target / "1" / "llm_args.json").write_text(json.dumps(llm_args))
+
+
+@pytest.fixture(scope="module", params=IMPLEMENTATIONS)
+def server(request, tmp_path_factory):
+    """One tritonserver per implementation (see the module docstring), serving it as ``tensorrt_llm`` (guided
+    decoding and LoRA off), ``tensorrt_llm_num_tokens`` (the prompt-limit tests) and ``tensorrt_llm_features``
+    (guided decoding and LoRA on)."""
+    from tensorrtllm_backend.server import LaunchConfig, TritonServer, locate_tritonserver
+    from tests.llmapi_overlay import overlay_venv, standin_installation
+
+    impl = request.param
+    tmp = tmp_path_factory.mktemp(f"conformance_{impl}")
+    repo = tmp / "repo"
     installation = locate_tritonserver(work_dir=tmp / "work")
+    if impl == "reference":
+        write_model(repo / "tensorrt_llm", MODEL_DIR, render_config())
+        write_model(repo / NUM_TOKENS_MODEL, MODEL_DIR, render_config(
+            NUM_TOKENS_MODEL, NUM_TOKENS_ENGINE_MAX_INPUT_LEN, max_num_tokens=MAX_NUM_TOKENS))
+        write_model(repo / FEATURES_MODEL, MODEL_DIR, render_config(FEATURES_MODEL, values=features_values()))
+    else:
+        base = {"model": str(CHECKPOINT), "max_batch_size": MAX_ACTIVE, "max_seq_len": MAX_SEQ_LEN}
+        write_model(repo / "tensorrt_llm", PYTORCH_DIR, render_pytorch_config("tensorrt_llm"), base)
+        write_model(repo / NUM_TOKENS_MODEL, PYTORCH_DIR, render_pytorch_config(NUM_TOKENS_MODEL),
+                    {**base, "max_num_tokens": MAX_NUM_TOKENS})
+        write_model(repo / FEATURES_MODEL, PYTORCH_DIR, render_pytorch_config(FEATURES_MODEL),
+                    {**base, "guided_decoding_backend": "xgrammar", "lora_config": {"max_lora_rank": 8}})
+        installation = standin_installation(installation, overlay_venv(tmp / "overlay"))
     http, grpc, metrics = _free_ports(3)
     triton = TritonServer(
         installation,
-        LaunchConfig(model_repo=tmp / "repo", http_port=http, grpc_port=grpc, metrics_port=metrics),
+        LaunchConfig(model_repo=repo, http_port=http, grpc_port=grpc, metrics_port=metrics),
         log_file=tmp / "triton.log",
     )
     triton.start()
     try:
-        triton.wait_ready(120)
-        yield {"url": triton.url, "grpc": f"127.0.0.1:{grpc}", "log": tmp / "triton.log"}
+        triton.wait_ready(180)
+        yield {"impl": impl, "url": triton.url, "grpc": f"127.0.0.1:{grpc}", "log": tmp / "triton.log"}
     finally:
         triton.stop()
 
@@ -361,7 +435,13 @@ def test_exclude_input_in_output_defaults_to_false_and_requests_override_it(serv
 # 5-6: queue and stop
 # ------------------------------------------------------------------------------------------------
 
+# 5 runs against the reference model only: the queue limit is the C++ executor's maxQueueSize
+# (executorImpl.cpp enqueueRequests), read from default_queue_policy by the C++ backend; TensorRT-LLM's PyTorch
+# backend has no queue limit to configure (TorchLlmArgs has no max_queue_size: llmapi/llm_args.py @7b437aaa),
+# and the PyTorch-backend model cannot tell a request waiting inside the LLM from a running one.
 
+
+@pytest.mark.parametrize("server", ["reference"], indirect=True)  # the C++ executor's queue: see below
 def test_requests_wait_for_a_slot_and_the_queue_limit_rejects_one_more(server, url, prompts, greedy):
     """5. With both active slots busy, a request waits (it is not rejected) and runs when a slot
     frees; with ``default_queue_policy { max_queue_size: 1 }`` a second waiting request gets
@@ -507,12 +587,10 @@ def test_invalid_values_are_errors_with_upstreams_text(url, prompts, extra, phra
     assert phrase in error_of(status, events)
 
 
-def test_silently_adjusted_values(server, url, prompts, greedy, hf_tokenizer):
+def test_silently_adjusted_values(url, prompts, greedy):
     """8. What upstream adjusts instead of rejecting: runtime_top_p <= 0 is unset (``utils.cc``
     ``getSamplingConfigFromTensors``), and with top_k 0 that is greedy (9b); temperature 0 is greedy
-    (runtime ``SamplingConfig::validate``); prompt + request_output_len > max_seq_len reduces
-    request_output_len to max_seq_len - prompt (``LlmRequest::validate``, a server warning only);
-    a prompt longer than max_input_len is an error; end_id -1 means no end token."""
+    (runtime ``SamplingConfig::validate``); end_id -1 means no end token."""
     prompt = prompts["haiku"]
     for extra in ({"runtime_top_p": [0.0]}, {"runtime_top_p": [-1.0], "temperature": [1.3]},
                   {"temperature": [0.0], "runtime_top_k": [0], "runtime_top_p": [0.9], "seed": [5]}):
@@ -520,6 +598,16 @@ def test_silently_adjusted_values(server, url, prompts, greedy, hf_tokenizer):
         status, body = generate(url, body)
         assert status == 200 and _ids(body["output_ids"]) == greedy("haiku", 4), extra
 
+    n = greedy_with_eos(greedy, "one_word")
+    status, body = generate(url, request(prompts["one_word"], n + 2, exclude_input_in_output=[True], end_id=[-1]))
+    assert status == 200 and body["sequence_length"] == n + 2 and _ids(body["output_ids"])[n] == EOS
+
+
+@pytest.mark.parametrize("server", ["reference"], indirect=True)  # the C++ executor's rule and texts
+def test_prompt_and_sequence_limits_of_the_cpp_executor(server, url, hf_tokenizer):
+    """8. prompt + request_output_len > max_seq_len reduces request_output_len to max_seq_len - prompt
+    (``LlmRequest::validate``, a server warning only); a prompt longer than max_input_len is an error.
+    (The PyTorch backend's rules and texts are the LLM API's: the next test.)"""
     long_prompt = (hf_tokenizer.encode("word " * 400) * 2)[:MAX_INPUT_LEN]
     status, body = generate(url, request(long_prompt, 100, exclude_input_in_output=[True], end_id=[-1]))
     assert status == 200 and body["sequence_length"] == MAX_SEQ_LEN - MAX_INPUT_LEN, body
@@ -532,12 +620,33 @@ def test_silently_adjusted_values(server, url, prompts, greedy, hf_tokenizer):
         f"Prompt length ({MAX_INPUT_LEN + 1}) exceeds maximum input length ({MAX_INPUT_LEN})" in error_of(status, body)
     )
 
-    n = greedy_with_eos(greedy, "one_word")
-    status, body = generate(url, request(prompts["one_word"], n + 2, exclude_input_in_output=[True], end_id=[-1]))
-    assert status == 200 and body["sequence_length"] == n + 2 and _ids(body["output_ids"])[n] == EOS
+
+@pytest.mark.parametrize("server", ["pytorch"], indirect=True)  # the LLM API's rules and texts
+def test_prompt_and_sequence_limits_of_the_pytorch_backend(server, url, hf_tokenizer):
+    """8 / 8b for the PyTorch backend, whose limits the LLM applies and words (the model passes them on): a
+    request_output_len above max_seq_len - prompt is reduced to it with a server warning (executor/base_worker.py
+    @7b437aaa ``_deduce_max_tokens``); without chunked prefill a prompt above max_num_tokens is refused
+    (llmapi/llm.py @4c05a748 ``_check_arguments``, the prompt length printed as a float); one of max_seq_len tokens
+    leaves no room and the C++ Request refuses 0 new tokens. No engine max_input_len exists here."""
+    words = hf_tokenizer.encode("word " * 400) * 2
+    long_prompt = words[:MAX_INPUT_LEN]
+    status, body = generate(url, request(long_prompt, 100, exclude_input_in_output=[True], end_id=[-1]))
+    assert status == 200 and body["sequence_length"] == MAX_SEQ_LEN - MAX_INPUT_LEN, body
+    assert (f"User-specified `max_tokens` (100) is greater than deduced `default_max_tokens` "
+            f"({MAX_SEQ_LEN - MAX_INPUT_LEN}), using default_max_tokens instead."
+            in server["log"].read_text(errors="replace"))
+    status, body = generate(url, request(words[:MAX_SEQ_LEN], 4))
+    assert "Assertion failed: mMaxNewTokens > 0" in error_of(status, body)
+    status, body = generate(url, request(words[: MAX_NUM_TOKENS + 1], 2), model=NUM_TOKENS_MODEL)
+    assert (f"The sum of prompt length ({float(MAX_NUM_TOKENS + 1)}), query length (0) should not exceed "
+            f"max_num_tokens ({MAX_NUM_TOKENS})" in error_of(status, body))
+    status, body = generate(url, request(words[:MAX_NUM_TOKENS], 2, exclude_input_in_output=[True]),
+                            model=NUM_TOKENS_MODEL)
+    assert status == 200 and body["sequence_length"] == 2, body
 
 
-def test_the_prompt_limit_is_min_of_max_seq_len_minus_1_and_max_num_tokens(url, hf_tokenizer):
+@pytest.mark.parametrize("server", ["reference"], indirect=True)  # the C++ executor's TrtGptModel rule
+def test_the_prompt_limit_is_min_of_max_seq_len_minus_1_and_max_num_tokens(server, url, hf_tokenizer):
     """8b. With chunked context off, for an engine with context FMHA and packed input, the executor's
     maximum input length is min(max_seq_len - 1, max_num_tokens), whatever the engine's max_input_len
     (``TrtGptModel`` constructor, batch_manager/trtGptModel.h): here min(255, 150) = 150 with an engine
@@ -623,3 +732,143 @@ def test_guide_tensors_with_guided_decoding_off(url, prompts, greedy):
         "Request is specified with GuidedDecodingParams, but GuidedDecoder is not setup. Please provide a valid "
         "GuidedDecodingConfig to setup GuidedDecoder." in error_of(status, events)
     )
+
+
+# ------------------------------------------------------------------------------------------------
+# 11-13: guided output, LoRA and cancellation (tensorrt_llm_features has guided decoding and LoRA on)
+# ------------------------------------------------------------------------------------------------
+
+
+def grpc_call(server: dict, model: str, tensors: dict, request_id: str = "", cancel_after_first: bool = False,
+              timeout: float = 120.0) -> tuple[list[int], list[str]]:
+    """One request over gRPC ModelStreamInfer (numpy tensors, each with its batch dimension); returns the ids of
+    every response and the errors. ``cancel_after_first``: cancel the stream (Triton's request cancellation) once
+    the first response arrived."""
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    types = {np.int32: "INT32", np.uint64: "UINT64", np.float32: "FP32", np.bool_: "BOOL", np.object_: "BYTES"}
+    got: list = []
+    first, done = threading.Event(), threading.Event()
+
+    def callback(result, error):
+        got.append((result, error))
+        first.set()
+        if error is not None or result.get_response().parameters["triton_final_response"].bool_param:
+            done.set()
+
+    client = grpcclient.InferenceServerClient(server["grpc"])
+    try:
+        inputs = []
+        for name, value in tensors.items():
+            tensor = grpcclient.InferInput(name, list(value.shape), types[value.dtype.type])
+            tensor.set_data_from_numpy(value)
+            inputs.append(tensor)
+        client.start_stream(callback=callback)
+        client.async_stream_infer(model, inputs, request_id=request_id, enable_empty_final_response=True)
+        if cancel_after_first:
+            assert first.wait(timeout), "no first response"
+            client.stop_stream(cancel_requests=True)
+        else:
+            assert done.wait(timeout), "no final response"
+    finally:
+        client.stop_stream()
+        client.close()
+    tokens, errors = [], []
+    for result, error in got:
+        if error is not None:
+            errors.append(str(error))
+        elif result.as_numpy("output_ids") is not None:
+            tokens += [int(t) for t in result.as_numpy("output_ids").reshape(-1)]
+    return tokens, errors
+
+
+def scalars(ids: list[int], n: int, **extra) -> dict:
+    """A greedy, non-streaming request's tensors (generated tokens only), ``extra`` as numpy arrays."""
+    import numpy as np
+
+    tensors = {"input_ids": np.array([ids], np.int32), "input_lengths": np.array([[len(ids)]], np.int32),
+               "request_output_len": np.array([[n]], np.int32), "runtime_top_k": np.array([[1]], np.int32),
+               "end_id": np.array([[EOS]], np.int32), "exclude_input_in_output": np.array([[True]], np.bool_)}
+    tensors.update(extra)
+    return tensors
+
+
+def test_guided_decoding_constrains_the_output(server, prompts, hf_tokenizer):
+    """11. With guided decoding on (the C++ backend's guided_decoding_backend + tokenizer info; the PyTorch
+    backend's LLM argument guided_decoding_backend='xgrammar'), each guide type constrains the greedy output:
+    a regex's whole match, a JSON schema's valid document, any JSON object."""
+    status, body = generate(server["url"], request(prompts["haiku"], 16, end_id=[EOS], exclude_input_in_output=[True],
+                                                   guided_decoding_guide_type=["regex"],
+                                                   guided_decoding_guide=["[0-9]{3}"]), model=FEATURES_MODEL)
+    assert status == 200 and re.fullmatch("[0-9]{3}", hf_tokenizer.decode(_ids(body["output_ids"]))), body
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
+              "additionalProperties": False}
+    status, body = generate(server["url"], request(prompts["haiku"], 40, end_id=[EOS], exclude_input_in_output=[True],
+                                                   guided_decoding_guide_type=["json_schema"],
+                                                   guided_decoding_guide=[json.dumps(schema)]), model=FEATURES_MODEL)
+    document = json.loads(hf_tokenizer.decode(_ids(body["output_ids"])))
+    assert status == 200 and set(document) == {"n"} and isinstance(document["n"], int), body
+    status, body = generate(server["url"], request(prompts["haiku"], 40, end_id=[EOS], exclude_input_in_output=[True],
+                                                   guided_decoding_guide_type=["json"]), model=FEATURES_MODEL)
+    assert status == 200 and isinstance(json.loads(hf_tokenizer.decode(_ids(body["output_ids"]))), (dict, list))
+
+
+@pytest.fixture(scope="module")
+def adapter(tmp_path_factory, prompts):
+    """A PEFT adapter of the default model (peft, random weights) and transformers + peft's greedy output with it."""
+    from tests.lora_adapters import AdapterFactory
+
+    factory = AdapterFactory(CHECKPOINT)
+    folder = factory.make(tmp_path_factory.mktemp("conformance_lora") / "adapter", r=4, alpha=8,
+                          targets=["q_proj", "v_proj"], seed=31)
+    expected = factory.greedy(folder, prompts["haiku"], 8, EOS)
+    assert expected != factory.greedy(None, prompts["haiku"], 8, EOS), "the adapter must change the output"
+    return folder, expected
+
+
+def test_a_lora_adapter_gives_peft_s_output(server, prompts, adapter):
+    """12. A request with an adapter generates what transformers + peft generate with it. The reference model gets
+    the C++ backend's lora_task_id, lora_weights and lora_config (converted by the predictor's converter); the
+    PyTorch-backend model lora_task_id and the adapter's folder, lora_path (LoRARequest, executor/request.py
+    @4ce835a5), as the predictor sends each."""
+    import numpy as np
+
+    folder, expected = adapter
+    task = {"lora_task_id": np.array([[4242]], np.uint64)}
+    if server["impl"] == "reference":
+        from cog_triton.lora.convert import convert
+        from tensorrtllm_backend.engine import inspect_weights
+        from tests.lora_adapters import adapter_config
+
+        spec = inspect_weights(CHECKPOINT, reference_lora={"max_lora_rank": 8, "lora_target_modules": LORA_MODULES}).lora
+        tensors = convert(adapter_config(folder), (folder / "adapter_model.safetensors").read_bytes(), spec,
+                          "a").tensors
+        task["lora_weights"] = np.frombuffer(tensors.weights, np.float32).reshape(1, tensors.rows, tensors.width)
+        task["lora_config"] = np.frombuffer(tensors.config, np.int32).reshape(1, tensors.rows, 3)
+    else:
+        task["lora_path"] = np.array([[str(folder).encode()]], dtype=np.object_)
+    tokens, errors = grpc_call(server, FEATURES_MODEL, scalars(prompts["haiku"], 8, **task))
+    assert errors == [] and tokens == expected
+    plain, errors = grpc_call(server, FEATURES_MODEL, scalars(prompts["haiku"], 8))
+    assert errors == [] and plain != expected  # the next request without the adapter is the base model's
+
+
+def test_a_cancelled_request_stops_generating(server, prompts):
+    """13. Triton's request cancellation (the client cancels the stream) stops the generation: the model logs it
+    with the request id, before the request's 400 tokens (the C++ backend's WaitForCancel thread checks every
+    cancellation_check_period_ms; the reference's scheduler every step; the PyTorch-backend model calls
+    RequestOutput.abort())."""
+    import numpy as np
+
+    before = server["log"].read_text(errors="replace").count("request 'cancel-me' cancelled by the client")
+    tensors = scalars(prompts["haiku"], 400, streaming=np.array([[True]], np.bool_), end_id=np.array([[-1]], np.int32))
+    grpc_call(server, "tensorrt_llm", tensors, request_id="cancel-me", cancel_after_first=True)
+    deadline = time.monotonic() + 60  # only "not hung": the log line comes within a step or a check period
+    pattern = re.compile(r"request 'cancel-me' cancelled by the client after (\d+) tokens")
+    while time.monotonic() < deadline:
+        found = pattern.findall(server["log"].read_text(errors="replace"))
+        if len(found) > before:
+            break
+        time.sleep(0.1)
+    assert len(found) > before and int(found[-1]) < 400, found

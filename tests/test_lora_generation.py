@@ -288,3 +288,103 @@ def test_a_generator_without_lora_support_refuses_adapters(tokenizer):  # noqa: 
     with pytest.raises(LoraAdapterError) as info:
         generator.prepare(inputs(lora_weights="https://example.com/a.tar.gz"), "no-lora")
     assert "cannot serve LoRA adapters: no LoRA support was configured" in info.value.message
+
+
+# --- the PyTorch backend: adapters go as folders ----------------------------------------------------
+
+
+def _lora_path(request) -> str:
+    raw = request.raw_input_contents[[t.name for t in request.inputs].index("lora_path")]
+    (size,) = struct.unpack_from("<i", raw)
+    return raw[4:4 + size].decode()
+
+
+@pytest.fixture(scope="module")
+def pytorch_adapters(tmp_path_factory) -> Iterator[tuple[dict[str, str], Any]]:
+    """Adapter A served under two URLs, a different adapter C under a third."""
+    work = tmp_path_factory.mktemp("lora_pytorch")
+    a = make_adapter(CHECKPOINT, work / "a", r=4, alpha=8, targets=["q_proj"], seed=21)
+    c = make_adapter(CHECKPOINT, work / "c", r=4, alpha=8, targets=["q_proj"], seed=22)
+    pack(a, work / "served" / "a.tar.gz")
+    pack(a, work / "served" / "a-again.tar.gz", folder="inside")
+    pack(c, work / "served" / "c.tar.gz")
+    with WeightsHTTPServer(work / "served") as server:
+        yield {name: f"{server.url}/{name}.tar.gz" for name in ("a", "a-again", "c")}, server
+
+
+@pytest.fixture(scope="module")
+def pytorch_pool(triton: Running, tmp_path_factory) -> Iterator[StreamPool]:  # noqa: F811
+    info = inspect_weights(CHECKPOINT, reference_lora={"max_lora_rank": 8})
+    config = GeneratorConfig(tokenizer_dir=CHECKPOINT, limits=LIMITS, grpc_address=triton.address, token_timeout_s=5.0,
+                             lora=info.lora, adapter_limits=StoreLimits(root=tmp_path_factory.mktemp("pt_cache"),
+                                                                        retries=0), backend="pytorch")
+    pool = StreamPool(config, 1, interval_s=0.0, start_timeout_s=120)
+    pool.start()
+    yield pool
+    pool.stop()
+
+
+def test_the_pytorch_backend_gets_the_folder_and_a_stable_id_with_every_request(  # noqa: F811
+        pytorch_pool, triton, pytorch_adapters):
+    urls, server = pytorch_adapters
+    triton.state.scenario = scripted([])
+    before = len(triton.state.requests)
+    for request_id, name in (("pt-1", "a"), ("pt-2", "a"), ("pt-3", "a-again"), ("pt-4", "c")):
+        chunks, failure, _, _ = stream(pytorch_pool, inputs(lora_weights=urls[name]), request_id)
+        assert failure is None and chunks, failure
+    sent = [r for r in triton.state.requests[before:] if not is_stop(r)]
+    assert all("lora_weights" not in _names(r) and "lora_config" not in _names(r) for r in sent)
+    ids = [_task_id(r) for r in sent]
+    assert ids[0] == ids[1] == ids[2] != ids[3]  # one id per adapter, whatever its URL; another adapter another
+    paths = [Path(_lora_path(r)) for r in sent]
+    assert paths[0] == paths[1] and all(sorted(p.name for p in path.iterdir() if not p.name.startswith("."))
+                                        == ["adapter_config.json", "adapter_model.safetensors"] for path in paths)
+    assert paths[2] == paths[0]  # the same content: the folder it was first fetched to
+    assert server.counter["/a.tar.gz"] == 1
+
+
+def test_a_folder_evicted_from_the_disk_cache_is_fetched_again(pytorch_pool, triton, pytorch_adapters):  # noqa: F811
+    import shutil
+
+    urls, server = pytorch_adapters
+    triton.state.scenario = scripted([])
+    stream(pytorch_pool, inputs(lora_weights=urls["c"]), "pt-evict-1")
+    before = len(triton.state.requests)
+    first = [r for r in triton.state.requests if not is_stop(r) and "lora_path" in _names(r)][-1]
+    folder = Path(_lora_path(first))
+    shutil.rmtree(folder)  # as another process's eviction does (the store renames, then removes)
+    downloads = server.counter["/c.tar.gz"]
+    chunks, failure, _, _ = stream(pytorch_pool, inputs(lora_weights=urls["c"]), "pt-evict-2")
+    assert failure is None and chunks
+    (again,) = [r for r in triton.state.requests[before:] if not is_stop(r)]
+    assert Path(_lora_path(again)).is_dir() and server.counter["/c.tar.gz"] == downloads + 1
+
+
+def test_the_pytorch_backend_never_resends_tensors(pytorch_pool, triton, pytorch_adapters):  # noqa: F811
+    """A cache-miss answer (which the PyTorch model gives only for an id without a folder) fails the prediction:
+    there are no tensors to send."""
+    urls, _ = pytorch_adapters
+    triton.state.scenario = scripted(["miss"])
+    before = len(triton.state.requests)
+    _, failure, _, _ = stream(pytorch_pool, inputs(lora_weights=urls["a"]), "pt-miss")
+    assert isinstance(failure, InferenceError) and "not found in cache" in failure.message
+    assert len([r for r in triton.state.requests[before:] if not is_stop(r)]) == 1
+
+
+def test_pytorch_adapter_ids_are_content_hashes_in_every_process(pytorch_adapters, tmp_path):
+    """Two processes (two Adapters, two disk caches) give adapter A the same id from two URLs, adapter C another;
+    nothing is converted (the LLM API loads the folder)."""
+    from cog_triton.lora.refs import parse_adapter_ref
+    from cog_triton.lora.tasks import Adapters
+
+    urls, _ = pytorch_adapters
+    spec = inspect_weights(CHECKPOINT, reference_lora={"max_lora_rank": 8}).lora
+
+    def resolve(root: str, name: str):
+        adapters = Adapters(spec, StoreLimits(root=tmp_path / root, retries=0), backend="pytorch")
+        return adapters.resolve(parse_adapter_ref(urls[name]))
+
+    one, two, other = resolve("p1", "a"), resolve("p2", "a-again"), resolve("p3", "c")
+    assert one.task_id == two.task_id != other.task_id
+    assert one.tensors is None and one.converted is None and (one.path / "adapter_config.json").is_file()
+    assert two.path.name == "inside" and two.path != one.path

@@ -118,6 +118,9 @@ def test_each_archive_kind_is_fetched_once_and_read_from_the_cache(tmp_path, ser
     again = AdapterStore(store.limits).get(ref)  # another process's store, the same folder
     assert again.sha256 == first.sha256
     assert server.counter[f"/{name}"] == 1
+    # the folder holding the two files (inside the archive's one folder when it has one), for the PyTorch backend
+    assert first.folder == store.folder / ref.key / ("my-adapter" if name == "a.tgz" else "")
+    assert sorted(p.name for p in first.folder.iterdir() if not p.name.startswith(".")) == sorted(ADAPTER)
 
 
 def test_not_an_adapter_lists_what_it_holds(tmp_path, served):

@@ -41,6 +41,7 @@ TEMPLATE_FOLDERS = (
     "preprocessing",
     "tensorrt_llm",
     "tensorrt_llm_reference",
+    "tensorrt_llm_pytorch",
 )
 
 

@@ -89,12 +89,14 @@ class LocalAdapter:
         config: the parsed adapter_config.json.
         weights: the bytes of adapter_model.safetensors.
         sha256: hex sha256 over adapter_config.json's bytes then adapter_model.safetensors' bytes.
+        folder: the cached folder holding the two files (the PyTorch backend's LLM API loads it as it is).
     """
 
     ref: AdapterRef
     config: dict
     weights: bytes
     sha256: str
+    folder: Optional[Path] = None
 
 
 class AdapterStore:
@@ -229,7 +231,7 @@ class AdapterStore:
             raise LoraAdapterError(f"lora_weights {ref.display}: {ADAPTER_CONFIG} must hold a JSON object")
         digest = hashlib.sha256(config_bytes)
         digest.update(weights)
-        return LocalAdapter(ref=ref, config=config, weights=weights, sha256=digest.hexdigest())
+        return LocalAdapter(ref=ref, config=config, weights=weights, sha256=digest.hexdigest(), folder=root)
 
     # ------------------------------------------------------------------ eviction
     def entries(self) -> list[tuple[float, int, Path]]:

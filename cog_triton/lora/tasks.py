@@ -16,6 +16,13 @@
 :class:`Adapters` turns a request's ``lora_weights`` into its task id and tensors: fetched through the disk
 cache (:mod:`cog_triton.lora.store`), converted (:mod:`cog_triton.lora.convert`) and kept converted in memory
 (LRU, ``memory_bytes``). It blocks (download, conversion): callers run it off the event loop.
+
+For the PyTorch backend (``backend="pytorch"``) nothing is converted: the adapter is its folder in the disk
+cache and the same task id (the content hash), which the LLM API loads and caches itself (``LoRARequest(name,
+lora_int_id, lora_path)``; the id is its cache key, TensorRT-LLM ``executor/base_worker.py`` @7b437aaa
+``_load_lora_adapter``, so one adapter must keep one id and two adapters must never share one: the content hash
+gives both, whatever URL an adapter came from). A remembered folder that the disk cache evicted meanwhile is
+fetched again.
 """
 
 from __future__ import annotations
@@ -25,7 +32,8 @@ import threading
 import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
-from typing import Optional
+from pathlib import Path
+from typing import Literal, Optional
 
 from common.errors import LoraAdapterError
 from cog_triton.client import LoraTensors
@@ -59,13 +67,20 @@ def is_cache_full(message: str) -> bool:
 
 @dataclass(frozen=True, eq=False)
 class Adapter:
-    """A request's adapter: its ``lora_task_id``, tensors and what it is (for logs and errors)."""
+    """A request's adapter: its ``lora_task_id``, tensors (the C++ backend's) or folder (the PyTorch backend's),
+    and what it is (for logs and errors)."""
 
     task_id: int
-    tensors: LoraTensors
+    tensors: Optional[LoraTensors]
     display: str
     sha256: str
-    converted: ConvertedAdapter
+    converted: Optional[ConvertedAdapter]
+    path: Optional[Path] = None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes this process keeps in memory for it (the converted tensors; nothing for a folder)."""
+        return self.tensors.nbytes if self.tensors is not None else 0
 
 
 class HeldTasks:
@@ -107,9 +122,15 @@ class Adapters:
         spec: what the served model accepts.
         limits: the disk cache and download bounds.
         memory_bytes: converted adapters kept in memory, bytes.
+        backend: "engine" (the C++ backend and the CPU reference model: converted tensors) or "pytorch" (the
+            adapter's folder).
     """
 
-    def __init__(self, spec: LoraSpec, limits: StoreLimits, memory_bytes: int = DEFAULT_MEMORY_BYTES) -> None:
+    def __init__(self, spec: LoraSpec, limits: StoreLimits, memory_bytes: int = DEFAULT_MEMORY_BYTES,
+                 backend: Literal["engine", "pytorch"] = "engine") -> None:
+        if backend not in ("engine", "pytorch"):
+            raise ValueError(f"backend must be 'engine' or 'pytorch', got {backend!r}")
+        self.backend = backend
         self.spec = spec
         self.store = AdapterStore(limits)
         self.memory_bytes = memory_bytes
@@ -162,6 +183,12 @@ class Adapters:
             local = self.store.get(ref)
             with self._lock:
                 known = self._by_content.get(local.sha256)
+            if known is None and self.backend == "pytorch":
+                known = Adapter(task_id_of(local.sha256), None, ref.display, local.sha256, None, path=local.folder)
+                log.info("adapter %s: lora_task_id %d, folder %s (the LLM API loads it), ready in %.2f s",
+                         ref.display, known.task_id, local.folder, time.monotonic() - started)
+            elif known is not None and self.backend == "pytorch" and (known.path is None or not known.path.is_dir()):
+                known = Adapter(known.task_id, None, known.display, known.sha256, None, path=local.folder)
             if known is None:
                 converted = convert(local.config, local.weights, self.spec, ref.display)
                 known = Adapter(task_id_of(local.sha256), converted.tensors, ref.display, local.sha256, converted)
@@ -183,7 +210,10 @@ class Adapters:
             try:
                 self.store.touch(ref)
             except OSError:
-                pass
+                if self.backend == "pytorch":
+                    return None  # its folder was evicted from the disk cache: fetch it again
+            if self.backend == "pytorch" and (adapter.path is None or not adapter.path.is_dir()):
+                return None  # the folder it was remembered with (another source's) was evicted
         return adapter
 
     def _remember(self, ref: AdapterRef, adapter: Adapter) -> None:
@@ -191,10 +221,10 @@ class Adapters:
             self._by_source[ref.key] = adapter.sha256
             self._by_content[adapter.sha256] = adapter
             self._by_content.move_to_end(adapter.sha256)
-            total = sum(a.tensors.nbytes for a in self._by_content.values())
+            total = sum(a.nbytes for a in self._by_content.values())
             while total > self.memory_bytes and len(self._by_content) > 1:
                 sha, old = self._by_content.popitem(last=False)
-                total -= old.tensors.nbytes
+                total -= old.nbytes
                 for key in [k for k, v in self._by_source.items() if v == sha]:
                     del self._by_source[key]
 

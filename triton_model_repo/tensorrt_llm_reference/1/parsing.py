@@ -337,7 +337,7 @@ def parse_request(
     if ids.ndim == 2:
         if ids.shape[0] != 1:
             raise RequestError(
-                f"input_ids has batch size {ids.shape[0]}; this reference model takes one sequence per request"
+                f"input_ids has batch size {ids.shape[0]}; this model takes one sequence per request"
             )
         ids = ids[0]
     elif ids.ndim != 1:
@@ -366,7 +366,7 @@ def parse_request(
     beam_width = _scalar(get, "beam_width", int, 1)
     if beam_width != 1:
         raise RequestError(
-            f"beam_width must be 1 (beam search is not supported by this reference model), got {beam_width}"
+            f"beam_width must be 1 (beam search is not supported by this model), got {beam_width}"
         )
 
     top_p = _scalar(get, "runtime_top_p", float, None)

@@ -1,0 +1,416 @@
+"""The stand-in's executor: in-flight batching of LLM API requests on one thread, generating with
+transformers on the CPU, or emitting a text's tokens at a fixed step (paced mode).
+
+What it follows of the PyTorch backend (NVIDIA/TensorRT-LLM; the facts are in the package's other
+docstrings, with sources):
+
+* at most ``max_batch_size`` requests are active; the others wait in arrival order (no queue limit:
+  ``TorchLlmArgs`` has no ``max_queue_size``); every active request gets one token per engine step;
+* a request's tokens: the sampler adds the new token, then checks, in order, the end token (finish reason
+  END_ID, reported 'stop'; the end token was already added to the request's tokens:
+  ``tensorrt_llm/_torch/pyexecutor/sampler.py`` @28edbcdb ``TorchSampler``: ``add_token`` then
+  ``_handle_stop_criteria``), the token limit ('length');
+* streaming: one response per step with the step's new ids; otherwise one final response with all ids;
+* ``abort_request``: the request ends at the engine's next step with finish reason 'cancelled', and its final
+  response carries what it had not sent;
+* LoRA (``lora_config`` set): the adapter folder of a ``LoRARequest`` is loaded on the request's first step
+  and cached by ``lora_int_id`` (``executor/base_worker.py`` @7b437aaa: loaded by id, weights sent only when
+  not in the CPU cache; another path under a cached id gets the cached weights); without ``lora_config`` the
+  LoRA request is ignored (the worker makes a LoRA manager only when ``lora_config`` is set);
+* guided decoding (``guided_decoding_backend='xgrammar'``): xgrammar's token bitmask on the logits before
+  sampling, the guide compiled on the request's first step.
+
+Sampling (model mode): greedy when ``SamplingParams._greedy_decoding``; else temperature (default 1), top-k
+(0 or unset: all), top-p (unset: 1) and a multinomial draw from the request's own generator seeded with
+``seed`` (unset: 0). Repetition, presence and frequency penalties count prompt and output tokens, as the C++
+penalty kernel does (``cpp/tensorrt_llm/kernels/penaltyKernels.cu``, as the CPU reference model applies
+them); ``min_tokens`` bans the end token until reached. The PyTorch backend's own sampler kernels are not
+emulated further (sampled tokens differ from a GPU's anyway).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+import traceback
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Deque, Dict, List, Optional, Sequence
+
+from ..executor.result import EngineResponse, GenerationResult
+from ..sampling_params import SamplingParams, sampling_config_error
+
+
+@dataclass(eq=False)
+class ActiveRequest:
+    """A request inside the engine."""
+
+    request_id: int
+    prompt: List[int]
+    params: SamplingParams
+    streaming: bool
+    result: GenerationResult
+    max_new_tokens: int
+    lora: Any = None  # LoRARequest when the engine serves LoRA
+    tokens: List[int] = field(default_factory=list)
+    logprobs: List[float] = field(default_factory=list)
+    sent: int = 0
+    abort_requested: bool = False
+    done: bool = False
+    state: Any = None  # the generation state (model or paced)
+
+
+def text_token_ids(tokenizer: Any, text: str) -> List[int]:
+    """The paced mode's token cycle: the text's ids without special tokens (the rule of
+    ``benchmarks/standin/1/model.py`` ``text_token_ids``, so the benchmark's expectations hold for both)."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    out = [int(i) for i in ids if int(i) not in special]
+    if not out:
+        raise ValueError("the stand-in's paced text has no tokens")
+    return out
+
+
+class StepClock:
+    """One engine step every ``step_s`` seconds for all active requests (paced mode)."""
+
+    def __init__(self, step_s: float) -> None:
+        self.step_s = step_s
+        self._last = time.monotonic()
+
+    def idle(self) -> None:
+        """The engine had nothing to do: the next step is one step from now."""
+        self._last = time.monotonic()
+
+    def await_step(self) -> None:
+        target = self._last + self.step_s
+        now = time.monotonic()
+        if target > now:
+            time.sleep(target - now)
+            self._last = target
+        else:
+            self._last = now
+
+
+class PacedState:
+    """A request's tokens in paced mode: token ``(seed + k) mod n`` of the cycle."""
+
+    def __init__(self, request: ActiveRequest, cycle: Sequence[int]) -> None:
+        self.cycle = cycle
+        self.start = int(request.params.seed or 0) % len(cycle)
+
+    def next_token(self, request: ActiveRequest) -> tuple[int, Optional[float]]:
+        return int(self.cycle[(self.start + len(request.tokens)) % len(self.cycle)]), (
+            0.0 if request.params.logprobs else None)
+
+
+class LoraStore:
+    """Adapters loaded with peft into the model, by ``lora_int_id`` (least recently used evicted beyond
+    ``max_cpu_loras``); used on the engine thread only."""
+
+    def __init__(self, model: Any, max_lora_rank: int, max_cpu_loras: Optional[int]) -> None:
+        self.base = model
+        self.peft = None
+        self.max_lora_rank = max_lora_rank
+        self.max_cpu_loras = max_cpu_loras
+        self._names: "OrderedDict[int, str]" = OrderedDict()
+
+    @property
+    def model(self) -> Any:
+        return self.peft if self.peft is not None else self.base
+
+    def load(self, lora: Any, in_use: set) -> str:
+        """The adapter name of ``lora`` (loaded from its folder unless cached). Raises ValueError for a folder
+        that is not a PEFT LoRA adapter or a rank above max_lora_rank (stand-in texts)."""
+        key = int(lora.lora_int_id)
+        if key in self._names:
+            self._names.move_to_end(key)
+            return self._names[key]
+        folder = Path(lora.lora_path)
+        config_path = folder / "adapter_config.json"
+        if not config_path.is_file():
+            raise ValueError(f"stand-in: {folder} has no adapter_config.json (not a PEFT LoRA adapter)")
+        config = json.loads(config_path.read_text())
+        ranks = [int(config.get("r", 0))] + [int(r) for r in (config.get("rank_pattern") or {}).values()]
+        if max(ranks) > self.max_lora_rank:
+            raise ValueError(f"stand-in: adapter {folder} has rank {max(ranks)}, above lora_config.max_lora_rank "
+                             f"{self.max_lora_rank}")
+        name = f"lora_{key}"
+        from peft import PeftModel  # noqa: PLC0415 - LoRA only
+
+        if self.peft is None:
+            self.peft = PeftModel.from_pretrained(self.base, str(folder), adapter_name=name)
+            self.peft.eval()
+        else:
+            self.peft.load_adapter(str(folder), adapter_name=name)
+        self._names[key] = name
+        while self.max_cpu_loras is not None and len(self._names) > max(1, self.max_cpu_loras):
+            victim = next((k for k in self._names if self._names[k] not in in_use and k != key), None)
+            if victim is None:
+                break
+            self.peft.delete_adapter(self._names.pop(victim))
+        return name
+
+    def use(self, name: Optional[str]):
+        """A context in which a forward pass runs with adapter ``name`` (None: the base model)."""
+        if self.peft is None:
+            return contextlib.nullcontext()
+        if name is None:
+            return self.peft.disable_adapter()
+        self.peft.set_adapter(name)
+        return contextlib.nullcontext()
+
+
+class TorchState:
+    """A request's decoding state in model mode: its KV cache, generator, token counts and guide matcher."""
+
+    def __init__(self, engine: "Engine", request: ActiveRequest) -> None:
+        import torch  # noqa: PLC0415
+
+        self.torch = torch
+        p = request.params
+        self.adapter: Optional[str] = None
+        if request.lora is not None and engine.lora is not None:
+            self.adapter = engine.lora.load(request.lora, engine.adapters_in_use())
+        self.matcher = None
+        if p.guided_decoding is not None:
+            if engine.grammar_compiler is None:
+                raise ValueError("stand-in: a guided request to an LLM without guided_decoding_backend")
+            import xgrammar  # noqa: PLC0415
+
+            self.xgr = xgrammar
+            self.matcher = xgrammar.GrammarMatcher(engine.compile_guide(p.guided_decoding))
+            self.bitmask = xgrammar.allocate_token_bitmask(1, engine.vocab_size)
+        self.cache = None
+        self.pending: Optional[int] = None
+        self.generator = torch.Generator(device="cpu")
+        self.generator.manual_seed(int(p.seed or 0))
+        self.greedy = p._greedy_decoding
+        self.penalized = any(v is not None and abs(v - d) > 1e-9 for v, d in (
+            (p.repetition_penalty, 1.0), (p.presence_penalty, 0.0), (p.frequency_penalty, 0.0)))
+        self.counts = None
+
+    def _forward(self, engine: "Engine", ids: List[int]):
+        torch = self.torch
+        model, adapter = (engine.lora.model, engine.lora.use(self.adapter)) if engine.lora is not None else (
+            engine.model, contextlib.nullcontext())
+        with adapter:
+            out = model(input_ids=torch.tensor([ids]), past_key_values=self.cache, use_cache=True)
+        self.cache = out.past_key_values
+        return out.logits[0, -1, :].float().unsqueeze(0)
+
+    def next_token(self, engine: "Engine", request: ActiveRequest) -> tuple[int, Optional[float]]:
+        torch, p = self.torch, request.params
+        with torch.inference_mode():
+            logits = self._forward(engine, request.prompt if self.pending is None else [self.pending])
+            vocab = logits.shape[-1]
+            if self.matcher is not None:
+                self.matcher.fill_next_token_bitmask(self.bitmask)
+                self.xgr.apply_token_bitmask_inplace(logits, self.bitmask)
+            if self.penalized:
+                if self.counts is None:
+                    prompt = torch.tensor([t for t in request.prompt if 0 <= t < vocab], dtype=torch.long)
+                    self.counts = torch.bincount(prompt, minlength=vocab).to(torch.float32)
+                counts = self.counts[:vocab].unsqueeze(0)
+                rep = p.repetition_penalty if p.repetition_penalty is not None else 1.0
+                penalized = torch.where(logits < 0, logits * rep, logits / rep)
+                penalized = penalized - (p.presence_penalty or 0.0) - (p.frequency_penalty or 0.0) * counts
+                logits = torch.where(counts > 0, penalized, logits)
+            end_id = p.end_id
+            if end_id is not None and 0 <= end_id < vocab and len(request.tokens) < (p.min_tokens or 0):
+                logits[0, end_id] = float("-inf")
+            if p.bad_token_ids:
+                logits[0, [t for t in p.bad_token_ids if 0 <= t < vocab]] = float("-inf")
+            if self.greedy:
+                token = int(torch.argmax(logits, dim=-1)[0])
+                final = logits
+            else:
+                final = logits / float(p.temperature if p.temperature is not None else 1.0)
+                k = p.top_k or 0
+                if 0 < k < vocab:
+                    kth = torch.topk(final, k, dim=-1).values[..., -1, None]
+                    final = final.masked_fill(final < kth, float("-inf"))
+                top_p = 1.0 if p.top_p is None else p.top_p
+                if top_p < 1.0:
+                    ordered, index = torch.sort(final, descending=True)
+                    cumulative = torch.softmax(ordered, dim=-1).cumsum(dim=-1)
+                    drop = cumulative - torch.softmax(ordered, dim=-1) > top_p
+                    final = final.scatter(1, index, ordered.masked_fill(drop, float("-inf")))
+                token = int(torch.multinomial(torch.softmax(final, dim=-1), 1, generator=self.generator)[0, 0])
+            log_prob = float(torch.log_softmax(final, dim=-1)[0, token]) if p.logprobs else None
+            if self.counts is not None and 0 <= token < vocab:
+                self.counts[token] += 1
+        if self.matcher is not None and token != end_id and not self.matcher.accept_token(token):
+            raise RuntimeError(f"stand-in: the guide's matcher refused token {token}")
+        self.pending = token
+        return token, log_prob
+
+
+class Engine:
+    """The executor thread (see the module docstring). ``submit`` and ``abort_request`` from any thread."""
+
+    def __init__(self, *, max_batch_size: int, vocab_size: int, model: Any = None, lora: Optional[LoraStore] = None,
+                 grammar_compiler: Any = None, paced_step_s: Optional[float] = None,
+                 cycle: Sequence[int] = (), log: Callable[[str], None] = lambda message: None) -> None:
+        self.max_batch_size = max_batch_size
+        self.vocab_size = vocab_size
+        self.model = model
+        self.lora = lora
+        self.grammar_compiler = grammar_compiler
+        self.clock = StepClock(paced_step_s) if paced_step_s else None
+        self.cycle = list(cycle)
+        self.log = log
+        self._cond = threading.Condition()
+        self._waiting: Deque[ActiveRequest] = deque()
+        self._active: List[ActiveRequest] = []
+        self._by_id: Dict[int, ActiveRequest] = {}
+        self._closing = False
+        self.steps = 0
+        self._thread = threading.Thread(target=self._run, name="llmapi-standin-executor", daemon=True)
+        self._thread.start()
+
+    # -- any thread -------------------------------------------------------------------------------
+    def submit(self, request: ActiveRequest) -> None:
+        with self._cond:
+            if self._closing:
+                raise RuntimeError("LLM is shutting down")
+            self._waiting.append(request)
+            self._by_id[request.request_id] = request
+            self._cond.notify()
+
+    def abort_request(self, request_id: int) -> None:
+        with self._cond:
+            request = self._by_id.get(request_id)
+            if request is None:
+                self.log(f"Request of client_id {request_id} is finished, cannot abort it.")
+                return
+            request.abort_requested = True
+            self._cond.notify()
+
+    def is_shutdown(self) -> bool:
+        return self._closing
+
+    def shutdown(self, timeout_s: float = 30.0) -> None:
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout_s)
+        with self._cond:
+            left = list(self._active) + list(self._waiting)
+            self._active.clear()
+            self._waiting.clear()
+            self._by_id.clear()
+        self._dispatch([(r.result, EngineResponse(error="LLM is shutting down", finished=True)) for r in left])
+
+    def adapters_in_use(self) -> set:
+        with self._cond:
+            return {r.state.adapter for r in self._active if isinstance(r.state, TorchState)}
+
+    def compile_guide(self, guide: Any):
+        compiler = self.grammar_compiler
+        import xgrammar  # noqa: PLC0415
+
+        if guide.json_object:
+            return compiler.compile_builtin_json_grammar()
+        if guide.json is not None:
+            schema = guide.json if isinstance(guide.json, str) else json.dumps(guide.json)
+            return compiler.compile_json_schema(schema)
+        if guide.regex is not None:
+            return compiler.compile_grammar(xgrammar.Grammar.from_regex(guide.regex))
+        if guide.grammar is not None:
+            return compiler.compile_grammar(xgrammar.Grammar.from_ebnf(guide.grammar))
+        raise ValueError("stand-in: structural_tag guides are not emulated")
+
+    # -- the engine thread ------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closing and not self._active and not self._waiting:
+                    self._cond.wait()
+                    if self.clock is not None:
+                        self.clock.idle()
+                if self._closing:
+                    return
+                while self._waiting and len(self._active) < self.max_batch_size:
+                    self._active.append(self._waiting.popleft())
+                turn = list(self._active)
+            if self.clock is not None:
+                self.clock.await_step()
+            self.steps += 1
+            deliveries = []
+            for request in turn:
+                response = self._advance(request)
+                if response is not None:
+                    deliveries.append((request.result, response))
+            with self._cond:
+                for request in turn:
+                    if request.done:
+                        self._active.remove(request)
+                        self._by_id.pop(request.request_id, None)
+            self._dispatch(deliveries)
+
+    def _finish(self, request: ActiveRequest, reason: str, stop_reason: Any = None) -> EngineResponse:
+        request.done = True
+        start = request.sent if request.streaming else 0
+        request.sent = len(request.tokens)
+        logprobs = request.logprobs[start:] if request.params.logprobs else None
+        return EngineResponse(list(request.tokens[start:]), logprobs, True, reason, stop_reason)
+
+    def _advance(self, request: ActiveRequest) -> Optional[EngineResponse]:
+        if request.abort_requested:
+            return self._finish(request, "cancelled")
+        try:
+            if request.state is None:
+                error = sampling_config_error(request.params)
+                if request.max_new_tokens < 1:  # the C++ Request's own check (requestImpl.h validate)
+                    error = "[TensorRT-LLM][ERROR] Assertion failed: mMaxNewTokens > 0 (requestImpl.h, stand-in)"
+                if error is not None:
+                    raise ValueError(error)
+                request.state = PacedState(request, self.cycle) if self.clock is not None else TorchState(self, request)
+            if isinstance(request.state, TorchState):
+                token, log_prob = request.state.next_token(self, request)
+            else:
+                token, log_prob = request.state.next_token(request)
+        except Exception as exc:  # noqa: BLE001 - one request's failure (RequestError upstream)
+            self.log(f"stand-in: request {request.request_id} failed: {traceback.format_exc()}")
+            request.done = True
+            return EngineResponse(error=str(exc), finished=True)
+        request.tokens.append(token)
+        if log_prob is not None:
+            request.logprobs.append(log_prob)
+        if token == request.params.end_id:
+            return self._finish(request, "stop")
+        if len(request.tokens) >= request.max_new_tokens:
+            return self._finish(request, "length")
+        if not request.streaming:
+            return None
+        start, request.sent = request.sent, len(request.tokens)
+        logprobs = request.logprobs[start:] if request.params.logprobs else None
+        return EngineResponse(list(request.tokens[start:]), logprobs)
+
+    @staticmethod
+    def _dispatch(deliveries: list) -> None:
+        """Hand responses to their results: one wake-up of each event loop for the whole step (upstream's
+        ``AwaitResponseHelper.handle_for_worker``, executor/base_worker.py @7b437aaa, puts each response in its
+        result's queue and notifies the loop once for all of them, ``_SyncQueue.notify_many``)."""
+        by_loop: Dict[Any, list] = {}
+        for result, response in deliveries:
+            by_loop.setdefault(result._loop, []).append((result, response))
+        for loop, items in by_loop.items():
+            if loop is None:
+                for result, response in items:
+                    result._deliver(response)
+                continue
+            try:
+                loop.call_soon_threadsafe(_deliver_all, items)
+            except RuntimeError:  # the loop is closed: nobody waits for these any more
+                pass
+
+
+def _deliver_all(items: list) -> None:
+    for result, response in items:
+        result._deliver(response)

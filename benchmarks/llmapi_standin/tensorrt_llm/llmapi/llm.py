@@ -1,0 +1,232 @@
+"""``LLM`` of TensorRT-LLM 1.2.1's LLM API, PyTorch backend (stand-in).
+
+Facts followed (NVIDIA/TensorRT-LLM ``tensorrt_llm/llmapi/llm.py`` @4c05a748, the nearest stored version):
+
+* ``LLM(model, tokenizer=None, tokenizer_mode='auto', skip_tokenizer_init=False, trust_remote_code=False,
+  tensor_parallel_size=1, dtype='auto', revision=None, tokenizer_revision=None, **kwargs)``; ``LLM`` is the
+  PyTorch one (``_TorchLLM``: ``backend`` defaults to 'pytorch');
+* ``BaseLLM.__init__`` refuses a keyword that is not a ``TorchLlmArgs`` field, ``_mpi_session`` or ``backend``
+  with ``ValueError("<class name> got invalid argument: <key>")``, then builds the arguments with pydantic (a
+  nested unknown key fails there), logging "Failed to parse the arguments for the LLM constructor: ..." and
+  re-raising; a multi-GPU world checks the device count ("Only N GPUs are available, but M are required.");
+* ``generate_async(inputs, sampling_params=None, lora_request=None, prompt_adapter_request=None,
+  streaming=False, kv_cache_retention_config=None, disaggregated_params=None, _postproc_params=None,
+  scheduling_params=None, cache_salt=None)``: "LLM is shutting down" (RuntimeError) after shutdown;
+  ``_prepare_sampling_params`` (no ``end_id`` and no tokenizer: ValueError; otherwise ``_setup``; a non
+  ``SamplingParams``: TypeError); inputs as ``prompt_inputs`` (a ``list[int]`` is the prompt's token ids);
+  ``_check_arguments`` for the PyTorch backend: without chunked prefill, a prompt longer than
+  ``max_num_tokens`` is refused ("The sum of prompt length (P), query length (0) should not exceed
+  max_num_tokens (N)", P printed as prompt_len / cp_size, a float);
+* the worker's ``_deduce_max_tokens`` (``executor/base_worker.py`` @7b437aaa): ``max_tokens`` above
+  ``max_seq_len - prompt length`` is reduced to it with a warning ("User-specified `max_tokens` (M) is greater
+  than deduced `default_max_tokens` (D), using default_max_tokens instead."); ``max_seq_len`` is the argument,
+  else what the model engine sets (the checkpoint's ``max_position_embeddings`` here);
+* ``shutdown()`` stops the executor.
+
+Paced mode (stand-in only): see README.md beside the package.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+from pathlib import Path
+from typing import Any, List, Optional, Union
+
+from ..executor.request import LoRARequest
+from ..executor.result import GenerationResult
+from ..sampling_params import SamplingParams
+from .llm_args import TorchLlmArgs
+
+logger = logging.getLogger("tensorrt_llm")
+
+#: The stand-in's paced mode (environment of the process that builds the LLM).
+STEP_MS_ENV = "LLMAPI_STANDIN_STEP_MS"
+TEXT_ENV = "LLMAPI_STANDIN_TEXT"
+#: BuildConfig's default max_batch_size, which the PyTorch backend falls back to (unverified at 1.2.1).
+DEFAULT_MAX_BATCH_SIZE = 2048
+
+
+class RequestOutput(GenerationResult):
+    """The output of one request (``tensorrt_llm.llmapi.llm.RequestOutput``): request_id, prompt_token_ids,
+    outputs, finished, abort(), aborted(); iterate it with ``async for`` (see ``executor/result.py``)."""
+
+    @property
+    def prompt(self) -> Optional[str]:
+        return None
+
+
+class LLM:
+    """The LLM API's entry point, PyTorch backend (see the module docstring)."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self, model: Union[str, Path], tokenizer: Any = None, tokenizer_mode: str = "auto",
+                 skip_tokenizer_init: bool = False, trust_remote_code: bool = False, tensor_parallel_size: int = 1,
+                 dtype: str = "auto", revision: Optional[str] = None, tokenizer_revision: Optional[str] = None,
+                 **kwargs: Any) -> None:
+        self._executor = None
+        kwargs.setdefault("backend", "pytorch")
+        try:
+            valid = set(TorchLlmArgs.model_fields) | {"_mpi_session", "backend"}
+            for key in kwargs:
+                if key not in valid:
+                    raise ValueError(f"{self.__class__.__name__} got invalid argument: {key}")
+            self.args = TorchLlmArgs.from_kwargs(
+                model=model, tokenizer=tokenizer, tokenizer_mode=tokenizer_mode,
+                skip_tokenizer_init=skip_tokenizer_init, trust_remote_code=trust_remote_code,
+                tensor_parallel_size=tensor_parallel_size, dtype=dtype, revision=revision,
+                tokenizer_revision=tokenizer_revision, **kwargs)
+        except Exception as exc:
+            logger.error(f"Failed to parse the arguments for the LLM constructor: {exc}")
+            raise
+        self.mpi_session = self.args.mpi_session
+        if self.args.world_size > 1:
+            import torch  # noqa: PLC0415
+
+            if torch.cuda.device_count() < self.args.world_size:
+                raise RuntimeError(f"Only {torch.cuda.device_count()} GPUs are available, but "
+                                   f"{self.args.world_size} are required.")
+        self._build()
+
+    # -- building ---------------------------------------------------------------------------------
+    def _build(self) -> None:
+        from transformers import AutoConfig, AutoTokenizer  # noqa: PLC0415
+
+        from .._standin.engine import Engine, LoraStore, text_token_ids  # noqa: PLC0415
+
+        args = self.args
+        model_dir = str(args.model)
+        self.tokenizer = None
+        if not args.skip_tokenizer_init:
+            self.tokenizer = AutoTokenizer.from_pretrained(str(args.tokenizer or model_dir), local_files_only=True,
+                                                           use_fast=args.tokenizer_mode != "slow")
+        config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
+        self.max_seq_len = int(args.max_seq_len or getattr(config, "max_position_embeddings", 0) or 2048)
+        step_ms = os.environ.get(STEP_MS_ENV, "").strip()
+        model = lora = compiler = None
+        cycle: List[int] = []
+        if step_ms:
+            if self.tokenizer is None:
+                raise ValueError(f"stand-in: {STEP_MS_ENV} (paced mode) needs the tokenizer")
+            text = os.environ.get(TEXT_ENV, "")
+            if not text or not Path(text).is_file():
+                raise ValueError(f"stand-in: {STEP_MS_ENV} is set but {TEXT_ENV}={text!r} is not a file")
+            cycle = text_token_ids(self.tokenizer, Path(text).read_text(encoding="utf-8"))
+            vocab = int(getattr(config, "vocab_size", 0) or len(self.tokenizer))
+            step_s = float(step_ms) / 1e3
+            if step_s <= 0:
+                raise ValueError(f"stand-in: {STEP_MS_ENV} must be positive, got {step_ms}")
+        else:
+            step_s = None
+            import torch  # noqa: PLC0415
+            from transformers import AutoModelForCausalLM  # noqa: PLC0415
+
+            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, local_files_only=True)
+            model.eval()
+            model.requires_grad_(False)
+            vocab = int(model.get_input_embeddings().num_embeddings)
+            if args.lora_config is not None:
+                lora = LoraStore(model, args.lora_config.max_lora_rank, args.lora_config.max_cpu_loras)
+            if args.guided_decoding_backend == "xgrammar":
+                import xgrammar  # noqa: PLC0415
+
+                info = xgrammar.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=vocab,
+                                                               stop_token_ids=[int(self.tokenizer.eos_token_id)])
+                compiler = xgrammar.GrammarCompiler(info, max_threads=1, cache_enabled=True)
+            elif args.guided_decoding_backend is not None:
+                raise ValueError(f"stand-in: guided_decoding_backend {args.guided_decoding_backend!r} is not emulated")
+        self.vocab_size = vocab
+        self._executor = Engine(
+            max_batch_size=int(args.max_batch_size or DEFAULT_MAX_BATCH_SIZE), vocab_size=vocab, model=model,
+            lora=lora, grammar_compiler=compiler, paced_step_s=step_s, cycle=cycle, log=logger.warning)
+
+    # -- generation -------------------------------------------------------------------------------
+    def generate_async(self, inputs: Any, sampling_params: Optional[SamplingParams] = None,
+                       lora_request: Optional[LoRARequest] = None, prompt_adapter_request: Any = None,
+                       streaming: bool = False, kv_cache_retention_config: Any = None,
+                       disaggregated_params: Any = None, _postproc_params: Any = None,
+                       scheduling_params: Any = None, cache_salt: Optional[str] = None) -> RequestOutput:
+        """Submit one request; returns its :class:`RequestOutput` at once (see the module docstring)."""
+        if self._executor is None or self._executor.is_shutdown():
+            raise RuntimeError("LLM is shutting down")
+        sampling_params = self._prepare_sampling_params(sampling_params)
+        prompt = self._prompt_token_ids(inputs)
+        self._check_arguments(len(prompt), 0, sampling_params)
+        max_new = self._deduce_max_tokens(len(prompt), sampling_params.max_tokens)
+        from .._standin.engine import ActiveRequest  # noqa: PLC0415
+
+        request_id = next(self._ids)
+        result = RequestOutput(request_id, prompt, sampling_params, bool(streaming), self._executor,
+                               tokenizer=self.tokenizer)
+        lora = lora_request if self.args.lora_config is not None else None
+        self._executor.submit(ActiveRequest(request_id, prompt, sampling_params, bool(streaming), result, max_new,
+                                            lora=lora))
+        return result
+
+    def _prepare_sampling_params(self, sampling_params: Optional[SamplingParams]) -> SamplingParams:
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        if not isinstance(sampling_params, SamplingParams):
+            raise TypeError(f"The sampling_params must be type SamplingParams or None, but got {type(sampling_params)}")
+        if sampling_params.end_id is None:
+            if self.tokenizer is None:
+                raise ValueError("tokenizer is required to reset end_id if it is None, or you can explicitly specify "
+                                 "the end_id for sampling_params")
+            sampling_params._setup(self.tokenizer)
+        if sampling_params.stop is not None or sampling_params.stop_token_ids or sampling_params.bad is not None:
+            raise NotImplementedError("stand-in: stop / stop_token_ids / bad strings are not emulated")
+        return sampling_params
+
+    def _prompt_token_ids(self, inputs: Any) -> List[int]:
+        if isinstance(inputs, list) and all(isinstance(t, int) for t in inputs):
+            return list(inputs)
+        if isinstance(inputs, dict) and "prompt_token_ids" in inputs:
+            return list(inputs["prompt_token_ids"])
+        if isinstance(inputs, str):
+            if self.tokenizer is None:
+                raise ValueError("stand-in: a text prompt needs the tokenizer")
+            return list(self.tokenizer.encode(inputs))
+        raise TypeError(f"The inputs must be type str or list of int, but got {type(inputs)}")
+
+    def _check_arguments(self, prompt_len: int, query_len: int, sampling_params: SamplingParams) -> None:
+        max_num_tokens = self.args.max_num_tokens
+        if not self.args.enable_chunked_prefill and max_num_tokens and prompt_len / 1 + query_len > max_num_tokens:
+            raise ValueError(f"The sum of prompt length ({prompt_len / 1}), query length ({query_len}) should not exceed "
+                             f"max_num_tokens ({max_num_tokens})")
+
+    def _deduce_max_tokens(self, prompt_len: int, max_tokens: Optional[int]) -> int:
+        default_max_tokens = self.max_seq_len - prompt_len
+        if default_max_tokens <= 0:
+            logger.warning(f"`default_max_tokens` ({default_max_tokens}) should be greater than 0, "
+                           f"`default_max_tokens` ({default_max_tokens}) = max_seq_len ({self.max_seq_len}) - "
+                           f"`splited_prompt_len` ({prompt_len}) - `query_token_len` (0)")
+        if max_tokens is None:
+            return default_max_tokens
+        if max_tokens > default_max_tokens:
+            logger.warning(f"User-specified `max_tokens` ({max_tokens}) is greater than deduced `default_max_tokens` "
+                           f"({default_max_tokens}), using default_max_tokens instead.")
+            return default_max_tokens
+        return max_tokens
+
+    def shutdown(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown()
+            self._executor = None
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc: Any) -> bool:
+        self.shutdown()
+        return False
+
+    def __del__(self) -> None:
+        try:
+            self.shutdown()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
+__all__ = ["LLM", "RequestOutput"]

@@ -1,0 +1,446 @@
+"""Unit tests of the PyTorch-backend ``tensorrt_llm`` model (triton_model_repo/tensorrt_llm_pytorch/1/model.py).
+
+Its behaviour towards clients is tested in a real Triton (tests/test_conformance.py, both implementations).
+Here the model runs outside Triton, with a recording pb_utils (tests/fake_pb_utils.py) over the LLM API
+stand-in, for what a test must observe inside it: which thread sends and asks ``is_cancelled()``, how
+``generate_async`` is called (``streaming`` as a keyword, the ``SamplingParams`` and ``LoRARequest`` built from
+the tensors), the MPI ranks, an ``LLM(...)`` that fails, and ``finalize``. The two mocks are said so: pb_utils
+(Triton cannot be driven thread by thread) and TensorRT-LLM (not installable here).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from tests import fake_pb_utils
+from tests.fake_pb_utils import FakeRequest
+from tests.llmapi_overlay import render_pytorch_repository, standin_imported
+from tests.modules import load_file
+
+EOS = 2
+
+
+@pytest.fixture(scope="module")
+def trtllm():
+    with standin_imported() as module:
+        yield module
+
+
+@pytest.fixture(scope="module")
+def model_module(tmp_path_factory, checkpoint_dir, trtllm):
+    """The model.py of a rendered repository (llm_args.json beside it), with the recording pb_utils."""
+    repo = tmp_path_factory.mktemp("pytorch_model") / "repo"
+    render_pytorch_repository(repo, checkpoint_dir, max_batch_size=4)
+    module = load_file("pytorch_model_under_test", repo / "tensorrt_llm" / "1" / "model.py")
+    module.pb_utils = fake_pb_utils
+    return module
+
+
+@pytest.fixture(scope="module")
+def prompt(hf_tokenizer) -> list[int]:
+    enc = hf_tokenizer.apply_chat_template([{"role": "user", "content": "Write a haiku about the sea."}],
+                                           add_generation_prompt=True, tokenize=True)
+    return list(enc["input_ids"] if not isinstance(enc, list) else enc)
+
+
+@pytest.fixture(scope="module")
+def greedy(trtllm, checkpoint_dir, prompt):
+    """The stand-in LLM's greedy tokens for the prompt (the stand-in itself is checked against transformers in
+    tests/test_llmapi_standin.py)."""
+    import asyncio
+
+    llm = trtllm.LLM(str(checkpoint_dir))
+
+    async def main():
+        out = llm.generate_async(prompt, sampling_params=trtllm.SamplingParams(end_id=-1, max_tokens=24, top_k=1))
+        return list((await out).outputs[0].token_ids)
+
+    try:
+        return asyncio.run(main())
+    finally:
+        llm.shutdown()
+
+
+class Spy:
+    """Records every generate_async call's arguments and every LLM(...) call's keywords."""
+
+    def __init__(self, trtllm, monkeypatch, model=None) -> None:
+        self.calls: list = []
+        self.built: list = []
+        spy = self
+        if model is not None:  # a model built already: record its LLM's calls
+            original = model.llm.generate_async
+
+            def record(*args, **kwargs):
+                spy.calls.append((args, kwargs))
+                return original(*args, **kwargs)
+
+            monkeypatch.setattr(model.llm, "generate_async", record)
+
+        class SpyLLM(trtllm.LLM):
+            def __init__(self, *args, **kwargs):
+                spy.built.append(kwargs)
+                super().__init__(*args, **kwargs)
+
+            def generate_async(self, *args, **kwargs):
+                spy.calls.append((args, kwargs))
+                return super().generate_async(*args, **kwargs)
+
+        monkeypatch.setattr(trtllm, "LLM", SpyLLM)
+
+
+def make(model_module, llm_args=None, parameters=None):
+    """An initialized model; ``llm_args`` replaces llm_args.json's (through the load_llm_args hook)."""
+    instance = model_module.TritonPythonModel()
+    if llm_args is not None:
+        instance.load_llm_args = lambda params: dict(llm_args)
+    params = {k: {"string_value": v} for k, v in (parameters or {"exclude_input_in_output": "false"}).items()}
+    config = {"model_transaction_policy": {"decoupled": True}, "parameters": params}
+    instance.initialize({"model_config": json.dumps(config)})
+    return instance
+
+
+@pytest.fixture()
+def model(model_module):
+    instance = make(model_module)
+    yield instance
+    instance.finalize()
+
+
+def body(prompt, n, **extra):
+    tensors = {"input_ids": prompt, "input_lengths": [len(prompt)], "request_output_len": [n], "runtime_top_k": [1]}
+    tensors.update(extra)
+    return tensors
+
+
+def run(model, request, timeout=60):
+    model.execute([request])
+    assert request.sender.final.wait(timeout), "no final response"
+    return request.sender
+
+
+# ------------------------------------------------------------------------------------------------
+# hosting: threads, the LLM call, streaming
+# ------------------------------------------------------------------------------------------------
+
+
+def test_streaming_sends_each_new_id_from_the_response_thread_with_streaming_as_a_keyword(
+        model_module, trtllm, monkeypatch, prompt, greedy):
+    spy = Spy(trtllm, monkeypatch)
+    model = make(model_module)
+    try:
+        sender = run(model, FakeRequest("s1", **body(prompt, 5, streaming=[True], end_id=[-1])))
+    finally:
+        model.finalize()
+    assert sender.tokens() == greedy[:5]
+    assert [flags for _, flags, _ in sender.sent] == [0, 0, 0, 0, 1]
+    assert {thread for _, _, thread in sender.sent} == {"trtllm-pytorch-responses"}
+    assert sender.cancel_threads <= {"trtllm-pytorch-responses"}
+    (args, kwargs), = spy.calls
+    assert args == (prompt,) and kwargs["streaming"] is True and kwargs["lora_request"] is None
+    params = kwargs["sampling_params"]
+    assert (params.top_k, params.end_id, params.max_tokens, params.seed, params.detokenize) == (1, -1, 5, 0, False)
+
+
+def test_the_llm_is_built_from_llm_args_json(model_module, trtllm, monkeypatch, checkpoint_dir):
+    spy = Spy(trtllm, monkeypatch)
+    model = make(model_module)
+    model.finalize()
+    assert spy.built == [{"model": str(checkpoint_dir), "max_batch_size": 4}]
+
+
+def test_sampling_values_become_llm_api_sampling_params(model, trtllm, monkeypatch, prompt):
+    """translate.py: C++ greedy rules become top_k=1; otherwise the values pass; no end_id becomes -1."""
+    spy = Spy(trtllm, monkeypatch, model)
+    cases = [
+        ({"runtime_top_k": [0], "runtime_top_p": [0.0], "temperature": [1.3]}, {"top_k": 1}),  # top_p <= 0: unset
+        ({"runtime_top_k": [0], "temperature": [0.0], "runtime_top_p": [0.9]}, {"top_k": 1}),
+        ({"runtime_top_k": [40], "runtime_top_p": [0.9], "temperature": [0.7], "seed": [11],
+          "repetition_penalty": [1.2], "presence_penalty": [0.5], "frequency_penalty": [0.25], "min_tokens": [2],
+          "end_id": [EOS]},
+         {"top_k": 40, "top_p": pytest.approx(0.9), "temperature": pytest.approx(0.7), "seed": 11,
+          "repetition_penalty": pytest.approx(1.2), "presence_penalty": 0.5, "frequency_penalty": 0.25,
+          "min_tokens": 2, "end_id": EOS}),
+    ]
+    for extra, expected in cases:
+        run(model, FakeRequest(**{**body(prompt, 2, streaming=[True]), **extra}))
+        params = spy.calls[-1][1]["sampling_params"]
+        got = {key: getattr(params, key) for key in expected}
+        assert got == expected, extra
+    assert spy.calls[0][1]["sampling_params"].end_id == -1  # no end_id: no end token
+    run(model, FakeRequest(**body(prompt, 2, streaming=[True], end_id=[EOS], pad_id=[7])))
+    params = spy.calls[-1][1]["sampling_params"]
+    assert (params.end_id, params.pad_id) == (EOS, 7)  # the request's pad_id (else the LLM API's: end_id)
+
+
+def test_the_end_token_is_dropped_and_leaves_an_empty_final_response(model, prompt, hf_tokenizer):
+    enc = hf_tokenizer.apply_chat_template([{"role": "user", "content": "Answer with one word: is water wet?"}],
+                                           add_generation_prompt=True, tokenize=True)
+    ids = list(enc["input_ids"] if not isinstance(enc, list) else enc)
+    sender = run(model, FakeRequest(**body(ids, 16, streaming=[True], end_id=[EOS])))
+    last = sender.sent[-1][0]
+    assert last.tensor("output_ids").shape == (1, 1, 0) and last.tensor("sequence_length").tolist() == [[0]]
+    assert EOS not in sender.tokens() and 0 < len(sender.tokens()) < 16
+
+
+def test_non_streaming_returns_prompt_and_generated_unless_excluded(model, prompt, greedy):
+    sender = run(model, FakeRequest(**body(prompt, 3, end_id=[-1])))
+    assert sender.tokens() == prompt + greedy[:3] and len(sender.sent) == 1
+    sender = run(model, FakeRequest(**body(prompt, 3, end_id=[-1], exclude_input_in_output=[True])))
+    assert sender.tokens() == greedy[:3]
+
+
+def test_stop_words_end_the_request_over_prompt_and_output(model, trtllm, monkeypatch, prompt, greedy):
+    """stopWordsCriterion semantics, in the model: a word may start in the prompt; the matched tokens stay."""
+    spy = Spy(trtllm, monkeypatch, model)
+    words = [prompt[-1], greedy[0]]
+    flat = words + [2, -1]
+    sender = run(model, FakeRequest(**body(prompt, 8, end_id=[-1], exclude_input_in_output=[True],
+                                           stop_words_list=[flat[:2], flat[2:]])))
+    assert sender.tokens() == greedy[:1]
+    assert spy.calls[-1][1]["streaming"] is True  # the model watches the tokens as they come
+    in_prompt, later = prompt[-3:-1], greedy[2:4]
+    sender = run(model, FakeRequest(**body(prompt, 8, streaming=[True], end_id=[-1], stop_words_list=[
+        in_prompt + later, [2, 4, -1, -1]])))
+    assert sender.tokens() == greedy[:4] and sender.sent[-1][1] == 1
+
+
+# ------------------------------------------------------------------------------------------------
+# stop, cancellation, errors
+# ------------------------------------------------------------------------------------------------
+
+
+def test_a_stop_request_aborts_the_latest_request_with_its_id(model, prompt, greedy):
+    """The C++ backend's one entry per request id: a later request with the id replaces it; the stop reaches
+    that one only, and after it ended, nothing (the earlier request runs to its end)."""
+    earlier = FakeRequest("twice", **body(prompt, 24, streaming=[True], end_id=[-1]))
+    later = FakeRequest("twice", **body(prompt, 400, streaming=[True], end_id=[-1]))
+    model.execute([earlier, later])
+    assert later.sender.first.wait(60)
+    model.execute([FakeRequest("twice", input_lengths=[1], request_output_len=[1], stop=[True])])
+    assert later.sender.final.wait(60) and earlier.sender.final.wait(60)
+    assert len(later.sender.tokens()) < 400 and earlier.sender.tokens() == greedy[:24]
+
+
+def test_a_stop_request_aborts_the_request_with_its_id(model, prompt):
+    running = FakeRequest("stop-me", **body(prompt, 400, streaming=[True], end_id=[-1]))
+    model.execute([running])
+    assert running.sender.first.wait(60)
+    stop = FakeRequest("stop-me", input_lengths=[1], request_output_len=[1], stop=[True])
+    model.execute([stop])
+    assert stop.sender.sent and stop.sender.sent[0][1] == 1 and stop.sender.sent[0][0].error is None
+    assert stop.sender.sent[0][0].output_tensors == []
+    assert running.sender.final.wait(60)
+    assert len(running.sender.tokens()) < 400 and running.sender.errors() == []
+    unknown = FakeRequest("nobody", input_lengths=[1], request_output_len=[1], stop=[True])
+    model.execute([unknown])
+    assert unknown.sender.errors() == [] and unknown.sender.sent[0][1] == 1
+    anonymous = FakeRequest("", input_lengths=[1], request_output_len=[1], stop=[True])
+    model.execute([anonymous])
+    assert anonymous.sender.errors() == ["Trying to stop a request but request ID is not provided"]
+
+
+def test_triton_cancellation_aborts_the_generation(model, prompt, model_module):
+    fake_pb_utils.Logger.lines.clear()
+    request = FakeRequest("gone", **body(prompt, 400, streaming=[True], end_id=[-1]))
+    model.execute([request])
+    assert request.sender.first.wait(60)
+    request.sender.cancelled = True
+    assert request.sender.final.wait(60)
+    assert len(request.sender.tokens()) < 400
+    assert any("request 'gone' cancelled by the client after" in line for _, line in fake_pb_utils.Logger.lines)
+    assert request.sender.cancel_threads == {"trtllm-pytorch-responses"}
+
+
+@pytest.mark.parametrize("extra, text", [
+    ({"runtime_top_p": [1.5]}, "Assertion failed: topP.value() <= 1.f"),
+    ({"temperature": [-0.5]}, "Assertion failed: temperature.value() >= 0.f"),
+    ({"repetition_penalty": [0.0]}, "Assertion failed: repetitionpenalty.value() > 0.f"),
+    ({"request_output_len": [0]}, "Assertion failed: mMaxNewTokens > 0"),
+    ({"end_id": [49152]}, "EndId (49152) is not within acceptable range [-1, 49152)."),
+    ({"beam_width": [2]}, "beam_width must be 1"),
+    ({"bad_words_list": [[5, 6], [2, -1]]}, "takes single-token bad words only"),
+    ({"guided_decoding_guide_type": ["json"]}, "GuidedDecoder is not setup"),
+    ({"lora_task_id": [3], "lora_path": ["/x"]}, "its LLM arguments have no lora_config"),
+])
+def test_invalid_requests_get_the_cpp_backends_text(model, prompt, extra, text):
+    sender = run(model, FakeRequest(**{**body(prompt, 2, streaming=[True]), **extra}))
+    (error,) = sender.errors()
+    assert text in error and sender.sent[-1][1] == 1
+
+
+def test_requested_outputs_must_include_output_ids(model, prompt):
+    sender = run(model, FakeRequest(requested=["sequence_length"], **body(prompt, 2)))
+    assert sender.errors() == ["Error encountered while populating response: output_ids tensor must be present in "
+                               "list of output tensors"]
+
+
+def test_an_llm_error_of_the_request_is_its_error_response(model, prompt):
+    """The LLM's own refusal (here the stand-in's _check_arguments) reaches the client as an error response."""
+    instance = model
+    long_prompt = (prompt * 400)[:9000]  # more than max_num_tokens (8192), chunked prefill off
+    sender = run(instance, FakeRequest(**body(long_prompt, 2)))
+    (error,) = sender.errors()
+    assert "should not exceed max_num_tokens (8192)" in error
+
+
+# ------------------------------------------------------------------------------------------------
+# guided decoding and LoRA mapping
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("guide_type, guide, field, value", [
+    ("json", None, "json_object", True),
+    ("json_schema", '{"type": "object"}', "json", '{"type": "object"}'),
+    ("regex", "[0-9]+", "regex", "[0-9]+"),
+    ("ebnf_grammar", 'root ::= "a"', "grammar", 'root ::= "a"'),
+])
+def test_guides_become_guided_decoding_params(model_module, trtllm, monkeypatch, checkpoint_dir, prompt, guide_type,
+                                              guide, field, value):
+    spy = Spy(trtllm, monkeypatch)
+    guided = make(model_module, {"model": str(checkpoint_dir), "guided_decoding_backend": "xgrammar"})
+    try:
+        extra = {"guided_decoding_guide_type": [guide_type]}
+        if guide is not None:
+            extra["guided_decoding_guide"] = [guide]
+        run(guided, FakeRequest(**body(prompt, 3, streaming=[True], end_id=[EOS], **extra)))
+    finally:
+        guided.finalize()
+    params = spy.calls[-1][1]["sampling_params"].guided_decoding
+    assert getattr(params, field) == value
+
+
+def test_lora_path_and_id_become_a_lora_request(model_module, trtllm, monkeypatch, checkpoint_dir, prompt, tmp_path):
+    spy = Spy(trtllm, monkeypatch)
+    from tests.lora_adapters import make_adapter
+
+    adapter = make_adapter(checkpoint_dir, tmp_path / "adapter", r=4, alpha=8, targets=["q_proj"], seed=3)
+    lora = make(model_module, {"model": str(checkpoint_dir), "lora_config": {"max_lora_rank": 8}})
+    try:
+        run(lora, FakeRequest(**body(prompt, 2, lora_task_id=[77], lora_path=[str(adapter)])))
+        request = spy.calls[-1][1]["lora_request"]
+        assert (request.lora_int_id, request.lora_path, request.lora_name) == (77, str(adapter), "lora_77")
+        run(lora, FakeRequest(**body(prompt, 2, lora_task_id=[77])))  # the id alone: the folder it was sent with
+        assert spy.calls[-1][1]["lora_request"].lora_path == str(adapter)
+        cases = [
+            ({"lora_task_id": [78]}, "LoRA task 78 not found in cache. Please send lora_path with the request"),
+            ({"lora_path": [str(adapter)]}, "lora_path was given without lora_task_id"),
+            ({"lora_task_id": [77], "lora_weights": [[0.0, 0.0]], "lora_config": [[1, 0, 1]]},
+             "lora_weights and lora_config are not supported by the PyTorch backend's tensorrt_llm model"),
+            ({"lora_task_id": [79], "lora_path": [str(tmp_path / "missing")]},
+             f"lora_path ({tmp_path / 'missing'}) does not exist."),
+        ]
+        for extra, text in cases:
+            sender = run(lora, FakeRequest(**body(prompt, 2, **extra)))
+            assert text in " ".join(sender.errors()), extra
+    finally:
+        lora.finalize()
+
+
+# ------------------------------------------------------------------------------------------------
+# loading, MPI, unloading
+# ------------------------------------------------------------------------------------------------
+
+
+def test_a_failing_llm_fails_initialize_with_its_text(model_module, checkpoint_dir):
+    instance = model_module.TritonPythonModel()
+    instance.load_llm_args = lambda params: {"model": str(checkpoint_dir), "max_queue_size": 8}
+    config = {"model_transaction_policy": {"decoupled": True}, "parameters": {}}
+    with pytest.raises(RuntimeError, match="LLM got invalid argument: max_queue_size"):
+        instance.initialize({"model_config": json.dumps(config)})
+    instance._loop_thread.join(10)
+    assert not instance._loop_thread.is_alive()
+
+
+def test_llm_args_json_must_exist_and_hold_the_model(model_module, tmp_path):
+    instance = model_module.TritonPythonModel()
+    folder = Path(model_module.__file__).parent
+    args_file = folder / "llm_args.json"
+    saved = args_file.read_text()
+    try:
+        args_file.write_text("[1, 2]")
+        with pytest.raises(ValueError, match="must hold a JSON object with the LLM's arguments"):
+            instance.load_llm_args({})
+        args_file.unlink()
+        with pytest.raises(ValueError, match="llm_args.json is missing"):
+            instance.load_llm_args({})
+    finally:
+        args_file.write_text(saved)
+
+
+@pytest.fixture()
+def fake_mpi(monkeypatch):
+    """mpi4py is not installed here: a recording stand-in of the two names the model imports."""
+    record = {"executor_entered": 0}
+
+    class Comm:
+        rank = 1
+
+        @staticmethod
+        def Get_size():
+            return int(os.environ["OMPI_COMM_WORLD_SIZE"])
+
+    class MPICommExecutor:
+        def __init__(self, comm):
+            record["comm"] = comm
+
+        def __enter__(self):
+            record["executor_entered"] += 1
+            return None  # a worker rank gets no executor
+
+        def __exit__(self, *exc):
+            return False
+
+    mpi = types.ModuleType("mpi4py")
+    mpi_mpi = types.ModuleType("mpi4py.MPI")
+    mpi_mpi.COMM_WORLD = Comm()
+    futures = types.ModuleType("mpi4py.futures")
+    futures.MPICommExecutor = MPICommExecutor
+    for name, module in (("mpi4py", mpi), ("mpi4py.MPI", mpi_mpi), ("mpi4py.futures", futures)):
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
+    return record
+
+
+def test_rank_0_of_an_mpi_world_passes_an_mpi_session(model_module, trtllm, monkeypatch, fake_mpi):
+    """upstream llmapi model.py @b35ac1b6: rank 0 gives LLM _mpi_session=MpiCommSession(COMM_WORLD, size)."""
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "0")
+    spy = Spy(trtllm, monkeypatch)
+    model = make(model_module)
+    try:
+        (kwargs,) = spy.built
+        session = kwargs["_mpi_session"]
+        assert session.n_workers == 2 and session.comm is sys.modules["mpi4py.MPI"].COMM_WORLD
+    finally:
+        model.finalize()
+    assert fake_mpi["executor_entered"] == 0
+
+
+def test_other_ranks_serve_as_mpi_workers_and_take_no_requests(model_module, trtllm, monkeypatch, fake_mpi, prompt):
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "1")
+    spy = Spy(trtllm, monkeypatch)
+    model = make(model_module)
+    assert spy.built == [] and fake_mpi["executor_entered"] == 1
+    request = FakeRequest(**body(prompt, 2))
+    model.execute([request])
+    assert "MPI worker" in request.sender.errors()[0]
+    model.finalize()
+
+
+def test_finalize_aborts_running_requests_and_shuts_the_llm_down(model_module, prompt):
+    model = make(model_module)
+    request = FakeRequest("long", **body(prompt, 400, streaming=[True], end_id=[-1]))
+    model.execute([request])
+    assert request.sender.first.wait(60)
+    model.finalize()
+    assert request.sender.final.is_set() and len(request.sender.tokens()) < 400
+    assert model.llm._executor is None and not model._loop_thread.is_alive()
+    late = FakeRequest(**body(prompt, 2))
+    model.execute([late])
+    assert late.sender.errors() and "not serving" in late.sender.errors()[0]

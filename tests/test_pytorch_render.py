@@ -1,0 +1,124 @@
+"""Rendering the PyTorch-backend ``tensorrt_llm`` model (tensorrtllm_backend/templates.py, RenderOptions.llm_args).
+
+A Hugging Face checkpoint with LLM arguments renders ``triton_model_repo/tensorrt_llm_pytorch`` as
+``tensorrt_llm``: its model.py and modules (the reference model's parsing.py and lora.py as files, not links),
+``1/llm_args.json`` holding the arguments, the ensemble with a ``lora_path`` input mapped to it, and the same
+tensors as the other ``tensorrt_llm`` models so that the ensemble's maps hold.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from common.errors import TemplateError
+from tensorrtllm_backend.templates import (
+    LLM_ARGS_FILE,
+    RenderOptions,
+    fill_template,
+    guided_decoding_of,
+    parse_model_config,
+    render_model_repository,
+    template_values,
+)
+from tests.test_templates import TEMPLATE_DIR, checkpoint_info, engine_info, options, read_rendered
+
+ARGS = {"model": "/weights/checkpoint", "max_batch_size": 16, "kv_cache_config": {"free_gpu_memory_fraction": 0.8}}
+
+
+def test_a_checkpoint_with_llm_args_is_served_by_the_pytorch_model(tmp_path: Path) -> None:
+    opts = options(tmp_path, llm_args=ARGS)
+    returned = render_model_repository(opts, checkpoint_info(tmp_path))
+    live = opts.model_repo_dir / "tensorrt_llm" / "1"
+    assert json.loads((live / LLM_ARGS_FILE).read_text()) == ARGS
+    assert sorted(p.name for p in live.iterdir()) == ["llm_args.json", "lora.py", "model.py", "parsing.py",
+                                                      "translate.py"]
+    for module in ("parsing.py", "lora.py"):  # links in the template, files in the live repository
+        assert not (live / module).is_symlink()
+        assert (live / module).read_text() == (TEMPLATE_DIR / "tensorrt_llm_reference" / "1" / module).read_text()
+    assert "class TritonPythonModel" in (live / "model.py").read_text()
+    assert "tensorrt_llm_pytorch" in (live / "model.py").read_text()
+    config = read_rendered(opts.model_repo_dir)["tensorrt_llm"]
+    assert config == returned["tensorrt_llm"] and config.backend == "python"
+    assert config.model_transaction_policy.decoupled
+    assert {key: value.string_value for key, value in config.parameters.items()} == {
+        "exclude_input_in_output": "true"}  # empty parameters dropped: the model applies its defaults
+
+
+def test_the_ensemble_gets_lora_path_only_with_the_pytorch_model(tmp_path: Path) -> None:
+    pytorch = render_model_repository(options(tmp_path / "a", llm_args=ARGS), checkpoint_info(tmp_path))
+    ensemble = pytorch["ensemble"]
+    (lora_path,) = [t for t in ensemble.input if t.name == "lora_path"]
+    assert lora_path.optional and list(lora_path.dims) == [1]
+    (step,) = [s for s in ensemble.ensemble_scheduling.step if s.model_name == "tensorrt_llm"]
+    assert step.input_map["lora_path"] == "lora_path"
+    declared = {t.name for t in pytorch["tensorrt_llm"].input}
+    assert set(step.input_map) <= declared
+    assert {t.name for t in pytorch["tensorrt_llm"].output} >= set(step.output_map)
+    reference = render_model_repository(options(tmp_path / "b"), checkpoint_info(tmp_path))
+    assert "lora_path" not in {t.name for t in reference["ensemble"].input}
+    assert not (tmp_path / "b" / "model_repository" / "tensorrt_llm" / "1" / LLM_ARGS_FILE).exists()
+
+
+def test_the_pytorch_model_has_the_reference_models_tensors_plus_lora_path() -> None:
+    """One contract: every input and output of the CPU reference model (the C++ backend's subset), same types."""
+    values = template_values(RenderOptions(template_dir=TEMPLATE_DIR, model_repo_dir=Path("/x"), llm_args=ARGS),
+                             checkpoint_info(Path("/w")))
+    configs = {}
+    for folder in ("tensorrt_llm_reference", "tensorrt_llm_pytorch"):
+        text = (TEMPLATE_DIR / folder / "config.pbtxt").read_text()
+        configs[folder] = parse_model_config(fill_template(text, values[folder], source=folder), source=folder)
+    reference, pytorch = configs["tensorrt_llm_reference"], configs["tensorrt_llm_pytorch"]
+    assert {t.name: t for t in pytorch.input if t.name != "lora_path"} == {t.name: t for t in reference.input}
+    assert list(pytorch.output) == list(reference.output)
+    assert pytorch.max_batch_size == reference.max_batch_size
+
+
+def test_guided_decoding_follows_the_llm_args(tmp_path: Path) -> None:
+    on = render_model_repository(options(tmp_path / "on", llm_args={**ARGS, "guided_decoding_backend": "xgrammar"}),
+                                 checkpoint_info(tmp_path))
+    off = render_model_repository(options(tmp_path / "off", llm_args=ARGS), checkpoint_info(tmp_path))
+    assert guided_decoding_of(on["tensorrt_llm"]) and not guided_decoding_of(off["tensorrt_llm"])
+
+
+@pytest.mark.parametrize("llm_args, text", [
+    ({"max_batch_size": 4}, "must be a mapping with a 'model'"),
+    ({"model": "/w", "speculative_config": float("nan")}, "must be JSON values"),
+    ({"model": Path("/w")}, "must be JSON values"),
+])
+def test_bad_llm_args_fail_and_keep_the_previous_repository(tmp_path: Path, llm_args, text) -> None:
+    opts = options(tmp_path, llm_args=ARGS)
+    render_model_repository(opts, checkpoint_info(tmp_path))
+    with pytest.raises(TemplateError, match=text):
+        render_model_repository(options(tmp_path, llm_args=llm_args), checkpoint_info(tmp_path))
+    assert json.loads((opts.model_repo_dir / "tensorrt_llm" / "1" / LLM_ARGS_FILE).read_text()) == ARGS
+
+
+def test_llm_args_with_an_engine_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(TemplateError, match="holds a TensorRT-LLM engine, which the C\\+\\+ backend serves"):
+        render_model_repository(options(tmp_path, llm_args=ARGS), engine_info(tmp_path))
+
+
+def test_add_lora_path_is_idempotent_and_needs_the_tensorrt_llm_step(tmp_path: Path) -> None:
+    from tensorrtllm_backend.templates import add_lora_path
+
+    ensemble = render_model_repository(options(tmp_path, llm_args=ARGS), checkpoint_info(tmp_path))["ensemble"]
+    count = len(ensemble.input)
+    add_lora_path(ensemble)
+    assert len(ensemble.input) == count and [t.name for t in ensemble.input].count("lora_path") == 1
+    del ensemble.input[:]
+    for step in ensemble.ensemble_scheduling.step:
+        step.model_name = "other"
+    with pytest.raises(TemplateError, match="no tensorrt_llm step to map lora_path to"):
+        add_lora_path(ensemble)
+
+
+def test_the_render_log_names_the_backend(tmp_path: Path, caplog) -> None:
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="tensorrtllm_backend.templates"):
+        render_model_repository(options(tmp_path / "p", llm_args=ARGS), checkpoint_info(tmp_path))
+        render_model_repository(options(tmp_path / "r"), checkpoint_info(tmp_path))
+    assert "(TensorRT-LLM PyTorch (LLM API) backend)" in caplog.text and "(CPU reference backend)" in caplog.text

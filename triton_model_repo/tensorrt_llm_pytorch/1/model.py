@@ -1,0 +1,621 @@
+"""The ``tensorrt_llm`` model over TensorRT-LLM's PyTorch backend (Triton Python backend, decoupled).
+
+It serves a Hugging Face checkpoint with the LLM API (``tensorrt_llm.LLM``, TensorRT-LLM 1.2.1) behind the
+same tensors as the C++ ``tensorrtllm`` backend's model (``../config.pbtxt``; ``translate.py`` maps them), so
+the ensemble, the predictor and the tests see one contract for both backends. The LLM's arguments are the
+JSON object in ``llm_args.json`` beside this file (written by the renderer,
+``tensorrtllm_backend/templates.py``), passed through ``update_llm_args_with_extra_dict`` as upstream's
+Triton ``llmapi`` model passes its ``model.yaml``.
+
+How the LLM is hosted follows upstream's ``llmapi`` model (NVIDIA/TensorRT-LLM
+``triton_backend/all_models/llmapi/tensorrt_llm/1/model.py`` @b35ac1b6, the 1.2.0rc2 tree; the same shape
+@044a90d2): an event-loop thread builds ``LLM(**args)`` and runs one coroutine per request that calls
+``generate_async`` and iterates its result (the result's queue is bound to the loop it was made on:
+``executor/result.py`` @a678b91a); a response thread calls ``response_sender.send``; cancellation is checked
+every ``cancellation_check_period_ms`` (default 100, upstream's); a failed ``LLM(...)`` fails ``initialize``
+with its error (passed back from the loop thread); ``finalize`` drains and shuts the LLM down; with an MPI
+world of more than one rank, rank 0 passes ``_mpi_session=MpiCommSession(comm=COMM_WORLD,
+n_workers=COMM_WORLD.Get_size())`` and the other ranks block in ``MPICommExecutor(COMM_WORLD)``. Unlike that
+model:
+
+* ``streaming`` is passed to ``generate_async`` as a keyword: upstream passes it third, positionally, where
+  the signature has ``lora_request`` (``llmapi/llm.py`` @4c05a748), so its requests never stream (fixed
+  upstream after 1.2.1, PR #14079);
+* the request's token ids go in (``generate_async(list[int], ...)``, ``prompt_inputs``) and each response
+  carries the new ids (``CompletionOutput.token_ids_diff``) as ``output_ids``, not text;
+* every send and every ``is_cancelled()`` of a request happen on the response thread: upstream's
+  cancellation thread sends a CANCELLED error while the response thread may be sending that request's
+  final response (in the Python backend the final response frees the sender's state: python_backend
+  ``src/python_be.cc`` ``ResponseSendDecoupled``; racing it crashed Triton 2.51 in this project's benchmark,
+  see benchmarks/standin);
+* a ``finalize`` that never waits without a bound (upstream waits for every ongoing request, polling each second).
+
+What a client sees, as from the C++ backend (the conformance tests run each against both models:
+tests/test_conformance.py):
+
+* streaming: each response carries only the new ids, the prompt never; the end token is never returned, and
+  a request that ends on it gets a last response with no ids (the PyTorch sampler adds the end token to the
+  request's tokens before it checks it, ``_torch/pyexecutor/sampler.py`` @28edbcdb, so the model drops it);
+  non-streaming: one response, prompt + generated unless ``exclude_input_in_output``;
+* ``stop`` (a request with the same request id and ``stop=true``): the latest request with that id is aborted
+  (``RequestOutput.abort()``) and ends with a normal final response; the stop request gets one empty
+  successful final response, a request without an id an error (the C++ texts; upstream's ``llmapi`` model
+  answers a CANCELLED error instead);
+* Triton's cancellation (the client closed the stream) aborts the generation;
+* the C++ backend's validation texts (``parsing.py``), stop words over prompt + output, the guide checks
+  ("GuidedDecoder is not setup" when the LLM has no ``guided_decoding_backend``), the requested-outputs check.
+
+Where the PyTorch backend differs and the model shows it as it is (marked so in the conformance tests): the
+prompt limits and the ``max_seq_len`` reduction are the LLM's (its texts: ``llmapi/llm.py`` ``_check_arguments``,
+``executor/base_worker.py`` ``_deduce_max_tokens``); there is no queue limit (``TorchLlmArgs`` has no
+``max_queue_size``); LoRA adapters come as folders (``lora_path``), not converted tensors.
+
+Modules beside this file: ``translate.py`` (tensors -> LLM request), ``parsing.py`` and ``lora.py`` (links to
+the CPU reference model's, whose checks and texts ``translate.py`` reuses). Triton loads this file by its
+path, so its folder is made the package :data:`PACKAGE` to import them.
+
+Why one module (about 620 lines): one concern, hosting the LLM in Triton's Python backend: the three threads,
+a request's life from ``execute`` to its final response, and the responses; the request's meaning is
+``translate.py``'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import importlib
+import importlib.util
+import itertools
+import json
+import queue
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+
+try:
+    import triton_python_backend_utils as pb_utils
+except ImportError:  # imported by tests, outside Triton
+    pb_utils = None
+
+#: The package this folder's modules are imported as.
+PACKAGE = "tensorrt_llm_pytorch"
+#: The file the renderer writes the LLM's arguments to, beside this one.
+LLM_ARGS_FILE = "llm_args.json"
+#: upstream llmapi model.py: cancellation_check_period_ms defaults to 100 (ms).
+DEFAULT_CANCELLATION_CHECK_PERIOD_MS = 100.0
+#: How long finalize waits for aborted requests' last responses, seconds.
+FINALIZE_DRAIN_S = 10.0
+
+
+def _sibling_package() -> str:
+    """Make this file's folder the package :data:`PACKAGE` (once per process) and return its name.
+
+    Raises RuntimeError when the name is taken by another folder."""
+    folder = str(Path(__file__).resolve().parent)
+    package = sys.modules.get(PACKAGE)
+    if package is None:
+        spec = importlib.util.spec_from_loader(PACKAGE, loader=None, is_package=True)
+        package = importlib.util.module_from_spec(spec)
+        package.__path__ = [folder]
+        sys.modules[PACKAGE] = package
+    elif list(getattr(package, "__path__", [])) != [folder]:
+        raise RuntimeError(f"module {PACKAGE!r} is already {list(getattr(package, '__path__', []))}, not {folder}")
+    return PACKAGE
+
+
+_package = _sibling_package()
+_translate = importlib.import_module(f"{_package}.translate")
+_parsing = importlib.import_module(f"{_package}.parsing")
+
+RequestError = _parsing.RequestError
+Submission = _translate.Submission
+to_submission = _translate.to_submission
+is_stop_request = _parsing.is_stop_request
+stop_word_end = _translate.stop_word_end
+
+
+# ------------------------------------------------------------------------------------------------
+# Triton responses
+# ------------------------------------------------------------------------------------------------
+
+
+def _triton_error(message: str):
+    # As the C++ backend: every request error is TRITONSERVER_ERROR_INTERNAL.
+    code = getattr(pb_utils.TritonError, "INTERNAL", None)
+    if code is not None:
+        try:
+            return pb_utils.TritonError(message, code)
+        except TypeError:
+            pass
+    return pb_utils.TritonError(message)
+
+
+def error_response(message: str):
+    return pb_utils.InferenceResponse(output_tensors=[], error=_triton_error(message))
+
+
+def token_response(tokens: List[int], log_probs: Optional[List[float]], cum_log_prob: Optional[float]):
+    """output_ids [1, 1, n] and sequence_length [[n]] (n may be 0), plus the log-prob tensors when asked."""
+    outputs = [
+        pb_utils.Tensor("output_ids", np.asarray(tokens, dtype=np.int32).reshape(1, 1, len(tokens))),
+        pb_utils.Tensor("sequence_length", np.asarray([[len(tokens)]], dtype=np.int32)),
+    ]
+    if log_probs is not None:
+        outputs.append(pb_utils.Tensor("cum_log_probs", np.asarray([[cum_log_prob or 0.0]], dtype=np.float32)))
+        outputs.append(pb_utils.Tensor("output_log_probs",
+                                       np.asarray(log_probs, dtype=np.float32).reshape(1, 1, len(log_probs))))
+    return pb_utils.InferenceResponse(output_tensors=outputs)
+
+
+def _param(params: dict, key: str, default, conv):
+    raw = params.get(key, {}).get("string_value", "") if isinstance(params.get(key), dict) else ""
+    raw = raw.strip()
+    if raw == "" or raw.startswith("${"):
+        return default
+    if conv is bool:
+        low = raw.lower()
+        if low in ("true", "1", "yes", "y", "t"):
+            return True
+        if low in ("false", "0", "no", "n", "f"):
+            return False
+        raise ValueError(f"parameter {key} must be true or false, got {raw!r}")
+    try:
+        return conv(raw)
+    except ValueError:
+        raise ValueError(f"parameter {key} must be {conv.__name__}, got {raw!r}") from None
+
+
+def _input(request, name: str) -> Optional[np.ndarray]:
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    return None if tensor is None else tensor.as_numpy()
+
+
+def _requested_outputs(request) -> Optional[set]:
+    getter = getattr(request, "requested_output_names", None)
+    if getter is None:
+        return None
+    try:
+        names = getter()
+    except Exception:  # noqa: BLE001
+        return None
+    return set(names) if names else None
+
+
+def _token_log_prob(entry: Any, token: int) -> float:
+    """A generated token's log-probability from one ``CompletionOutput.logprobs`` entry (a float, or the
+    PyTorch backend's ``{token_id: Logprob}`` dict)."""
+    if isinstance(entry, dict):
+        value = entry.get(token, next(iter(entry.values()), 0.0))
+        return float(getattr(value, "logprob", value))
+    return float(entry)
+
+
+@dataclass(eq=False)
+class Live:
+    """A request between ``execute`` and its final response.
+
+    The response thread owns ``sender`` (every send and ``is_cancelled()``); the event loop owns ``output``
+    and ``tokens``; ``abort_requested`` may be set from any thread (a stop request, a cancellation)."""
+
+    number: int
+    request_id: str
+    sender: Any
+    submission: Any
+    output: Any = None
+    tokens: List[int] = field(default_factory=list)
+    log_probs: List[float] = field(default_factory=list)
+    cum_log_prob: Optional[float] = None
+    abort_requested: bool = False
+    cancel_seen: bool = False
+    final_sent: bool = False
+
+
+class TritonPythonModel:
+    """The PyTorch-backend ``tensorrt_llm`` model (decoupled; see the module docstring).
+
+    Model parameters (string values): ``exclude_input_in_output`` (default false, with the C++ backend's
+    warning when absent), ``cancellation_check_period_ms`` (default 100). The LLM's arguments:
+    ``llm_args.json`` beside this file (:meth:`load_llm_args`).
+    """
+
+    # -- hooks (a stand-in or a test may override them) ---------------------------------------------
+    def load_llm_args(self, params: dict) -> Dict[str, Any]:
+        """The LLM's keyword arguments: the JSON object in ``llm_args.json`` beside this file.
+
+        Raises:
+            ValueError: the file is missing, not JSON, not an object, or has no ``model``.
+        """
+        path = Path(__file__).resolve().parent / LLM_ARGS_FILE
+        try:
+            args = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ValueError(f"{path} is missing: the renderer writes the LLM's arguments there "
+                             "(tensorrtllm_backend/templates.py RenderOptions.llm_args)") from None
+        except ValueError as exc:
+            raise ValueError(f"{path} is not valid JSON: {exc}") from None
+        if not isinstance(args, dict) or not args.get("model"):
+            raise ValueError(f"{path} must hold a JSON object with the LLM's arguments, \"model\" among them; "
+                             f"got {str(args)[:200]}")
+        return args
+
+    def _log(self, level: str, message: str) -> None:
+        logger = getattr(pb_utils, "Logger", None) if pb_utils is not None else None
+        text = f"[tensorrt_llm pytorch] {message}"
+        if logger is None:
+            print(f"{level}: {text}", flush=True)
+            return
+        try:
+            {"info": logger.log_info, "warn": logger.log_warn, "error": logger.log_error}.get(level, logger.log_info)(
+                text)
+        except Exception:  # noqa: BLE001
+            print(f"{level}: {text}", flush=True)
+
+    # -- Triton API -------------------------------------------------------------------------------
+    def initialize(self, args) -> None:
+        cfg = json.loads(args["model_config"])
+        if not pb_utils.using_decoupled_model_transaction_policy(cfg):
+            raise ValueError("the tensorrt_llm PyTorch-backend model needs model_transaction_policy { decoupled: true }")
+        params = cfg.get("parameters", {})
+        started = time.monotonic()
+        self.serving = False
+        self._closing = False
+        exclude = _param(params, "exclude_input_in_output", None, bool)
+        if exclude is None:
+            # the C++ backend constructor's wording (model_instance_state.cc)
+            self._log("warn", "exclude_input_in_output is not specified, will be set to false")
+            exclude = False
+        self.exclude_input_in_output = exclude
+        period_ms = _param(params, "cancellation_check_period_ms", DEFAULT_CANCELLATION_CHECK_PERIOD_MS, float)
+        if period_ms <= 0:
+            raise ValueError(f"parameter cancellation_check_period_ms must be > 0, got {period_ms}")
+        self.cancel_period_s = period_ms / 1e3
+        llm_args = self.load_llm_args(params)
+        self.guided_decoding = llm_args.get("guided_decoding_backend") is not None
+        self.lora_enabled = llm_args.get("lora_config") is not None
+        self.vocab_size = self._vocab_size(llm_args)
+        # tensorrt_llm is imported only now (upstream's later model defers it so that CUDA_VISIBLE_DEVICES can be set
+        # first, @044a90d2), which also lets a test put its stand-in on the path before.
+        from tensorrt_llm._utils import global_mpi_rank, global_mpi_size  # noqa: PLC0415
+
+        if global_mpi_size() > 1:
+            if global_mpi_rank() != 0:
+                self._serve_as_worker(global_mpi_rank())
+                return
+            from mpi4py.MPI import COMM_WORLD  # noqa: PLC0415
+            from tensorrt_llm.llmapi import MpiCommSession  # noqa: PLC0415
+
+            llm_args["_mpi_session"] = MpiCommSession(comm=COMM_WORLD, n_workers=COMM_WORLD.Get_size())
+        from tensorrt_llm import SamplingParams  # noqa: PLC0415
+        from tensorrt_llm.executor.request import LoRARequest  # noqa: PLC0415
+        from tensorrt_llm.llmapi.llm_utils import update_llm_args_with_extra_dict  # noqa: PLC0415
+        from tensorrt_llm.sampling_params import GuidedDecodingParams  # noqa: PLC0415
+
+        self._api = (SamplingParams, LoRARequest, GuidedDecodingParams)
+        self.llm_args = update_llm_args_with_extra_dict({}, llm_args)
+        self._numbers = itertools.count(1)
+        self._lock = threading.Lock()
+        self._live: Dict[int, Live] = {}
+        self._by_request_id: Dict[str, Live] = {}  # the latest request with each Triton request id
+        self._lora_paths: Dict[int, str] = {}
+        self._responses: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
+        self._closing = False
+        self.llm = self._start_engine()
+        self._response_thread = threading.Thread(target=self._response_loop, name="trtllm-pytorch-responses",
+                                                 daemon=True)
+        self._response_thread.start()
+        self.serving = True
+        shown = {k: v for k, v in llm_args.items() if k != "_mpi_session"}
+        self._log("info", f"LLM ready in {time.monotonic() - started:.1f} s with {json.dumps(shown, default=str)}; "
+                          f"exclude_input_in_output={exclude} cancellation check every {period_ms:g} ms "
+                          f"guided_decoding={'on' if self.guided_decoding else 'off'} "
+                          f"lora={'on' if self.lora_enabled else 'off'}")
+
+    def _serve_as_worker(self, rank: int) -> None:
+        """Ranks above 0 serve the leader's LLM as MPI workers until it shuts down (upstream's model, else branch)."""
+        from mpi4py.futures import MPICommExecutor  # noqa: PLC0415
+        from mpi4py.MPI import COMM_WORLD  # noqa: PLC0415
+
+        self._log("info", f"rank{rank} is waiting for the leader node...")
+        with MPICommExecutor(COMM_WORLD) as executor:
+            if executor is not None:
+                raise RuntimeError(f"rank{COMM_WORLD.rank} should not have executor")
+
+    @staticmethod
+    def _vocab_size(llm_args: Dict[str, Any]) -> int:
+        """Token ids are checked against the checkpoint's vocab_size (config.json), when it is a local folder."""
+        try:
+            config = json.loads((Path(str(llm_args["model"])) / "config.json").read_text())
+            return int(config.get("vocab_size") or config.get("text_config", {}).get("vocab_size"))
+        except (OSError, ValueError, TypeError, AttributeError):
+            return _translate.NO_LIMIT
+
+    def _start_engine(self):
+        """Build the LLM on the event-loop thread and return it; raise its error when it fails (never hang while
+        the thread lives and never after it died)."""
+        built: "concurrent.futures.Future[Any]" = concurrent.futures.Future()
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._stopped = None
+
+        def run() -> None:
+            loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(loop)
+            try:
+                from tensorrt_llm import LLM  # noqa: PLC0415
+
+                llm = LLM(**self.llm_args)
+            except BaseException as exc:  # noqa: BLE001 - handed to initialize
+                built.set_exception(exc)
+                loop.close()
+                return
+            self._loop = loop
+            self._stopped = asyncio.Event()
+            built.set_result(llm)
+            try:
+                loop.run_until_complete(self._stopped.wait())
+            finally:
+                loop.close()
+
+        self._loop_thread = threading.Thread(target=run, name="trtllm-pytorch-event-loop", daemon=True)
+        self._loop_thread.start()
+        while True:
+            try:
+                llm = built.result(timeout=1.0)
+                break
+            except concurrent.futures.TimeoutError:
+                if not self._loop_thread.is_alive() and not built.done():
+                    raise RuntimeError("the event-loop thread ended without building the LLM") from None
+            except Exception as exc:
+                self._log("error", f"LLM(...) failed: {type(exc).__name__}: {exc}")
+                raise RuntimeError(f"the PyTorch backend's LLM could not be built: {type(exc).__name__}: {exc}") from exc
+        return llm
+
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                self._accept(request, sender)
+            except Exception as exc:  # noqa: BLE001 - never fail the whole batch
+                self._log("error", f"could not handle a request: {traceback.format_exc()}")
+                self._send_now(sender, error_response(f"could not handle the request: {type(exc).__name__}: {exc}"))
+        return None
+
+    @staticmethod
+    def _send_now(sender, response) -> None:
+        """The one and only response of a request that never reached the LLM (sent from Triton's thread)."""
+        try:
+            sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        except Exception:  # noqa: BLE001 - the client is gone
+            pass
+
+    def _accept(self, request, sender) -> None:
+        get = lambda name, r=request: _input(r, name)  # noqa: E731
+        request_id = request.request_id() if hasattr(request, "request_id") else ""
+        if not getattr(self, "serving", False) or self._closing:
+            self._send_now(sender, error_response("the model is not serving (it is unloading, or this rank is an MPI "
+                                                  "worker)"))
+            return
+        try:
+            stop = is_stop_request(get)
+        except RequestError as exc:
+            self._send_now(sender, error_response(str(exc)))
+            return
+        if stop:  # the C++ backend's handleStopRequest, before any other input is read
+            self._stop(request_id, sender)
+            return
+        requested = _requested_outputs(request)
+        for name in ("output_ids", "sequence_length"):
+            if requested is not None and name not in requested:
+                self._send_now(sender, error_response(
+                    f"Error encountered while populating response: {name} tensor must be present in list of output "
+                    "tensors"))
+                return
+        number = next(self._numbers)
+        try:
+            with self._lock:
+                known = dict(self._lora_paths)
+            submission = to_submission(get, vocab_size=self.vocab_size,
+                                       exclude_input_in_output=self.exclude_input_in_output,
+                                       guided_decoding=self.guided_decoding, lora_enabled=self.lora_enabled,
+                                       known_paths=known, request_number=number)
+        except RequestError as exc:
+            self._send_now(sender, error_response(str(exc)))
+            return
+        for warning in submission.warnings:
+            self._log("warn", warning)
+        live = Live(number, request_id, sender, submission)
+        with self._lock:
+            self._live[number] = live
+            if request_id:
+                self._by_request_id[request_id] = live
+        asyncio.run_coroutine_threadsafe(self._generate(live), self._loop)
+
+    def _stop(self, request_id: str, sender) -> None:
+        """Abort the latest request with this Triton request id (the C++ backend keeps one entry per id, replaced by
+        a later request with the same id and dropped when that one ends: ``mTritonRequestIdToRequestIds``); answer
+        one empty successful final response (``handleStopRequest`` / ``sendEnqueueResponse``), or the C++ error
+        without an id."""
+        if not request_id:
+            self._send_now(sender, error_response("Trying to stop a request but request ID is not provided"))
+            return
+        with self._lock:
+            latest = self._by_request_id.get(request_id)
+            targets = [latest] if latest is not None else []
+        for live in targets:
+            self._abort(live)
+        self._log("info", f"stop request for id {request_id!r}: {len(targets)} running request(s) stopped")
+        try:
+            sender.send(pb_utils.InferenceResponse(output_tensors=[]),
+                        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        except Exception as exc:  # noqa: BLE001
+            self._log("warn", f"could not answer a stop request: {exc}")
+
+    def _abort(self, live: Live) -> None:
+        """Abort ``live``'s generation (from any thread): ``RequestOutput.abort()`` on the event loop."""
+        live.abort_requested = True
+        loop = self._loop
+        if loop is None:
+            return
+
+        def abort() -> None:
+            if live.output is not None and not live.output.finished and not live.output.aborted():
+                live.output.abort()
+
+        try:
+            loop.call_soon_threadsafe(abort)
+        except RuntimeError:  # the loop is closed: nothing left to abort
+            pass
+
+    # -- the event loop ---------------------------------------------------------------------------
+    async def _generate(self, live: Live) -> None:
+        s = live.submission
+        try:
+            SamplingParams, LoRARequest, GuidedDecodingParams = self._api  # noqa: N806 - the LLM API's classes
+            kwargs = dict(s.sampling)
+            if "guided_decoding" in kwargs:
+                kwargs["guided_decoding"] = GuidedDecodingParams(**kwargs["guided_decoding"])
+            lora_request = None
+            if s.lora is not None:
+                task_id, path = s.lora
+                lora_request = LoRARequest(f"lora_{task_id}", task_id, path)
+            output = self.llm.generate_async(s.prompt_ids, sampling_params=SamplingParams(**kwargs),
+                                             lora_request=lora_request, streaming=s.llm_streaming)
+            if s.lora is not None:
+                with self._lock:
+                    self._lora_paths[s.lora[0]] = s.lora[1]
+            live.output = output
+            if live.abort_requested:  # stopped or cancelled before the LLM had it
+                output.abort()
+            ended = False
+            async for result in output:
+                new, ended = self._new_tokens(live, result)
+                if s.streaming and (new or result.finished or ended):
+                    self._queue(live, new, final=result.finished or ended)
+                if ended:
+                    output.abort()  # a stop word: the C++ executor ends the request there
+                    break
+            if not s.streaming:
+                prefix = [] if s.exclude_input_in_output else list(s.prompt_ids)
+                self._queue(live, prefix + live.tokens, final=True, all_tokens=True)
+        except Exception as exc:  # noqa: BLE001 - RequestError, the LLM's ValueError / RuntimeError
+            self._log("warn", f"request {live.request_id!r} failed: {type(exc).__name__}: {exc}")
+            self._responses.put((live, error_response(str(exc)), True))
+
+    def _new_tokens(self, live: Live, result) -> tuple[List[int], bool]:
+        """The ids this response adds (the end token dropped, cut after a stop word), and whether a stop word
+        ended the request."""
+        s = live.submission
+        completion = result.outputs[0]
+        new = list(completion.token_ids_diff)
+        entries = list(completion.logprobs_diff) if s.return_log_probs else []
+        if result.finished and s.end_id is not None and new and new[-1] == s.end_id \
+                and completion.finish_reason == "stop" and completion.stop_reason is None:
+            new = new[:-1]  # the end token is never returned (C++ executor); the PyTorch sampler keeps it
+        ended = False
+        if s.stop_words and new:
+            end = stop_word_end(list(s.prompt_ids) + live.tokens + new, len(new), s.stop_words)
+            if end is not None:
+                new = new[: end - len(s.prompt_ids) - len(live.tokens)]
+                ended = True
+        live.tokens.extend(new)
+        if s.return_log_probs:
+            live.log_probs.extend(_token_log_prob(e, t) for e, t in zip(entries, new))
+            live.cum_log_prob = float(sum(live.log_probs))
+        return new, ended
+
+    def _queue(self, live: Live, tokens: List[int], final: bool, all_tokens: bool = False) -> None:
+        s = live.submission
+        log_probs = None
+        if s.return_log_probs:
+            log_probs = list(live.log_probs) if all_tokens else live.log_probs[len(live.log_probs) - len(tokens):]
+        self._responses.put((live, token_response(tokens, log_probs, live.cum_log_prob), final))
+
+    # -- the response thread ----------------------------------------------------------------------
+    def _response_loop(self) -> None:
+        last_check = time.monotonic()
+        while True:
+            try:
+                item = self._responses.get(timeout=self.cancel_period_s)
+            except queue.Empty:
+                item = None
+            if item is _SHUTDOWN:
+                return
+            if item is not None:
+                self._send(*item)
+            now = time.monotonic()
+            if now - last_check >= self.cancel_period_s:
+                last_check = now
+                self._check_cancelled()
+
+    def _send(self, live: Live, response, final: bool) -> None:
+        if live.final_sent:
+            return
+        try:
+            live.sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
+        except Exception as exc:  # noqa: BLE001 - a client that went away
+            self._log("warn", f"could not send a response of request {live.request_id!r}: {exc}")
+            final = True
+            self._abort(live)
+        if final:
+            live.final_sent = True
+            with self._lock:
+                self._live.pop(live.number, None)
+                if self._by_request_id.get(live.request_id) is live:
+                    del self._by_request_id[live.request_id]
+
+    def _check_cancelled(self) -> None:
+        """Ask Triton about every request without its final response (on this thread, which alone sends them)."""
+        with self._lock:
+            lives = [live for live in self._live.values() if not live.cancel_seen]
+        for live in lives:
+            try:
+                cancelled = bool(live.sender.is_cancelled())
+            except Exception:  # noqa: BLE001
+                cancelled = False
+            if cancelled and not live.final_sent:
+                live.cancel_seen = True
+                self._log("info", f"request {live.request_id!r} cancelled by the client after {len(live.tokens)} "
+                                  "tokens")
+                self._abort(live)
+
+    # -- unloading --------------------------------------------------------------------------------
+    def finalize(self) -> None:
+        if not getattr(self, "serving", False):
+            return
+        self._closing = True
+        with self._lock:
+            lives = list(self._live.values())
+        for live in lives:
+            self._abort(live)
+        deadline = time.monotonic() + FINALIZE_DRAIN_S
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not self._live:
+                    break
+            time.sleep(0.05)
+        with self._lock:
+            left = list(self._live.values())
+        for live in left:
+            self._responses.put((live, error_response("the model was unloaded before the request finished"), True))
+        self._responses.put(_SHUTDOWN)
+        self._response_thread.join(FINALIZE_DRAIN_S)
+        try:
+            self.llm.shutdown()
+        except Exception as exc:  # noqa: BLE001
+            self._log("warn", f"LLM.shutdown() failed: {exc}")
+        if self._loop is not None and self._stopped is not None:
+            try:
+                self._loop.call_soon_threadsafe(self._stopped.set)
+            except RuntimeError:
+                pass
+        self._loop_thread.join(FINALIZE_DRAIN_S)
+        self.serving = False
+        self._log("info", "finalized")
+
+
+_SHUTDOWN = object()
