@@ -317,7 +317,8 @@ def pytorch_pool(triton: Running, tmp_path_factory) -> Iterator[StreamPool]:  # 
     info = inspect_weights(CHECKPOINT, reference_lora={"max_lora_rank": 8})
     config = GeneratorConfig(tokenizer_dir=CHECKPOINT, limits=LIMITS, grpc_address=triton.address, token_timeout_s=5.0,
                              lora=info.lora, adapter_limits=StoreLimits(root=tmp_path_factory.mktemp("pt_cache"),
-                                                                        retries=0), backend="pytorch")
+                                                                        retries=0, rules=FetchRules.open()),
+                             backend="pytorch")
     pool = StreamPool(config, 1, interval_s=0.0, start_timeout_s=120)
     pool.start()
     yield pool
@@ -381,7 +382,7 @@ def test_pytorch_adapter_ids_are_content_hashes_in_every_process(pytorch_adapter
     spec = inspect_weights(CHECKPOINT, reference_lora={"max_lora_rank": 8}).lora
 
     def resolve(root: str, name: str):
-        adapters = Adapters(spec, StoreLimits(root=tmp_path / root, retries=0), backend="pytorch")
+        adapters = Adapters(spec, StoreLimits(root=tmp_path / root, retries=0, rules=FetchRules.open()), backend="pytorch")
         return adapters.resolve(parse_adapter_ref(urls[name]))
 
     one, two, other = resolve("p1", "a"), resolve("p2", "a-again"), resolve("p3", "c")
