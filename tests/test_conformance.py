@@ -121,6 +121,11 @@ MAX_ACTIVE = 2
 MAX_QUEUE = 1
 MAX_INPUT_LEN = 200
 MAX_SEQ_LEN = 256
+#: The queue test's model (reference server only): its running requests ask for QUEUE_ACTIVE_TOKENS tokens, so
+#: that none can end while the test runs (minutes of CPU generation) and free a slot the test means to keep busy.
+QUEUE_MODEL = "tensorrt_llm_queue"
+QUEUE_MAX_SEQ_LEN = 4096
+QUEUE_ACTIVE_TOKENS = 3800
 #: A second model of the same server stands for an engine built with max_input_len 100 and max_num_tokens
 #: 150 (context FMHA and packed input, chunked context off): the executor takes prompts up to 150 tokens.
 NUM_TOKENS_MODEL = "tensorrt_llm_num_tokens"
@@ -231,6 +236,7 @@ def server(request, tmp_path_factory):
         write_model(repo / NUM_TOKENS_MODEL, MODEL_DIR, render_config(
             NUM_TOKENS_MODEL, NUM_TOKENS_ENGINE_MAX_INPUT_LEN, max_num_tokens=MAX_NUM_TOKENS))
         write_model(repo / FEATURES_MODEL, MODEL_DIR, render_config(FEATURES_MODEL, values=features_values()))
+        write_model(repo / QUEUE_MODEL, MODEL_DIR, render_config(QUEUE_MODEL, values={"max_seq_len": QUEUE_MAX_SEQ_LEN}))
     else:
         base = {"model": str(CHECKPOINT), "max_batch_size": MAX_ACTIVE, "max_seq_len": MAX_SEQ_LEN}
         write_model(repo / "tensorrt_llm", PYTORCH_DIR, render_pytorch_config("tensorrt_llm"), base)
@@ -298,11 +304,11 @@ def _ids(value) -> list[int]:
     return list(value) if isinstance(value, list) else [value]
 
 
-def stream(url: str, payload: dict, timeout: float = 120.0) -> tuple[int, list[dict]]:
+def stream(url: str, payload: dict, timeout: float = 120.0, model: str = "tensorrt_llm") -> tuple[int, list[dict]]:
     """POST generate_stream; returns (HTTP status, events)."""
     events = []
     with httpx.Client(timeout=timeout) as client:
-        with connect_sse(client, "POST", f"{url}/v2/models/tensorrt_llm/generate_stream", json=payload) as source:
+        with connect_sse(client, "POST", f"{url}/v2/models/{model}/generate_stream", json=payload) as source:
             status = source.response.status_code
             for sse in source.iter_sse():
                 events.append(json.loads(sse.data))
@@ -339,9 +345,9 @@ def error_of(status: int, events_or_body) -> str:
 class Stream(threading.Thread):
     """A generate_stream request read in the background; ``events`` are (monotonic time, event)."""
 
-    def __init__(self, url: str, payload: dict) -> None:
+    def __init__(self, url: str, payload: dict, model: str = "tensorrt_llm") -> None:
         super().__init__(daemon=True)
-        self.url, self.payload = url, payload
+        self.url, self.payload, self.model = url, payload, model
         self.events: list[tuple[float, dict]] = []
         self.status: int | None = None
         self.first = threading.Event()
@@ -351,7 +357,7 @@ class Stream(threading.Thread):
     def run(self) -> None:
         try:
             with httpx.Client(timeout=120) as client:
-                with connect_sse(client, "POST", f"{self.url}/v2/models/tensorrt_llm/generate_stream",
+                with connect_sse(client, "POST", f"{self.url}/v2/models/{self.model}/generate_stream",
                                  json=self.payload) as source:
                     self.status = source.response.status_code
                     for sse in source.iter_sse():
@@ -441,35 +447,48 @@ def test_exclude_input_in_output_defaults_to_false_and_requests_override_it(serv
 # and the PyTorch-backend model cannot tell a request waiting inside the LLM from a running one.
 
 
+def _handed_to_the_model(url: str, model: str) -> int:
+    """How many requests Triton has handed to ``model``'s execute() (its statistics' inference_count: a decoupled
+    Python model counts a request once execute() returned, i.e. once the reference model queued or ran it)."""
+    stats = httpx.get(f"{url}/v2/models/{model}/stats", timeout=30).json()
+    return int(stats["model_stats"][0]["inference_count"])
+
+
 @pytest.mark.parametrize("server", ["reference"], indirect=True)  # the C++ executor's queue: see below
 def test_requests_wait_for_a_slot_and_the_queue_limit_rejects_one_more(server, url, prompts, greedy):
     """5. With both active slots busy, a request waits (it is not rejected) and runs when a slot
     frees; with ``default_queue_policy { max_queue_size: 1 }`` a second waiting request gets
     "Maximum queue size of 1 has been reached, please try again later" (executorImpl.cpp @b35ac1b6
-    ``enqueueRequests``; only not-yet-scheduled requests count). Whatever happens, every request it started
-    is stopped before it returns, so a failure here cannot leave the slots busy for the tests after it."""
+    ``enqueueRequests``; only not-yet-scheduled requests count).
+
+    Deterministic: the two active requests ask for 3,800 tokens (a model of max_seq_len 4096), so neither can
+    end during the test; the waiting request is sent first and known to be queued (Triton's statistics count it
+    as handed to the model) before the second is sent. Whatever happens, every request it started is stopped
+    before it returns, so a failure here cannot leave the slots busy for the tests after it."""
     long_ = {"streaming": [True], "end_id": [-1]}
     active: list[Stream] = []
     extra: list[Stream] = []
     try:
         for i in range(MAX_ACTIVE):
-            s = Stream(url, {**request(prompts["haiku"], 200, **long_), "id": f"queue-active-{i}"})
+            s = Stream(url, {**request(prompts["haiku"], QUEUE_ACTIVE_TOKENS, **long_), "id": f"queue-active-{i}"},
+                       QUEUE_MODEL)
             assert s.first.wait(60) and s.events, "an active request produced no token"
             active.append(s)
-        # Two more: one waits, the other finds the queue full. Which is which depends on arrival order.
-        extra = [Stream(url, {**request(prompts["haiku"], 3, **long_), "id": f"queue-extra-{i}"}) for i in range(2)]
-        deadline = time.monotonic() + 30
-        while not any(s.events for s in extra) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        rejected = [s for s in extra if s.events]
-        assert len(rejected) == 1, ([s.events for s in extra], server["log"].read_text()[-3000:])
-        (waiting,) = [s for s in extra if s not in rejected]
-        events = rejected[0].finish()
-        assert rejected[0].status == 400 and len(events) == 1
+        handed = _handed_to_the_model(url, QUEUE_MODEL)
+        waiting = Stream(url, {**request(prompts["haiku"], 3, **long_), "id": "queue-waiting"}, QUEUE_MODEL)
+        extra.append(waiting)
+        deadline = time.monotonic() + 60  # only "not hung"
+        while _handed_to_the_model(url, QUEUE_MODEL) == handed and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert _handed_to_the_model(url, QUEUE_MODEL) == handed + 1, "the waiting request never reached the model"
+        rejected = Stream(url, {**request(prompts["haiku"], 3, **long_), "id": "queue-rejected"}, QUEUE_MODEL)
+        extra.append(rejected)
+        events = rejected.finish(60)
+        assert all(s.is_alive() for s in active), "an active request ended: the test needs both slots busy"
+        assert rejected.status == 400 and len(events) == 1, (rejected.status, events)
         assert "Maximum queue size of 1 has been reached, please try again later" in events[0]["error"]
-        time.sleep(0.5)
         assert not waiting.events, "the waiting request ran while both slots were busy"
-        status, _ = stream(url, stop_request("queue-active-0"))
+        status, _ = stream(url, stop_request("queue-active-0"), model=QUEUE_MODEL)
         assert status == 200
         first_done = active[0].finish()[-1]
         ended_at = active[0].events[-1][0]
@@ -481,7 +500,7 @@ def test_requests_wait_for_a_slot_and_the_queue_limit_rejects_one_more(server, u
     finally:
         for s in [*active, *extra]:
             if s.is_alive():
-                stream(url, stop_request(s.payload["id"]))
+                stream(url, stop_request(s.payload["id"]), model=QUEUE_MODEL)
         for s in [*active, *extra]:
             s.join(60)
 
