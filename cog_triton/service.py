@@ -46,6 +46,7 @@ from cog_triton.supervisor import Health, State, Supervisor, TaskStream
 from cog_triton.weights import fetch_weights
 from tensorrtllm_backend.engine import WeightsInfo, find_model_root, inspect_weights
 from tensorrtllm_backend.gpus import GPU, visible_gpus
+from tensorrtllm_backend.llmapi_args import PyTorchServing, choose_checkpoint_backend, plan_pytorch_serving
 from tensorrtllm_backend.manifest import MANIFEST_NAME, Manifest, check_weights_match, verify_weights
 from tensorrtllm_backend.server import LaunchConfig, TritonServer, locate_tritonserver
 from tensorrtllm_backend.templates import RenderOptions, guided_decoding_of, render_model_repository
@@ -211,6 +212,12 @@ class LLMService:
         check_weights_match(info, manifest, self._gpus)
         if info.kind == "engine" and base_model_of(manifest):  # for the LoRA refusals' messages
             info = dataclasses.replace(info, lora=dataclasses.replace(info.lora, base_model=base_model_of(manifest)))
+        # A checkpoint is served by TensorRT-LLM's PyTorch backend (the LLM API) on a GPU, else by the CPU
+        # reference model (COG_TRITON_CHECKPOINT_BACKEND); its arguments are checked here, before Triton starts.
+        serving: Optional[PyTorchServing] = None
+        if info.kind != "engine" and choose_checkpoint_backend(settings.checkpoint_backend.value, self._gpus) == "pytorch":
+            serving = plan_pytorch_serving(info, settings.llm_api_options(), self._gpus, base_model_of(manifest))
+            info = dataclasses.replace(info, limits=serving.limits, lora=serving.lora, world_size=serving.world_size)
         if info.limits.max_batch_size < settings.max_concurrency:
             log.warning(
                 "Cog serves up to %d predictions at once (COG_MAX_CONCURRENCY, cog.yaml concurrency.max), but the "
@@ -218,18 +225,23 @@ class LLMService:
                 "rebuild the engine with limits.max_batch_size >= %d, or lower the concurrency",
                 settings.max_concurrency, info.limits.max_batch_size, settings.max_concurrency,
             )
-        log.info("%s", info.lora.describe())
-        log.info(
-            "%s %s (%s), world size %d, max_input_len %d, max_seq_len %d, max_batch_size %d",
-            "engine" if info.kind == "engine" else "Hugging Face checkpoint",
-            info.architecture,
-            info.dtype,
-            info.world_size,
-            info.limits.max_input_len,
-            info.limits.max_seq_len,
-            info.limits.max_batch_size,
+        if serving is not None:
+            log.info("%s", serving.describe(info))
+        else:
+            log.info("%s", info.lora.describe())
+            log.info(
+                "%s %s (%s), world size %d, max_input_len %d, max_seq_len %d, max_batch_size %d",
+                "engine" if info.kind == "engine" else "Hugging Face checkpoint on the CPU reference model",
+                info.architecture,
+                info.dtype,
+                info.world_size,
+                info.limits.max_input_len,
+                info.limits.max_seq_len,
+                info.limits.max_batch_size,
+            )
+        rendered = render_model_repository(
+            dataclasses.replace(self._render_options(), llm_args=serving.args if serving else None), info
         )
-        rendered = render_model_repository(self._render_options(), info)
         guided, off_reason = self._guided_decoding(guided_decoding_of(rendered["tensorrt_llm"]), info)
         installation = locate_tritonserver(
             settings.path(settings.tritonserver) if settings.tritonserver else None,
@@ -245,7 +257,7 @@ class LLMService:
                 metrics_port=settings.metrics_port,
                 # Tensor/pipeline parallelism: one rank per GPU under mpirun. check_weights_match
                 # made sure the manifest's world size (when there is one) equals the engine's.
-                world_size=manifest.world_size if manifest else info.world_size,
+                world_size=info.world_size if serving or not manifest else manifest.world_size,
                 log_verbose=settings.log_verbose,
                 mpirun=settings.mpirun,
             ),
@@ -255,7 +267,8 @@ class LLMService:
         self.info = info
         # Chunked context changes the longest prompt the executor takes (ModelLimits.executor_max_input_len);
         # only the C++ backend reads the setting (the reference template has no such parameter).
-        limits = dataclasses.replace(
+        # The PyTorch backend's limits already follow its own rule (llmapi_args.pytorch_limits).
+        limits = info.limits if serving is not None else dataclasses.replace(
             info.limits, enable_chunked_context=settings.enable_chunked_context and info.kind == "engine"
         )
         if limits.executor_max_input_len() != limits.max_input_len:
@@ -274,6 +287,7 @@ class LLMService:
             guided_off_reason=off_reason,
             lora=info.lora,
             adapter_limits=self._adapter_limits(),
+            backend="pytorch" if serving is not None else "engine",
         )
         processes = settings.stream_process_count()
         if processes:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from common.errors import TritonStartupError
+from cog_triton.fetch_rules import FetchRules
 from cog_triton.generation import GeneratorConfig, Outcome, build_generator
 from cog_triton.inputs import PredictInputs
 from cog_triton.local import WeightsHTTPServer
@@ -62,7 +63,8 @@ def _text(served, checkpoint_dir, hf_tokenizer, **inputs) -> tuple[str, list]:
     """The predictor's generation of ``inputs``: its text, and the gRPC requests' ids (lora_task_id)."""
     info = inspect_weights(checkpoint_dir, reference_lora={"max_lora_rank": 8})
     config = GeneratorConfig(tokenizer_dir=checkpoint_dir, limits=info.limits, grpc_address=served["server"].grpc_address,
-                             lora=info.lora, adapter_limits=StoreLimits(root=served["tmp"] / "adapters", retries=0),
+                             lora=info.lora, adapter_limits=StoreLimits(root=served["tmp"] / "adapters", retries=0,
+                                                                         rules=FetchRules.open()),  # 127.0.0.1
                              backend="pytorch")
     generator = build_generator(config, tokenizer=hf_tokenizer)
     values = PredictInputs.validate(prompt=PROMPT, temperature=0, seed=0, **inputs)

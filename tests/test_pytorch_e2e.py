@@ -1,0 +1,99 @@
+"""A Hugging Face checkpoint given as ``hf://owner/repo`` streams through the real Cog server on TensorRT-LLM's
+PyTorch backend: setup() fetches it from the Hub, sees a GPU, chooses the PyTorch backend (the default ``auto``),
+checks and writes the LLM's arguments, renders the PyTorch-backend ``tensorrt_llm`` model and starts Triton.
+
+What cannot run here is stood in for, and only that:
+* the Hub: tests/hub_server.py, reached through ``HF_ENDPOINT`` as huggingface_hub reaches the real one;
+* the GPU: an ``nvidia-smi`` that reports one H100 (tests/gpu_fakes.py), so the product's own GPU probe runs;
+* TensorRT-LLM's LLM API: benchmarks/llmapi_standin (transformers on the CPU), found by Triton's stub and the
+  Cog worker through an overlay virtualenv first on PATH (tests/llmapi_overlay.py). The product imports nothing
+  of it (tests/test_llmapi_standin_isolation.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cog_triton.local import CogServer, serving_env
+from cog_triton.prompt import PromptTokenizer
+from tests.gpu_fakes import fake_nvidia_smi, gpus
+from tests.hub_server import FakeHub, commit_of
+from tests.llmapi_overlay import overlay_venv
+
+pytestmark = pytest.mark.integration
+
+PROMPT = "What is machine learning?"
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, checkpoint_dir: Path):
+    work = tmp_path_factory.mktemp("pytorch_e2e")
+    overlay = overlay_venv(work / "overlay")
+    smi = fake_nvidia_smi(work / "gpu", gpus(1))
+    with FakeHub() as hub:
+        hub.add_folder("me/smollm2", checkpoint_dir)
+        env = serving_env(
+            "hf://me/smollm2", work=work, COG_TRITON_LLM_MAX_SEQ_LEN="512", COG_TRITON_LLM_MAX_NUM_TOKENS="384",
+            COG_TRITON_STOP_TIMEOUT_S="5", **hub.env(),
+            PATH=os.pathsep.join([str(smi), str(overlay / "bin"), str(Path(sys.executable).parent), os.environ["PATH"]]),
+        )
+        cog = CogServer(env, log_file=work / "cog.log", max_concurrency=2)
+        cog.start()
+        try:
+            cog.wait_ready(timeout_s=400)
+            yield {"cog": cog, "work": work, "hub": hub}
+        finally:
+            cog.stop()
+
+
+def _greedy(hf_model, hf_tokenizer, prompt: str, max_new_tokens: int) -> str:
+    import torch
+
+    ids = PromptTokenizer(hf_tokenizer).encode(prompt).ids
+    with torch.inference_mode():
+        out = hf_model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=max_new_tokens,
+                                attention_mask=torch.ones(1, len(ids)))
+    new = out[0, len(ids):].tolist()
+    if hf_tokenizer.eos_token_id in new:
+        new = new[: new.index(hf_tokenizer.eos_token_id)]
+    return hf_tokenizer.decode(new, skip_special_tokens=True)
+
+
+def test_setup_serves_the_hub_checkpoint_on_the_pytorch_backend(stack: dict[str, Any], checkpoint_dir: Path) -> None:
+    log = (stack["work"] / "cog.log").read_text(errors="replace")
+    assert "on the PyTorch backend (LLM API) with tp 1 x pp 1: max_seq_len 512, longest prompt 384" in log, log[-3000:]
+    model = stack["work"] / "model_repository" / "tensorrt_llm"
+    assert 'backend: "python"' in (model / "config.pbtxt").read_text()
+    product = (Path(__file__).resolve().parents[1] / "triton_model_repo" / "tensorrt_llm_pytorch" / "1" / "model.py")
+    assert (model / "1" / "model.py").read_text() == product.read_text()
+    args = json.loads((model / "1" / "llm_args.json").read_text())
+    assert args["max_seq_len"] == 512 and args["max_num_tokens"] == 384
+    assert Path(args["model"]).is_dir() and (Path(args["model"]) / "config.json").is_file()
+    # the weights are the Hub's files at the commit the revision named
+    assert commit_of("me/smollm2", "main") in log
+    fetched = {p.name for p in Path(args["model"]).iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= fetched
+
+
+def test_a_prediction_streams_transformers_greedy_text(stack: dict[str, Any], hf_model, hf_tokenizer) -> None:
+    events = list(stack["cog"].stream({"prompt": PROMPT, "max_tokens": 32, "temperature": 0}))
+    chunks = [data["chunk"] for name, data in events if name == "output"]
+    final = next(data for name, data in events if name == "completed")
+    assert final["status"] == "succeeded", final
+    assert "".join(chunks) == _greedy(hf_model, hf_tokenizer, PROMPT, 32)
+    assert len(chunks) > 1, "the text arrives as a stream"
+    assert final["metrics"]["input_token_count"] == len(PromptTokenizer(hf_tokenizer).encode(PROMPT).ids)
+
+
+def test_the_prompt_limit_is_the_pytorch_backends(stack: dict[str, Any]) -> None:
+    """Without chunked prefill the LLM API refuses a prompt longer than max_num_tokens (llm.py _check_arguments):
+    the predictor refuses it first, naming the limit and why."""
+    doc = stack["cog"].predict({"prompt": "word " * 500, "max_tokens": 8})
+    assert doc["status"] == "failed" and "the prompt is too long" in doc["error"], doc
+    assert "maximum input length is 384 tokens" in doc["error"], doc["error"]
