@@ -181,6 +181,9 @@ class Stack:
             f"{self._weights.url}/{args.archive.name}", work=self.work, triton_http_port=self.triton_port,
             COG_TRITON_REFERENCE_MAX_BATCH_SIZE=str(args.batch_limit), COG_TRITON_STOP_TIMEOUT_S="5",
             COG_TRITON_ADAPTER_CACHE_DIR=str(self.work / "adapter_cache"),
+            # Every engine here is rendered from the reference model's template folder (the stand-ins replace it),
+            # also on a GPU host, where a checkpoint would otherwise go to the PyTorch backend's template.
+            COG_TRITON_CHECKPOINT_BACKEND="reference",
         )
         if LORA_PATH in args.paths:
             archives = make_adapters(args.out / "lora_adapters", args.lora_adapters, args.lora_rank)
