@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests import fake_pb_utils
-from tests.fake_pb_utils import FakeRequest
+from tests.fake_pb_utils import FakeRequest, FakeSender
 from tests.llmapi_overlay import render_pytorch_repository, standin_imported
 from tests.modules import load_file
 
@@ -139,9 +139,10 @@ def test_streaming_sends_each_new_id_from_the_response_thread_with_streaming_as_
     finally:
         model.finalize()
     assert sender.tokens() == greedy[:5]
-    assert [flags for _, flags, _ in sender.sent] == [0, 0, 0, 0, 1]
+    flags = [flags for _, flags, _ in sender.sent]
+    assert flags[-1] == 1 and set(flags[:-1]) <= {0}  # one response per step (or more steps' tokens in one)
     assert {thread for _, _, thread in sender.sent} == {"trtllm-pytorch-responses"}
-    assert sender.cancel_threads <= {"trtllm-pytorch-responses"}
+    assert sender.cancel_threads <= {"trtllm-pytorch-cancel"}
     (args, kwargs), = spy.calls
     assert args == (prompt,) and kwargs["streaming"] is True and kwargs["lora_request"] is None
     params = kwargs["sampling_params"]
@@ -255,7 +256,20 @@ def test_triton_cancellation_aborts_the_generation(model, prompt, model_module):
     assert request.sender.final.wait(60)
     assert len(request.sender.tokens()) < 400
     assert any("request 'gone' cancelled by the client after" in line for _, line in fake_pb_utils.Logger.lines)
-    assert request.sender.cancel_threads == {"trtllm-pytorch-responses"}
+    assert request.sender.cancel_threads == {"trtllm-pytorch-cancel"}
+
+
+def test_a_slow_sender_gets_several_steps_tokens_in_one_response(model, prompt, greedy):
+    """Each send is a round trip to Triton's process; when sends take longer than the steps, what waits for one
+    request goes in one response (the tokens in order, the final flag on the last), not one send per step."""
+    request = FakeRequest("slow", **body(prompt, 24, streaming=[True], end_id=[-1]))
+    request.sender = FakeSender(send_s=0.05)
+    model.execute([request])
+    assert request.sender.final.wait(60)
+    assert request.sender.tokens() == greedy[:24]
+    flags = [flags for _, flags, _ in request.sender.sent]
+    assert flags[-1] == 1 and set(flags[:-1]) <= {0}
+    assert len(request.sender.sent) < 24, "every step was sent on its own"
 
 
 @pytest.mark.parametrize("extra, text", [
