@@ -6,7 +6,6 @@ thread. Tests that can run in a real Triton do so; this is for what a test must 
 from __future__ import annotations
 
 import threading
-import time
 import types
 from typing import Any, Optional
 
@@ -79,8 +78,8 @@ def using_decoupled_model_transaction_policy(config: dict) -> bool:
 class FakeSender:
     """Records (response, flags, thread name) for every send and the thread of every is_cancelled()."""
 
-    def __init__(self, send_s: float = 0.0) -> None:
-        self.send_s = send_s  # how long each send takes (Triton's round trip), seconds
+    def __init__(self, gate: Optional[threading.Event] = None) -> None:
+        self.gate = gate  # when given, the first send waits for it (a round trip to Triton that takes long)
         self.sent: list = []
         self.cancelled = False
         self.cancel_threads: set = set()
@@ -90,8 +89,8 @@ class FakeSender:
     def send(self, response=None, flags: int = 0) -> None:
         if self.final.is_set():
             raise RuntimeError("send after the final response")
-        if self.send_s:
-            time.sleep(self.send_s)
+        if self.gate is not None and not self.sent:
+            assert self.gate.wait(60), "the test never released the first send"
         self.sent.append((response, flags, threading.current_thread().name))
         self.first.set()
         if flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL:

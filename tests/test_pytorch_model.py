@@ -142,7 +142,7 @@ def test_streaming_sends_each_new_id_from_the_response_thread_with_streaming_as_
     flags = [flags for _, flags, _ in sender.sent]
     assert flags[-1] == 1 and set(flags[:-1]) <= {0}  # one response per step (or more steps' tokens in one)
     assert {thread for _, _, thread in sender.sent} == {"trtllm-pytorch-responses"}
-    assert sender.cancel_threads <= {"trtllm-pytorch-cancel"}
+    assert sender.cancel_threads <= {"trtllm-pytorch-responses"}
     (args, kwargs), = spy.calls
     assert args == (prompt,) and kwargs["streaming"] is True and kwargs["lora_request"] is None
     params = kwargs["sampling_params"]
@@ -256,20 +256,29 @@ def test_triton_cancellation_aborts_the_generation(model, prompt, model_module):
     assert request.sender.final.wait(60)
     assert len(request.sender.tokens()) < 400
     assert any("request 'gone' cancelled by the client after" in line for _, line in fake_pb_utils.Logger.lines)
-    assert request.sender.cancel_threads == {"trtllm-pytorch-cancel"}
+    assert request.sender.cancel_threads == {"trtllm-pytorch-responses"}
 
 
 def test_a_slow_sender_gets_several_steps_tokens_in_one_response(model, prompt, greedy):
     """Each send is a round trip to Triton's process; when sends take longer than the steps, what waits for one
     request goes in one response (the tokens in order, the final flag on the last), not one send per step."""
+    import threading
+    import time
+
     request = FakeRequest("slow", **body(prompt, 24, streaming=[True], end_id=[-1]))
-    request.sender = FakeSender(send_s=0.05)
+    gate = threading.Event()
+    request.sender = FakeSender(gate=gate)  # the first send returns only once the LLM made all 24 tokens
     model.execute([request])
+    deadline = time.monotonic() + 60  # only "not hung"
+    while time.monotonic() < deadline and not any(
+            live.request_id == "slow" and len(live.tokens) == 24 for live in list(model._live.values())):
+        time.sleep(0.01)
+    gate.set()
     assert request.sender.final.wait(60)
     assert request.sender.tokens() == greedy[:24]
-    flags = [flags for _, flags, _ in request.sender.sent]
-    assert flags[-1] == 1 and set(flags[:-1]) <= {0}
-    assert len(request.sender.sent) < 24, "every step was sent on its own"
+    # the first step's response, then the 22 steps that waited as one, then the final response as made
+    assert [(len(r.tensor("output_ids").reshape(-1)), flags) for r, flags, _ in request.sender.sent] == [
+        (1, 0), (22, 0), (1, 1)]
 
 
 @pytest.mark.parametrize("extra, text", [

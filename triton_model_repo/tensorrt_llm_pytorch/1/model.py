@@ -200,8 +200,9 @@ def _token_log_prob(entry: Any, token: int) -> float:
 class Live:
     """A request between ``execute`` and its final response.
 
-    The response thread makes every ``sender.send`` (the cancellation thread its ``is_cancelled()``, as upstream's
-    llmapi model does); the event loop owns ``output``
+    The response thread makes every ``sender.send`` and ``is_cancelled()`` call (upstream's llmapi model asks
+    is_cancelled() from a thread of its own: with Triton 2.51's Python backend, calls from two threads of the stub
+    at 128 streams made tritonserver die of SIGSEGV on the GPU host); the event loop owns ``output``
     and ``tokens``; ``abort_requested`` may be set from any thread (a stop request, a cancellation)."""
 
     number: int
@@ -310,9 +311,6 @@ class TritonPythonModel:
         self._response_thread = threading.Thread(target=self._response_loop, name="trtllm-pytorch-responses",
                                                  daemon=True)
         self._response_thread.start()
-        self._cancellation_thread = threading.Thread(target=self._cancellation_loop, name="trtllm-pytorch-cancel",
-                                                     daemon=True)
-        self._cancellation_thread.start()
         self.serving = True
         shown = {k: v for k, v in llm_args.items() if k != "_mpi_session"}
         self._log("info", f"LLM ready in {time.monotonic() - started:.1f} s with {json.dumps(shown, default=str)}; "
@@ -548,8 +546,18 @@ class TritonPythonModel:
         steps together, as a streamed response of the C++ backend also carries all tokens since its last one;
         the final response is sent as made (it may hold no new tokens, as the C++ backend's may). An idle thread
         sends each step's tokens at once (time to first token unchanged)."""
+        last_check = time.monotonic()
         while True:
-            item = self._responses.get()
+            try:
+                item = self._responses.get(timeout=self.cancel_period_s)
+            except queue.Empty:
+                item = None
+            now = time.monotonic()
+            if now - last_check >= self.cancel_period_s:
+                last_check = now
+                self._check_cancelled()
+            if item is None:
+                continue
             if item is _SHUTDOWN:
                 return
             batch = [item]
@@ -591,13 +599,6 @@ class TritonPythonModel:
                 entry[3] = cum
         for live, tokens, log_probs, cum, final in order:
             self._send(live, token_response(tokens, log_probs, cum), final)
-
-    def _cancellation_loop(self) -> None:
-        """Every ``cancellation_check_period_ms``, ask Triton about every request without its final response (a
-        thread of its own, as upstream's llmapi model has, so that these round trips do not delay responses)."""
-        while not self._closing:
-            time.sleep(self.cancel_period_s)
-            self._check_cancelled()
 
     def _send(self, live: Live, response, final: bool) -> None:
         if live.final_sent:
