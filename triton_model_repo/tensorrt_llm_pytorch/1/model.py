@@ -200,9 +200,10 @@ def _token_log_prob(entry: Any, token: int) -> float:
 class Live:
     """A request between ``execute`` and its final response.
 
-    The response thread makes every ``sender.send`` and ``is_cancelled()`` call (upstream's llmapi model asks
-    is_cancelled() from a thread of its own: with Triton 2.51's Python backend, calls from two threads of the stub
-    at 128 streams made tritonserver die of SIGSEGV on the GPU host); the event loop owns ``output``
+    One response thread (of :data:`RESPONSE_THREADS`) makes every ``sender.send`` and ``is_cancelled()`` call of a
+    request (upstream's llmapi model asks is_cancelled() from a thread of its own: with Triton 2.51's Python
+    backend, calls on one sender from two threads at 128 streams made tritonserver die of SIGSEGV on the GPU
+    host); the event loop owns ``output``
     and ``tokens``; ``abort_requested`` may be set from any thread (a stop request, a cancellation)."""
 
     number: int
@@ -305,12 +306,17 @@ class TritonPythonModel:
         self._live: Dict[int, Live] = {}
         self._by_request_id: Dict[str, Live] = {}  # the latest request with each Triton request id
         self._lora_paths: Dict[int, str] = {}
-        self._responses: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
+        # One queue and thread per partition of the requests (request number % RESPONSE_THREADS): each request's
+        # sends and is_cancelled() calls stay on one thread, in order.
+        self._queues: List["queue.SimpleQueue[Any]"] = [queue.SimpleQueue() for _ in range(RESPONSE_THREADS)]
         self._closing = False
         self.llm = self._start_engine()
-        self._response_thread = threading.Thread(target=self._response_loop, name="trtllm-pytorch-responses",
-                                                 daemon=True)
-        self._response_thread.start()
+        self._response_threads = [
+            threading.Thread(target=self._response_loop, args=(i,), name=f"trtllm-pytorch-responses-{i}", daemon=True)
+            for i in range(RESPONSE_THREADS)
+        ]
+        for thread in self._response_threads:
+            thread.start()
         self.serving = True
         shown = {k: v for k, v in llm_args.items() if k != "_mpi_session"}
         self._log("info", f"LLM ready in {time.monotonic() - started:.1f} s with {json.dumps(shown, default=str)}; "
@@ -506,7 +512,7 @@ class TritonPythonModel:
                 self._queue(live, prefix + live.tokens, final=True, all_tokens=True)
         except Exception as exc:  # noqa: BLE001 - RequestError, the LLM's ValueError / RuntimeError
             self._log("warn", f"request {live.request_id!r} failed: {type(exc).__name__}: {exc}")
-            self._responses.put((live, error_response(str(exc)), True))
+            self._queue_of(live).put((live, error_response(str(exc)), True))
 
     def _new_tokens(self, live: Live, result) -> tuple[List[int], bool]:
         """The ids this response adds (the end token dropped, cut after a stop word), and whether a stop word
@@ -535,27 +541,32 @@ class TritonPythonModel:
         log_probs = None
         if s.return_log_probs:
             log_probs = list(live.log_probs) if all_tokens else live.log_probs[len(live.log_probs) - len(tokens):]
-        self._responses.put((live, (list(tokens), log_probs, live.cum_log_prob), final))
+        self._queue_of(live).put((live, (list(tokens), log_probs, live.cum_log_prob), final))
+
+    def _queue_of(self, live: Live) -> "queue.SimpleQueue[Any]":
+        return self._queues[live.number % RESPONSE_THREADS]
 
     # -- the response thread ----------------------------------------------------------------------
-    def _response_loop(self) -> None:
-        """Send what the event loop queued, in order per request. Each ``send`` is a round trip to Triton's
-        process (about 140 us on an H200 host: one thread sends at most ~7,000 responses/s, measured with
-        scripts/benchmark --engine pytorch at 128 x 100 tokens/s: 0.56 of the engine's rate). So whatever is
+    def _response_loop(self, index: int) -> None:
+        """Send what the event loop queued for partition ``index`` of the requests, in order per request, and check
+        their cancellation. Each ``send`` is a round trip to Triton's process (about 140 us on an H200 host: one
+        thread sent at most ~7,000 responses/s, measured with scripts/benchmark --engine pytorch at 128 x 100
+        tokens/s: 0.56 of the engine's rate), so :data:`RESPONSE_THREADS` threads send at once. Whatever is
         waiting when the thread comes round is sent as one response per request: the new tokens of several
         steps together, as a streamed response of the C++ backend also carries all tokens since its last one;
         the final response is sent as made (it may hold no new tokens, as the C++ backend's may). An idle thread
         sends each step's tokens at once (time to first token unchanged)."""
+        responses = self._queues[index]
         last_check = time.monotonic()
         while True:
             try:
-                item = self._responses.get(timeout=self.cancel_period_s)
+                item = responses.get(timeout=self.cancel_period_s)
             except queue.Empty:
                 item = None
             now = time.monotonic()
             if now - last_check >= self.cancel_period_s:
                 last_check = now
-                self._check_cancelled()
+                self._check_cancelled(index)
             if item is None:
                 continue
             if item is _SHUTDOWN:
@@ -563,7 +574,7 @@ class TritonPythonModel:
             batch = [item]
             while len(batch) < MAX_MERGED_ITEMS:
                 try:
-                    more = self._responses.get_nowait()
+                    more = responses.get_nowait()
                 except queue.Empty:
                     break
                 if more is _SHUTDOWN:
@@ -616,10 +627,12 @@ class TritonPythonModel:
                 if self._by_request_id.get(live.request_id) is live:
                     del self._by_request_id[live.request_id]
 
-    def _check_cancelled(self) -> None:
-        """Ask Triton about every request without its final response (on this thread, which alone sends them)."""
+    def _check_cancelled(self, index: int) -> None:
+        """Ask Triton about every request of partition ``index`` without its final response (on the thread that
+        alone sends them)."""
         with self._lock:
-            lives = [live for live in self._live.values() if not live.cancel_seen]
+            lives = [live for live in self._live.values()
+                     if not live.cancel_seen and live.number % RESPONSE_THREADS == index]
         for live in lives:
             try:
                 cancelled = bool(live.sender.is_cancelled())
@@ -649,9 +662,12 @@ class TritonPythonModel:
         with self._lock:
             left = list(self._live.values())
         for live in left:
-            self._responses.put((live, error_response("the model was unloaded before the request finished"), True))
-        self._responses.put(_SHUTDOWN)
-        self._response_thread.join(FINALIZE_DRAIN_S)
+            self._queue_of(live).put((live, error_response("the model was unloaded before the request finished"),
+                                      True))
+        for responses in self._queues:
+            responses.put(_SHUTDOWN)
+        for thread in self._response_threads:
+            thread.join(FINALIZE_DRAIN_S)
         try:
             self.llm.shutdown()
         except Exception as exc:  # noqa: BLE001
@@ -667,5 +683,9 @@ class TritonPythonModel:
 
 
 _SHUTDOWN = object()
-#: The most queued items the response thread takes at once (each request's among them become one response).
+#: Threads sending responses (each owns the requests whose number is its index modulo this; the engine stand-in
+#: of scripts/benchmark sends from 4 threads too). Sends of one request are never made from two threads: with
+#: Triton 2.51's Python backend, a request's sender used from two threads made tritonserver die of SIGSEGV.
+RESPONSE_THREADS = 4
+#: The most queued items a response thread takes at once (each request's among them become one response).
 MAX_MERGED_ITEMS = 4096
