@@ -18,9 +18,8 @@ reproduced against the installed coglet by ``tests/test_cog_bridge.py``:
 
 So ``predict()`` returns the generator made by :func:`stream_generator`, and :func:`install_cancel_hook`
 wraps ``concurrent.futures.Future.cancel`` so that a cancel of a finished predict future whose
-result is one of our generators cancels that stream (:meth:`StreamHandle.cancel`: the stream
-process is told to stop it, or, in-process, the async task is cancelled; either way Triton is told
-to stop the request). Any other future behaves exactly as before.
+result is one of our generators cancels that stream (:meth:`StreamHandle.cancel`: its stream
+process is told to stop it, and Triton to stop the request). Any other future behaves exactly as before.
 
 Per streamed item the generator blocks on one thread-safe queue (``queue.SimpleQueue``: a C lock,
 the GIL released while waiting); the items are text chunks already joined over the stream interval
@@ -31,15 +30,12 @@ slot thread one wake-up, so fewer, larger items are what keeps the worker's GIL 
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import logging
 import queue
 import threading
 import weakref
-from typing import AsyncIterator, Callable, Iterator, Optional
-
-from cog_triton.coalesce import IntervalFlusher
+from typing import Callable, Iterator, Optional
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +47,7 @@ class StreamHandle:
 
     Args:
         on_cancel: called once, from the cancelling thread, when the prediction is cancelled or its
-            generator closed early (stops the producer: a stream process's stream or an async task).
+            generator closed early (stops the producer: the prediction's stream in its stream process).
 
     Attributes:
         on_done: set by :func:`on_end`: called once by the generator, in the thread iterating it, when it
@@ -146,52 +142,6 @@ def on_end(generator: Iterator[str], callback: Callable[[Optional[BaseException]
         return False
     handle.on_done = callback
     return True
-
-
-async def open_stream(source: AsyncIterator[str], interval_s: float = 0.0) -> Iterator[str]:
-    """Start consuming ``source`` on the running loop; return the sync generator coglet will iterate.
-
-    The in-process path (``COG_TRITON_STREAM_PROCESSES=0``) and bare predictors use this; the
-    default path gets its text from the stream processes (:mod:`cog_triton.stream_pool`).
-
-    Args:
-        source: the async iterator of text deltas (its exceptions are re-raised by the generator,
-            so the prediction fails with them; its ``finally`` runs when the stream is cancelled).
-        interval_s: the stream interval, seconds (:class:`cog_triton.coalesce.IntervalFlusher`);
-            0 hands over every delta as it comes.
-
-    Returns:
-        See :func:`stream_generator`. Closing it early cancels ``source``.
-    """
-    loop = asyncio.get_running_loop()
-    task: Optional[asyncio.Task[None]] = None
-
-    def cancel_task() -> None:
-        if task is not None and not task.done():
-            try:
-                loop.call_soon_threadsafe(task.cancel)
-            except RuntimeError:  # the loop is closed
-                pass
-
-    handle = StreamHandle(cancel_task)
-    flusher = IntervalFlusher(interval_s, handle.put, loop)
-
-    async def pump() -> None:
-        push = flusher.push
-        try:
-            async for text in source:
-                push(text)
-            flusher.close()
-            handle.end()
-        except asyncio.CancelledError:
-            handle.end()
-            raise
-        except BaseException as exc:  # noqa: BLE001 - handed to the generator, which re-raises it
-            flusher.close()  # the text made before the failure still reaches the user
-            handle.fail(exc)
-
-    task = asyncio.create_task(pump())
-    return stream_generator(handle)
 
 
 def _drain(handle: StreamHandle) -> Iterator[str]:

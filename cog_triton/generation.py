@@ -1,9 +1,8 @@
 """The per-request and per-token work of a prediction: prompt -> token ids -> Triton -> ids -> text.
 
 :class:`Generator` holds what this work needs (tokenizer, prompt formatter, engine limits, the gRPC
-client, the guide checker) and nothing about how its text reaches Cog. It runs where the streaming
-happens: in the stream processes (:mod:`cog_triton.streamer`, the default) or, with
-``COG_TRITON_STREAM_PROCESSES=0``, in the Cog worker's own event loop.
+client, the guide checker) and nothing about how its text reaches Cog. It runs in the stream processes
+(:mod:`cog_triton.streamer`).
 
 Per request: :meth:`Generator.prepare` renders and tokenizes the prompt once, compiles the guide
 and sizes the request (input errors are raised here, before Triton). Per token:

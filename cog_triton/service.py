@@ -5,8 +5,7 @@ Triton process, the tokenizer and the HTTP client for the lifetime of the Cog wo
 
 Why one module (about 650 lines): one concern, the predictor's life in the Cog worker: setup (weights,
 model repository, Triton, stream processes, the Prometheus endpoint, self-test), each prediction's path
-(validate, wait for Triton, hand it to a stream process or the in-process generator, count it in the
-metrics) and shutdown. What it drives lives in its own modules (weights/, stream_pool, supervisor,
+(validate, wait for Triton, hand it to a stream process, count it in the metrics) and shutdown. What it drives lives in its own modules (weights/, stream_pool, supervisor,
 exporter, generation); the helpers above the class are the setup's.
 """
 
@@ -20,29 +19,27 @@ import logging
 import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Optional, TypeVar, Union
 
-from cog_triton.cog_bridge import on_end, open_stream, then
+from cog_triton.cog_bridge import on_end, then
 from cog_triton.exporter import MetricsServer, ServiceMetrics, serve_metrics
-from cog_triton.generation import Generator, GeneratorConfig, Outcome, Prepared, build_generator
+from cog_triton.generation import GeneratorConfig
 from common.errors import (
     ConfigError,
-    InferenceError,
     ManifestError,
     TritonDiedError,
     TritonError,
 )
 from cog_triton.inputs import PredictInputs
-from cog_triton.metrics import INPUT_TOKEN_COUNT, OUTPUT_TOKEN_COUNT, performance_lines, record_time_to_first_token
+from cog_triton.metrics import OUTPUT_TOKEN_COUNT, MetricSink, performance_lines
 from cog_triton.fetch_rules import FetchRules
 from cog_triton.lora.refs import check_adapter_allowed
 from cog_triton.lora.store import StoreLimits
 from cog_triton.settings import Settings, VerifyMode
 from cog_triton.stream_pool import StreamPool
-from cog_triton.supervisor import Health, State, Supervisor, TaskStream
+from cog_triton.supervisor import Health, State, Supervisor
 from cog_triton.weights import fetch_weights
 from tensorrtllm_backend.engine import WeightsInfo, find_model_root, inspect_weights
 from tensorrtllm_backend.gpus import GPU, visible_gpus
@@ -55,8 +52,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 SELF_TEST_PROMPT = "Hello"
 SELF_TEST_TOKENS = 4
-
-MetricSink = Callable[[str, Union[int, float]], None]
 
 
 def _run_coroutine_sync(factory: Callable[[], Awaitable[T]]) -> T:
@@ -127,9 +122,8 @@ class LLMService:
     Lifecycle: :meth:`setup` (blocking, seconds to minutes) -> any number of concurrent
     :meth:`stream` / :meth:`generate` calls -> :meth:`shutdown` (also registered with ``atexit``).
 
-    Where the per-token work runs (``COG_TRITON_STREAM_PROCESSES``): in stream processes
-    (:class:`cog_triton.stream_pool.StreamPool`, the default), or with 0 in this process, on the
-    caller's event loop (:class:`cog_triton.generation.Generator`).
+    The per-token work of every prediction runs in the stream processes (``COG_TRITON_STREAM_PROCESSES``,
+    :class:`cog_triton.stream_pool.StreamPool`); this process validates, routes and relays text chunks.
 
     Prometheus metrics (:mod:`cog_triton.exporter`): :attr:`metrics` counts every prediction that goes through
     :meth:`validate` and :meth:`stream`; :meth:`setup` serves them with Triton's on
@@ -144,13 +138,8 @@ class LLMService:
         self.supervisor: Optional[Supervisor] = None
         self.generator_config: Optional[GeneratorConfig] = None
         self.pool: Optional[StreamPool] = None  # the stream processes
-        self.generator: Optional[Generator] = None  # in-process streaming (stream_processes = 0)
-        self._watchdog: Optional[asyncio.Task[None]] = None
         self.metrics = ServiceMetrics()
         self.metrics_server: Optional[MetricsServer] = None
-        # In-process only: prompt formatting and tokenization run here, off the event loop. One thread: a
-        # Hugging Face fast tokenizer is not safe to call from several threads at once ("Already borrowed").
-        self._prepare_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cog-triton-prepare")
         atexit.register(self.shutdown)
 
     @property
@@ -276,19 +265,16 @@ class LLMService:
             adapter_limits=self._adapter_limits(),
         )
         processes = settings.stream_process_count()
-        if processes:
-            # The stream processes load their tokenizers while Triton loads its models.
-            self.pool = StreamPool(
-                self.generator_config,
-                processes,
-                interval_s=self.interval_s,
-                start_timeout_s=settings.startup_timeout_s,
-                on_transport_error=self._died_or,
-                metrics=self.metrics,
-            )
-            self.pool.launch()
-        else:
-            self.generator = build_generator(self.generator_config)
+        # The stream processes load their tokenizers while Triton loads its models.
+        self.pool = StreamPool(
+            self.generator_config,
+            processes,
+            interval_s=self.interval_s,
+            start_timeout_s=settings.startup_timeout_s,
+            on_transport_error=self._died_or,
+            metrics=self.metrics,
+        )
+        self.pool.launch()
         self.server.start()
         ready_s = self.server.wait_ready(settings.startup_timeout_s)
         log.info("Triton ready in %.1f s", ready_s)
@@ -299,12 +285,11 @@ class LLMService:
             on_restart=self._triton_restarted,
         )
         self.supervisor.start()
-        if self.pool is not None:
-            self.pool.set_watcher(self.supervisor.register, self.supervisor.unregister)
-            self.pool.wait_ready()
+        self.pool.set_watcher(self.supervisor.register, self.supervisor.unregister)
+        self.pool.wait_ready()
         log.info(
-            "streaming: %s, stream interval %g ms (COG_TRITON_STREAM_PROCESSES, COG_TRITON_STREAM_INTERVAL_MS)",
-            f"{processes} stream process(es)" if processes else "in the Cog worker", settings.stream_interval_ms,
+            "streaming: %d stream process(es), stream interval %g ms (COG_TRITON_STREAM_PROCESSES, "
+            "COG_TRITON_STREAM_INTERVAL_MS)", processes, settings.stream_interval_ms,
         )
         if settings.self_test:
             self._self_test()
@@ -413,10 +398,7 @@ class LLMService:
         inputs = PredictInputs.validate(prompt=SELF_TEST_PROMPT, max_tokens=SELF_TEST_TOKENS, temperature=0, seed=0)
 
         async def run() -> str:
-            try:
-                return "".join([part async for part in self.generate(inputs, track=False)])
-            finally:
-                await self._close_loop_resources()
+            return "".join([part async for part in self.generate(inputs, track=False)])
 
         started = time.monotonic()
         text = _run_coroutine_sync(run)
@@ -428,16 +410,6 @@ class LLMService:
         self.metrics.triton_restarts.inc()
         if self.pool is not None:
             self.pool.reconnect()
-        if self.generator is not None:
-            self.generator.triton_restarted()
-
-    async def _close_loop_resources(self) -> None:
-        """Release what the in-process path bound to the running loop (its gRPC channel, the watchdog)."""
-        if self._watchdog is not None and self._watchdog.get_loop() is asyncio.get_running_loop():
-            self._watchdog.cancel()
-            self._watchdog = None
-        if self.generator is not None:
-            await self.generator.client.aclose()
 
     # ------------------------------------------------------------- lifecycle
     def shutdown(self) -> None:
@@ -456,12 +428,11 @@ class LLMService:
 
     def health(self) -> Health:
         """Whether the service can serve (for the predictor's healthcheck; see cog_triton.supervisor)."""
-        if self.supervisor is None:
+        if self.supervisor is None or self.pool is None:
             return Health(False, "setup() has not completed")
-        if self.pool is not None:
-            pool = self.pool.health()
-            if not pool.healthy:
-                return Health(False, pool.reason)
+        pool = self.pool.health()
+        if not pool.healthy:
+            return Health(False, pool.reason)
         return self.supervisor.health()
 
     # ------------------------------------------------------------ generation
@@ -538,8 +509,8 @@ class LLMService:
 
     async def _open(self, inputs: PredictInputs, metric: Optional[MetricSink], started: float,
                     queued: Optional[Callable[[], AbstractContextManager[None]]] = None) -> Iterator[str]:
-        supervisor = self.supervisor
-        if supervisor is None or (self.pool is None and self.generator is None):
+        supervisor, pool = self.supervisor, self.pool
+        if supervisor is None or pool is None:
             raise TritonError("setup() has not completed: Triton is not running")
         if supervisor.state is State.READY or queued is None:
             await supervisor.wait_ready()  # returns at once while Triton runs
@@ -548,23 +519,7 @@ class LLMService:
                 await supervisor.wait_ready()
         request_id = f"cog-triton-{uuid.uuid4().hex}"
         log.info("Triton request id %s", request_id)  # in the prediction's logs: ties it to Triton's log lines
-        if self.pool is not None:
-            return await self.pool.open(inputs, request_id, started, metric, queued)
-        generator = self.generator
-        assert generator is not None
-        self._ensure_watchdog(generator)
-        loop = asyncio.get_running_loop()
-        adapter = None
-        try:
-            if inputs.lora is not None:  # a download may take long: not in the prompt thread
-                adapter = await loop.run_in_executor(None, generator.resolve_adapter, inputs.lora)
-            prepared = await loop.run_in_executor(self._prepare_pool, generator.prepare, inputs, request_id, adapter)
-        finally:
-            if inputs.lora is not None:
-                self._count_lora(generator)
-        if metric:
-            metric(INPUT_TOKEN_COUNT, prepared.prompt_tokens)
-        return await open_stream(self._in_process(generator, inputs, prepared, metric, started), self.interval_s)
+        return await pool.open(inputs, request_id, started, metric, queued)
 
     async def generate(self, inputs: PredictInputs, metric: Optional[MetricSink] = None, *,
                        track: bool = True) -> AsyncIterator[str]:
@@ -583,65 +538,6 @@ class LLMService:
                 yield chunk  # type: ignore[misc]
         finally:
             stream.close()
-
-    def _count_lora(self, generator: Generator) -> None:
-        """In-process: add the LoRA adapter counts since the last call to :attr:`metrics` (a stream process sends
-        its own in a STATS event)."""
-        if generator.adapters is not None:
-            self.metrics.lora(generator.adapters.take_counts())
-
-    def _ensure_watchdog(self, generator: Generator) -> None:
-        loop = asyncio.get_running_loop()
-        if self._watchdog is None or self._watchdog.done() or self._watchdog.get_loop() is not loop:
-            self._watchdog = loop.create_task(generator.watchdog())
-
-    async def _in_process(
-        self,
-        generator: Generator,
-        inputs: PredictInputs,
-        prepared: Prepared,
-        metric: Optional[MetricSink],
-        started: float,
-    ) -> AsyncIterator[str]:
-        """The in-process stream (COG_TRITON_STREAM_PROCESSES=0): the generator's text, with metrics and
-        the supervisor's fault path."""
-        supervisor = self.supervisor
-        assert supervisor is not None
-        task = asyncio.current_task()
-        assert task is not None
-        watched = TaskStream(task, asyncio.get_running_loop())
-        supervisor.register(watched)
-        outcome = Outcome()
-
-        def first_token(at: float) -> None:
-            if metric:
-                record_time_to_first_token(metric, at - started)
-
-        try:
-            async for text in generator.text_stream(inputs, prepared, outcome, on_first_token=first_token):
-                yield text
-        except asyncio.CancelledError:
-            if watched.error is None:
-                raise  # cancelled by the caller (Cog's cancel)
-            task.uncancel()
-            raise watched.error from None  # a fault the supervisor found: it names it
-        except InferenceError:
-            raise  # Triton answered with an error: nothing to wait for
-        except TritonError as exc:  # the connection failed: is Triton going down?
-            raise await self._died_or(exc) from None
-        finally:
-            supervisor.unregister(watched)
-            if inputs.lora is not None:
-                self._count_lora(generator)
-            if metric:
-                metric(OUTPUT_TOKEN_COUNT, outcome.output_tokens)
-            log.info(
-                "generated %d tokens for a %d-token prompt in %.2f s%s",
-                outcome.output_tokens,
-                prepared.prompt_tokens,
-                time.monotonic() - started,
-                " (stop sequence)" if outcome.stopped else "",
-            )
 
     async def _died_or(self, exc: TritonError) -> TritonError:
         """After a broken connection: TritonDiedError if Triton exits or faults within 2 s, else ``exc``."""

@@ -28,6 +28,7 @@ import pytest
 from cog_triton import cog_bridge
 from cog_triton.local import free_port
 from cog_triton.settings import REPO_ROOT
+from tests.bridge_source import relay
 
 STEP_S = 0.3
 
@@ -38,6 +39,7 @@ PREAMBLE = textwrap.dedent(
     from cog import AsyncConcatenateIterator, BasePredictor, ConcatenateIterator, Input
     sys.path.insert(0, {str(REPO_ROOT)!r})
     from cog_triton import cog_bridge
+    from tests.bridge_source import relay
 
     def note(text):
         print(text, file=sys.stderr, flush=True)
@@ -90,7 +92,7 @@ BRIDGE = PREAMBLE + textwrap.dedent(
     class Predictor(BasePredictor):
         @cog.streaming
         async def predict(self, n: int = Input(default=4), fail_at: int = Input(default=-1)) -> ConcatenateIterator[str]:
-            return await cog_bridge.open_stream(tokens(n, fail_at))
+            return await relay(tokens(n, fail_at))
     """
 )
 
@@ -276,7 +278,7 @@ def test_waiting_deltas_are_joined_into_one_item(waiting: int) -> None:
 
     async def start() -> tuple[Iterator[str], asyncio.Event]:
         gate = asyncio.Event()
-        return await cog_bridge.open_stream(_source([f"p{i} " for i in range(waiting)], gate, log)), gate
+        return await relay(_source([f"p{i} " for i in range(waiting)], gate, log)), gate
 
     generator, gate = asyncio.run_coroutine_threadsafe(start(), loop).result()
     loop.call_soon_threadsafe(gate.set)
@@ -308,7 +310,7 @@ def test_closing_the_generator_cancels_the_source() -> None:
             finally:
                 log.append("source closed")
 
-        return await cog_bridge.open_stream(endless()), gate
+        return await relay(endless()), gate
 
     generator, _ = asyncio.run_coroutine_threadsafe(start(), loop).result()
     assert next(generator).startswith("x")
