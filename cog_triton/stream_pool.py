@@ -3,8 +3,9 @@
 :class:`StreamPool` starts ``COG_TRITON_STREAM_PROCESSES`` processes (:mod:`cog_triton.streamer`),
 each joined to the worker by one Unix socket pair (:mod:`cog_triton.ipc`), and gives each new
 prediction to the one with the fewest running streams. What the worker does per prediction: send
-one START command, wait for its ACCEPTED (or REJECTED: the input error predict() raises), record
-three metrics. Per text chunk (not per token): one receiver thread per process reads a frame
+one :class:`~cog_triton.ipc.Start` command, wait for its :class:`~cog_triton.ipc.Accepted` (or
+:class:`~cog_triton.ipc.Rejected`: the input error predict() raises), record three metrics. Per text chunk
+(not per token): one receiver thread per process reads a frame
 holding many streams' chunks, and puts each chunk on its prediction's queue, which wakes that
 prediction's coglet thread (:mod:`cog_triton.cog_bridge`). Nothing else per token happens in the
 worker's interpreter.
@@ -36,7 +37,7 @@ import threading
 import time
 from dataclasses import dataclass
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterator, Optional, Union
+from typing import TYPE_CHECKING, Awaitable, Callable, Iterator, Optional, Union
 
 from common.errors import ConfigError, StreamProcessError, TritonError
 from cog_triton import ipc
@@ -83,7 +84,7 @@ class PooledStream:
         """coglet cancelled the prediction (or its generator was closed): stop the stream there."""
         self.stop_on_cancel = True
         if self.pool._forget(self):
-            self.process.send((ipc.CANCEL, self.sid, True))
+            self.process.send(ipc.Cancel(self.sid, True))
         self._resolve(asyncio.CancelledError())
 
     def fail(self, error: BaseException) -> None:
@@ -91,7 +92,7 @@ class PooledStream:
         without sending Triton a stop request (Triton is being restarted)."""
         self.stop_on_cancel = False
         if self.pool._forget(self):
-            self.process.send((ipc.CANCEL, self.sid, False))
+            self.process.send(ipc.Cancel(self.sid, False))
         self._resolve(error)
         self.handle.fail(error)
 
@@ -130,7 +131,7 @@ class StreamProcess:
         self.streams: dict[int, PooledStream] = {}
         self.alive = False
         self.ready = threading.Event()
-        self.info: dict[str, Any] = {}
+        self.load_s: Optional[float] = None  # seconds it took to load its tokenizer (its Ready event)
         self.start_error: Optional[str] = None
         self.start_failures = 0
         self.restarts = 0
@@ -140,7 +141,7 @@ class StreamProcess:
     def pid(self) -> Optional[int]:
         return self.popen.pid if self.popen is not None else None
 
-    def send(self, command: tuple[Any, ...]) -> bool:
+    def send(self, command: ipc.Command) -> bool:
         """Send a command (from any thread); False when the process is gone."""
         sock = self.sock
         if sock is None:
@@ -252,7 +253,7 @@ class StreamPool:
         log.info(
             "%d stream process(es) ready (pids %s; loaded in %s s), stream interval %g ms",
             len(self.processes), ", ".join(str(p.pid) for p in self.processes),
-            ", ".join(str(p.info.get("load_s", "?")) for p in self.processes), self.interval_s * 1e3,
+            ", ".join("?" if p.load_s is None else f"{p.load_s:g}" for p in self.processes), self.interval_s * 1e3,
         )
 
     def stop(self) -> None:
@@ -275,7 +276,8 @@ class StreamPool:
                     process.popen.wait()
 
     def _spawn(self, process: StreamProcess) -> None:
-        """Start ``process`` and its receiver thread (the thread sends CONFIG and waits for READY)."""
+        """Start ``process`` and its receiver thread (it is sent :class:`~cog_triton.ipc.Config`; the thread waits for
+        its :class:`~cog_triton.ipc.Ready`)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         process.ready.clear()
         process.start_error = None
@@ -291,7 +293,7 @@ class StreamPool:
         theirs.close()
         process.sock = ours
         process.streams = {}
-        process.send((ipc.CONFIG, {"generator": self.config, "stream_interval_s": self.interval_s}))
+        process.send(ipc.Config(self.config, self.interval_s))
         threading.Thread(target=self._receive, args=(process, ours), name=f"{process.name}-receiver",
                          daemon=True).start()
 
@@ -320,11 +322,11 @@ class StreamPool:
             with self._lock:
                 process.streams[stream.sid] = stream
             self._register(stream)
-            if process.send((ipc.START, stream.sid, request_id, inputs, started_at)):
+            if process.send(ipc.Start(stream.sid, request_id, inputs, started_at)):
                 if stream.stop_on_cancel is not None:
-                    # Failed (the supervisor) or cancelled between its registration and this START: that CANCEL
-                    # may have reached the process first, where it found nothing to cancel. Once more, after START.
-                    process.send((ipc.CANCEL, stream.sid, stream.stop_on_cancel))
+                    # Failed (the supervisor) or cancelled between its registration and this Start: that Cancel
+                    # may have reached the process first, where it found nothing to cancel. Once more, after Start.
+                    process.send(ipc.Cancel(stream.sid, stream.stop_on_cancel))
                 break
             self._forget(stream)  # its process died a moment ago: try another
         else:
@@ -371,29 +373,31 @@ class StreamPool:
         """Triton was restarted: every stream process replaces its gRPC channel before its next request."""
         for process in self.processes:
             if process.alive:
-                process.send((ipc.RECONNECT,))
+                process.send(ipc.Reconnect())
 
     def stop_request(self, request_id: str) -> None:
         """Ask a running stream process to send Triton the stop request of ``request_id``."""
         process = self._pick()
         if process is not None:
-            process.send((ipc.STOP, request_id))
+            process.send(ipc.Stop(request_id))
 
     # -------------------------------------------------------------------- receive
     def _receive(self, process: StreamProcess, sock: socket.socket) -> None:
-        """The receiver thread of ``process``: READY first, then every frame of events until EOF."""
+        """The receiver thread of ``process``: :class:`~cog_triton.ipc.Ready` first, then every frame until EOF.
+
+        Per frame: its text chunks go to their predictions' queues (a dict lookup and a put each), then its
+        events are handled in order (a few per prediction)."""
         reader = ipc.FrameReader(sock)
         streams = process.streams
         try:
             while True:
-                for event in reader.read():
-                    kind = event[1]
-                    if kind == ipc.TEXT:
-                        stream = streams.get(event[0])
-                        if stream is not None:
-                            stream.handle.queue.put(event[2])
-                    else:
-                        self._event(process, event)
+                frame: ipc.Frame = reader.read()
+                for sid, text in frame.texts:
+                    stream = streams.get(sid)
+                    if stream is not None:
+                        stream.handle.queue.put(text)
+                for event in frame.events:
+                    self._event(process, event)
         except (EOFError, OSError, ValueError) as exc:
             if not isinstance(exc, EOFError):
                 log.error("%s: channel error: %s", process.name, exc)
@@ -401,48 +405,48 @@ class StreamPool:
             reader.close()
         self._exited(process)
 
-    def _event(self, process: StreamProcess, event: tuple[Any, ...]) -> None:
-        sid, kind = event[0], event[1]
-        if kind == ipc.READY:
-            info = event[2]
-            process.info = info
-            if "error" in info:
-                process.start_error = info["error"]
-            else:
-                with self._any_ready:
-                    process.alive = True
-                    process.start_failures = 0
-                    self._any_ready.notify_all()
-            process.ready.set()
-            return
-        if kind == ipc.CANCELLED:  # a stream the worker cancelled (and forgot): only its tokens count
-            if self.metrics is not None:
-                self.metrics.cancelled_stream(event[2])
-            return
-        if kind == ipc.STATS:
-            if self.metrics is not None:
-                self.metrics.lora(event[2])
-            return
-        stream = process.streams.get(sid)
+    def _event(self, process: StreamProcess, event: ipc.Event) -> None:
+        match event:
+            case ipc.Ready(load_s=load_s, error=error):
+                process.load_s = load_s
+                if error:
+                    process.start_error = error
+                else:
+                    with self._any_ready:
+                        process.alive = True
+                        process.start_failures = 0
+                        self._any_ready.notify_all()
+                process.ready.set()
+                return
+            case ipc.Cancelled(output_tokens=tokens):  # a stream the worker cancelled (and forgot): its tokens count
+                if self.metrics is not None:
+                    self.metrics.cancelled_stream(tokens)
+                return
+            case ipc.Stats(counts):
+                if self.metrics is not None:
+                    self.metrics.lora(counts)
+                return
+        stream = process.streams.get(event.sid)
         if stream is None:
             return  # cancelled or failed here already
-        if kind == ipc.FIRST_TOKEN:
-            record_time_to_first_token(stream.record, event[2])
-        elif kind == ipc.ACCEPTED:
-            stream.record(INPUT_TOKEN_COUNT, event[2])
-            stream._resolve(event[2])
-        elif kind == ipc.END:
-            if self._forget(stream):
-                stream.record(OUTPUT_TOKEN_COUNT, event[2])
-                stream.handle.end()
-        elif kind == ipc.REJECTED:
-            if self._forget(stream):
-                stream._resolve(event[2])
-                stream.handle.end()
-        elif kind == ipc.FAILED:
-            if self._forget(stream):
-                stream.record(OUTPUT_TOKEN_COUNT, event[3])
-                self._failed(stream, event[2])
+        match event:
+            case ipc.FirstToken(seconds=seconds):
+                record_time_to_first_token(stream.record, seconds)
+            case ipc.Accepted(prompt_tokens=prompt_tokens):
+                stream.record(INPUT_TOKEN_COUNT, prompt_tokens)
+                stream._resolve(prompt_tokens)
+            case ipc.End(output_tokens=output_tokens):
+                if self._forget(stream):
+                    stream.record(OUTPUT_TOKEN_COUNT, output_tokens)
+                    stream.handle.end()
+            case ipc.Rejected(error=error):
+                if self._forget(stream):
+                    stream._resolve(error)
+                    stream.handle.end()
+            case ipc.Failed(error=error, output_tokens=output_tokens):
+                if self._forget(stream):
+                    stream.record(OUTPUT_TOKEN_COUNT, output_tokens)
+                    self._failed(stream, error)
 
     def _failed(self, stream: PooledStream, error: BaseException) -> None:
         """A stream failed in its process: a bare TritonError (the connection broke) may mean Triton is
