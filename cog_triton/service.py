@@ -431,9 +431,7 @@ class LLMService:
         if self.supervisor is None or self.pool is None:
             return Health(False, "setup() has not completed")
         pool = self.pool.health()
-        if not pool.healthy:
-            return Health(False, pool.reason)
-        return self.supervisor.health()
+        return pool if not pool.healthy else self.supervisor.health()
 
     # ------------------------------------------------------------ generation
     def validate(self, **inputs: Any) -> PredictInputs:

@@ -35,7 +35,6 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Awaitable, Callable, Iterator, Optional, Union
 
@@ -44,15 +43,15 @@ from cog_triton import ipc
 from cog_triton.cog_bridge import StreamHandle, stream_generator
 from cog_triton.generation import GeneratorConfig
 from cog_triton.inputs import PredictInputs
-from cog_triton.metrics import INPUT_TOKEN_COUNT, OUTPUT_TOKEN_COUNT, record_time_to_first_token
+from cog_triton.metrics import INPUT_TOKEN_COUNT, OUTPUT_TOKEN_COUNT, MetricSink, record_time_to_first_token
 from cog_triton.settings import REPO_ROOT
+from cog_triton.supervisor import Health
 
 if TYPE_CHECKING:
     from cog_triton.exporter import ServiceMetrics
 
 log = logging.getLogger(__name__)
 
-MetricSink = Callable[[str, Union[int, float]], None]
 #: A stream process that fails to start this many times in a row is given up (the pool reports it).
 MAX_START_FAILURES = 3
 
@@ -81,20 +80,23 @@ class PooledStream:
         self.stop_on_cancel: Optional[bool] = None
 
     def _cancelled(self) -> None:
-        """coglet cancelled the prediction (or its generator was closed): stop the stream there."""
-        self.stop_on_cancel = True
-        if self.pool._forget(self):
-            self.process.send(ipc.Cancel(self.sid, True))
-        self._resolve(asyncio.CancelledError())
+        """coglet cancelled the prediction (or its generator was closed): stop the stream there, and its request
+        in Triton."""
+        self._stop(asyncio.CancelledError(), send_stop=True)
 
     def fail(self, error: BaseException) -> None:
         """End the prediction with ``error`` (from any thread); the stream process drops the stream
         without sending Triton a stop request (Triton is being restarted)."""
-        self.stop_on_cancel = False
-        if self.pool._forget(self):
-            self.process.send(ipc.Cancel(self.sid, False))
-        self._resolve(error)
+        self._stop(error, send_stop=False)
         self.handle.fail(error)
+
+    def _stop(self, reason: BaseException, *, send_stop: bool) -> None:
+        """Stop the stream from the worker's side (once): its process is sent a Cancel, and ``open`` raises
+        ``reason`` if it has not returned yet."""
+        self.stop_on_cancel = send_stop
+        if self.pool.forget(self):
+            self.process.send(ipc.Cancel(self.sid, send_stop))
+        self.settle_open(reason)
 
     def record(self, name: str, value: Union[int, float]) -> None:
         if self.metric is not None:
@@ -103,8 +105,9 @@ class PooledStream:
             except Exception:  # noqa: BLE001 - a metric must never break a stream
                 log.exception("recording metric %s failed", name)
 
-    def _resolve(self, outcome: Union[int, BaseException]) -> None:
-        """Settle ``accepted`` from any thread (once)."""
+    def settle_open(self, outcome: Union[int, BaseException]) -> None:
+        """Settle what :meth:`StreamPool.open` waits for, from any thread (once): the prompt's length in tokens
+        (accepted), or the error ``open`` raises."""
 
         def settle() -> None:
             if self.accepted.done():
@@ -165,12 +168,6 @@ class StreamProcess:
         if code < 0:
             return f"was killed by signal {-code}"
         return f"exited with code {code}"
-
-
-@dataclass
-class PoolHealth:
-    healthy: bool
-    reason: str = ""
 
 
 class StreamPool:
@@ -328,7 +325,7 @@ class StreamPool:
                     # may have reached the process first, where it found nothing to cancel. Once more, after Start.
                     process.send(ipc.Cancel(stream.sid, stream.stop_on_cancel))
                 break
-            self._forget(stream)  # its process died a moment ago: try another
+            self.forget(stream)  # its process died a moment ago: try another
         else:
             raise StreamProcessError("no stream process could take the prediction (each died as it was sent)")
         try:
@@ -361,8 +358,9 @@ class StreamPool:
                     )
                 self._any_ready.wait(min(left, 1.0))
 
-    def _forget(self, stream: PooledStream) -> bool:
-        """Remove ``stream`` from its process; True if it was still there (it ends exactly once)."""
+    def forget(self, stream: PooledStream) -> bool:
+        """Remove ``stream`` from its process's running streams and from the watcher (from any thread); True if
+        it was still there: whoever gets True ends it, so it ends exactly once."""
         with self._lock:
             found = stream.process.streams.pop(stream.sid, None) is not None
         if found:
@@ -434,17 +432,17 @@ class StreamPool:
                 record_time_to_first_token(stream.record, seconds)
             case ipc.Accepted(prompt_tokens=prompt_tokens):
                 stream.record(INPUT_TOKEN_COUNT, prompt_tokens)
-                stream._resolve(prompt_tokens)
+                stream.settle_open(prompt_tokens)
             case ipc.End(output_tokens=output_tokens):
-                if self._forget(stream):
+                if self.forget(stream):
                     stream.record(OUTPUT_TOKEN_COUNT, output_tokens)
                     stream.handle.end()
             case ipc.Rejected(error=error):
-                if self._forget(stream):
-                    stream._resolve(error)
+                if self.forget(stream):
+                    stream.settle_open(error)
                     stream.handle.end()
             case ipc.Failed(error=error, output_tokens=output_tokens):
-                if self._forget(stream):
+                if self.forget(stream):
                     stream.record(OUTPUT_TOKEN_COUNT, output_tokens)
                     self._failed(stream, error)
 
@@ -490,7 +488,7 @@ class StreamPool:
         for stream in streams:
             self._unregister(stream)
             stream.record(OUTPUT_TOKEN_COUNT, 0)
-            stream._resolve(error)
+            stream.settle_open(error)
             stream.handle.fail(error)
             self.stop_request(stream.request_id)  # the backup for Triton's own cancellation
         if process.start_failures >= MAX_START_FAILURES:
@@ -514,14 +512,14 @@ class StreamPool:
             log.info("stream process %s restarted (pid %s)", process.name, process.pid)
 
     # --------------------------------------------------------------------- status
-    def health(self) -> PoolHealth:
+    def health(self) -> Health:
         """Unhealthy when no stream process runs and none will be restarted."""
         if any(p.alive for p in self.processes):
-            return PoolHealth(True)
+            return Health(True)
         if all(p.start_failures >= MAX_START_FAILURES for p in self.processes):
             reasons = "; ".join(f"{p.name}: {p.start_error}" for p in self.processes)
-            return PoolHealth(False, f"no stream process could be started ({reasons})")
-        return PoolHealth(True, "stream processes are restarting")
+            return Health(False, f"no stream process could be started ({reasons})")
+        return Health(True, "stream processes are restarting")
 
     @property
     def running_streams(self) -> int:

@@ -38,7 +38,7 @@ from typing import Optional
 from common.errors import CogTritonError
 from cog_triton import ipc
 from cog_triton.coalesce import IntervalFlusher
-from cog_triton.generation import Generator, GeneratorConfig, Outcome, build_generator
+from cog_triton.generation import Generator, GeneratorConfig, RequestState, build_generator
 from cog_triton.inputs import PredictInputs
 
 log = logging.getLogger("cog_triton.streamer")
@@ -78,8 +78,7 @@ class Streamer:
         self.name = name
         self.generator: Optional[Generator] = None
         self.interval_s = 0.0
-        self._tasks: dict[int, asyncio.Task[None]] = {}
-        self._outcomes: dict[int, Outcome] = {}
+        self._requests: dict[int, RequestState] = {}  # by sid, from its Start until its task ends
         self._texts: list[tuple[int, str]] = []  # the next frame's text chunks
         self._events: list[ipc.Event] = []  # and its events
         self._flush_due = False
@@ -144,8 +143,8 @@ class Streamer:
                 self._dispatch(command)
         finally:
             watchdog.cancel()
-            for task in list(self._tasks.values()):
-                task.cancel()
+            for state in list(self._requests.values()):
+                state.cancel()
             self._prepare_pool.shutdown(wait=False, cancel_futures=True)
             self._adapter_pool.shutdown(wait=False, cancel_futures=True)
 
@@ -162,16 +161,14 @@ class Streamer:
         assert generator is not None
         match command:
             case ipc.Start(sid, request_id, inputs, started_at):
-                task = asyncio.create_task(self._stream(sid, request_id, inputs, started_at))
-                self._tasks[sid] = task
-                task.add_done_callback(lambda _t, sid=sid: self._forget(sid))
+                state = RequestState()
+                state.task = asyncio.create_task(self._stream(sid, request_id, inputs, started_at, state))
+                self._requests[sid] = state
+                state.task.add_done_callback(lambda _t, sid=sid: self._requests.pop(sid, None))
             case ipc.Cancel(sid, send_stop):
-                task = self._tasks.get(sid)
-                if task is not None:
-                    outcome = self._outcomes.get(sid)
-                    if outcome is not None:
-                        outcome.send_stop = send_stop
-                    task.cancel()
+                state = self._requests.get(sid)
+                if state is not None:
+                    state.cancel(send_stop=send_stop)
             case ipc.Stop(request_id):
                 generator.stop_in_background(request_id)
             case ipc.Reconnect():
@@ -189,11 +186,8 @@ class Streamer:
         if counts:
             self._send(ipc.Stats(counts))
 
-    def _forget(self, sid: int) -> None:
-        self._tasks.pop(sid, None)
-        self._outcomes.pop(sid, None)
-
-    async def _stream(self, sid: int, request_id: str, inputs: PredictInputs, started_at: float) -> None:
+    async def _stream(self, sid: int, request_id: str, inputs: PredictInputs, started_at: float,
+                      state: RequestState) -> None:
         generator = self.generator
         assert generator is not None
         loop = asyncio.get_running_loop()
@@ -217,35 +211,33 @@ class Streamer:
         self._send(ipc.Accepted(sid, prepared.prompt_tokens))
         if inputs.lora is not None:
             self._report_lora()
-        outcome = Outcome()
-        self._outcomes[sid] = outcome
         send, send_text = self._send, self._send_text
         flusher = IntervalFlusher(self.interval_s, lambda text: send_text(sid, text), loop)
         push = flusher.push
         self.served += 1
         try:
             async for text in generator.text_stream(
-                inputs, prepared, outcome, on_first_token=lambda t: send(ipc.FirstToken(sid, t - started_at))
+                inputs, prepared, state, on_first_token=lambda t: send(ipc.FirstToken(sid, t - started_at))
             ):
                 push(text)
         except asyncio.CancelledError:
             # The worker cancelled it and no longer listens for its text; it counts the tokens made.
-            send(ipc.Cancelled(sid, outcome.output_tokens))
+            send(ipc.Cancelled(sid, state.output_tokens))
             return
         except Exception as exc:  # noqa: BLE001 - reported to the worker, which fails the prediction with it
             flusher.close()  # what was generated before the failure still reaches the user
-            send(ipc.Failed(sid, _portable(exc), outcome.output_tokens))
+            send(ipc.Failed(sid, _portable(exc), state.output_tokens))
             return
         finally:
             log.info(
                 "generated %d tokens for a %d-token prompt in %.2f s%s",
-                outcome.output_tokens, prepared.prompt_tokens, time.monotonic() - started_at,
-                " (stop sequence)" if outcome.stopped else "",
+                state.output_tokens, prepared.prompt_tokens, time.monotonic() - started_at,
+                " (stop sequence)" if state.stopped else "",
             )
             if inputs.lora is not None:
                 self._report_lora()  # a request sent again after the engine's cache miss counts there
         flusher.close()
-        send(ipc.End(sid, outcome.output_tokens))
+        send(ipc.End(sid, state.output_tokens))
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -67,7 +67,8 @@ class Fault:
 
 @dataclass
 class Health:
-    """The supervisor's verdict for the predictor's healthcheck."""
+    """Whether a part of the service can serve (Triton, from the supervisor; the stream processes, from
+    :meth:`cog_triton.stream_pool.StreamPool.health`), and why not: the predictor's healthcheck reports it."""
 
     healthy: bool
     reason: str = ""

@@ -295,17 +295,15 @@ def test_a_supervisor_fault_before_acceptance_fails_open_with_its_error_and_star
 
     triton.state.scenario = scenario
     error = TritonDiedError("Triton exited with signal 9; the prediction was stopped")
-    register = p._register
-
     def fail_on_register(s: PooledStream) -> None:
-        register(s)
+        watcher.register(s)
         s.fail(error)
 
-    p._register = fail_on_register
+    p.set_watcher(fail_on_register, watcher.unregister)
     try:
         chunks, failure, _, _ = stream(p, inputs(), "pool-early")
     finally:
-        p._register = register
+        p.set_watcher(watcher.register, watcher.unregister)
     assert failure is error and chunks == []
     assert wait_for(lambda: p.running_streams == 0) and not watcher.running
     # The next stream goes to the same process (the first of those with fewest streams) and ends: its process
