@@ -43,7 +43,14 @@ from cog_triton.supervisor import Health, State, Supervisor
 from cog_triton.weights import fetch_weights
 from tensorrtllm_backend.engine import WeightsInfo, find_model_root, inspect_weights
 from tensorrtllm_backend.gpus import GPU, visible_gpus
-from tensorrtllm_backend.manifest import MANIFEST_NAME, Manifest, check_weights_match, verify_weights
+from tensorrtllm_backend.manifest import (
+    MANIFEST_NAME,
+    Manifest,
+    base_model_of,
+    check_weights_match,
+    reference_lora,
+    verify_weights,
+)
 from tensorrtllm_backend.server import LaunchConfig, TritonServer, locate_tritonserver
 from tensorrtllm_backend.templates import RenderOptions, guided_decoding_of, render_model_repository
 
@@ -100,20 +107,6 @@ def _print_performance(seen: dict[str, Union[int, float]], started: float) -> No
     lines = performance_lines(int(seen.get(OUTPUT_TOKEN_COUNT, 0)), time.monotonic() - started,
                               None if ttft is None else float(ttft))
     print("\n".join(lines), flush=True)
-def base_model_of(manifest: Optional[Manifest]) -> str:
-    """The Hub id the archive was built from (its build config's source.checkpoint), or "" (a local folder)."""
-    source = (manifest.build_config.get("source") or {}) if manifest is not None else {}
-    checkpoint = str(source.get("checkpoint", "")) if isinstance(source, dict) else ""
-    return checkpoint if "/" in checkpoint and not checkpoint.startswith((".", "/", "~")) else ""
-
-
-def reference_lora(manifest: Optional[Manifest]) -> dict[str, Any]:
-    """For a checkpoint archive: the ``lora`` section of its build config (manifest.json) and what it was made
-    from, as :func:`tensorrtllm_backend.engine.inspect_weights` takes them (``reference_lora``, ``base_model``)."""
-    if manifest is None or manifest.backend != "reference":
-        return {}
-    lora = manifest.build_config.get("lora")
-    return {"reference_lora": lora if isinstance(lora, dict) else None, "base_model": base_model_of(manifest)}
 
 
 class LLMService:
