@@ -202,5 +202,5 @@ class Predictor(BaseRunner):
         # The prediction's metric scope, taken here (coglet finds it through a context variable): the
         # metrics are recorded later from another thread. cog.emit_metric is a deprecated alias in cog 0.23.
         scope = cog.current_scope()
-        stream: Iterator[str] = await self.service.stream(inputs, metric=scope.record_metric)
+        stream: Iterator[str] = await self.service.predict(inputs, metric=scope.record_metric)
         return stream

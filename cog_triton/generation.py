@@ -6,12 +6,12 @@ client, the guide checker) and nothing about how its text reaches Cog. It runs i
 
 Per request: :meth:`Generator.prepare` renders and tokenizes the prompt once, compiles the guide
 and sizes the request (input errors are raised here, before Triton). Per token:
-:meth:`Generator.text_stream` reads the ensemble's gRPC stream, detokenizes incrementally once, cuts
+:meth:`Generator.text_deltas` reads the ensemble's gRPC stream, detokenizes incrementally once, cuts
 stop sequences, and yields text deltas; nothing in it waits on a lock, a future or another thread.
 
 LoRA: a request with ``lora_weights`` carries its adapter's ``lora_task_id``, and its tensors unless this
 process has already had that task served (:mod:`cog_triton.lora.tasks`); when the backend answers that the
-task is not in its cache, :meth:`Generator.text_stream` sends the request once more with the tensors. The
+task is not in its cache, :meth:`Generator.text_deltas` sends the request once more with the tensors. The
 adapter itself is resolved (downloaded, converted) by :meth:`Generator.resolve_adapter`, off the event loop.
 With the PyTorch backend (``GeneratorConfig.backend``) every request of an adapter carries its ``lora_task_id``
 and its folder (``lora_path``), nothing converted: the LLM API loads the folder and caches it by the id.
@@ -78,7 +78,7 @@ class RequestState:
         stopped: the output was cut by a stop sequence.
         finished: the engine sent its final response and the output is complete (not cancelled,
             failed or cut by a stop sequence).
-        task: the asyncio task running the request (:meth:`Generator.text_stream` sets it when None).
+        task: the asyncio task running the request (:meth:`Generator.text_deltas` sets it when None).
         error: set by :meth:`cancel`: what the stream raises instead of ``CancelledError``.
         send_stop: False once a :meth:`cancel` said not to send Triton the stop request.
         last_response_at: ``time.monotonic()`` of the last response from Triton (the watchdog's clock).
@@ -344,7 +344,7 @@ class Generator:
         )
 
     # -------------------------------------------------------------------- per token
-    async def text_stream(
+    async def text_deltas(
         self,
         inputs: PredictInputs,
         prepared: Prepared,
@@ -493,7 +493,7 @@ class Generator:
     def stop_in_background(self, request_id: str) -> None:
         """Send TensorRT-LLM's stop signal for ``request_id`` without waiting (best effort).
 
-        Cancelling the gRPC stream (which :meth:`text_stream` also does) cancels the ensemble
+        Cancelling the gRPC stream (which :meth:`text_deltas` also does) cancels the ensemble
         request; Triton's ensemble scheduler passes a cancellation on to a composing model only when
         it schedules that step (triton-inference-server/core ensemble_scheduler.cc ``ScheduleSteps``;
         server issue #6739), so it reaches ``tensorrt_llm`` only if it comes before generation

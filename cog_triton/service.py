@@ -113,13 +113,13 @@ class LLMService:
     """Weights, model repository, Triton process and generation for one predictor.
 
     Lifecycle: :meth:`setup` (blocking, seconds to minutes) -> any number of concurrent
-    :meth:`stream` / :meth:`generate` calls -> :meth:`shutdown` (also registered with ``atexit``).
+    :meth:`predict` / :meth:`generate` calls -> :meth:`shutdown` (also registered with ``atexit``).
 
     The per-token work of every prediction runs in the stream processes (``COG_TRITON_STREAM_PROCESSES``,
     :class:`cog_triton.stream_pool.StreamPool`); this process validates, routes and relays text chunks.
 
     Prometheus metrics (:mod:`cog_triton.exporter`): :attr:`metrics` counts every prediction that goes through
-    :meth:`validate` and :meth:`stream`; :meth:`setup` serves them with Triton's on
+    :meth:`validate` and :meth:`predict`; :meth:`setup` serves them with Triton's on
     ``COG_TRITON_PROMETHEUS_PORT`` until :meth:`shutdown`.
     """
 
@@ -440,8 +440,8 @@ class LLMService:
             self.metrics.refused(exc)
             raise
 
-    async def stream(self, inputs: PredictInputs, metric: Optional[MetricSink] = None, *,
-                     track: bool = True) -> Iterator[str]:
+    async def predict(self, inputs: PredictInputs, metric: Optional[MetricSink] = None, *,
+                      track: bool = True) -> Iterator[str]:
         """Start generating ``inputs``; return the sync generator of text chunks coglet streams.
 
         Returns once the request is prepared (prompt rendered and tokenized once) and sent to Triton;
@@ -514,12 +514,12 @@ class LLMService:
 
     async def generate(self, inputs: PredictInputs, metric: Optional[MetricSink] = None, *,
                        track: bool = True) -> AsyncIterator[str]:
-        """:meth:`stream` as an async iterator of text chunks (the self-test and tests use it).
+        """:meth:`predict` as an async iterator of text chunks (the self-test and tests use it).
 
         Raises:
-            As :meth:`stream` and its generator.
+            As :meth:`predict` and its generator.
         """
-        stream = await self.stream(inputs, metric, track=track)
+        stream = await self.predict(inputs, metric, track=track)
         end = object()
         try:
             while True:

@@ -2,11 +2,11 @@
 
 :class:`StreamPool` starts ``COG_TRITON_STREAM_PROCESSES`` processes (:mod:`cog_triton.streamer`),
 each joined to the worker by one Unix socket pair (:mod:`cog_triton.ipc`), and gives each new
-prediction to the one with the fewest running streams. What the worker does per prediction: send
+prediction to the one with the fewest running predictions. What the worker does per prediction: send
 one :class:`~cog_triton.ipc.Start` command, wait for its :class:`~cog_triton.ipc.Accepted` (or
 :class:`~cog_triton.ipc.Rejected`: the input error predict() raises), record three metrics. Per text chunk
 (not per token): one receiver thread per process reads a frame
-holding many streams' chunks, and puts each chunk on its prediction's queue, which wakes that
+holding many predictions' chunks, and puts each chunk on its prediction's queue, which wakes that
 prediction's coglet thread (:mod:`cog_triton.cog_bridge`). Nothing else per token happens in the
 worker's interpreter.
 
@@ -18,7 +18,7 @@ Faults:
   the process is restarted in the background. While none is running, new predictions wait for
   one, up to ``start_timeout_s``.
 * A Triton fault found by the supervisor fails the running predictions through
-  :meth:`PooledStream.fail` (the supervisor holds them while they run).
+  :meth:`RoutedPrediction.fail` (the supervisor holds them while they run).
 * A transport error a stream process reports (the gRPC stream broke) is handed to
   ``on_transport_error``, which decides on the worker's loop whether Triton is dying.
 """
@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Awaitable, Callable, Iterator, Optional, Union
 
 from common.errors import ConfigError, StreamProcessError, TritonError
 from cog_triton import ipc
-from cog_triton.cog_bridge import StreamHandle, stream_generator
+from cog_triton.cog_bridge import PredictionOutput, output_generator
 from cog_triton.generation import GeneratorConfig
 from cog_triton.inputs import PredictInputs
 from cog_triton.metrics import INPUT_TOKEN_COUNT, OUTPUT_TOKEN_COUNT, MetricSink, record_time_to_first_token
@@ -56,14 +56,15 @@ log = logging.getLogger(__name__)
 MAX_START_FAILURES = 3
 
 
-class PooledStream:
-    """One prediction streamed by a stream process, as the worker sees it.
+class RoutedPrediction:
+    """One prediction routed to a stream process, as the worker sees it: its id on the channel (``sid``), its
+    process, the :class:`~cog_triton.cog_bridge.PredictionOutput` coglet's generator drains, and its metric sink.
 
-    ``fail(error)`` (the supervisor's fault path) and ``handle.cancel()`` (coglet's cancel) may come
-    from any thread; the receiver thread finishes it when its END or FAILED event arrives.
+    ``fail(error)`` (the supervisor's fault path) and ``output.cancel()`` (coglet's cancel) may come
+    from any thread; the receiver thread finishes it when its End or Failed event arrives.
     """
 
-    __slots__ = ("sid", "request_id", "process", "handle", "metric", "loop", "accepted", "pool", "stop_on_cancel",
+    __slots__ = ("sid", "request_id", "process", "output", "metric", "loop", "accepted", "pool", "stop_on_cancel",
                  "__weakref__")
 
     def __init__(self, pool: "StreamPool", sid: int, request_id: str, process: "StreamProcess",
@@ -75,23 +76,23 @@ class PooledStream:
         self.metric = metric
         self.loop = loop
         self.accepted: "asyncio.Future[int]" = loop.create_future()
-        self.handle = StreamHandle(self._cancelled)
-        #: Set once the stream is cancelled or failed here: whether its process sends Triton the stop request.
+        self.output = PredictionOutput(self._cancelled)
+        #: Set once the prediction is cancelled or failed here: whether its process sends Triton the stop request.
         self.stop_on_cancel: Optional[bool] = None
 
     def _cancelled(self) -> None:
-        """coglet cancelled the prediction (or its generator was closed): stop the stream there, and its request
+        """coglet cancelled the prediction (or its generator was closed): stop the prediction there, and its request
         in Triton."""
         self._stop(asyncio.CancelledError(), send_stop=True)
 
     def fail(self, error: BaseException) -> None:
-        """End the prediction with ``error`` (from any thread); the stream process drops the stream
+        """End the prediction with ``error`` (from any thread); the stream process drops the prediction
         without sending Triton a stop request (Triton is being restarted)."""
         self._stop(error, send_stop=False)
-        self.handle.fail(error)
+        self.output.fail(error)
 
     def _stop(self, reason: BaseException, *, send_stop: bool) -> None:
-        """Stop the stream from the worker's side (once): its process is sent a Cancel, and ``open`` raises
+        """Stop the prediction from the worker's side (once): its process is sent a Cancel, and ``open`` raises
         ``reason`` if it has not returned yet."""
         self.stop_on_cancel = send_stop
         if self.pool.forget(self):
@@ -102,7 +103,7 @@ class PooledStream:
         if self.metric is not None:
             try:
                 self.metric(name, value)
-            except Exception:  # noqa: BLE001 - a metric must never break a stream
+            except Exception:  # noqa: BLE001 - a metric must never break a prediction
                 log.exception("recording metric %s failed", name)
 
     def settle_open(self, outcome: Union[int, BaseException]) -> None:
@@ -124,14 +125,14 @@ class PooledStream:
 
 
 class StreamProcess:
-    """One stream process: its ``Popen``, its end of the socket pair, and the streams it runs."""
+    """One stream process: its ``Popen``, its end of the socket pair, and the predictions it runs."""
 
     def __init__(self, index: int) -> None:
         self.index = index
         self.name = f"stream-{index}"
         self.popen: Optional[subprocess.Popen[bytes]] = None
         self.sock: Optional[socket.socket] = None
-        self.streams: dict[int, PooledStream] = {}
+        self.predictions: dict[int, RoutedPrediction] = {}
         self.alive = False
         self.ready = threading.Event()
         self.load_s: Optional[float] = None  # seconds it took to load its tokenizer (its Ready event)
@@ -180,9 +181,9 @@ class StreamPool:
         start_timeout_s: how long a process may take to start (import, tokenizer), seconds.
         on_transport_error: async callable run on the prediction's loop for a transport error; returns
             the error the prediction fails with (the service checks whether Triton is dying).
-        register / unregister: called with each running :class:`PooledStream` (the supervisor's).
+        register / unregister: called with each running :class:`RoutedPrediction` (the supervisor's).
         metrics: the service's Prometheus metrics (:mod:`cog_triton.exporter`): counts what only the pool sees
-            (stream-process restarts, tokens of cancelled streams, the processes' LoRA adapter counts).
+            (stream-process restarts, tokens of cancelled predictions, the processes' LoRA adapter counts).
     """
 
     def __init__(
@@ -193,8 +194,8 @@ class StreamPool:
         interval_s: float,
         start_timeout_s: float = 120.0,
         on_transport_error: Optional[Callable[[TritonError], Awaitable[BaseException]]] = None,
-        register: Optional[Callable[[PooledStream], None]] = None,
-        unregister: Optional[Callable[[PooledStream], None]] = None,
+        register: Optional[Callable[[RoutedPrediction], None]] = None,
+        unregister: Optional[Callable[[RoutedPrediction], None]] = None,
         metrics: Optional["ServiceMetrics"] = None,
     ) -> None:
         if processes < 1:
@@ -203,8 +204,8 @@ class StreamPool:
         self.interval_s = interval_s
         self.start_timeout_s = start_timeout_s
         self.on_transport_error = on_transport_error
-        self._register = register or (lambda stream: None)
-        self._unregister = unregister or (lambda stream: None)
+        self._register = register or (lambda prediction: None)
+        self._unregister = unregister or (lambda prediction: None)
         self.metrics = metrics
         self.processes = [StreamProcess(i) for i in range(processes)]
         self._sids = itertools.count(1)
@@ -223,8 +224,9 @@ class StreamPool:
         for process in self.processes:
             self._spawn(process)
 
-    def set_watcher(self, register: Callable[[PooledStream], None], unregister: Callable[[PooledStream], None]) -> None:
-        """Hand every running stream to ``register`` (and back to ``unregister`` when it ends): the
+    def set_watcher(self, register: Callable[[RoutedPrediction], None],
+                    unregister: Callable[[RoutedPrediction], None]) -> None:
+        """Hand every running prediction to ``register`` (and back to ``unregister`` when it ends): the
         supervisor, which fails them on a Triton fault."""
         self._register, self._unregister = register, unregister
 
@@ -289,7 +291,7 @@ class StreamPool:
         )
         theirs.close()
         process.sock = ours
-        process.streams = {}
+        process.predictions = {}
         process.send(ipc.Config(self.config, self.interval_s))
         threading.Thread(target=self._receive, args=(process, ours), name=f"{process.name}-receiver",
                          daemon=True).start()
@@ -315,31 +317,31 @@ class StreamPool:
             if process is None:
                 with queued() if queued is not None else contextlib.nullcontext():
                     process = await loop.run_in_executor(None, self._wait_for_process)
-            stream = PooledStream(self, next(self._sids), request_id, process, metric, loop)
+            prediction = RoutedPrediction(self, next(self._sids), request_id, process, metric, loop)
             with self._lock:
-                process.streams[stream.sid] = stream
-            self._register(stream)
-            if process.send(ipc.Start(stream.sid, request_id, inputs, started_at)):
-                if stream.stop_on_cancel is not None:
+                process.predictions[prediction.sid] = prediction
+            self._register(prediction)
+            if process.send(ipc.Start(prediction.sid, request_id, inputs, started_at)):
+                if prediction.stop_on_cancel is not None:
                     # Failed (the supervisor) or cancelled between its registration and this Start: that Cancel
                     # may have reached the process first, where it found nothing to cancel. Once more, after Start.
-                    process.send(ipc.Cancel(stream.sid, stream.stop_on_cancel))
+                    process.send(ipc.Cancel(prediction.sid, prediction.stop_on_cancel))
                 break
-            self.forget(stream)  # its process died a moment ago: try another
+            self.forget(prediction)  # its process died a moment ago: try another
         else:
             raise StreamProcessError("no stream process could take the prediction (each died as it was sent)")
         try:
-            await stream.accepted
+            await prediction.accepted
         except asyncio.CancelledError:
-            stream.handle.cancel()
+            prediction.output.cancel()
             raise
-        return stream_generator(stream.handle)
+        return output_generator(prediction.output)
 
     def _pick(self) -> Optional[StreamProcess]:
-        """The running process with the fewest streams, or None."""
+        """The running process with the fewest predictions, or None."""
         best: Optional[StreamProcess] = None
         for process in self.processes:
-            if process.alive and (best is None or len(process.streams) < len(best.streams)):
+            if process.alive and (best is None or len(process.predictions) < len(best.predictions)):
                 best = process
         return best
 
@@ -358,13 +360,13 @@ class StreamPool:
                     )
                 self._any_ready.wait(min(left, 1.0))
 
-    def forget(self, stream: PooledStream) -> bool:
-        """Remove ``stream`` from its process's running streams and from the watcher (from any thread); True if
-        it was still there: whoever gets True ends it, so it ends exactly once."""
+    def forget(self, prediction: RoutedPrediction) -> bool:
+        """Remove ``prediction`` from its process's running predictions and from the watcher (from any thread);
+        True if it was still there: whoever gets True ends it, so it ends exactly once."""
         with self._lock:
-            found = stream.process.streams.pop(stream.sid, None) is not None
+            found = prediction.process.predictions.pop(prediction.sid, None) is not None
         if found:
-            self._unregister(stream)
+            self._unregister(prediction)
         return found
 
     def reconnect(self) -> None:
@@ -386,14 +388,14 @@ class StreamPool:
         Per frame: its text chunks go to their predictions' queues (a dict lookup and a put each), then its
         events are handled in order (a few per prediction)."""
         reader = ipc.FrameReader(sock)
-        streams = process.streams
+        predictions = process.predictions
         try:
             while True:
                 frame: ipc.Frame = reader.read()
                 for sid, text in frame.texts:
-                    stream = streams.get(sid)
-                    if stream is not None:
-                        stream.handle.queue.put(text)
+                    prediction = predictions.get(sid)
+                    if prediction is not None:
+                        prediction.output.queue.put(text)
                 for event in frame.events:
                     self._event(process, event)
         except (EOFError, OSError, ValueError) as exc:
@@ -416,7 +418,7 @@ class StreamPool:
                         self._any_ready.notify_all()
                 process.ready.set()
                 return
-            case ipc.Cancelled(output_tokens=tokens):  # a stream the worker cancelled (and forgot): its tokens count
+            case ipc.Cancelled(output_tokens=tokens):  # one the worker cancelled (and forgot): its tokens count
                 if self.metrics is not None:
                     self.metrics.cancelled_stream(tokens)
                 return
@@ -424,53 +426,53 @@ class StreamPool:
                 if self.metrics is not None:
                     self.metrics.lora(counts)
                 return
-        stream = process.streams.get(event.sid)
-        if stream is None:
+        prediction = process.predictions.get(event.sid)
+        if prediction is None:
             return  # cancelled or failed here already
         match event:
             case ipc.FirstToken(seconds=seconds):
-                record_time_to_first_token(stream.record, seconds)
+                record_time_to_first_token(prediction.record, seconds)
             case ipc.Accepted(prompt_tokens=prompt_tokens):
-                stream.record(INPUT_TOKEN_COUNT, prompt_tokens)
-                stream.settle_open(prompt_tokens)
+                prediction.record(INPUT_TOKEN_COUNT, prompt_tokens)
+                prediction.settle_open(prompt_tokens)
             case ipc.End(output_tokens=output_tokens):
-                if self.forget(stream):
-                    stream.record(OUTPUT_TOKEN_COUNT, output_tokens)
-                    stream.handle.end()
+                if self.forget(prediction):
+                    prediction.record(OUTPUT_TOKEN_COUNT, output_tokens)
+                    prediction.output.end()
             case ipc.Rejected(error=error):
-                if self.forget(stream):
-                    stream.settle_open(error)
-                    stream.handle.end()
+                if self.forget(prediction):
+                    prediction.settle_open(error)
+                    prediction.output.end()
             case ipc.Failed(error=error, output_tokens=output_tokens):
-                if self.forget(stream):
-                    stream.record(OUTPUT_TOKEN_COUNT, output_tokens)
-                    self._failed(stream, error)
+                if self.forget(prediction):
+                    prediction.record(OUTPUT_TOKEN_COUNT, output_tokens)
+                    self._failed(prediction, error)
 
-    def _failed(self, stream: PooledStream, error: BaseException) -> None:
-        """A stream failed in its process: a bare TritonError (the connection broke) may mean Triton is
+    def _failed(self, prediction: RoutedPrediction, error: BaseException) -> None:
+        """A prediction failed in its process: a bare TritonError (the connection broke) may mean Triton is
         dying, which ``on_transport_error`` decides on the prediction's loop; anything else fails it now."""
         if type(error) is TritonError and self.on_transport_error is not None:
             check = self.on_transport_error
 
             async def decide() -> None:
                 try:
-                    stream.handle.fail(await check(error))  # type: ignore[arg-type]
+                    prediction.output.fail(await check(error))  # type: ignore[arg-type]
                 except BaseException as exc:  # noqa: BLE001 - the prediction must end either way
-                    stream.handle.fail(exc)
+                    prediction.output.fail(exc)
 
             try:
-                asyncio.run_coroutine_threadsafe(decide(), stream.loop)
+                asyncio.run_coroutine_threadsafe(decide(), prediction.loop)
                 return
             except RuntimeError:  # the loop is closed
                 pass
-        stream.handle.fail(error)
+        prediction.output.fail(error)
 
     def _exited(self, process: StreamProcess) -> None:
-        """``process`` closed its channel: fail its streams, send their stop requests elsewhere, restart it."""
+        """``process`` closed its channel: fail its predictions, send their stop requests elsewhere, restart it."""
         with self._lock:
             was_alive, process.alive = process.alive, False
-            streams = list(process.streams.values())
-            process.streams.clear()
+            predictions = list(process.predictions.values())
+            process.predictions.clear()
         if self._closing:
             return
         how = process.exit_description()
@@ -482,15 +484,15 @@ class StreamPool:
             f"the stream process {process.name} (pid {process.pid}) {how}; the prediction was stopped "
             "(the other predictions are not affected, and the process is being restarted)"
         )
-        if streams:
+        if predictions:
             log.error("stream process %s (pid %s) %s: failing its %d running prediction(s)", process.name,
-                      process.pid, how, len(streams))
-        for stream in streams:
-            self._unregister(stream)
-            stream.record(OUTPUT_TOKEN_COUNT, 0)
-            stream.settle_open(error)
-            stream.handle.fail(error)
-            self.stop_request(stream.request_id)  # the backup for Triton's own cancellation
+                      process.pid, how, len(predictions))
+        for prediction in predictions:
+            self._unregister(prediction)
+            prediction.record(OUTPUT_TOKEN_COUNT, 0)
+            prediction.settle_open(error)
+            prediction.output.fail(error)
+            self.stop_request(prediction.request_id)  # the backup for Triton's own cancellation
         if process.start_failures >= MAX_START_FAILURES:
             log.error("stream process %s failed to start %d times in a row: not restarting it (%s)",
                       process.name, process.start_failures, process.start_error)
@@ -522,8 +524,8 @@ class StreamPool:
         return Health(True, "stream processes are restarting")
 
     @property
-    def running_streams(self) -> int:
-        return sum(len(p.streams) for p in self.processes)
+    def running_predictions(self) -> int:
+        return sum(len(p.predictions) for p in self.processes)
 
 
-__all__ = ("PooledStream", "StreamPool", "StreamProcess")
+__all__ = ("RoutedPrediction", "StreamPool", "StreamProcess")

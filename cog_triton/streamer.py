@@ -70,7 +70,7 @@ def _portable(exc: BaseException) -> BaseException:
     return RuntimeError(f"{type(exc).__name__} in the stream process: {exc}")
 
 
-class Streamer:
+class PredictionRunner:
     """Serves one worker over ``sock`` (see the module docstring)."""
 
     def __init__(self, sock: socket.socket, name: str = "stream") -> None:
@@ -162,7 +162,7 @@ class Streamer:
         match command:
             case ipc.Start(sid, request_id, inputs, started_at):
                 state = RequestState()
-                state.task = asyncio.create_task(self._stream(sid, request_id, inputs, started_at, state))
+                state.task = asyncio.create_task(self._serve_prediction(sid, request_id, inputs, started_at, state))
                 self._requests[sid] = state
                 state.task.add_done_callback(lambda _t, sid=sid: self._requests.pop(sid, None))
             case ipc.Cancel(sid, send_stop):
@@ -186,8 +186,8 @@ class Streamer:
         if counts:
             self._send(ipc.Stats(counts))
 
-    async def _stream(self, sid: int, request_id: str, inputs: PredictInputs, started_at: float,
-                      state: RequestState) -> None:
+    async def _serve_prediction(self, sid: int, request_id: str, inputs: PredictInputs, started_at: float,
+                                state: RequestState) -> None:
         generator = self.generator
         assert generator is not None
         loop = asyncio.get_running_loop()
@@ -216,7 +216,7 @@ class Streamer:
         push = flusher.push
         self.served += 1
         try:
-            async for text in generator.text_stream(
+            async for text in generator.text_deltas(
                 inputs, prepared, state, on_first_token=lambda t: send(ipc.FirstToken(sid, t - started_at))
             ):
                 push(text)
@@ -249,7 +249,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s {name}: %(message)s")
     sock = socket.socket(fileno=int(args[0]))
     try:
-        asyncio.run(Streamer(sock, name).run())
+        asyncio.run(PredictionRunner(sock, name).run())
     except KeyboardInterrupt:
         return 0
     return 0

@@ -1,9 +1,9 @@
 """Test helper: an async iterator of text handed to coglet through cog_triton.cog_bridge.
 
 The product's producer is a stream process (cog_triton.stream_pool puts its text chunks on the prediction's
-handle); the bridge's own tests and toy predictors need a producer without Triton, so this one runs an
-async iterator as a task on the running loop and puts its items on a handle. The bridge's parts under test
-(the handle, the generator coglet iterates, the cancel hook) are the product's.
+output); the bridge's own tests and toy predictors need a producer without Triton, so this one runs an
+async iterator as a task on the running loop and puts its items on a output. The bridge's parts under test
+(the output, the generator coglet iterates, the cancel hook) are the product's.
 """
 
 from __future__ import annotations
@@ -30,18 +30,18 @@ async def relay(source: AsyncIterator[str]) -> Iterator[str]:
             except RuntimeError:  # the loop is closed
                 pass
 
-    handle = cog_bridge.StreamHandle(cancel_task)
+    output = cog_bridge.PredictionOutput(cancel_task)
 
     async def pump() -> None:
         try:
             async for text in source:
-                handle.put(text)
-            handle.end()
+                output.put(text)
+            output.end()
         except asyncio.CancelledError:
-            handle.end()
+            output.end()
             raise
         except BaseException as exc:  # noqa: BLE001 - handed to the generator, which re-raises it
-            handle.fail(exc)
+            output.fail(exc)
 
     task = asyncio.create_task(pump())
-    return cog_bridge.stream_generator(handle)
+    return cog_bridge.output_generator(output)

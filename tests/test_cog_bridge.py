@@ -344,23 +344,23 @@ def test_a_chained_generator_is_cancelled_like_the_stream_it_wraps() -> None:
 
     cog_bridge.install_cancel_hook()
     cancelled: list[str] = []
-    handle = cog_bridge.StreamHandle(lambda: cancelled.append("stream"))
+    output = cog_bridge.PredictionOutput(lambda: cancelled.append("stream"))
     ended: list[str] = []
-    wrapped = cog_bridge.then(cog_bridge.stream_generator(handle), lambda: ended.append("at_end"))
+    wrapped = cog_bridge.then(cog_bridge.output_generator(output), lambda: ended.append("at_end"))
     future: concurrent.futures.Future = concurrent.futures.Future()
     future.set_result(wrapped)  # predict() returned the wrapper
     future.cancel()  # what coglet does on a cancel
-    assert cancelled == ["stream"] and handle.cancelled.is_set()
+    assert cancelled == ["stream"] and output.cancelled.is_set()
     assert list(wrapped) == [] and ended == ["at_end"]
 
 
 def _ended(make) -> list[tuple[Any, bool]]:
-    """Run ``make(handle, generator)`` on a fresh stream with an end callback; return what the callback got."""
+    """Run ``make(output, generator)`` on a fresh stream with an end callback; return what the callback got."""
     calls: list[tuple[Any, bool]] = []
-    handle = cog_bridge.StreamHandle()
-    generator = cog_bridge.stream_generator(handle)
+    output = cog_bridge.PredictionOutput()
+    generator = cog_bridge.output_generator(output)
     assert cog_bridge.on_end(generator, lambda error, cancelled: calls.append((error, cancelled)))
-    make(handle, generator)
+    make(output, generator)
     return calls
 
 
@@ -368,26 +368,26 @@ def test_the_end_callback_says_how_the_stream_ended_once() -> None:
     """on_end (the service's metrics count each prediction's outcome with it): called once, in the iterating
     thread, after the last item: an end, a failure (the error raised), a cancel, or the generator closed early."""
 
-    def ends(handle: cog_bridge.StreamHandle, generator: Iterator[str]) -> None:
-        handle.put("a")
-        handle.end()
+    def ends(output: cog_bridge.PredictionOutput, generator: Iterator[str]) -> None:
+        output.put("a")
+        output.end()
         assert list(generator) == ["a"]
 
-    def fails(handle: cog_bridge.StreamHandle, generator: Iterator[str]) -> None:
-        handle.put("a")
-        handle.fail(failure)
+    def fails(output: cog_bridge.PredictionOutput, generator: Iterator[str]) -> None:
+        output.put("a")
+        output.fail(failure)
         with pytest.raises(RuntimeError):
             list(generator)
 
-    def cancelled(handle: cog_bridge.StreamHandle, generator: Iterator[str]) -> None:
-        handle.put("a")
+    def cancelled(output: cog_bridge.PredictionOutput, generator: Iterator[str]) -> None:
+        output.put("a")
         assert next(generator) == "a"
-        handle.cancel()
-        handle.fail(RuntimeError("after the cancel"))  # e.g. the supervisor's, a moment later: not what ended it
+        output.cancel()
+        output.fail(RuntimeError("after the cancel"))  # e.g. the supervisor's, a moment later: not what ended it
         assert list(generator) == []
 
-    def closed(handle: cog_bridge.StreamHandle, generator: Iterator[str]) -> None:
-        handle.put("a")
+    def closed(output: cog_bridge.PredictionOutput, generator: Iterator[str]) -> None:
+        output.put("a")
         assert next(generator) == "a"
         generator.close()
 
@@ -401,10 +401,10 @@ def test_the_end_callback_says_how_the_stream_ended_once() -> None:
 
 def test_the_end_callback_follows_a_chained_generator() -> None:
     calls: list[tuple[Any, bool]] = []
-    handle = cog_bridge.StreamHandle()
-    wrapped = cog_bridge.then(cog_bridge.stream_generator(handle), lambda: calls.append(("at_end", False)))
+    output = cog_bridge.PredictionOutput()
+    wrapped = cog_bridge.then(cog_bridge.output_generator(output), lambda: calls.append(("at_end", False)))
     assert cog_bridge.on_end(wrapped, lambda error, cancelled: calls.append((error, cancelled)))
-    handle.put("a")
-    handle.end()
+    output.put("a")
+    output.end()
     assert list(wrapped) == ["a"]
     assert calls == [(None, False), ("at_end", False)]

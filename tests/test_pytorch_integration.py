@@ -70,7 +70,7 @@ def _text(served, checkpoint_dir, hf_tokenizer, **inputs) -> tuple[str, list]:
     async def run() -> tuple[str, object]:
         prepared = generator.prepare(values, "pt-integration")
         try:
-            text = "".join([part async for part in generator.text_stream(values, prepared, RequestState())])
+            text = "".join([part async for part in generator.text_deltas(values, prepared, RequestState())])
         finally:
             await generator.client.aclose()
         return text, prepared
