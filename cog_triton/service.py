@@ -1,12 +1,14 @@
 """The predictor's logic: setup (weights -> model repository -> Triton) and streaming generation.
 
 ``predict.py`` only declares Cog inputs and delegates here. One :class:`LLMService` owns the
-Triton process, the tokenizer and the HTTP client for the lifetime of the Cog worker.
+Triton process, its supervisor, the stream processes and the Prometheus endpoint for the lifetime of the
+Cog worker.
 
-Why one module (about 650 lines): one concern, the predictor's life in the Cog worker: setup (weights,
+Why one module (about 550 lines): one concern, the predictor's life in the Cog worker: setup (weights,
 model repository, Triton, stream processes, the Prometheus endpoint, self-test), each prediction's path
-(validate, wait for Triton, hand it to a stream process, count it in the metrics) and shutdown. What it drives lives in its own modules (weights/, stream_pool, supervisor,
-exporter, generation); the helpers above the class are the setup's.
+(validate, wait for Triton, hand it to a stream process, count it in the metrics) and shutdown. What it
+drives lives in its own modules (weights/, stream_pool, supervisor, exporter, generation); the helpers
+above the class are the setup's.
 """
 
 from __future__ import annotations
