@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from cog_triton.inputs import PredictInputs
 
 HEADER = struct.Struct("<I")
-#: Largest frame accepted, bytes (a START carries at most a few MB of inputs).
+#: Largest frame accepted, bytes (a Start carries at most a few MB of inputs).
 MAX_FRAME_BYTES = 256 << 20
 
 

@@ -177,7 +177,7 @@ class PredictionRunner:
                 log.error("%s: unknown command %r", self.name, type(command).__name__)
 
     def _report_lora(self) -> None:
-        """Send the worker this process's LoRA adapter counts since the last report (one STATS event, only when
+        """Send the worker this process's LoRA adapter counts since the last report (one Stats event, only when
         something happened; after requests with an adapter, never per token)."""
         adapters = self.generator.adapters if self.generator is not None else None
         if adapters is None:
