@@ -17,9 +17,10 @@ depend on the method's name.
 The ``Input(...)`` declarations below are read *statically* by ``cog build`` (Cog's schema
 generator parses this file's source): every default and bound must be a literal, every
 description one string literal, and an input that may be empty is ``Optional[...]``. Those
-literals are the one source of the inputs' bounds: the generated ``.cog/openapi_schema.json``
-(committed, checked by tests/test_schema.py) is what coglet validates against and what
-``cog_triton.inputs`` reads.
+literals are the one source of the inputs' bounds: the schema generated from them is committed as
+``cog_triton/openapi_schema.json`` (checked by tests/test_schema.py), which ``cog_triton.inputs`` reads and
+which coglet validates against once it is in place as ``.cog/openapi_schema.json`` (the Dockerfile copies
+it there; local runs install it: :func:`cog_triton.schema.install_for_coglet`).
 """
 
 from __future__ import annotations
@@ -202,5 +203,5 @@ class Predictor(BaseRunner):
         # The prediction's metric scope, taken here (coglet finds it through a context variable): the
         # metrics are recorded later from another thread. cog.emit_metric is a deprecated alias in cog 0.23.
         scope = cog.current_scope()
-        stream: Iterator[str] = await self.service.stream(inputs, metric=scope.record_metric)
+        stream: Iterator[str] = await self.service.predict(inputs, metric=scope.record_metric)
         return stream

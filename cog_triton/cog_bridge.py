@@ -16,11 +16,10 @@ reproduced against the installed coglet by ``tests/test_cog_bridge.py``:
   coroutine has returned the generator that future is done, so the cancel reaches nothing: the
   generator would run to its end and the prediction would only then report "canceled".
 
-So ``predict()`` returns the generator made by :func:`stream_generator`, and :func:`install_cancel_hook`
+So ``predict()`` returns the generator made by :func:`output_generator`, and :func:`install_cancel_hook`
 wraps ``concurrent.futures.Future.cancel`` so that a cancel of a finished predict future whose
-result is one of our generators cancels that stream (:meth:`StreamHandle.cancel`: the stream
-process is told to stop it, or, in-process, the async task is cancelled; either way Triton is told
-to stop the request). Any other future behaves exactly as before.
+result is one of our generators cancels that stream (:meth:`PredictionOutput.cancel`: its stream
+process is told to stop it, and Triton to stop the request). Any other future behaves exactly as before.
 
 Per streamed item the generator blocks on one thread-safe queue (``queue.SimpleQueue``: a C lock,
 the GIL released while waiting); the items are text chunks already joined over the stream interval
@@ -31,27 +30,24 @@ slot thread one wake-up, so fewer, larger items are what keeps the worker's GIL 
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import logging
 import queue
 import threading
 import weakref
-from typing import AsyncIterator, Callable, Iterator, Optional
-
-from cog_triton.coalesce import IntervalFlusher
+from typing import Callable, Iterator, Optional
 
 log = logging.getLogger(__name__)
 
 _DONE = object()
 
 
-class StreamHandle:
+class PredictionOutput:
     """The Cog worker's side of one streamed prediction: the queue its text arrives on, and its cancel.
 
     Args:
         on_cancel: called once, from the cancelling thread, when the prediction is cancelled or its
-            generator closed early (stops the producer: a stream process's stream or an async task).
+            generator closed early (stops the producer: the prediction's stream in its stream process).
 
     Attributes:
         on_done: set by :func:`on_end`: called once by the generator, in the thread iterating it, when it
@@ -95,31 +91,31 @@ class StreamHandle:
         self.queue.put(_DONE)
 
 
-# generator -> its handle, for the cancel hook; entries vanish with the generator
-_STREAMS: "weakref.WeakKeyDictionary[Iterator[str], StreamHandle]" = weakref.WeakKeyDictionary()
+# generator -> its output, for the cancel hook; entries vanish with the generator
+_OUTPUTS: "weakref.WeakKeyDictionary[Iterator[str], PredictionOutput]" = weakref.WeakKeyDictionary()
 
 
-def stream_generator(handle: StreamHandle) -> Iterator[str]:
-    """The sync generator coglet iterates for ``handle`` (registered for the cancel hook).
+def output_generator(output: PredictionOutput) -> Iterator[str]:
+    """The sync generator coglet iterates for ``output`` (registered for the cancel hook).
 
     Returns:
         A generator (``types.GeneratorType``, as coglet requires) of text chunks. Iterating it
         blocks the calling thread (coglet's slot thread) until text is available; chunks already
-        waiting are joined into one item. It raises what :meth:`StreamHandle.fail` was given.
+        waiting are joined into one item. It raises what :meth:`PredictionOutput.fail` was given.
         Closing it early cancels the stream.
     """
-    generator = _drain(handle)
-    _STREAMS[generator] = handle
+    generator = _drain(output)
+    _OUTPUTS[generator] = output
     return generator
 
 
 def then(generator: Iterator[str], at_end: Callable[[], None]) -> Iterator[str]:
     """``generator``'s items, then ``at_end()`` in the iterating thread once it ends, fails or is closed.
 
-    The new generator is registered with ``generator``'s handle, so that coglet's cancel of a
+    The new generator is registered with ``generator``'s output, so that coglet's cancel of a
     prediction that returned it still reaches the stream (the cancel hook looks the returned object up).
     """
-    handle = _STREAMS.get(generator)
+    output = _OUTPUTS.get(generator)
 
     def chained() -> Iterator[str]:
         try:
@@ -128,74 +124,28 @@ def then(generator: Iterator[str], at_end: Callable[[], None]) -> Iterator[str]:
             at_end()
 
     out = chained()
-    if handle is not None:
-        _STREAMS[out] = handle
+    if output is not None:
+        _OUTPUTS[out] = output
     return out
 
 
 def on_end(generator: Iterator[str], callback: Callable[[Optional[BaseException], bool], None]) -> bool:
-    """Have ``callback(error, cancelled)`` called once when ``generator`` (one of :func:`stream_generator`'s or
+    """Have ``callback(error, cancelled)`` called once when ``generator`` (one of :func:`output_generator`'s or
     :func:`then`'s) stops: run to its end (None, False), raised ``error`` (error, ...), or was cancelled or closed
     early (None, True). It runs in the thread that iterates the generator, after its last item; nothing is added
     per item. Returns False (and sets nothing) when ``generator`` is not one of ours."""
     try:
-        handle = _STREAMS.get(generator)
+        output = _OUTPUTS.get(generator)
     except TypeError:  # cannot be weakly referenced: not one of ours
         return False
-    if handle is None:
+    if output is None:
         return False
-    handle.on_done = callback
+    output.on_done = callback
     return True
 
 
-async def open_stream(source: AsyncIterator[str], interval_s: float = 0.0) -> Iterator[str]:
-    """Start consuming ``source`` on the running loop; return the sync generator coglet will iterate.
-
-    The in-process path (``COG_TRITON_STREAM_PROCESSES=0``) and bare predictors use this; the
-    default path gets its text from the stream processes (:mod:`cog_triton.stream_pool`).
-
-    Args:
-        source: the async iterator of text deltas (its exceptions are re-raised by the generator,
-            so the prediction fails with them; its ``finally`` runs when the stream is cancelled).
-        interval_s: the stream interval, seconds (:class:`cog_triton.coalesce.IntervalFlusher`);
-            0 hands over every delta as it comes.
-
-    Returns:
-        See :func:`stream_generator`. Closing it early cancels ``source``.
-    """
-    loop = asyncio.get_running_loop()
-    task: Optional[asyncio.Task[None]] = None
-
-    def cancel_task() -> None:
-        if task is not None and not task.done():
-            try:
-                loop.call_soon_threadsafe(task.cancel)
-            except RuntimeError:  # the loop is closed
-                pass
-
-    handle = StreamHandle(cancel_task)
-    flusher = IntervalFlusher(interval_s, handle.put, loop)
-
-    async def pump() -> None:
-        push = flusher.push
-        try:
-            async for text in source:
-                push(text)
-            flusher.close()
-            handle.end()
-        except asyncio.CancelledError:
-            handle.end()
-            raise
-        except BaseException as exc:  # noqa: BLE001 - handed to the generator, which re-raises it
-            flusher.close()  # the text made before the failure still reaches the user
-            handle.fail(exc)
-
-    task = asyncio.create_task(pump())
-    return stream_generator(handle)
-
-
-def _drain(handle: StreamHandle) -> Iterator[str]:
-    get, get_nowait = handle.queue.get, handle.queue.get_nowait
+def _drain(output: PredictionOutput) -> Iterator[str]:
+    get, get_nowait = output.queue.get, output.queue.get_nowait
     error: Optional[BaseException] = None
     try:
         while True:
@@ -224,13 +174,13 @@ def _drain(handle: StreamHandle) -> Iterator[str]:
                 error = end
                 raise end
     finally:
-        if not handle.ended and not handle.cancelled.is_set():
-            handle.cancel()  # closed early (GeneratorExit): stop the producer too
-        done = handle.on_done
+        if not output.ended and not output.cancelled.is_set():
+            output.cancel()  # closed early (GeneratorExit): stop the producer too
+        done = output.on_done
         if done is not None:
-            handle.on_done = None
+            output.on_done = None
             try:
-                done(error, handle.cancelled.is_set())
+                done(error, output.cancelled.is_set())
             except Exception:  # noqa: BLE001 - the stream's end must not fail for its bookkeeping
                 log.exception("the end-of-stream callback failed")
 
@@ -251,12 +201,12 @@ def install_cancel_hook() -> None:
             try:
                 if self.done() and not self.cancelled() and self.exception(timeout=0) is None:
                     try:
-                        handle = _STREAMS.get(self.result(timeout=0))
+                        output = _OUTPUTS.get(self.result(timeout=0))
                     except TypeError:  # a result that cannot be weakly referenced: not ours
-                        handle = None
-                    if handle is not None:
+                        output = None
+                    if output is not None:
                         log.info("prediction cancelled: stopping its stream")
-                        handle.cancel()
+                        output.cancel()
             except Exception:  # noqa: BLE001 - never break a cancel() call
                 log.exception("cancel hook failed")
             return original(self)

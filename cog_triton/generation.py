@@ -1,24 +1,25 @@
 """The per-request and per-token work of a prediction: prompt -> token ids -> Triton -> ids -> text.
 
 :class:`Generator` holds what this work needs (tokenizer, prompt formatter, engine limits, the gRPC
-client, the guide checker) and nothing about how its text reaches Cog. It runs where the streaming
-happens: in the stream processes (:mod:`cog_triton.streamer`, the default) or, with
-``COG_TRITON_STREAM_PROCESSES=0``, in the Cog worker's own event loop.
+client, the guide checker) and nothing about how its text reaches Cog. It runs in the stream processes
+(:mod:`cog_triton.streamer`).
 
 Per request: :meth:`Generator.prepare` renders and tokenizes the prompt once, compiles the guide
 and sizes the request (input errors are raised here, before Triton). Per token:
-:meth:`Generator.text_stream` reads the ensemble's gRPC stream, detokenizes incrementally once, cuts
+:meth:`Generator.text_deltas` reads the ensemble's gRPC stream, detokenizes incrementally once, cuts
 stop sequences, and yields text deltas; nothing in it waits on a lock, a future or another thread.
 
 LoRA: a request with ``lora_weights`` carries its adapter's ``lora_task_id``, and its tensors unless this
 process has already had that task served (:mod:`cog_triton.lora.tasks`); when the backend answers that the
-task is not in its cache, :meth:`Generator.text_stream` sends the request once more with the tensors. The
+task is not in its cache, :meth:`Generator.text_deltas` sends the request once more with the tensors. The
 adapter itself is resolved (downloaded, converted) by :meth:`Generator.resolve_adapter`, off the event loop.
 With the PyTorch backend (``GeneratorConfig.backend``) every request of an adapter carries its ``lora_task_id``
 and its folder (``lora_path``), nothing converted: the LLM API loads the folder and caches it by the id.
 
 Every stream here is watched for silence: :meth:`Generator.watchdog` fails a stream that received
 nothing from Triton for ``token_timeout_s`` seconds (a sweep every half second, not a timer per token).
+A running request is stopped from outside in one way, :meth:`RequestState.cancel`, with its reason: the
+watchdog's error, or the worker's cancel (with or without Triton's stop request).
 """
 
 from __future__ import annotations
@@ -67,9 +68,9 @@ class Prepared:
     adapter: Optional[Adapter] = None
 
 
-@dataclass
-class Outcome:
-    """What a stream did, filled in while it runs (read by whoever relays its text).
+@dataclass(eq=False, slots=True)  # identity: kept in a set
+class RequestState:
+    """One request in a stream process: what it did, filled in while it runs, and how it was stopped.
 
     Attributes:
         output_tokens: tokens generated so far (the end token is never counted).
@@ -77,13 +78,32 @@ class Outcome:
         stopped: the output was cut by a stop sequence.
         finished: the engine sent its final response and the output is complete (not cancelled,
             failed or cut by a stop sequence).
+        task: the asyncio task running the request (:meth:`Generator.text_deltas` sets it when None).
+        error: set by :meth:`cancel`: what the stream raises instead of ``CancelledError``.
+        send_stop: False once a :meth:`cancel` said not to send Triton the stop request.
+        last_response_at: ``time.monotonic()`` of the last response from Triton (the watchdog's clock).
     """
 
     output_tokens: int = 0
     first_token_at: Optional[float] = None
     stopped: bool = False
     finished: bool = False
-    send_stop: bool = True  # set False to skip the stop request when Triton is known to be gone
+    task: Optional["asyncio.Task[Any]"] = None
+    error: Optional[BaseException] = None
+    send_stop: bool = True
+    last_response_at: float = field(default_factory=time.monotonic)
+
+    def cancel(self, error: Optional[BaseException] = None, *, send_stop: bool = True) -> None:
+        """Cancel the request's task with a reason (on its loop's thread): ``error`` is raised by the stream instead
+        of ``CancelledError`` (the first error given wins); ``send_stop=False`` keeps Triton's stop request from
+        being sent (Triton is being restarted). Cancelling a request before it streams (while it is prepared)
+        only cancels its task."""
+        if self.error is None:
+            self.error = error
+        if not send_stop:
+            self.send_stop = False
+        if self.task is not None:
+            self.task.cancel()
 
 
 @dataclass(frozen=True)
@@ -148,13 +168,6 @@ def build_generator(config: GeneratorConfig, tokenizer: Any = None) -> "Generato
     )
 
 
-@dataclass(eq=False)
-class _Watched:
-    task: "asyncio.Task[Any]"
-    last: float = field(default_factory=time.monotonic)
-    error: Optional[TritonError] = None
-
-
 class Generator:
     """Prepares requests and streams their text (see the module docstring).
 
@@ -191,7 +204,7 @@ class Generator:
         self.token_timeout_s = token_timeout_s
         self.adapters = adapters
         self.lora_off_reason = lora_off_reason
-        self._watched: set[_Watched] = set()
+        self._running: set[RequestState] = set()
         self._background: set[asyncio.Task[None]] = set()
         self.floor = TokenFloor.of(tokenizer)
         if not self.floor.max_token_chars:
@@ -331,22 +344,23 @@ class Generator:
         )
 
     # -------------------------------------------------------------------- per token
-    async def text_stream(
+    async def text_deltas(
         self,
         inputs: PredictInputs,
         prepared: Prepared,
-        outcome: Outcome,
+        state: RequestState,
         on_first_token: Optional[Callable[[float], None]] = None,
     ) -> AsyncIterator[str]:
-        """Stream the completion as text deltas, filling ``outcome`` as it goes.
+        """Stream the completion as text deltas, filling ``state`` as it goes.
 
         ``on_first_token(t)`` is called once, with ``time.monotonic()``, when the first token arrives
         (whether or not it makes text yet).
 
         The deltas concatenate to the full decode of the generated tokens, cut before the first
-        stop sequence (which is never emitted). Must run as (part of) its own asyncio task: the
-        watchdog cancels that task when the stream falls silent. When the stream does not finish
-        (cancelled, cut by a stop sequence, failed) Triton is told to stop the request.
+        stop sequence (which is never emitted). Must run in ``state.task`` (set to the running task when
+        None), which :meth:`RequestState.cancel` cancels: the watchdog does when the stream falls silent. When
+        the stream does not finish (cancelled, cut by a stop sequence, failed) Triton is told to stop the
+        request, unless a cancel said not to.
 
         Raises:
             InferenceError: Triton rejected the request, reported an error, or sent nothing for
@@ -358,8 +372,10 @@ class Generator:
         request = prepared.request
         task = asyncio.current_task()
         assert task is not None
-        watched = _Watched(task)
-        self._watched.add(watched)
+        if state.task is None:
+            state.task = task
+        state.last_response_at = time.monotonic()
+        self._running.add(state)
         detok = IncrementalDetokenizer(self.tokenizer, skip_special_tokens=True)
         stops = StopSequenceMatcher(inputs.stop_sequences)
         guided_ids: Optional[list[int]] = [] if inputs.guide is not None else None  # to check the document
@@ -370,45 +386,45 @@ class Generator:
                 self.client.generate_stream(request) if prepared.adapter is None else self._responses(prepared)
             )
             async for chunk in responses:
-                watched.last = time.monotonic()
+                state.last_response_at = now = time.monotonic()
                 ids = chunk.output_ids
                 if not ids:
                     continue  # the last response of a request that ended on the end token
                 if guided_ids is not None:
                     guided_ids.extend(ids)
-                if outcome.first_token_at is None:
-                    outcome.first_token_at = watched.last
+                if state.first_token_at is None:
+                    state.first_token_at = now
                     if on_first_token is not None:
-                        on_first_token(watched.last)
+                        on_first_token(now)
                 text, stopped = stops.push(detok.push(ids))
-                outcome.output_tokens = detok.num_tokens
+                state.output_tokens = detok.num_tokens
                 if text:
                     yield text
                 if stopped:
-                    outcome.stopped = True
+                    state.stopped = True
                     return
             engine_done = True
             text, stopped = stops.push(detok.finish())
             if text:
                 yield text
             if stopped:
-                outcome.stopped = True
+                state.stopped = True
                 return
             rest = stops.finish()
             if rest:
                 yield rest
             if guided_ids is not None:
                 await asyncio.to_thread(self.check_guided_output, inputs, request, guided_ids)
-            outcome.finished = True
+            state.finished = True
         except asyncio.CancelledError:
-            if watched.error is None:
+            if state.error is None:
                 raise  # cancelled by the caller
             task.uncancel()
-            raise watched.error from None
+            raise state.error from None
         finally:
-            self._watched.discard(watched)
-            outcome.output_tokens = detok.num_tokens
-            if not engine_done and outcome.send_stop:
+            self._running.discard(state)
+            state.output_tokens = detok.num_tokens
+            if not engine_done and state.send_stop:
                 # Cancelled, cut by a stop sequence, or failed: make Triton stop generating too.
                 self.stop_in_background(request.request_id)
 
@@ -462,23 +478,22 @@ class Generator:
     def expire_silent_streams(self) -> int:
         """Fail the streams that received nothing for ``token_timeout_s`` seconds; return how many."""
         deadline = time.monotonic() - self.token_timeout_s
-        silent = [w for w in self._watched if w.last < deadline and w.error is None]
-        for watched in silent:
-            watched.error = InferenceError(
+        silent = [state for state in self._running if state.last_response_at < deadline and state.error is None]
+        for state in silent:
+            state.cancel(InferenceError(
                 f"no token from Triton for {self.token_timeout_s:g} s (COG_TRITON_REQUEST_TIMEOUT_S)"
-            )
-            watched.task.cancel()
+            ))
         return len(silent)
 
     @property
     def active_streams(self) -> int:
         """Streams reading from Triton right now."""
-        return len(self._watched)
+        return len(self._running)
 
     def stop_in_background(self, request_id: str) -> None:
         """Send TensorRT-LLM's stop signal for ``request_id`` without waiting (best effort).
 
-        Cancelling the gRPC stream (which :meth:`text_stream` also does) cancels the ensemble
+        Cancelling the gRPC stream (which :meth:`text_deltas` also does) cancels the ensemble
         request; Triton's ensemble scheduler passes a cancellation on to a composing model only when
         it schedules that step (triton-inference-server/core ensemble_scheduler.cc ``ScheduleSteps``;
         server issue #6739), so it reaches ``tensorrt_llm`` only if it comes before generation
@@ -502,4 +517,4 @@ class Generator:
         task.add_done_callback(self._background.discard)
 
 
-__all__ = ("Generator", "GeneratorConfig", "Outcome", "Prepared", "WATCHDOG_PERIOD_S", "build_generator")
+__all__ = ("Generator", "GeneratorConfig", "Prepared", "RequestState", "WATCHDOG_PERIOD_S", "build_generator")

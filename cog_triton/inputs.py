@@ -1,4 +1,5 @@
-"""Validation of prediction inputs and prompt formatting.
+"""Validation of prediction inputs (in the Cog worker; the prompt is rendered and tokenized by
+:mod:`cog_triton.prompt`, in the stream processes).
 
 Every input's type, default and bounds come from the predictor's Cog schema
 (:mod:`cog_triton.schema`, generated from ``predict.py``'s literal ``Input(...)`` declarations), so

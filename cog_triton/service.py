@@ -1,13 +1,14 @@
 """The predictor's logic: setup (weights -> model repository -> Triton) and streaming generation.
 
 ``predict.py`` only declares Cog inputs and delegates here. One :class:`LLMService` owns the
-Triton process, the tokenizer and the HTTP client for the lifetime of the Cog worker.
+Triton process, its supervisor, the stream processes and the Prometheus endpoint for the lifetime of the
+Cog worker.
 
-Why one module (about 650 lines): one concern, the predictor's life in the Cog worker: setup (weights,
+Why one module (about 550 lines): one concern, the predictor's life in the Cog worker: setup (weights,
 model repository, Triton, stream processes, the Prometheus endpoint, self-test), each prediction's path
-(validate, wait for Triton, hand it to a stream process or the in-process generator, count it in the
-metrics) and shutdown. What it drives lives in its own modules (weights/, stream_pool, supervisor,
-exporter, generation); the helpers above the class are the setup's.
+(validate, wait for Triton, hand it to a stream process, count it in the metrics) and shutdown. What it
+drives lives in its own modules (weights/, stream_pool, supervisor, exporter, generation); the helpers
+above the class are the setup's.
 """
 
 from __future__ import annotations
@@ -20,34 +21,39 @@ import logging
 import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Optional, TypeVar, Union
 
-from cog_triton.cog_bridge import on_end, open_stream, then
+from cog_triton.cog_bridge import on_end, then
 from cog_triton.exporter import MetricsServer, ServiceMetrics, serve_metrics
-from cog_triton.generation import Generator, GeneratorConfig, Outcome, Prepared, build_generator
+from cog_triton.generation import GeneratorConfig
 from common.errors import (
     ConfigError,
-    InferenceError,
     ManifestError,
     TritonDiedError,
     TritonError,
 )
 from cog_triton.inputs import PredictInputs
-from cog_triton.metrics import INPUT_TOKEN_COUNT, OUTPUT_TOKEN_COUNT, performance_lines, record_time_to_first_token
+from cog_triton.metrics import OUTPUT_TOKEN_COUNT, MetricSink, performance_lines
 from cog_triton.fetch_rules import FetchRules
 from cog_triton.lora.refs import check_adapter_allowed
 from cog_triton.lora.store import StoreLimits
 from cog_triton.settings import Settings, VerifyMode
 from cog_triton.stream_pool import StreamPool
-from cog_triton.supervisor import Health, State, Supervisor, TaskStream
+from cog_triton.supervisor import Health, State, Supervisor
 from cog_triton.weights import fetch_weights
 from tensorrtllm_backend.engine import WeightsInfo, find_model_root, inspect_weights
 from tensorrtllm_backend.gpus import GPU, visible_gpus
 from tensorrtllm_backend.llmapi_args import PyTorchServing, choose_checkpoint_backend, plan_pytorch_serving
-from tensorrtllm_backend.manifest import MANIFEST_NAME, Manifest, check_weights_match, verify_weights
+from tensorrtllm_backend.manifest import (
+    MANIFEST_NAME,
+    Manifest,
+    base_model_of,
+    check_weights_match,
+    reference_lora,
+    verify_weights,
+)
 from tensorrtllm_backend.server import LaunchConfig, TritonServer, locate_tritonserver
 from tensorrtllm_backend.templates import RenderOptions, guided_decoding_of, render_model_repository
 
@@ -56,8 +62,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 SELF_TEST_PROMPT = "Hello"
 SELF_TEST_TOKENS = 4
-
-MetricSink = Callable[[str, Union[int, float]], None]
 
 
 def _run_coroutine_sync(factory: Callable[[], Awaitable[T]]) -> T:
@@ -106,34 +110,19 @@ def _print_performance(seen: dict[str, Union[int, float]], started: float) -> No
     lines = performance_lines(int(seen.get(OUTPUT_TOKEN_COUNT, 0)), time.monotonic() - started,
                               None if ttft is None else float(ttft))
     print("\n".join(lines), flush=True)
-def base_model_of(manifest: Optional[Manifest]) -> str:
-    """The Hub id the archive was built from (its build config's source.checkpoint), or "" (a local folder)."""
-    source = (manifest.build_config.get("source") or {}) if manifest is not None else {}
-    checkpoint = str(source.get("checkpoint", "")) if isinstance(source, dict) else ""
-    return checkpoint if "/" in checkpoint and not checkpoint.startswith((".", "/", "~")) else ""
-
-
-def reference_lora(manifest: Optional[Manifest]) -> dict[str, Any]:
-    """For a checkpoint archive: the ``lora`` section of its build config (manifest.json) and what it was made
-    from, as :func:`tensorrtllm_backend.engine.inspect_weights` takes them (``reference_lora``, ``base_model``)."""
-    if manifest is None or manifest.backend != "reference":
-        return {}
-    lora = manifest.build_config.get("lora")
-    return {"reference_lora": lora if isinstance(lora, dict) else None, "base_model": base_model_of(manifest)}
 
 
 class LLMService:
     """Weights, model repository, Triton process and generation for one predictor.
 
     Lifecycle: :meth:`setup` (blocking, seconds to minutes) -> any number of concurrent
-    :meth:`stream` / :meth:`generate` calls -> :meth:`shutdown` (also registered with ``atexit``).
+    :meth:`predict` / :meth:`generate` calls -> :meth:`shutdown` (also registered with ``atexit``).
 
-    Where the per-token work runs (``COG_TRITON_STREAM_PROCESSES``): in stream processes
-    (:class:`cog_triton.stream_pool.StreamPool`, the default), or with 0 in this process, on the
-    caller's event loop (:class:`cog_triton.generation.Generator`).
+    The per-token work of every prediction runs in the stream processes (``COG_TRITON_STREAM_PROCESSES``,
+    :class:`cog_triton.stream_pool.StreamPool`); this process validates, routes and relays text chunks.
 
     Prometheus metrics (:mod:`cog_triton.exporter`): :attr:`metrics` counts every prediction that goes through
-    :meth:`validate` and :meth:`stream`; :meth:`setup` serves them with Triton's on
+    :meth:`validate` and :meth:`predict`; :meth:`setup` serves them with Triton's on
     ``COG_TRITON_PROMETHEUS_PORT`` until :meth:`shutdown`.
     """
 
@@ -145,13 +134,8 @@ class LLMService:
         self.supervisor: Optional[Supervisor] = None
         self.generator_config: Optional[GeneratorConfig] = None
         self.pool: Optional[StreamPool] = None  # the stream processes
-        self.generator: Optional[Generator] = None  # in-process streaming (stream_processes = 0)
-        self._watchdog: Optional[asyncio.Task[None]] = None
         self.metrics = ServiceMetrics()
         self.metrics_server: Optional[MetricsServer] = None
-        # In-process only: prompt formatting and tokenization run here, off the event loop. One thread: a
-        # Hugging Face fast tokenizer is not safe to call from several threads at once ("Already borrowed").
-        self._prepare_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cog-triton-prepare")
         atexit.register(self.shutdown)
 
     @property
@@ -290,19 +274,16 @@ class LLMService:
             backend="pytorch" if serving is not None else "engine",
         )
         processes = settings.stream_process_count()
-        if processes:
-            # The stream processes load their tokenizers while Triton loads its models.
-            self.pool = StreamPool(
-                self.generator_config,
-                processes,
-                interval_s=self.interval_s,
-                start_timeout_s=settings.startup_timeout_s,
-                on_transport_error=self._died_or,
-                metrics=self.metrics,
-            )
-            self.pool.launch()
-        else:
-            self.generator = build_generator(self.generator_config)
+        # The stream processes load their tokenizers while Triton loads its models.
+        self.pool = StreamPool(
+            self.generator_config,
+            processes,
+            interval_s=self.interval_s,
+            start_timeout_s=settings.startup_timeout_s,
+            on_transport_error=self._died_or,
+            metrics=self.metrics,
+        )
+        self.pool.launch()
         self.server.start()
         ready_s = self.server.wait_ready(settings.startup_timeout_s)
         log.info("Triton ready in %.1f s", ready_s)
@@ -313,12 +294,11 @@ class LLMService:
             on_restart=self._triton_restarted,
         )
         self.supervisor.start()
-        if self.pool is not None:
-            self.pool.set_watcher(self.supervisor.register, self.supervisor.unregister)
-            self.pool.wait_ready()
+        self.pool.set_watcher(self.supervisor.register, self.supervisor.unregister)
+        self.pool.wait_ready()
         log.info(
-            "streaming: %s, stream interval %g ms (COG_TRITON_STREAM_PROCESSES, COG_TRITON_STREAM_INTERVAL_MS)",
-            f"{processes} stream process(es)" if processes else "in the Cog worker", settings.stream_interval_ms,
+            "streaming: %d stream process(es), stream interval %g ms (COG_TRITON_STREAM_PROCESSES, "
+            "COG_TRITON_STREAM_INTERVAL_MS)", processes, settings.stream_interval_ms,
         )
         if settings.self_test:
             self._self_test()
@@ -427,10 +407,7 @@ class LLMService:
         inputs = PredictInputs.validate(prompt=SELF_TEST_PROMPT, max_tokens=SELF_TEST_TOKENS, temperature=0, seed=0)
 
         async def run() -> str:
-            try:
-                return "".join([part async for part in self.generate(inputs, track=False)])
-            finally:
-                await self._close_loop_resources()
+            return "".join([part async for part in self.generate(inputs, track=False)])
 
         started = time.monotonic()
         text = _run_coroutine_sync(run)
@@ -442,16 +419,6 @@ class LLMService:
         self.metrics.triton_restarts.inc()
         if self.pool is not None:
             self.pool.reconnect()
-        if self.generator is not None:
-            self.generator.triton_restarted()
-
-    async def _close_loop_resources(self) -> None:
-        """Release what the in-process path bound to the running loop (its gRPC channel, the watchdog)."""
-        if self._watchdog is not None and self._watchdog.get_loop() is asyncio.get_running_loop():
-            self._watchdog.cancel()
-            self._watchdog = None
-        if self.generator is not None:
-            await self.generator.client.aclose()
 
     # ------------------------------------------------------------- lifecycle
     def shutdown(self) -> None:
@@ -470,13 +437,10 @@ class LLMService:
 
     def health(self) -> Health:
         """Whether the service can serve (for the predictor's healthcheck; see cog_triton.supervisor)."""
-        if self.supervisor is None:
+        if self.supervisor is None or self.pool is None:
             return Health(False, "setup() has not completed")
-        if self.pool is not None:
-            pool = self.pool.health()
-            if not pool.healthy:
-                return Health(False, pool.reason)
-        return self.supervisor.health()
+        pool = self.pool.health()
+        return pool if not pool.healthy else self.supervisor.health()
 
     # ------------------------------------------------------------ generation
     def validate(self, **inputs: Any) -> PredictInputs:
@@ -492,8 +456,8 @@ class LLMService:
             self.metrics.refused(exc)
             raise
 
-    async def stream(self, inputs: PredictInputs, metric: Optional[MetricSink] = None, *,
-                     track: bool = True) -> Iterator[str]:
+    async def predict(self, inputs: PredictInputs, metric: Optional[MetricSink] = None, *,
+                      track: bool = True) -> Iterator[str]:
         """Start generating ``inputs``; return the sync generator of text chunks coglet streams.
 
         Returns once the request is prepared (prompt rendered and tokenized once) and sent to Triton;
@@ -552,8 +516,8 @@ class LLMService:
 
     async def _open(self, inputs: PredictInputs, metric: Optional[MetricSink], started: float,
                     queued: Optional[Callable[[], AbstractContextManager[None]]] = None) -> Iterator[str]:
-        supervisor = self.supervisor
-        if supervisor is None or (self.pool is None and self.generator is None):
+        supervisor, pool = self.supervisor, self.pool
+        if supervisor is None or pool is None:
             raise TritonError("setup() has not completed: Triton is not running")
         if supervisor.state is State.READY or queued is None:
             await supervisor.wait_ready()  # returns at once while Triton runs
@@ -562,32 +526,16 @@ class LLMService:
                 await supervisor.wait_ready()
         request_id = f"cog-triton-{uuid.uuid4().hex}"
         log.info("Triton request id %s", request_id)  # in the prediction's logs: ties it to Triton's log lines
-        if self.pool is not None:
-            return await self.pool.open(inputs, request_id, started, metric, queued)
-        generator = self.generator
-        assert generator is not None
-        self._ensure_watchdog(generator)
-        loop = asyncio.get_running_loop()
-        adapter = None
-        try:
-            if inputs.lora is not None:  # a download may take long: not in the prompt thread
-                adapter = await loop.run_in_executor(None, generator.resolve_adapter, inputs.lora)
-            prepared = await loop.run_in_executor(self._prepare_pool, generator.prepare, inputs, request_id, adapter)
-        finally:
-            if inputs.lora is not None:
-                self._count_lora(generator)
-        if metric:
-            metric(INPUT_TOKEN_COUNT, prepared.prompt_tokens)
-        return await open_stream(self._in_process(generator, inputs, prepared, metric, started), self.interval_s)
+        return await pool.open(inputs, request_id, started, metric, queued)
 
     async def generate(self, inputs: PredictInputs, metric: Optional[MetricSink] = None, *,
                        track: bool = True) -> AsyncIterator[str]:
-        """:meth:`stream` as an async iterator of text chunks (the self-test and tests use it).
+        """:meth:`predict` as an async iterator of text chunks (the self-test and tests use it).
 
         Raises:
-            As :meth:`stream` and its generator.
+            As :meth:`predict` and its generator.
         """
-        stream = await self.stream(inputs, metric, track=track)
+        stream = await self.predict(inputs, metric, track=track)
         end = object()
         try:
             while True:
@@ -597,65 +545,6 @@ class LLMService:
                 yield chunk  # type: ignore[misc]
         finally:
             stream.close()
-
-    def _count_lora(self, generator: Generator) -> None:
-        """In-process: add the LoRA adapter counts since the last call to :attr:`metrics` (a stream process sends
-        its own in a STATS event)."""
-        if generator.adapters is not None:
-            self.metrics.lora(generator.adapters.take_counts())
-
-    def _ensure_watchdog(self, generator: Generator) -> None:
-        loop = asyncio.get_running_loop()
-        if self._watchdog is None or self._watchdog.done() or self._watchdog.get_loop() is not loop:
-            self._watchdog = loop.create_task(generator.watchdog())
-
-    async def _in_process(
-        self,
-        generator: Generator,
-        inputs: PredictInputs,
-        prepared: Prepared,
-        metric: Optional[MetricSink],
-        started: float,
-    ) -> AsyncIterator[str]:
-        """The in-process stream (COG_TRITON_STREAM_PROCESSES=0): the generator's text, with metrics and
-        the supervisor's fault path."""
-        supervisor = self.supervisor
-        assert supervisor is not None
-        task = asyncio.current_task()
-        assert task is not None
-        watched = TaskStream(task, asyncio.get_running_loop())
-        supervisor.register(watched)
-        outcome = Outcome()
-
-        def first_token(at: float) -> None:
-            if metric:
-                record_time_to_first_token(metric, at - started)
-
-        try:
-            async for text in generator.text_stream(inputs, prepared, outcome, on_first_token=first_token):
-                yield text
-        except asyncio.CancelledError:
-            if watched.error is None:
-                raise  # cancelled by the caller (Cog's cancel)
-            task.uncancel()
-            raise watched.error from None  # a fault the supervisor found: it names it
-        except InferenceError:
-            raise  # Triton answered with an error: nothing to wait for
-        except TritonError as exc:  # the connection failed: is Triton going down?
-            raise await self._died_or(exc) from None
-        finally:
-            supervisor.unregister(watched)
-            if inputs.lora is not None:
-                self._count_lora(generator)
-            if metric:
-                metric(OUTPUT_TOKEN_COUNT, outcome.output_tokens)
-            log.info(
-                "generated %d tokens for a %d-token prompt in %.2f s%s",
-                outcome.output_tokens,
-                prepared.prompt_tokens,
-                time.monotonic() - started,
-                " (stop sequence)" if outcome.stopped else "",
-            )
 
     async def _died_or(self, exc: TritonError) -> TritonError:
         """After a broken connection: TritonDiedError if Triton exits or faults within 2 s, else ``exc``."""

@@ -340,10 +340,10 @@ class Settings(BaseSettings):
     # --- streaming ------------------------------------------------------------------------
     stream_processes: Optional[int] = Field(
         default=None,
-        ge=0,
+        ge=1,
         le=64,
         description="Processes that do the per-token work (gRPC receive, detokenizing, stop sequences) beside the "
-        "Cog worker; 0 = in the Cog worker itself; default: one per 5 CPUs of this container, 1 to 8.",
+        "Cog worker, 1 to 64; default: one per 5 CPUs of this container, 1 to 8.",
     )
     stream_interval_ms: float = Field(
         default=DEFAULT_STREAM_INTERVAL_MS,
@@ -416,6 +416,18 @@ class Settings(BaseSettings):
     @classmethod
     def _empty_is_none(cls, value: object) -> object:
         return None if value == "" else value
+
+    @field_validator("stream_processes", mode="before")
+    @classmethod
+    def _no_in_process_mode(cls, value: object) -> object:
+        """0 once ran the per-token work in the Cog worker itself; that second pipeline was removed (one GIL, and
+        on 2 cores it cost as much CPU per token as one stream process: docs/architecture.md)."""
+        if isinstance(value, (int, str)) and not isinstance(value, bool) and str(value).strip() in ("0", "-0", "+0"):
+            raise ValueError(
+                "0 (the per-token work in the Cog worker) is no longer offered: every prediction is streamed by a "
+                "stream process; set 1 to 64, or leave it unset for one per 5 CPUs"
+            )
+        return value
 
     def stream_process_count(self) -> int:
         """``stream_processes``, or by default one per 5 CPUs this process may run on, 1 to 8.
@@ -532,7 +544,7 @@ class Settings(BaseSettings):
                     problems.append(str(err["msg"]).removeprefix("Value error, "))
                     continue
                 env = ENV_PREFIX + field.upper()
-                problems.append(f"{env}={err.get('input')!r}: {err['msg']}")
+                problems.append(f"{env}={err.get('input')!r}: {str(err['msg']).removeprefix('Value error, ')}")
             raise ConfigError("invalid settings: " + "; ".join(problems)) from None
 
 

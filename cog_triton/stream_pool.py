@@ -2,10 +2,11 @@
 
 :class:`StreamPool` starts ``COG_TRITON_STREAM_PROCESSES`` processes (:mod:`cog_triton.streamer`),
 each joined to the worker by one Unix socket pair (:mod:`cog_triton.ipc`), and gives each new
-prediction to the one with the fewest running streams. What the worker does per prediction: send
-one START command, wait for its ACCEPTED (or REJECTED: the input error predict() raises), record
-three metrics. Per text chunk (not per token): one receiver thread per process reads a frame
-holding many streams' chunks, and puts each chunk on its prediction's queue, which wakes that
+prediction to the one with the fewest running predictions. What the worker does per prediction: send
+one :class:`~cog_triton.ipc.Start` command, wait for its :class:`~cog_triton.ipc.Accepted` (or
+:class:`~cog_triton.ipc.Rejected`: the input error predict() raises), record three metrics. Per text chunk
+(not per token): one receiver thread per process reads a frame
+holding many predictions' chunks, and puts each chunk on its prediction's queue, which wakes that
 prediction's coglet thread (:mod:`cog_triton.cog_bridge`). Nothing else per token happens in the
 worker's interpreter.
 
@@ -17,7 +18,7 @@ Faults:
   the process is restarted in the background. While none is running, new predictions wait for
   one, up to ``start_timeout_s``.
 * A Triton fault found by the supervisor fails the running predictions through
-  :meth:`PooledStream.fail` (the supervisor holds them while they run).
+  :meth:`RoutedPrediction.fail` (the supervisor holds them while they run).
 * A transport error a stream process reports (the gRPC stream broke) is handed to
   ``on_transport_error``, which decides on the worker's loop whether Triton is dying.
 """
@@ -34,36 +35,36 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterator, Optional, Union
+from typing import TYPE_CHECKING, Awaitable, Callable, Iterator, Optional, Union
 
 from common.errors import ConfigError, StreamProcessError, TritonError
 from cog_triton import ipc
-from cog_triton.cog_bridge import StreamHandle, stream_generator
+from cog_triton.cog_bridge import PredictionOutput, output_generator
 from cog_triton.generation import GeneratorConfig
 from cog_triton.inputs import PredictInputs
-from cog_triton.metrics import INPUT_TOKEN_COUNT, OUTPUT_TOKEN_COUNT, record_time_to_first_token
+from cog_triton.metrics import INPUT_TOKEN_COUNT, OUTPUT_TOKEN_COUNT, MetricSink, record_time_to_first_token
 from cog_triton.settings import REPO_ROOT
+from cog_triton.supervisor import Health
 
 if TYPE_CHECKING:
     from cog_triton.exporter import ServiceMetrics
 
 log = logging.getLogger(__name__)
 
-MetricSink = Callable[[str, Union[int, float]], None]
 #: A stream process that fails to start this many times in a row is given up (the pool reports it).
 MAX_START_FAILURES = 3
 
 
-class PooledStream:
-    """One prediction streamed by a stream process, as the worker sees it.
+class RoutedPrediction:
+    """One prediction routed to a stream process, as the worker sees it: its id on the channel (``sid``), its
+    process, the :class:`~cog_triton.cog_bridge.PredictionOutput` coglet's generator drains, and its metric sink.
 
-    ``fail(error)`` (the supervisor's fault path) and ``handle.cancel()`` (coglet's cancel) may come
-    from any thread; the receiver thread finishes it when its END or FAILED event arrives.
+    ``fail(error)`` (the supervisor's fault path) and ``output.cancel()`` (coglet's cancel) may come
+    from any thread; the receiver thread finishes it when its End or Failed event arrives.
     """
 
-    __slots__ = ("sid", "request_id", "process", "handle", "metric", "loop", "accepted", "pool", "stop_on_cancel",
+    __slots__ = ("sid", "request_id", "process", "output", "metric", "loop", "accepted", "pool", "stop_on_cancel",
                  "__weakref__")
 
     def __init__(self, pool: "StreamPool", sid: int, request_id: str, process: "StreamProcess",
@@ -75,35 +76,39 @@ class PooledStream:
         self.metric = metric
         self.loop = loop
         self.accepted: "asyncio.Future[int]" = loop.create_future()
-        self.handle = StreamHandle(self._cancelled)
-        #: Set once the stream is cancelled or failed here: whether its process sends Triton the stop request.
+        self.output = PredictionOutput(self._cancelled)
+        #: Set once the prediction is cancelled or failed here: whether its process sends Triton the stop request.
         self.stop_on_cancel: Optional[bool] = None
 
     def _cancelled(self) -> None:
-        """coglet cancelled the prediction (or its generator was closed): stop the stream there."""
-        self.stop_on_cancel = True
-        if self.pool._forget(self):
-            self.process.send((ipc.CANCEL, self.sid, True))
-        self._resolve(asyncio.CancelledError())
+        """coglet cancelled the prediction (or its generator was closed): stop the prediction there, and its request
+        in Triton."""
+        self._stop(asyncio.CancelledError(), send_stop=True)
 
     def fail(self, error: BaseException) -> None:
-        """End the prediction with ``error`` (from any thread); the stream process drops the stream
+        """End the prediction with ``error`` (from any thread); the stream process drops the prediction
         without sending Triton a stop request (Triton is being restarted)."""
-        self.stop_on_cancel = False
-        if self.pool._forget(self):
-            self.process.send((ipc.CANCEL, self.sid, False))
-        self._resolve(error)
-        self.handle.fail(error)
+        self._stop(error, send_stop=False)
+        self.output.fail(error)
+
+    def _stop(self, reason: BaseException, *, send_stop: bool) -> None:
+        """Stop the prediction from the worker's side (once): its process is sent a Cancel, and ``open`` raises
+        ``reason`` if it has not returned yet."""
+        self.stop_on_cancel = send_stop
+        if self.pool.forget(self):
+            self.process.send(ipc.Cancel(self.sid, send_stop))
+        self.settle_open(reason)
 
     def record(self, name: str, value: Union[int, float]) -> None:
         if self.metric is not None:
             try:
                 self.metric(name, value)
-            except Exception:  # noqa: BLE001 - a metric must never break a stream
+            except Exception:  # noqa: BLE001 - a metric must never break a prediction
                 log.exception("recording metric %s failed", name)
 
-    def _resolve(self, outcome: Union[int, BaseException]) -> None:
-        """Settle ``accepted`` from any thread (once)."""
+    def settle_open(self, outcome: Union[int, BaseException]) -> None:
+        """Settle what :meth:`StreamPool.open` waits for, from any thread (once): the prompt's length in tokens
+        (accepted), or the error ``open`` raises."""
 
         def settle() -> None:
             if self.accepted.done():
@@ -120,17 +125,17 @@ class PooledStream:
 
 
 class StreamProcess:
-    """One stream process: its ``Popen``, its end of the socket pair, and the streams it runs."""
+    """One stream process: its ``Popen``, its end of the socket pair, and the predictions it runs."""
 
     def __init__(self, index: int) -> None:
         self.index = index
         self.name = f"stream-{index}"
         self.popen: Optional[subprocess.Popen[bytes]] = None
         self.sock: Optional[socket.socket] = None
-        self.streams: dict[int, PooledStream] = {}
+        self.predictions: dict[int, RoutedPrediction] = {}
         self.alive = False
         self.ready = threading.Event()
-        self.info: dict[str, Any] = {}
+        self.load_s: Optional[float] = None  # seconds it took to load its tokenizer (its Ready event)
         self.start_error: Optional[str] = None
         self.start_failures = 0
         self.restarts = 0
@@ -140,7 +145,7 @@ class StreamProcess:
     def pid(self) -> Optional[int]:
         return self.popen.pid if self.popen is not None else None
 
-    def send(self, command: tuple[Any, ...]) -> bool:
+    def send(self, command: ipc.Command) -> bool:
         """Send a command (from any thread); False when the process is gone."""
         sock = self.sock
         if sock is None:
@@ -166,12 +171,6 @@ class StreamProcess:
         return f"exited with code {code}"
 
 
-@dataclass
-class PoolHealth:
-    healthy: bool
-    reason: str = ""
-
-
 class StreamPool:
     """The stream processes of one service (see the module docstring).
 
@@ -182,9 +181,9 @@ class StreamPool:
         start_timeout_s: how long a process may take to start (import, tokenizer), seconds.
         on_transport_error: async callable run on the prediction's loop for a transport error; returns
             the error the prediction fails with (the service checks whether Triton is dying).
-        register / unregister: called with each running :class:`PooledStream` (the supervisor's).
+        register / unregister: called with each running :class:`RoutedPrediction` (the supervisor's).
         metrics: the service's Prometheus metrics (:mod:`cog_triton.exporter`): counts what only the pool sees
-            (stream-process restarts, tokens of cancelled streams, the processes' LoRA adapter counts).
+            (stream-process restarts, tokens of cancelled predictions, the processes' LoRA adapter counts).
     """
 
     def __init__(
@@ -195,8 +194,8 @@ class StreamPool:
         interval_s: float,
         start_timeout_s: float = 120.0,
         on_transport_error: Optional[Callable[[TritonError], Awaitable[BaseException]]] = None,
-        register: Optional[Callable[[PooledStream], None]] = None,
-        unregister: Optional[Callable[[PooledStream], None]] = None,
+        register: Optional[Callable[[RoutedPrediction], None]] = None,
+        unregister: Optional[Callable[[RoutedPrediction], None]] = None,
         metrics: Optional["ServiceMetrics"] = None,
     ) -> None:
         if processes < 1:
@@ -205,8 +204,8 @@ class StreamPool:
         self.interval_s = interval_s
         self.start_timeout_s = start_timeout_s
         self.on_transport_error = on_transport_error
-        self._register = register or (lambda stream: None)
-        self._unregister = unregister or (lambda stream: None)
+        self._register = register or (lambda prediction: None)
+        self._unregister = unregister or (lambda prediction: None)
         self.metrics = metrics
         self.processes = [StreamProcess(i) for i in range(processes)]
         self._sids = itertools.count(1)
@@ -225,8 +224,9 @@ class StreamPool:
         for process in self.processes:
             self._spawn(process)
 
-    def set_watcher(self, register: Callable[[PooledStream], None], unregister: Callable[[PooledStream], None]) -> None:
-        """Hand every running stream to ``register`` (and back to ``unregister`` when it ends): the
+    def set_watcher(self, register: Callable[[RoutedPrediction], None],
+                    unregister: Callable[[RoutedPrediction], None]) -> None:
+        """Hand every running prediction to ``register`` (and back to ``unregister`` when it ends): the
         supervisor, which fails them on a Triton fault."""
         self._register, self._unregister = register, unregister
 
@@ -252,7 +252,7 @@ class StreamPool:
         log.info(
             "%d stream process(es) ready (pids %s; loaded in %s s), stream interval %g ms",
             len(self.processes), ", ".join(str(p.pid) for p in self.processes),
-            ", ".join(str(p.info.get("load_s", "?")) for p in self.processes), self.interval_s * 1e3,
+            ", ".join("?" if p.load_s is None else f"{p.load_s:g}" for p in self.processes), self.interval_s * 1e3,
         )
 
     def stop(self) -> None:
@@ -275,7 +275,8 @@ class StreamPool:
                     process.popen.wait()
 
     def _spawn(self, process: StreamProcess) -> None:
-        """Start ``process`` and its receiver thread (the thread sends CONFIG and waits for READY)."""
+        """Start ``process`` and its receiver thread (it is sent :class:`~cog_triton.ipc.Config`; the thread waits for
+        its :class:`~cog_triton.ipc.Ready`)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         process.ready.clear()
         process.start_error = None
@@ -290,8 +291,8 @@ class StreamPool:
         )
         theirs.close()
         process.sock = ours
-        process.streams = {}
-        process.send((ipc.CONFIG, {"generator": self.config, "stream_interval_s": self.interval_s}))
+        process.predictions = {}
+        process.send(ipc.Config(self.config, self.interval_s))
         threading.Thread(target=self._receive, args=(process, ours), name=f"{process.name}-receiver",
                          daemon=True).start()
 
@@ -316,31 +317,31 @@ class StreamPool:
             if process is None:
                 with queued() if queued is not None else contextlib.nullcontext():
                     process = await loop.run_in_executor(None, self._wait_for_process)
-            stream = PooledStream(self, next(self._sids), request_id, process, metric, loop)
+            prediction = RoutedPrediction(self, next(self._sids), request_id, process, metric, loop)
             with self._lock:
-                process.streams[stream.sid] = stream
-            self._register(stream)
-            if process.send((ipc.START, stream.sid, request_id, inputs, started_at)):
-                if stream.stop_on_cancel is not None:
-                    # Failed (the supervisor) or cancelled between its registration and this START: that CANCEL
-                    # may have reached the process first, where it found nothing to cancel. Once more, after START.
-                    process.send((ipc.CANCEL, stream.sid, stream.stop_on_cancel))
+                process.predictions[prediction.sid] = prediction
+            self._register(prediction)
+            if process.send(ipc.Start(prediction.sid, request_id, inputs, started_at)):
+                if prediction.stop_on_cancel is not None:
+                    # Failed (the supervisor) or cancelled between its registration and this Start: that Cancel
+                    # may have reached the process first, where it found nothing to cancel. Once more, after Start.
+                    process.send(ipc.Cancel(prediction.sid, prediction.stop_on_cancel))
                 break
-            self._forget(stream)  # its process died a moment ago: try another
+            self.forget(prediction)  # its process died a moment ago: try another
         else:
             raise StreamProcessError("no stream process could take the prediction (each died as it was sent)")
         try:
-            await stream.accepted
+            await prediction.accepted
         except asyncio.CancelledError:
-            stream.handle.cancel()
+            prediction.output.cancel()
             raise
-        return stream_generator(stream.handle)
+        return output_generator(prediction.output)
 
     def _pick(self) -> Optional[StreamProcess]:
-        """The running process with the fewest streams, or None."""
+        """The running process with the fewest predictions, or None."""
         best: Optional[StreamProcess] = None
         for process in self.processes:
-            if process.alive and (best is None or len(process.streams) < len(best.streams)):
+            if process.alive and (best is None or len(process.predictions) < len(best.predictions)):
                 best = process
         return best
 
@@ -359,41 +360,44 @@ class StreamPool:
                     )
                 self._any_ready.wait(min(left, 1.0))
 
-    def _forget(self, stream: PooledStream) -> bool:
-        """Remove ``stream`` from its process; True if it was still there (it ends exactly once)."""
+    def forget(self, prediction: RoutedPrediction) -> bool:
+        """Remove ``prediction`` from its process's running predictions and from the watcher (from any thread);
+        True if it was still there: whoever gets True ends it, so it ends exactly once."""
         with self._lock:
-            found = stream.process.streams.pop(stream.sid, None) is not None
+            found = prediction.process.predictions.pop(prediction.sid, None) is not None
         if found:
-            self._unregister(stream)
+            self._unregister(prediction)
         return found
 
     def reconnect(self) -> None:
         """Triton was restarted: every stream process replaces its gRPC channel before its next request."""
         for process in self.processes:
             if process.alive:
-                process.send((ipc.RECONNECT,))
+                process.send(ipc.Reconnect())
 
     def stop_request(self, request_id: str) -> None:
         """Ask a running stream process to send Triton the stop request of ``request_id``."""
         process = self._pick()
         if process is not None:
-            process.send((ipc.STOP, request_id))
+            process.send(ipc.Stop(request_id))
 
     # -------------------------------------------------------------------- receive
     def _receive(self, process: StreamProcess, sock: socket.socket) -> None:
-        """The receiver thread of ``process``: READY first, then every frame of events until EOF."""
+        """The receiver thread of ``process``: :class:`~cog_triton.ipc.Ready` first, then every frame until EOF.
+
+        Per frame: its text chunks go to their predictions' queues (a dict lookup and a put each), then its
+        events are handled in order (a few per prediction)."""
         reader = ipc.FrameReader(sock)
-        streams = process.streams
+        predictions = process.predictions
         try:
             while True:
-                for event in reader.read():
-                    kind = event[1]
-                    if kind == ipc.TEXT:
-                        stream = streams.get(event[0])
-                        if stream is not None:
-                            stream.handle.queue.put(event[2])
-                    else:
-                        self._event(process, event)
+                frame: ipc.Frame = reader.read()
+                for sid, text in frame.texts:
+                    prediction = predictions.get(sid)
+                    if prediction is not None:
+                        prediction.output.queue.put(text)
+                for event in frame.events:
+                    self._event(process, event)
         except (EOFError, OSError, ValueError) as exc:
             if not isinstance(exc, EOFError):
                 log.error("%s: channel error: %s", process.name, exc)
@@ -401,74 +405,74 @@ class StreamPool:
             reader.close()
         self._exited(process)
 
-    def _event(self, process: StreamProcess, event: tuple[Any, ...]) -> None:
-        sid, kind = event[0], event[1]
-        if kind == ipc.READY:
-            info = event[2]
-            process.info = info
-            if "error" in info:
-                process.start_error = info["error"]
-            else:
-                with self._any_ready:
-                    process.alive = True
-                    process.start_failures = 0
-                    self._any_ready.notify_all()
-            process.ready.set()
-            return
-        if kind == ipc.CANCELLED:  # a stream the worker cancelled (and forgot): only its tokens count
-            if self.metrics is not None:
-                self.metrics.cancelled_stream(event[2])
-            return
-        if kind == ipc.STATS:
-            if self.metrics is not None:
-                self.metrics.lora(event[2])
-            return
-        stream = process.streams.get(sid)
-        if stream is None:
+    def _event(self, process: StreamProcess, event: ipc.Event) -> None:
+        match event:
+            case ipc.Ready(load_s=load_s, error=error):
+                process.load_s = load_s
+                if error:
+                    process.start_error = error
+                else:
+                    with self._any_ready:
+                        process.alive = True
+                        process.start_failures = 0
+                        self._any_ready.notify_all()
+                process.ready.set()
+                return
+            case ipc.Cancelled(output_tokens=tokens):  # one the worker cancelled (and forgot): its tokens count
+                if self.metrics is not None:
+                    self.metrics.cancelled_stream(tokens)
+                return
+            case ipc.Stats(counts):
+                if self.metrics is not None:
+                    self.metrics.lora(counts)
+                return
+        prediction = process.predictions.get(event.sid)
+        if prediction is None:
             return  # cancelled or failed here already
-        if kind == ipc.FIRST_TOKEN:
-            record_time_to_first_token(stream.record, event[2])
-        elif kind == ipc.ACCEPTED:
-            stream.record(INPUT_TOKEN_COUNT, event[2])
-            stream._resolve(event[2])
-        elif kind == ipc.END:
-            if self._forget(stream):
-                stream.record(OUTPUT_TOKEN_COUNT, event[2])
-                stream.handle.end()
-        elif kind == ipc.REJECTED:
-            if self._forget(stream):
-                stream._resolve(event[2])
-                stream.handle.end()
-        elif kind == ipc.FAILED:
-            if self._forget(stream):
-                stream.record(OUTPUT_TOKEN_COUNT, event[3])
-                self._failed(stream, event[2])
+        match event:
+            case ipc.FirstToken(seconds=seconds):
+                record_time_to_first_token(prediction.record, seconds)
+            case ipc.Accepted(prompt_tokens=prompt_tokens):
+                prediction.record(INPUT_TOKEN_COUNT, prompt_tokens)
+                prediction.settle_open(prompt_tokens)
+            case ipc.End(output_tokens=output_tokens):
+                if self.forget(prediction):
+                    prediction.record(OUTPUT_TOKEN_COUNT, output_tokens)
+                    prediction.output.end()
+            case ipc.Rejected(error=error):
+                if self.forget(prediction):
+                    prediction.settle_open(error)
+                    prediction.output.end()
+            case ipc.Failed(error=error, output_tokens=output_tokens):
+                if self.forget(prediction):
+                    prediction.record(OUTPUT_TOKEN_COUNT, output_tokens)
+                    self._failed(prediction, error)
 
-    def _failed(self, stream: PooledStream, error: BaseException) -> None:
-        """A stream failed in its process: a bare TritonError (the connection broke) may mean Triton is
+    def _failed(self, prediction: RoutedPrediction, error: BaseException) -> None:
+        """A prediction failed in its process: a bare TritonError (the connection broke) may mean Triton is
         dying, which ``on_transport_error`` decides on the prediction's loop; anything else fails it now."""
         if type(error) is TritonError and self.on_transport_error is not None:
             check = self.on_transport_error
 
             async def decide() -> None:
                 try:
-                    stream.handle.fail(await check(error))  # type: ignore[arg-type]
+                    prediction.output.fail(await check(error))  # type: ignore[arg-type]
                 except BaseException as exc:  # noqa: BLE001 - the prediction must end either way
-                    stream.handle.fail(exc)
+                    prediction.output.fail(exc)
 
             try:
-                asyncio.run_coroutine_threadsafe(decide(), stream.loop)
+                asyncio.run_coroutine_threadsafe(decide(), prediction.loop)
                 return
             except RuntimeError:  # the loop is closed
                 pass
-        stream.handle.fail(error)
+        prediction.output.fail(error)
 
     def _exited(self, process: StreamProcess) -> None:
-        """``process`` closed its channel: fail its streams, send their stop requests elsewhere, restart it."""
+        """``process`` closed its channel: fail its predictions, send their stop requests elsewhere, restart it."""
         with self._lock:
             was_alive, process.alive = process.alive, False
-            streams = list(process.streams.values())
-            process.streams.clear()
+            predictions = list(process.predictions.values())
+            process.predictions.clear()
         if self._closing:
             return
         how = process.exit_description()
@@ -480,15 +484,15 @@ class StreamPool:
             f"the stream process {process.name} (pid {process.pid}) {how}; the prediction was stopped "
             "(the other predictions are not affected, and the process is being restarted)"
         )
-        if streams:
+        if predictions:
             log.error("stream process %s (pid %s) %s: failing its %d running prediction(s)", process.name,
-                      process.pid, how, len(streams))
-        for stream in streams:
-            self._unregister(stream)
-            stream.record(OUTPUT_TOKEN_COUNT, 0)
-            stream._resolve(error)
-            stream.handle.fail(error)
-            self.stop_request(stream.request_id)  # the backup for Triton's own cancellation
+                      process.pid, how, len(predictions))
+        for prediction in predictions:
+            self._unregister(prediction)
+            prediction.record(OUTPUT_TOKEN_COUNT, 0)
+            prediction.settle_open(error)
+            prediction.output.fail(error)
+            self.stop_request(prediction.request_id)  # the backup for Triton's own cancellation
         if process.start_failures >= MAX_START_FAILURES:
             log.error("stream process %s failed to start %d times in a row: not restarting it (%s)",
                       process.name, process.start_failures, process.start_error)
@@ -510,18 +514,18 @@ class StreamPool:
             log.info("stream process %s restarted (pid %s)", process.name, process.pid)
 
     # --------------------------------------------------------------------- status
-    def health(self) -> PoolHealth:
+    def health(self) -> Health:
         """Unhealthy when no stream process runs and none will be restarted."""
         if any(p.alive for p in self.processes):
-            return PoolHealth(True)
+            return Health(True)
         if all(p.start_failures >= MAX_START_FAILURES for p in self.processes):
             reasons = "; ".join(f"{p.name}: {p.start_error}" for p in self.processes)
-            return PoolHealth(False, f"no stream process could be started ({reasons})")
-        return PoolHealth(True, "stream processes are restarting")
+            return Health(False, f"no stream process could be started ({reasons})")
+        return Health(True, "stream processes are restarting")
 
     @property
-    def running_streams(self) -> int:
-        return sum(len(p.streams) for p in self.processes)
+    def running_predictions(self) -> int:
+        return sum(len(p.predictions) for p in self.processes)
 
 
-__all__ = ("PooledStream", "StreamPool", "StreamProcess")
+__all__ = ("RoutedPrediction", "StreamPool", "StreamProcess")

@@ -11,9 +11,10 @@ guided output, and sends the worker text chunks joined over the stream interval
 split as vLLM's engine-core / API-server processes and SGLang's detokenizer manager.
 
 Run by :class:`cog_triton.stream_pool.StreamPool` as ``python -m cog_triton.streamer FD``, FD being
-its end of a Unix socket pair. It reads a CONFIG frame, builds its
-:class:`cog_triton.generation.Generator` (tokenizer, gRPC client, guide checker), answers READY, then
-serves START/CANCEL/STOP/RECONNECT commands until the worker closes the socket. When the worker dies, even by
+its end of a Unix socket pair. It reads a :class:`cog_triton.ipc.Config` command, builds its
+:class:`cog_triton.generation.Generator` (tokenizer, gRPC client, guide checker), answers
+:class:`cog_triton.ipc.Ready`, then serves the worker's commands (:mod:`cog_triton.ipc`) until the worker
+closes the socket. When the worker dies, even by
 SIGKILL, the kernel closes its end, this process reads end-of-file and exits (no PR_SET_PDEATHSIG:
 that signal follows the *thread* that started the process, and a restart may come from a short-lived one).
 
@@ -32,12 +33,12 @@ import socket
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Optional
+from typing import Optional
 
 from common.errors import CogTritonError
 from cog_triton import ipc
 from cog_triton.coalesce import IntervalFlusher
-from cog_triton.generation import Generator, GeneratorConfig, Outcome, build_generator
+from cog_triton.generation import Generator, GeneratorConfig, RequestState, build_generator
 from cog_triton.inputs import PredictInputs
 
 log = logging.getLogger("cog_triton.streamer")
@@ -69,7 +70,7 @@ def _portable(exc: BaseException) -> BaseException:
     return RuntimeError(f"{type(exc).__name__} in the stream process: {exc}")
 
 
-class Streamer:
+class PredictionRunner:
     """Serves one worker over ``sock`` (see the module docstring)."""
 
     def __init__(self, sock: socket.socket, name: str = "stream") -> None:
@@ -77,9 +78,10 @@ class Streamer:
         self.name = name
         self.generator: Optional[Generator] = None
         self.interval_s = 0.0
-        self._tasks: dict[int, asyncio.Task[None]] = {}
-        self._outcomes: dict[int, Outcome] = {}
-        self._outbox: list[tuple[Any, ...]] = []
+        self._requests: dict[int, RequestState] = {}  # by sid, from its Start until its task ends
+        self._texts: list[tuple[int, str]] = []  # the next frame's text chunks
+        self._events: list[ipc.Event] = []  # and its events
+        self._flush_due = False
         self._writer: Optional[asyncio.StreamWriter] = None
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._prepare_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="streamer-prepare")
@@ -87,38 +89,49 @@ class Streamer:
         self.served = 0
 
     # ------------------------------------------------------------------ events out
-    def _send(self, event: tuple[Any, ...]) -> None:
+    def _send(self, event: ipc.Event) -> None:
         """Queue an event; everything queued in one turn of the loop leaves in one frame."""
-        if not self._outbox:
-            assert self._loop is not None
-            self._loop.call_soon(self._flush)
-        self._outbox.append(event)
+        if not self._flush_due:
+            self._flush_soon()
+        self._events.append(event)
+
+    def _send_text(self, sid: int, text: str) -> None:
+        """Queue a text chunk of stream ``sid`` (per chunk: a flag test and an append)."""
+        if not self._flush_due:
+            self._flush_soon()
+        self._texts.append((sid, text))
+
+    def _flush_soon(self) -> None:
+        assert self._loop is not None
+        self._flush_due = True
+        self._loop.call_soon(self._flush)
 
     def _flush(self) -> None:
-        events, self._outbox = self._outbox, []
-        if events and self._writer is not None and not self._writer.is_closing():
-            self._writer.write(ipc.encode(events))
+        frame = ipc.Frame(self._texts, self._events)
+        self._texts, self._events, self._flush_due = [], [], False
+        if self._writer is not None and not self._writer.is_closing():
+            self._writer.write(ipc.encode(frame))
 
     # ---------------------------------------------------------------------- serve
     async def run(self) -> None:
         self._loop = asyncio.get_running_loop()
         reader, self._writer = await asyncio.open_unix_connection(sock=self.sock)
-        kind, config = await self._read(reader)
-        if kind != ipc.CONFIG:
-            raise RuntimeError(f"expected a {ipc.CONFIG} frame first, got {kind!r}")
+        config = await self._read(reader)
+        if not isinstance(config, ipc.Config):
+            raise RuntimeError(f"expected a Config command first, got {type(config).__name__}")
         started = time.monotonic()
-        generator_config: GeneratorConfig = config["generator"]
-        self.interval_s = float(config["stream_interval_s"])
+        generator_config: GeneratorConfig = config.generator
+        self.interval_s = float(config.stream_interval_s)
         try:
             self.generator = build_generator(generator_config)
         except Exception as exc:  # noqa: BLE001 - reported to the worker, whose setup fails with it
             log.exception("%s could not start", self.name)
-            self._send((0, ipc.READY, {"pid": os.getpid(), "error": f"{type(exc).__name__}: {exc}"}))
+            self._send(ipc.Ready(os.getpid(), error=f"{type(exc).__name__}: {exc}"))
             await asyncio.sleep(0)  # let the frame leave
             await self._writer.drain()
             return
         watchdog = asyncio.create_task(self.generator.watchdog())
-        self._send((0, ipc.READY, {"pid": os.getpid(), "load_s": round(time.monotonic() - started, 3)}))
+        self._send(ipc.Ready(os.getpid(), load_s=round(time.monotonic() - started, 3)))
         log.info("%s ready (pid %d) in %.1f s", self.name, os.getpid(), time.monotonic() - started)
         try:
             while True:
@@ -130,60 +143,51 @@ class Streamer:
                 self._dispatch(command)
         finally:
             watchdog.cancel()
-            for task in list(self._tasks.values()):
-                task.cancel()
+            for state in list(self._requests.values()):
+                state.cancel()
             self._prepare_pool.shutdown(wait=False, cancel_futures=True)
             self._adapter_pool.shutdown(wait=False, cancel_futures=True)
 
     @staticmethod
-    async def _read(reader: asyncio.StreamReader) -> Any:
+    async def _read(reader: asyncio.StreamReader) -> ipc.Command:
         header = await reader.readexactly(ipc.HEADER.size)
         (length,) = ipc.HEADER.unpack(header)
         if length > ipc.MAX_FRAME_BYTES:
             raise ValueError(f"frame of {length} bytes (at most {ipc.MAX_FRAME_BYTES})")
-        import pickle  # noqa: PLC0415 - stdlib, already loaded
+        return ipc.decode(await reader.readexactly(length))  # type: ignore[no-any-return]
 
-        return pickle.loads(await reader.readexactly(length))
-
-    def _dispatch(self, command: tuple[Any, ...]) -> None:
-        kind = command[0]
-        if kind == ipc.START:
-            _, sid, request_id, inputs, started_at = command
-            task = asyncio.create_task(self._stream(sid, request_id, inputs, started_at))
-            self._tasks[sid] = task
-            task.add_done_callback(lambda _t, sid=sid: self._forget(sid))
-        elif kind == ipc.CANCEL:
-            _, sid, send_stop = command
-            task = self._tasks.get(sid)
-            if task is not None:
-                outcome = self._outcomes.get(sid)
-                if outcome is not None:
-                    outcome.send_stop = send_stop
-                task.cancel()
-        elif kind == ipc.STOP:
-            assert self.generator is not None
-            self.generator.stop_in_background(command[1])
-        elif kind == ipc.RECONNECT:
-            assert self.generator is not None
-            self.generator.triton_restarted()
-        else:
-            log.error("%s: unknown command %r", self.name, kind)
+    def _dispatch(self, command: ipc.Command) -> None:
+        generator = self.generator
+        assert generator is not None
+        match command:
+            case ipc.Start(sid, request_id, inputs, started_at):
+                state = RequestState()
+                state.task = asyncio.create_task(self._serve_prediction(sid, request_id, inputs, started_at, state))
+                self._requests[sid] = state
+                state.task.add_done_callback(lambda _t, sid=sid: self._requests.pop(sid, None))
+            case ipc.Cancel(sid, send_stop):
+                state = self._requests.get(sid)
+                if state is not None:
+                    state.cancel(send_stop=send_stop)
+            case ipc.Stop(request_id):
+                generator.stop_in_background(request_id)
+            case ipc.Reconnect():
+                generator.triton_restarted()
+            case _:
+                log.error("%s: unknown command %r", self.name, type(command).__name__)
 
     def _report_lora(self) -> None:
-        """Send the worker this process's LoRA adapter counts since the last report (one STATS event, only when
+        """Send the worker this process's LoRA adapter counts since the last report (one Stats event, only when
         something happened; after requests with an adapter, never per token)."""
         adapters = self.generator.adapters if self.generator is not None else None
         if adapters is None:
             return
         counts = adapters.take_counts()
         if counts:
-            self._send((0, ipc.STATS, counts))
+            self._send(ipc.Stats(counts))
 
-    def _forget(self, sid: int) -> None:
-        self._tasks.pop(sid, None)
-        self._outcomes.pop(sid, None)
-
-    async def _stream(self, sid: int, request_id: str, inputs: PredictInputs, started_at: float) -> None:
+    async def _serve_prediction(self, sid: int, request_id: str, inputs: PredictInputs, started_at: float,
+                                state: RequestState) -> None:
         generator = self.generator
         assert generator is not None
         loop = asyncio.get_running_loop()
@@ -200,42 +204,40 @@ class Streamer:
         except asyncio.CancelledError:
             return
         except Exception as exc:  # noqa: BLE001 - an input error (or a bug): predict() raises it
-            self._send((sid, ipc.REJECTED, _portable(exc)))
+            self._send(ipc.Rejected(sid, _portable(exc)))
             if inputs.lora is not None:
                 self._report_lora()
             return
-        self._send((sid, ipc.ACCEPTED, prepared.prompt_tokens))
+        self._send(ipc.Accepted(sid, prepared.prompt_tokens))
         if inputs.lora is not None:
             self._report_lora()
-        outcome = Outcome()
-        self._outcomes[sid] = outcome
-        send = self._send
-        flusher = IntervalFlusher(self.interval_s, lambda text: send((sid, ipc.TEXT, text)), loop)
+        send, send_text = self._send, self._send_text
+        flusher = IntervalFlusher(self.interval_s, lambda text: send_text(sid, text), loop)
         push = flusher.push
         self.served += 1
         try:
-            async for text in generator.text_stream(
-                inputs, prepared, outcome, on_first_token=lambda t: send((sid, ipc.FIRST_TOKEN, t - started_at))
+            async for text in generator.text_deltas(
+                inputs, prepared, state, on_first_token=lambda t: send(ipc.FirstToken(sid, t - started_at))
             ):
                 push(text)
         except asyncio.CancelledError:
             # The worker cancelled it and no longer listens for its text; it counts the tokens made.
-            send((sid, ipc.CANCELLED, outcome.output_tokens))
+            send(ipc.Cancelled(sid, state.output_tokens))
             return
         except Exception as exc:  # noqa: BLE001 - reported to the worker, which fails the prediction with it
             flusher.close()  # what was generated before the failure still reaches the user
-            send((sid, ipc.FAILED, _portable(exc), outcome.output_tokens))
+            send(ipc.Failed(sid, _portable(exc), state.output_tokens))
             return
         finally:
             log.info(
                 "generated %d tokens for a %d-token prompt in %.2f s%s",
-                outcome.output_tokens, prepared.prompt_tokens, time.monotonic() - started_at,
-                " (stop sequence)" if outcome.stopped else "",
+                state.output_tokens, prepared.prompt_tokens, time.monotonic() - started_at,
+                " (stop sequence)" if state.stopped else "",
             )
             if inputs.lora is not None:
                 self._report_lora()  # a request sent again after the engine's cache miss counts there
         flusher.close()
-        send((sid, ipc.END, outcome.output_tokens))
+        send(ipc.End(sid, state.output_tokens))
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -247,7 +249,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s {name}: %(message)s")
     sock = socket.socket(fileno=int(args[0]))
     try:
-        asyncio.run(Streamer(sock, name).run())
+        asyncio.run(PredictionRunner(sock, name).run())
     except KeyboardInterrupt:
         return 0
     return 0

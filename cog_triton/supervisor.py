@@ -57,24 +57,6 @@ class Failable(Protocol):
     def fail(self, error: TritonError) -> None: ...
 
 
-@dataclass(eq=False)  # identity: kept in a set
-class TaskStream:
-    """A prediction streamed by an asyncio task in this process (``COG_TRITON_STREAM_PROCESSES=0``):
-    failing it cancels the task, which then raises ``error``."""
-
-    task: "asyncio.Task[object]"
-    loop: asyncio.AbstractEventLoop
-    error: Optional[TritonError] = None
-
-    def fail(self, error: TritonError) -> None:
-        """Cancel the stream's task with ``error`` (from any thread); the stream raises ``error``."""
-        self.error = error
-        try:
-            self.loop.call_soon_threadsafe(self.task.cancel)
-        except RuntimeError:  # the loop is closed: nothing runs there any more
-            pass
-
-
 @dataclass(frozen=True)
 class Fault:
     """What a round of checks found. ``hang``: Triton runs but serves nothing (stopped, not answering)."""
@@ -85,7 +67,8 @@ class Fault:
 
 @dataclass
 class Health:
-    """The supervisor's verdict for the predictor's healthcheck."""
+    """Whether a part of the service can serve (Triton, from the supervisor; the stream processes, from
+    :meth:`cog_triton.stream_pool.StreamPool.health`), and why not: the predictor's healthcheck reports it."""
 
     healthy: bool
     reason: str = ""

@@ -329,6 +329,24 @@ def read_manifest(root: Path) -> Optional[Manifest]:
     return Manifest.from_json(data, str(path))
 
 
+def base_model_of(manifest: Optional[Manifest]) -> str:
+    """The Hugging Face Hub id the archive was built from (its build config's ``source.checkpoint``, e.g.
+    ``HuggingFaceTB/SmolLM2-135M-Instruct``), or "" when there is no manifest or it was built from a local folder
+    (a path: ``./``, ``/``, ``~`` or no ``/``)."""
+    source = (manifest.build_config.get("source") or {}) if manifest is not None else {}
+    checkpoint = str(source.get("checkpoint", "")) if isinstance(source, dict) else ""
+    return checkpoint if "/" in checkpoint and not checkpoint.startswith((".", "/", "~")) else ""
+
+
+def reference_lora(manifest: Optional[Manifest]) -> dict[str, Any]:
+    """For a checkpoint archive: the ``lora`` section of its build config (manifest.json) and what it was made
+    from, as :func:`tensorrtllm_backend.engine.inspect_weights` takes them (``reference_lora``, ``base_model``)."""
+    if manifest is None or manifest.backend != "reference":
+        return {}
+    lora = manifest.build_config.get("lora")
+    return {"reference_lora": lora if isinstance(lora, dict) else None, "base_model": base_model_of(manifest)}
+
+
 def runtime_tensorrt_llm_version() -> str:
     """The TensorRT-LLM version this image serves: the installed ``tensorrt_llm`` package, else the pin."""
     return installed_tensorrt_llm_version() or TENSORRT_LLM_VERSION

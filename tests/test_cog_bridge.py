@@ -28,6 +28,7 @@ import pytest
 from cog_triton import cog_bridge
 from cog_triton.local import free_port
 from cog_triton.settings import REPO_ROOT
+from tests.bridge_source import relay
 
 STEP_S = 0.3
 
@@ -38,6 +39,7 @@ PREAMBLE = textwrap.dedent(
     from cog import AsyncConcatenateIterator, BasePredictor, ConcatenateIterator, Input
     sys.path.insert(0, {str(REPO_ROOT)!r})
     from cog_triton import cog_bridge
+    from tests.bridge_source import relay
 
     def note(text):
         print(text, file=sys.stderr, flush=True)
@@ -90,7 +92,7 @@ BRIDGE = PREAMBLE + textwrap.dedent(
     class Predictor(BasePredictor):
         @cog.streaming
         async def predict(self, n: int = Input(default=4), fail_at: int = Input(default=-1)) -> ConcatenateIterator[str]:
-            return await cog_bridge.open_stream(tokens(n, fail_at))
+            return await relay(tokens(n, fail_at))
     """
 )
 
@@ -276,7 +278,7 @@ def test_waiting_deltas_are_joined_into_one_item(waiting: int) -> None:
 
     async def start() -> tuple[Iterator[str], asyncio.Event]:
         gate = asyncio.Event()
-        return await cog_bridge.open_stream(_source([f"p{i} " for i in range(waiting)], gate, log)), gate
+        return await relay(_source([f"p{i} " for i in range(waiting)], gate, log)), gate
 
     generator, gate = asyncio.run_coroutine_threadsafe(start(), loop).result()
     loop.call_soon_threadsafe(gate.set)
@@ -308,7 +310,7 @@ def test_closing_the_generator_cancels_the_source() -> None:
             finally:
                 log.append("source closed")
 
-        return await cog_bridge.open_stream(endless()), gate
+        return await relay(endless()), gate
 
     generator, _ = asyncio.run_coroutine_threadsafe(start(), loop).result()
     assert next(generator).startswith("x")
@@ -342,23 +344,23 @@ def test_a_chained_generator_is_cancelled_like_the_stream_it_wraps() -> None:
 
     cog_bridge.install_cancel_hook()
     cancelled: list[str] = []
-    handle = cog_bridge.StreamHandle(lambda: cancelled.append("stream"))
+    output = cog_bridge.PredictionOutput(lambda: cancelled.append("stream"))
     ended: list[str] = []
-    wrapped = cog_bridge.then(cog_bridge.stream_generator(handle), lambda: ended.append("at_end"))
+    wrapped = cog_bridge.then(cog_bridge.output_generator(output), lambda: ended.append("at_end"))
     future: concurrent.futures.Future = concurrent.futures.Future()
     future.set_result(wrapped)  # predict() returned the wrapper
     future.cancel()  # what coglet does on a cancel
-    assert cancelled == ["stream"] and handle.cancelled.is_set()
+    assert cancelled == ["stream"] and output.cancelled.is_set()
     assert list(wrapped) == [] and ended == ["at_end"]
 
 
 def _ended(make) -> list[tuple[Any, bool]]:
-    """Run ``make(handle, generator)`` on a fresh stream with an end callback; return what the callback got."""
+    """Run ``make(output, generator)`` on a fresh stream with an end callback; return what the callback got."""
     calls: list[tuple[Any, bool]] = []
-    handle = cog_bridge.StreamHandle()
-    generator = cog_bridge.stream_generator(handle)
+    output = cog_bridge.PredictionOutput()
+    generator = cog_bridge.output_generator(output)
     assert cog_bridge.on_end(generator, lambda error, cancelled: calls.append((error, cancelled)))
-    make(handle, generator)
+    make(output, generator)
     return calls
 
 
@@ -366,26 +368,26 @@ def test_the_end_callback_says_how_the_stream_ended_once() -> None:
     """on_end (the service's metrics count each prediction's outcome with it): called once, in the iterating
     thread, after the last item: an end, a failure (the error raised), a cancel, or the generator closed early."""
 
-    def ends(handle: cog_bridge.StreamHandle, generator: Iterator[str]) -> None:
-        handle.put("a")
-        handle.end()
+    def ends(output: cog_bridge.PredictionOutput, generator: Iterator[str]) -> None:
+        output.put("a")
+        output.end()
         assert list(generator) == ["a"]
 
-    def fails(handle: cog_bridge.StreamHandle, generator: Iterator[str]) -> None:
-        handle.put("a")
-        handle.fail(failure)
+    def fails(output: cog_bridge.PredictionOutput, generator: Iterator[str]) -> None:
+        output.put("a")
+        output.fail(failure)
         with pytest.raises(RuntimeError):
             list(generator)
 
-    def cancelled(handle: cog_bridge.StreamHandle, generator: Iterator[str]) -> None:
-        handle.put("a")
+    def cancelled(output: cog_bridge.PredictionOutput, generator: Iterator[str]) -> None:
+        output.put("a")
         assert next(generator) == "a"
-        handle.cancel()
-        handle.fail(RuntimeError("after the cancel"))  # e.g. the supervisor's, a moment later: not what ended it
+        output.cancel()
+        output.fail(RuntimeError("after the cancel"))  # e.g. the supervisor's, a moment later: not what ended it
         assert list(generator) == []
 
-    def closed(handle: cog_bridge.StreamHandle, generator: Iterator[str]) -> None:
-        handle.put("a")
+    def closed(output: cog_bridge.PredictionOutput, generator: Iterator[str]) -> None:
+        output.put("a")
         assert next(generator) == "a"
         generator.close()
 
@@ -399,10 +401,10 @@ def test_the_end_callback_says_how_the_stream_ended_once() -> None:
 
 def test_the_end_callback_follows_a_chained_generator() -> None:
     calls: list[tuple[Any, bool]] = []
-    handle = cog_bridge.StreamHandle()
-    wrapped = cog_bridge.then(cog_bridge.stream_generator(handle), lambda: calls.append(("at_end", False)))
+    output = cog_bridge.PredictionOutput()
+    wrapped = cog_bridge.then(cog_bridge.output_generator(output), lambda: calls.append(("at_end", False)))
     assert cog_bridge.on_end(wrapped, lambda error, cancelled: calls.append((error, cancelled)))
-    handle.put("a")
-    handle.end()
+    output.put("a")
+    output.end()
     assert list(wrapped) == ["a"]
     assert calls == [(None, False), ("at_end", False)]

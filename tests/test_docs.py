@@ -2,7 +2,8 @@
 
 Relative links (files and ``#anchors``, GitHub's heading slugs), every ``scripts/...`` path and
 ``python -m`` module named in a command or code span, and every ``COG_TRITON_*`` name are checked
-against the repository; docs/settings.md must be exactly what the settings object generates.
+against the repository; docs/settings.md must be exactly what the settings object generates; the
+architecture's module map names every module, and only modules that exist.
 """
 
 from __future__ import annotations
@@ -154,3 +155,30 @@ def test_users_are_told_to_rebuild_engines_with_the_pinned_tensorrt_llm(page: Pa
     text = " ".join((_section(page, heading) if heading else page.read_text()).split())
     assert TRITON_IMAGE_TAG in text
     assert re.search(rf"rebuilt with (TensorRT-LLM )?{re.escape(TENSORRT_LLM_VERSION)}", text), _rel(page)
+
+
+PACKAGES = ("cog_triton", "tensorrtllm_backend", "common")
+
+
+def test_the_module_map_names_every_module_and_only_real_ones() -> None:
+    """docs/architecture.md's Modules section lists every module of the three packages (a subpackage by its
+    name, each of its modules too), and every dotted name in it is a module or an attribute of one."""
+    text = (DOCS / "architecture.md").read_text()
+    section = text.split("\n## Modules\n", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"\b((?:%s)(?:\.[A-Za-z_]+)+)" % "|".join(PACKAGES), section))
+    modules = set()
+    for package in PACKAGES:
+        for path in (REPO_ROOT / package).rglob("*.py"):
+            parts = path.relative_to(REPO_ROOT).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            if len(parts) > 1:
+                modules.add(".".join(parts))
+    listed = set()
+    for name in named:
+        module, _, attribute = name.rpartition(".")
+        if name not in modules and attribute[:1].isupper():  # cog_triton.service.LLMService
+            name = module
+        assert name in modules, f"{name} in the module map is not a module"
+        listed.add(name)
+    assert sorted(modules - listed) == []

@@ -71,7 +71,7 @@ def test_a_prediction_sequence_gives_its_counts() -> None:
     failed.finish(TritonDiedError("Triton was killed"), False)
     failed.finish(None, False)  # only the first end counts
 
-    # cancelled (in-process: its output count is recorded): tokens count, no time per token
+    # cancelled after its output count was recorded: its tokens count, no time per token
     cancelled = m.track(None, time.monotonic())
     record_time_to_first_token(cancelled, 0.25)
     cancelled(OUTPUT_TOKEN_COUNT, 4)

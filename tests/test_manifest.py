@@ -25,10 +25,13 @@ from tensorrtllm_backend.engine import inspect_weights
 from tensorrtllm_backend.manifest import (
     FORMAT_VERSION,
     MANIFEST_NAME,
+    Manifest,
+    base_model_of,
     check_compatibility,
     check_weights_match,
     pack_archive,
     read_manifest,
+    reference_lora,
     verify_weights,
     write_manifest,
 )
@@ -490,3 +493,29 @@ def test_an_ngc_build_suffix_is_the_same_release(tmp_path: Path) -> None:
     with pytest.raises(IncompatibleWeightsError) as info:
         verify_weights(root, gpus(1), "1.0.3.2510")
     assert "this image serves TensorRT-LLM 1.0.3.2510 (release 1.0.3)" in str(info.value)
+
+
+def _manifest(backend: str, build_config: dict[str, Any]) -> Manifest:
+    return Manifest(name="m", backend=backend, kind="hf_checkpoint", tensorrt_llm_version=None,
+                    triton_image=TRITON_IMAGE, world_size=1, tp_size=1, pp_size=1, gpu_name=None,
+                    compute_capability=None, build_config=build_config, files=())
+
+
+@pytest.mark.parametrize("checkpoint, expected", [
+    ("HuggingFaceTB/SmolLM2-135M-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct"),
+    ("./models/smollm2", ""), ("/models/org/name", ""), ("~/org/name", ""), ("smollm2", ""), ("", ""),
+])
+def test_base_model_is_the_hub_id_an_archive_was_built_from(checkpoint: str, expected: str) -> None:
+    """The LoRA refusals name the base model: a Hub id from the build config's source, never a local path."""
+    assert base_model_of(_manifest("reference", {"source": {"checkpoint": checkpoint}})) == expected
+    assert base_model_of(_manifest("tensorrtllm", {"source": "not a mapping"})) == ""
+    assert base_model_of(None) == ""
+
+
+def test_reference_lora_is_read_from_a_reference_archives_build_config_only() -> None:
+    section = {"max_lora_rank": 8, "lora_target_modules": ["attn_q"]}
+    built = {"lora": section, "source": {"checkpoint": "org/base"}}
+    assert reference_lora(_manifest("reference", built)) == {"reference_lora": section, "base_model": "org/base"}
+    assert reference_lora(_manifest("reference", {"lora": "on"})) == {"reference_lora": None, "base_model": ""}
+    assert reference_lora(_manifest("tensorrtllm", built)) == {}  # an engine's LoRA is in its own config.json
+    assert reference_lora(None) == {}

@@ -545,7 +545,7 @@ def test_predictor_uses_run_and_predict_still_works() -> None:
 
             return PredictInputs.validate(**inputs)
 
-        async def stream(self, inputs, metric=None):
+        async def predict(self, inputs, metric=None):
             seen.append(inputs)
             return iter(["ok"])
 

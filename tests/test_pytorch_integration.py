@@ -14,7 +14,7 @@ import pytest
 
 from common.errors import TritonStartupError
 from cog_triton.fetch_rules import FetchRules
-from cog_triton.generation import GeneratorConfig, Outcome, build_generator
+from cog_triton.generation import GeneratorConfig, RequestState, build_generator
 from cog_triton.inputs import PredictInputs
 from cog_triton.local import WeightsHTTPServer
 from cog_triton.lora.store import StoreLimits
@@ -72,7 +72,7 @@ def _text(served, checkpoint_dir, hf_tokenizer, **inputs) -> tuple[str, list]:
     async def run() -> tuple[str, object]:
         prepared = generator.prepare(values, "pt-integration")
         try:
-            text = "".join([part async for part in generator.text_stream(values, prepared, Outcome())])
+            text = "".join([part async for part in generator.text_deltas(values, prepared, RequestState())])
         finally:
             await generator.client.aclose()
         return text, prepared

@@ -1,7 +1,9 @@
 """LLMService's streaming path against a real local gRPC server speaking Triton's ModelStreamInfer.
 
-The Triton *process* is replaced by a small stand-in object (alive, not stopped, no stubs), the
-one thing mocked here: the tests are about how the service treats what Triton answers.
+The path is the product's: real stream processes (``python -m cog_triton.streamer``, the default model's
+tokenizer) started by the service's :class:`cog_triton.stream_pool.StreamPool`, reading from
+tests/test_client.py's FakeTriton. The Triton *process* is replaced by a small stand-in object (alive, not
+stopped, no stubs), the one thing mocked here: the tests are about how the service treats what Triton answers.
 """
 
 from __future__ import annotations
@@ -10,20 +12,21 @@ import asyncio
 import struct
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import grpc
 import pytest
 
 from common.errors import InferenceError, InputError, TritonError
-from cog_triton.client import TritonClient
-from cog_triton.generation import Generator
+from cog_triton.generation import GeneratorConfig
 from cog_triton.inputs import PredictInputs
 from cog_triton.service import LLMService
 from cog_triton.settings import Settings
+from cog_triton.stream_pool import StreamPool
 from cog_triton.supervisor import Supervisor
 from tensorrtllm_backend.engine import ModelLimits, WeightsInfo
-from tests.test_client import Running, error, response, triton  # noqa: F401 - the fixture
+from tests.test_client import Running, error, response
+from tests.test_stream_pool import triton  # noqa: F401 - FakeTriton for the module (the processes keep their channel)
 
 CHECKPOINT = Path(__file__).resolve().parents[1] / "build" / "default_model" / "checkpoint"
 
@@ -67,19 +70,46 @@ def tokenizer() -> Any:
     return AutoTokenizer.from_pretrained(str(CHECKPOINT), local_files_only=True)
 
 
-def service_for(address: str, tokenizer: Any, token_timeout_s: float = 120.0) -> LLMService:
-    """An in-process service (COG_TRITON_STREAM_PROCESSES=0) streaming from ``address``."""
-    from cog_triton.prompt import PromptTokenizer
+LIMITS = ModelLimits(max_batch_size=8, max_input_len=512, max_seq_len=1024)
 
-    service = LLMService(Settings(stream_processes=0))
-    limits = ModelLimits(max_batch_size=8, max_input_len=512, max_seq_len=1024)
-    service.info = WeightsInfo(kind="hf_checkpoint", weights_dir=CHECKPOINT, tokenizer_dir=CHECKPOINT, limits=limits)
-    service.generator = Generator(tokenizer, PromptTokenizer(tokenizer), limits,
-                                  TritonClient(address, connect_timeout_s=2), token_timeout_s=token_timeout_s)
-    process: Any = AliveProcess()
-    service.server = process
-    service.supervisor = Supervisor(process, [], startup_timeout_s=5)
-    return service
+
+@pytest.fixture(scope="module")
+def pools(triton: Running) -> Iterator[dict[GeneratorConfig, StreamPool]]:  # noqa: F811
+    """The stream pools of this module, one per generator config (a process loads its tokenizer in seconds)."""
+    started: dict[GeneratorConfig, StreamPool] = {}
+    yield started
+    for pool in started.values():
+        pool.stop()
+
+
+@pytest.fixture
+def service_for(triton: Running, pools: dict[GeneratorConfig, StreamPool]  # noqa: F811
+                ) -> Iterator[Callable[..., LLMService]]:
+    """Make a service whose one stream process streams from FakeTriton (``token_timeout_s``: the no-token
+    timeout; ``config``: what else the generator gets, e.g. LoRA). Each service is new (its supervisor, its
+    Triton stand-in, its metrics); the pool of its config is started once per module and handed to it, as
+    setup() does with its own. FakeTriton's scenario is reset after the test."""
+
+    def make(token_timeout_s: float = 120.0, settings: Optional[Settings] = None, **config: Any) -> LLMService:
+        service = LLMService(settings or Settings())
+        service.info = WeightsInfo(kind="hf_checkpoint", weights_dir=CHECKPOINT, tokenizer_dir=CHECKPOINT,
+                                   limits=LIMITS)
+        generator = GeneratorConfig(tokenizer_dir=CHECKPOINT, limits=LIMITS, grpc_address=triton.address,
+                                    token_timeout_s=token_timeout_s, **config)
+        pool = pools.get(generator)
+        if pool is None:
+            pool = pools[generator] = StreamPool(generator, 1, interval_s=service.interval_s, start_timeout_s=120)
+            pool.start()
+        pool.on_transport_error, pool.metrics = service._died_or, service.metrics
+        process: Any = AliveProcess()
+        service.server = process
+        service.supervisor = Supervisor(process, [], startup_timeout_s=5)
+        pool.set_watcher(service.supervisor.register, service.supervisor.unregister)
+        service.pool = pool
+        return service
+
+    yield make
+    triton.state.scenario, triton.state.abort, triton.state.end_call_after_scenario = None, None, False
 
 
 def run(service: LLMService, **inputs: Any) -> tuple[str, Optional[BaseException], float]:
@@ -91,8 +121,6 @@ def run(service: LLMService, **inputs: Any) -> tuple[str, Optional[BaseException
                 text += part
         except Exception as exc:  # noqa: BLE001 - inspected by the test
             error = exc
-        finally:
-            await service._close_loop_resources()
         return text, error, time.monotonic() - started
 
     return asyncio.run(main())
@@ -103,7 +131,8 @@ def polls_of(service: LLMService) -> int:
     return service.server.polls  # type: ignore[union-attr]
 
 
-def test_an_error_triton_answers_arrives_at_once(triton: Running, tokenizer: Any) -> None:  # noqa: F811
+def test_an_error_triton_answers_arrives_at_once(triton: Running, tokenizer: Any,  # noqa: F811
+                                                  service_for: Callable[..., LLMService]) -> None:
     """Before: every error waited 2 s for "is Triton dying?", errors Triton answered included. The look
     polls the process every 0.1 s: an answered error polls it no more often than a request that succeeds
     (the baseline, measured here), so nothing waited for a dying Triton."""
@@ -112,7 +141,7 @@ def test_an_error_triton_answers_arrives_at_once(triton: Running, tokenizer: Any
         yield response([tokenizer.encode("Hi")[0]], final=True, request_id=request.id)
 
     triton.state.scenario = answered
-    service = service_for(triton.address, tokenizer)
+    service = service_for()
     text, failure, _ = run(service)
     assert failure is None and text == "Hi"
     baseline = polls_of(service)
@@ -121,7 +150,7 @@ def test_an_error_triton_answers_arrives_at_once(triton: Running, tokenizer: Any
         yield error("in ensemble 'ensemble', bad input")
 
     triton.state.scenario = refused
-    service = service_for(triton.address, tokenizer)
+    service = service_for()
     _, failure, _ = run(service)
     assert isinstance(failure, InferenceError) and "bad input" in failure.message
     assert polls_of(service) == baseline
@@ -131,13 +160,14 @@ def test_an_error_triton_answers_arrives_at_once(triton: Running, tokenizer: Any
         yield error("Encountered an error in forward function")
 
     triton.state.scenario = error_after_a_token
-    service = service_for(triton.address, tokenizer)
+    service = service_for()
     _, failure, _ = run(service)
     assert isinstance(failure, InferenceError) and "forward function" in failure.message
     assert polls_of(service) == baseline
 
 
-def test_a_broken_connection_waits_briefly_for_a_dying_triton(triton: Running, tokenizer: Any) -> None:  # noqa: F811
+def test_a_broken_connection_waits_briefly_for_a_dying_triton(triton: Running, tokenizer: Any,  # noqa: F811
+                                                               service_for: Callable[..., LLMService]) -> None:
     """A transport error may mean Triton is going down: the service looks for 2 s (20 polls, 0.1 s
     apart) before reporting it."""
 
@@ -145,11 +175,11 @@ def test_a_broken_connection_waits_briefly_for_a_dying_triton(triton: Running, t
         yield response([tokenizer.encode("Hi")[0]], final=True, request_id=request.id)
 
     triton.state.scenario = answered
-    service = service_for(triton.address, tokenizer)
+    service = service_for()
     assert run(service)[1] is None
     baseline = polls_of(service)
     triton.state.abort = grpc.StatusCode.UNAVAILABLE
-    service = service_for(triton.address, tokenizer)
+    service = service_for()
     _, failure, elapsed = run(service)
     assert type(failure) is TritonError and "UNAVAILABLE" in failure.message
     assert polls_of(service) == baseline + 20
@@ -157,7 +187,8 @@ def test_a_broken_connection_waits_briefly_for_a_dying_triton(triton: Running, t
     assert 2.0 <= elapsed < 120, elapsed
 
 
-def test_the_end_token_final_is_not_a_token(triton: Running, tokenizer: Any) -> None:  # noqa: F811
+def test_the_end_token_final_is_not_a_token(triton: Running, tokenizer: Any,  # noqa: F811
+                                            service_for: Callable[..., LLMService]) -> None:
     ids = tokenizer.encode("Hello there")
 
     async def scenario(request):
@@ -167,21 +198,21 @@ def test_the_end_token_final_is_not_a_token(triton: Running, tokenizer: Any) -> 
 
     triton.state.scenario = scenario
     metrics: dict[str, Any] = {}
-    service = service_for(triton.address, tokenizer)
+    service = service_for()
 
     async def main() -> str:
         out = "".join([p async for p in service.generate(PredictInputs.validate(prompt="Hi", temperature=0),
                                                              metric=metrics.__setitem__)])
-        await service._close_loop_resources()
         return out
 
     assert asyncio.run(main()) == "Hello there"
     assert metrics["output_token_count"] == len(ids)
-    # in-process path: the time to first token under both names (cog_triton/metrics.py)
+    # the time to first token under both names (cog_triton/metrics.py)
     assert metrics["time_to_first_token"] == metrics["time_to_first_token_s"] >= 0
 
 
 def test_log_performance_metrics_prints_replicates_lines_at_the_end(triton: Running, tokenizer: Any,  # noqa: F811
+                                                                     service_for: Callable[..., LLMService],
                                                                      capsys: pytest.CaptureFixture) -> None:
     """replicate/cog-triton's log_performance_metrics input: the prediction logs its token count, tokens
     per second, execution time and time to first token when the stream ends (printed from the thread
@@ -193,7 +224,7 @@ def test_log_performance_metrics_prints_replicates_lines_at_the_end(triton: Runn
             yield response([token], final=i == len(ids) - 1, request_id=request.id)
 
     triton.state.scenario = scenario
-    service = service_for(triton.address, tokenizer)
+    service = service_for()
 
     async def main(flag: bool) -> str:
         return "".join([p async for p in service.generate(
@@ -206,17 +237,17 @@ def test_log_performance_metrics_prints_replicates_lines_at_the_end(triton: Runn
     assert f"Tokens processed: {len(ids)}\n" in out
     assert "Serverside tokens per second: " in out and "Serverside execution time: " in out
     assert "Serverside time to first token: " in out
-    asyncio.run(service._close_loop_resources())
 
 
-def test_in_process_lora_sends_weights_once_and_again_after_a_cache_miss(triton: Running, tokenizer: Any,  # noqa: F811
-                                                                         tmp_path: Path) -> None:
-    """COG_TRITON_STREAM_PROCESSES=0: the adapter is resolved off the caller's loop and the same
-    weights-once / resend-once logic runs in the Cog worker."""
+def test_lora_weights_go_once_and_again_after_a_cache_miss_and_count_in_the_services_metrics(
+    triton: Running, tokenizer: Any, service_for: Callable[..., LLMService], tmp_path: Path  # noqa: F811
+) -> None:
+    """The adapter is fetched and converted in the stream process, its weights go with the first request only and
+    once more after the engine's cache miss, and the process's adapter counts (its STATS events) reach the
+    service's own Prometheus metrics."""
     from cog_triton.local import WeightsHTTPServer
     from cog_triton.fetch_rules import FetchRules
     from cog_triton.lora.store import StoreLimits
-    from cog_triton.lora.tasks import Adapters
     from tensorrtllm_backend.engine import inspect_weights
     from tests.lora_adapters import make_adapter, pack
 
@@ -236,18 +267,17 @@ def test_in_process_lora_sends_weights_once_and_again_after_a_cache_miss(triton:
         yield response([tokenizer.encode("Hi")[0]], final=True, request_id=request.id)
 
     triton.state.scenario = scenario
-    service = service_for(triton.address, tokenizer)
-    service.settings = Settings(stream_processes=0, fetch_allow_private=True, fetch_allow_http=True)  # 127.0.0.1
     lora = inspect_weights(CHECKPOINT, reference_lora={"max_lora_rank": 8}).lora
-    service.generator.adapters = Adapters(lora, StoreLimits(root=tmp_path / "cache", retries=0,
-                                                            rules=FetchRules.open()))
+    service = service_for(
+        settings=Settings(fetch_allow_private=True, fetch_allow_http=True),  # the adapter is served from 127.0.0.1
+        lora=lora, adapter_limits=StoreLimits(root=tmp_path / "cache", retries=0, rules=FetchRules.open()),
+    )
     with WeightsHTTPServer(tmp_path / "served") as server:
         url = f"{server.url}/a.tar.gz"
         for _ in range(2):
             text, failure, _ = run(service, lora_weights=url)
             assert failure is None and text == "Hi"
     assert seen == [True, False, True]
-    # the in-process path adds the adapter counts to the service's metrics itself
     counts = {name: sample(service, name, **labels) for name, labels in (
         ("cog_triton_lora_fetches_total", {}), ("cog_triton_lora_cache_hits_total", {"cache": "memory"}),
         ("cog_triton_lora_engine_cache_misses_total", {}))}
@@ -256,7 +286,8 @@ def test_in_process_lora_sends_weights_once_and_again_after_a_cache_miss(triton:
 
 
 def test_a_stream_silent_for_the_request_timeout_fails_naming_the_setting(triton: Running,  # noqa: F811
-                                                                          tokenizer: Any) -> None:
+                                                                          tokenizer: Any,
+                                                                          service_for: Callable[..., LLMService]) -> None:
     """COG_TRITON_REQUEST_TIMEOUT_S: Triton opened the stream, sent one token and then nothing. The
     watchdog fails the prediction after the timeout (not before it: it counts from the last token),
     with the text streamed so far kept and an error naming the setting."""
@@ -271,7 +302,7 @@ def test_a_stream_silent_for_the_request_timeout_fails_naming_the_setting(triton
 
     triton.state.scenario = one_token_then_silence
     timeout_s = 1.5
-    text, failure, elapsed = run(service_for(triton.address, tokenizer, token_timeout_s=timeout_s))
+    text, failure, elapsed = run(service_for(token_timeout_s=timeout_s))
     failed_at = time.monotonic()
     assert text == "Hi"
     assert isinstance(failure, InferenceError), failure
@@ -281,7 +312,8 @@ def test_a_stream_silent_for_the_request_timeout_fails_naming_the_setting(triton
 
 
 def test_a_stream_ending_without_its_final_response_fails_and_keeps_what_came(triton: Running,  # noqa: F811
-                                                                              tokenizer: Any) -> None:
+                                                                              tokenizer: Any,
+                                                                              service_for: Callable[..., LLMService]) -> None:
     """Triton's stream closed (OK status) after two tokens and no final response: the user gets the
     text so far and an error that says the answer is incomplete, not a shorter answer passed off as
     whole. It is a broken connection, so the service first looks whether Triton is dying (20 polls)."""
@@ -294,7 +326,7 @@ def test_a_stream_ending_without_its_final_response_fails_and_keeps_what_came(tr
 
     triton.state.scenario = cut
     triton.state.end_call_after_scenario = True
-    service = service_for(triton.address, tokenizer)
+    service = service_for()
     text, failure, _ = run(service)
     assert text == tokenizer.decode(ids[:2])
     assert type(failure) is TritonError, failure
@@ -307,7 +339,8 @@ def sample(service: LLMService, name: str, **labels: str) -> float:
     return service.metrics.registry.get_sample_value(name, labels) or 0.0
 
 
-def test_the_service_counts_each_prediction_once(triton: Running, tokenizer: Any) -> None:  # noqa: F811
+def test_the_service_counts_each_prediction_once(triton: Running, tokenizer: Any,  # noqa: F811
+                                                  service_for: Callable[..., LLMService]) -> None:
     """Every prediction through stream() (predict's path) is counted once, when its generator stops: its outcome
     and error code, its time to first token and time per output token, its tokens; a refusal of validate() too;
     the self-test's (track=False) not at all."""
@@ -320,16 +353,13 @@ def test_the_service_counts_each_prediction_once(triton: Running, tokenizer: Any
     async def refused(request):
         yield error("in ensemble 'ensemble', bad input")
 
-    service = service_for(triton.address, tokenizer)
+    service = service_for()
     triton.state.scenario = answered
     seen: dict[str, Any] = {}
 
     async def main(**extra: Any) -> str:
-        try:
-            inputs = PredictInputs.validate(prompt="Hi", temperature=0, **extra)
-            return "".join([p async for p in service.generate(inputs, metric=seen.__setitem__)])
-        finally:
-            await service._close_loop_resources()
+        inputs = PredictInputs.validate(prompt="Hi", temperature=0, **extra)
+        return "".join([p async for p in service.generate(inputs, metric=seen.__setitem__)])
 
     assert asyncio.run(main()) == "Hello there, friend"
     first = dict(seen)
@@ -342,11 +372,8 @@ def test_the_service_counts_each_prediction_once(triton: Running, tokenizer: Any
     triton.state.scenario = answered
 
     async def untracked() -> str:
-        try:
-            inputs = PredictInputs.validate(prompt="Hi", temperature=0)
-            return "".join([p async for p in service.generate(inputs, track=False)])
-        finally:
-            await service._close_loop_resources()
+        inputs = PredictInputs.validate(prompt="Hi", temperature=0)
+        return "".join([p async for p in service.generate(inputs, track=False)])
 
     assert asyncio.run(untracked()) == "Hello there, friend"
     assert sample(service, "cog_triton_predictions_total", outcome="succeeded") == 2

@@ -353,3 +353,17 @@ def test_the_prometheus_port_cannot_be_one_of_tritons(clean_env: pytest.MonkeyPa
     assert "COG_TRITON_=" not in message  # a check of two settings names them, not an empty field
     clean_env.setenv("COG_TRITON_PROMETHEUS_PORT", "0")
     assert Settings.from_env().prometheus_port == 0  # off: no conflict
+
+
+def test_stream_processes_zero_is_refused_with_what_to_set_instead(clean_env: pytest.MonkeyPatch) -> None:
+    """COG_TRITON_STREAM_PROCESSES=0 once ran the per-token work in the Cog worker; that second pipeline is gone,
+    so 0 fails setup with a message naming the value, the range and the default, not silently a process."""
+    message = config_error(clean_env, "COG_TRITON_STREAM_PROCESSES", "0")
+    assert "COG_TRITON_STREAM_PROCESSES='0'" in message
+    assert "no longer offered" in message and "set 1 to 64, or leave it unset for one per 5 CPUs" in message
+    assert "Value error" not in message  # pydantic's prefix is dropped
+    assert "greater than or equal to 1" in config_error(clean_env, "COG_TRITON_STREAM_PROCESSES", "-1")
+    clean_env.setenv("COG_TRITON_STREAM_PROCESSES", "1")
+    assert Settings.from_env().stream_process_count() == 1
+    clean_env.delenv("COG_TRITON_STREAM_PROCESSES")
+    assert Settings.from_env().stream_process_count() >= 1

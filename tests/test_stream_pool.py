@@ -26,7 +26,7 @@ from common.errors import ConfigError, InferenceError, InputError, StreamProcess
 from cog_triton.exporter import ServiceMetrics
 from cog_triton.generation import GeneratorConfig
 from cog_triton.inputs import PredictInputs
-from cog_triton.stream_pool import PooledStream, StreamPool
+from cog_triton.stream_pool import RoutedPrediction, StreamPool
 from tensorrtllm_backend.engine import ModelLimits
 from tests.test_client import FakeTriton, Running, State, error, response
 
@@ -72,14 +72,14 @@ class Watcher:
     """Stands in for the supervisor: records the streams the pool registers."""
 
     def __init__(self) -> None:
-        self.running: list[PooledStream] = []
+        self.running: list[RoutedPrediction] = []
         self.lock = threading.Lock()
 
-    def register(self, stream: PooledStream) -> None:
+    def register(self, stream: RoutedPrediction) -> None:
         with self.lock:
             self.running.append(stream)
 
-    def unregister(self, stream: PooledStream) -> None:
+    def unregister(self, stream: RoutedPrediction) -> None:
         with self.lock:
             if stream in self.running:
                 self.running.remove(stream)
@@ -201,7 +201,7 @@ def test_text_and_metrics_come_back_from_a_stream_process(pool, triton: Running,
     # Replicate's name and ours, one value (cog_triton/metrics.py says why both)
     assert metrics["time_to_first_token"] == metrics["time_to_first_token_s"]
     assert wait_for(lambda: not watcher.running)  # unregistered once ended
-    assert p.running_streams == 0
+    assert p.running_predictions == 0
 
 
 def test_the_stream_interval_joins_text_and_sends_the_first_at_once(pool, triton: Running, tokenizer: Any) -> None:
@@ -225,7 +225,7 @@ def test_an_input_error_is_raised_by_open_before_any_output(pool, triton: Runnin
         stream(pool[0], inputs("word " * 200), "pool-too-long")
     assert "maximum input length is 64 tokens" in caught.value.message
     assert len(triton.state.requests) == requests_before  # nothing reached Triton
-    assert pool[0].running_streams == 0
+    assert pool[0].running_predictions == 0
 
 
 def sample(p: StreamPool, name: str, **labels: str) -> float:
@@ -242,7 +242,7 @@ def test_closing_the_generator_stops_the_request_in_triton(pool, triton: Running
     chunks, failure, metrics, _ = stream(pool[0], inputs(), "pool-cancel", close_after=1)
     assert failure is None and len(chunks) == 1
     assert wait_for(lambda: any(r.id == "pool-cancel" and is_stop(r) for r in triton.state.requests))
-    assert wait_for(lambda: pool[0].running_streams == 0)
+    assert wait_for(lambda: pool[0].running_predictions == 0)
     assert "output_token_count" not in metrics  # the prediction's own metric is not recorded after a cancel
     assert wait_for(lambda: sample(pool[0], "cog_triton_generation_tokens_total") > generated)
     made = sample(pool[0], "cog_triton_generation_tokens_total") - generated
@@ -267,7 +267,7 @@ def test_a_supervisor_fault_fails_the_stream_without_a_stop_request(pool, triton
     assert isinstance(failure, TritonDiedError) and "signal 9" in failure.message
     time.sleep(0.5)  # a stop request would have been sent by now
     assert not any(r.id == "pool-fault" and is_stop(r) for r in triton.state.requests)
-    assert wait_for(lambda: p.running_streams == 0)
+    assert wait_for(lambda: p.running_predictions == 0)
 
 
 def test_a_supervisor_fault_before_acceptance_fails_open_with_its_error_and_starts_nothing(
@@ -295,19 +295,17 @@ def test_a_supervisor_fault_before_acceptance_fails_open_with_its_error_and_star
 
     triton.state.scenario = scenario
     error = TritonDiedError("Triton exited with signal 9; the prediction was stopped")
-    register = p._register
-
-    def fail_on_register(s: PooledStream) -> None:
-        register(s)
+    def fail_on_register(s: RoutedPrediction) -> None:
+        watcher.register(s)
         s.fail(error)
 
-    p._register = fail_on_register
+    p.set_watcher(fail_on_register, watcher.unregister)
     try:
         chunks, failure, _, _ = stream(p, inputs(), "pool-early")
     finally:
-        p._register = register
+        p.set_watcher(watcher.register, watcher.unregister)
     assert failure is error and chunks == []
-    assert wait_for(lambda: p.running_streams == 0) and not watcher.running
+    assert wait_for(lambda: p.running_predictions == 0) and not watcher.running
     # The next stream goes to the same process (the first of those with fewest streams) and ends: its process
     # handled the early stream's START and CANCEL before it.
     chunks, failure, _, _ = stream(p, inputs(), "pool-after")

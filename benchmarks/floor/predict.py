@@ -37,10 +37,10 @@ def expected_text(n: int) -> str:
 
 
 class _Stream:
-    __slots__ = ("n", "sent", "flusher", "handle", "scope", "started", "first")
+    __slots__ = ("n", "sent", "flusher", "output", "scope", "started", "first")
 
-    def __init__(self, n: int, flusher: IntervalFlusher, handle: cog_bridge.StreamHandle, scope, started: float):
-        self.n, self.sent, self.flusher, self.handle, self.scope = n, 0, flusher, handle, scope
+    def __init__(self, n: int, flusher: IntervalFlusher, output: cog_bridge.PredictionOutput, scope, started: float):
+        self.n, self.sent, self.flusher, self.output, self.scope = n, 0, flusher, output, scope
         self.started, self.first = started, True
 
 
@@ -68,7 +68,7 @@ class _Clock:
                 next_at = time.monotonic()
             done = []
             for stream in streams:
-                if stream.handle.cancelled.is_set():
+                if stream.output.cancelled.is_set():
                     done.append(stream)
                     continue
                 stream.flusher.push(ALPHABET[stream.sent % len(ALPHABET)])
@@ -79,7 +79,7 @@ class _Clock:
                 if stream.sent >= stream.n:
                     stream.flusher.close()
                     stream.scope.record_metric("output_token_count", stream.n)
-                    stream.handle.end()
+                    stream.output.end()
                     done.append(stream)
             for stream in done:
                 streams.remove(stream)
@@ -100,9 +100,9 @@ class Predictor(BasePredictor):
         if self.clock is None:
             self.clock = _Clock()
         scope = cog.current_scope()
-        handle = cog_bridge.StreamHandle()
-        flusher = IntervalFlusher(self.interval_s, handle.put, asyncio.get_running_loop())
+        output = cog_bridge.PredictionOutput()
+        flusher = IntervalFlusher(self.interval_s, output.put, asyncio.get_running_loop())
         scope.record_metric("input_token_count", 0)
-        self.clock.add(int(round(step_ms * 1000)), _Stream(n, flusher, handle, scope, started))
-        generator: Iterator[str] = cog_bridge.stream_generator(handle)
+        self.clock.add(int(round(step_ms * 1000)), _Stream(n, flusher, output, scope, started))
+        generator: Iterator[str] = cog_bridge.output_generator(output)
         return generator
