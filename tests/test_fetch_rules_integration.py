@@ -20,6 +20,7 @@ Each refusal asserts that the destination's server saw no request.
 from __future__ import annotations
 
 import collections
+import hashlib
 import http.server
 import ssl
 import subprocess
@@ -33,7 +34,50 @@ import pytest
 from cog_triton.local import CogServer, WeightsHTTPServer, serving_env
 from tests.lora_adapters import ADAPTER_FILES, make_adapter, pack
 from tests.test_lora_integration import _weights_folder
-from tests.test_lora_store import FakeHub
+
+
+class FakeHub(http.server.BaseHTTPRequestHandler):
+    """A Hub as a handler class, served here over TLS by :class:`Served` (tests/hub_server.py serves plain
+    http): ``/<owner>/<repo>/resolve/<revision>/<file>``: HEAD and GET of the files in ``repos``, with the
+    headers huggingface_hub reads (X-Repo-Commit, ETag, Content-Length); a missing file or repo is 404 with the
+    Hub's X-Error-Code (EntryNotFound, RepoNotFound)."""
+
+    repos: dict = {}
+    gets: list = []
+    heads: list = []  # every HEAD, answered or not
+
+    def _answer(self, body: bool) -> None:
+        if not body:
+            type(self).heads.append(self.path)
+        parts = self.path.split("?")[0].strip("/").split("/")
+        repo, revision, name = "/".join(parts[:2]), parts[3], "/".join(parts[4:])
+        files = self.repos.get(repo)
+        if files is None or name not in files:
+            self.send_response(404)
+            self.send_header("X-Error-Code", "RepoNotFound" if files is None else "EntryNotFound")
+            self.send_header("X-Error-Message", "not found")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        data = files[name]
+        self.send_response(200)
+        self.send_header("X-Repo-Commit", "c" * 40)
+        self.send_header("ETag", f'"{hashlib.sha256(data).hexdigest()}"')
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if body:
+            type(self).gets.append((repo, revision, name))
+            self.wfile.write(data)
+
+    def do_HEAD(self) -> None:  # noqa: N802
+        self._answer(False)
+
+    def do_GET(self) -> None:  # noqa: N802
+        self._answer(True)
+
+    def log_message(self, *args) -> None:
+        pass
+
 
 pytestmark = pytest.mark.integration
 
