@@ -315,7 +315,7 @@ class Result:
     """What one request got."""
 
     __slots__ = ("index", "start", "end", "ttft", "gaps", "tokens", "ids", "text", "status", "error",
-                 "cancelled", "ok", "incomplete", "retried_409", "server_ttft")
+                 "cancelled", "ok", "incomplete", "retried_409", "server_ttft", "timing")
 
     def __init__(self, index: int) -> None:
         self.index = index
@@ -333,6 +333,7 @@ class Result:
         self.incomplete = False  # the stream ended inside an event
         self.retried_409 = 0  # spurious "409 At capacity" answers retried (see start_request)
         self.server_ttft: Optional[float] = None  # Cog paths: the predictor's time_to_first_token_s metric
+        self.timing: dict[str, float] = {}  # Cog paths with COG_TRITON_TIMING_METRICS: the predictor's timing metric
 
 
 #: coglet 0.23.1 answers "409 At capacity" to a prediction that arrives while another is taking a
@@ -381,6 +382,9 @@ def start_request(loop: Loop, spec: dict, index: int, body: dict, done: Callable
                 res.tokens = int(metrics.get("output_token_count", -1))
                 if isinstance(metrics.get("time_to_first_token_s"), (int, float)):
                     res.server_ttft = float(metrics["time_to_first_token_s"])
+                timing = metrics.get("timing")
+                if isinstance(timing, dict):
+                    res.timing = {k: float(v) for k, v in timing.items() if isinstance(v, (int, float))}
             return
         ids = triton_ids(data)
         if ids is None:
@@ -599,6 +603,7 @@ def summarize(spec: dict, results: list[Result], t0: float, t1: float, cpu_s: fl
     ttfts.sort()
     gaps.sort()
     server_ttfts.sort()
+    phases = ttft_phases(results)
     wall = t1 - t0
     return {
         "requests": len(results),
@@ -619,9 +624,48 @@ def summarize(spec: dict, results: list[Result], t0: float, t1: float, cpu_s: fl
         # Cog paths: from predict() starting to the first token reaching the predictor (its own metric); the
         # rest of the client's TTFT is coglet's (queueing the prediction, starting it, relaying the first chunk)
         "server_ttft_s": {"p50": percentile(server_ttfts, 50), "p99": percentile(server_ttfts, 99)},
+        # Cog paths with the predictor's timing metrics: the time to first token split into its steps
+        "ttft_phases_s": {name: {"p50": percentile(sorted(values), 50), "p99": percentile(sorted(values), 99)}
+                          for name, values in phases.items()},
         "events_with_tokens": len(gaps) + len(ttfts),
         "loadgen_cpu_s": cpu_s,
     }
+
+
+#: The steps of a Cog prediction's time to first token, in order, from the client's request to its first chunk:
+#: (name, the key of the predictor's ``timing`` metric that ends it: seconds since predict() began,
+#: cog_triton/stream_pool.py TIMING_STEPS); the first and last steps are measured against the client's clock.
+TTFT_PHASES = (
+    ("coglet to predict()", None),  # the request to predict() beginning: coglet's HTTP, queue, IPC to the worker
+    ("inputs checked, Start sent", "start_sent_s"),
+    ("Start to stream process", "start_received_s"),
+    ("prompt prepared, request sent", "prepared_s"),
+    ("engine's first token", "time_to_first_token_s"),
+    ("first text leaves", "first_text_sent_s"),
+    ("text to the worker", "first_text_relayed_s"),
+    ("worker to coglet's thread", "first_text_yielded_s"),
+    ("coglet to the client", None),  # coglet's IPC from the worker and its HTTP
+)
+
+
+def ttft_phases(results: list[Result]) -> dict[str, list[float]]:
+    """Each TTFT step's durations, seconds, over the results whose ``timing`` metric has every step (else empty)."""
+    offset = monotonic() - perf()  # the loadgen's clock (perf_counter) to time.monotonic, the predictor's
+    out: dict[str, list[float]] = {name: [] for name, _ in TTFT_PHASES}
+    for res in results:
+        timing = dict(res.timing)
+        if res.server_ttft is not None:
+            timing["time_to_first_token_s"] = res.server_ttft
+        if res.ttft is None or "run_at_monotonic" not in timing or any(
+                metric not in timing for _, metric in TTFT_PHASES if metric):
+            continue
+        run_at = timing["run_at_monotonic"]
+        marks = [0.0] + [timing[metric] for _, metric in TTFT_PHASES if metric]
+        out[TTFT_PHASES[0][0]].append(run_at - (res.start + offset))
+        for (name, _), before, after in zip(TTFT_PHASES[1:-1], marks, marks[1:]):
+            out[name].append(after - before)
+        out[TTFT_PHASES[-1][0]].append((res.start + offset + res.ttft) - (run_at + marks[-1]))
+    return out if out[TTFT_PHASES[0][0]] else {}
 
 
 def soak_records(results: list[Result], spec: dict) -> list[dict]:

@@ -22,6 +22,10 @@ def _ms(value: Optional[float]) -> str:
     return "—" if value is None else f"{value * 1e3:.1f} ms"
 
 
+def _scaled(seconds: Optional[float]) -> Optional[float]:
+    return None if seconds is None else seconds * 1e3
+
+
 def _num(value: Optional[float], fmt: str = "{:.0f}") -> str:
     return "—" if value is None else fmt.format(value)
 
@@ -95,6 +99,7 @@ def markdown(doc: dict[str, Any]) -> str:
             + f" | {_num(p['cpu_us_per_token_servers'])} | {top} | {_num(p['machine_busy_cores'], '{:.2f}')} | "
             f"{_num(p['others_busy_cores'], '{:.2f}')} | {_num(p.get('steal_cores'), '{:.2f}')} |"
         )
+    lines += phase_lines(doc)
     lines += guidance_lines(doc)
     lines += lora_lines(doc)
     errors = {(p["path"], p["streams"]): p["error_messages"] for p in doc["points"] if p["error_messages"]}
@@ -132,6 +137,32 @@ def guidance_lines(doc: dict[str, Any]) -> list[str]:
         cells = [_num(x.get("cpu_us_per_token", {}).get(role)) for role in ("stub:tensorrt_llm", "cog_worker")
                  for x in (plain, guided)]
         lines.append(f"| {n} | {rate_plain:.1f} | {rate_guided:.1f} | {ratio} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def phase_lines(doc: dict[str, Any]) -> list[str]:
+    """The Cog paths' time to first token in its steps (p50, ms), from the predictor's timing metric
+    (COG_TRITON_TIMING_METRICS) and the client's clock: where a prediction's start spends its time."""
+    from benchmarks.loadgen import TTFT_PHASES  # noqa: PLC0415
+
+    rows = [p for p in doc["points"] if p.get("ttft_phases_s")]
+    if not rows:
+        return []
+    names = [name for name, _ in TTFT_PHASES]
+    lines = [
+        "",
+        "Time to first token of the Cog paths in its steps, p50 in ms (each step's own median, so the medians need "
+        "not add up to the TTFT's): from the client's request to predict() beginning (coglet), through the "
+        "predictor's steps (its `timing` metric), to the first chunk reaching the client (coglet again).",
+        "",
+        "| path | streams | step | TTFT p50 | " + " | ".join(names) + " |",
+        "|---|---:|---:|---:|" + "---:|" * len(names),
+    ]
+    for p in rows:
+        phases = p["ttft_phases_s"]
+        cells = [_num(_scaled((phases.get(name) or {}).get("p50")), "{:.1f}") for name in names]
+        lines.append(f"| {p['path']} | {p['streams']} | {_num(p.get('step_ms'), '{:g}')} ms | "
+                     f"{_num(_scaled(p['ttft_s']['p50']), '{:.1f}')} | " + " | ".join(cells) + " |")
     return lines
 
 

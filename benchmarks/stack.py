@@ -184,6 +184,8 @@ class Stack:
             # Every engine here is rendered from the reference model's template folder (the stand-ins replace it),
             # also on a GPU host, where a checkpoint would otherwise go to the PyTorch backend's template.
             COG_TRITON_CHECKPOINT_BACKEND="reference",
+            # each prediction's start in its steps (the timing metric): the results' TTFT phases table
+            COG_TRITON_TIMING_METRICS="true",
         )
         if LORA_PATH in args.paths:
             archives = make_adapters(args.out / "lora_adapters", args.lora_adapters, args.lora_rank)

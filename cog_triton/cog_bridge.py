@@ -53,15 +53,18 @@ class PredictionOutput:
         on_done: set by :func:`on_end`: called once by the generator, in the thread iterating it, when it
             stops: ``on_done(error, cancelled)`` (``error``: what it raised, else None; ``cancelled``: the
             stream was cancelled or the generator closed early).
+        on_first: called once by the generator, in the thread iterating it, before its first item.
     """
 
-    __slots__ = ("queue", "cancelled", "ended", "on_done", "_on_cancel", "__weakref__")
+    __slots__ = ("queue", "cancelled", "ended", "on_done", "on_first", "_on_cancel", "__weakref__")
 
     def __init__(self, on_cancel: Optional[Callable[[], None]] = None) -> None:
         self.queue: "queue.SimpleQueue[object]" = queue.SimpleQueue()
         self.cancelled = threading.Event()
         self.ended = False  # end() or fail() was called: the producer is done
         self.on_done: Optional[Callable[[Optional[BaseException], bool], None]] = None
+        #: Called once, in the thread iterating the generator, just before it yields its first item (timing).
+        self.on_first: Optional[Callable[[], None]] = None
         self._on_cancel = on_cancel
 
     def put(self, text: str) -> None:
@@ -147,6 +150,7 @@ def on_end(generator: Iterator[str], callback: Callable[[Optional[BaseException]
 def _drain(output: PredictionOutput) -> Iterator[str]:
     get, get_nowait = output.queue.get, output.queue.get_nowait
     error: Optional[BaseException] = None
+    first = output.on_first
     try:
         while True:
             item = get()
@@ -167,6 +171,12 @@ def _drain(output: PredictionOutput) -> Iterator[str]:
                 else:
                     end = more
                     break
+            if first is not None:
+                first, call = None, first
+                try:
+                    call()
+                except Exception:  # noqa: BLE001 - bookkeeping must not break the stream
+                    log.exception("the first-item callback failed")
             yield parts[0] if len(parts) == 1 else "".join(parts)  # type: ignore[misc]
             if end is _DONE:
                 return

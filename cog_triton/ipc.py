@@ -36,6 +36,7 @@ one, is always queued before its end.
 * :class:`Cancelled`: a :class:`Cancel` stopped the stream after ``output_tokens`` tokens (the worker has
   forgotten the stream by then; it only counts them, :mod:`cog_triton.exporter`).
 * :class:`Stats`: LoRA adapter counts since the last report; after a request with an adapter, never per token.
+* :class:`Timings`: when the prediction's start passed through the process (only with COG_TRITON_TIMING_METRICS).
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ class Config(NamedTuple):
 
     generator: "GeneratorConfig"
     stream_interval_s: float
+    #: Report when each phase of a prediction's start happened (:class:`Timings`; COG_TRITON_TIMING_METRICS).
+    timing: bool = False
 
 
 class Start(NamedTuple):
@@ -151,7 +154,18 @@ class Stats(NamedTuple):
     counts: dict[str, int]
 
 
-Event = Union[Ready, Accepted, Rejected, FirstToken, End, Failed, Cancelled, Stats]
+class Timings(NamedTuple):
+    """When stream ``sid``'s start passed through its stream process (``time.monotonic()``, the host's clock):
+    its Start read, its prompt prepared (and the request sent to Triton), its first text handed to the frame.
+    Sent once, with the first text, only when :attr:`Config.timing` is on."""
+
+    sid: int
+    received_at: float
+    prepared_at: float
+    first_text_at: float
+
+
+Event = Union[Ready, Accepted, Rejected, FirstToken, End, Failed, Cancelled, Stats, Timings]
 
 
 class Frame(NamedTuple):

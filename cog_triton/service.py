@@ -282,6 +282,7 @@ class LLMService:
             start_timeout_s=settings.startup_timeout_s,
             on_transport_error=self._died_or,
             metrics=self.metrics,
+            timing=settings.timing_metrics,
         )
         self.pool.launch()
         self.server.start()

@@ -352,6 +352,12 @@ class Settings(BaseSettings):
         description="Stream interval: a prediction's text leaves at most every this many milliseconds (the first "
         "text at once); 0 = every token's text as it comes.",
     )
+    timing_metrics: bool = Field(
+        default=False,
+        description="Record, as each prediction's metrics (timing_*), when its start passed each step: inputs "
+        "checked, its stream process reached, its prompt tokenized, its first text relayed to coglet; for "
+        "scripts/benchmark's time-to-first-token phases.",
+    )
 
     # --- predictor -----------------------------------------------------------------------
     self_test: bool = Field(default=True, description="Generate a few tokens at the end of setup().")

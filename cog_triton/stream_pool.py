@@ -52,6 +52,22 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: The timing metric (COG_TRITON_TIMING_METRICS): one dict per prediction, recorded once its first text was
+#: yielded to coglet, of when each step of its start happened, in seconds since predict() began, plus that
+#: beginning as time.monotonic() (the host's clock; the client's too on the same host), so that
+#: scripts/benchmark can split the time to first token into its phases. One metric, so one message to coglet.
+TIMING_METRIC = "timing"
+#: Its keys, in the order of the steps (the first token itself is time_to_first_token_s).
+TIMING_STEPS = (
+    "run_at_monotonic",  # predict() began
+    "start_sent_s",  # inputs checked, the Start sent to a stream process
+    "start_received_s",  # the stream process read the Start
+    "prepared_s",  # prompt rendered and tokenized, the request sent to Triton
+    "first_text_sent_s",  # the first text handed to the stream process's frame
+    "first_text_relayed_s",  # the worker's receiver put it on the prediction's queue
+    "first_text_yielded_s",  # coglet's thread took it from the generator
+)
+
 #: A stream process that fails to start this many times in a row is given up (the pool reports it).
 MAX_START_FAILURES = 3
 
@@ -65,7 +81,7 @@ class RoutedPrediction:
     """
 
     __slots__ = ("sid", "request_id", "process", "output", "metric", "loop", "accepted", "pool", "stop_on_cancel",
-                 "__weakref__")
+                 "started_at", "timing", "__weakref__")
 
     def __init__(self, pool: "StreamPool", sid: int, request_id: str, process: "StreamProcess",
                  metric: Optional[MetricSink], loop: asyncio.AbstractEventLoop) -> None:
@@ -79,6 +95,8 @@ class RoutedPrediction:
         self.output = PredictionOutput(self._cancelled)
         #: Set once the prediction is cancelled or failed here: whether its process sends Triton the stop request.
         self.stop_on_cancel: Optional[bool] = None
+        self.started_at = 0.0  # the timing metric only: when the prediction began (time.monotonic())
+        self.timing: dict[str, float] = {}  # the timing metric's steps so far (TIMING_STEPS)
 
     def _cancelled(self) -> None:
         """coglet cancelled the prediction (or its generator was closed): stop the prediction there, and its request
@@ -105,6 +123,13 @@ class RoutedPrediction:
                 self.metric(name, value)
             except Exception:  # noqa: BLE001 - a metric must never break a prediction
                 log.exception("recording metric %s failed", name)
+
+    def record_timing_when_complete(self) -> None:
+        """Record the timing metric once it has every step (called by the two threads that add the last ones:
+        each adds its step, then looks; at least one of them sees both, and recording it twice is harmless)."""
+        timing = self.timing
+        if "first_text_yielded_s" in timing and "prepared_s" in timing:
+            self.record(TIMING_METRIC, dict(timing))
 
     def settle_open(self, outcome: Union[int, BaseException]) -> None:
         """Settle what :meth:`StreamPool.open` waits for, from any thread (once): the prompt's length in tokens
@@ -184,6 +209,8 @@ class StreamPool:
         register / unregister: called with each running :class:`RoutedPrediction` (the supervisor's).
         metrics: the service's Prometheus metrics (:mod:`cog_triton.exporter`): counts what only the pool sees
             (stream-process restarts, tokens of cancelled predictions, the processes' LoRA adapter counts).
+        timing: record, as each prediction's ``timing`` metric, when its start passed each step
+            (:data:`TIMING_STEPS`; COG_TRITON_TIMING_METRICS, for scripts/benchmark).
     """
 
     def __init__(
@@ -197,6 +224,7 @@ class StreamPool:
         register: Optional[Callable[[RoutedPrediction], None]] = None,
         unregister: Optional[Callable[[RoutedPrediction], None]] = None,
         metrics: Optional["ServiceMetrics"] = None,
+        timing: bool = False,
     ) -> None:
         if processes < 1:
             raise ValueError(f"processes must be >= 1, got {processes}")
@@ -207,6 +235,7 @@ class StreamPool:
         self._register = register or (lambda prediction: None)
         self._unregister = unregister or (lambda prediction: None)
         self.metrics = metrics
+        self.timing = timing
         self.processes = [StreamProcess(i) for i in range(processes)]
         self._sids = itertools.count(1)
         self._lock = threading.Lock()
@@ -292,7 +321,7 @@ class StreamPool:
         theirs.close()
         process.sock = ours
         process.predictions = {}
-        process.send(ipc.Config(self.config, self.interval_s))
+        process.send(ipc.Config(self.config, self.interval_s, self.timing))
         threading.Thread(target=self._receive, args=(process, ours), name=f"{process.name}-receiver",
                          daemon=True).start()
 
@@ -322,6 +351,8 @@ class StreamPool:
                 process.predictions[prediction.sid] = prediction
             self._register(prediction)
             if process.send(ipc.Start(prediction.sid, request_id, inputs, started_at)):
+                if self.timing:
+                    self._time_start(prediction, started_at)
                 if prediction.stop_on_cancel is not None:
                     # Failed (the supervisor) or cancelled between its registration and this Start: that Cancel
                     # may have reached the process first, where it found nothing to cancel. Once more, after Start.
@@ -336,6 +367,19 @@ class StreamPool:
             prediction.output.cancel()
             raise
         return output_generator(prediction.output)
+
+    @staticmethod
+    def _time_start(prediction: RoutedPrediction, started_at: float) -> None:
+        """Start the prediction's timing metric: when it began and its Start left; coglet's thread adds when it
+        took the first text (the receiver thread when it arrived, the Timings event the stream process's steps)."""
+        prediction.started_at = started_at
+        prediction.timing = {"run_at_monotonic": started_at, "start_sent_s": time.monotonic() - started_at}
+
+        def yielded() -> None:
+            prediction.timing["first_text_yielded_s"] = time.monotonic() - started_at
+            prediction.record_timing_when_complete()
+
+        prediction.output.on_first = yielded
 
     def _pick(self) -> Optional[StreamProcess]:
         """The running process with the fewest predictions, or None."""
@@ -389,12 +433,15 @@ class StreamPool:
         events are handled in order (a few per prediction)."""
         reader = ipc.FrameReader(sock)
         predictions = process.predictions
+        timing = self.timing
         try:
             while True:
                 frame: ipc.Frame = reader.read()
                 for sid, text in frame.texts:
                     prediction = predictions.get(sid)
                     if prediction is not None:
+                        if timing and prediction.started_at and "first_text_relayed_s" not in prediction.timing:
+                            prediction.timing["first_text_relayed_s"] = time.monotonic() - prediction.started_at
                         prediction.output.queue.put(text)
                 for event in frame.events:
                     self._event(process, event)
@@ -432,6 +479,12 @@ class StreamPool:
         match event:
             case ipc.FirstToken(seconds=seconds):
                 record_time_to_first_token(prediction.record, seconds)
+            case ipc.Timings(received_at=received, prepared_at=prepared, first_text_at=first_text):
+                if prediction.started_at:
+                    start = prediction.started_at
+                    prediction.timing.update(start_received_s=received - start, prepared_s=prepared - start,
+                                             first_text_sent_s=first_text - start)
+                    prediction.record_timing_when_complete()
             case ipc.Accepted(prompt_tokens=prompt_tokens):
                 prediction.record(INPUT_TOKEN_COUNT, prompt_tokens)
                 prediction.settle_open(prompt_tokens)

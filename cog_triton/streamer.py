@@ -33,7 +33,7 @@ import socket
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Optional
+from typing import Callable, Optional
 
 from common.errors import CogTritonError
 from cog_triton import ipc
@@ -78,6 +78,7 @@ class PredictionRunner:
         self.name = name
         self.generator: Optional[Generator] = None
         self.interval_s = 0.0
+        self.timing = False  # ipc.Config.timing: send each prediction's Timings
         self._requests: dict[int, RequestState] = {}  # by sid, from its Start until its task ends
         self._texts: list[tuple[int, str]] = []  # the next frame's text chunks
         self._events: list[ipc.Event] = []  # and its events
@@ -122,6 +123,7 @@ class PredictionRunner:
         started = time.monotonic()
         generator_config: GeneratorConfig = config.generator
         self.interval_s = float(config.stream_interval_s)
+        self.timing = bool(config.timing)
         try:
             self.generator = build_generator(generator_config)
         except Exception as exc:  # noqa: BLE001 - reported to the worker, whose setup fails with it
@@ -176,6 +178,19 @@ class PredictionRunner:
             case _:
                 log.error("%s: unknown command %r", self.name, type(command).__name__)
 
+    def _timed_push(self, sid: int, push: Callable[[str], None], received_at: float,
+                    prepared_at: float) -> Callable[[str], None]:
+        """``push``, which also sends the prediction's :class:`~cog_triton.ipc.Timings` with its first text."""
+
+        def first(text: str) -> None:
+            nonlocal current
+            push(text)
+            self._send(ipc.Timings(sid, received_at, prepared_at, time.monotonic()))
+            current = push
+
+        current = first
+        return lambda text: current(text)
+
     def _report_lora(self) -> None:
         """Send the worker this process's LoRA adapter counts since the last report (one Stats event, only when
         something happened; after requests with an adapter, never per token)."""
@@ -191,6 +206,7 @@ class PredictionRunner:
         generator = self.generator
         assert generator is not None
         loop = asyncio.get_running_loop()
+        received_at = time.monotonic() if self.timing else 0.0
         try:
             adapter = None
             if inputs.lora is not None:
@@ -214,6 +230,8 @@ class PredictionRunner:
         send, send_text = self._send, self._send_text
         flusher = IntervalFlusher(self.interval_s, lambda text: send_text(sid, text), loop)
         push = flusher.push
+        if self.timing:
+            push = self._timed_push(sid, push, received_at, time.monotonic())
         self.served += 1
         try:
             async for text in generator.text_deltas(

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import harness
+from benchmarks.loadgen import TTFT_PHASES, Result, ttft_phases
 from cog_triton.settings import REPO_ROOT
 from tensorrtllm_backend.templates import fill_template, parse_model_config
 from tests.test_packaging import dockerfile_instructions
@@ -378,8 +379,15 @@ def test_smoke_run_delivers_every_token_on_every_path(tmp_path: Path, default_ar
         assert p["busiest_process"]["role"] in p["cpu_us_per_token"], where
         if p["path"] == "cog":  # the predictor's own TTFT metric, and the ratio to the bare predictor
             assert p["server_ttft_s"]["p50"] is not None and p["ratio_to_floor"] is not None, where
+            # and its start in steps (the timing metric): each step's median is there, none negative
+            phases = p["ttft_phases_s"]
+            assert list(phases) == [name for name, _ in TTFT_PHASES], where
+            assert all(v["p50"] is not None and v["p50"] >= -0.002 for v in phases.values()), (where, phases)
+        else:
+            assert not p.get("ttft_phases_s"), where
     table = (out / "results.md").read_text()
     assert "| path | streams | step | tokens/s | vs ideal | vs direct | vs floor |" in table
+    assert "| path | streams | step | TTFT p50 | coglet to predict() |" in table
     assert "stub:tensorrt_llm" in table and "stream_proc" in table and "floor_cog_worker" in table
     if importlib.util.find_spec("matplotlib") is not None:
         assert (out / "results.png").stat().st_size > 0
@@ -659,3 +667,26 @@ def test_short_soak_recovers_from_a_killed_stub_and_reports_it(tmp_path: Path, d
         rss = soak["rss_bytes"][when]
         assert all(rss.get(role) for role in ("tritonserver", "cog_worker", "cog_server", "stub:tensorrt_llm")), rss
     assert "Triton restarts" in (out / "soak.md").read_text()
+
+
+def test_the_ttft_phases_add_up_to_the_clients_ttft() -> None:
+    """Each result's steps, from the client's request to predict() (the client's clock, perf_counter, is moved to
+    time.monotonic) through the timing metric's marks to the client's first chunk, add up to its TTFT; a result
+    without every mark is left out."""
+    import time
+
+    offset = time.monotonic() - time.perf_counter()
+    res = Result(0)
+    res.start, res.ttft, res.server_ttft = 100.0, 0.050, 0.030
+    run_at = 100.0 + offset + 0.004
+    res.timing = {"run_at_monotonic": run_at, "start_sent_s": 0.001, "start_received_s": 0.002, "prepared_s": 0.005,
+                  "first_text_sent_s": 0.031, "first_text_relayed_s": 0.033, "first_text_yielded_s": 0.040}
+    partial = Result(1)
+    partial.start, partial.ttft, partial.timing = 100.0, 0.05, {"run_at_monotonic": run_at}
+    phases = ttft_phases([res, partial])
+    values = {name: v[0] for name, v in phases.items()}
+    assert all(len(v) == 1 for v in phases.values())
+    assert abs(sum(values.values()) - 0.050) < 1e-3
+    assert abs(values["coglet to predict()"] - 0.004) < 1e-3 and abs(values["engine's first token"] - 0.025) < 1e-9
+    assert abs(values["coglet to the client"] - 0.006) < 1e-3
+    assert ttft_phases([partial]) == {}

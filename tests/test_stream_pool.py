@@ -423,3 +423,30 @@ def test_a_stream_process_that_cannot_start_fails_start_with_its_error(tmp_path:
     assert "stream process stream-0 could not start" in caught.value.message
     assert "no-tokenizer" in caught.value.message
     assert pool.processes[0].popen is not None and pool.processes[0].popen.poll() is not None
+
+
+def test_the_timing_metric_has_every_step_of_the_start_in_order(pool, triton: Running, tokenizer: Any) -> None:
+    """COG_TRITON_TIMING_METRICS: one ``timing`` metric per prediction, recorded once its first text was yielded,
+    with when each step of its start happened (seconds since it began), in the order they happen, and when it
+    began (time.monotonic()); without the setting (the module's pool) there is none."""
+    from cog_triton.stream_pool import TIMING_METRIC, TIMING_STEPS
+
+    config = GeneratorConfig(tokenizer_dir=CHECKPOINT, limits=LIMITS, grpc_address=triton.address, token_timeout_s=5)
+    timed = StreamPool(config, 1, interval_s=INTERVAL_S, start_timeout_s=120, timing=True)
+    timed.start()
+    try:
+        triton.state.scenario = paced(tokenizer.encode(" one two three", add_special_tokens=False), step_s=0.01)
+        before = time.monotonic()
+        chunks, failure, metrics, _ = stream(timed, inputs(), "pool-timing")
+    finally:
+        timed.stop()
+    assert failure is None and chunks
+    timing = metrics[TIMING_METRIC]
+    assert set(timing) == set(TIMING_STEPS)
+    assert before <= timing["run_at_monotonic"] <= time.monotonic()
+    steps = [timing[k] for k in TIMING_STEPS[1:4]] + [metrics["time_to_first_token_s"]] + [
+        timing[k] for k in TIMING_STEPS[4:]]
+    assert all(0 <= a <= b for a, b in zip(steps, steps[1:])), steps
+    triton.state.scenario = paced(tokenizer.encode(" again", add_special_tokens=False))
+    _, failure, untimed, _ = stream(pool[0], inputs(), "pool-untimed")
+    assert failure is None and TIMING_METRIC not in untimed
