@@ -23,8 +23,10 @@ which coglet validates against once it is in place as ``.cog/openapi_schema.json
 it there; local runs install it: :func:`cog_triton.schema.install_for_coglet`).
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations`` here: coglet resolves run()'s annotations with
+# typing.get_type_hints for every prediction (crates/coglet-python/src/input.rs ``classify_fields``, replicate/cog
+# 6110c912), and string annotations make that evaluate each of the inputs' types again: about 86 µs a prediction
+# under the worker's one GIL instead of 12 (2-core development machine), paid by every prediction of a burst.
 import logging
 from typing import Iterator, Optional
 

@@ -649,19 +649,22 @@ TTFT_PHASES = (
 
 
 def ttft_phases(results: list[Result]) -> dict[str, list[float]]:
-    """Each TTFT step's durations, seconds, over the results whose ``timing`` metric has every step (else empty)."""
+    """Each TTFT step's durations, seconds, over the results whose ``timing`` metric has every step (the first,
+    "coglet to predict()", over those that have when predict() began: the floor predictor's too); empty when none
+    has."""
     offset = monotonic() - perf()  # the loadgen's clock (perf_counter) to time.monotonic, the predictor's
     out: dict[str, list[float]] = {name: [] for name, _ in TTFT_PHASES}
     for res in results:
         timing = dict(res.timing)
         if res.server_ttft is not None:
             timing["time_to_first_token_s"] = res.server_ttft
-        if res.ttft is None or "run_at_monotonic" not in timing or any(
-                metric not in timing for _, metric in TTFT_PHASES if metric):
+        if res.ttft is None or "run_at_monotonic" not in timing:
             continue
         run_at = timing["run_at_monotonic"]
+        out[TTFT_PHASES[0][0]].append(run_at - (res.start + offset))  # the floor predictor gives this one only
+        if any(metric not in timing for _, metric in TTFT_PHASES if metric):
+            continue
         marks = [0.0] + [timing[metric] for _, metric in TTFT_PHASES if metric]
-        out[TTFT_PHASES[0][0]].append(run_at - (res.start + offset))
         for (name, _), before, after in zip(TTFT_PHASES[1:-1], marks, marks[1:]):
             out[name].append(after - before)
         out[TTFT_PHASES[-1][0]].append((res.start + offset + res.ttft) - (run_at + marks[-1]))

@@ -160,7 +160,7 @@ def phase_lines(doc: dict[str, Any]) -> list[str]:
     ]
     for p in rows:
         phases = p["ttft_phases_s"]
-        cells = [_num(_scaled((phases.get(name) or {}).get("p50")), "{:.1f}") for name in names]
+        cells = [_num(_scaled((phases.get(name) or {}).get("p50")), "{:.1f}") for name in names]  # "—": not measured
         lines.append(f"| {p['path']} | {p['streams']} | {_num(p.get('step_ms'), '{:g}')} ms | "
                      f"{_num(_scaled(p['ttft_s']['p50']), '{:.1f}')} | " + " | ".join(cells) + " |")
     return lines

@@ -383,6 +383,9 @@ def test_smoke_run_delivers_every_token_on_every_path(tmp_path: Path, default_ar
             phases = p["ttft_phases_s"]
             assert list(phases) == [name for name, _ in TTFT_PHASES], where
             assert all(v["p50"] is not None and v["p50"] >= -0.002 for v in phases.values()), (where, phases)
+        elif p["path"] == "floor":  # when its predict() began, only: coglet's own part of the burst
+            first, *rest = p["ttft_phases_s"].values()
+            assert first["p50"] is not None and all(v["p50"] is None for v in rest), (where, p["ttft_phases_s"])
         else:
             assert not p.get("ttft_phases_s"), where
     table = (out / "results.md").read_text()
@@ -685,8 +688,10 @@ def test_the_ttft_phases_add_up_to_the_clients_ttft() -> None:
     partial.start, partial.ttft, partial.timing = 100.0, 0.05, {"run_at_monotonic": run_at}
     phases = ttft_phases([res, partial])
     values = {name: v[0] for name, v in phases.items()}
-    assert all(len(v) == 1 for v in phases.values())
+    assert len(phases["coglet to predict()"]) == 2  # the partial one (a floor prediction) has that step only
+    assert all(len(v) == 1 for name, v in phases.items() if name != "coglet to predict()")
     assert abs(sum(values.values()) - 0.050) < 1e-3
     assert abs(values["coglet to predict()"] - 0.004) < 1e-3 and abs(values["engine's first token"] - 0.025) < 1e-9
     assert abs(values["coglet to the client"] - 0.006) < 1e-3
-    assert ttft_phases([partial]) == {}
+    assert len(ttft_phases([partial])["coglet to predict()"]) == 1
+    assert ttft_phases([Result(2)]) == {}

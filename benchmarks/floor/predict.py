@@ -103,6 +103,8 @@ class Predictor(BasePredictor):
         output = cog_bridge.PredictionOutput()
         flusher = IntervalFlusher(self.interval_s, output.put, asyncio.get_running_loop())
         scope.record_metric("input_token_count", 0)
+        # when predict() began (the product's timing metric has it too): the TTFT phases' "coglet to predict()"
+        scope.record_metric("timing", {"run_at_monotonic": started})
         self.clock.add(int(round(step_ms * 1000)), _Stream(n, flusher, output, scope, started))
         generator: Iterator[str] = cog_bridge.output_generator(output)
         return generator
