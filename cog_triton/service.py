@@ -18,7 +18,6 @@ import atexit
 import dataclasses
 import importlib.util
 import logging
-import sys
 import threading
 import time
 import uuid
@@ -172,10 +171,6 @@ class LLMService:
                 "of a .tar/.tar.gz archive or folder holding an engine or a Hugging Face checkpoint"
             )
         self.shutdown()
-        if settings.worker_switch_interval_ms is not None:
-            sys.setswitchinterval(settings.worker_switch_interval_ms / 1e3)
-            log.info("the Cog worker's GIL switch interval is %g ms (COG_TRITON_WORKER_SWITCH_INTERVAL_MS)",
-                     settings.worker_switch_interval_ms)
         # First: a port in use fails setup before a download of many GB.
         self.metrics_server = serve_metrics(self.metrics, settings.prometheus_address, settings.prometheus_port,
                                             triton_metrics_port=settings.metrics_port)

@@ -352,14 +352,6 @@ class Settings(BaseSettings):
         description="Stream interval: a prediction's text leaves at most every this many milliseconds (the first "
         "text at once); 0 = every token's text as it comes.",
     )
-    worker_switch_interval_ms: Optional[float] = Field(
-        default=None,
-        gt=0,
-        le=100,
-        description="The Cog worker's GIL switch interval (sys.setswitchinterval), milliseconds; default: Python's, "
-        "5. The worker runs a thread per running prediction and one per stream process: a thread that needs the "
-        "GIL waits up to this long while another holds it.",
-    )
     timing_metrics: bool = Field(
         default=False,
         description="Record, as each prediction's metrics (timing_*), when its start passed each step: inputs "
