@@ -1,4 +1,14 @@
-"""Shared fixtures: the default model's checkpoint and archive (made by scripts/setup)."""
+"""Shared fixtures: the default model's checkpoint and archive (made by scripts/setup).
+
+One torch thread per process (``OMP_NUM_THREADS=1``, unless set): the tests run several processes that each
+run the model with torch at once (this one's transformers references, the reference model in Triton's Python
+backend stub, the LLM API stand-in), on a machine of 2 cores, often shared. With torch's default of one
+thread per core, their OpenMP threads spin waiting for each other whenever a core is taken: on the 2-core
+development machine, loaded by other work (load average 4), 64 greedy tokens of the default model took
+11-23 s with 2 threads and 2.7 s with 1, and ``test_hostile_inputs_do_not_stall_a_running_stream`` 122 s and
+26 s. Set here, before torch is imported, it reaches every process the tests start (they inherit the
+environment).
+"""
 
 from __future__ import annotations
 
@@ -7,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from cog_triton.settings import REPO_ROOT
+from cog_triton.settings import REPO_ROOT  # imports no torch
 
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
