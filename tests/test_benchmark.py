@@ -613,7 +613,7 @@ def test_loadgen_retries_coglets_spurious_409_and_counts_it() -> None:
             ]))
 
     with socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler) as server:
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         spec = {"path": "cog", "host": "127.0.0.1", "port": server.server_address[1], "url_path": "/predictions",
                 "concurrency": 1, "tokens": 1, "timeout_s": 30,
                 "requests": [{"body": {"input": {"prompt": "x"}}, "expect_text": "Hi"}]}
