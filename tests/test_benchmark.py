@@ -23,6 +23,7 @@ from cog_triton.settings import REPO_ROOT
 from tensorrtllm_backend.templates import fill_template, parse_model_config
 from tests.test_packaging import dockerfile_instructions
 from tests.modules import load_file
+from tests.proc import stop_at_once
 
 STANDIN = REPO_ROOT / "benchmarks" / "standin"
 REFERENCE = REPO_ROOT / "triton_model_repo" / "tensorrt_llm_reference"
@@ -268,7 +269,7 @@ def standin_triton(tmp_path_factory, checkpoint_dir: Path):
         server.wait_ready(180)
         yield {"grpc": f"127.0.0.1:{grpc}", "log": tmp / "triton.log"}
     finally:
-        server.stop()
+        stop_at_once(server)
 
 
 @pytest.mark.integration
