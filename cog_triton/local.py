@@ -203,7 +203,7 @@ class CogServer:
             try:
                 doc = self.health()
             except httpx.TransportError:
-                time.sleep(0.25)
+                time.sleep(0.1)
                 continue
             status = doc.get("status")
             if status == "READY":
@@ -211,7 +211,7 @@ class CogServer:
             if status in ("SETUP_FAILED", "DEFUNCT"):
                 logs = (doc.get("setup") or {}).get("logs", "")
                 raise RuntimeError(f"Cog setup failed ({status}):\n{logs[-4000:]}")
-            time.sleep(0.5)
+            time.sleep(0.1)  # a GET to coglet's health check: cheap; setup ends at any moment
         raise RuntimeError(f"Cog server not ready after {timeout_s:.0f} s; see {self.log_file}")
 
     def predict(self, inputs: Mapping[str, Any], timeout_s: float = 300.0) -> dict[str, Any]:
