@@ -1,16 +1,48 @@
-"""Shared fixtures: the default model's checkpoint and archive (made by scripts/setup)."""
+"""Shared fixtures: the default model's checkpoint and archive (made by scripts/setup).
+
+One torch thread per process (``OMP_NUM_THREADS=1``, unless set): the tests run several processes that each
+run the model with torch at once (this one's transformers references, the reference model in Triton's Python
+backend stub, the LLM API stand-in), on a machine of 2 cores, often shared. With torch's default of one
+thread per core, their OpenMP threads spin waiting for each other whenever a core is taken: on the 2-core
+development machine, loaded by other work (load average 4), 64 greedy tokens of the default model took
+11-23 s with 2 threads and 2.7 s with 1, and ``test_hostile_inputs_do_not_stall_a_running_stream`` 122 s and
+26 s. Set here, before torch is imported, it reaches every process the tests start (they inherit the
+environment).
+"""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any, Iterator
 
 import pytest
 
-from cog_triton.settings import REPO_ROOT
+from cog_triton.settings import REPO_ROOT  # imports no torch
+from tests.stacks import STACK_SETTINGS, cog_stack, stack_processes
 
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--soak", action="store_true", default=False,
+                     help="also run the long versions of the soak and load tests (marked soak); by default only "
+                          "their short versions run")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Without --soak, the tests marked ``soak`` (the long version of a test whose short version runs anyway)
+    are deselected: the README's test command stays short, and ``--soak`` runs both versions."""
+    if config.getoption("--soak"):
+        return
+    long_ones = [item for item in items if item.get_closest_marker("soak") is not None]
+    if long_ones:
+        config.hook.pytest_deselected(items=long_ones)
+        items[:] = [item for item in items if item.get_closest_marker("soak") is None]
+
 
 DEFAULT_MODEL_DIR = REPO_ROOT / "build" / "default_model"
 CHECKPOINT_DIR = DEFAULT_MODEL_DIR / "checkpoint"
@@ -48,3 +80,39 @@ def hf_model(checkpoint_dir: Path):
 
     model = AutoModelForCausalLM.from_pretrained(str(checkpoint_dir), dtype=torch.float32, local_files_only=True)
     return model.eval()
+
+
+# ------------------------------------------------------------------------------------------------
+# Cog server + Triton stacks shared across modules (tests/stacks.py)
+# ------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def _shared_stack(tmp_path_factory: pytest.TempPathFactory, default_archive: Path) -> Iterator[dict[str, Any]]:
+    with cog_stack(tmp_path_factory, default_archive, "shared_stack", **STACK_SETTINGS) as stack:
+        yield stack
+
+
+@pytest.fixture
+def shared_stack(_shared_stack: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """One Cog server + Triton (:func:`cog_stack`, :data:`STACK_SETTINGS`) for every test that only sends it
+    predictions and reads its logs (a fresh prediction each; logs are read relative to what was there before, or
+    tied to the test's own request ids). Started once per session, at its first use.
+
+    A test must leave it as it found it: the same Cog server, Triton, stubs and stream processes, none killed,
+    stopped or restarted. This is checked around each test (the test errors in its teardown, naming what changed),
+    so a test that breaks the stack fails itself, instead of passing and leaving the tests after it to fail for
+    no fault of theirs; such tests use :func:`fault_stack` or a stack of their own.
+    """
+    before = stack_processes(_shared_stack)
+    yield _shared_stack
+    now = stack_processes(_shared_stack)
+    assert now == before, f"this test changed the shared stack's processes: {before} -> {now}; use fault_stack"
+
+
+@pytest.fixture(scope="session")
+def fault_stack(tmp_path_factory: pytest.TempPathFactory, default_archive: Path) -> Iterator[dict[str, Any]]:
+    """A stack like :func:`shared_stack`'s, for the tests that kill, stop or restart its parts (tests/test_faults.py
+    and the fault tests of tests/test_integration.py). Each such test leaves it serving: killed parts restarted by
+    the predictor, or a stopped Cog server replaced by a new one in ``stack["cog"]`` (stopped at the end)."""
+    with cog_stack(tmp_path_factory, default_archive, "fault_stack", **STACK_SETTINGS) as stack:
+        yield stack

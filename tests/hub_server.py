@@ -108,7 +108,9 @@ class FakeHub:
             owner = hub
 
         self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="fake-hub", daemon=True)
+        # shutdown() returns once serve_forever's loop looks again: every 0.05 s, not the default 0.5 s
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name="fake-hub", daemon=True)
 
     # --- setup ---------------------------------------------------------------------------------
     def add_repo(self, repo_id: str, files: dict[str, Content], *, revisions: tuple[str, ...] = ("main",),

@@ -57,3 +57,15 @@ def wait_for_pids_gone(pids: Sequence[int], timeout_s: float) -> bool:
             return True
         time.sleep(0.1)
     return not any(_pid_alive(p) for p in pids)
+
+
+def stop_at_once(server: TritonServer) -> None:
+    """Stop a Triton a fixture started, at once: SIGKILL of its process group, then its shared-memory regions
+    removed (:meth:`TritonServer.stop` with no grace).
+
+    For fixtures whose tests are not about stopping (tests/test_server.py covers the graceful stop): after SIGINT,
+    Triton waits for its in-flight requests and then its models' unloading in a loop that looks once a second
+    (``InferenceServer::Stop``, triton-inference-server/core src/server.cc @2e347f08), which takes a Triton with
+    the reference model 3-5 s here.
+    """
+    server.stop(timeout_s=0)

@@ -24,6 +24,7 @@ from cog_triton.settings import REPO_ROOT
 from tensorrtllm_backend.templates import fill_template, parse_model_config
 from tests.test_packaging import dockerfile_instructions
 from tests.modules import load_file
+from tests.proc import stop_at_once
 
 STANDIN = REPO_ROOT / "benchmarks" / "standin"
 REFERENCE = REPO_ROOT / "triton_model_repo" / "tensorrt_llm_reference"
@@ -269,7 +270,7 @@ def standin_triton(tmp_path_factory, checkpoint_dir: Path):
         server.wait_ready(180)
         yield {"grpc": f"127.0.0.1:{grpc}", "log": tmp / "triton.log"}
     finally:
-        server.stop()
+        stop_at_once(server)
 
 
 @pytest.mark.integration
@@ -347,18 +348,31 @@ def test_arguments_and_defaults() -> None:
         harness.parse_args(["--paths", "bogus"])
 
 
-@pytest.mark.integration
-@pytest.mark.timeout(180)
-def test_smoke_run_delivers_every_token_on_every_path(tmp_path: Path, default_archive: Path) -> None:
-    out = tmp_path / "bench"
+SMOKE_PATHS = ["tensorrt_llm", "ensemble", "cog", "floor", "cog_lora"]
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory: pytest.TempPathFactory, default_archive: Path) -> Path:
+    """``scripts/benchmark --smoke`` with the default paths and the cog_lora path (two adapters made with peft, of
+    rank 4), one run for the tests of both (one stack start); its output folder."""
+    tmp = tmp_path_factory.mktemp("smoke")
+    out = tmp / "bench"
     result = subprocess.run(
-        [str(REPO_ROOT / "scripts" / "benchmark"), "--smoke", "--out", str(out)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=170, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        [str(REPO_ROOT / "scripts" / "benchmark"), "--smoke", "--paths", ",".join(SMOKE_PATHS), "--lora-adapters", "2",
+         "--lora-rank", "4", "--out", str(out)],
+        cwd=tmp, capture_output=True, text=True, timeout=280, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return out
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_smoke_run_delivers_every_token_on_every_path(smoke_run: Path) -> None:
+    out = smoke_run
     doc = json.loads((out / "results.json").read_text())
     meta = doc["meta"]
-    assert meta["engine"] == "standin" and meta["paths"] == ["tensorrt_llm", "ensemble", "cog", "floor"]
+    assert meta["engine"] == "standin" and meta["paths"] == SMOKE_PATHS
     assert meta["concurrency"] == [1, 4] and meta["tokens"] == 32
     assert meta["stream_interval_ms"] == 50 and meta["stream_processes"] >= 1
     assert {(p["path"], p["streams"]) for p in doc["points"]} == {
@@ -432,36 +446,35 @@ def test_the_lora_table_compares_each_stream_count_with_no_adapter() -> None:
 
 @pytest.mark.integration
 @pytest.mark.timeout(300)
-def test_smoke_run_with_adapters_delivers_every_token(tmp_path: Path, default_archive: Path) -> None:
-    """The cog_lora path end to end: two adapters made with peft, mixed over the streams; every prediction
-    gets exactly the stand-in's tokens, each adapter is downloaded once (in the warm-up)."""
-    out = tmp_path / "bench"
-    result = subprocess.run(
-        [str(REPO_ROOT / "scripts" / "benchmark"), "--paths", "cog,cog_lora", "--concurrency", "4", "--tokens", "16",
-         "--rounds", "1", "--lora-adapters", "2", "--lora-rank", "4", "--out", str(out)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=280, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+def test_smoke_run_with_adapters_delivers_every_token(smoke_run: Path) -> None:
+    """The cog_lora path end to end (in the smoke run): two adapters made with peft, mixed over the streams; every
+    prediction gets exactly the stand-in's tokens, each adapter is downloaded once (in the warm-up)."""
+    out = smoke_run
     doc = json.loads((out / "results.json").read_text())
     assert doc["meta"]["lora_adapters"] == 2 and doc["meta"]["lora_rank"] == 4
-    for p in doc["points"]:
+    lora = [p for p in doc["points"] if p["path"] == "cog_lora"]
+    assert [p["streams"] for p in lora] == doc["meta"]["concurrency"] == [1, 4]
+    for p in lora:
         assert p["errors"] == 0 and p["count_mismatches"] == 0 and p["content_mismatches"] == 0, p
-        assert p["tokens"] == p["expected_tokens"] == 4 * 16
+        assert p["tokens"] == p["expected_tokens"] == p["streams"] * doc["meta"]["tokens"]
     assert "LoRA adapters (`cog_lora`: 2 adapters of rank 4" in (out / "results.md").read_text()
     cog_log = (out / "work" / "cog.log").read_text()
     assert cog_log.count("lora_task_id") == 2, "each adapter is resolved once, in the warm-up"
 
 
 @pytest.mark.integration
-def test_at_128_streams_every_prediction_gets_exactly_what_the_engine_sent(tmp_path: Path, default_archive: Path) -> None:
+@pytest.mark.parametrize("tokens", [pytest.param(32, id="short"), pytest.param(96, id="long", marks=pytest.mark.soak)])
+def test_at_128_streams_every_prediction_gets_exactly_what_the_engine_sent(tmp_path: Path, default_archive: Path,
+                                                                           tokens: int) -> None:
     """The lost-token check under overload: 128 concurrent predictions through the real Cog server and
     Triton on this 2-core machine, the stand-in sending from 4 threads (as the C++ backend's several
     response paths can). Over HTTP generate_stream, 107-215 of 256 such predictions ended short
     (cog_triton/client.py); every prediction must now get every token, its text exactly the decode of
-    what the engine sent, and the engine must have sent every response."""
+    what the engine sent, and the engine must have sent every response. 32 tokens each by default; 96 in the
+    long version (``--soak``)."""
     out = tmp_path / "bench"
     result = subprocess.run(
-        [str(REPO_ROOT / "scripts" / "benchmark"), "--paths", "cog", "--concurrency", "128", "--tokens", "96",
+        [str(REPO_ROOT / "scripts" / "benchmark"), "--paths", "cog", "--concurrency", "128", "--tokens", str(tokens),
          "--rounds", "1", "--sender-threads", "4", "--out", str(out)],
         cwd=tmp_path, capture_output=True, text=True, timeout=400, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
@@ -471,7 +484,7 @@ def test_at_128_streams_every_prediction_gets_exactly_what_the_engine_sent(tmp_p
     assert point["errors"] == 0, point["error_messages"]  # coglet's spurious 409s are retried, not errors
     assert point["count_mismatches"] == 0 and point["content_mismatches"] == 0, point["mismatch_samples"]
     assert point["incomplete_events"] == 0 and point["engine_send_failures"] == 0
-    assert point["tokens"] == point["expected_tokens"] == 128 * 96
+    assert point["tokens"] == point["expected_tokens"] == 128 * tokens
 
 
 # ------------------------------------------------------------------------------------------------
@@ -612,7 +625,7 @@ def test_loadgen_retries_coglets_spurious_409_and_counts_it() -> None:
             ]))
 
     with socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler) as server:
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         spec = {"path": "cog", "host": "127.0.0.1", "port": server.server_address[1], "url_path": "/predictions",
                 "concurrency": 1, "tokens": 1, "timeout_s": 30,
                 "requests": [{"body": {"input": {"prompt": "x"}}, "expect_text": "Hi"}]}
@@ -646,14 +659,18 @@ def test_guided_requests_are_checked_against_their_schema_not_a_token_count() ->
 
 
 @pytest.mark.integration
-def test_short_soak_recovers_from_a_killed_stub_and_reports_it(tmp_path: Path, default_archive: Path) -> None:
-    """`--soak --smoke`: 4 streams through Cog for 30 s, every 5th prediction cancelled, the
-    tensorrt_llm stub SIGKILLed at 40%. Only predictions in flight at the kill may fail; Triton is
-    restarted once; predictions started afterwards succeed with exactly the engine's tokens; the
+@pytest.mark.parametrize("seconds", [pytest.param(15, id="short"), pytest.param(30, id="long", marks=pytest.mark.soak)])
+def test_short_soak_recovers_from_a_killed_stub_and_reports_it(tmp_path: Path, default_archive: Path,
+                                                               seconds: int) -> None:
+    """`--soak --smoke`: 4 streams through Cog for 15 s (30 s in the long version, ``--soak``), every 5th
+    prediction cancelled, the tensorrt_llm stub SIGKILLed at 40%. Only predictions in flight at the kill may fail;
+    Triton is restarted once; predictions started afterwards succeed with exactly the engine's tokens (a stream
+    goes on until the end of the soak, and a prediction that arrives while Triton restarts waits for it); the
     report has every process's RSS at start and end."""
     out = tmp_path / "soak"
     result = subprocess.run(
-        [str(REPO_ROOT / "scripts" / "benchmark"), "--soak", "--smoke", "--out", str(out)],
+        [str(REPO_ROOT / "scripts" / "benchmark"), "--soak", "--smoke", "--soak-minutes", f"{seconds / 60:.4f}",
+         "--out", str(out)],
         cwd=tmp_path, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -662,7 +679,11 @@ def test_short_soak_recovers_from_a_killed_stub_and_reports_it(tmp_path: Path, d
     assert soak["kill"]["role"] == "stub:tensorrt_llm"
     assert s["triton_restarts"] == 1
     assert s["errors"] == s["errors_after_kill"] == s["in_flight_at_kill_failed"] <= 4, s["error_messages"]
-    assert all("tensorrt_llm" in m for m in s["error_messages"]), s["error_messages"]
+    # Each error names the killed stub's model, or Triton's own death: Triton 2.51 sometimes aborts (SIGABRT) when
+    # the tensorrt_llm stub dies under a running request, before the supervisor's next look at the stubs (as in
+    # tests/test_faults.py); the messages are cut at 300 characters.
+    assert all("tensorrt_llm" in m or "Triton was killed by SIGABRT" in m for m in s["error_messages"]), \
+        s["error_messages"]
     assert s["recoveries"] > 0 and s["first_success_after_kill_s"] is not None
     assert s["count_mismatches"] == 0 and s["content_mismatches"] == 0
     assert s["canceled"] > 0 and s["canceled"] + s["cancel_too_late"] <= s["cancel_requested"]
@@ -670,6 +691,7 @@ def test_short_soak_recovers_from_a_killed_stub_and_reports_it(tmp_path: Path, d
         rss = soak["rss_bytes"][when]
         assert all(rss.get(role) for role in ("tritonserver", "cog_worker", "cog_server", "stub:tensorrt_llm")), rss
     assert "Triton restarts" in (out / "soak.md").read_text()
+    assert f"for {seconds / 60:.4g} min" in (out / "soak.md").read_text()
 
 
 def test_the_ttft_phases_add_up_to_the_clients_ttft() -> None:

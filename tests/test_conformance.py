@@ -112,6 +112,8 @@ import pytest
 import torch
 from httpx_sse import connect_sse
 
+from tests.proc import stop_at_once
+
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_DIR = ROOT / "triton_model_repo" / "tensorrt_llm_reference"
 CHECKPOINT = ROOT / "build" / "default_model" / "checkpoint"
@@ -256,7 +258,7 @@ def server(request, tmp_path_factory):
         triton.wait_ready(180)
         yield {"impl": impl, "url": triton.url, "grpc": f"127.0.0.1:{grpc}", "log": tmp / "triton.log"}
     finally:
-        triton.stop()
+        stop_at_once(triton)
 
 
 @pytest.fixture(scope="module")

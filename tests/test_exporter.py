@@ -160,7 +160,7 @@ def triton_metrics() -> Iterator[tuple[str, type]]:
     handler = type("Handler", (_TritonMetrics,), {})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}/metrics", handler
     if handler.hang is not None:
         handler.hang.set()

@@ -1,7 +1,8 @@
 """Faults must not take the service down: the real Cog server (coglet) and Triton, with faults made
 for real (a Python backend stub or Triton killed, Triton stopped with SIGSTOP, hostile inputs).
 
-The module shares one stack; every test leaves it serving. Each fault test checks three things: the
+The tests share the session's ``fault_stack`` (tests/conftest.py) with the fault tests of
+tests/test_integration.py; every test leaves it serving. Each fault test checks three things: the
 running prediction fails fast with an error that names the fault, the health check says what
 coglet users need to know, and the next prediction succeeds.
 """
@@ -29,22 +30,11 @@ LONG = {"prompt": "Write a very long story about a robot.", "max_tokens": 400, "
 SHORT = {"prompt": "Say hi.", "max_tokens": 3, "temperature": 0}
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory, default_archive: Path):
-    work = tmp_path_factory.mktemp("faults")
-    with WeightsHTTPServer(default_archive.parent) as weights:
-        env = serving_env(
-            f"{weights.url}/{default_archive.name}", work=work, COG_TRITON_REFERENCE_MAX_INPUT_LEN="384",
-            COG_TRITON_REFERENCE_MAX_SEQ_LEN="768", COG_TRITON_STOP_TIMEOUT_S="5", COG_TRITON_STREAM_PROCESSES="2",
-        )
-        cog = CogServer(env, log_file=work / "cog.log", max_concurrency=4)
-        cog.start()
-        try:
-            cog.wait_ready(timeout_s=400)
-            yield {"cog": cog, "work": work, "repo": work / "model_repository",
-                   "triton": f"http://127.0.0.1:{env['COG_TRITON_HTTP_PORT']}"}
-        finally:
-            cog.stop()
+@pytest.fixture
+def stack(fault_stack):
+    """The session's fault stack (tests/conftest.py: a Cog server + Triton that these tests may break, each
+    leaving it serving); a dict of handles."""
+    return fault_stack
 
 
 def triton_pid(stack) -> int:

@@ -249,7 +249,7 @@ class Server:
         self.requests = requests
         self.httpd = http.server.ThreadingHTTPServer((host, 0), Handler)
         self.url = f"http://{host}:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
 
     def close(self) -> None:
         self.httpd.shutdown()
@@ -412,7 +412,7 @@ def test_fetch_weights_with_rules_ignores_proxies(monkeypatch: pytest.MonkeyPatc
     proxy = Server("127.0.0.2")
     handler = http.server.SimpleHTTPRequestHandler
     direct = http.server.ThreadingHTTPServer(("127.0.0.1", 0), lambda *a: handler(*a, directory=str(root)))
-    threading.Thread(target=direct.serve_forever, daemon=True).start()
+    threading.Thread(target=direct.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     url = f"http://127.0.0.1:{direct.server_address[1]}/w.tar"
     for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy"):
         monkeypatch.delenv(name, raising=False)
@@ -442,7 +442,7 @@ def test_a_cached_fetch_is_refused_once_the_rules_refuse_its_url(tmp_path: Path)
         tar.add(tmp_path / "f.txt", "f.txt")
     handler = http.server.SimpleHTTPRequestHandler
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), lambda *a: handler(*a, directory=str(root)))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}/w.tar"
     try:
         assert not fetch_weights(url, tmp_path / "t", retries=0, rules=FetchRules.open()).skipped

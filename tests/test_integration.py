@@ -2,8 +2,9 @@
 default model's archive from a local HTTP server and starts a real Triton Inference Server with
 the CPU reference implementation of the tensorrt_llm model. Nothing is mocked.
 
-The module shares one Cog server (setup takes ~30 s on 2 cores); tests that break or restart it
-run last, in file order.
+The tests share the session's Cog server (``shared_stack``, tests/conftest.py, also used by
+tests/test_structured_output.py; setup takes 10-30 s on 2 cores); the two that kill Triton or stop the
+Cog server use ``fault_stack``, which tests/test_faults.py breaks and restarts too.
 """
 
 from __future__ import annotations
@@ -23,11 +24,12 @@ import pytest
 from cog_triton.prompt import PromptTokenizer
 from cog_triton.local import CogServer, WeightsHTTPServer, serving_env
 from tests.proc import pids_mentioning
+from tests.stacks import STACK_SETTINGS
 
 pytestmark = pytest.mark.integration
 
-MAX_INPUT_LEN = 384
-MAX_SEQ_LEN = 768
+MAX_INPUT_LEN = int(STACK_SETTINGS["COG_TRITON_REFERENCE_MAX_INPUT_LEN"])  # 384
+MAX_SEQ_LEN = int(STACK_SETTINGS["COG_TRITON_REFERENCE_MAX_SEQ_LEN"])  # 768
 
 
 def _output(doc: dict[str, Any]) -> str:
@@ -56,24 +58,11 @@ def _triton_pids(model_repo: Path) -> list[int]:
     return pids_mentioning("tritonserver", str(model_repo))
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory, default_archive: Path):
-    """Weights HTTP server + Cog server with Triton on free ports; yields a dict of handles."""
-    work = tmp_path_factory.mktemp("e2e")
-    sha256 = default_archive.with_name(default_archive.name + ".sha256").read_text().split()[0]
-    with WeightsHTTPServer(default_archive.parent) as weights:
-        env = serving_env(
-            f"{weights.url}/{default_archive.name}", sha256=sha256, work=work,
-            COG_TRITON_REFERENCE_MAX_INPUT_LEN=str(MAX_INPUT_LEN), COG_TRITON_REFERENCE_MAX_SEQ_LEN=str(MAX_SEQ_LEN),
-            COG_TRITON_STOP_TIMEOUT_S="5",
-        )
-        cog = CogServer(env, log_file=work / "cog.log", max_concurrency=4)
-        cog.start()
-        try:
-            health = cog.wait_ready(timeout_s=400)
-            yield {"cog": cog, "weights": weights, "env": env, "work": work, "health": health, "archive": default_archive}
-        finally:
-            cog.stop()
+@pytest.fixture
+def stack(shared_stack):
+    """The session's shared Cog server + Triton (tests/conftest.py: MAX_INPUT_LEN and MAX_SEQ_LEN here, a 5-s stop
+    timeout, two stream processes, four slots); a dict of handles."""
+    return shared_stack
 
 
 def test_missing_weights_fail_setup_with_a_clear_error(tmp_path, default_archive):
@@ -193,10 +182,12 @@ def test_schema_invalid_input_gets_422_before_predict_runs(stack, inputs, field)
     assert response.status_code == 422, response.text
     detail = response.json()["detail"]
     assert any(item["loc"] == ["body", "input", field] for item in detail), detail
-    time.sleep(0.3)
-    assert _predict_calls(stack) == calls, "predict() ran for an input coglet refused"
     good = stack["cog"].predict({"prompt": "Say hi.", "max_tokens": 3, "temperature": 0})
     assert good["status"] == "succeeded", good
+    # The good prediction's predict() call is logged after any the refused input could have caused: once its line
+    # is in, the count says whether predict() ran for the refused one too.
+    log = stack["work"] / "cog.log"
+    assert _wait_count(log, "predict: seed ", calls) == calls + 1, "predict() ran for an input coglet refused"
 
 
 @pytest.mark.parametrize("inputs,expected", MODEL_INVALID, ids=[str(i) for i in range(len(MODEL_INVALID))])
@@ -437,7 +428,8 @@ def test_cancelling_a_prediction_cancels_generation_in_triton(stack):
     assert good["status"] == "succeeded", good
 
 
-def test_triton_death_fails_prediction_fast_then_recovers(stack):
+def test_triton_death_fails_prediction_fast_then_recovers(fault_stack):
+    stack = fault_stack
     cog, repo = stack["cog"], stack["work"] / "model_repository"
     pids = _triton_pids(repo)
     assert len(pids) == 1, pids
@@ -466,20 +458,24 @@ def test_triton_death_fails_prediction_fast_then_recovers(stack):
     assert len(_triton_pids(repo)) == 1
 
 
-def test_stop_leaves_no_orphans_and_second_setup_skips_download(stack):
-    cog, repo, weights = stack["cog"], stack["work"] / "model_repository", stack["weights"]
+def test_stop_leaves_no_orphans_and_second_setup_skips_download(fault_stack):
+    """The Cog server's stop takes Triton with it; a second setup with the same settings and folders reuses the
+    downloaded weights. The second server stays as the fault stack's (tests/conftest.py), serving."""
+    stack = fault_stack
+    cog, repo, weights, log = stack["cog"], stack["work"] / "model_repository", stack["weights"], stack["work"] / "cog.log"
     assert _triton_pids(repo)
+    downloads = weights.counter[f"/{stack['archive'].name}"]
+    assert downloads == 1
     cog.stop()
     deadline = time.monotonic() + 15
     while _triton_pids(repo) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert _triton_pids(repo) == [], "tritonserver outlived the Cog server"
-    again = CogServer(stack["env"], log_file=stack["work"] / "cog2.log", max_concurrency=4)
+    reused = _count(log, "(reused)")
+    again = CogServer(stack["env"], log_file=log, max_concurrency=stack["slots"])
+    stack["cog"] = again  # stopped by the fixture at the end, whatever happens here
     again.start()
-    try:
-        again.wait_ready(timeout_s=400)
-        assert _wait_for_log(stack["work"] / "cog2.log", "(reused)")
-        assert weights.counter[f"/{stack['archive'].name}"] == 1, "the archive was downloaded twice"
-        assert _output(again.predict({"prompt": "Say hi.", "max_tokens": 3, "temperature": 0}))
-    finally:
-        again.stop()
+    again.wait_ready(timeout_s=400)
+    assert _wait_count(log, "(reused)", reused) == reused + 1
+    assert weights.counter[f"/{stack['archive'].name}"] == downloads, "the archive was downloaded twice"
+    assert _output(again.predict({"prompt": "Say hi.", "max_tokens": 3, "temperature": 0}))

@@ -238,7 +238,7 @@ def test_a_slow_adapter_download_does_not_hold_up_other_streams(  # noqa: F811
     folder = server.work / "served"  # type: ignore[attr-defined]
     handler = type("Slow", (SlowFiles,), {})
     slow = http.server.ThreadingHTTPServer(("127.0.0.1", 0), lambda *a, **k: handler(*a, directory=str(folder), **k))
-    threading.Thread(target=slow.serve_forever, daemon=True).start()
+    threading.Thread(target=slow.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     ids = tokenizer.encode(" one two three four five six seven eight nine ten" * 4, add_special_tokens=False)[:40]
     triton.state.scenario = paced(ids, step_s=0.05)
     arrivals: list[float] = []

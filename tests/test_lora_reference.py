@@ -24,6 +24,7 @@ from cog_triton.lora.tasks import task_id_of
 from cog_triton.settings import REPO_ROOT
 from tensorrtllm_backend.engine import inspect_weights
 from tests.lora_adapters import AdapterFactory, adapter_config
+from tests.proc import stop_at_once
 
 pytestmark = pytest.mark.integration
 
@@ -76,7 +77,7 @@ def lora_env(tmp_path_factory, checkpoint_dir: Path, hf_tokenizer):
         yield {"grpc": f"127.0.0.1:{grpc}", "prompt": prompt, "tensors": converted, "expected": expected,
                "log": tmp / "triton.log", "spec": info.lora}
     finally:
-        server.stop()
+        stop_at_once(server)
 
 
 def _request(env, adapter=None, *, weights=True, n=N, task=None, lora=None, request_id="", min_tokens=0):

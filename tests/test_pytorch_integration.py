@@ -22,6 +22,7 @@ from tensorrtllm_backend.engine import inspect_weights
 from tensorrtllm_backend.server import LaunchConfig, TritonServer, locate_tritonserver
 from tests.llmapi_overlay import overlay_venv, render_pytorch_repository, standin_installation
 from tests.lora_adapters import AdapterFactory, pack
+from tests.proc import stop_at_once
 from tests.test_conformance import _free_ports
 
 pytestmark = pytest.mark.integration
@@ -56,7 +57,7 @@ def served(tmp_path_factory, checkpoint_dir):
             yield {"server": server, "tmp": tmp, "url": f"{files.url}/adapter.tar.gz", "factory": factory,
                    "adapter": adapter}
     finally:
-        server.stop()
+        stop_at_once(server)
 
 
 def _text(served, checkpoint_dir, hf_tokenizer, **inputs) -> tuple[str, list]:

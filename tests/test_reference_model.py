@@ -22,6 +22,7 @@ import torch
 from httpx_sse import connect_sse
 
 from tests.modules import load_file
+from tests.proc import stop_at_once
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_DIR = ROOT / "triton_model_repo" / "tensorrt_llm_reference"
@@ -612,7 +613,7 @@ def triton_url(tmp_path_factory):
         server.wait_ready(120)
         yield server.url
     finally:
-        server.stop()
+        stop_at_once(server)
 
 
 def _stream(url: str, payload: dict, timeout: float = 120.0):

@@ -1,8 +1,8 @@
 """End to end: structured output (guided decoding) and conversations through the real Cog HTTP server
 (coglet) running predict.py, a real Triton Inference Server, the ensemble and the CPU reference
 ``tensorrt_llm`` model enforcing the guide with xgrammar, on the bundled SmolLM2-135M-Instruct.
-Nothing is mocked. One Cog server for the module; every generation is greedy and short (the model
-makes about 18 tokens/s on 2 cores).
+Nothing is mocked. The session's shared Cog server (``shared_stack``, tests/conftest.py, also used by
+tests/test_integration.py); every generation is greedy and short (the model makes about 18 tokens/s on 2 cores).
 """
 
 from __future__ import annotations
@@ -11,19 +11,18 @@ import json
 import re
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
 
-from cog_triton.local import CogServer, WeightsHTTPServer, serving_env
 from cog_triton.prompt import PromptTokenizer
+from tests.stacks import STACK_SETTINGS
 
 pytestmark = pytest.mark.integration
 
-MAX_INPUT_LEN = 384
-MAX_SEQ_LEN = 768
+MAX_INPUT_LEN = int(STACK_SETTINGS["COG_TRITON_REFERENCE_MAX_INPUT_LEN"])  # 384
+MAX_SEQ_LEN = int(STACK_SETTINGS["COG_TRITON_REFERENCE_MAX_SEQ_LEN"])  # 768
 
 SCHEMAS = {
     "nested_object_number_bounds": (
@@ -105,23 +104,10 @@ def _greedy(hf_model, hf_tokenizer, ids: list[int], max_new_tokens: int) -> str:
     return hf_tokenizer.decode(new, skip_special_tokens=True)
 
 
-@pytest.fixture(scope="module")
-def cog(tmp_path_factory, default_archive: Path):
-    work = tmp_path_factory.mktemp("structured")
-    sha256 = default_archive.with_name(default_archive.name + ".sha256").read_text().split()[0]
-    with WeightsHTTPServer(default_archive.parent) as weights:
-        env = serving_env(
-            f"{weights.url}/{default_archive.name}", sha256=sha256, work=work,
-            COG_TRITON_REFERENCE_MAX_INPUT_LEN=str(MAX_INPUT_LEN), COG_TRITON_REFERENCE_MAX_SEQ_LEN=str(MAX_SEQ_LEN),
-            COG_TRITON_STOP_TIMEOUT_S="5",
-        )
-        server = CogServer(env, log_file=work / "cog.log", max_concurrency=4)
-        server.start()
-        try:
-            server.wait_ready(timeout_s=400)
-            yield server
-        finally:
-            server.stop()
+@pytest.fixture
+def cog(shared_stack):
+    """The Cog server of the session's shared stack (tests/conftest.py: MAX_INPUT_LEN and MAX_SEQ_LEN here)."""
+    return shared_stack["cog"]
 
 
 GUIDED_ALONE: dict[str, str] = {}

@@ -28,6 +28,7 @@ import pytest
 from common.errors import TritonDiedError, TritonError
 from cog_triton.supervisor import State, Supervisor
 from tensorrtllm_backend.server import LaunchConfig, TritonInstallation, TritonServer
+from tests.proc import stop_at_once
 from tests.test_server import launch_config
 
 STANDIN = f"""#!{sys.executable}
@@ -114,7 +115,7 @@ def standin(tmp_path: Path) -> Iterator[StandIn]:
     made.server.start()
     made.server.wait_ready(NOT_HUNG_S)
     yield made
-    made.server.stop()
+    stop_at_once(made.server)
 
 
 def supervise(standin: StandIn, **kwargs) -> Supervisor:
