@@ -60,7 +60,7 @@ TIMING_METRIC = "timing"
 #: Its keys, in the order of the steps (the first token itself is time_to_first_token_s).
 TIMING_STEPS = (
     "run_at_monotonic",  # predict() began
-    "start_sent_s",  # inputs checked, the Start sent to a stream process
+    "start_sent_s",  # inputs checked, the Start about to be sent to a stream process
     "start_received_s",  # the stream process read the Start
     "prepared_s",  # prompt rendered and tokenized, the request sent to Triton
     "first_text_sent_s",  # the first text handed to the stream process's frame
@@ -350,9 +350,9 @@ class StreamPool:
             with self._lock:
                 process.predictions[prediction.sid] = prediction
             self._register(prediction)
+            if self.timing:  # before the send: the stream process's Timings may come back before send() returns
+                self._time_start(prediction, started_at)
             if process.send(ipc.Start(prediction.sid, request_id, inputs, started_at)):
-                if self.timing:
-                    self._time_start(prediction, started_at)
                 if prediction.stop_on_cancel is not None:
                     # Failed (the supervisor) or cancelled between its registration and this Start: that Cancel
                     # may have reached the process first, where it found nothing to cancel. Once more, after Start.
@@ -370,8 +370,9 @@ class StreamPool:
 
     @staticmethod
     def _time_start(prediction: RoutedPrediction, started_at: float) -> None:
-        """Start the prediction's timing metric: when it began and its Start left; coglet's thread adds when it
-        took the first text (the receiver thread when it arrived, the Timings event the stream process's steps)."""
+        """Start the prediction's timing metric: when it began and its Start is sent (taken just before the send,
+        so that it can never come after the stream process's own 'received'); coglet's thread adds when it took the
+        first text (the receiver thread when it arrived, the Timings event the stream process's steps)."""
         prediction.started_at = started_at
         prediction.timing = {"run_at_monotonic": started_at, "start_sent_s": time.monotonic() - started_at}
 

@@ -434,6 +434,15 @@ def test_the_timing_metric_has_every_step_of_the_start_in_order(pool, triton: Ru
     config = GeneratorConfig(tokenizer_dir=CHECKPOINT, limits=LIMITS, grpc_address=triton.address, token_timeout_s=5)
     timed = StreamPool(config, 1, interval_s=INTERVAL_S, start_timeout_s=120, timing=True)
     timed.start()
+    process = timed.processes[0]
+    send = process.send
+
+    def send_then_pause(message: Any) -> bool:  # as when the worker's thread loses the CPU right after sending
+        sent = send(message)
+        time.sleep(0.1)
+        return sent
+
+    process.send = send_then_pause  # type: ignore[method-assign]
     try:
         triton.state.scenario = paced(tokenizer.encode(" one two three", add_special_tokens=False), step_s=0.01)
         before = time.monotonic()
