@@ -393,7 +393,8 @@ def test_smoke_run_delivers_every_token_on_every_path(smoke_run: Path) -> None:
         assert p["busiest_process"]["role"] in p["cpu_us_per_token"], where
         if p["path"] == "cog":  # the predictor's own TTFT metric, and the ratio to the bare predictor
             assert p["server_ttft_s"]["p50"] is not None and p["ratio_to_floor"] is not None, where
-            # and its start in steps (the timing metric): each step's median is there, none negative
+        if p["path"] in ("cog", "cog_lora"):
+            # a prediction's start in steps (the timing metric): each step's median is there, none negative
             phases = p["ttft_phases_s"]
             assert list(phases) == [name for name, _ in TTFT_PHASES], where
             assert all(v["p50"] is not None and v["p50"] >= -0.002 for v in phases.values()), (where, phases)
