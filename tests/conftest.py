@@ -13,6 +13,7 @@ environment).
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -36,12 +37,36 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Without --soak, the tests marked ``soak`` (the long version of a test whose short version runs anyway)
     are deselected: the README's test command stays short, and ``--soak`` runs both versions."""
-    if config.getoption("--soak"):
-        return
-    long_ones = [item for item in items if item.get_closest_marker("soak") is not None]
-    if long_ones:
-        config.hook.pytest_deselected(items=long_ones)
-        items[:] = [item for item in items if item.get_closest_marker("soak") is None]
+    if not config.getoption("--soak"):
+        long_ones = [item for item in items if item.get_closest_marker("soak") is not None]
+        if long_ones:
+            config.hook.pytest_deselected(items=long_ones)
+            items[:] = [item for item in items if item.get_closest_marker("soak") is None]
+    _integration_modules_first(items)
+
+
+def _integration_modules_first(items: list[pytest.Item]) -> None:
+    """Put the modules holding integration tests (each starts processes: the long ones) before the others, each
+    module whole and in its own order. The xdist workers take whole modules in this order, so the long ones start
+    first and the many short ones fill the end, instead of one worker finishing a long module while the other
+    waits."""
+    def module(item: pytest.Item) -> str:
+        return item.nodeid.split("::", 1)[0]
+
+    long_modules = {module(item) for item in items if item.get_closest_marker("integration") is not None}
+    items.sort(key=lambda item: module(item) not in long_modules)  # a stable sort: the order within each group stays
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _temporary_files_go_when_the_run_passes(request: pytest.FixtureRequest,
+                                           tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """A run (each xdist worker's part) with no failure removes its temporary directory at the end, after every
+    other fixture's teardown; a failing one keeps it to look into. Each Cog stack unpacks the 0.5 GB weights, so a
+    full run writes about 10 GB there, and pytest keeps the last three runs' by default: repeated runs filled a
+    development machine's disk."""
+    yield
+    if request.session.testsfailed == 0:
+        shutil.rmtree(tmp_path_factory.getbasetemp(), ignore_errors=True)
 
 
 DEFAULT_MODEL_DIR = REPO_ROOT / "build" / "default_model"
