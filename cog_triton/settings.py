@@ -354,9 +354,9 @@ class Settings(BaseSettings):
     )
     timing_metrics: bool = Field(
         default=False,
-        description="Record, as each prediction's metrics (timing_*), when its start passed each step: inputs "
-        "checked, its stream process reached, its prompt tokenized, its first text relayed to coglet; for "
-        "scripts/benchmark's time-to-first-token phases.",
+        description="Record one `timing` metric per prediction: when its start passed each step (inputs checked and the "
+        "Start sent, its stream process reached, its prompt tokenized and sent, its first text sent, relayed and "
+        "yielded to coglet), in seconds since predict() began; for scripts/benchmark's time-to-first-token steps.",
     )
 
     # --- predictor -----------------------------------------------------------------------
