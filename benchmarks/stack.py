@@ -107,9 +107,12 @@ def pytorch_standin_config(*, step_ms: float, text_file: Path = STANDIN_TEXT,
     lines = [text.rstrip("\n")]
     for name in sorted(reference - placeholders(product)):
         lines.append(f'parameters: {{ key: "{name}" value: {{ string_value: "${{{name}}}" }} }}')
+    # sampler_type TRTLLMSampler: the benchmark's requests carry min_tokens (every request exactly --tokens) and a
+    # seed (the paced stand-in's token cycle starts there), which TorchSampler would refuse (tensorrtllm_backend/
+    # samplers.py); the paced stand-in does the same work under either sampler.
     for key, value in (("pytorch_model", (PYTORCH_MODEL_DIR / "1" / "model.py").resolve()),
                        ("standin_root", LLMAPI_STANDIN_ROOT.resolve()), ("step_ms", step_ms),
-                       ("text_file", text_file.resolve())):
+                       ("text_file", text_file.resolve()), ("sampler_type", "TRTLLMSampler")):
         escaped = str(value).replace("\\", "\\\\").replace('"', '\\"')
         lines.append(f'parameters: {{ key: "{key}" value: {{ string_value: "{escaped}" }} }}')
     return "\n".join(lines) + "\n"

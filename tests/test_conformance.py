@@ -85,6 +85,15 @@ are under NVIDIA/TensorRT-LLM ``cpp/tensorrt_llm``.
 13  Triton's request cancellation stops the generation           backend ``WaitForCancel``; the LLM API's
                                                                  ``RequestOutput.abort()`` (executor/result.py
                                                                  @a678b91a)
+14  a sampling input takes effect (penalties, bad words,          ``_torch/pyexecutor/sampler.py`` @00026bd1
+    min_tokens, seed) or is refused naming the input, the        (TorchSampler / TRTLLMSampler); _util.py
+    sampler and the setting (PyTorch backend, TorchSampler)      ``instantiate_sampler``
+15  log-probs are the generated tokens' or refused               sampler.py @00026bd1 (TorchSampler: the arg-max's)
+16  a stopped request still waiting for a slot ends              ``executor_request_queue.py`` @007a7508
+                                                                 ``update_waiting_queue``; ``executorImpl.cpp``
+                                                                 ``terminateCancelledRequests``
+17  a known LoRA task id with another adapter                     ``base_worker.py`` @7b437aaa
+                                                                 ``_load_lora_adapter``; reference ``lora.py``
 === ============================================================ ==================================================
 
 What a client sees of a FINAL response through HTTP ``generate_stream`` (measured on Triton 2.51):
@@ -135,6 +144,9 @@ NUM_TOKENS_ENGINE_MAX_INPUT_LEN = 100
 MAX_NUM_TOKENS = 150
 #: A third model of each server has guided decoding and LoRA on (the first one has both off).
 FEATURES_MODEL = "tensorrt_llm_features"
+#: A fourth: the PyTorch-backend model whose LLM samples with TRTLLMSampler (sampler_type; the first one has 1.2.1's
+#: default, TorchSampler); on the reference server the same reference model (the C++ backend has one sampler).
+SAMPLER_MODEL = "tensorrt_llm_trtllm_sampler"
 LORA_MODULES = ["attn_q", "attn_k", "attn_v", "attn_dense", "mlp_h_to_4h", "mlp_4h_to_h"]
 IMPLEMENTATIONS = ("reference", "pytorch")
 PYTORCH_DIR = ROOT / "triton_model_repo" / "tensorrt_llm_pytorch"
@@ -239,6 +251,7 @@ def server(request, tmp_path_factory):
             NUM_TOKENS_MODEL, NUM_TOKENS_ENGINE_MAX_INPUT_LEN, max_num_tokens=MAX_NUM_TOKENS))
         write_model(repo / FEATURES_MODEL, MODEL_DIR, render_config(FEATURES_MODEL, values=features_values()))
         write_model(repo / QUEUE_MODEL, MODEL_DIR, render_config(QUEUE_MODEL, values={"max_seq_len": QUEUE_MAX_SEQ_LEN}))
+        write_model(repo / SAMPLER_MODEL, MODEL_DIR, render_config(SAMPLER_MODEL))
     else:
         base = {"model": str(CHECKPOINT), "max_batch_size": MAX_ACTIVE, "max_seq_len": MAX_SEQ_LEN}
         write_model(repo / "tensorrt_llm", PYTORCH_DIR, render_pytorch_config("tensorrt_llm"), base)
@@ -246,6 +259,10 @@ def server(request, tmp_path_factory):
                     {**base, "max_num_tokens": MAX_NUM_TOKENS})
         write_model(repo / FEATURES_MODEL, PYTORCH_DIR, render_pytorch_config(FEATURES_MODEL),
                     {**base, "guided_decoding_backend": "xgrammar", "lora_config": {"max_lora_rank": 8}})
+        write_model(repo / QUEUE_MODEL, PYTORCH_DIR, render_pytorch_config(QUEUE_MODEL),
+                    {**base, "max_seq_len": QUEUE_MAX_SEQ_LEN})
+        write_model(repo / SAMPLER_MODEL, PYTORCH_DIR, render_pytorch_config(SAMPLER_MODEL),
+                    {**base, "sampler_type": "TRTLLMSampler"})
         installation = standin_installation(installation, overlay_venv(tmp / "overlay"))
     http, grpc, metrics = _free_ports(3)
     triton = TritonServer(
@@ -893,3 +910,164 @@ def test_a_cancelled_request_stops_generating(server, prompts):
             break
         time.sleep(0.1)
     assert len(found) > before and int(found[-1]) < 400, found
+
+
+# ------------------------------------------------------------------------------------------------
+# 14-17: TensorRT-LLM 1.2.1's PyTorch backend as it behaves (tensorrtllm_backend/samplers.py, the model's docstring)
+# ------------------------------------------------------------------------------------------------
+
+#: Per server, the models a sampling test runs on, and whether each applies every sampling input (else it refuses
+#: the ones its sampler would ignore): the reference (the C++ backend's sampling) twice; the PyTorch-backend model
+#: with TorchSampler (1.2.1's default) and with TRTLLMSampler.
+SAMPLING_MODELS = {"reference": (("tensorrt_llm", True), (SAMPLER_MODEL, True)),
+                   "pytorch": (("tensorrt_llm", False), (SAMPLER_MODEL, True))}
+SAMPLED = {"runtime_top_k": [0], "runtime_top_p": [1.0], "temperature": [1.0]}
+
+
+def _outcome(url: str, model: str, payload: dict) -> tuple[list[int], str]:
+    """(tokens, error text or "") of one streamed request."""
+    status, events = stream(url, payload, model=model)
+    if status != 200:
+        return [], error_of(status, events)
+    return [t for e in events for t in _ids(e.get("output_ids", []))], ""
+
+
+@pytest.mark.parametrize("case", ["repetition_penalty", "presence_penalty", "frequency_penalty", "bad_words",
+                                  "min_tokens", "seed"])
+def test_a_sampling_input_takes_effect_or_is_refused(server, url, prompts, greedy, case):
+    """14. Every sampling input a client sends either takes effect (as on the C++ backend) or is refused naming the
+    input, the sampler and the setting that applies it. TensorRT-LLM 1.2.1's TorchSampler (sampler_type auto)
+    ignores the penalties, bad words and the request's seed and counts the prompt towards min_tokens
+    (_torch/pyexecutor/sampler.py @00026bd1; the stand-in does the same): the PyTorch-backend model refuses those
+    there; with TRTLLMSampler (the C++ decoder) they apply. "Effect": greedy output changed by a penalty, the banned
+    first token avoided, the end token held back for min_tokens, the same seed reproducing and another changing a
+    sample."""
+    haiku = prompts["haiku"]
+    for model, applies in SAMPLING_MODELS[server["impl"]]:
+        if case in ("repetition_penalty", "presence_penalty", "frequency_penalty"):
+            tokens, error = _outcome(url, model, request(haiku, 8, streaming=[True], **{case: [2.0]}))
+            effect = tokens != greedy("haiku", 8)
+        elif case == "bad_words":
+            first = greedy("haiku", 1)[0]
+            tokens, error = _outcome(url, model, request(haiku, 4, streaming=[True], bad_words_list=[[first], [1]]))
+            effect = bool(tokens) and tokens[0] != first
+        elif case == "min_tokens":
+            n = greedy_with_eos(greedy, "one_word")
+            tokens, error = _outcome(url, model, request(prompts["one_word"], 16, streaming=[True], end_id=[EOS],
+                                                         min_tokens=[n + 2]))
+            effect = len(tokens) >= n + 2
+        else:
+            one, error = _outcome(url, model, request(haiku, 8, streaming=[True], seed=[7], **SAMPLED))
+            again, _ = _outcome(url, model, request(haiku, 8, streaming=[True], seed=[7], **SAMPLED))
+            other, _ = _outcome(url, model, request(haiku, 8, streaming=[True], seed=[8], **SAMPLED))
+            effect = one == again and one != other
+        if applies:
+            assert not error and effect, (model, case, error)
+        else:
+            name = "bad_words_list" if case == "bad_words" else case
+            assert name in error and "TorchSampler" in error and "sampler_type TRTLLMSampler" in error, (model, error)
+
+
+def test_log_probs_are_the_generated_tokens_or_refused(server, url, prompts, hf_model):
+    """15. return_log_probs gives each generated token's log-probability (log_softmax of the logits over the
+    temperature, at that token: the C++ decoder's; TRTLLMSampler's), or is refused where the sampler would report
+    another's: TorchSampler reports the arg-max token's raw log-probability, taken before sampling
+    (sampler.py @00026bd1), so the PyTorch-backend model refuses log-probs with sampling under it."""
+    haiku = prompts["haiku"]
+    payload = request(haiku, 8, exclude_input_in_output=[True], return_log_probs=[True], seed=[3],
+                      **{**SAMPLED, "temperature": [2.0]})
+    for model, applies in SAMPLING_MODELS[server["impl"]]:
+        if not applies:  # without a seed, which TorchSampler would refuse first
+            status, body = generate(url, {k: v for k, v in payload.items() if k != "seed"}, model=model)
+            error = error_of(status, body)
+            assert "return_log_probs" in error and "TorchSampler" in error, error
+            continue
+        status, body = generate(url, payload, model=model)
+        assert status == 200, body
+        tokens = _ids(body["output_ids"])
+        got = body["output_log_probs"]
+        got = [float(v) for v in (got if isinstance(got, list) else [got])]
+        with torch.inference_mode():
+            logits = hf_model(torch.tensor([haiku + tokens])).logits[0].float()
+        rows = [logits[len(haiku) - 1 + i] for i in range(len(tokens))]
+        assert got == pytest.approx([float(torch.log_softmax(r / 2.0, -1)[t]) for r, t in zip(rows, tokens)],
+                                    abs=5e-3), model
+        assert any(int(torch.argmax(r)) != t for r, t in zip(rows, tokens)), "all arg-max: the test tells nothing"
+
+
+def test_a_stopped_request_still_waiting_for_a_slot_ends(server, url, prompts):
+    """16. A request stopped while it waits for a batch slot ends with a stopped request's final response (no tokens,
+    no error). TensorRT-LLM 1.2.1's PyTorch backend drops such a request without any response
+    (executor_request_queue.py @007a7508 update_waiting_queue; the stand-in does the same), so the PyTorch-backend
+    model ends it itself one cancellation period after the stop, while the slots' holders run on. The C++ executor
+    keeps a cancelled id until the request is scheduled and terminates it then (executorImpl.cpp
+    terminateCancelledRequests: active requests only), so on the reference it ends once a slot frees, with no token
+    generated. Sequenced as test 5: both slots held by requests that cannot end during the test, the waiting request
+    known to be with the model (Triton's statistics) before it is stopped."""
+    long_ = {"streaming": [True], "end_id": [-1]}
+    active: list[Stream] = []
+    waiting = None
+    try:
+        for i in range(MAX_ACTIVE):
+            s = Stream(url, {**request(prompts["haiku"], QUEUE_ACTIVE_TOKENS, **long_), "id": f"abort-active-{i}"},
+                       QUEUE_MODEL)
+            assert s.first.wait(60) and s.events, "an active request produced no token"
+            active.append(s)
+        handed = _handed_to_the_model(url, QUEUE_MODEL)
+        waiting = Stream(url, {**request(prompts["haiku"], 3, **long_), "id": "abort-waiting"}, QUEUE_MODEL)
+        deadline = time.monotonic() + 60  # only "not hung"
+        while _handed_to_the_model(url, QUEUE_MODEL) == handed and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert _handed_to_the_model(url, QUEUE_MODEL) == handed + 1, "the waiting request never reached the model"
+        status, _ = stream(url, stop_request("abort-waiting"), model=QUEUE_MODEL)
+        assert status == 200
+        if server["impl"] == "pytorch":
+            events = waiting.finish()
+            assert all(s.is_alive() for s in active), "it ended only when a slot freed"
+        else:
+            assert waiting.is_alive() and not waiting.events  # the C++ executor: still waiting for a slot
+            stream(url, stop_request("abort-active-0"), model=QUEUE_MODEL)
+            events = waiting.finish()
+        assert waiting.status == 200 and events and all("error" not in e for e in events), events
+        assert waiting.tokens() == [] and events[-1].get("sequence_length", 0) == 0
+    finally:
+        for s in [*active, *([waiting] if waiting else [])]:
+            if s.is_alive():
+                stream(url, stop_request(s.payload["id"]), model=QUEUE_MODEL)
+        for s in [*active, *([waiting] if waiting else [])]:
+            s.join(60)
+
+
+def test_a_known_lora_task_id_with_another_adapter(server, prompts, adapter, tmp_path):
+    """17. The adapter cache is keyed by the task id. The PyTorch backend's LLM API would serve the adapter cached
+    under a known id whatever folder comes with it (base_worker.py @7b437aaa _load_lora_adapter; lora_manager.py
+    @30e6fb55), so the PyTorch-backend model refuses a known id with another adapter's folder. The C++ backend keeps
+    a cached task's weights when the id comes again with other weights (the reference model's lora.py, as
+    PeftCacheManager); the predictor's ids are content hashes, so it never sends that."""
+    import numpy as np
+
+    from tests.lora_adapters import AdapterFactory
+
+    folder, expected = adapter
+    other = AdapterFactory(CHECKPOINT).make(tmp_path / "other", r=4, alpha=8, targets=["q_proj", "v_proj"], seed=32)
+    task = {"lora_task_id": np.array([[5151]], np.uint64)}
+
+    def tensors_of(path):
+        if server["impl"] == "pytorch":
+            return {"lora_path": np.array([[str(path).encode()]], dtype=np.object_)}
+        from cog_triton.lora.convert import convert
+        from tensorrtllm_backend.engine import inspect_weights
+        from tests.lora_adapters import adapter_config
+
+        spec = inspect_weights(CHECKPOINT, reference_lora={"max_lora_rank": 8, "lora_target_modules": LORA_MODULES}).lora
+        converted = convert(adapter_config(path), (path / "adapter_model.safetensors").read_bytes(), spec, "a").tensors
+        return {"lora_weights": np.frombuffer(converted.weights, np.float32).reshape(1, converted.rows, converted.width),
+                "lora_config": np.frombuffer(converted.config, np.int32).reshape(1, converted.rows, 3)}
+
+    tokens, errors = grpc_call(server, FEATURES_MODEL, scalars(prompts["haiku"], 8, **task, **tensors_of(folder)))
+    assert errors == [] and tokens == expected
+    tokens, errors = grpc_call(server, FEATURES_MODEL, scalars(prompts["haiku"], 8, **task, **tensors_of(other)))
+    if server["impl"] == "pytorch":
+        assert tokens == [] and len(errors) == 1 and "lora_task_id 5151 was first served with the adapter in" in errors[0]
+    else:
+        assert errors == [] and tokens == expected  # the cached task's weights: the first adapter's output

@@ -47,7 +47,16 @@ def hf_greedy(hf_model, prompt):
 
 @pytest.fixture(scope="module")
 def llm(trtllm, checkpoint_dir):
+    """sampler_type auto: TorchSampler, 1.2.1's default."""
     engine = trtllm.LLM(str(checkpoint_dir), max_batch_size=4, max_seq_len=256)
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def trt_llm(trtllm, checkpoint_dir):
+    """sampler_type TRTLLMSampler: the C++ decoder's sampling."""
+    engine = trtllm.LLM(str(checkpoint_dir), max_batch_size=4, max_seq_len=256, sampler_type="TRTLLMSampler")
     yield engine
     engine.shutdown()
 
@@ -79,19 +88,35 @@ def test_an_unknown_llm_argument_is_refused_before_pydantic(trtllm, checkpoint_d
 
 
 def test_nested_configs_forbid_extra_keys(trtllm, checkpoint_dir):
-    """llm_args.py @7b437aaa: StrictBaseModel (extra forbid) at every level; lora_config is a dataclass
-    (lora_helper.py), built by update_llm_args_with_extra_dict, so an unknown key is a TypeError."""
+    """llm_args.py @7b437aaa: StrictBaseModel (extra forbid) at every level but lora_config."""
     from pydantic import ValidationError
-    from tensorrt_llm.llmapi.llm_utils import update_llm_args_with_extra_dict
 
     with pytest.raises(ValidationError, match="kv_cache_config.enable_reuse"):
         trtllm.LLM(str(checkpoint_dir), kv_cache_config={"enable_reuse": True})
     with pytest.raises(ValidationError, match="free_gpu_memory_fraction must be a float between 0 and 1"):
         trtllm.LLM(str(checkpoint_dir), kv_cache_config={"free_gpu_memory_fraction": 1.5})
-    with pytest.raises(TypeError, match="max_rank"):
-        update_llm_args_with_extra_dict({}, {"model": "m", "lora_config": {"max_rank": 8}})
     with pytest.raises(ValueError, match="stream_interval must be positive, got 0"):
         trtllm.LLM(str(checkpoint_dir), stream_interval=0)
+
+
+def test_lora_config_is_a_pydantic_model_that_drops_unknown_keys(trtllm):
+    """lora_helper.py @585c7565: a pydantic BaseModel (default extra "ignore"), with upstream's field names; an
+    unknown key (a misspelt max_lora_rank) is dropped silently on both ways in, so the rank stays 64. That is why
+    tensorrtllm_backend/llmapi_args.py checks lora_config's keys itself."""
+    from pydantic import BaseModel, ValidationError
+    from tensorrt_llm.llmapi import LoraConfig, TorchLlmArgs
+    from tensorrt_llm.llmapi.llm_utils import update_llm_args_with_extra_dict
+
+    assert issubclass(LoraConfig, BaseModel)
+    assert set(LoraConfig.model_fields) == {
+        "lora_dir", "lora_ckpt_source", "max_lora_rank", "lora_target_modules", "trtllm_modules_to_hf_modules",
+        "max_loras", "max_cpu_loras", "swap_gate_up_proj_lora_b_weight"}
+    args = update_llm_args_with_extra_dict({}, {"model": "m", "lora_config": {"max_rank": 8}})
+    assert args["lora_config"].max_lora_rank == 64 and not hasattr(args["lora_config"], "max_rank")
+    assert TorchLlmArgs(model="m", lora_config={"max_rank": 8}).lora_config.max_lora_rank == 64
+    assert LoraConfig().swap_gate_up_proj_lora_b_weight is True
+    with pytest.raises(ValidationError, match="lora_ckpt_source"):
+        LoraConfig(lora_ckpt_source="peft")
 
 
 def test_known_arguments_are_accepted_and_converted(trtllm):
@@ -212,23 +237,105 @@ def test_non_streaming_is_one_response_with_every_token(llm, prompt, hf_greedy):
     assert steps == [(hf_greedy[:5], True, "length")]
 
 
-def test_seeded_sampling_is_reproducible_and_the_seed_matters(llm, prompt):
-    one = [t for s in collect(llm, prompt, end_id=-1, max_tokens=8, temperature=1.0, top_k=0, seed=3) for t in s[0]]
-    again = [t for s in collect(llm, prompt, end_id=-1, max_tokens=8, temperature=1.0, top_k=0, seed=3) for t in s[0]]
-    other = [t for s in collect(llm, prompt, end_id=-1, max_tokens=8, temperature=1.0, top_k=0, seed=4) for t in s[0]]
-    assert one == again and one != other
+def _tokens(llm, prompt, **params) -> list[int]:
+    return [t for s in collect(llm, prompt, end_id=-1, max_tokens=8, **params) for t in s[0]]
 
 
-def test_penalties_and_min_tokens_change_the_output(llm, trtllm, hf_tokenizer, prompt, hf_greedy):
-    penalized = [t for s in collect(llm, prompt, end_id=-1, max_tokens=12, top_k=1, repetition_penalty=5.0)
-                 for t in s[0]]
-    assert penalized != hf_greedy[:12]
+def test_the_sampler_is_chosen_per_llm_as_1_2_1_chooses_it(trtllm, checkpoint_dir, llm, trt_llm):
+    """_util.py instantiate_sampler: auto is TorchSampler unless beam search (max_beam_width > 1); any other string
+    falls through to TorchSampler (sampler_type is Union[str, SamplerType])."""
+    assert (llm.sampler, trt_llm.sampler) == ("TorchSampler", "TRTLLMSampler")
+    from tensorrt_llm._standin.engine import instantiate_sampler
+
+    assert instantiate_sampler("auto", 4) == "TRTLLMSampler" and instantiate_sampler("Torch", None) == "TorchSampler"
+
+
+def test_trtllm_sampler_seeds_each_request(trt_llm, prompt):
+    """TRTLLMSampler: the C++ decoder seeds each request with its seed."""
+    one = _tokens(trt_llm, prompt, temperature=1.0, top_k=0, seed=3)
+    assert one == _tokens(trt_llm, prompt, temperature=1.0, top_k=0, seed=3)
+    assert one != _tokens(trt_llm, prompt, temperature=1.0, top_k=0, seed=4)
+
+
+def test_torch_sampler_ignores_the_seed(trtllm, checkpoint_dir, prompt):
+    """sampler.py @00026bd1: one generator seeded once with 42 for every request: the same seed twice gives other
+    tokens, and two fresh LLMs give the same tokens whatever the seed."""
+    fresh = []
+    for seed in (3, 4):
+        llm = trtllm.LLM(str(checkpoint_dir), max_batch_size=4, max_seq_len=256)
+        try:
+            fresh.append(_tokens(llm, prompt, temperature=1.0, top_k=0, seed=seed))
+            if seed == 3:
+                again = _tokens(llm, prompt, temperature=1.0, top_k=0, seed=3)
+        finally:
+            llm.shutdown()
+    assert fresh[0] == fresh[1] and again != fresh[0]
+
+
+def _one_word_prompt(hf_tokenizer) -> list[int]:
     enc = hf_tokenizer.apply_chat_template([{"role": "user", "content": "Answer with one word: is water wet?"}],
                                            add_generation_prompt=True, tokenize=True)
-    ids = list(enc["input_ids"] if not isinstance(enc, list) else enc)
-    free = [t for s in collect(llm, ids, end_id=EOS, max_tokens=16, top_k=1) for t in s[0]]
-    held = [t for s in collect(llm, ids, end_id=EOS, max_tokens=16, top_k=1, min_tokens=len(free) + 2) for t in s[0]]
+    return list(enc["input_ids"] if not isinstance(enc, list) else enc)
+
+
+def test_trtllm_sampler_applies_penalties_bad_words_and_min_tokens(trt_llm, hf_tokenizer, prompt, hf_greedy):
+    assert _tokens(trt_llm, prompt, top_k=1, repetition_penalty=5.0) != hf_greedy[:8]
+    assert _tokens(trt_llm, prompt, top_k=1, presence_penalty=2.0) != hf_greedy[:8]
+    banned = _tokens(trt_llm, prompt, top_k=1, bad_token_ids=[hf_greedy[0]])
+    assert banned[0] != hf_greedy[0]
+    ids = _one_word_prompt(hf_tokenizer)
+    free = [t for s in collect(trt_llm, ids, end_id=EOS, max_tokens=16, top_k=1) for t in s[0]]
+    held = [t for s in collect(trt_llm, ids, end_id=EOS, max_tokens=16, top_k=1, min_tokens=len(free) + 2)
+            for t in s[0]]
     assert len(held) > len(free) and EOS not in held[: len(free) + 1]
+
+
+def test_torch_sampler_ignores_penalties_and_bad_words_and_counts_the_prompt_for_min_tokens(
+        llm, hf_tokenizer, prompt, hf_greedy):
+    """sampler.py @00026bd1 TorchSampler: no penalty and no bad-words code (PRs #16485, #16052 came later);
+    _apply_min_length_penalty counts the prompt's tokens (PR #12166 came later)."""
+    for params in ({"repetition_penalty": 5.0}, {"presence_penalty": 2.0}, {"frequency_penalty": 2.0},
+                   {"bad_token_ids": [hf_greedy[0]]}):
+        assert _tokens(llm, prompt, top_k=1, **params) == hf_greedy[:8], params
+    ids = _one_word_prompt(hf_tokenizer)
+    free = [t for s in collect(llm, ids, end_id=EOS, max_tokens=16, top_k=1) for t in s[0]]
+    assert len(ids) > len(free) + 2
+    held = [t for s in collect(llm, ids, end_id=EOS, max_tokens=16, top_k=1, min_tokens=len(free) + 2)
+            for t in s[0]]
+    assert held == free  # the prompt alone is longer than min_tokens: nothing held back
+    longer = [t for s in collect(llm, ids, end_id=EOS, max_tokens=16, top_k=1, min_tokens=len(ids) + len(free) + 2)
+              for t in s[0]]
+    assert len(longer) > len(free)  # counting the prompt, it holds the end token back only past the prompt
+
+
+def _logprob_steps(llm, prompt, **params):
+    from tensorrt_llm import SamplingParams
+
+    async def main():
+        out = llm.generate_async(prompt, sampling_params=SamplingParams(end_id=-1, max_tokens=10, logprobs=1, **params),
+                                 streaming=False)
+        result = await out
+        return list(result.outputs[0].token_ids), list(result.outputs[0].logprobs)
+
+    return asyncio.run(main())
+
+
+def test_log_probs_per_sampler(llm, trt_llm, prompt, hf_model):
+    """TorchSampler (sampler.py @00026bd1): top-1 of log_softmax over the raw logits before sampling, keyed by the
+    arg-max token; TRTLLMSampler: the sampled token's, keyed by it."""
+    sampling = {"temperature": 2.0, "top_k": 0, "top_p": 1.0, "seed": 3}
+    for engine, keyed_by_sampled in ((llm, False), (trt_llm, True)):
+        tokens, entries = _logprob_steps(engine, prompt, **sampling)
+        with torch.inference_mode():
+            logits = hf_model(torch.tensor([prompt + tokens])).logits[0].float()
+        rows = [logits[len(prompt) - 1 + i] for i in range(len(tokens))]
+        keys = [next(iter(entry)) for entry in entries]
+        if keyed_by_sampled:
+            assert keys == tokens
+        else:
+            assert keys == [int(torch.argmax(row)) for row in rows] and keys != tokens
+            values = [entry[key].logprob for entry, key in zip(entries, keys)]
+            assert values == pytest.approx([float(torch.log_softmax(row, -1).max()) for row in rows], abs=2e-3)
 
 
 def test_abort_ends_the_request_as_cancelled(llm, prompt, trtllm):
@@ -248,6 +355,34 @@ def test_abort_ends_the_request_as_cancelled(llm, prompt, trtllm):
 
     out, steps = asyncio.run(main())
     assert out.aborted() is True and steps[-1][1:] == (True, "cancelled") and steps[-1][0] < 200
+
+
+def test_an_aborted_request_still_waiting_is_dropped_without_a_response(trtllm, checkpoint_dir, prompt):
+    """executor_request_queue.py @007a7508 update_waiting_queue, py_executor.py _handle_canceled_requests: waiting
+    requests fill free slots first, then aborted ones still waiting leave the queue and nothing answers them;
+    an aborted active request ends 'cancelled'."""
+    from tensorrt_llm import SamplingParams
+
+    llm = trtllm.LLM(str(checkpoint_dir), max_batch_size=1, max_seq_len=256)
+
+    async def main():
+        params = SamplingParams(end_id=-1, max_tokens=12, top_k=1)
+        active = llm.generate_async(prompt, sampling_params=params, streaming=True)
+        waiting = llm.generate_async(prompt, sampling_params=params, streaming=True)
+        steps = 0
+        async for _ in active:
+            steps += 1
+            if steps == 2:
+                waiting.abort()
+        return active, waiting
+
+    try:
+        active, waiting = asyncio.run(main())
+        assert active.finished and active.outputs[0].finish_reason == "length"
+        assert not waiting.finished and waiting._aqueue.empty()
+        assert not llm._executor._waiting and not llm._executor._active
+    finally:
+        llm.shutdown()
 
 
 def test_a_sampling_config_error_is_a_request_error_of_the_iteration(llm, prompt):

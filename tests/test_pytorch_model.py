@@ -4,16 +4,20 @@ Its behaviour towards clients is tested in a real Triton (tests/test_conformance
 Here the model runs outside Triton, with a recording pb_utils (tests/fake_pb_utils.py) over the LLM API
 stand-in, for what a test must observe inside it: which thread sends and asks ``is_cancelled()``, how
 ``generate_async`` is called (``streaming`` as a keyword, the ``SamplingParams`` and ``LoRARequest`` built from
-the tensors), the MPI ranks, an ``LLM(...)`` that fails, and ``finalize``. The two mocks are said so: pb_utils
-(Triton cannot be driven thread by thread) and TensorRT-LLM (not installable here).
+the tensors), what each sampler is given or refused, the inherited MPI environment, an ``LLM(...)`` that fails,
+and ``finalize``. The two mocks are said so: pb_utils (Triton cannot be driven thread by thread) and
+TensorRT-LLM (not installable here).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
 import sys
-import types
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -146,7 +150,8 @@ def test_streaming_sends_each_new_id_from_the_response_thread_with_streaming_as_
     (args, kwargs), = spy.calls
     assert args == (prompt,) and kwargs["streaming"] is True and kwargs["lora_request"] is None
     params = kwargs["sampling_params"]
-    assert (params.top_k, params.end_id, params.max_tokens, params.seed, params.detokenize) == (1, -1, 5, 0, False)
+    # no seed given: none passed (TorchSampler, the default, takes none; the C++ decoder's default is 0)
+    assert (params.top_k, params.end_id, params.max_tokens, params.seed, params.detokenize) == (1, -1, 5, None, False)
 
 
 def test_the_llm_is_built_from_llm_args_json(model_module, trtllm, monkeypatch, checkpoint_dir):
@@ -156,8 +161,19 @@ def test_the_llm_is_built_from_llm_args_json(model_module, trtllm, monkeypatch, 
     assert spy.built == [{"model": str(checkpoint_dir), "max_batch_size": 4}]
 
 
-def test_sampling_values_become_llm_api_sampling_params(model, trtllm, monkeypatch, prompt):
-    """translate.py: C++ greedy rules become top_k=1; otherwise the values pass; no end_id becomes -1."""
+@pytest.fixture()
+def trtllm_sampler_model(model_module, checkpoint_dir):
+    """A model whose LLM samples with TRTLLMSampler (sampler_type), which applies every sampling input."""
+    instance = make(model_module, {"model": str(checkpoint_dir), "max_batch_size": 4, "sampler_type": "TRTLLMSampler"})
+    yield instance
+    instance.finalize()
+
+
+def test_sampling_values_become_llm_api_sampling_params(trtllm_sampler_model, trtllm, monkeypatch, prompt):
+    """translate.py: C++ greedy rules become top_k=1; otherwise the values pass (TRTLLMSampler takes them all); no
+    end_id becomes -1."""
+    model = trtllm_sampler_model
+    assert model.sampler == "TRTLLMSampler"
     spy = Spy(trtllm, monkeypatch, model)
     cases = [
         ({"runtime_top_k": [0], "runtime_top_p": [0.0], "temperature": [1.3]}, {"top_k": 1}),  # top_p <= 0: unset
@@ -259,6 +275,62 @@ def test_triton_cancellation_aborts_the_generation(model, prompt, model_module):
     assert request.sender.cancel_threads == {thread for _, _, thread in request.sender.sent}  # the same one thread
 
 
+@pytest.mark.parametrize("how", ["stop", "cancel"])
+def test_an_aborted_request_still_waiting_ends_within_a_cancellation_period(model_module, checkpoint_dir, prompt, how):
+    """TensorRT-LLM 1.2.1 drops an aborted request that waits for a batch slot without any response (the stand-in
+    does the same: tests/test_llmapi_standin.py); the model ends it one cancellation period after the abort, while
+    the active request runs on."""
+    fake_pb_utils.Logger.lines.clear()
+    instance = make(model_module, {"model": str(checkpoint_dir), "max_batch_size": 1},
+                    {"exclude_input_in_output": "false", "cancellation_check_period_ms": "50"})
+    try:
+        active = FakeRequest("active", **body(prompt, 400, streaming=[True], end_id=[-1]))
+        waiting = FakeRequest("waiting", **body(prompt, 400, streaming=[True], end_id=[-1]))
+        instance.execute([active])
+        assert active.sender.first.wait(60)
+        instance.execute([waiting])
+        if how == "stop":
+            instance.execute([FakeRequest("waiting", input_lengths=[1], request_output_len=[1], stop=[True])])
+        else:
+            waiting.sender.cancelled = True
+        assert waiting.sender.final.wait(60), "the waiting request never ended"
+        assert not active.sender.final.is_set()  # it ended while the slot's holder still generated
+        assert waiting.sender.errors() == [] and waiting.sender.tokens() == []
+        last = waiting.sender.sent[-1]
+        assert last[1] == 1 and last[0].tensor("output_ids").shape == (1, 1, 0)  # a stopped request's final
+        assert any("request 'waiting' was aborted and the LLM sent no final response" in line
+                   for _, line in fake_pb_utils.Logger.lines)
+    finally:
+        instance.finalize()
+    assert active.sender.final.is_set()
+
+
+def test_a_known_lora_id_with_another_adapter_is_refused(model_module, trtllm, monkeypatch, checkpoint_dir, prompt,
+                                                         tmp_path):
+    """The LLM API caches an adapter under its id and would serve it for any later folder (base_worker.py
+    _load_lora_adapter): another adapter under a known id is refused; the same adapter in another folder is not."""
+    from tests.lora_adapters import make_adapter
+
+    spy = Spy(trtllm, monkeypatch)
+    first = make_adapter(checkpoint_dir, tmp_path / "first", r=4, alpha=8, targets=["q_proj"], seed=3)
+    other = make_adapter(checkpoint_dir, tmp_path / "other", r=4, alpha=8, targets=["q_proj"], seed=4)
+    same = shutil.copytree(first, tmp_path / "copy-of-first")
+    lora = make(model_module, {"model": str(checkpoint_dir), "lora_config": {"max_lora_rank": 8}})
+    try:
+        for path in (first, same):
+            sender = run(lora, FakeRequest(**body(prompt, 2, lora_task_id=[77], lora_path=[str(path)])))
+            assert sender.errors() == [], path
+        served = len(spy.calls)
+        sender = run(lora, FakeRequest(**body(prompt, 2, lora_task_id=[77], lora_path=[str(other)])))
+        (error,) = sender.errors()
+        assert f"lora_task_id 77 was first served with the adapter in {first}, and {other} holds another" in error
+        assert "give each adapter its own lora_task_id" in error and len(spy.calls) == served
+        sender = run(lora, FakeRequest(**body(prompt, 2, lora_task_id=[78], lora_path=[str(other)])))
+        assert sender.errors() == [] and spy.calls[-1][1]["lora_request"].lora_int_id == 78
+    finally:
+        lora.finalize()
+
+
 def test_a_slow_sender_gets_several_steps_tokens_in_one_response(model, prompt, greedy):
     """Each send is a round trip to Triton's process; when sends take longer than the steps, what waits for one
     request goes in one response (the tokens in order, the final flag on the last), not one send per step."""
@@ -288,7 +360,6 @@ def test_a_slow_sender_gets_several_steps_tokens_in_one_response(model, prompt, 
     ({"request_output_len": [0]}, "Assertion failed: mMaxNewTokens > 0"),
     ({"end_id": [49152]}, "EndId (49152) is not within acceptable range [-1, 49152)."),
     ({"beam_width": [2]}, "beam_width must be 1"),
-    ({"bad_words_list": [[5, 6], [2, -1]]}, "takes single-token bad words only"),
     ({"guided_decoding_guide_type": ["json"]}, "GuidedDecoder is not setup"),
     ({"lora_task_id": [3], "lora_path": ["/x"]}, "its LLM arguments have no lora_config"),
 ])
@@ -296,6 +367,75 @@ def test_invalid_requests_get_the_cpp_backends_text(model, prompt, extra, text):
     sender = run(model, FakeRequest(**{**body(prompt, 2, streaming=[True]), **extra}))
     (error,) = sender.errors()
     assert text in error and sender.sent[-1][1] == 1
+
+
+def test_multi_token_bad_words_are_refused_single_ones_banned(trtllm_sampler_model, trtllm, monkeypatch, prompt):
+    spy = Spy(trtllm, monkeypatch, trtllm_sampler_model)
+    sender = run(trtllm_sampler_model, FakeRequest(**body(prompt, 2, streaming=[True], bad_words_list=[[5, 6], [2, -1]])))
+    (error,) = sender.errors()
+    assert "takes single-token bad words only" in error
+    run(trtllm_sampler_model, FakeRequest(**body(prompt, 2, streaming=[True], bad_words_list=[[5, 6], [1, 2]])))
+    assert spy.calls[-1][1]["sampling_params"].bad_token_ids == [5, 6]
+
+
+# ------------------------------------------------------------------------------------------------
+# the sampler: what TorchSampler (1.2.1's default) would ignore is refused
+# ------------------------------------------------------------------------------------------------
+
+SAMPLING = {"runtime_top_k": [0], "runtime_top_p": [0.9], "temperature": [0.8]}
+
+
+@pytest.mark.parametrize("extra, phrase", [
+    ({"repetition_penalty": [1.3]}, "repetition_penalty=1.3 would have no effect"),
+    ({"presence_penalty": [0.5]}, "presence_penalty=0.5 would have no effect"),
+    ({"frequency_penalty": [-0.5]}, "frequency_penalty=-0.5 would have no effect"),
+    ({"min_tokens": [4], "end_id": [EOS]}, "min_tokens=4 would not be applied as asked"),
+    ({"bad_words_list": [[5], [1]]}, "bad_words_list would have no effect"),
+    ({"seed": [11], **SAMPLING}, "seed=11 would have no effect"),
+    ({"return_log_probs": [True], **SAMPLING}, "return_log_probs with sampling would report another token's"),
+])
+def test_inputs_torch_sampler_would_ignore_are_refused_naming_sampler_and_setting(model, trtllm, monkeypatch,
+                                                                                prompt, extra, phrase):
+    """TensorRT-LLM 1.2.1's TorchSampler (sampler_type auto) ignores them (tensorrtllm_backend/samplers.py has the
+    sources): the request is refused before the LLM sees it, naming the input, the sampler and the setting."""
+    assert model.sampler == "TorchSampler"
+    spy = Spy(trtllm, monkeypatch, model)
+    sender = run(model, FakeRequest(**{**body(prompt, 2, streaming=[True]), **extra}))
+    (error,) = sender.errors()
+    assert phrase in error and "TorchSampler" in error and "sampler_type TRTLLMSampler" in error, error
+    assert "COG_TRITON_LLM_SAMPLER=TRTLLMSampler" in error
+    assert spy.calls == []
+
+
+def test_greedy_requests_keep_seed_and_log_probs_under_torch_sampler(model, trtllm, monkeypatch, prompt, greedy):
+    """Greedy decoding: a seed changes nothing (accepted, not passed) and the arg-max TorchSampler reports is the
+    generated token, so its log-probability is returned."""
+    spy = Spy(trtllm, monkeypatch, model)
+    sender = run(model, FakeRequest(**body(prompt, 4, streaming=[True], end_id=[-1], seed=[5],
+                                           return_log_probs=[True])))
+    assert sender.errors() == [] and sender.tokens() == greedy[:4]
+    params = spy.calls[-1][1]["sampling_params"]
+    assert params.seed is None and params.logprobs == 1
+    log_probs = [float(v) for r, _, _ in sender.sent for v in r.tensor("output_log_probs").reshape(-1)]
+    assert len(log_probs) == 4 and all(v <= 0 for v in log_probs)
+
+
+def test_log_probs_are_the_sampled_tokens_under_trtllm_sampler(trtllm_sampler_model, prompt, hf_model):
+    """TRTLLMSampler reports the sampled token's log-probability: each value is log_softmax of the logits (with the
+    temperature, as the CPU reference model reports it) at the token that was generated."""
+    import torch
+
+    sender = run(trtllm_sampler_model, FakeRequest(**body(prompt, 8, streaming=[True], end_id=[-1], seed=[3],
+                                                          return_log_probs=[True], runtime_top_k=[0],
+                                                          runtime_top_p=[1.0], temperature=[2.0])))
+    tokens = sender.tokens()
+    got = [float(v) for r, _, _ in sender.sent for v in r.tensor("output_log_probs").reshape(-1)]
+    with torch.inference_mode():
+        logits = hf_model(torch.tensor([prompt + tokens])).logits[0].float()
+    expected = [float(torch.log_softmax(logits[len(prompt) - 1 + i] / 2.0, dim=-1)[t]) for i, t in enumerate(tokens)]
+    assert got == pytest.approx(expected, abs=2e-3)
+    # the sampled tokens are not all the arg-max ones (else this test could not tell the two apart)
+    assert any(int(torch.argmax(logits[len(prompt) - 1 + i])) != t for i, t in enumerate(tokens))
 
 
 def test_requested_outputs_must_include_output_ids(model, prompt):
@@ -397,63 +537,33 @@ def test_llm_args_json_must_exist_and_hold_the_model(model_module, tmp_path):
         args_file.write_text(saved)
 
 
-@pytest.fixture()
-def fake_mpi(monkeypatch):
-    """mpi4py is not installed here: a recording stand-in of the two names the model imports."""
-    record = {"executor_entered": 0}
-
-    class Comm:
-        rank = 1
-
-        @staticmethod
-        def Get_size():
-            return int(os.environ["OMPI_COMM_WORLD_SIZE"])
-
-    class MPICommExecutor:
-        def __init__(self, comm):
-            record["comm"] = comm
-
-        def __enter__(self):
-            record["executor_entered"] += 1
-            return None  # a worker rank gets no executor
-
-        def __exit__(self, *exc):
-            return False
-
-    mpi = types.ModuleType("mpi4py")
-    mpi_mpi = types.ModuleType("mpi4py.MPI")
-    mpi_mpi.COMM_WORLD = Comm()
-    futures = types.ModuleType("mpi4py.futures")
-    futures.MPICommExecutor = MPICommExecutor
-    for name, module in (("mpi4py", mpi), ("mpi4py.MPI", mpi_mpi), ("mpi4py.futures", futures)):
-        monkeypatch.setitem(sys.modules, name, module)
-    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
-    return record
+def test_inherited_mpi_variables_are_removed_when_the_model_is_imported(model_module):
+    """A tritonserver started under mpirun passes its rank's variables to the stub; the model removes them before
+    tensorrt_llm starts MPI (upstream llmapi model.py @044a90d2), keeping MPI's configuration variables."""
+    inherited = {"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+                 "PMIX_RANK": "0", "PMIX_NAMESPACE": "ns", "PMI_SIZE": "2", "OMPI_MCA_orte_ess_num_procs": "2",
+                 "ORTE_X": "1", "OMPI_MCA_btl": "tcp,self", "PMIX_MCA_gds": "hash"}
+    code = ("import json, os; from tests.modules import load_file; "
+            f"load_file('imported_model', {str(model_module.__file__)!r}); "
+            "print(json.dumps(sorted(k for k in os.environ if k.startswith(('OMPI', 'PMI', 'ORTE')))))")
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **inherited}, cwd=root,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == ["OMPI_MCA_btl", "PMIX_MCA_gds"]
 
 
-def test_rank_0_of_an_mpi_world_passes_an_mpi_session(model_module, trtllm, monkeypatch, fake_mpi):
-    """upstream llmapi model.py @b35ac1b6: rank 0 gives LLM _mpi_session=MpiCommSession(COMM_WORLD, size)."""
-    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "0")
+def test_tensor_parallelism_is_the_llms_to_spawn(model_module, trtllm, monkeypatch, checkpoint_dir):
+    """One model process builds one LLM with tensor_parallel_size as given (the LLM spawns its ranks, llm.py
+    @4c05a748 MpiPoolSession); no MPI session is made here. The stand-in, like the LLM, needs the GPUs."""
     spy = Spy(trtllm, monkeypatch)
-    model = make(model_module)
-    try:
-        (kwargs,) = spy.built
-        session = kwargs["_mpi_session"]
-        assert session.n_workers == 2 and session.comm is sys.modules["mpi4py.MPI"].COMM_WORLD
-    finally:
-        model.finalize()
-    assert fake_mpi["executor_entered"] == 0
-
-
-def test_other_ranks_serve_as_mpi_workers_and_take_no_requests(model_module, trtllm, monkeypatch, fake_mpi, prompt):
-    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "1")
-    spy = Spy(trtllm, monkeypatch)
-    model = make(model_module)
-    assert spy.built == [] and fake_mpi["executor_entered"] == 1
-    request = FakeRequest(**body(prompt, 2))
-    model.execute([request])
-    assert "MPI worker" in request.sender.errors()[0]
-    model.finalize()
+    instance = model_module.TritonPythonModel()
+    instance.load_llm_args = lambda params: {"model": str(checkpoint_dir), "tensor_parallel_size": 2}
+    config = {"model_transaction_policy": {"decoupled": True}, "parameters": {}}
+    with pytest.raises(RuntimeError, match="but 2 are required"):
+        instance.initialize({"model_config": json.dumps(config)})
+    (kwargs,) = spy.built
+    assert kwargs["tensor_parallel_size"] == 2 and "_mpi_session" not in kwargs
 
 
 def test_finalize_aborts_running_requests_and_shuts_the_llm_down(model_module, prompt):

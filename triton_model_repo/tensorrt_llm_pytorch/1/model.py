@@ -13,10 +13,17 @@ How the LLM is hosted follows upstream's ``llmapi`` model (NVIDIA/TensorRT-LLM
 ``generate_async`` and iterates its result (the result's queue is bound to the loop it was made on:
 ``executor/result.py`` @a678b91a); a response thread calls ``response_sender.send``; cancellation is checked
 every ``cancellation_check_period_ms`` (default 100, upstream's); a failed ``LLM(...)`` fails ``initialize``
-with its error (passed back from the loop thread); ``finalize`` drains and shuts the LLM down; with an MPI
-world of more than one rank, rank 0 passes ``_mpi_session=MpiCommSession(comm=COMM_WORLD,
-n_workers=COMM_WORLD.Get_size())`` and the other ranks block in ``MPICommExecutor(COMM_WORLD)``. Unlike that
-model:
+with its error (passed back from the loop thread); ``finalize`` drains and shuts the LLM down.
+
+Several GPUs (tensor or pipeline parallelism): one ``tritonserver`` serves, and the LLM spawns its own worker
+processes for ``tensor_parallel_size`` x ``pipeline_parallel_size`` ranks (``MpiPoolSession`` when its process is
+not one of several MPI ranks: ``llmapi/llm.py`` @4c05a748 ``BaseLLM.__init__``), which is how the ``llmapi``
+model's docs launch it (tensorrtllm_backend ``docs/llmapi.md`` @08ed112e: ``launch_triton_server.py
+--model_repo=...``, i.e. ``mpirun -n 1 tritonserver``; one server per rank under ``srun`` is only for several
+nodes). As upstream's later model does (@044a90d2, at import), the per-rank MPI variables a ``tritonserver``
+started under ``mpirun`` passes down (:data:`INHERITED_MPI_VARIABLES`, :data:`INHERITED_MPI_PREFIXES`) are
+removed from this process before ``tensorrt_llm`` is imported, so that its MPI starts afresh and spawns the
+workers. Unlike that model:
 
 * ``streaming`` is passed to ``generate_async`` as a keyword: upstream passes it third, positionally, where
   the signature has ``lora_request`` (``llmapi/llm.py`` @4c05a748), so its requests never stream (fixed
@@ -28,7 +35,18 @@ model:
   final response (in the Python backend the final response frees the sender's state: python_backend
   ``src/python_be.cc`` ``ResponseSendDecoupled``; racing it crashed Triton 2.51 in this project's benchmark,
   see benchmarks/standin);
-* a ``finalize`` that never waits without a bound (upstream waits for every ongoing request, polling each second).
+* a ``finalize`` that never waits without a bound (upstream waits for every ongoing request, polling each second);
+* every stopped or cancelled request ends within one cancellation period of its abort: TensorRT-LLM 1.2.1
+  drops an aborted request that is still waiting for a batch slot without any response
+  (``_torch/pyexecutor/executor_request_queue.py`` @007a7508 ``update_waiting_queue``; ``py_executor.py``
+  ``_handle_canceled_requests`` finishes active requests only; ``executor/base_worker.py`` @7b437aaa
+  ``abort_request`` sends nothing), so its ``async for`` would never end; the model then ends it itself
+  (:meth:`TritonPythonModel._end_unanswered`), with the final response a stopped request gets;
+* a sampling input the LLM's sampler would ignore is refused (``translate.py``, ``samplers.py``), and the
+  log-probabilities returned are always the generated tokens' (a response whose log-prob is keyed by another
+  token fails the request);
+* a known ``lora_task_id`` sent with a folder that holds another adapter is refused (the LLM API would serve the
+  adapter cached under the id).
 
 What a client sees, as from the C++ backend (the conformance tests run each against both models:
 tests/test_conformance.py):
@@ -51,8 +69,9 @@ prompt limits and the ``max_seq_len`` reduction are the LLM's (its texts: ``llma
 ``max_queue_size``); LoRA adapters come as folders (``lora_path``), not converted tensors.
 
 Modules beside this file: ``translate.py`` (tensors -> LLM request), ``parsing.py`` and ``lora.py`` (links to
-the CPU reference model's, whose checks and texts ``translate.py`` reuses). Triton loads this file by its
-path, so its folder is made the package :data:`PACKAGE` to import them.
+the CPU reference model's, whose checks and texts ``translate.py`` reuses), ``samplers.py`` (a link to
+``tensorrtllm_backend/samplers.py``: what each sampler applies). Triton loads this file by its path, so its
+folder is made the package :data:`PACKAGE` to import them.
 
 Why one module (about 620 lines): one concern, hosting the LLM in Triton's Python backend: the three threads,
 a request's life from ``execute`` to its final response, and the responses; the request's meaning is
@@ -67,6 +86,7 @@ import importlib
 import importlib.util
 import itertools
 import json
+import os
 import queue
 import sys
 import threading
@@ -74,9 +94,36 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
-import numpy as np
+#: Per-rank variables of an ``mpirun``-started process that a Triton Python backend stub inherits, removed before
+#: ``tensorrt_llm`` starts MPI here (upstream llmapi model.py @044a90d2, at import; not in 1.2.1's model): MPI then
+#: starts as a singleton and the LLM spawns its workers. Configuration variables (``OMPI_MCA_*`` other than
+#: ``orte_``, ``PMIX_MCA_*``) are kept.
+INHERITED_MPI_VARIABLES = (
+    "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+    "OMPI_COMM_WORLD_NODE_RANK", "OMPI_UNIVERSE_SIZE", "OMPI_FIRST_RANKS", "OMPI_APP_CTX_NUM_PROCS",
+    "PMIX_RANK", "PMIX_NAMESPACE", "PMIX_SERVER_URI", "PMIX_SERVER_URI2", "PMIX_SERVER_URI21", "PMIX_SERVER_URI3",
+    "PMIX_SERVER_TMPDIR", "PMIX_SYSTEM_TMPDIR", "PMIX_SECURITY_MODE", "PMIX_GDS_MODULE", "PMIX_BFROPS_MODULE",
+    "PMIX_PTL_MODULE", "PMIX_VERSION", "PMIX_HOSTNAME",
+    "PMI_RANK", "PMI_SIZE", "PMI_FD", "PMI_SPAWNED", "PMI_APPNUM",
+)
+INHERITED_MPI_PREFIXES = ("OMPI_MCA_orte_", "ORTE_")
+
+
+def clear_inherited_mpi_environment(environ: "os._Environ[str] | Dict[str, str]" = os.environ) -> List[str]:
+    """Remove :data:`INHERITED_MPI_VARIABLES` and variables starting with :data:`INHERITED_MPI_PREFIXES` from
+    ``environ``; return the names removed (sorted)."""
+    names = sorted(name for name in list(environ)
+                   if name in INHERITED_MPI_VARIABLES or name.startswith(INHERITED_MPI_PREFIXES))
+    for name in names:
+        del environ[name]
+    return names
+
+
+_CLEARED_MPI_VARIABLES = clear_inherited_mpi_environment()
+
+import numpy as np  # noqa: E402 - after the environment is cleared, as upstream orders it
 
 try:
     import triton_python_backend_utils as pb_utils
@@ -112,6 +159,7 @@ def _sibling_package() -> str:
 _package = _sibling_package()
 _translate = importlib.import_module(f"{_package}.translate")
 _parsing = importlib.import_module(f"{_package}.parsing")
+_samplers = importlib.import_module(f"{_package}.samplers")
 
 RequestError = _parsing.RequestError
 Submission = _translate.Submission
@@ -189,9 +237,17 @@ def _requested_outputs(request) -> Optional[set]:
 
 def _token_log_prob(entry: Any, token: int) -> float:
     """A generated token's log-probability from one ``CompletionOutput.logprobs`` entry (a float, or the
-    PyTorch backend's ``{token_id: Logprob}`` dict)."""
+    PyTorch backend's ``{token_id: Logprob}`` dict, keyed by the tokens the sampler reports).
+
+    Raises:
+        RequestError: the entry holds no value for ``token`` (TorchSampler reports the arg-max token's when
+            sampling: such requests are refused before, so this means the LLM did something unforeseen).
+    """
     if isinstance(entry, dict):
-        value = entry.get(token, next(iter(entry.values()), 0.0))
+        if token not in entry:
+            raise RequestError(f"the LLM reported the log-probability of token(s) {sorted(entry)[:4]}, not of the "
+                               f"generated token {token}")
+        value = entry[token]
         return float(getattr(value, "logprob", value))
     return float(entry)
 
@@ -217,6 +273,8 @@ class Live:
     abort_requested: bool = False
     cancel_seen: bool = False
     final_sent: bool = False
+    task: Any = None  # the asyncio task running _generate (event loop)
+    final_queued: bool = False  # its final response (or error) is queued (event loop)
 
 
 class TritonPythonModel:
@@ -282,18 +340,11 @@ class TritonPythonModel:
         self.guided_decoding = llm_args.get("guided_decoding_backend") is not None
         self.lora_enabled = llm_args.get("lora_config") is not None
         self.vocab_size = self._vocab_size(llm_args)
+        self.sampler = _samplers.effective_sampler(llm_args)
+        if _CLEARED_MPI_VARIABLES:
+            self._log("info", f"removed inherited MPI variables before starting the LLM: {', '.join(_CLEARED_MPI_VARIABLES)}")
         # tensorrt_llm is imported only now (upstream's later model defers it so that CUDA_VISIBLE_DEVICES can be set
         # first, @044a90d2), which also lets a test put its stand-in on the path before.
-        from tensorrt_llm._utils import global_mpi_rank, global_mpi_size  # noqa: PLC0415
-
-        if global_mpi_size() > 1:
-            if global_mpi_rank() != 0:
-                self._serve_as_worker(global_mpi_rank())
-                return
-            from mpi4py.MPI import COMM_WORLD  # noqa: PLC0415
-            from tensorrt_llm.llmapi import MpiCommSession  # noqa: PLC0415
-
-            llm_args["_mpi_session"] = MpiCommSession(comm=COMM_WORLD, n_workers=COMM_WORLD.Get_size())
         from tensorrt_llm import SamplingParams  # noqa: PLC0415
         from tensorrt_llm.executor.request import LoRARequest  # noqa: PLC0415
         from tensorrt_llm.llmapi.llm_utils import update_llm_args_with_extra_dict  # noqa: PLC0415
@@ -306,6 +357,9 @@ class TritonPythonModel:
         self._live: Dict[int, Live] = {}
         self._by_request_id: Dict[str, Live] = {}  # the latest request with each Triton request id
         self._lora_paths: Dict[int, str] = {}
+        # id -> (folder, adapter_digest) of the adapter first served under it; folder -> digest (event loop only)
+        self._lora_identity: Dict[int, Tuple[str, Optional[str]]] = {}
+        self._lora_digests: Dict[str, Optional[str]] = {}
         # One queue and thread per partition of the requests (request number % RESPONSE_THREADS): each request's
         # sends and is_cancelled() calls stay on one thread, in order.
         self._queues: List["queue.SimpleQueue[Any]"] = [queue.SimpleQueue() for _ in range(RESPONSE_THREADS)]
@@ -318,21 +372,10 @@ class TritonPythonModel:
         for thread in self._response_threads:
             thread.start()
         self.serving = True
-        shown = {k: v for k, v in llm_args.items() if k != "_mpi_session"}
-        self._log("info", f"LLM ready in {time.monotonic() - started:.1f} s with {json.dumps(shown, default=str)}; "
+        self._log("info", f"LLM ready in {time.monotonic() - started:.1f} s with {json.dumps(llm_args, default=str)}; "
                           f"exclude_input_in_output={exclude} cancellation check every {period_ms:g} ms "
                           f"guided_decoding={'on' if self.guided_decoding else 'off'} "
-                          f"lora={'on' if self.lora_enabled else 'off'}")
-
-    def _serve_as_worker(self, rank: int) -> None:
-        """Ranks above 0 serve the leader's LLM as MPI workers until it shuts down (upstream's model, else branch)."""
-        from mpi4py.futures import MPICommExecutor  # noqa: PLC0415
-        from mpi4py.MPI import COMM_WORLD  # noqa: PLC0415
-
-        self._log("info", f"rank{rank} is waiting for the leader node...")
-        with MPICommExecutor(COMM_WORLD) as executor:
-            if executor is not None:
-                raise RuntimeError(f"rank{COMM_WORLD.rank} should not have executor")
+                          f"lora={'on' if self.lora_enabled else 'off'} sampler={self.sampler}")
 
     @staticmethod
     def _vocab_size(llm_args: Dict[str, Any]) -> int:
@@ -405,8 +448,7 @@ class TritonPythonModel:
         get = lambda name, r=request: _input(r, name)  # noqa: E731
         request_id = request.request_id() if hasattr(request, "request_id") else ""
         if not getattr(self, "serving", False) or self._closing:
-            self._send_now(sender, error_response("the model is not serving (it is unloading, or this rank is an MPI "
-                                                  "worker)"))
+            self._send_now(sender, error_response("the model is not serving (it is unloading)"))
             return
         try:
             stop = is_stop_request(get)
@@ -430,7 +472,7 @@ class TritonPythonModel:
             submission = to_submission(get, vocab_size=self.vocab_size,
                                        exclude_input_in_output=self.exclude_input_in_output,
                                        guided_decoding=self.guided_decoding, lora_enabled=self.lora_enabled,
-                                       known_paths=known, request_number=number)
+                                       known_paths=known, sampler=self.sampler, request_number=number)
         except RequestError as exc:
             self._send_now(sender, error_response(str(exc)))
             return
@@ -464,7 +506,10 @@ class TritonPythonModel:
             self._log("warn", f"could not answer a stop request: {exc}")
 
     def _abort(self, live: Live) -> None:
-        """Abort ``live``'s generation (from any thread): ``RequestOutput.abort()`` on the event loop."""
+        """Abort ``live``'s generation (from any thread): ``RequestOutput.abort()`` on the event loop, and
+        :meth:`_end_unanswered` one cancellation period later."""
+        if live.abort_requested:
+            return
         live.abort_requested = True
         loop = self._loop
         if loop is None:
@@ -473,15 +518,36 @@ class TritonPythonModel:
         def abort() -> None:
             if live.output is not None and not live.output.finished and not live.output.aborted():
                 live.output.abort()
+            loop.call_later(self.cancel_period_s, self._end_unanswered, live)
 
         try:
             loop.call_soon_threadsafe(abort)
         except RuntimeError:  # the loop is closed: nothing left to abort
             pass
 
+    def _end_unanswered(self, live: Live) -> None:
+        """End an aborted request the LLM has not answered one cancellation period after its abort (event loop):
+        TensorRT-LLM 1.2.1 answers an aborted request that was still waiting for a batch slot never (see the module
+        docstring). Its coroutine is cancelled and it gets the final response of a stopped request (its tokens so
+        far: none while it waited)."""
+        if live.final_queued:
+            return
+        self._log("warn", f"request {live.request_id!r} was aborted and the LLM sent no final response within "
+                          f"{self.cancel_period_s * 1e3:g} ms (TensorRT-LLM 1.2.1 drops an aborted request still waiting "
+                          "for a batch slot without one): ended here")
+        if live.task is not None:
+            live.task.cancel()
+        s = live.submission
+        if s.streaming:
+            self._queue(live, [], final=True)
+        else:
+            prefix = [] if s.exclude_input_in_output else list(s.prompt_ids)
+            self._queue(live, prefix + live.tokens, final=True, all_tokens=True)
+
     # -- the event loop ---------------------------------------------------------------------------
     async def _generate(self, live: Live) -> None:
         s = live.submission
+        live.task = asyncio.current_task()
         try:
             SamplingParams, LoRARequest, GuidedDecodingParams = self._api  # noqa: N806 - the LLM API's classes
             kwargs = dict(s.sampling)
@@ -490,6 +556,7 @@ class TritonPythonModel:
             lora_request = None
             if s.lora is not None:
                 task_id, path = s.lora
+                await self._check_adapter_identity(task_id, path)
                 lora_request = LoRARequest(f"lora_{task_id}", task_id, path)
             output = self.llm.generate_async(s.prompt_ids, sampling_params=SamplingParams(**kwargs),
                                              lora_request=lora_request, streaming=s.llm_streaming)
@@ -511,8 +578,38 @@ class TritonPythonModel:
                 prefix = [] if s.exclude_input_in_output else list(s.prompt_ids)
                 self._queue(live, prefix + live.tokens, final=True, all_tokens=True)
         except Exception as exc:  # noqa: BLE001 - RequestError, the LLM's ValueError / RuntimeError
+            if live.final_queued:
+                return
+            live.final_queued = True
             self._log("warn", f"request {live.request_id!r} failed: {type(exc).__name__}: {exc}")
             self._queue_of(live).put((live, error_response(str(exc)), True))
+
+    async def _digest(self, path: str) -> Optional[str]:
+        """``adapter_digest(path)``, computed once per folder, off the event loop."""
+        if path not in self._lora_digests:
+            digest = await asyncio.get_running_loop().run_in_executor(None, _translate.adapter_digest, path)
+            self._lora_digests.setdefault(path, digest)
+        return self._lora_digests[path]
+
+    async def _check_adapter_identity(self, task_id: int, path: str) -> None:
+        """Refuse ``task_id`` with a folder holding another adapter than the one first served under that id (event
+        loop). The LLM API caches adapters by id and silently serves the cached one (``base_worker.py`` @7b437aaa
+        ``_load_lora_adapter``; ``lora_manager.py`` @30e6fb55): one id must mean one adapter. The same adapter in
+        another folder (same :func:`adapter_digest`) is served.
+
+        Raises:
+            RequestError: naming the id, both folders and the fix.
+        """
+        digest = await self._digest(path)
+        if digest is None:
+            return  # not a folder: LoRARequest refuses it with upstream's text
+        first_path, first_digest = self._lora_identity.setdefault(task_id, (path, digest))
+        if first_path == path or first_digest == digest:
+            return
+        raise RequestError(
+            f"lora_task_id {task_id} was first served with the adapter in {first_path}, and {path} holds another "
+            "adapter: the LLM caches adapters by their id (LoRARequest.lora_int_id) and would serve the first one; "
+            "give each adapter its own lora_task_id")
 
     def _new_tokens(self, live: Live, result) -> tuple[List[int], bool]:
         """The ids this response adds (the end token dropped, cut after a stop word), and whether a stop word
@@ -537,6 +634,9 @@ class TritonPythonModel:
         return new, ended
 
     def _queue(self, live: Live, tokens: List[int], final: bool, all_tokens: bool = False) -> None:
+        if live.final_queued:
+            return
+        live.final_queued = final
         s = live.submission
         log_probs = None
         if s.return_log_probs:

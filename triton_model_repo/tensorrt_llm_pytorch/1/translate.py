@@ -17,28 +17,39 @@ How the C++ semantics become ``SamplingParams`` (TensorRT-LLM 1.2.1's LLM API; s
   filling the tokenizer's end token in (``_prepare_sampling_params`` calls ``_setup`` only when end_id is None);
   ``pad_id`` is the request's when it has one (the ensemble's preprocessing always sends the tokenizer's),
   else the LLM API's default, ``end_id`` (``SamplingParams.__post_init__``);
-* the penalties, ``min_tokens`` (when > 0) and ``seed`` (always, the C++ default 0) pass as they are;
-  ``len_penalty`` is checked and not sent (beam search only);
+* the LLM's sampler (``samplers.py`` beside this file, a link to ``tensorrtllm_backend/samplers.py``, has the
+  facts and sources) decides what else can pass: a request whose input that sampler would ignore is refused
+  (``samplers.refusal``: under TorchSampler, the default of ``sampler_type`` auto, any penalty, ``min_tokens``,
+  bad words, a seed when sampling, and log-probs when sampling), naming the input, the sampler and the setting
+  that applies it; otherwise the penalties and ``min_tokens`` (when > 0) pass as they are, and ``seed`` when
+  the request gives one (unset, the C++ decoder uses 0, as the C++ backend); ``len_penalty`` is checked and not
+  sent (beam search only);
 * stop words are matched by the model itself, over prompt and output as ``stopWordsCriterion`` does (the
   LLM API takes stop strings or single stop ids only, and cuts matched words from its output); single-token
-  bad words become ``bad_token_ids``, longer ones are refused (the LLM API has no token-sequence bad words);
+  bad words become ``bad_token_ids`` (TRTLLMSampler), longer ones are refused (the LLM API has no
+  token-sequence bad words);
 * the guide types: ``json`` -> ``json_object=True``, ``json_schema`` -> ``json``, ``regex`` -> ``regex``,
   ``ebnf_grammar`` -> ``grammar``;
 * ``return_log_probs`` -> ``logprobs=1``; ``detokenize=False`` (the predictor detokenizes);
 * LoRA: ``lora_path`` (the adapter's PEFT folder) with ``lora_task_id`` -> ``LoRARequest(name, id, path)``;
-  the id is the LLM's adapter cache key (``base_worker.py`` ``_load_lora_adapter``), so a client must give one
-  adapter one id. ``lora_weights`` / ``lora_config`` (the C++ backend's converted tensors) are refused: the LLM
-  API loads adapters from folders only.
+  the id is the LLM's adapter cache key (``base_worker.py`` @7b437aaa ``_load_lora_adapter`` returns False for
+  a loaded id, ``lora_manager.py`` @30e6fb55 keeps the weights first loaded), so a known id sent with another
+  folder would silently get the cached adapter: the model refuses an id whose folder holds another adapter
+  than the one first served under it (:func:`adapter_digest`). ``lora_weights`` / ``lora_config`` (the C++
+  backend's converted tensors) are refused: the LLM API loads adapters from folders only.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from .parsing import ModelLimits, RequestError, _scalar, parse_request
+from .samplers import SamplingInputs, refusal, takes_seed
 
 #: Limits the C++ executor would apply and the LLM applies instead (never reached here).
 NO_LIMIT = 2**62
@@ -121,7 +132,7 @@ def _lora(get: Callable[[str], Optional[np.ndarray]], lora_enabled: bool,
 
 
 def to_submission(get: Callable[[str], Optional[np.ndarray]], *, vocab_size: int, exclude_input_in_output: bool,
-                  guided_decoding: bool, lora_enabled: bool, known_paths: Dict[int, str],
+                  guided_decoding: bool, lora_enabled: bool, known_paths: Dict[int, str], sampler: str,
                   request_number: int = 0) -> Submission:
     """Read one (non-stop) request's tensors into a :class:`Submission` (see the module docstring).
 
@@ -132,22 +143,32 @@ def to_submission(get: Callable[[str], Optional[np.ndarray]], *, vocab_size: int
         guided_decoding: the LLM has a guided decoding backend (else a guide fails as the C++ executor fails it).
         lora_enabled: the LLM has a ``lora_config``.
         known_paths: adapter folders by id, of requests served before (a request may send only the id).
+        sampler: the LLM's sampler (``samplers.effective_sampler``).
         request_number: used in executor-style error texts.
 
     Raises:
-        RequestError: the first problem found, with the C++ backend's text where it has one.
+        RequestError: the first problem found, with the C++ backend's text where it has one, or an input the
+            sampler would ignore (``samplers.refusal``).
     """
     limits = ModelLimits(max_input_len=NO_LIMIT, max_seq_len=NO_LIMIT, vocab_size=vocab_size,
                          exclude_input_in_output=exclude_input_in_output, guided_decoding=guided_decoding, lora=None)
     parsed = parse_request(get, limits, request_number=request_number)
     lora = _lora(get, lora_enabled, known_paths)
     p = parsed.params
+    seed_given = get("seed") is not None
+    problem = refusal(sampler, SamplingInputs(
+        greedy=p.greedy, repetition_penalty=p.repetition_penalty, presence_penalty=p.presence_penalty,
+        frequency_penalty=p.frequency_penalty, min_tokens=p.min_tokens, seed=p.seed if seed_given else None,
+        bad_words=bool(p.bad_words), return_log_probs=p.return_log_probs))
+    if problem is not None:
+        raise RequestError(problem)
     sampling: Dict[str, Any] = {
         "max_tokens": p.max_new_tokens,
         "end_id": -1 if p.end_id is None else p.end_id,
-        "seed": p.seed,
         "detokenize": False,
     }
+    if seed_given and takes_seed(sampler):
+        sampling["seed"] = p.seed
     pad_id = _scalar(get, "pad_id", int, None)
     if pad_id is not None:
         sampling["pad_id"] = pad_id
@@ -183,6 +204,27 @@ def to_submission(get: Callable[[str], Optional[np.ndarray]], *, vocab_size: int
     )
 
 
+#: The files of an adapter folder the LLM API loads (``lora_manager.py`` @30e6fb55 ``HfLoraLoader``).
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")
+
+
+def adapter_digest(path: str) -> Optional[str]:
+    """sha256 (hex) over the adapter files of folder ``path`` (:data:`ADAPTER_FILES`, each name and bytes, in that
+    order), or None when ``path`` is not a folder (``LoRARequest`` then refuses it with upstream's text). Reads
+    the files (blocking; adapters are MB to a few hundred MB)."""
+    if not os.path.isdir(path):
+        return None
+    digest = hashlib.sha256()
+    for name in ADAPTER_FILES:
+        file = os.path.join(path, name)
+        if os.path.isfile(file):
+            digest.update(name.encode())
+            with open(file, "rb") as handle:
+                for block in iter(lambda: handle.read(1 << 20), b""):
+                    digest.update(block)
+    return digest.hexdigest()
+
+
 def stop_word_end(context: List[int], n_new: int, stop_words: List[List[int]]) -> Optional[int]:
     """Where the first stop word completed by the last ``n_new`` tokens of ``context`` ends, or None: a word is
     compared with prompt + output ending at a new token, so it may begin in the prompt but never lies wholly in
@@ -196,4 +238,4 @@ def stop_word_end(context: List[int], n_new: int, stop_words: List[List[int]]) -
     return None
 
 
-__all__ = ["GUIDE_KEYS", "NO_LIMIT", "Submission", "stop_word_end", "to_submission"]
+__all__ = ["ADAPTER_FILES", "GUIDE_KEYS", "NO_LIMIT", "Submission", "adapter_digest", "stop_word_end", "to_submission"]

@@ -11,8 +11,12 @@ docstrings, with sources):
   ``tensorrt_llm/_torch/pyexecutor/sampler.py`` @28edbcdb ``TorchSampler``: ``add_token`` then
   ``_handle_stop_criteria``), the token limit ('length');
 * streaming: one response per step with the step's new ids; otherwise one final response with all ids;
-* ``abort_request``: the request ends at the engine's next step with finish reason 'cancelled', and its final
-  response carries what it had not sent;
+* ``abort_request`` (``_torch/pyexecutor/py_executor.py`` ``_handle_canceled_requests`` and
+  ``executor_request_queue.py`` @007a7508 ``update_waiting_queue``; the 1.2-era executor loop): at the engine's next
+  step the waiting requests are admitted to free slots first; an aborted request that is then active ends with
+  finish reason 'cancelled', its final response carrying what it had not sent; an aborted request **still
+  waiting is dropped without any response**, so its result never finishes (no 1.2-era path answers it; the worker
+  sends nothing either: ``base_worker.py`` @7b437aaa ``abort_request``);
 * LoRA (``lora_config`` set): the adapter folder of a ``LoRARequest`` is loaded on the request's first step
   and cached by ``lora_int_id`` (``executor/base_worker.py`` @7b437aaa: loaded by id, weights sent only when
   not in the CPU cache; another path under a cached id gets the cached weights); without ``lora_config`` the
@@ -20,12 +24,26 @@ docstrings, with sources):
 * guided decoding (``guided_decoding_backend='xgrammar'``): xgrammar's token bitmask on the logits before
   sampling, the guide compiled on the request's first step.
 
-Sampling (model mode): greedy when ``SamplingParams._greedy_decoding``; else temperature (default 1), top-k
-(0 or unset: all), top-p (unset: 1) and a multinomial draw from the request's own generator seeded with
-``seed`` (unset: 0). Repetition, presence and frequency penalties count prompt and output tokens, as the C++
-penalty kernel does (``cpp/tensorrt_llm/kernels/penaltyKernels.cu``, as the CPU reference model applies
-them); ``min_tokens`` bans the end token until reached. The PyTorch backend's own sampler kernels are not
-emulated further (sampled tokens differ from a GPU's anyway).
+Sampling (model mode) follows the sampler 1.2.1 instantiates (``_torch/pyexecutor/_util.py``
+``instantiate_sampler``: TRTLLMSampler for ``sampler_type`` TRTLLMSampler, or ``auto`` with ``max_beam_width`` > 1;
+TorchSampler otherwise), each as ``_torch/pyexecutor/sampler.py`` @00026bd1 has it (the facts, with the upstream
+changes after 1.2.1, are in ``tensorrtllm_backend/samplers.py``). Both: greedy when
+``SamplingParams._greedy_decoding``; else temperature (default 1), top-k (0 or unset: all), top-p (unset: 1) and
+a multinomial draw; the guide's bitmask before sampling.
+
+* **TorchSampler**: one generator for every request, seeded once with 42 (``_global_seed``; the request's
+  ``seed`` is ignored); repetition, presence and frequency penalties and ``bad_token_ids`` are ignored;
+  ``min_tokens`` bans the end token only while the prompt's tokens plus the generated ones are fewer
+  (``_apply_min_length_penalty`` counts the prompt; with end id -1 it bans the last vocabulary id); log-probs
+  are ``log_softmax`` of the raw logits (no temperature) at their arg-max, keyed by the arg-max token, taken
+  before sampling.
+* **TRTLLMSampler** (the C++ decoder): the request's own generator seeded with ``seed`` (unset: 0); the
+  penalties over prompt and output tokens as the C++ penalty kernel counts them
+  (``cpp/tensorrt_llm/kernels/penaltyKernels.cu``, as the CPU reference model applies them); ``min_tokens``
+  bans the end token until that many tokens were generated; ``bad_token_ids`` banned; log-probs of the
+  sampled token.
+
+The PyTorch backend's sampler kernels are not emulated further (sampled tokens differ from a GPU's anyway).
 """
 
 from __future__ import annotations
@@ -43,6 +61,20 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Sequence
 from ..executor.result import EngineResponse, GenerationResult
 from ..sampling_params import SamplingParams, sampling_config_error
 
+TORCH_SAMPLER = "TorchSampler"
+TRTLLM_SAMPLER = "TRTLLMSampler"
+#: TorchSampler's one seed for every request (sampler.py @00026bd1 ``TorchSampler._global_seed``).
+TORCH_SAMPLER_SEED = 42
+
+
+def instantiate_sampler(sampler_type: Any, max_beam_width: Optional[int]) -> str:
+    """The sampler 1.2.1 builds (``_util.py`` ``instantiate_sampler``): TRTLLMSampler for ``sampler_type``
+    TRTLLMSampler or ``auto`` with beam search; TorchSampler otherwise (any other string included)."""
+    value = str(getattr(sampler_type, "value", sampler_type))
+    if value == TRTLLM_SAMPLER or (value == "auto" and int(max_beam_width or 1) > 1):
+        return TRTLLM_SAMPLER
+    return TORCH_SAMPLER
+
 
 @dataclass(eq=False)
 class ActiveRequest:
@@ -56,7 +88,7 @@ class ActiveRequest:
     max_new_tokens: int
     lora: Any = None  # LoRARequest when the engine serves LoRA
     tokens: List[int] = field(default_factory=list)
-    logprobs: List[float] = field(default_factory=list)
+    logprobs: List[Dict[int, float]] = field(default_factory=list)  # one {token id: log-prob} per token
     sent: int = 0
     abort_requested: bool = False
     done: bool = False
@@ -102,9 +134,9 @@ class PacedState:
         self.cycle = cycle
         self.start = int(request.params.seed or 0) % len(cycle)
 
-    def next_token(self, request: ActiveRequest) -> tuple[int, Optional[float]]:
-        return int(self.cycle[(self.start + len(request.tokens)) % len(self.cycle)]), (
-            0.0 if request.params.logprobs else None)
+    def next_token(self, request: ActiveRequest) -> tuple[int, Optional[Dict[int, float]]]:
+        token = int(self.cycle[(self.start + len(request.tokens)) % len(self.cycle)])
+        return token, ({token: 0.0} if request.params.logprobs else None)
 
 
 class LoraStore:
@@ -186,10 +218,14 @@ class TorchState:
             self.bitmask = xgrammar.allocate_token_bitmask(1, engine.vocab_size)
         self.cache = None
         self.pending: Optional[int] = None
-        self.generator = torch.Generator(device="cpu")
-        self.generator.manual_seed(int(p.seed or 0))
+        self.torch_sampler = engine.sampler == TORCH_SAMPLER
+        if self.torch_sampler:
+            self.generator = engine.shared_generator()
+        else:
+            self.generator = torch.Generator(device="cpu")
+            self.generator.manual_seed(int(p.seed or 0))
         self.greedy = p._greedy_decoding
-        self.penalized = any(v is not None and abs(v - d) > 1e-9 for v, d in (
+        self.penalized = not self.torch_sampler and any(v is not None and abs(v - d) > 1e-9 for v, d in (
             (p.repetition_penalty, 1.0), (p.presence_penalty, 0.0), (p.frequency_penalty, 0.0)))
         self.counts = None
 
@@ -202,7 +238,7 @@ class TorchState:
         self.cache = out.past_key_values
         return out.logits[0, -1, :].float().unsqueeze(0)
 
-    def next_token(self, engine: "Engine", request: ActiveRequest) -> tuple[int, Optional[float]]:
+    def next_token(self, engine: "Engine", request: ActiveRequest) -> tuple[int, Optional[Dict[int, float]]]:
         torch, p = self.torch, request.params
         with torch.inference_mode():
             logits = self._forward(engine, request.prompt if self.pending is None else [self.pending])
@@ -210,6 +246,9 @@ class TorchState:
             if self.matcher is not None:
                 self.matcher.fill_next_token_bitmask(self.bitmask)
                 self.xgr.apply_token_bitmask_inplace(logits, self.bitmask)
+            end_id = p.end_id
+            if self.torch_sampler:
+                return self._torch_sampler_token(request, logits, end_id)
             if self.penalized:
                 if self.counts is None:
                     prompt = torch.tensor([t for t in request.prompt if 0 <= t < vocab], dtype=torch.long)
@@ -219,34 +258,55 @@ class TorchState:
                 penalized = torch.where(logits < 0, logits * rep, logits / rep)
                 penalized = penalized - (p.presence_penalty or 0.0) - (p.frequency_penalty or 0.0) * counts
                 logits = torch.where(counts > 0, penalized, logits)
-            end_id = p.end_id
             if end_id is not None and 0 <= end_id < vocab and len(request.tokens) < (p.min_tokens or 0):
                 logits[0, end_id] = float("-inf")
             if p.bad_token_ids:
                 logits[0, [t for t in p.bad_token_ids if 0 <= t < vocab]] = float("-inf")
-            if self.greedy:
-                token = int(torch.argmax(logits, dim=-1)[0])
-                final = logits
-            else:
-                final = logits / float(p.temperature if p.temperature is not None else 1.0)
-                k = p.top_k or 0
-                if 0 < k < vocab:
-                    kth = torch.topk(final, k, dim=-1).values[..., -1, None]
-                    final = final.masked_fill(final < kth, float("-inf"))
-                top_p = 1.0 if p.top_p is None else p.top_p
-                if top_p < 1.0:
-                    ordered, index = torch.sort(final, descending=True)
-                    cumulative = torch.softmax(ordered, dim=-1).cumsum(dim=-1)
-                    drop = cumulative - torch.softmax(ordered, dim=-1) > top_p
-                    final = final.scatter(1, index, ordered.masked_fill(drop, float("-inf")))
-                token = int(torch.multinomial(torch.softmax(final, dim=-1), 1, generator=self.generator)[0, 0])
-            log_prob = float(torch.log_softmax(final, dim=-1)[0, token]) if p.logprobs else None
+            token, final = self._sample(logits, p)
+            log_prob = {token: float(torch.log_softmax(final, dim=-1)[0, token])} if p.logprobs else None
             if self.counts is not None and 0 <= token < vocab:
                 self.counts[token] += 1
+        return self._accept(token, end_id), log_prob
+
+    def _torch_sampler_token(self, request: ActiveRequest, logits: Any,
+                             end_id: Optional[int]) -> tuple[int, Optional[Dict[int, float]]]:
+        """TorchSampler's step (see the module docstring): min_tokens counted with the prompt, no penalties and no
+        bad words, the arg-max's raw log-prob before sampling, the shared generator."""
+        torch, p = self.torch, request.params
+        if len(request.prompt) + len(request.tokens) < (p.min_tokens or 0) and end_id is not None:
+            logits[0, end_id] = float("-inf")  # end id -1 bans the last vocabulary id (fixed after 1.2.1, #12358)
+        log_prob = None
+        if p.logprobs:
+            top = torch.topk(torch.log_softmax(logits, dim=-1), 1, dim=-1)
+            log_prob = {int(top.indices[0, 0]): float(top.values[0, 0])}
+        token, _ = self._sample(logits, p)
+        return self._accept(token, end_id), log_prob
+
+    def _sample(self, logits: Any, p: SamplingParams) -> tuple[int, Any]:
+        """The next token (greedy, or temperature / top-k / top-p and a draw from :attr:`generator`) and the logits
+        it was drawn from."""
+        torch = self.torch
+        if self.greedy:
+            return int(torch.argmax(logits, dim=-1)[0]), logits
+        vocab = logits.shape[-1]
+        final = logits / float(p.temperature if p.temperature is not None else 1.0)
+        k = p.top_k or 0
+        if 0 < k < vocab:
+            kth = torch.topk(final, k, dim=-1).values[..., -1, None]
+            final = final.masked_fill(final < kth, float("-inf"))
+        top_p = 1.0 if p.top_p is None else p.top_p
+        if top_p < 1.0:
+            ordered, index = torch.sort(final, descending=True)
+            cumulative = torch.softmax(ordered, dim=-1).cumsum(dim=-1)
+            drop = cumulative - torch.softmax(ordered, dim=-1) > top_p
+            final = final.scatter(1, index, ordered.masked_fill(drop, float("-inf")))
+        return int(torch.multinomial(torch.softmax(final, dim=-1), 1, generator=self.generator)[0, 0]), final
+
+    def _accept(self, token: int, end_id: Optional[int]) -> int:
         if self.matcher is not None and token != end_id and not self.matcher.accept_token(token):
             raise RuntimeError(f"stand-in: the guide's matcher refused token {token}")
         self.pending = token
-        return token, log_prob
+        return token
 
 
 class Engine:
@@ -254,8 +314,11 @@ class Engine:
 
     def __init__(self, *, max_batch_size: int, vocab_size: int, model: Any = None, lora: Optional[LoraStore] = None,
                  grammar_compiler: Any = None, paced_step_s: Optional[float] = None,
-                 cycle: Sequence[int] = (), log: Callable[[str], None] = lambda message: None) -> None:
+                 cycle: Sequence[int] = (), log: Callable[[str], None] = lambda message: None,
+                 sampler: str = TORCH_SAMPLER) -> None:
         self.max_batch_size = max_batch_size
+        self.sampler = sampler
+        self._generator = None
         self.vocab_size = vocab_size
         self.model = model
         self.lora = lora
@@ -306,6 +369,15 @@ class Engine:
             self._by_id.clear()
         self._dispatch([(r.result, EngineResponse(error="LLM is shutting down", finished=True)) for r in left])
 
+    def shared_generator(self):
+        """TorchSampler's one generator, seeded once (engine thread only)."""
+        if self._generator is None:
+            import torch  # noqa: PLC0415
+
+            self._generator = torch.Generator(device="cpu")
+            self._generator.manual_seed(TORCH_SAMPLER_SEED)
+        return self._generator
+
     def adapters_in_use(self) -> set:
         with self._cond:
             return {r.state.adapter for r in self._active if isinstance(r.state, TorchState)}
@@ -337,6 +409,8 @@ class Engine:
                     return
                 while self._waiting and len(self._active) < self.max_batch_size:
                     self._active.append(self._waiting.popleft())
+                if any(r.abort_requested for r in self._waiting):
+                    self._drop_aborted_waiting()
                 turn = list(self._active)
             if self.clock is not None:
                 self.clock.await_step()
@@ -352,6 +426,15 @@ class Engine:
                         self._active.remove(request)
                         self._by_id.pop(request.request_id, None)
             self._dispatch(deliveries)
+
+    def _drop_aborted_waiting(self) -> None:
+        """1.2.1's ``update_waiting_queue``: aborted requests still waiting leave the queue with no response (their
+        results never finish). Holds ``_cond``."""
+        for request in [r for r in self._waiting if r.abort_requested]:
+            self._waiting.remove(request)
+            self._by_id.pop(request.request_id, None)
+            self.log(f"stand-in: request {request.request_id} was aborted while waiting: dropped without a response, "
+                     "as TensorRT-LLM 1.2.1's PyExecutor does")
 
     def _finish(self, request: ActiveRequest, reason: str, stop_reason: Any = None) -> EngineResponse:
         request.done = True

@@ -17,7 +17,10 @@ Facts followed (NVIDIA/TensorRT-LLM ``tensorrt_llm/executor/result.py`` @a678b91
   iterates it;
 * a per-request error from the engine raises ``RequestError`` in the awaiting iteration
   (``executor/executor.py`` ``_handle_background_error``);
-* PyTorch backend logprobs: one ``{token_id: Logprob}`` dict per generated token.
+* PyTorch backend logprobs: one ``{token_id: Logprob}`` dict per generated token (``result.py`` PyTorch branch,
+  index copy): the top ``logprobs`` tokens the sampler reports, in rank order (TorchSampler: the arg-max token,
+  which is not the sampled one when sampling; TRTLLMSampler: the sampled token, rank 1), and
+  ``cumulative_logprob`` the sum of the first entries' values.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import asyncio
 import queue
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from .utils import RequestError
 
@@ -75,10 +78,11 @@ class CompletionOutput:
 @dataclass(frozen=True)
 class EngineResponse:
     """What the stand-in's engine sends a result per step: the new ids (streaming) or all of them (final of a
-    non-streaming request), their log-probabilities, and whether and why it finished; or an error."""
+    non-streaming request), one ``{token id: log-prob}`` per token when asked (keyed as the sampler keys it: the
+    sampled token, or under TorchSampler the arg-max token), and whether and why it finished; or an error."""
 
     tokens: List[int] = field(default_factory=list)
-    logprobs: Optional[List[float]] = None
+    logprobs: Optional[List[Dict[int, float]]] = None
     finished: bool = False
     finish_reason: Optional[str] = None
     stop_reason: Any = None
@@ -154,8 +158,10 @@ class GenerationResult:
         output.token_ids.extend(response.tokens)
         if response.logprobs is not None:
             output._last_logprobs_len = len(output.logprobs)
-            output.logprobs += [{t: Logprob(lp, 1)} for t, lp in zip(response.tokens, response.logprobs)]
-            output.cumulative_logprob = (output.cumulative_logprob or 0.0) + float(sum(response.logprobs))
+            output.logprobs += [{t: Logprob(lp, rank) for rank, (t, lp) in enumerate(entry.items(), 1)}
+                                for entry in response.logprobs]
+            output.cumulative_logprob = (output.cumulative_logprob or 0.0) + float(
+                sum(next(iter(entry.values())) for entry in response.logprobs))
         if response.finish_reason == "cancelled":
             output.finish_reason = "cancelled"
         self._done = response.finished

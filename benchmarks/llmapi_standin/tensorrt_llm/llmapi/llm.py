@@ -21,7 +21,9 @@ Facts followed (NVIDIA/TensorRT-LLM ``tensorrt_llm/llmapi/llm.py`` @4c05a748, th
   ``max_seq_len - prompt length`` is reduced to it with a warning ("User-specified `max_tokens` (M) is greater
   than deduced `default_max_tokens` (D), using default_max_tokens instead."); ``max_seq_len`` is the argument,
   else what the model engine sets (the checkpoint's ``max_position_embeddings`` here);
-* ``shutdown()`` stops the executor.
+* ``shutdown()`` stops the executor;
+* the sampler is chosen once for the LLM from ``sampler_type`` and ``max_beam_width`` (see
+  :mod:`.._standin.engine`; ``self.sampler`` names it, a stand-in attribute).
 
 Paced mode (stand-in only): see README.md beside the package.
 """
@@ -94,7 +96,7 @@ class LLM:
     def _build(self) -> None:
         from transformers import AutoConfig, AutoTokenizer  # noqa: PLC0415
 
-        from .._standin.engine import Engine, LoraStore, text_token_ids  # noqa: PLC0415
+        from .._standin.engine import Engine, LoraStore, instantiate_sampler, text_token_ids  # noqa: PLC0415
 
         args = self.args
         model_dir = str(args.model)
@@ -138,9 +140,13 @@ class LLM:
             elif args.guided_decoding_backend is not None:
                 raise ValueError(f"stand-in: guided_decoding_backend {args.guided_decoding_backend!r} is not emulated")
         self.vocab_size = vocab
+        if args.speculative_config is not None:
+            raise ValueError("stand-in: speculative decoding (its sampler replaces sampler_type) is not emulated")
+        self.sampler = instantiate_sampler(args.sampler_type, args.max_beam_width)
         self._executor = Engine(
             max_batch_size=int(args.max_batch_size or DEFAULT_MAX_BATCH_SIZE), vocab_size=vocab, model=model,
-            lora=lora, grammar_compiler=compiler, paced_step_s=step_s, cycle=cycle, log=logger.warning)
+            lora=lora, grammar_compiler=compiler, paced_step_s=step_s, cycle=cycle, log=logger.warning,
+            sampler=self.sampler)
 
     # -- generation -------------------------------------------------------------------------------
     def generate_async(self, inputs: Any, sampling_params: Optional[SamplingParams] = None,

@@ -12,20 +12,36 @@ to v1.2.1 that has both classes whole):
   runtime picks), ``enable_chunked_prefill`` False, ``guided_decoding_backend`` None ('xgrammar' or
   'llguidance' allowed), ``lora_config`` None, ``stream_interval`` 1 (must be positive:
   "stream_interval must be positive, got N"), ``kv_cache_config.free_gpu_memory_fraction`` in [0, 1];
-* ``LoraConfig`` is a plain dataclass of ``tensorrt_llm/lora_helper.py`` (@037d4ba1): ``lora_dir``,
-  ``lora_ckpt_source`` ('hf' or 'nemo'), ``max_lora_rank`` (64), ``lora_target_modules``,
-  ``trtllm_modules_to_hf_modules``, ``max_loras``, ``max_cpu_loras``, ``swap_gate_up_proj``.
+* ``LoraConfig`` (``tensorrt_llm/lora_helper.py`` @585c7565, the 1.2-era form; earlier a dataclass @037d4ba1,
+  later a ``StrictBaseModel`` with ``extra="forbid"`` by PR #11158, 2026-02, after the 1.2 cut) is a plain pydantic
+  ``BaseModel`` with pydantic's default ``extra="ignore"``: ``lora_dir`` ([]), ``lora_ckpt_source``
+  (``Literal["hf", "nemo"]``, "hf"), ``max_lora_rank`` (64), ``lora_target_modules`` ([]),
+  ``trtllm_modules_to_hf_modules`` ({}), ``max_loras`` / ``max_cpu_loras`` (None),
+  ``swap_gate_up_proj_lora_b_weight`` (True). An unknown key is dropped silently, whether the dict goes through
+  ``update_llm_args_with_extra_dict`` or to ``TorchLlmArgs`` (so cog-triton checks the keys itself:
+  ``tensorrtllm_backend/llmapi_args.py``);
+* ``sampler_type``: ``Union[str, SamplerType]`` defaulting to ``auto`` (``SamplerType``: TRTLLMSampler,
+  TorchSampler, auto); any string validates, and one that is none of them selects TorchSampler
+  (``_torch/pyexecutor/_util.py`` ``instantiate_sampler`` compares for equality; see the engine's docstring).
 
 Field types are kept loose where the stand-in does not act on a value.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Dict, List, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class SamplerType(StrEnum):
+    """The samplers ``sampler_type`` names (llm_args.py, 1.2-era)."""
+
+    TRTLLMSampler = "TRTLLMSampler"
+    TorchSampler = "TorchSampler"
+    auto = "auto"
 
 
 class StrictBaseModel(BaseModel):
@@ -34,22 +50,18 @@ class StrictBaseModel(BaseModel):
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
 
 
-@dataclass
-class LoraConfig:
-    """``tensorrt_llm.lora_helper.LoraConfig`` (see the module docstring)."""
+class LoraConfig(BaseModel):
+    """``tensorrt_llm.lora_helper.LoraConfig``: a pydantic model that ignores unknown keys (see the module
+    docstring)."""
 
-    lora_dir: List[str] = field(default_factory=list)
-    lora_ckpt_source: str = "hf"
+    lora_dir: List[str] = Field(default_factory=list)
+    lora_ckpt_source: Literal["hf", "nemo"] = "hf"
     max_lora_rank: int = 64
-    lora_target_modules: List[str] = field(default_factory=list)
-    trtllm_modules_to_hf_modules: Dict[str, str] = field(default_factory=dict)
+    lora_target_modules: List[str] = Field(default_factory=list)
+    trtllm_modules_to_hf_modules: Dict[str, str] = Field(default_factory=dict)
     max_loras: Optional[int] = None
     max_cpu_loras: Optional[int] = None
-    swap_gate_up_proj: bool = True
-
-    def __post_init__(self) -> None:
-        assert self.lora_ckpt_source in ["hf", "nemo"], (
-            f"lora_ckpt_source must be one of 'hf' or 'nemo', got {self.lora_ckpt_source}")
+    swap_gate_up_proj_lora_b_weight: bool = True
 
 
 class KvCacheConfig(StrictBaseModel):
@@ -172,7 +184,7 @@ class TorchLlmArgs(StrictBaseModel):
     disable_overlap_scheduler: bool = False
     moe_config: Optional[Any] = None
     attn_backend: str = "TRTLLM"
-    sampler_type: str = "auto"
+    sampler_type: Union[str, SamplerType] = SamplerType.auto
     enable_iter_perf_stats: bool = False
     enable_iter_req_stats: bool = False
     print_iter_log: bool = False
@@ -215,4 +227,5 @@ class TorchLlmArgs(StrictBaseModel):
         return self.tensor_parallel_size * self.pipeline_parallel_size * self.context_parallel_size
 
 
-__all__ = ["CudaGraphConfig", "KvCacheConfig", "LoraConfig", "PeftCacheConfig", "SchedulerConfig", "TorchLlmArgs"]
+__all__ = ["CudaGraphConfig", "KvCacheConfig", "LoraConfig", "PeftCacheConfig", "SamplerType", "SchedulerConfig",
+           "TorchLlmArgs"]

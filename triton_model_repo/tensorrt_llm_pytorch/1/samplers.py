@@ -1,0 +1,1 @@
+../../../tensorrtllm_backend/samplers.py
