@@ -124,7 +124,7 @@ class GenerateRequest:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     length_penalty: Optional[float] = None
-    seed: int = 0
+    seed: Optional[int] = 0  # None: not sent (a sampler that takes no seed)
     stream: bool = True
     request_id: str = ""
     guide_type: str = ""
@@ -144,7 +144,8 @@ class GenerateRequest:
         _add(request, "repetition_penalty", "FP32", [1, 1], struct.pack("<f", self.repetition_penalty))
         _add(request, "presence_penalty", "FP32", [1, 1], struct.pack("<f", self.presence_penalty))
         _add(request, "frequency_penalty", "FP32", [1, 1], struct.pack("<f", self.frequency_penalty))
-        _add(request, "seed", "UINT64", [1, 1], struct.pack("<Q", self.seed))
+        if self.seed is not None:
+            _add(request, "seed", "UINT64", [1, 1], struct.pack("<Q", self.seed))
         _add(request, "stream", "BOOL", [1, 1], b"\x01" if self.stream else b"\x00")
         if self.min_tokens:
             _add(request, "min_tokens", "INT32", [1, 1], _INT32.pack(self.min_tokens))

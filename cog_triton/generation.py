@@ -52,6 +52,7 @@ from cog_triton.stop import StopSequenceMatcher
 from cog_triton.token_floor import TokenFloor
 from tensorrtllm_backend.engine import ModelLimits
 from tensorrtllm_backend.lora import LoraSpec
+from tensorrtllm_backend.samplers import takes_seed
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +123,8 @@ class GeneratorConfig:
         adapter_limits: the adapter disk cache and download bounds (None: adapters are refused).
         backend: what serves ``tensorrt_llm``: "engine" (the C++ backend, or the CPU reference model with its
             tensors) or "pytorch" (the PyTorch backend over the LLM API: LoRA adapters go as folders).
+        sampler: the PyTorch backend's sampler (:mod:`tensorrtllm_backend.samplers`), None for the engine: a seed is
+            sent only where it does something (:func:`tensorrtllm_backend.samplers.takes_seed`).
     """
 
     tokenizer_dir: Path
@@ -135,6 +138,7 @@ class GeneratorConfig:
     lora: Optional[LoraSpec] = None
     adapter_limits: Optional[StoreLimits] = None
     backend: Literal["engine", "pytorch"] = "engine"
+    sampler: Optional[str] = None
 
 
 def build_generator(config: GeneratorConfig, tokenizer: Any = None) -> "Generator":
@@ -165,6 +169,7 @@ def build_generator(config: GeneratorConfig, tokenizer: Any = None) -> "Generato
         adapters=(Adapters(config.lora, config.adapter_limits, backend=config.backend)
                   if config.lora and config.adapter_limits else None),
         lora_off_reason=config.lora.off_reason if config.lora else "no LoRA support was configured",
+        send_seed=takes_seed(config.sampler),
     )
 
 
@@ -180,6 +185,8 @@ class Generator:
         guided_off_reason: why guided decoding is off (for the error a guided request gets).
         token_timeout_s: a stream that receives nothing from Triton for this long fails, seconds.
         adapters: resolves LoRA adapters (None: requests with lora_weights are refused, ``lora_off_reason``).
+        send_seed: send each request's seed (False: the engine's sampler takes none, so none is sent; the worker
+            refused a prediction whose given seed would have mattered).
     """
 
     def __init__(
@@ -194,6 +201,7 @@ class Generator:
         token_timeout_s: float = 120.0,
         adapters: Optional[Adapters] = None,
         lora_off_reason: str = "",
+        send_seed: bool = True,
     ) -> None:
         self.tokenizer = tokenizer
         self.prompts = prompts
@@ -204,6 +212,7 @@ class Generator:
         self.token_timeout_s = token_timeout_s
         self.adapters = adapters
         self.lora_off_reason = lora_off_reason
+        self.send_seed = send_seed
         self._running: set[RequestState] = set()
         self._background: set[asyncio.Task[None]] = set()
         self.floor = TokenFloor.of(tokenizer)
@@ -281,7 +290,7 @@ class Generator:
             presence_penalty=inputs.presence_penalty,
             frequency_penalty=inputs.frequency_penalty,
             length_penalty=inputs.length_penalty,
-            seed=inputs.seed,
+            seed=inputs.seed if self.send_seed else None,
             request_id=request_id,
             **guided,
             **lora,  # type: ignore[arg-type]

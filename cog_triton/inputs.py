@@ -191,7 +191,9 @@ def default_of(name: str) -> Any:
 class PredictInputs:
     """Validated prediction inputs. Construct with :meth:`validate`.
 
-    Token counts are in tokens; ``seed`` is the seed actually used (drawn when the user gave none).
+    Token counts are in tokens; ``seed`` is the user's, or one drawn when the user gave none (``seed_given``
+    False): the engine uses it unless its sampler takes no seed (TensorRT-LLM 1.2.1's TorchSampler: then a drawn
+    seed is not sent, and a given one is refused unless decoding is greedy; tensorrtllm_backend.samplers).
     The inputs of replicate/cog-triton's predictor are resolved here: ``max_new_tokens`` and
     ``min_new_tokens`` are folded into ``max_tokens``/``min_tokens``, and ``-1`` ("off") for ``top_k``
     and ``min_tokens`` is stored as 0. ``length_penalty`` is sent to the engine (``len_penalty``).
@@ -211,6 +213,7 @@ class PredictInputs:
     frequency_penalty: float = 0.0
     stop_sequences: list[str] = field(default_factory=list)
     seed: int = 0
+    seed_given: bool = True
     guide: Optional[Guide] = None
     length_penalty: float = 1.0
     log_performance_metrics: bool = False
@@ -277,7 +280,8 @@ class PredictInputs:
         if min_tokens > max_tokens:
             raise InputError(f"min_tokens={min_tokens} is greater than max_tokens={max_tokens}; allowed: 0 to max_tokens")
         seed = get("seed")
-        if seed is None or seed == "":
+        seed_given = not (seed is None or seed == "")
+        if not seed_given:
             seed = random.SystemRandom().randint(0, 2**31 - 1)
         else:
             try:
@@ -312,6 +316,7 @@ class PredictInputs:
             frequency_penalty=check_number("frequency_penalty", get("frequency_penalty")),
             stop_sequences=parse_stop_sequences(stop_value),
             seed=seed,
+            seed_given=seed_given,
             guide=guide,
             length_penalty=check_number("length_penalty", get("length_penalty")),
             log_performance_metrics=check_boolean("log_performance_metrics", get("log_performance_metrics")),

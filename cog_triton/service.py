@@ -30,6 +30,7 @@ from cog_triton.exporter import MetricsServer, ServiceMetrics, serve_metrics
 from cog_triton.generation import GeneratorConfig
 from common.errors import (
     ConfigError,
+    InputError,
     ManifestError,
     TritonDiedError,
     TritonError,
@@ -54,6 +55,7 @@ from tensorrtllm_backend.manifest import (
     reference_lora,
     verify_weights,
 )
+from tensorrtllm_backend.samplers import SamplingInputs, refusal, takes_seed
 from tensorrtllm_backend.server import LaunchConfig, TritonServer, locate_tritonserver
 from tensorrtllm_backend.templates import RenderOptions, guided_decoding_of, render_model_repository
 
@@ -239,9 +241,11 @@ class LLMService:
                 http_port=settings.http_port,
                 grpc_port=settings.grpc_port,
                 metrics_port=settings.metrics_port,
-                # Tensor/pipeline parallelism: one rank per GPU under mpirun. check_weights_match
-                # made sure the manifest's world size (when there is one) equals the engine's.
-                world_size=info.world_size if serving or not manifest else manifest.world_size,
+                # An engine's tensor/pipeline parallelism: one server per rank under mpirun (check_weights_match made
+                # sure the manifest's world size, when there is one, equals the engine's). A checkpoint's: one server
+                # under mpirun -n 1, whose LLM spawns its ranks (tensorrtllm_backend.server's docstring).
+                world_size=1 if serving else info.world_size if not manifest else manifest.world_size,
+                single_rank_mpirun=serving is not None and serving.world_size > 1,
                 log_verbose=settings.log_verbose,
                 mpirun=settings.mpirun,
             ),
@@ -272,6 +276,7 @@ class LLMService:
             lora=info.lora,
             adapter_limits=self._adapter_limits(),
             backend="pytorch" if serving is not None else "engine",
+            sampler=serving.sampler if serving is not None else None,
         )
         processes = settings.stream_process_count()
         # The stream processes load their tokenizers while Triton loads its models.
@@ -445,17 +450,36 @@ class LLMService:
 
     # ------------------------------------------------------------ generation
     def validate(self, **inputs: Any) -> PredictInputs:
-        """:meth:`cog_triton.inputs.PredictInputs.validate`, counting a refused prediction in :attr:`metrics`
-        (predict() calls it first).
+        """:meth:`cog_triton.inputs.PredictInputs.validate`, then the refusal of an input the engine's sampler would
+        ignore (:func:`tensorrtllm_backend.samplers.refusal`; the PyTorch backend's TorchSampler), counting a refused
+        prediction in :attr:`metrics` (predict() calls it first).
 
         Raises:
-            InputError: as ``PredictInputs.validate``.
+            InputError: as ``PredictInputs.validate``, or an input the sampler would ignore (naming the input, the
+                sampler and the setting that applies it).
         """
         try:
-            return PredictInputs.validate(**inputs)
+            checked = PredictInputs.validate(**inputs)
+            config = self.generator_config
+            sampler = config.sampler if config is not None else None
+            problem = refusal(sampler, SamplingInputs(
+                greedy=checked.greedy, repetition_penalty=checked.repetition_penalty,
+                presence_penalty=checked.presence_penalty, frequency_penalty=checked.frequency_penalty,
+                min_tokens=checked.min_tokens, seed=checked.seed if checked.seed_given else None))
+            if problem is not None:
+                raise InputError(problem)
+            return checked
         except Exception as exc:
             self.metrics.refused(exc)
             raise
+
+    def seed_note(self, inputs: PredictInputs) -> str:
+        """What the prediction's log says of its seed: the seed sent, or why none is."""
+        config = self.generator_config
+        if config is None or takes_seed(config.sampler):
+            return f"seed {inputs.seed}"
+        return (f"no seed sent: the PyTorch backend's {config.sampler} takes none (greedy decoding, or sampling from one "
+                "shared generator)")
 
     async def predict(self, inputs: PredictInputs, metric: Optional[MetricSink] = None, *,
                       track: bool = True) -> Iterator[str]:

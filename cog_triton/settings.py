@@ -5,6 +5,10 @@ Parsing and validation are pydantic-settings': booleans accept only true/false/1
 :class:`common.errors.ConfigError` naming the variable, the value and what is allowed.
 
 Every field is documented in README.md ("Settings"); the env name is ``COG_TRITON_<FIELD>``.
+
+Why one module (about 620 lines): one concern, the operator's settings: the fields (most of the module, each
+with its description, which docs/settings.md is generated from), their validation, and the typed views other
+modules take of them (``llm_api_options``, paths, the stream process count).
 """
 
 from __future__ import annotations
@@ -56,6 +60,14 @@ class GuidedDecodingBackend(str, Enum):
     XGRAMMAR = "xgrammar"
     LLGUIDANCE = "llguidance"
     NONE = "none"
+
+
+class LlmSampler(str, Enum):
+    """``sampler_type`` of the LLM API (TorchLlmArgs; tensorrtllm_backend.samplers has what each applies)."""
+
+    AUTO = "auto"  # TorchSampler (1.2.1's choice without beam search)
+    TORCH_SAMPLER = "TorchSampler"
+    TRTLLM_SAMPLER = "TRTLLMSampler"
 
 
 class VerifyMode(str, Enum):
@@ -247,6 +259,13 @@ class Settings(BaseSettings):
     llm_guided_decoding_backend: GuidedDecodingBackend = Field(
         default=GuidedDecodingBackend.XGRAMMAR,
         description="PyTorch backend: guided decoding (structured output) backend: xgrammar, llguidance or none.",
+    )
+    llm_sampler: LlmSampler = Field(
+        default=LlmSampler.AUTO,
+        description="PyTorch backend: the sampler (the LLM API's sampler_type): auto and TorchSampler (1.2.1's "
+        "default) apply temperature, top_k and top_p, and predictions that set repetition/presence/frequency "
+        "penalties, min_tokens or a seed are refused (TorchSampler would ignore them); TRTLLMSampler (the C++ "
+        "decoder, deprecated after 1.2) applies every input as the C++ backend does (docs/deploy.md: Samplers).",
     )
     llm_enable_lora: bool = Field(
         default=False, description="PyTorch backend: serve per-request LoRA adapters (the LLM API's lora_config)."
@@ -466,6 +485,7 @@ class Settings(BaseSettings):
             "kv_cache_config.enable_block_reuse": e + "ENABLE_KV_CACHE_REUSE",
             "enable_chunked_prefill": e + "ENABLE_CHUNKED_CONTEXT",
             "guided_decoding_backend": e + "LLM_GUIDED_DECODING_BACKEND",
+            "sampler_type": e + "LLM_SAMPLER",
         }
         optional = {
             "max_batch_size": (self.llm_max_batch_size, "LLM_MAX_BATCH_SIZE"),
@@ -492,6 +512,7 @@ class Settings(BaseSettings):
             kv_cache_max_tokens=self.max_tokens_in_paged_kv_cache,
             enable_chunked_prefill=self.enable_chunked_context,
             guided_decoding_backend=None if guided is GuidedDecodingBackend.NONE else guided.value,
+            sampler_type=self.llm_sampler.value,
             enable_lora=self.llm_enable_lora,
             max_lora_rank=self.llm_max_lora_rank,
             max_loras=self.llm_max_loras,

@@ -50,6 +50,7 @@ from common.errors import ConfigError, IncompatibleWeightsError
 from tensorrtllm_backend.checkpoint import FACTS_VERSION, check_pytorch_checkpoint
 from tensorrtllm_backend.engine import ModelLimits
 from tensorrtllm_backend.lora import DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS, SUPPORTED_MODULES, LoraSpec, shape_of
+from tensorrtllm_backend.samplers import AUTO, SAMPLER_TYPES, effective_sampler
 
 if TYPE_CHECKING:
     from tensorrtllm_backend.engine import WeightsInfo
@@ -82,7 +83,8 @@ TORCH_ONLY_FIELDS = frozenset({
 #: Every keyword ``LLM(...)`` takes with the PyTorch backend (``mpi_session`` is passed as ``_mpi_session``).
 TORCH_LLM_ARGS_FIELDS = BASE_LLM_ARGS_FIELDS | TORCH_ONLY_FIELDS | {"_mpi_session"}
 
-#: Fields of the nested configs (each a StrictBaseModel, extra="forbid"; LoraConfig: lora_helper.py @585c7565).
+#: Fields of the nested configs (each a StrictBaseModel, extra="forbid", but LoraConfig: a plain pydantic model in
+#: lora_helper.py @585c7565 that drops unknown keys silently, so a misspelt key would be lost without this check).
 NESTED_FIELDS: dict[str, frozenset[str]] = {
     "kv_cache_config": frozenset({
         "enable_block_reuse", "max_tokens", "max_attention_window", "sink_token_length", "free_gpu_memory_fraction",
@@ -154,6 +156,7 @@ class LlmApiOptions:
     kv_cache_max_tokens: Optional[int] = None
     enable_chunked_prefill: bool = False
     guided_decoding_backend: Optional[str] = "xgrammar"
+    sampler_type: str = AUTO
     enable_lora: bool = False
     max_lora_rank: int = DEFAULT_MAX_LORA_RANK
     max_loras: int = DEFAULT_MAX_LORAS
@@ -233,6 +236,10 @@ def validate_llm_args(args: Mapping[str, Any], where: str = "LLM arguments") -> 
         value = args.get(key)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
             raise ConfigError(f"{where}: {key} must be a positive integer, got {value!r}")
+    sampler = args.get("sampler_type")
+    if sampler is not None and sampler not in SAMPLER_TYPES:
+        # 1.2.1 validates any string and takes one it does not know for TorchSampler (_util.py instantiate_sampler)
+        raise ConfigError(f"{where}: sampler_type {sampler!r} is not one of {', '.join(SAMPLER_TYPES)}")
     backend = args.get("guided_decoding_backend")
     if backend is not None and backend not in GUIDED_DECODING_BACKENDS:
         raise ConfigError(f"{where}: guided_decoding_backend {backend!r} is not one of "
@@ -295,8 +302,8 @@ def build_llm_args(options: LlmApiOptions, info: "WeightsInfo") -> dict[str, Any
         A JSON-serialisable dict: ``model``/``tokenizer`` (folders), parallel sizes, ``max_seq_len`` (the setting,
         else the checkpoint's as the backend infers it), ``max_batch_size``/``max_num_tokens`` when set,
         ``kv_cache_config`` (``free_gpu_memory_fraction``, ``enable_block_reuse``, ``max_tokens``),
-        ``enable_chunked_prefill``, ``guided_decoding_backend``, ``lora_config`` when LoRA is on, then
-        ``options.extra`` deep-merged.
+        ``enable_chunked_prefill``, ``guided_decoding_backend``, ``sampler_type`` unless auto, ``lora_config`` when
+        LoRA is on, then ``options.extra`` deep-merged.
 
     Raises:
         ConfigError: the weights are an engine, ``max_seq_len`` exceeds what the checkpoint supports, a LoRA
@@ -336,6 +343,8 @@ def build_llm_args(options: LlmApiOptions, info: "WeightsInfo") -> dict[str, Any
         args["kv_cache_config"]["max_tokens"] = options.kv_cache_max_tokens
     if options.guided_decoding_backend:
         args["guided_decoding_backend"] = options.guided_decoding_backend
+    if options.sampler_type != AUTO:
+        args["sampler_type"] = options.sampler_type
     if options.enable_lora:
         unknown = [m for m in options.lora_target_modules if m not in SUPPORTED_MODULES]
         if unknown or not options.lora_target_modules:
@@ -417,6 +426,11 @@ class PyTorchServing:
     lora: LoraSpec
     world_size: int
 
+    @property
+    def sampler(self) -> str:
+        """The sampler the LLM samples with (:func:`tensorrtllm_backend.samplers.effective_sampler`)."""
+        return effective_sampler(self.args)
+
     def describe(self, info: "WeightsInfo") -> str:
         """One line for setup's log: the checkpoint, its quantization and the serving limits."""
         a, lim = self.args, self.limits
@@ -427,7 +441,7 @@ class PyTorchServing:
             f"(LLM API) with tp {a['tensor_parallel_size']} x pp {a['pipeline_parallel_size']}: max_seq_len "
             f"{lim.max_seq_len}, longest prompt {lim.executor_max_input_len()}{f' ({reason})' if reason else ''}, "
             f"max_batch_size {lim.max_batch_size}, max_num_tokens {lim.max_num_tokens}, guided decoding "
-            f"{a.get('guided_decoding_backend') or 'off'}, {self.lora.describe()}"
+            f"{a.get('guided_decoding_backend') or 'off'}, sampler {self.sampler}, {self.lora.describe()}"
         )
 
 

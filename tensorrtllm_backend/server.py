@@ -10,11 +10,15 @@ Replaces the upstream ``scripts/launch_triton_server.py`` of tensorrtllm_backend
   interpreter must sit next to ``libtriton_python.so``, the bundle's libraries are found through
   ``LD_LIBRARY_PATH=<site-packages>/nvidia_pytriton.libs``, and ``PATH`` must start with the
   virtualenv's ``bin`` so the stub's embedded Python finds the venv's packages.
-* Multi-GPU (tensorrtllm_backend's launch script, leader mode): one ``tritonserver`` per rank under
-  ``mpirun``; ranks above 0 load only ``tensorrt_llm`` (``--model-control-mode=explicit
+* Multi-GPU engines (the C++ backend; tensorrtllm_backend's launch script, leader mode): one ``tritonserver``
+  per rank under ``mpirun``; ranks above 0 load only ``tensorrt_llm`` (``--model-control-mode=explicit
   --load-model=tensorrt_llm``) and each rank gets its own
   ``--backend-config=python,shm-region-prefix-name=<prefix><rank>_``. We also switch HTTP, gRPC and
   metrics off on ranks above 0 so that only rank 0 binds ports.
+* Multi-GPU checkpoints (the PyTorch backend's ``llmapi`` model): one ``tritonserver`` under ``mpirun -n 1``,
+  whose LLM spawns its ranks itself (tensorrtllm_backend ``docs/llmapi.md`` @08ed112e runs
+  ``launch_triton_server.py --model_repo=...`` with its default world size 1, i.e. ``mpirun -n 1 tritonserver``;
+  ``LaunchConfig.single_rank_mpirun``).
 * The Python backend keeps one shared-memory region per model instance in ``/dev/shm``, named
   ``<shm-region-prefix-name><uuid>`` (python_backend src/python_be.cc; the default prefix is
   ``triton_python_backend_shm_region_``), and removes it only on a clean unload: a killed Triton
@@ -241,9 +245,11 @@ class LaunchConfig:
     Attributes:
         model_repo: live model repository.
         http_port / grpc_port / metrics_port: TCP ports on 127.0.0.1.
-        world_size: number of ranks (tensor x pipeline parallelism); > 1 runs under mpirun.
+        world_size: number of ranks (tensor x pipeline parallelism); > 1 runs one server per rank under mpirun.
+        single_rank_mpirun: with world_size 1, run the one server under ``mpirun -n 1`` (the PyTorch backend's
+            multi-GPU launch: its LLM spawns its own ranks).
         log_verbose: ``--log-verbose`` level.
-        mpirun: the mpirun executable for world_size > 1.
+        mpirun: the mpirun executable for world_size > 1 or ``single_rank_mpirun``.
         shm_prefix: start of the Python backend's shared-memory region names; rank r uses
             ``<shm_prefix><r>_``. Unique per launch by default (:func:`unique_shm_prefix`), because
             stopping a server removes every region under its prefix; upstream's launch script uses
@@ -255,6 +261,7 @@ class LaunchConfig:
     grpc_port: int = 8001
     metrics_port: int = 8002
     world_size: int = 1
+    single_rank_mpirun: bool = False
     log_verbose: int = 0
     mpirun: str = "mpirun"
     shm_prefix: str = field(default_factory=lambda: unique_shm_prefix())
@@ -290,7 +297,8 @@ def _rank_args(installation: TritonInstallation, cfg: LaunchConfig, rank: int) -
 
 
 def build_command(installation: TritonInstallation, cfg: LaunchConfig) -> list[str]:
-    """The argv that starts Triton: one ``tritonserver``, or one per rank under ``mpirun``.
+    """The argv that starts Triton: one ``tritonserver`` (under ``mpirun -n 1`` with ``single_rank_mpirun``), or one
+    per rank under ``mpirun``.
 
     Raises:
         ConfigError: world_size < 1.
@@ -298,6 +306,8 @@ def build_command(installation: TritonInstallation, cfg: LaunchConfig) -> list[s
     if cfg.world_size < 1:
         raise ConfigError(f"world_size must be >= 1, got {cfg.world_size}")
     if cfg.world_size == 1:
+        if cfg.single_rank_mpirun:
+            return [cfg.mpirun, "--allow-run-as-root", "-n", "1", *_rank_args(installation, cfg, 0)]
         return _rank_args(installation, cfg, 0)
     cmd = [cfg.mpirun, "--allow-run-as-root"]
     for rank in range(cfg.world_size):

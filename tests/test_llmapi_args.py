@@ -362,3 +362,104 @@ def test_the_pytorch_backend_facts_are_those_of_the_pinned_tensorrt_llm() -> Non
     from tensorrtllm_backend.pins import TENSORRT_LLM_VERSION
 
     assert FACTS_VERSION == TENSORRT_LLM_VERSION
+
+
+# --- the sampler (tensorrtllm_backend.samplers) -------------------------------------------------------
+
+
+def test_the_sampler_setting_becomes_sampler_type_and_is_the_served_sampler(monkeypatch, smollm2):
+    """COG_TRITON_LLM_SAMPLER: auto sends nothing (1.2.1's default, TorchSampler without beam search); a sampler
+    named is sent; the serving plan knows which sampler runs (the predictor refuses by it)."""
+    auto = plan_pytorch_serving(smollm2, env_settings(monkeypatch).llm_api_options(), [H100])
+    assert "sampler_type" not in auto.args and auto.sampler == "TorchSampler"
+    assert "sampler TorchSampler" in auto.describe(smollm2)
+    trt = plan_pytorch_serving(smollm2, env_settings(monkeypatch, LLM_SAMPLER="TRTLLMSampler").llm_api_options(),
+                               [H100])
+    assert trt.args["sampler_type"] == "TRTLLMSampler" and trt.sampler == "TRTLLMSampler"
+    with pytest.raises(ConfigError, match="LLM_SAMPLER"):
+        env_settings(monkeypatch, LLM_SAMPLER="Torch")
+    with pytest.raises(ConfigError, match="COG_TRITON_LLM_SAMPLER already sets"):
+        build_llm_args(env_settings(monkeypatch, LLM_SAMPLER="auto", LLM_ARGS='{"sampler_type": "TorchSampler"}')
+                       .llm_api_options(), smollm2)
+
+
+def test_an_unknown_sampler_type_is_refused_where_1_2_1_would_take_torch_sampler():
+    """sampler_type is Union[str, SamplerType]: 1.2.1 validates any string and samples with TorchSampler for one it
+    does not know (_util.py instantiate_sampler); a typo of TRTLLMSampler is refused here instead."""
+    with pytest.raises(ConfigError, match="sampler_type 'TRTLLM' is not one of auto, TorchSampler, TRTLLMSampler"):
+        validate_llm_args({"model": "/m", "sampler_type": "TRTLLM"})
+
+
+def test_beam_search_or_a_speculative_decoder_decide_the_sampler_as_1_2_1_does():
+    from tensorrtllm_backend.samplers import effective_sampler
+
+    assert effective_sampler({}) == "TorchSampler"
+    assert effective_sampler({"max_beam_width": 2}) == "TRTLLMSampler"
+    assert effective_sampler({"sampler_type": "TorchSampler", "max_beam_width": 2}) == "TorchSampler"
+    assert effective_sampler({"sampler_type": "TRTLLMSampler", "speculative_config": {"decoding_type": "MTP"}}) == (
+        "TorchSampler")  # the speculative decoder's sampler replaces the choice; nothing more assumed of it
+
+
+def test_the_worker_refuses_what_the_sampler_would_ignore(tmp_path):
+    """LLMService.validate: under TorchSampler a prediction with a penalty, min_tokens or a seed (when sampling) is
+    refused before it leaves the Cog worker, naming the input, the sampler and the setting; a drawn seed is not a
+    refusal (it is not sent); the C++ backend and TRTLLMSampler take everything."""
+    from cog_triton.generation import GeneratorConfig
+    from cog_triton.service import LLMService
+    from tensorrtllm_backend.engine import ModelLimits
+
+    service = LLMService(Settings())
+    limits = ModelLimits(max_batch_size=8, max_input_len=100, max_seq_len=200)
+    for sampler in ("TorchSampler", "TRTLLMSampler", None):
+        service.generator_config = GeneratorConfig(tokenizer_dir=tmp_path, limits=limits, grpc_address="x:1",
+                                                   backend="engine" if sampler is None else "pytorch", sampler=sampler)
+        refused = sampler == "TorchSampler"
+        for inputs, phrase in (({"repetition_penalty": 1.3}, "repetition_penalty=1.3 would have no effect"),
+                               ({"presence_penalty": 0.5}, "presence_penalty=0.5"),
+                               ({"frequency_penalty": 0.5}, "frequency_penalty=0.5"),
+                               ({"min_tokens": 3}, "min_tokens=3 would not be applied as asked"),
+                               ({"seed": 5}, "seed=5 would have no effect")):
+            if refused:
+                with pytest.raises(InputError, match=phrase) as info:
+                    service.validate(prompt="hi", **inputs)
+                assert "TorchSampler" in str(info.value) and "COG_TRITON_LLM_SAMPLER=TRTLLMSampler" in str(info.value)
+            else:
+                service.validate(prompt="hi", **inputs)
+        drawn = service.validate(prompt="hi")
+        assert not drawn.seed_given
+        service.validate(prompt="hi", seed=5, temperature=0)  # greedy: the seed changes nothing anywhere
+        note = service.seed_note(drawn)
+        assert note.startswith("no seed sent") if refused else note == f"seed {drawn.seed}"
+    # each refusal counted as a failed prediction with an input error code (5 under TorchSampler)
+    assert service.metrics.errors.labels(InputError.code)._value.get() == 5
+
+
+def test_a_tensor_parallel_checkpoint_runs_one_triton_under_mpirun_whose_llm_spawns_the_ranks(tmp_path, monkeypatch):
+    """The llmapi model's documented launch (tensorrtllm_backend docs/llmapi.md @08ed112e: launch_triton_server.py
+    with world size 1, i.e. mpirun -n 1 tritonserver): one server, the LLM given tensor_parallel_size spawns its
+    ranks; not one server per rank as for an engine. mpirun here is a stand-in that records its argv and exits."""
+    from common.errors import TritonStartupError
+    from cog_triton.local import free_port
+    from cog_triton.service import LLMService
+    from tests.gpu_fakes import fake_nvidia_smi, gpus, path_with
+
+    monkeypatch.setenv("PATH", path_with(fake_nvidia_smi(tmp_path / "smi", gpus(2))))
+    record = tmp_path / "mpirun.argv"
+    mpirun = tmp_path / "mpirun"
+    mpirun.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" > {record}\necho 'mpirun stand-in: no GPUs here' >&2\nexit 3\n")
+    mpirun.chmod(0o755)
+    settings = Settings(weights_dir=tmp_path / "weights", model_repo_dir=tmp_path / "repo", http_port=free_port(),
+                        grpc_port=free_port(), metrics_port=free_port(), prometheus_port=free_port(),
+                        prometheus_address="127.0.0.1", triton_log_file=tmp_path / "triton.log", stop_timeout_s=5,
+                        startup_timeout_s=30, mpirun=str(mpirun), llm_tensor_parallel_size=2, stream_processes=1)
+    service = LLMService(settings)
+    try:
+        with pytest.raises(TritonStartupError, match="mpirun stand-in: no GPUs here"):
+            service.setup(str(DEFAULT_CHECKPOINT))
+    finally:
+        service.shutdown()
+    argv = record.read_text().splitlines()
+    assert argv[:3] == ["--allow-run-as-root", "-n", "1"] and ":" not in argv
+    assert len([a for a in argv if a.endswith("/tritonserver")]) == 1
+    args = json.loads((tmp_path / "repo" / "tensorrt_llm" / "1" / "llm_args.json").read_text())
+    assert args["tensor_parallel_size"] == 2 and "_mpi_session" not in args

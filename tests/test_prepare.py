@@ -66,6 +66,17 @@ def test_a_drawn_seed_is_the_one_the_request_carries(generator) -> None:
     assert drawn[0].seed != drawn[1].seed  # 2**31 values: equal once in two billion runs
 
 
+def test_no_seed_is_sent_to_a_sampler_that_takes_none(checkpoint_dir: Path, hf_tokenizer) -> None:
+    """The PyTorch backend's TorchSampler (1.2.1's default) ignores a request's seed: the drawn one is not sent, so
+    the model does not refuse it (tensorrtllm_backend.samplers); the C++ backend and TRTLLMSampler get it."""
+    for sampler, sends in (("TorchSampler", False), ("TRTLLMSampler", True), (None, True)):
+        config = GeneratorConfig(tokenizer_dir=checkpoint_dir, limits=LIMITS, grpc_address="127.0.0.1:9",
+                                 backend="engine" if sampler is None else "pytorch", sampler=sampler)
+        request = build_generator(config, tokenizer=hf_tokenizer).prepare(PredictInputs.validate(prompt="Hi"), "s").request
+        names = [t.name for t in request.to_grpc("ensemble").inputs]
+        assert ("seed" in names) is sends and (request.seed is not None) is sends, sampler
+
+
 @pytest.fixture(scope="module")
 def adapters(tmp_path_factory, checkpoint_dir: Path) -> Iterator[tuple[dict[str, str], dict[str, str]]]:
     """Adapter A under two URLs (a .tar.gz, and a .zip with a folder inside), a different adapter C under a third."""

@@ -56,6 +56,14 @@ def test_build_command_world_size_1_is_one_loopback_tritonserver() -> None:
     ]
 
 
+def test_build_command_single_rank_mpirun_is_one_tritonserver_under_mpirun_n_1() -> None:
+    """The PyTorch backend's multi-GPU launch: one server under ``mpirun -n 1`` (its LLM spawns the ranks)."""
+    cfg = LaunchConfig(model_repo=Path("/srv/repo"), single_rank_mpirun=True, mpirun="/usr/bin/mpirun",
+                       shm_prefix="prefix")
+    one = build_command(FIXED, LaunchConfig(model_repo=Path("/srv/repo"), shm_prefix="prefix"))
+    assert build_command(FIXED, cfg) == ["/usr/bin/mpirun", "--allow-run-as-root", "-n", "1", *one]
+
+
 def test_build_command_world_size_4_runs_ranks_under_mpirun() -> None:
     cfg = LaunchConfig(model_repo=Path("/srv/repo"), world_size=4, log_verbose=2, mpirun="/usr/bin/mpirun",
                        shm_prefix="prefix")
