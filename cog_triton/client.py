@@ -111,7 +111,8 @@ class GenerateRequest:
     ``guide_type``/``guide``: TensorRT-LLM guided decoding (json, json_schema, regex, ebnf_grammar).
     ``lora_task_id``: the adapter's task (None: the base model); ``lora``: its tensors, sent when the
     backend may not hold the task (see :mod:`cog_triton.lora.tasks`); ``lora_path``: its folder instead, for the
-    PyTorch-backend model.
+    PyTorch-backend model. ``stream_interval_ms``: the PyTorch-backend model's own input (its responses joined per
+    interval, the first at once); None: not sent (the C++ backend's models have no such input).
     """
 
     input_ids: list[int]
@@ -132,6 +133,7 @@ class GenerateRequest:
     lora_task_id: Optional[int] = None
     lora: Optional[LoraTensors] = None
     lora_path: Optional[str] = None
+    stream_interval_ms: Optional[int] = None
 
     def to_grpc(self, model: str) -> service_pb2.ModelInferRequest:
         """The ``ModelInferRequest`` for ``model``; optional tensors are left out when unused."""
@@ -149,6 +151,8 @@ class GenerateRequest:
         _add(request, "stream", "BOOL", [1, 1], b"\x01" if self.stream else b"\x00")
         if self.min_tokens:
             _add(request, "min_tokens", "INT32", [1, 1], _INT32.pack(self.min_tokens))
+        if self.stream_interval_ms is not None:
+            _add(request, "stream_interval_ms", "INT32", [1, 1], _INT32.pack(self.stream_interval_ms))
         if self.length_penalty is not None:  # the ensemble maps it to tensorrt_llm's len_penalty (beam search only)
             _add(request, "length_penalty", "FP32", [1, 1], struct.pack("<f", self.length_penalty))
         if self.guide_type:

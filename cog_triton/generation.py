@@ -125,6 +125,10 @@ class GeneratorConfig:
             tensors) or "pytorch" (the PyTorch backend over the LLM API: LoRA adapters go as folders).
         sampler: the PyTorch backend's sampler (:mod:`tensorrtllm_backend.samplers`), None for the engine: a seed is
             sent only where it does something (:func:`tensorrtllm_backend.samplers.takes_seed`).
+        model_interval_ms: sent as each request's ``stream_interval_ms`` when the ``tensorrt_llm`` model takes it
+            (the PyTorch-backend model: its responses joined per interval, the first at once, so that one LLM
+            instance's responses to Triton keep up with a GPU; the stream interval of the text, milliseconds);
+            None: not sent.
     """
 
     tokenizer_dir: Path
@@ -139,6 +143,7 @@ class GeneratorConfig:
     adapter_limits: Optional[StoreLimits] = None
     backend: Literal["engine", "pytorch"] = "engine"
     sampler: Optional[str] = None
+    model_interval_ms: Optional[int] = None
 
 
 def build_generator(config: GeneratorConfig, tokenizer: Any = None) -> "Generator":
@@ -170,6 +175,7 @@ def build_generator(config: GeneratorConfig, tokenizer: Any = None) -> "Generato
                   if config.lora and config.adapter_limits else None),
         lora_off_reason=config.lora.off_reason if config.lora else "no LoRA support was configured",
         send_seed=takes_seed(config.sampler),
+        model_interval_ms=config.model_interval_ms,
     )
 
 
@@ -187,6 +193,7 @@ class Generator:
         adapters: resolves LoRA adapters (None: requests with lora_weights are refused, ``lora_off_reason``).
         send_seed: send each request's seed (False: the engine's sampler takes none, so none is sent; the worker
             refused a prediction whose given seed would have mattered).
+        model_interval_ms: each request's ``stream_interval_ms`` (None: not sent; :class:`GeneratorConfig`).
     """
 
     def __init__(
@@ -202,6 +209,7 @@ class Generator:
         adapters: Optional[Adapters] = None,
         lora_off_reason: str = "",
         send_seed: bool = True,
+        model_interval_ms: Optional[int] = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.prompts = prompts
@@ -213,6 +221,7 @@ class Generator:
         self.adapters = adapters
         self.lora_off_reason = lora_off_reason
         self.send_seed = send_seed
+        self.model_interval_ms = model_interval_ms
         self._running: set[RequestState] = set()
         self._background: set[asyncio.Task[None]] = set()
         self.floor = TokenFloor.of(tokenizer)
@@ -291,6 +300,7 @@ class Generator:
             frequency_penalty=inputs.frequency_penalty,
             length_penalty=inputs.length_penalty,
             seed=inputs.seed if self.send_seed else None,
+            stream_interval_ms=self.model_interval_ms,
             request_id=request_id,
             **guided,
             **lora,  # type: ignore[arg-type]

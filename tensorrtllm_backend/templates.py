@@ -492,10 +492,10 @@ def render_model_repository(options: RenderOptions, info: WeightsInfo) -> dict[s
     """
     values = template_values(options, info)
     llm_folder = llm_template_folder(options, info)
-    folders = {
-        "ensemble": "ensemble",
-        "preprocessing": "preprocessing",
+    folders = {  # tensorrt_llm first: the ensemble forwards the optional inputs it declares (forward_model_inputs)
         "tensorrt_llm": llm_folder,
+        "preprocessing": "preprocessing",
+        "ensemble": "ensemble",
     }
     target = options.model_repo_dir
     staging = target.with_name(target.name + ".staging")
@@ -507,8 +507,8 @@ def render_model_repository(options: RenderOptions, info: WeightsInfo) -> dict[s
             source = options.template_dir / folder
             keep = frozenset(REQUIRED_TENSORRT_LLM_PARAMETERS) if folder == "tensorrt_llm" else frozenset()
             config = render_config(source / "config.pbtxt", values[folder], keep)
-            if name == "ensemble" and llm_folder == PYTORCH_FOLDER:
-                add_lora_path(config)
+            if name == "ensemble":
+                forward_model_inputs(config, rendered["tensorrt_llm"])
             if config.name != name:
                 raise TemplateError(f"{source / 'config.pbtxt'}: model name is {config.name!r}, expected {name!r}")
             model_dir = staging / name
@@ -597,19 +597,37 @@ def write_llm_args(folder: Path, llm_args: Mapping[str, Any]) -> Path:
     return path
 
 
-def add_lora_path(ensemble: model_config_pb2.ModelConfig) -> None:
-    """Give the ensemble the PyTorch-backend model's ``lora_path`` input (TYPE_STRING [1], optional) and map it to
-    ``tensorrt_llm`` (the LLM API takes an adapter's folder, not converted tensors)."""
-    if any(t.name == "lora_path" for t in ensemble.input):
-        return
-    tensor = ensemble.input.add()
-    tensor.name = "lora_path"
-    tensor.data_type = model_config_pb2.TYPE_STRING
-    tensor.dims.append(1)
-    tensor.optional = True
-    tensor.allow_ragged_batch = True
-    for step in ensemble.ensemble_scheduling.step:
-        if step.model_name == "tensorrt_llm":
-            step.input_map["lora_path"] = "lora_path"
-            return
-    raise TemplateError("the ensemble has no tensorrt_llm step to map lora_path to")
+#: Inputs only the PyTorch-backend model has, which the ensemble passes to ``tensorrt_llm`` when the rendered model
+#: declares them: ``lora_path`` (the LLM API takes an adapter's folder, not converted tensors) and
+#: ``stream_interval_ms`` (its responses joined per interval). The C++ backend's model declares neither.
+FORWARDED_MODEL_INPUTS = ("lora_path", "stream_interval_ms")
+
+
+def forward_model_inputs(ensemble: model_config_pb2.ModelConfig, llm: model_config_pb2.ModelConfig) -> None:
+    """Give the ensemble each of :data:`FORWARDED_MODEL_INPUTS` that the rendered ``tensorrt_llm`` model ``llm``
+    declares (optional, as there; ``dims`` [1]) and map it to the ``tensorrt_llm`` step.
+
+    Raises:
+        TemplateError: the ensemble has no tensorrt_llm step.
+    """
+    declared = {t.name: t for t in llm.input}
+    for name in FORWARDED_MODEL_INPUTS:
+        if name not in declared or any(t.name == name for t in ensemble.input):
+            continue
+        tensor = ensemble.input.add()
+        tensor.name = name
+        tensor.data_type = declared[name].data_type
+        tensor.dims.append(1)
+        tensor.optional = True
+        tensor.allow_ragged_batch = True
+        for step in ensemble.ensemble_scheduling.step:
+            if step.model_name == "tensorrt_llm":
+                step.input_map[name] = name
+                break
+        else:
+            raise TemplateError(f"the ensemble has no tensorrt_llm step to map {name} to")
+
+
+def takes_stream_interval(llm: model_config_pb2.ModelConfig) -> bool:
+    """Whether a rendered ``tensorrt_llm`` model takes ``stream_interval_ms`` (the PyTorch-backend model)."""
+    return any(t.name == "stream_interval_ms" for t in llm.input)

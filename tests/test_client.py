@@ -245,7 +245,7 @@ def test_unused_optional_tensors_are_left_out_and_guides_are_bytes_tensors() -> 
 def test_an_adapter_folder_goes_as_lora_path_beside_its_task_id() -> None:
     """The PyTorch-backend model's adapter input: lora_path, a length-prefixed BYTES [1, 1] next to lora_task_id,
     instead of the converted tensors; an input of the ensemble rendered for that model, mapped to tensorrt_llm."""
-    from tensorrtllm_backend.templates import add_lora_path
+    from tensorrtllm_backend.templates import forward_model_inputs
 
     request = GenerateRequest(input_ids=[1], max_tokens=2, lora_task_id=9, lora_path="/cache/adapters/é",
                               lora=LoraTensors("FP32", 1, 1, b"\0" * 4, b"\0" * 12)).to_grpc("ensemble")
@@ -255,7 +255,9 @@ def test_an_adapter_folder_goes_as_lora_path_beside_its_task_id() -> None:
                                             + "/cache/adapters/é".encode())
     assert tensor(request, "lora_task_id")[2] == struct.pack("<Q", 9)
     ensemble = ensemble_config()
-    add_lora_path(ensemble)
+    llm = model_config_pb2.ModelConfig()
+    llm.input.add(name="lora_path", data_type=model_config_pb2.TYPE_STRING)
+    forward_model_inputs(ensemble, llm)
     declared = {t.name: t for t in ensemble.input}
     assert model_config_pb2.DataType.Name(declared["lora_path"].data_type) == "TYPE_STRING"
     (engine,) = [s for s in ensemble.ensemble_scheduling.step if s.model_name == "tensorrt_llm"]

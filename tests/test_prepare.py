@@ -77,6 +77,20 @@ def test_no_seed_is_sent_to_a_sampler_that_takes_none(checkpoint_dir: Path, hf_t
         assert ("seed" in names) is sends and (request.seed is not None) is sends, sampler
 
 
+def test_the_model_interval_goes_only_to_a_model_that_takes_it(checkpoint_dir: Path, hf_tokenizer) -> None:
+    """The PyTorch-backend model's stream_interval_ms (INT32 [1, 1]) is sent when setup found the model takes it."""
+    for interval in (50, None):
+        config = GeneratorConfig(tokenizer_dir=checkpoint_dir, limits=LIMITS, grpc_address="127.0.0.1:9",
+                                 model_interval_ms=interval)
+        grpc = build_generator(config, tokenizer=hf_tokenizer).prepare(PredictInputs.validate(prompt="Hi"), "i")\
+            .request.to_grpc("ensemble")
+        if interval is None:
+            assert "stream_interval_ms" not in [t.name for t in grpc.inputs]
+        else:
+            tensor, raw = _tensor(grpc, "stream_interval_ms")
+            assert tensor.datatype == "INT32" and list(tensor.shape) == [1, 1] and struct.unpack("<i", raw)[0] == 50
+
+
 @pytest.fixture(scope="module")
 def adapters(tmp_path_factory, checkpoint_dir: Path) -> Iterator[tuple[dict[str, str], dict[str, str]]]:
     """Adapter A under two URLs (a .tar.gz, and a .zip with a folder inside), a different adapter C under a third."""

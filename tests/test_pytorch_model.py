@@ -275,6 +275,40 @@ def test_triton_cancellation_aborts_the_generation(model, prompt, model_module):
     assert request.sender.cancel_threads == {thread for _, _, thread in request.sender.sent}  # the same one thread
 
 
+def test_stream_interval_joins_a_requests_tokens_the_first_at_once(model, prompt, greedy):
+    """stream_interval_ms (this model's own optional input): the first token leaves at once, the rest are held
+    until the interval passed or the request ends (here 10 s: every later token comes with the final response);
+    without it, each step's tokens (the C++ backend's responses: tests/test_conformance.py)."""
+    sender = run(model, FakeRequest(**body(prompt, 6, streaming=[True], end_id=[-1], stream_interval_ms=[10_000])))
+    shapes = [(r.tensor("output_ids").reshape(-1).tolist(), flags) for r, flags, _ in sender.sent]
+    assert shapes == [(greedy[:1], 0), (greedy[1:6], 1)]
+    sender = run(model, FakeRequest(**body(prompt, 6, streaming=[True], end_id=[-1], stream_interval_ms=[0])))
+    assert sender.tokens() == greedy[:6] and len(sender.sent) >= 2
+    sender = run(model, FakeRequest(**body(prompt, 2, streaming=[True], stream_interval_ms=[-5])))
+    assert sender.errors() == ["stream_interval_ms must be 0 (every step's tokens) to 10000 milliseconds, got -5"]
+
+
+def test_a_requests_first_response_is_sent_before_the_others_waiting(model, model_module):
+    """The response thread sends what waits for it one request after another; a request's first response (its time
+    to first token) goes before other requests' later ones, each request's own responses in order."""
+    order: list[str] = []
+
+    class Recording(FakeSender):
+        def __init__(self, name):
+            super().__init__()
+            self.name = name
+
+        def send(self, response=None, flags=0):
+            order.append(self.name)
+            super().send(response, flags)
+
+    running = model_module.Live(1, "running", Recording("running"), object(), answered=True)
+    new = model_module.Live(2, "new", Recording("new"), object())
+    model._send_merged([(running, ([5], None, None), False), (new, ([7], None, None), False),
+                        (running, ([6], None, None), False)])
+    assert order == ["new", "running"] and running.sender.tokens() == [5, 6] and new.answered
+
+
 @pytest.mark.parametrize("how", ["stop", "cancel"])
 def test_an_aborted_request_still_waiting_ends_within_a_cancellation_period(model_module, checkpoint_dir, prompt, how):
     """TensorRT-LLM 1.2.1 drops an aborted request that waits for a batch slot without any response (the stand-in

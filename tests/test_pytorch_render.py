@@ -64,8 +64,9 @@ def test_the_ensemble_gets_lora_path_only_with_the_pytorch_model(tmp_path: Path)
     assert not (tmp_path / "b" / "model_repository" / "tensorrt_llm" / "1" / LLM_ARGS_FILE).exists()
 
 
-def test_the_pytorch_model_has_the_reference_models_tensors_plus_lora_path() -> None:
-    """One contract: every input and output of the CPU reference model (the C++ backend's subset), same types."""
+def test_the_pytorch_model_has_the_reference_models_tensors_plus_its_own_two() -> None:
+    """One contract: every input and output of the CPU reference model (the C++ backend's subset), same types; plus
+    lora_path and stream_interval_ms, both optional (a client that sends neither gets the C++ contract)."""
     values = template_values(RenderOptions(template_dir=TEMPLATE_DIR, model_repo_dir=Path("/x"), llm_args=ARGS),
                              checkpoint_info(Path("/w")))
     configs = {}
@@ -73,7 +74,9 @@ def test_the_pytorch_model_has_the_reference_models_tensors_plus_lora_path() -> 
         text = (TEMPLATE_DIR / folder / "config.pbtxt").read_text()
         configs[folder] = parse_model_config(fill_template(text, values[folder], source=folder), source=folder)
     reference, pytorch = configs["tensorrt_llm_reference"], configs["tensorrt_llm_pytorch"]
-    assert {t.name: t for t in pytorch.input if t.name != "lora_path"} == {t.name: t for t in reference.input}
+    own = {"lora_path", "stream_interval_ms"}
+    assert {t.name: t for t in pytorch.input if t.name not in own} == {t.name: t for t in reference.input}
+    assert all(t.optional for t in pytorch.input if t.name in own) and own <= {t.name for t in pytorch.input}
     assert list(pytorch.output) == list(reference.output)
     assert pytorch.max_batch_size == reference.max_batch_size
 
@@ -103,18 +106,30 @@ def test_llm_args_with_an_engine_are_refused(tmp_path: Path) -> None:
         render_model_repository(options(tmp_path, llm_args=ARGS), engine_info(tmp_path))
 
 
-def test_add_lora_path_is_idempotent_and_needs_the_tensorrt_llm_step(tmp_path: Path) -> None:
-    from tensorrtllm_backend.templates import add_lora_path
+def test_the_ensemble_forwards_the_pytorch_models_own_inputs_once(tmp_path: Path) -> None:
+    """lora_path and stream_interval_ms go into the ensemble (optional, mapped to tensorrt_llm) because the rendered
+    PyTorch-backend model declares them, once; never for the C++ backend's or the reference model."""
+    from tensorrtllm_backend.templates import forward_model_inputs, takes_stream_interval
 
-    ensemble = render_model_repository(options(tmp_path, llm_args=ARGS), checkpoint_info(tmp_path))["ensemble"]
+    rendered = render_model_repository(options(tmp_path / "p", llm_args=ARGS), checkpoint_info(tmp_path))
+    ensemble = rendered["ensemble"]
+    declared = {t.name: t for t in ensemble.input}
+    assert declared["stream_interval_ms"].optional and declared["stream_interval_ms"].data_type == \
+        rendered["tensorrt_llm"].input[[t.name for t in rendered["tensorrt_llm"].input].index("stream_interval_ms")].data_type
+    (step,) = [s for s in ensemble.ensemble_scheduling.step if s.model_name == "tensorrt_llm"]
+    assert step.input_map["stream_interval_ms"] == "stream_interval_ms" and takes_stream_interval(rendered["tensorrt_llm"])
     count = len(ensemble.input)
-    add_lora_path(ensemble)
+    forward_model_inputs(ensemble, rendered["tensorrt_llm"])
     assert len(ensemble.input) == count and [t.name for t in ensemble.input].count("lora_path") == 1
+    for info in (checkpoint_info(tmp_path), engine_info(tmp_path)):
+        other = render_model_repository(options(tmp_path / "r"), info)
+        assert not {"lora_path", "stream_interval_ms"} & {t.name for t in other["ensemble"].input}
+        assert not takes_stream_interval(other["tensorrt_llm"])
     del ensemble.input[:]
     for step in ensemble.ensemble_scheduling.step:
         step.model_name = "other"
     with pytest.raises(TemplateError, match="no tensorrt_llm step to map lora_path to"):
-        add_lora_path(ensemble)
+        forward_model_inputs(ensemble, rendered["tensorrt_llm"])
 
 
 def test_the_render_log_names_the_backend(tmp_path: Path, caplog) -> None:

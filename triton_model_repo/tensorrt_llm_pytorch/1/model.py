@@ -275,6 +275,9 @@ class Live:
     final_sent: bool = False
     task: Any = None  # the asyncio task running _generate (event loop)
     final_queued: bool = False  # its final response (or error) is queued (event loop)
+    queued: int = 0  # tokens queued for sending so far (event loop)
+    next_at: float = 0.0  # stream_interval_ms: when held tokens may leave (event loop; monotonic seconds)
+    answered: bool = False  # a response was sent (the response thread's: first responses go first)
 
 
 class TritonPythonModel:
@@ -539,7 +542,7 @@ class TritonPythonModel:
             live.task.cancel()
         s = live.submission
         if s.streaming:
-            self._queue(live, [], final=True)
+            self._queue_new(live, final=True)
         else:
             prefix = [] if s.exclude_input_in_output else list(s.prompt_ids)
             self._queue(live, prefix + live.tokens, final=True, all_tokens=True)
@@ -567,10 +570,23 @@ class TritonPythonModel:
             if live.abort_requested:  # stopped or cancelled before the LLM had it
                 output.abort()
             ended = False
+            interval = s.interval_s
             async for result in output:
                 new, ended = self._new_tokens(live, result)
-                if s.streaming and (new or result.finished or ended):
-                    self._queue(live, new, final=result.finished or ended)
+                if s.streaming:
+                    final = result.finished or ended
+                    if final:
+                        self._queue_new(live, final=True)
+                    elif new:
+                        # stream_interval_ms: held until the interval passed (checked as responses come: held
+                        # tokens wait at most one step more), the first at once
+                        if not interval or live.queued == 0:
+                            self._queue_new(live, final=False)
+                        else:
+                            now = time.monotonic()
+                            if now >= live.next_at:
+                                live.next_at = now + interval
+                                self._queue_new(live, final=False)
                 if ended:
                     output.abort()  # a stop word: the C++ executor ends the request there
                     break
@@ -632,6 +648,14 @@ class TritonPythonModel:
             live.log_probs.extend(_token_log_prob(e, t) for e, t in zip(entries, new))
             live.cum_log_prob = float(sum(live.log_probs))
         return new, ended
+
+    def _queue_new(self, live: Live, final: bool) -> None:
+        """Queue a streaming request's tokens not queued yet (possibly none, for a final response)."""
+        start = live.queued
+        if start == 0 and live.submission.interval_s:
+            live.next_at = time.monotonic() + live.submission.interval_s
+        live.queued = len(live.tokens)
+        self._queue(live, live.tokens[start:], final=final)
 
     def _queue(self, live: Live, tokens: List[int], final: bool, all_tokens: bool = False) -> None:
         if live.final_queued:
@@ -708,12 +732,16 @@ class TritonPythonModel:
                 if log_probs is not None:
                     entry[2] = (entry[2] or []) + list(log_probs)
                 entry[3] = cum
+        # A request's first response goes before the others waiting here (time to first token; each request's own
+        # responses stay in order).
+        order.sort(key=lambda entry: entry[0].answered)
         for live, tokens, log_probs, cum, final in order:
             self._send(live, token_response(tokens, log_probs, cum), final)
 
     def _send(self, live: Live, response, final: bool) -> None:
         if live.final_sent:
             return
+        live.answered = True
         try:
             live.sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
         except Exception as exc:  # noqa: BLE001 - a client that went away

@@ -31,6 +31,9 @@ How the C++ semantics become ``SamplingParams`` (TensorRT-LLM 1.2.1's LLM API; s
 * the guide types: ``json`` -> ``json_object=True``, ``json_schema`` -> ``json``, ``regex`` -> ``regex``,
   ``ebnf_grammar`` -> ``grammar``;
 * ``return_log_probs`` -> ``logprobs=1``; ``detokenize=False`` (the predictor detokenizes);
+* ``stream_interval_ms`` (this model's own optional input, not the C++ backend's): a streaming request's new
+  tokens are sent at most every that many milliseconds, the first at once and the last with the final response
+  (:attr:`Submission.interval_s`); absent or 0, each step's tokens as they come (the C++ backend's responses);
 * LoRA: ``lora_path`` (the adapter's PEFT folder) with ``lora_task_id`` -> ``LoRARequest(name, id, path)``;
   the id is the LLM's adapter cache key (``base_worker.py`` @7b437aaa ``_load_lora_adapter`` returns False for
   a loaded id, ``lora_manager.py`` @30e6fb55 keeps the weights first loaded), so a known id sent with another
@@ -53,6 +56,8 @@ from .samplers import SamplingInputs, refusal, takes_seed
 
 #: Limits the C++ executor would apply and the LLM applies instead (never reached here).
 NO_LIMIT = 2**62
+#: The longest ``stream_interval_ms`` a request may ask for, milliseconds.
+MAX_STREAM_INTERVAL_MS = 10_000
 
 GUIDE_KEYS = {"json": ("json_object", True), "json_schema": ("json", None), "regex": ("regex", None),
               "ebnf_grammar": ("grammar", None)}
@@ -71,6 +76,7 @@ class Submission:
         stop_words: token sequences matched by the model over prompt + output.
         lora: ``(lora_task_id, lora_path)`` or None.
         return_log_probs: send cum_log_probs / output_log_probs.
+        interval_s: ``stream_interval_ms`` in seconds (0: every step's tokens as they come).
         warnings: server log lines (the client never sees them).
     """
 
@@ -82,6 +88,7 @@ class Submission:
     stop_words: List[List[int]] = field(default_factory=list)
     lora: Optional[Tuple[int, str]] = None
     return_log_probs: bool = False
+    interval_s: float = 0.0
     warnings: List[str] = field(default_factory=list)
 
     @property
@@ -197,10 +204,14 @@ def to_submission(get: Callable[[str], Optional[np.ndarray]], *, vocab_size: int
     if guide is not None:
         key, value = GUIDE_KEYS[guide.guide_type]
         sampling["guided_decoding"] = {key: guide.guide if value is None else value}
+    interval_ms = _scalar(get, "stream_interval_ms", int, 0)
+    if not 0 <= interval_ms <= MAX_STREAM_INTERVAL_MS:
+        raise RequestError(f"stream_interval_ms must be 0 (every step's tokens) to {MAX_STREAM_INTERVAL_MS} "
+                           f"milliseconds, got {interval_ms}")
     return Submission(
         prompt_ids=parsed.prompt_ids, sampling=sampling, streaming=parsed.streaming,
         exclude_input_in_output=parsed.exclude_input_in_output, end_id=p.end_id, stop_words=p.stop_words,
-        lora=lora, return_log_probs=p.return_log_probs, warnings=list(parsed.warnings),
+        lora=lora, return_log_probs=p.return_log_probs, interval_s=interval_ms / 1e3, warnings=list(parsed.warnings),
     )
 
 
@@ -238,4 +249,4 @@ def stop_word_end(context: List[int], n_new: int, stop_words: List[List[int]]) -
     return None
 
 
-__all__ = ["ADAPTER_FILES", "GUIDE_KEYS", "NO_LIMIT", "Submission", "adapter_digest", "stop_word_end", "to_submission"]
+__all__ = ["ADAPTER_FILES", "GUIDE_KEYS", "MAX_STREAM_INTERVAL_MS", "NO_LIMIT", "Submission", "adapter_digest", "stop_word_end", "to_submission"]
