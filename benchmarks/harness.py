@@ -456,6 +456,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--lora-rank", type=int, default=16, help="their rank (default 16)")
     parser.add_argument("--engine", choices=("standin", "reference", "pytorch"), default="standin",
                         help="standin (default), reference (the CPU reference model, ~18 tok/s) or pytorch (paced)")
+    parser.add_argument("--model-interval-ms", type=int, default=None,
+                        help="--engine pytorch: the direct tensorrt_llm path's stream_interval_ms (the model joins a "
+                        "request's tokens per interval, the first at once, as the predictor asks it to with "
+                        "COG_TRITON_STREAM_INTERVAL_MS); default: none, each step's tokens")
     parser.add_argument("--smoke", action="store_true", help="a short run for tests")
     parser.add_argument("--soak", action="store_true",
                         help="soak run: 16 streams through Cog, 1 in 5 cancelled, a backend stub SIGKILLed part-way")
@@ -499,6 +503,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                 break
         else:
             args.groups.append((step, [streams]))
+    if args.model_interval_ms is not None and (args.engine != "pytorch" or not 0 <= args.model_interval_ms <= 10_000):
+        parser.error("--model-interval-ms needs --engine pytorch and 0..10000 (the PyTorch-backend model's input)")
     if args.engine_instances is None:
         args.engine_instances = 1 if args.engine == "pytorch" else max(1, min(4, _cpus() // 4))
     if args.engine_instances < 1:
@@ -547,6 +553,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "stream_interval_ms": _setting("stream_interval_ms"),
         "stream_processes": _setting("stream_process_count"),
         "sender_threads": args.sender_threads,
+        "model_interval_ms": args.model_interval_ms,
         "end_id_after": args.end_id_after,
         "batch_limit": args.batch_limit,
         "cog_concurrency": args.cog_concurrency,

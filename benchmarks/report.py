@@ -43,7 +43,8 @@ def markdown(doc: dict[str, Any]) -> str:
         f"{meta['tokens']} tokens per request, {meta['rounds']} request(s) per stream per point"
         + (f", stand-in ({meta.get('engine_instances', 1)} instance(s), {meta['sender_threads']} sender thread(s) "
            "each)" if meta["engine"] == "standin" else "")
-        + (", the PyTorch-backend model over the paced LLM API stand-in (one instance)"
+        + (", the PyTorch-backend model over the paced LLM API stand-in (one instance; the direct path's "
+           f"stream_interval_ms {_num(meta.get('model_interval_ms'), '{:g}')}, the predictor's its stream interval)"
            if meta["engine"] == "pytorch" else "")
         + f", engine batch limit {meta['batch_limit']}, COG_MAX_CONCURRENCY {meta['cog_concurrency']}, "
         f"stream interval {_num(meta.get('stream_interval_ms'), '{:g}')} ms, "

@@ -73,10 +73,13 @@ class Workload:
     def body(self, path: str, seed: int, tokens: Optional[int] = None, index: int = 0) -> dict[str, Any]:
         n = tokens or self.tokens
         if path == "tensorrt_llm":
-            return {
+            body = {
                 "input_ids": self.prompt_ids, "input_lengths": [len(self.prompt_ids)], "request_output_len": [n],
                 "min_tokens": [n], "end_id": [self.end_id], "runtime_top_k": [1], "seed": [seed], "streaming": [True],
             }
+            if getattr(self.args, "model_interval_ms", None) is not None:  # the PyTorch-backend model's own input
+                body["stream_interval_ms"] = [self.args.model_interval_ms]
+            return body
         if path == "ensemble":
             return {"input_ids": self.prompt_ids, "max_tokens": n, "min_tokens": n, "top_k": 1, "seed": seed,
                     "stream": True}

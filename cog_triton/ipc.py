@@ -63,6 +63,10 @@ class Config(NamedTuple):
     stream_interval_s: float
     #: Report when each phase of a prediction's start happened (:class:`Timings`; COG_TRITON_TIMING_METRICS).
     timing: bool = False
+    #: The stream interval under load (:class:`cog_triton.coalesce.StreamLoad`): its longest, seconds, and the
+    #: running streams of this process the base interval serves (0: it never grows).
+    stream_interval_max_s: float = 0.0
+    stream_interval_streams: float = 0.0
 
 
 class Start(NamedTuple):

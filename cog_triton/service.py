@@ -57,7 +57,12 @@ from tensorrtllm_backend.manifest import (
 )
 from tensorrtllm_backend.samplers import SamplingInputs, refusal, takes_seed
 from tensorrtllm_backend.server import LaunchConfig, TritonServer, locate_tritonserver
-from tensorrtllm_backend.templates import RenderOptions, guided_decoding_of, render_model_repository
+from tensorrtllm_backend.templates import (
+    RenderOptions,
+    guided_decoding_of,
+    render_model_repository,
+    takes_stream_interval,
+)
 
 log = logging.getLogger(__name__)
 
@@ -277,6 +282,8 @@ class LLMService:
             adapter_limits=self._adapter_limits(),
             backend="pytorch" if serving is not None else "engine",
             sampler=serving.sampler if serving is not None else None,
+            model_interval_ms=(round(settings.stream_interval_ms) if takes_stream_interval(rendered["tensorrt_llm"])
+                               else None),
         )
         processes = settings.stream_process_count()
         # The stream processes load their tokenizers while Triton loads its models.
@@ -288,6 +295,8 @@ class LLMService:
             on_transport_error=self._died_or,
             metrics=self.metrics,
             timing=settings.timing_metrics,
+            interval_max_s=settings.stream_interval_max_ms / 1e3,
+            interval_streams=settings.stream_interval_streams,
         )
         self.pool.launch()
         self.server.start()

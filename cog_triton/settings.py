@@ -371,6 +371,21 @@ class Settings(BaseSettings):
         description="Stream interval: a prediction's text leaves at most every this many milliseconds (the first "
         "text at once); 0 = every token's text as it comes.",
     )
+    stream_interval_streams: int = Field(
+        default=64,
+        ge=0,
+        le=100000,
+        description="Running predictions the stream interval serves; beyond, the interval grows in proportion to them "
+        "(up to COG_TRITON_STREAM_INTERVAL_MAX_MS), so that the Cog worker relays about as many chunks per second "
+        "and new predictions' first text is not held up behind them; 0 = never grows.",
+    )
+    stream_interval_max_ms: float = Field(
+        default=200.0,
+        ge=0,
+        le=1000,
+        description="The longest stream interval under load, milliseconds (at or below COG_TRITON_STREAM_INTERVAL_MS: "
+        "it never grows).",
+    )
     timing_metrics: bool = Field(
         default=False,
         description="Record one `timing` metric per prediction: when its start passed each step (inputs checked and the "

@@ -211,6 +211,8 @@ class StreamPool:
             (stream-process restarts, tokens of cancelled predictions, the processes' LoRA adapter counts).
         timing: record, as each prediction's ``timing`` metric, when its start passed each step
             (:data:`TIMING_STEPS`; COG_TRITON_TIMING_METRICS, for scripts/benchmark).
+        interval_max_s / interval_streams: the stream interval under load (:class:`cog_triton.coalesce.StreamLoad`:
+            COG_TRITON_STREAM_INTERVAL_MAX_MS, COG_TRITON_STREAM_INTERVAL_STREAMS over all processes).
     """
 
     def __init__(
@@ -225,6 +227,8 @@ class StreamPool:
         unregister: Optional[Callable[[RoutedPrediction], None]] = None,
         metrics: Optional["ServiceMetrics"] = None,
         timing: bool = False,
+        interval_max_s: float = 0.0,
+        interval_streams: int = 0,
     ) -> None:
         if processes < 1:
             raise ValueError(f"processes must be >= 1, got {processes}")
@@ -236,6 +240,8 @@ class StreamPool:
         self._unregister = unregister or (lambda prediction: None)
         self.metrics = metrics
         self.timing = timing
+        self.interval_max_s = interval_max_s
+        self.interval_streams = interval_streams
         self.processes = [StreamProcess(i) for i in range(processes)]
         self._sids = itertools.count(1)
         self._lock = threading.Lock()
@@ -321,7 +327,9 @@ class StreamPool:
         theirs.close()
         process.sock = ours
         process.predictions = {}
-        process.send(ipc.Config(self.config, self.interval_s, self.timing))
+        # Each process runs about 1 / processes of the streams (open() gives a prediction to the least busy one).
+        process.send(ipc.Config(self.config, self.interval_s, self.timing, self.interval_max_s,
+                                self.interval_streams / len(self.processes)))
         threading.Thread(target=self._receive, args=(process, ours), name=f"{process.name}-receiver",
                          daemon=True).start()
 

@@ -37,7 +37,7 @@ from typing import Callable, Optional
 
 from common.errors import CogTritonError
 from cog_triton import ipc
-from cog_triton.coalesce import IntervalFlusher
+from cog_triton.coalesce import IntervalFlusher, StreamLoad
 from cog_triton.generation import Generator, GeneratorConfig, RequestState, build_generator
 from cog_triton.inputs import PredictInputs
 
@@ -78,6 +78,7 @@ class PredictionRunner:
         self.name = name
         self.generator: Optional[Generator] = None
         self.interval_s = 0.0
+        self.load = StreamLoad(0.0)  # this process's streams and the interval they call for (ipc.Config)
         self.timing = False  # ipc.Config.timing: send each prediction's Timings
         self._requests: dict[int, RequestState] = {}  # by sid, from its Start until its task ends
         self._texts: list[tuple[int, str]] = []  # the next frame's text chunks
@@ -123,6 +124,8 @@ class PredictionRunner:
         started = time.monotonic()
         generator_config: GeneratorConfig = config.generator
         self.interval_s = float(config.stream_interval_s)
+        self.load = StreamLoad(self.interval_s, float(config.stream_interval_max_s),
+                               float(config.stream_interval_streams))
         self.timing = bool(config.timing)
         try:
             self.generator = build_generator(generator_config)
@@ -211,6 +214,8 @@ class PredictionRunner:
             adapter = None
             if inputs.lora is not None:
                 adapter = await loop.run_in_executor(self._adapter_pool, generator.resolve_adapter, inputs.lora)
+            if generator.model_interval_ms is not None:  # the model joins responses over the interval now due
+                generator.model_interval_ms = round(self.load.seconds * 1e3)
             if _inline(inputs):
                 prepared = generator.prepare(inputs, request_id, adapter)  # the adapter resolved above, once
             else:
@@ -228,11 +233,12 @@ class PredictionRunner:
         if inputs.lora is not None:
             self._report_lora()
         send, send_text = self._send, self._send_text
-        flusher = IntervalFlusher(self.interval_s, lambda text: send_text(sid, text), loop)
+        flusher = IntervalFlusher(self.load, lambda text: send_text(sid, text), loop)
         push = flusher.push
         if self.timing:
             push = self._timed_push(sid, push, received_at, time.monotonic())
         self.served += 1
+        self.load.started()
         try:
             async for text in generator.text_deltas(
                 inputs, prepared, state, on_first_token=lambda t: send(ipc.FirstToken(sid, t - started_at))
@@ -247,6 +253,7 @@ class PredictionRunner:
             send(ipc.Failed(sid, _portable(exc), state.output_tokens))
             return
         finally:
+            self.load.ended()
             log.info(
                 "generated %d tokens for a %d-token prompt in %.2f s%s",
                 state.output_tokens, prepared.prompt_tokens, time.monotonic() - started_at,

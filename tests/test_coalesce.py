@@ -118,3 +118,44 @@ def test_on_a_real_loop_the_timer_sends_held_text() -> None:
         return out
 
     assert asyncio.run(main()) == ["a", "b"]
+
+
+# --- the interval under load (StreamLoad) -----------------------------------------------------------
+
+
+def test_the_interval_grows_with_the_streams_beyond_those_the_base_serves_up_to_the_longest() -> None:
+    load = coalesce.StreamLoad(0.05, 0.2, 64)
+    seen = []
+    for _ in range(300):
+        load.started()
+        seen.append((load.running, load.seconds))
+    values = dict(seen)
+    assert values[1] == values[64] == 0.05 and values[128] == pytest.approx(0.1) and values[256] == pytest.approx(0.2)
+    assert values[300] == 0.2  # capped at the longest
+    for _ in range(200):
+        load.ended()
+    assert load.running == 100 and load.seconds == pytest.approx(0.05 * 100 / 64)
+    for _ in range(500):  # more ends than starts never go below none running
+        load.ended()
+    assert (load.running, load.seconds) == (0, 0.05)
+    fixed = coalesce.StreamLoad(0.05, 0.2, 0)  # 0 streams: never grows
+    for _ in range(1000):
+        fixed.started()
+    assert fixed.seconds == 0.05 and coalesce.StreamLoad(0.05, 0.01, 4).max_s == 0.05  # max below base: base
+
+
+def test_a_flusher_on_a_load_spaces_its_chunks_by_the_interval_now(clock: Clock) -> None:
+    loop = FakeLoop()
+    load = coalesce.StreamLoad(0.05, 0.2, 2)
+    chunks: list[tuple[float, str]] = []
+    flusher = IntervalFlusher(load, lambda text: chunks.append((clock.now, text)), loop)  # type: ignore[arg-type]
+    assert flusher.interval_s == 0.05
+    flusher.push("a")  # the first at once
+    for _ in range(8):  # 8 streams over the 2 the base serves: 4 x 50 ms, capped at 200 ms
+        load.started()
+    assert flusher.interval_s == 0.2
+    clock.now += 0.06
+    flusher.push("b")  # the 50 ms due when "a" left have passed: goes, and the next waits 200 ms
+    clock.now += 0.1
+    flusher.push("c")
+    assert [text for _, text in chunks] == ["a", "b"] and loop.timers[0][0] == pytest.approx(clock.now - 0.1 + 0.2)

@@ -3,7 +3,9 @@
 It streams what the product streams, at the same rate and through the same Cog-side machinery, with
 none of the product's own work: each prediction emits ``n`` one-character "tokens", one per step of
 ``step_ms`` (the stand-in engine's rate), through the product's stream interval
-(:class:`cog_triton.coalesce.IntervalFlusher`, ``COG_TRITON_STREAM_INTERVAL_MS``) and its bridge to
+(:class:`cog_triton.coalesce.IntervalFlusher`, ``COG_TRITON_STREAM_INTERVAL_MS``, growing under load as the
+product's does: :class:`cog_triton.coalesce.StreamLoad`, ``COG_TRITON_STREAM_INTERVAL_STREAMS`` and
+``COG_TRITON_STREAM_INTERVAL_MAX_MS``, the product's defaults when unset) and its bridge to
 coglet (:mod:`cog_triton.cog_bridge`). One task steps every running prediction, as the stand-in's
 clock does, so the per-token work here is a list append. What this path carries is what coglet and
 the bridge carry: the product can come close to it, not above it, at the same stream interval.
@@ -23,7 +25,8 @@ import cog
 from cog import BasePredictor, ConcatenateIterator, Input
 
 from cog_triton import cog_bridge
-from cog_triton.coalesce import IntervalFlusher
+from cog_triton.coalesce import IntervalFlusher, StreamLoad
+from cog_triton.settings import Settings
 from cog_triton.metrics import record_time_to_first_token
 
 cog_bridge.install_cancel_hook()
@@ -47,7 +50,8 @@ class _Stream:
 class _Clock:
     """One step every ``step_s`` for every running prediction (one asyncio task for all of them)."""
 
-    def __init__(self) -> None:
+    def __init__(self, load: StreamLoad) -> None:
+        self.load = load
         self.streams: dict[int, list[_Stream]] = {}  # step in µs -> streams
         self.tasks: dict[int, asyncio.Task[None]] = {}
 
@@ -69,6 +73,7 @@ class _Clock:
             done = []
             for stream in streams:
                 if stream.output.cancelled.is_set():
+                    self.load.ended()
                     done.append(stream)
                     continue
                 stream.flusher.push(ALPHABET[stream.sent % len(ALPHABET)])
@@ -80,6 +85,7 @@ class _Clock:
                     stream.flusher.close()
                     stream.scope.record_metric("output_token_count", stream.n)
                     stream.output.end()
+                    self.load.ended()
                     done.append(stream)
             for stream in done:
                 streams.remove(stream)
@@ -87,7 +93,10 @@ class _Clock:
 
 class Predictor(BasePredictor):
     def setup(self) -> None:
-        self.interval_s = float(os.environ.get("COG_TRITON_STREAM_INTERVAL_MS", "50")) / 1e3
+        defaults = Settings.model_fields
+        value = lambda name: float(os.environ.get(f"COG_TRITON_{name.upper()}", defaults[name].default))  # noqa: E731
+        self.load = StreamLoad(value("stream_interval_ms") / 1e3, value("stream_interval_max_ms") / 1e3,
+                               value("stream_interval_streams"))
         self.clock: Optional[_Clock] = None
 
     @cog.streaming
@@ -98,13 +107,14 @@ class Predictor(BasePredictor):
     ) -> ConcatenateIterator[str]:
         started = time.monotonic()
         if self.clock is None:
-            self.clock = _Clock()
+            self.clock = _Clock(self.load)
         scope = cog.current_scope()
         output = cog_bridge.PredictionOutput()
-        flusher = IntervalFlusher(self.interval_s, output.put, asyncio.get_running_loop())
+        flusher = IntervalFlusher(self.load, output.put, asyncio.get_running_loop())
+        self.load.started()  # ended by the clock, on this loop, when the stream has all its tokens
+        generator: Iterator[str] = cog_bridge.output_generator(output)
         scope.record_metric("input_token_count", 0)
         # when predict() began (the product's timing metric has it too): the TTFT phases' "coglet to predict()"
         scope.record_metric("timing", {"run_at_monotonic": started})
         self.clock.add(int(round(step_ms * 1000)), _Stream(n, flusher, output, scope, started))
-        generator: Iterator[str] = cog_bridge.output_generator(output)
         return generator
