@@ -460,6 +460,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         help="--engine pytorch: the direct tensorrt_llm path's stream_interval_ms (the model joins a "
                         "request's tokens per interval, the first at once, as the predictor asks it to with "
                         "COG_TRITON_STREAM_INTERVAL_MS); default: none, each step's tokens")
+    parser.add_argument("--llm-stream-interval", type=int, default=1,
+                        help="--engine pytorch: the LLM API's stream_interval (COG_TRITON_LLM_STREAM_INTERVAL): a "
+                        "response on a request's first step, then every this many steps (default 1: every step)")
     parser.add_argument("--smoke", action="store_true", help="a short run for tests")
     parser.add_argument("--soak", action="store_true",
                         help="soak run: 16 streams through Cog, 1 in 5 cancelled, a backend stub SIGKILLed part-way")
@@ -503,6 +506,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                 break
         else:
             args.groups.append((step, [streams]))
+    if args.llm_stream_interval != 1 and (args.engine != "pytorch" or args.llm_stream_interval < 1):
+        parser.error("--llm-stream-interval needs --engine pytorch and a positive number of steps")
     if args.model_interval_ms is not None and (args.engine != "pytorch" or not 0 <= args.model_interval_ms <= 10_000):
         parser.error("--model-interval-ms needs --engine pytorch and 0..10000 (the PyTorch-backend model's input)")
     if args.engine_instances is None:
@@ -554,6 +559,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "stream_processes": _setting("stream_process_count"),
         "sender_threads": args.sender_threads,
         "model_interval_ms": args.model_interval_ms,
+        "llm_stream_interval": args.llm_stream_interval,
         "end_id_after": args.end_id_after,
         "batch_limit": args.batch_limit,
         "cog_concurrency": args.cog_concurrency,

@@ -44,7 +44,8 @@ def markdown(doc: dict[str, Any]) -> str:
         + (f", stand-in ({meta.get('engine_instances', 1)} instance(s), {meta['sender_threads']} sender thread(s) "
            "each)" if meta["engine"] == "standin" else "")
         + (", the PyTorch-backend model over the paced LLM API stand-in (one instance; the direct path's "
-           f"stream_interval_ms {_num(meta.get('model_interval_ms'), '{:g}')}, the predictor's its stream interval)"
+           f"stream_interval_ms {_num(meta.get('model_interval_ms'), '{:g}')}, the predictor's its stream interval; "
+           f"the LLM's stream_interval {meta.get('llm_stream_interval', 1)})"
            if meta["engine"] == "pytorch" else "")
         + f", engine batch limit {meta['batch_limit']}, COG_MAX_CONCURRENCY {meta['cog_concurrency']}, "
         f"stream interval {_num(meta.get('stream_interval_ms'), '{:g}')} ms, "

@@ -83,7 +83,7 @@ def write_standin_templates(target: Path, *, step_ms: float, sender_threads: int
 
 
 def pytorch_standin_config(*, step_ms: float, text_file: Path = STANDIN_TEXT,
-                           cancellation_check_period_ms: float = 100.0) -> str:
+                           cancellation_check_period_ms: float = 100.0, llm_stream_interval: int = 1) -> str:
     """The config.pbtxt of the ``--engine pytorch`` wrapper (``benchmarks/standin_pytorch``), made from the
     product's PyTorch-backend template: its tensors and parameters as they are, its own placeholders that setup()
     fills for the reference model kept as placeholders, the rest filled here, and a parameter for every other
@@ -112,13 +112,15 @@ def pytorch_standin_config(*, step_ms: float, text_file: Path = STANDIN_TEXT,
     # samplers.py); the paced stand-in does the same work under either sampler.
     for key, value in (("pytorch_model", (PYTORCH_MODEL_DIR / "1" / "model.py").resolve()),
                        ("standin_root", LLMAPI_STANDIN_ROOT.resolve()), ("step_ms", step_ms),
-                       ("text_file", text_file.resolve()), ("sampler_type", "TRTLLMSampler")):
+                       ("text_file", text_file.resolve()), ("sampler_type", "TRTLLMSampler"),
+                       ("stream_interval", llm_stream_interval)):
         escaped = str(value).replace("\\", "\\\\").replace('"', '\\"')
         lines.append(f'parameters: {{ key: "{key}" value: {{ string_value: "{escaped}" }} }}')
     return "\n".join(lines) + "\n"
 
 
-def write_pytorch_standin_templates(target: Path, *, step_ms: float, text_file: Path = STANDIN_TEXT) -> Path:
+def write_pytorch_standin_templates(target: Path, *, step_ms: float, text_file: Path = STANDIN_TEXT,
+                                    llm_stream_interval: int = 1) -> Path:
     """A template folder (for COG_TRITON_TEMPLATE_DIR): the product's templates, with the PyTorch-backend model's
     benchmark wrapper as ``tensorrt_llm_reference`` (the folder setup() renders for a checkpoint)."""
     shutil.rmtree(target, ignore_errors=True)
@@ -128,7 +130,8 @@ def write_pytorch_standin_templates(target: Path, *, step_ms: float, text_file: 
     llm = target / "tensorrt_llm_reference"
     (llm / "1").mkdir(parents=True)
     shutil.copy2(PYTORCH_STANDIN_DIR / "1" / "model.py", llm / "1" / "model.py")
-    (llm / "config.pbtxt").write_text(pytorch_standin_config(step_ms=step_ms, text_file=text_file))
+    (llm / "config.pbtxt").write_text(pytorch_standin_config(step_ms=step_ms, text_file=text_file,
+                                                            llm_stream_interval=llm_stream_interval))
     return target
 
 
@@ -203,7 +206,8 @@ class Stack:
             )
             env["COG_TRITON_TEMPLATE_DIR"] = str(templates)
         elif args.engine == "pytorch":
-            templates = write_pytorch_standin_templates(self.work / "templates", step_ms=args.step_ms)
+            templates = write_pytorch_standin_templates(self.work / "templates", step_ms=args.step_ms,
+                                                        llm_stream_interval=args.llm_stream_interval)
             env["COG_TRITON_TEMPLATE_DIR"] = str(templates)
         self.cog = CogServer(env, log_file=self.work / "cog.log", max_concurrency=args.cog_concurrency)
         log.info("starting the stack (%s engine); logs in %s", args.engine, self.work)

@@ -260,6 +260,15 @@ class Settings(BaseSettings):
         default=GuidedDecodingBackend.XGRAMMAR,
         description="PyTorch backend: guided decoding (structured output) backend: xgrammar, llguidance or none.",
     )
+    llm_stream_interval: int = Field(
+        default=1,
+        ge=1,
+        le=1000,
+        description="PyTorch backend: the LLM API's stream_interval: a streaming request gets a response on its first "
+        "step, then every this many steps, and on its last (1: every step, as the C++ backend). Each response is work "
+        "for the one Python process that hosts the LLM (about 20,000 a second on a 16-core host): raise it (e.g. 4) "
+        "when streams x steps per second exceed that (docs/performance.md).",
+    )
     llm_sampler: LlmSampler = Field(
         default=LlmSampler.AUTO,
         description="PyTorch backend: the sampler (the LLM API's sampler_type): auto and TorchSampler (1.2.1's "
@@ -501,6 +510,7 @@ class Settings(BaseSettings):
             "enable_chunked_prefill": e + "ENABLE_CHUNKED_CONTEXT",
             "guided_decoding_backend": e + "LLM_GUIDED_DECODING_BACKEND",
             "sampler_type": e + "LLM_SAMPLER",
+            "stream_interval": e + "LLM_STREAM_INTERVAL",
         }
         optional = {
             "max_batch_size": (self.llm_max_batch_size, "LLM_MAX_BATCH_SIZE"),
@@ -528,6 +538,7 @@ class Settings(BaseSettings):
             enable_chunked_prefill=self.enable_chunked_context,
             guided_decoding_backend=None if guided is GuidedDecodingBackend.NONE else guided.value,
             sampler_type=self.llm_sampler.value,
+            stream_interval=self.llm_stream_interval,
             enable_lora=self.llm_enable_lora,
             max_lora_rank=self.llm_max_lora_rank,
             max_loras=self.llm_max_loras,

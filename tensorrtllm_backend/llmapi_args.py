@@ -157,6 +157,7 @@ class LlmApiOptions:
     enable_chunked_prefill: bool = False
     guided_decoding_backend: Optional[str] = "xgrammar"
     sampler_type: str = AUTO
+    stream_interval: int = 1
     enable_lora: bool = False
     max_lora_rank: int = DEFAULT_MAX_LORA_RANK
     max_loras: int = DEFAULT_MAX_LORAS
@@ -302,8 +303,8 @@ def build_llm_args(options: LlmApiOptions, info: "WeightsInfo") -> dict[str, Any
         A JSON-serialisable dict: ``model``/``tokenizer`` (folders), parallel sizes, ``max_seq_len`` (the setting,
         else the checkpoint's as the backend infers it), ``max_batch_size``/``max_num_tokens`` when set,
         ``kv_cache_config`` (``free_gpu_memory_fraction``, ``enable_block_reuse``, ``max_tokens``),
-        ``enable_chunked_prefill``, ``guided_decoding_backend``, ``sampler_type`` unless auto, ``lora_config`` when
-        LoRA is on, then ``options.extra`` deep-merged.
+        ``enable_chunked_prefill``, ``guided_decoding_backend``, ``sampler_type`` unless auto, ``stream_interval``
+        unless 1, ``lora_config`` when LoRA is on, then ``options.extra`` deep-merged.
 
     Raises:
         ConfigError: the weights are an engine, ``max_seq_len`` exceeds what the checkpoint supports, a LoRA
@@ -345,6 +346,8 @@ def build_llm_args(options: LlmApiOptions, info: "WeightsInfo") -> dict[str, Any
         args["guided_decoding_backend"] = options.guided_decoding_backend
     if options.sampler_type != AUTO:
         args["sampler_type"] = options.sampler_type
+    if options.stream_interval != 1:  # TorchLlmArgs' default is 1
+        args["stream_interval"] = options.stream_interval
     if options.enable_lora:
         unknown = [m for m in options.lora_target_modules if m not in SUPPORTED_MODULES]
         if unknown or not options.lora_target_modules:

@@ -205,7 +205,7 @@ def test_settings_map_to_their_llm_api_fields(monkeypatch, smollm2):
      "already sets"),
     ({"max_seq_len": 100}, "which the setting COG_TRITON_LLM_MAX_SEQ_LEN already sets"),
     ({"model": "/elsewhere"}, "set 'model', which this image sets from the weights"),
-    ({"stream_interval": 0}, "stream_interval must be a positive integer, got 0"),
+    ({"max_batch_size": 0}, "max_batch_size must be a positive integer, got 0"),
     ({"cuda_graph_config": 4}, "cuda_graph_config must be a mapping of its fields, got int"),
 ])
 def test_extra_arguments_are_checked_before_triton_starts(monkeypatch, smollm2, extra, fragment):
@@ -463,3 +463,13 @@ def test_a_tensor_parallel_checkpoint_runs_one_triton_under_mpirun_whose_llm_spa
     assert len([a for a in argv if a.endswith("/tritonserver")]) == 1
     args = json.loads((tmp_path / "repo" / "tensorrt_llm" / "1" / "llm_args.json").read_text())
     assert args["tensor_parallel_size"] == 2 and "_mpi_session" not in args
+
+
+def test_the_llm_stream_interval_setting_becomes_stream_interval(monkeypatch, smollm2):
+    """COG_TRITON_LLM_STREAM_INTERVAL: TorchLlmArgs.stream_interval, sent unless 1 (its default); the extra arguments
+    may not set it again."""
+    assert "stream_interval" not in build_llm_args(env_settings(monkeypatch).llm_api_options(), smollm2)
+    args = build_llm_args(env_settings(monkeypatch, LLM_STREAM_INTERVAL="4").llm_api_options(), smollm2)
+    assert args["stream_interval"] == 4
+    with pytest.raises(ConfigError, match="COG_TRITON_LLM_STREAM_INTERVAL already sets"):
+        build_llm_args(env_settings(monkeypatch, LLM_ARGS='{"stream_interval": 2}').llm_api_options(), smollm2)

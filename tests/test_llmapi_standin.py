@@ -526,3 +526,15 @@ def test_paced_mode_cycles_the_text_in_batched_steps(trtllm, checkpoint_dir, hf_
         assert paced._executor.steps - before <= 7
     finally:
         paced.shutdown()
+
+
+def test_stream_interval_sends_the_first_step_then_every_nth_and_the_last(trtllm, checkpoint_dir, prompt, hf_greedy):
+    """py_executor.py _handle_responses (1.2-era): a response on decoding iteration 1, on every multiple of
+    TorchLlmArgs.stream_interval, and when finished; every token is delivered."""
+    llm = trtllm.LLM(str(checkpoint_dir), max_batch_size=4, max_seq_len=256, stream_interval=4)
+    try:
+        steps = collect(llm, prompt, end_id=-1, max_tokens=10, top_k=1)
+    finally:
+        llm.shutdown()
+    assert [len(s[0]) for s in steps] == [1, 3, 4, 2]  # tokens 1, 2-4, 5-8, 9-10 (the last)
+    assert [t for s in steps for t in s[0]] == hf_greedy[:10] and [s[1] for s in steps] == [False] * 3 + [True]

@@ -13,7 +13,8 @@ setup() renders for a Hugging Face checkpoint), so the real Cog server and predi
   ``text_file``) before the product model builds its LLM;
 * gives the product model its LLM arguments from the rendered parameters (``load_llm_args``): ``model`` =
   ``hf_model_dir``, ``max_batch_size`` = the config's ``max_batch_size``, ``max_seq_len``, ``sampler_type``
-  (``benchmarks.stack`` sets TRTLLMSampler: its requests carry ``min_tokens`` and seeds).
+  (``benchmarks.stack`` sets TRTLLMSampler: its requests carry ``min_tokens`` and seeds), ``stream_interval``
+  (``scripts/benchmark --llm-stream-interval``).
 
 One instance, as upstream's ``llmapi`` model (triton_backend/all_models/llmapi/tensorrt_llm/config.pbtxt
 @0a710573: ``count: 1``): one LLM per GPU.
@@ -74,6 +75,8 @@ class TritonPythonModel:
             llm_args["max_seq_len"] = int(_param(params, "max_seq_len"))
         if _param(params, "sampler_type"):
             llm_args["sampler_type"] = _param(params, "sampler_type")
+        if _param(params, "stream_interval") not in ("", "1"):
+            llm_args["stream_interval"] = int(_param(params, "stream_interval"))
         product = load_product_model(_param(params, "pytorch_model"))
 
         class BenchmarkModel(product.TritonPythonModel):

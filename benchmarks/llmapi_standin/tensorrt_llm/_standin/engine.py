@@ -10,7 +10,10 @@ docstrings, with sources):
   END_ID, reported 'stop'; the end token was already added to the request's tokens:
   ``tensorrt_llm/_torch/pyexecutor/sampler.py`` @28edbcdb ``TorchSampler``: ``add_token`` then
   ``_handle_stop_criteria``), the token limit ('length');
-* streaming: one response per step with the step's new ids; otherwise one final response with all ids;
+* streaming: a response with the new ids on a request's first step, then every ``stream_interval``-th step
+  (``TorchLlmArgs.stream_interval``, 1: every step), and on its last (``_torch/pyexecutor/py_executor.py``
+  ``_handle_responses``, 1.2-era index copy: ``py_decoding_iter == 1``, finished, or ``py_decoding_iter %
+  stream_interval == 0``); otherwise one final response with all ids;
 * ``abort_request`` (``_torch/pyexecutor/py_executor.py`` ``_handle_canceled_requests`` and
   ``executor_request_queue.py`` @007a7508 ``update_waiting_queue``; the 1.2-era executor loop): at the engine's next
   step the waiting requests are admitted to free slots first; an aborted request that is then active ends with
@@ -315,9 +318,10 @@ class Engine:
     def __init__(self, *, max_batch_size: int, vocab_size: int, model: Any = None, lora: Optional[LoraStore] = None,
                  grammar_compiler: Any = None, paced_step_s: Optional[float] = None,
                  cycle: Sequence[int] = (), log: Callable[[str], None] = lambda message: None,
-                 sampler: str = TORCH_SAMPLER) -> None:
+                 sampler: str = TORCH_SAMPLER, stream_interval: int = 1) -> None:
         self.max_batch_size = max_batch_size
         self.sampler = sampler
+        self.stream_interval = max(1, int(stream_interval))
         self._generator = None
         self.vocab_size = vocab_size
         self.model = model
@@ -471,6 +475,9 @@ class Engine:
             return self._finish(request, "length")
         if not request.streaming:
             return None
+        made = len(request.tokens)
+        if made != 1 and made % self.stream_interval:
+            return None  # stream_interval: held until its step (or the last)
         start, request.sent = request.sent, len(request.tokens)
         logprobs = request.logprobs[start:] if request.params.logprobs else None
         return EngineResponse(list(request.tokens[start:]), logprobs)

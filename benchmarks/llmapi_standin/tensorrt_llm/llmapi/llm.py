@@ -146,7 +146,7 @@ class LLM:
         self._executor = Engine(
             max_batch_size=int(args.max_batch_size or DEFAULT_MAX_BATCH_SIZE), vocab_size=vocab, model=model,
             lora=lora, grammar_compiler=compiler, paced_step_s=step_s, cycle=cycle, log=logger.warning,
-            sampler=self.sampler)
+            sampler=self.sampler, stream_interval=args.stream_interval)
 
     # -- generation -------------------------------------------------------------------------------
     def generate_async(self, inputs: Any, sampling_params: Optional[SamplingParams] = None,
