@@ -238,17 +238,86 @@ def test_a_fetch_failing_midway_leaves_nothing_half_written(hub, tmp_path):
     _previous(target)
     with pytest.raises(WeightsError) as info:
         fetch_weights("hf://me/tiny", target)
-    assert info.value.message.startswith("hf://me/tiny")
+    assert type(info.value) is WeightsError
+    assert info.value.message == ("hf://me/tiny: a file listed in the repository was not found at its commit "
+                                  f"(model-2.safetensors does not exist on \"{commit_of('me/tiny', 'main')}\")")
     assert any(path != "model-2.safetensors" for _, _, path in hub.gets), "other files had arrived"
     assert_untouched(target)
 
 
 def test_an_unreachable_hub_is_a_download_error(tmp_path, monkeypatch):
+    """Nothing listens: under huggingface_hub 0.x the error is requests' ConnectionError, an OSError, which must
+    not read as a disk failure."""
     with FakeHub() as hub:
         hub.use(monkeypatch)
     # the server is stopped: nothing listens on its port any more
-    with pytest.raises(DownloadError, match="hf://me/tiny could not be fetched"):
+    with pytest.raises(DownloadError, match=r"^\[download_error\] hf://me/tiny could not be fetched: the Hub could "
+                                            r"not be reached \((ConnectionError|ConnectError): "):
         fetch_weights("hf://me/tiny", tmp_path / "w", timeout_s=5)
+
+
+@pytest.mark.parametrize("failing,status", [("/api/models/", 500), ("/resolve/", 403)])
+def test_an_error_answer_is_a_download_error_naming_the_status(hub, tmp_path, failing, status):
+    """HTTP 500 from the metadata API; 403 (no Hub error code: a proxy's) from a file's HEAD, which
+    hf_hub_download wraps in a LocalEntryNotFoundError in every major (the status is read from its cause; a 5xx
+    there would be retried for ~20 s by huggingface_hub 0.x's http_backoff)."""
+    hub.add_repo("me/tiny", tiny_checkpoint())
+    hub.intercept = lambda method, path: (status, {"X-Error-Message": "not now"}) if failing in path else None
+    target = tmp_path / "w"
+    _previous(target)
+    with pytest.raises(DownloadError) as info:
+        fetch_weights("hf://me/tiny", target)
+    assert info.value.message == f"hf://me/tiny could not be fetched: the Hub answered HTTP {status} (not now)"
+    assert_untouched(target)
+
+
+def test_an_endpoint_that_is_not_a_hub_is_named(hub, tmp_path):
+    """A file answer without X-Repo-Commit (FileMetadataError, an OSError): not a disk failure."""
+    hub.add_repo("me/tiny", tiny_checkpoint())
+    hub.intercept = lambda method, path: (200, {"ETag": '"x"'}) if "/resolve/" in path else None
+    with pytest.raises(DownloadError) as info:
+        fetch_weights("hf://me/tiny", tmp_path / "w")
+    assert info.value.message.startswith("hf://me/tiny could not be fetched: the answer lacks the headers of a Hugging "
+                                         "Face Hub (X-Repo-Commit, ETag); is HF_ENDPOINT a Hugging Face Hub? "
+                                         "(FileMetadataError: ")
+
+
+def test_hf_hub_offline_is_honoured_by_the_guarded_client(hub, tmp_path, monkeypatch):
+    """HF_HUB_OFFLINE forbids reaching the Hub, also once this process's huggingface_hub client is the guarded one
+    (every hf:// fetch installs it): nothing is asked."""
+    import huggingface_hub.constants as constants
+
+    from cog_triton.fetch_guard import install_hub_guard
+
+    install_hub_guard()
+    hub.add_repo("me/tiny", tiny_checkpoint())
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(DownloadError) as info:
+        fetch_weights("hf://me/tiny", tmp_path / "w")
+    assert info.value.message == "hf://me/tiny cannot be fetched: HF_HUB_OFFLINE is set, which forbids reaching the Hub"
+    assert hub.requests == []
+
+
+def test_a_connection_opened_under_open_rules_is_not_reused_under_stricter_ones(hub, tmp_path):
+    """The operator's fetch (any endpoint) then a caller's held to public addresses, in one thread, to the same Hub
+    (HTTP/1.1, keep-alive): the caller's request gets a connection of its own, refused at its address.
+    huggingface_hub 0.x keeps one requests session per thread, whose pools would keep the first connection."""
+    import huggingface_hub
+
+    from common.errors import FetchRefusedError
+    from cog_triton.fetch_guard import hub_guard
+    from cog_triton.fetch_rules import FetchRules
+
+    hub.add_repo("me/tiny", tiny_checkpoint())
+    api = huggingface_hub.HfApi(endpoint=hub.url)
+    with hub_guard(FetchRules.open(), "checkpoints"):
+        assert api.model_info("me/tiny").sha == commit_of("me/tiny", "main")
+    asked = len(hub.requests)
+    with hub_guard(FetchRules(allow_http=True), "checkpoints"), \
+            pytest.raises(FetchRefusedError, match="127.0.0.1 is a loopback address; checkpoints are fetched only"):
+        api.model_info("me/tiny")
+    assert len(hub.requests) == asked
 
 
 def test_select_files_reads_only_top_level_tokenizer_and_metadata():

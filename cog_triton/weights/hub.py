@@ -22,7 +22,11 @@ then each of those files with ``hf_hub_download(revision=<commit>, local_dir=<st
 ``snapshot_download`` would, but in threads that keep the caller's fetch rules) (``HEAD`` then
 ``GET /{repo}/resolve/{commit}/{file}``,
 reading ``X-Repo-Commit``, ``ETag``/``X-Linked-Etag`` and ``Content-Length``/``X-Linked-Size``). The endpoint is
-``HF_ENDPOINT`` (huggingface_hub's own setting; tests point it at a local stand-in of the Hub).
+``HF_ENDPOINT`` (huggingface_hub's own setting; tests point it at a local stand-in of the Hub). The same calls
+exist in huggingface_hub 0.x (read in 0.36.0, the line the GPU image's transformers 4.x requires: ``hf_api.py``,
+``file_download.py``), which does them over requests instead of httpx; their failures differ by class between the
+majors and are classified once by :func:`cog_triton.hub_errors.classify_hub_error`, so every message below reads
+the same under 0.x, 1.x and 2.x (``tests/test_weights_hub_0x.py`` runs this module's tests under 0.36).
 
 The token is huggingface_hub's own lookup (``HF_TOKEN``, else the token file of ``huggingface-cli login``): it is
 never read into this module's messages or logs, and any text of the Hub's that is quoted in an error has it
@@ -53,6 +57,7 @@ from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any, Optional
 
+from cog_triton.hub_errors import HubFailure, classify_hub_error
 from cog_triton.weights.archive import _check_free_space
 from cog_triton.weights.cache import (
     MARKER_VERSION,
@@ -157,8 +162,9 @@ def fetch_hub(ref: HubRef, target: Path, source_key: str, *, timeout_s: float = 
     Raises:
         WeightsError: the repository, revision or files are not there, the repository is gated or private and no
             usable token is set, it holds no ``config.json`` or no safetensors weights, there is no room on disk, or
-            the files cannot be written. DownloadError (a WeightsError): the Hub could not be reached or answered
-            with an error. Messages name the reference, and never hold the token.
+            the files cannot be written. DownloadError (a WeightsError): the Hub could not be reached, the
+            connection broke, it answered with an error, ``HF_ENDPOINT`` answers but is not a Hub, or
+            ``HF_HUB_OFFLINE`` is set. Messages name the reference, and never hold the token.
     """
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -277,7 +283,6 @@ def _download(ref: HubRef, staging: Path, hub_cache: Path, timeout_s: float,
               token: Optional[str] = None) -> tuple[str, list[str], int]:
     """Resolve, list, choose and fetch the files into ``staging``; return (commit, files, total bytes)."""
     import huggingface_hub  # noqa: PLC0415 - only for hf:// sources
-    from huggingface_hub import errors as hf_errors  # noqa: PLC0415
     from huggingface_hub.hf_api import RepoFile  # noqa: PLC0415
 
     endpoint = os.environ.get("HF_ENDPOINT", "").strip().rstrip("/") or None
@@ -328,41 +333,46 @@ def _download(ref: HubRef, staging: Path, hub_cache: Path, timeout_s: float,
                 task.result()
     except (WeightsError, FetchRefusedError):
         raise
-    except hf_errors.RevisionNotFoundError:
-        raise WeightsError(
-            f"{display}: revision {ref.revision!r} was not found in {ref.repo_id} (give a branch, tag or commit of it)"
-        ) from None
-    except hf_errors.GatedRepoError:
-        raise WeightsError(
-            f"{display} is a gated repository and {token_note}: accept its license on the Hub with your account, "
-            "then set HF_TOKEN to a token of that account"
-        ) from None
-    except hf_errors.RepositoryNotFoundError:
-        raise WeightsError(
-            f"{display}: repository {ref.repo_id} was not found, or it is private and {token_note}"
-        ) from None
-    except hf_errors.RemoteEntryNotFoundError as exc:
-        raise WeightsError(
-            f"{display}: a file listed in the repository was not found at its commit: {_scrub(str(exc), token)}"
-        ) from None
-    except hf_errors.OfflineModeIsEnabled:
-        raise DownloadError(f"{display} cannot be fetched: HF_HUB_OFFLINE is set, which forbids reaching the Hub") \
-            from None
-    except hf_errors.HfHubHTTPError as exc:
-        status = exc.response.status_code if exc.response is not None else "?"
-        raise DownloadError(
-            f"{display} could not be fetched: the Hub answered HTTP {status}"
-            + (f" ({_scrub(exc.server_message, token)})" if exc.server_message else "")
-        ) from None
-    except (hf_errors.LocalEntryNotFoundError, ConnectionError, TimeoutError) as exc:
-        raise DownloadError(f"{display} could not be fetched: the Hub could not be reached ({type(exc).__name__}: "
-                            f"{_scrub(str(exc), token)})") from None
-    except OSError as exc:
-        raise WeightsError(f"{display} could not be written to {staging}: {_scrub(str(exc), token)}") from None
-    except Exception as exc:  # noqa: BLE001 - httpx errors and huggingface_hub's own; all mean "not fetched"
-        raise DownloadError(f"{display} could not be fetched: {type(exc).__name__}: {_scrub(str(exc), token)}") from None
+    except Exception as exc:  # noqa: BLE001 - huggingface_hub's, its HTTP stack's and the disk's: classified once
+        raise _failure_error(classify_hub_error(exc), display, ref, staging, token, token_note) from None
     _check_fetched(staging, files, listing, display)
     return commit, files, size
+
+
+def _failure_error(failure: HubFailure, display: str, ref: HubRef, staging: Path, token: Optional[str],
+                   token_note: str) -> WeightsError:
+    """The error of a failed fetch (:func:`cog_triton.hub_errors.classify_hub_error`), the same text under
+    huggingface_hub 0.x, 1.x and 2.x: WeightsError for what the repository lacks or the disk refused, DownloadError
+    for a Hub that could not be reached or answered with an error. Quoted text of the Hub's is scrubbed."""
+    kind = failure.kind
+    server = f" ({_scrub(failure.server_message, token)})" if failure.server_message else ""
+    if kind == "revision":
+        return WeightsError(f"{display}: revision {ref.revision!r} was not found in {ref.repo_id} (give a branch, tag "
+                            "or commit of it)")
+    if kind == "gated":
+        return WeightsError(f"{display} is a gated repository and {token_note}: accept its license on the Hub with "
+                            "your account, then set HF_TOKEN to a token of that account")
+    if kind == "repository":
+        return WeightsError(f"{display}: repository {ref.repo_id} was not found, or it is private and {token_note}")
+    if kind == "file":
+        return WeightsError(f"{display}: a file listed in the repository was not found at its commit{server}")
+    if kind == "offline":
+        return DownloadError(f"{display} cannot be fetched: HF_HUB_OFFLINE is set, which forbids reaching the Hub")
+    if kind == "http":
+        return DownloadError(f"{display} could not be fetched: the Hub answered HTTP {failure.status or '?'}{server}")
+    if kind == "not_a_hub":
+        return DownloadError(f"{display} could not be fetched: the answer lacks the headers of a Hugging Face Hub "
+                             f"(X-Repo-Commit, ETag); is HF_ENDPOINT a Hugging Face Hub? "
+                             f"({_scrub(failure.detail, token)})")
+    if kind == "unreachable":
+        return DownloadError(f"{display} could not be fetched: the Hub could not be reached "
+                             f"({_scrub(failure.detail, token)})")
+    if kind == "transport":
+        return DownloadError(f"{display} could not be fetched: the connection to the Hub failed "
+                             f"({_scrub(failure.detail, token)})")
+    if kind == "local":
+        return WeightsError(f"{display} could not be written to {staging}: {_scrub(str(failure.error), token)}")
+    return DownloadError(f"{display} could not be fetched: {_scrub(failure.detail, token)}")
 
 
 def _index_shards(path: Path, display: str) -> list[str]:
