@@ -5,6 +5,11 @@ Parsing and validation are pydantic-settings': booleans accept only true/false/1
 :class:`common.errors.ConfigError` naming the variable, the value and what is allowed.
 
 Every field is documented in README.md ("Settings"); the env name is ``COG_TRITON_<FIELD>``.
+
+Why one module (about 610 lines): one concern, the one typed settings object the design asks for (as pytriton's
+``TritonConfig.from_env`` and vLLM's ``envs.py``); docs/settings.md is generated from it. Most of its length is
+the fields' descriptions; what the settings are turned into (LLM API arguments, launch options) lives where it is
+used.
 """
 
 from __future__ import annotations
@@ -261,6 +266,14 @@ class Settings(BaseSettings):
         default="attn_q,attn_k,attn_v,attn_dense,mlp_h_to_4h,mlp_4h_to_h,mlp_gate",
         description="PyTorch backend: comma-separated TensorRT-LLM modules adapters may adapt.",
     )
+    llm_trust_remote_code: bool = Field(
+        default=False,
+        description="PyTorch backend: run code a checkpoint brings (the configuration, model or processor classes "
+        "its auto_map names, in *.py files beside it). Off: such a checkpoint is refused at setup, naming the file. "
+        "On: LLM(trust_remote_code=True), and an hf:// source also fetches the repository's top-level *.py files. "
+        "That code runs inside the server with its rights and environment (tokens included): only for a "
+        "repository you trust, pinned to a commit.",
+    )
     llm_args: str = Field(
         default="",
         description="PyTorch backend: further LLM API arguments as a JSON or YAML mapping (e.g. "
@@ -466,6 +479,7 @@ class Settings(BaseSettings):
             "kv_cache_config.enable_block_reuse": e + "ENABLE_KV_CACHE_REUSE",
             "enable_chunked_prefill": e + "ENABLE_CHUNKED_CONTEXT",
             "guided_decoding_backend": e + "LLM_GUIDED_DECODING_BACKEND",
+            "trust_remote_code": e + "LLM_TRUST_REMOTE_CODE",
         }
         optional = {
             "max_batch_size": (self.llm_max_batch_size, "LLM_MAX_BATCH_SIZE"),
@@ -497,6 +511,7 @@ class Settings(BaseSettings):
             max_loras=self.llm_max_loras,
             max_cpu_loras=self.llm_max_cpu_loras,
             lora_target_modules=tuple(m.strip() for m in self.llm_lora_target_modules.split(",") if m.strip()),
+            trust_remote_code=self.llm_trust_remote_code,
             extra=parse_llm_args_text(self.llm_args),
             sources=sources,
         )
