@@ -93,6 +93,55 @@ def test_an_index_names_the_shards_and_duplicates_are_not_fetched(hub, tmp_path)
     assert (info.quantization.algo, info.quantization.kv_cache_algo, info.quantization.supported) == ("FP8", "FP8", True)
 
 
+PROCESSOR = {"preprocessor_config.json": b'{"image_processor_type": "Qwen2VLImageProcessor"}',
+             "processor_config.json": b'{"processor_class": "Qwen2_5_VLProcessor"}',
+             "video_preprocessor_config.json": b"{}", "chat_template.json": b'{"chat_template": "{{ x }}"}'}
+
+
+def test_a_multimodal_checkpoint_comes_with_its_processor_files_and_passes_the_setup_check(hub, tmp_path):
+    """What TensorRT-LLM's LLM loads beside the weights of a multimodal architecture (its Hugging Face processor)
+    is fetched, so the setup check (tensorrtllm_backend.checkpoint) passes; a repository without the processor's
+    config is fetched, then refused by that check, naming the file."""
+    from common.errors import IncompatibleWeightsError
+    from tensorrtllm_backend.checkpoint import check_pytorch_checkpoint
+
+    files = tiny_checkpoint("Qwen2_5_VLForConditionalGeneration", model_type="qwen2_5_vl")
+    hub.add_repo("Qwen/tiny-VL", {**files, **PROCESSOR, "README.md": b"# card"})
+    target = tmp_path / "w"
+    fetch_weights("hf://Qwen/tiny-VL", target)
+    assert set(PROCESSOR) <= set(resolved_gets(hub)) and "README.md" not in resolved_gets(hub)
+    check_pytorch_checkpoint(inspect_weights(target))
+
+    hub.add_repo("Qwen/tiny-VL-bare", files)
+    fetch_weights("hf://Qwen/tiny-VL-bare", tmp_path / "bare")
+    with pytest.raises(IncompatibleWeightsError, match="preprocessor_config.json, which the checkpoint lacks"):
+        check_pytorch_checkpoint(inspect_weights(tmp_path / "bare"))
+
+
+def test_the_repositorys_code_is_fetched_only_when_allowed(hub, tmp_path):
+    """Top-level *.py files (what auto_map names) only with hub_code (COG_TRITON_LLM_TRUST_REMOTE_CODE); a fetch
+    without them is not reused for one that wants them. Then the setup check passes with the setting."""
+    from common.errors import IncompatibleWeightsError
+    from tensorrtllm_backend.checkpoint import check_pytorch_checkpoint
+
+    files = tiny_checkpoint(auto_map={"AutoConfig": "configuration_x.XConfig"})
+    code = {"configuration_x.py": b"# code\n", "modeling_x.py": b"# code\n", "sub/helper.py": b"# code\n"}
+    hub.add_repo("me/custom", {**files, **code})
+    target = tmp_path / "w"
+    fetch_weights("hf://me/custom", target)
+    assert not [p for p in resolved_gets(hub) if p.endswith(".py")]
+    with pytest.raises(IncompatibleWeightsError, match="COG_TRITON_LLM_TRUST_REMOTE_CODE=true"):
+        check_pytorch_checkpoint(inspect_weights(target))
+    with pytest.raises(IncompatibleWeightsError, match="needs configuration_x.py beside it"):
+        check_pytorch_checkpoint(inspect_weights(target), trust_remote_code=True)
+    assert fetch_weights("hf://me/custom", target).skipped is True
+    gets = len(hub.gets)
+    assert fetch_weights("hf://me/custom", target, hub_code=True).skipped is False
+    assert sorted(p for _, _, p in hub.gets[gets:] if p.endswith(".py")) == ["configuration_x.py", "modeling_x.py"]
+    check_pytorch_checkpoint(inspect_weights(target), trust_remote_code=True)
+    assert fetch_weights("hf://me/custom", target, hub_code=True).skipped is True
+
+
 def test_a_revision_is_resolved_to_its_commit(hub, tmp_path):
     hub.add_repo("me/tiny", tiny_checkpoint(), revisions=("main", "v1.0"))
     result = fetch_weights("hf://me/tiny@v1.0", tmp_path / "w")
@@ -322,9 +371,14 @@ def test_a_connection_opened_under_open_rules_is_not_reused_under_stricter_ones(
 
 def test_select_files_reads_only_top_level_tokenizer_and_metadata():
     listing = {"config.json": 1, "model.safetensors": 2, "sub/tokenizer.json": 3, "tokenizer.model": 4,
-               "x.tiktoken": 5, "quant_cfg.json": 6, "sub/model.safetensors": 7}
+               "x.tiktoken": 5, "quant_cfg.json": 6, "sub/model.safetensors": 7, "preprocessor_config.json": 8,
+               "sub/preprocessor_config.json": 9, "modeling_x.py": 10, "sub/x.py": 11}
     assert select_files(listing, None, "hf://a/b") == [
-        "config.json", "model.safetensors", "quant_cfg.json", "tokenizer.model", "x.tiktoken"]
+        "config.json", "model.safetensors", "preprocessor_config.json", "quant_cfg.json", "tokenizer.model",
+        "x.tiktoken"]
+    assert select_files(listing, None, "hf://a/b", code=True) == [
+        "config.json", "model.safetensors", "modeling_x.py", "preprocessor_config.json", "quant_cfg.json",
+        "tokenizer.model", "x.tiktoken"]
     with pytest.raises(WeightsError, match="names b.safetensors, which the repository lacks"):
         select_files(listing, ["b.safetensors"], "hf://a/b")
     assert parse_hub_ref(" hf://Org/Name.v2@refs/pr/1 ").revision == "refs/pr/1"

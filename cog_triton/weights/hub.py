@@ -13,7 +13,15 @@ mix two versions):
   index every top-level ``*.safetensors``. Duplicates in other formats (``*.bin``, ``*.pt``, ``*.pth``,
   ``*.gguf``, ``consolidated.*`` not named by the index, sub-folders such as ``original/``) are not fetched; a
   repository without safetensors weights is refused;
-* the tokenizer files (:data:`TOKENIZER_FILES`, ``*.tiktoken``) and chat templates, at the top level.
+* the tokenizer files (:data:`TOKENIZER_FILES`, ``*.tiktoken``) and chat templates, at the top level;
+* the Hugging Face processor's files (:data:`tensorrtllm_backend.checkpoint.PROCESSOR_FILES`:
+  ``preprocessor_config.json``, ``processor_config.json``, ``video_preprocessor_config.json``,
+  ``chat_template.json``), at the top level: TensorRT-LLM's ``LLM`` loads the processor of a multimodal architecture
+  when it loads the model, even to serve text (``tensorrtllm_backend.checkpoint``, which refuses such a checkpoint
+  without them);
+* only when the operator allows a checkpoint's own code (``code=True``: ``COG_TRITON_LLM_TRUST_REMOTE_CODE``), the
+  repository's top-level ``*.py`` files (the modules its ``auto_map`` entries name). Without it none is fetched,
+  and a checkpoint whose files name code is refused at setup.
 
 How (huggingface_hub 2.4.0, read in ``.venv/lib/python3.11/site-packages/huggingface_hub``):
 ``HfApi.model_info`` (``GET /api/models/{repo}/revision/{revision}``: the commit ``sha``, ``gated``), then
@@ -71,6 +79,7 @@ from cog_triton.weights.cache import (
 )
 from common.errors import DownloadError, FetchRefusedError, WeightsError
 from common.files import KEEP_NAMES
+from tensorrtllm_backend.checkpoint import PROCESSOR_FILES
 
 log = logging.getLogger("cog_triton.weights")
 
@@ -92,6 +101,8 @@ TOKENIZER_FILES = (
     "vocab.json", "vocab.txt", "merges.txt", "chat_template.jinja", "chat_template.json",
 )  # fmt: skip
 TOKENIZER_PATTERNS = ("*.tiktoken",)
+#: The repository's own code, fetched only with ``code=True``: top-level Python modules.
+CODE_PATTERNS = ("*.py",)
 #: Free disk kept beyond the checkpoint's own size when checking for room, bytes.
 FREE_SPACE_SLACK_BYTES = 64 << 20
 
@@ -150,7 +161,7 @@ class HubFetch:
 
 
 def fetch_hub(ref: HubRef, target: Path, source_key: str, *, timeout_s: float = 60.0,
-              token: Optional[str] = None) -> HubFetch:
+              token: Optional[str] = None, code: bool = False) -> HubFetch:
     """Fetch the checkpoint ``ref`` names into ``target`` (see the module docstring), under the target's lock.
 
     Args:
@@ -158,6 +169,8 @@ def fetch_hub(ref: HubRef, target: Path, source_key: str, *, timeout_s: float = 
         timeout_s: seconds to wait for each of the Hub's answers (metadata calls and the ``HEAD`` of each file).
         token: a Hugging Face token for this fetch only (``cog train``'s hf_token input); None: huggingface_hub's
             own lookup (``HF_TOKEN``, the login token file).
+        code: also fetch the repository's top-level ``*.py`` files (the operator allowed remote code); a fetch
+            without them is not reused for one with them (the marker key differs).
 
     Raises:
         WeightsError: the repository, revision or files are not there, the repository is gated or private and no
@@ -166,6 +179,8 @@ def fetch_hub(ref: HubRef, target: Path, source_key: str, *, timeout_s: float = 
             connection broke, it answered with an error, ``HF_ENDPOINT`` answers but is not a Hub, or
             ``HF_HUB_OFFLINE`` is set. Messages name the reference, and never hold the token.
     """
+    if code:
+        source_key += "+code"
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -177,10 +192,11 @@ def fetch_hub(ref: HubRef, target: Path, source_key: str, *, timeout_s: float = 
                      ref.text, target, len(marker["files"]), (marker.get("hub") or {}).get("commit"))
             files = tuple(entry["path"] for entry in marker["files"])
             return HubFetch((marker.get("hub") or {}).get("commit"), files, int(marker["size_bytes"]), True)
-        return _fetch_into(ref, target, source_key, timeout_s, token)
+        return _fetch_into(ref, target, source_key, timeout_s, token, code)
 
 
-def _fetch_into(ref: HubRef, target: Path, source_key: str, timeout_s: float, token: Optional[str]) -> HubFetch:
+def _fetch_into(ref: HubRef, target: Path, source_key: str, timeout_s: float, token: Optional[str],
+                code: bool) -> HubFetch:
     started = time.monotonic()
     log.info("fetching the checkpoint %s from the Hugging Face Hub into %s", ref.text, target)
     try:
@@ -190,7 +206,7 @@ def _fetch_into(ref: HubRef, target: Path, source_key: str, timeout_s: float, to
     except OSError as exc:
         raise WeightsError(f"could not prepare {target}: {exc}") from exc
     try:
-        commit, files, size = _download(ref, staging, hub_cache, timeout_s, token)
+        commit, files, size = _download(ref, staging, hub_cache, timeout_s, token, code)
         shutil.rmtree(staging / ".cache", ignore_errors=True)  # huggingface_hub's local_dir metadata
         try:
             for name in KEEP_NAMES:
@@ -220,12 +236,13 @@ def _fetch_into(ref: HubRef, target: Path, source_key: str, timeout_s: float, to
     return HubFetch(commit, tuple(files), size, False)
 
 
-def select_files(listing: dict[str, int], shards: Optional[list[str]], display: str) -> list[str]:
+def select_files(listing: dict[str, int], shards: Optional[list[str]], display: str, code: bool = False) -> list[str]:
     """The files of ``listing`` (path -> size in bytes, the repository's tree) that a checkpoint needs.
 
     Args:
         shards: the weight files ``model.safetensors.index.json`` names (None: the repository has no index).
         display: the reference, for messages.
+        code: also the top-level ``*.py`` files (:data:`CODE_PATTERNS`).
 
     Raises:
         WeightsError: no ``config.json``, no safetensors weights, or the index names a file the repository lacks.
@@ -253,6 +270,9 @@ def select_files(listing: dict[str, int], shards: Optional[list[str]], display: 
     wanted = [p for p in METADATA_FILES if p in top]
     wanted += [p for p in TOKENIZER_FILES if p in top]
     wanted += sorted(p for p in top if any(fnmatch(p, pattern) for pattern in TOKENIZER_PATTERNS))
+    wanted += [p for p in PROCESSOR_FILES if p in top]
+    if code:
+        wanted += sorted(p for p in top if any(fnmatch(p, pattern) for pattern in CODE_PATTERNS))
     return sorted(set(wanted) | set(weights))
 
 
@@ -280,7 +300,7 @@ def _scrub(text: str, token: Optional[str] = None) -> str:
 
 
 def _download(ref: HubRef, staging: Path, hub_cache: Path, timeout_s: float,
-              token: Optional[str] = None) -> tuple[str, list[str], int]:
+              token: Optional[str] = None, code: bool = False) -> tuple[str, list[str], int]:
     """Resolve, list, choose and fetch the files into ``staging``; return (commit, files, total bytes)."""
     import huggingface_hub  # noqa: PLC0415 - only for hf:// sources
     from huggingface_hub.hf_api import RepoFile  # noqa: PLC0415
@@ -314,7 +334,7 @@ def _download(ref: HubRef, staging: Path, hub_cache: Path, timeout_s: float,
                 endpoint=endpoint, etag_timeout=timeout_s, token=token,
             )
             shards = _index_shards(Path(index_path), display)
-        files = select_files(listing, shards, display)
+        files = select_files(listing, shards, display, code)
         size = sum(listing[path] for path in files)
         _check_free_space(staging.parent, size + FREE_SPACE_SLACK_BYTES, f"the checkpoint {display}")
         log.info("fetching %d files (%d bytes) of %s at commit %s: %s", len(files), size, display, commit,
