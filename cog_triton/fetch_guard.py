@@ -26,7 +26,7 @@ import socket
 import threading
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, TypeVar, Union
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence, TypeVar, Union
 from urllib.parse import urlsplit
 
 from common.errors import FetchRefusedError
@@ -266,21 +266,42 @@ def _current_hub_guard() -> FetchGuard:
     return guard
 
 
+def _refuse_if_offline(url: str) -> None:
+    """Raise huggingface_hub's ``OfflineModeIsEnabled`` when ``HF_HUB_OFFLINE`` is set, as its own clients do
+    before each request (0.x: the ``OfflineAdapter`` its default session factory mounts, ``utils/_http.py`` 0.36.0;
+    2.x: ``hf_request_event_hook``, 2.4.0): a client of ours in their place must not reach the Hub either."""
+    from huggingface_hub import constants  # noqa: PLC0415 - only for Hub calls
+    from huggingface_hub.errors import OfflineModeIsEnabled  # noqa: PLC0415
+
+    is_offline = getattr(constants, "is_offline_mode", None)  # 1.x+; 0.x reads the constant
+    if is_offline() if callable(is_offline) else constants.HF_HUB_OFFLINE:
+        raise OfflineModeIsEnabled(f"Cannot reach {url}: offline mode is enabled. To disable it, please unset the "
+                                   "`HF_HUB_OFFLINE` environment variable.")
+
+
 def _hub_client(flavor: str) -> Any:
     """huggingface_hub's shared client (1.x: httpx, 2.x: httpx2; its ``default_client_factory``'s settings:
-    redirects followed, no timeout of its own) on a guarded transport that opens a new connection for every
-    request, so that each request's guard checks the address it connects to."""
+    redirects followed, no timeout of its own, ``HF_HUB_OFFLINE`` honoured) on a guarded transport that opens a
+    new connection for every request, so that each request's guard checks the address it connects to."""
     module = importlib.import_module(flavor)
     transport = _transport_class(flavor)(_current_hub_guard, keepalive=False)
-    return module.Client(transport=transport, trust_env=False, follow_redirects=True, timeout=None)
+    return module.Client(transport=transport, trust_env=False, follow_redirects=True, timeout=None,
+                         event_hooks={"request": [lambda request: _refuse_if_offline(str(request.url))]})
 
 
-def _requests_classes(guard_of: Callable[[], FetchGuard]) -> tuple[type, type, type]:
+def _requests_classes(guard_of: Callable[[], FetchGuard],
+                      before_send: Optional[Callable[[str], None]] = None) -> tuple[type, type, type]:
     """urllib3 connection classes whose ``_new_conn`` connects through :meth:`FetchGuard.connect`, and a requests
     adapter using them, each request checked first (requests follows redirects by sending each hop through the
-    adapter). ``_new_conn`` makes the socket of both HTTPConnection and HTTPSConnection (TLS is wrapped around
-    it afterwards) in urllib3 1.26 and 2.x (``urllib3/connection.py``); a PoolManager picks its pool classes from
-    ``pool_classes_by_scheme`` (``urllib3/poolmanager.py``)."""
+    adapter; ``before_send(url)`` runs before that check). ``_new_conn`` makes the socket of both HTTPConnection and
+    HTTPSConnection (TLS is wrapped around it afterwards) in urllib3 1.26 and 2.x (``urllib3/connection.py``); a
+    PoolManager picks its pool classes from ``pool_classes_by_scheme`` (``urllib3/poolmanager.py``).
+
+    The pools keep no connection: ``_put_conn`` (where a connection goes back to the pool once its response is
+    read, urllib3 1.26 and 2.x ``connectionpool.py``) closes it instead. A session lives on between fetches
+    (huggingface_hub 0.x caches one per thread, ``get_session``), and a kept-alive connection, checked under the
+    rules of the fetch that opened it, would otherwise carry a later fetch held to other rules to the same
+    address unchecked (the httpx transports open a new connection per request for the same reason)."""
     try:  # huggingface_hub 0.x's HTTP stack: there only with it
         import requests.adapters  # noqa: PLC0415
         from urllib3 import connection as u3connection  # noqa: PLC0415
@@ -307,12 +328,17 @@ def _requests_classes(guard_of: Callable[[], FetchGuard]) -> tuple[type, type, t
                                       failures=(ConnectTimeoutError, NewConnectionError),
                                       error=lambda message: NewConnectionError(self, message))
 
+    def _put_conn(self: Any, conn: Any) -> None:
+        if conn is not None:
+            conn.close()
+
     http_conn = type("GuardedHTTPConnection", (Guarded, u3connection.HTTPConnection), {})
     https_conn = type("GuardedHTTPSConnection", (Guarded, u3connection.HTTPSConnection), {})
     pools = {
-        "http": type("GuardedHTTPConnectionPool", (connectionpool.HTTPConnectionPool,), {"ConnectionCls": http_conn}),
+        "http": type("GuardedHTTPConnectionPool", (connectionpool.HTTPConnectionPool,),
+                     {"ConnectionCls": http_conn, "_put_conn": _put_conn}),
         "https": type("GuardedHTTPSConnectionPool", (connectionpool.HTTPSConnectionPool,),
-                      {"ConnectionCls": https_conn}),
+                      {"ConnectionCls": https_conn, "_put_conn": _put_conn}),
     }
 
     class GuardedAdapter(requests.adapters.HTTPAdapter):
@@ -323,22 +349,37 @@ def _requests_classes(guard_of: Callable[[], FetchGuard]) -> tuple[type, type, t
         session_class = requests.Session
 
         def send(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+            if before_send is not None:
+                before_send(request.url)
             guard_of().check_request(request.url)
             return super().send(request, *args, **kwargs)
 
     return http_conn, https_conn, GuardedAdapter
 
 
-def guarded_requests_session(guard: Union[FetchGuard, Callable[[], FetchGuard]]) -> Any:
+def requests_ca_bundle(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """The CA certificates (a file or a folder) a guarded requests session verifies with: the ones the httpx
+    fetches use first (``SSL_CERT_FILE``, else ``SSL_CERT_DIR``, the first one set: httpx 0.28.1
+    ``create_ssl_context`` with ``trust_env``, ``httpx/_config.py``), else requests' own variables
+    (``REQUESTS_CA_BUNDLE``, ``CURL_CA_BUNDLE``); None: requests' default (certifi). So one ``SSL_CERT_FILE`` is
+    trusted by every fetch whatever client huggingface_hub uses, also where ``REQUESTS_CA_BUNDLE`` names another
+    bundle (requests alone would prefer that one)."""
+    env = os.environ if environ is None else environ
+    return next((env[name] for name in ("SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")
+                 if env.get(name)), None)
+
+
+def guarded_requests_session(guard: Union[FetchGuard, Callable[[], FetchGuard]],
+                             before_send: Optional[Callable[[str], None]] = None) -> Any:
     """A ``requests.Session`` whose every request and connection follows ``guard`` (or the guard a function
-    returns, per connection): no proxy, no .netrc (``trust_env`` off); CA bundles from ``REQUESTS_CA_BUNDLE``,
-    ``CURL_CA_BUNDLE`` or ``SSL_CERT_FILE`` still apply."""
+    returns, per connection), each request on a new connection: no proxy, no .netrc (``trust_env`` off). The CA
+    certificates are :func:`requests_ca_bundle`'s. ``before_send(url)`` runs before each request (and each redirect)
+    and may raise to stop it."""
     guard_of = (lambda: guard) if isinstance(guard, FetchGuard) else guard
-    adapter = _requests_classes(guard_of)[2]()
+    adapter = _requests_classes(guard_of, before_send)[2]()
     session = adapter.session_class()
     session.trust_env = False
-    bundle = next((os.environ[k] for k in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "SSL_CERT_FILE")
-                   if os.environ.get(k)), None)
+    bundle = requests_ca_bundle()
     if bundle:
         session.verify = bundle
     session.mount("http://", adapter)
@@ -347,8 +388,9 @@ def guarded_requests_session(guard: Union[FetchGuard, Callable[[], FetchGuard]])
 
 
 def _hub_requests_session() -> Any:
-    """huggingface_hub 0.x's per-thread session factory (``configure_http_backend``), guarded per call."""
-    return guarded_requests_session(_current_hub_guard)
+    """huggingface_hub 0.x's per-thread session factory (``configure_http_backend``), guarded per call, and
+    ``HF_HUB_OFFLINE`` honoured per request."""
+    return guarded_requests_session(_current_hub_guard, _refuse_if_offline)
 
 
 def _install(hub: Any) -> str:

@@ -191,6 +191,7 @@ class LLMService:
             min_rate_bytes_s=settings.download_min_rate_bytes_s,
             rate_grace_s=settings.download_rate_grace_s,
             max_extracted_bytes=settings.max_extracted_bytes,
+            hub_code=settings.llm_trust_remote_code,
         )
         log.info("weights ready in %s (%s)", fetched.path, "reused" if fetched.skipped else "fetched")
         manifest = self._verify(find_model_root(settings.weights_path), reused=fetched.skipped)

@@ -289,6 +289,14 @@ class Settings(BaseSettings):
         default="attn_q,attn_k,attn_v,attn_dense,mlp_h_to_4h,mlp_4h_to_h,mlp_gate",
         description="PyTorch backend: comma-separated TensorRT-LLM modules adapters may adapt.",
     )
+    llm_trust_remote_code: bool = Field(
+        default=False,
+        description="PyTorch backend: run code a checkpoint brings (the configuration, model or processor classes "
+        "its auto_map names, in *.py files beside it). Off: such a checkpoint is refused at setup, naming the file. "
+        "On: LLM(trust_remote_code=True), and an hf:// source also fetches the repository's top-level *.py files. "
+        "That code runs inside the server with its rights and environment (tokens included): only for a "
+        "repository you trust, pinned to a commit.",
+    )
     llm_args: str = Field(
         default="",
         description="PyTorch backend: further LLM API arguments as a JSON or YAML mapping (e.g. "
@@ -511,6 +519,7 @@ class Settings(BaseSettings):
             "guided_decoding_backend": e + "LLM_GUIDED_DECODING_BACKEND",
             "sampler_type": e + "LLM_SAMPLER",
             "stream_interval": e + "LLM_STREAM_INTERVAL",
+            "trust_remote_code": e + "LLM_TRUST_REMOTE_CODE",
         }
         optional = {
             "max_batch_size": (self.llm_max_batch_size, "LLM_MAX_BATCH_SIZE"),
@@ -544,6 +553,7 @@ class Settings(BaseSettings):
             max_loras=self.llm_max_loras,
             max_cpu_loras=self.llm_max_cpu_loras,
             lora_target_modules=tuple(m.strip() for m in self.llm_lora_target_modules.split(",") if m.strip()),
+            trust_remote_code=self.llm_trust_remote_code,
             extra=parse_llm_args_text(self.llm_args),
             sources=sources,
         )

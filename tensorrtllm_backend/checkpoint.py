@@ -26,6 +26,34 @@ Registered but not text generation (``ModelConfig.is_generation_model``, ``tenso
 ``LlamaForTextEmbedding``; and the vision encoders ``CLIPVisionModel``, ``SiglipVisionModel``. This image streams
 generated text, so those are refused too (:data:`NOT_TEXT_GENERATION`).
 
+**Files beyond the weights, and remote code** (:func:`check_checkpoint_files`). ``LLM(...)`` builds an input
+processor for every checkpoint when it loads (``_TorchLLM._build_model``: ``create_input_processor(hf_model_dir,
+tokenizer, checkpoint_format)``, ``tensorrt_llm/llmapi/llm.py`` @``4c05a748``). For an architecture whose model
+class registered one (``@register_input_processor``), ``create_input_processor`` (``tensorrt_llm/inputs/registry.py``
+@``3a5845e2``) constructs it with ``trust_remote_code=True``, whatever the LLM's own ``trust_remote_code``, after
+reading the config with ``ModelConfig.from_pretrained(..., trust_remote_code=True)``; the others get the
+``DefaultInputProcessor`` (the tokenizer only). Each registered processor loads the model's Hugging Face processor,
+``AutoProcessor.from_pretrained(model_dir, ...)`` (:data:`PROCESSOR_ARCHITECTURES`, each with its file), so the
+checkpoint must carry the image processor's ``preprocessor_config.json`` even when only text is served:
+transformers raises ``OSError("Can't load image processor ...")`` without it (seen with transformers 4.57.1 and
+5.24.0, ``tests/test_llmapi_args.py``). ``processor_config.json``, ``video_preprocessor_config.json`` and
+``chat_template.json`` are read when present (:data:`PROCESSOR_FILES`). ``MllamaForConditionalGeneration`` registers
+no input processor (``modeling_mllama.py`` @``000a01de``: ``@register_auto_model`` only, cross-attention skipped): it
+needs none of these. VILA
+(``LlavaLlamaModel``) reads its three parts from sub-folders named in config.json (``llm_cfg``,
+``vision_tower_cfg``, ``mm_projector_cfg``: ``_get_model_paths`` in ``modeling_vila.py`` @``65f1d153``, which also
+calls ``snapshot_download`` for a folder that does not exist).
+
+Code from the checkpoint's repository (``auto_map`` in its config.json, tokenizer_config.json or a processor
+config names ``module.Class`` of a ``module.py`` beside it) runs in the server once transformers loads those
+classes with ``trust_remote_code=True``, which the input processor always passes. So a checkpoint that names any is
+refused unless the operator allowed remote code (``COG_TRITON_LLM_TRUST_REMOTE_CODE``), and then each named
+``module.py`` must be in the folder (code of another repository, ``repo--module.Class``, is refused: nothing would
+fetch it). Phi-4-multimodal needs its repository's code in every case (``Phi4MMInputProcessor`` raises "trust_remote_code
+must be True for Phi4MM", and ``_load_phi4mm_classes`` loads its modeling code: ``modeling_phi4mm.py``
+@``024c9727``). The predictor's own tokenizer (the stream processes, ``cog_triton/generation.py``) loads without
+remote code: a tokenizer only its repository's code implements fails there even with the setting.
+
 **Quantization** (:func:`checkpoint_quantization`). ``ModelConfig.from_pretrained`` (``_torch/model_config.py``,
 1.2-era stored version) reads, in this order: ``hf_quant_config.json`` (a ModelOpt export:
 ``quantization.quant_algo``, ``quantization.kv_cache_quant_algo``; ``fp8_pb_wo`` is read as
@@ -111,6 +139,40 @@ NOT_TEXT_GENERATION = frozenset({
     "BertForSequenceClassification", "Qwen2ForProcessRewardModel", "Qwen2ForRewardModel", "LlamaForTextEmbedding",
     "CLIPVisionModel", "SiglipVisionModel",
 })
+
+_LOADS = "calls AutoProcessor.from_pretrained(model_dir)"
+#: Architectures whose PyTorch-backend model registers an input processor loading the Hugging Face processor,
+#: which reads preprocessor_config.json -> where (module docstring; files of NVIDIA/TensorRT-LLM's
+#: tensorrt_llm/_torch/models/, the nearest stored versions: none is stored at v1.2.1).
+PROCESSOR_ARCHITECTURES: dict[str, str] = {
+    "Gemma3ForConditionalGeneration": f"modeling_gemma3vl.py @0f8dcd9d: Gemma3InputProcessor {_LOADS}",
+    "HCXVisionForCausalLM": f"modeling_hyperclovax.py @47a8c65f: HCXVisionInputProcessor {_LOADS}",
+    "Llama4ForConditionalGeneration": f"modeling_llama.py @3a5901cd: Llama4InputProcessor {_LOADS}",
+    "LlavaNextForConditionalGeneration": f"modeling_llava_next.py @01a4e59c: LlavaNextInputProcessor {_LOADS}",
+    "Mistral3ForConditionalGeneration": f"modeling_mistral.py @002f3cc3: the Hugging Face format's processor {_LOADS}",
+    "Phi4MMForCausalLM": f"modeling_phi4mm.py @024c9727: Phi4MMInputProcessor {_LOADS}",
+    "Qwen2VLForConditionalGeneration": f"modeling_qwen2vl.py @000a01de: Qwen2VLInputProcessorBase {_LOADS}",
+    "Qwen2_5_VLForConditionalGeneration": f"modeling_qwen2vl.py @000a01de: Qwen2VLInputProcessorBase {_LOADS}",
+    "Qwen3VLForConditionalGeneration": "modeling_qwen3vl.py @002f3cc3: Qwen3VLInputProcessorBase, a "
+                                       f"Qwen2VLInputProcessorBase, {_LOADS}",
+    "Qwen3VLMoeForConditionalGeneration": "modeling_qwen3vl.py @002f3cc3: Qwen3VLInputProcessorBase, a "
+                                          f"Qwen2VLInputProcessorBase, {_LOADS}",
+}
+#: The Hugging Face processor's files, read from the checkpoint folder when present (preprocessor_config.json is
+#: required for :data:`PROCESSOR_ARCHITECTURES`); an hf:// source fetches them (cog_triton.weights.hub).
+PROCESSOR_CONFIG = "preprocessor_config.json"
+PROCESSOR_FILES = (PROCESSOR_CONFIG, "processor_config.json", "video_preprocessor_config.json", "chat_template.json")
+#: Architectures that need their repository's code whatever their files say -> why.
+REMOTE_CODE_ARCHITECTURES: dict[str, str] = {
+    "Phi4MMForCausalLM": "Phi4MMInputProcessor raises unless trust_remote_code, and the model loads its "
+                         "repository's modeling code (_load_phi4mm_classes, modeling_phi4mm.py @024c9727)",
+}
+#: VILA's sub-models, read from sub-folders named by these config.json keys (modeling_vila.py @65f1d153).
+VILA_PARTS = ("llm_cfg", "vision_tower_cfg", "mm_projector_cfg")
+#: Files whose ``auto_map`` names code of the checkpoint's repository (transformers' Auto classes read it).
+AUTO_MAP_FILES = ("config.json", "tokenizer_config.json", PROCESSOR_CONFIG, "processor_config.json",
+                  "video_preprocessor_config.json")
+TRUST_REMOTE_CODE_SETTING = "COG_TRITON_LLM_TRUST_REMOTE_CODE"
 
 #: ModelOpt quant_algo (QuantAlgo names) the PyTorch backend serves -> lowest compute capability (None: any GPU
 #: the backend runs on).
@@ -252,17 +314,121 @@ def architecture_support(architecture: str) -> tuple[bool, str]:
     )
 
 
-def check_pytorch_checkpoint(info: "WeightsInfo", gpus: Sequence["GPU"] = ()) -> None:
+@dataclass(frozen=True)
+class CodeReference:
+    """An ``auto_map`` entry: ``file`` names ``auto_class`` (e.g. "AutoConfig") -> ``reference``
+    ("module.Class", or "owner/repo--module.Class" for another repository's code)."""
+
+    file: str
+    auto_class: str
+    reference: str
+
+    @property
+    def module_file(self) -> Optional[str]:
+        """The ``module.py`` a reference of this repository needs beside it; None for another repository's."""
+        if "--" in self.reference or "/" in self.reference or "." not in self.reference:
+            return None
+        return self.reference.rsplit(".", 1)[0].replace(".", "/") + ".py"
+
+    def describe(self) -> str:
+        return f"{self.file} auto_map {self.auto_class}: {self.reference}"
+
+
+def remote_code_references(*folders: Path) -> list[CodeReference]:
+    """Every ``auto_map`` entry of :data:`AUTO_MAP_FILES` in ``folders`` (the checkpoint folder and the tokenizer's,
+    each read once), in file order; an unreadable file has none."""
+    found: list[CodeReference] = []
+    for folder in dict.fromkeys(folders):
+        for name in AUTO_MAP_FILES:
+            data = _read_json(folder / name) if (folder / name).is_file() else None
+            auto_map = data.get("auto_map") if isinstance(data, dict) else None
+            if not isinstance(auto_map, Mapping):
+                continue
+            for auto_class, value in auto_map.items():
+                for reference in value if isinstance(value, list) else [value]:
+                    if isinstance(reference, str) and reference.strip():
+                        found.append(CodeReference(name, str(auto_class), reference.strip()))
+    return found
+
+
+def check_checkpoint_files(info: "WeightsInfo", trust_remote_code: bool = False) -> None:
+    """Refuse a checkpoint whose folder lacks what TensorRT-LLM 1.2.1's ``LLM(...)`` reads beside the weights for its
+    architecture, or that needs its repository's code while remote code is not allowed (module docstring: "Files
+    beyond the weights, and remote code").
+
+    Args:
+        info: the inspected checkpoint (``weights_dir``, ``tokenizer_dir``, ``architecture``, ``config``).
+        trust_remote_code: the operator allowed the checkpoint's own code (``COG_TRITON_LLM_TRUST_REMOTE_CODE``).
+
+    Raises:
+        IncompatibleWeightsError: naming the file, the ``auto_map`` entry or the sub-folder, where it comes from, and
+            the fix (the setting, or the files to add).
+    """
+    folder, arch = info.weights_dir, info.architecture
+    references = remote_code_references(folder, info.tokenizer_dir)
+    needs_code = REMOTE_CODE_ARCHITECTURES.get(arch)
+    if not trust_remote_code and (references or needs_code):
+        what = (f"architecture {arch} needs its repository's code ({needs_code})" if needs_code else
+                "the checkpoint names code of its repository ("
+                + "; ".join(r.describe() for r in references[:3])
+                + (f"; and {len(references) - 3} more" if len(references) > 3 else "") + ")")
+        raise IncompatibleWeightsError(
+            f"{folder}: {what}. That code would run inside the server: TensorRT-LLM {FACTS_VERSION}'s input processor "
+            "loads the model's configuration and processor with trust_remote_code=True. This image runs no code of a "
+            f"checkpoint unless {TRUST_REMOTE_CODE_SETTING}=true; set it only for a repository you trust (its code runs "
+            "with the server's rights and sees its environment, tokens included), or serve a checkpoint whose "
+            "architecture transformers implements"
+        )
+    for reference in references:
+        module = reference.module_file
+        if module is None:
+            raise IncompatibleWeightsError(
+                f"{folder}: {reference.describe()} is code of another repository, which this image does not fetch "
+                "(nor lets transformers fetch): serve a checkpoint whose own folder holds its code"
+            )
+        if not (folder / module).is_file() and not (info.tokenizer_dir / module).is_file():
+            raise IncompatibleWeightsError(
+                f"{folder}: {reference.describe()} needs {module} beside it, and the checkpoint lacks it. With "
+                f"{TRUST_REMOTE_CODE_SETTING}=true an hf:// source fetches the repository's top-level *.py files; an "
+                "archive or folder must include them"
+            )
+    if arch in PROCESSOR_ARCHITECTURES and not (folder / PROCESSOR_CONFIG).is_file():
+        raise IncompatibleWeightsError(
+            f"{folder}: architecture {arch} is multimodal, and TensorRT-LLM {FACTS_VERSION} loads its Hugging Face "
+            f"processor when it loads the model, even to serve text ({PROCESSOR_ARCHITECTURES[arch]}); that reads "
+            f"{PROCESSOR_CONFIG}, which the checkpoint lacks. Add the repository's {PROCESSOR_CONFIG} (and "
+            "processor_config.json, video_preprocessor_config.json, chat_template.json where it has them) to the "
+            "weights; an hf:// source fetches them"
+        )
+    if arch == "LlavaLlamaModel":
+        for key in VILA_PARTS:
+            part = info.config.get(key)
+            # a sub-config: <folder>/<basename of its _name_or_path>; a string: that path as it is
+            name = part.get("_name_or_path") if isinstance(part, dict) else part
+            where = ((folder / Path(name.strip("/")).name) if isinstance(part, dict) else Path(name)) \
+                if isinstance(name, str) and name.strip("/") else None
+            if where is None or not where.is_dir():
+                raise IncompatibleWeightsError(
+                    f"{folder}: architecture LlavaLlamaModel (VILA) loads its parts from the folders config.json "
+                    f"names ({', '.join(VILA_PARTS)}: modeling_vila.py @65f1d153 _get_model_paths); {key} "
+                    + (f"names {where}, which does not exist" if where else "is missing or names no folder")
+                    + ". Give an archive or folder holding them (an hf:// source fetches top-level files only)"
+                )
+
+
+def check_pytorch_checkpoint(info: "WeightsInfo", gpus: Sequence["GPU"] = (), trust_remote_code: bool = False) -> None:
     """Refuse a checkpoint that TensorRT-LLM 1.2.1's PyTorch backend cannot serve, before Triton starts.
 
     Args:
         info: :func:`tensorrtllm_backend.engine.inspect_weights` of a checkpoint (kind "hf_checkpoint").
         gpus: the visible GPUs; when given, a quantization is checked against the first one's compute capability.
+        trust_remote_code: the operator allowed the checkpoint's own code (:func:`check_checkpoint_files`).
 
     Raises:
-        IncompatibleWeightsError: an engine was given, the architecture is not served, the quantization is not
-            read or not run by the backend, or the GPU is too old for it; the message names the value and what is
-            allowed.
+        IncompatibleWeightsError: an engine was given, the architecture is not served, the checkpoint lacks a file
+            its architecture needs or needs code that is not allowed (:func:`check_checkpoint_files`), the
+            quantization is not read or not run by the backend, or the GPU is too old for it; the message names the
+            value and what is allowed.
     """
     if info.kind != "hf_checkpoint":
         raise IncompatibleWeightsError(
@@ -272,6 +438,7 @@ def check_pytorch_checkpoint(info: "WeightsInfo", gpus: Sequence["GPU"] = ()) ->
     served, reason = architecture_support(info.architecture)
     if not served:
         raise IncompatibleWeightsError(f"{info.weights_dir}: {reason}")
+    check_checkpoint_files(info, trust_remote_code)
     q = info.quantization
     if q is None:
         return
@@ -291,6 +458,9 @@ def check_pytorch_checkpoint(info: "WeightsInfo", gpus: Sequence["GPU"] = ()) ->
 
 
 __all__ = (
-    "FACTS_VERSION", "KV_CACHE_QUANT_ALGOS", "MODELOPT_QUANT_ALGOS", "NOT_TEXT_GENERATION", "PYTORCH_ARCHITECTURES",
-    "CheckpointQuantization", "architecture_support", "check_pytorch_checkpoint", "checkpoint_quantization",
+    "AUTO_MAP_FILES", "FACTS_VERSION", "KV_CACHE_QUANT_ALGOS", "MODELOPT_QUANT_ALGOS", "NOT_TEXT_GENERATION",
+    "PROCESSOR_ARCHITECTURES", "PROCESSOR_CONFIG", "PROCESSOR_FILES", "PYTORCH_ARCHITECTURES",
+    "REMOTE_CODE_ARCHITECTURES", "TRUST_REMOTE_CODE_SETTING", "CheckpointQuantization", "CodeReference",
+    "architecture_support", "check_checkpoint_files", "check_pytorch_checkpoint", "checkpoint_quantization",
+    "remote_code_references",
 )

@@ -122,6 +122,7 @@ OWNED_FIELDS = {
     "_mpi_session": "the Triton model (tensor parallelism under MPI)",
     "mpi_session": "the Triton model (tensor parallelism under MPI)",
     "skip_tokenizer_init": "the Triton model",
+    "trust_remote_code": "COG_TRITON_LLM_TRUST_REMOTE_CODE, checked against the checkpoint's files at setup",
 }
 GUIDED_DECODING_BACKENDS = ("xgrammar", "llguidance")
 #: LLM API defaults the limits fall back to (references_committed/llm.yaml @029c15cb; llm_args.py @7b437aaa).
@@ -140,6 +141,8 @@ class LlmApiOptions:
     ``max_seq_len``, the checkpoint's, as the PyTorch backend infers it).
 
     Attributes:
+        trust_remote_code: let the checkpoint's own code run (``LLM(trust_remote_code=...)``; a checkpoint that
+            names code is refused without it: :func:`tensorrtllm_backend.checkpoint.check_checkpoint_files`).
         extra: further ``LLM(...)`` keywords (an operator's JSON/YAML), deep-merged over the built ones; a key
             that a typed option already sets is refused, naming that option.
         sources: argument path ("max_seq_len", "kv_cache_config.free_gpu_memory_fraction", ...) -> the setting it
@@ -163,6 +166,7 @@ class LlmApiOptions:
     max_loras: int = DEFAULT_MAX_LORAS
     max_cpu_loras: int = 2 * DEFAULT_MAX_LORAS
     lora_target_modules: tuple[str, ...] = SUPPORTED_MODULES
+    trust_remote_code: bool = False
     extra: Mapping[str, Any] = field(default_factory=dict)
     sources: Mapping[str, str] = field(default_factory=dict)
 
@@ -303,8 +307,8 @@ def build_llm_args(options: LlmApiOptions, info: "WeightsInfo") -> dict[str, Any
         A JSON-serialisable dict: ``model``/``tokenizer`` (folders), parallel sizes, ``max_seq_len`` (the setting,
         else the checkpoint's as the backend infers it), ``max_batch_size``/``max_num_tokens`` when set,
         ``kv_cache_config`` (``free_gpu_memory_fraction``, ``enable_block_reuse``, ``max_tokens``),
-        ``enable_chunked_prefill``, ``guided_decoding_backend``, ``sampler_type`` unless auto, ``stream_interval``
-        unless 1, ``lora_config`` when LoRA is on, then ``options.extra`` deep-merged.
+        ``enable_chunked_prefill``, ``trust_remote_code``, ``guided_decoding_backend``, ``sampler_type`` unless auto,
+        ``stream_interval`` unless 1, ``lora_config`` when LoRA is on, then ``options.extra`` deep-merged.
 
     Raises:
         ConfigError: the weights are an engine, ``max_seq_len`` exceeds what the checkpoint supports, a LoRA
@@ -335,6 +339,7 @@ def build_llm_args(options: LlmApiOptions, info: "WeightsInfo") -> dict[str, Any
             "enable_block_reuse": options.enable_block_reuse,
         },
         "enable_chunked_prefill": options.enable_chunked_prefill,
+        "trust_remote_code": options.trust_remote_code,
     }
     if options.max_batch_size is not None:
         args["max_batch_size"] = options.max_batch_size
@@ -454,12 +459,13 @@ def plan_pytorch_serving(info: "WeightsInfo", options: LlmApiOptions, gpus: Sequ
     PyTorch backend (what setup calls once the weights are inspected, before Triton starts).
 
     Raises:
-        IncompatibleWeightsError: the checkpoint's architecture or quantization is not served
+        IncompatibleWeightsError: the checkpoint's architecture or quantization is not served, it lacks a file its
+            architecture needs, or it needs code ``options.trust_remote_code`` does not allow
             (:func:`tensorrtllm_backend.checkpoint.check_pytorch_checkpoint`, with ``gpus``' compute capability), or
             fewer GPUs are visible than tensor_parallel_size x pipeline_parallel_size.
         ConfigError: see :func:`build_llm_args`.
     """
-    check_pytorch_checkpoint(info, gpus)
+    check_pytorch_checkpoint(info, gpus, trust_remote_code=options.trust_remote_code)
     args = build_llm_args(options, info)
     world = int(args["tensor_parallel_size"]) * int(args["pipeline_parallel_size"])
     if world > len(gpus):

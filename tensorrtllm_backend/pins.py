@@ -30,6 +30,15 @@ TRITON_SERVER_VERSION = "2.71.0"
 # image ships it with tensorrt_llm; scripts/setup installs the same release for the CPU reference backend
 # and the predictor's guide checks (cog_triton/guided.py), so guides compile identically.
 XGRAMMAR_VERSION = "0.1.32"
+# The Hugging Face libraries of the GPU image's Python, as far as our Hub code sees them: that requirements.txt
+# (@000867d9) pins transformers 4.57.1, whose METADATA requires huggingface-hub>=0.34.0,<1.0 and
+# tokenizers>=0.22.0,<=0.23.0, so the image has a huggingface_hub 0.x (over requests) where this venv has 2.x
+# (over httpx2); `pip show huggingface_hub` in the image gives the exact one. scripts/setup installs these beside
+# .venv, into build/hub0 (--no-deps: the rest is in .venv), and tests/test_weights_hub_0x.py runs the Hub tests
+# with that folder first on PYTHONPATH. huggingface_hub 0.36.0 is the release the 0.x defects were found with
+# (0.36.2 is the last 0.x).
+HUB0_PACKAGES = ("huggingface_hub==0.36.0", "transformers==4.57.1", "tokenizers==0.22.1")
+HUB0_DIR = "build/hub0"
 
 _VERSION_RE = re.compile(r"^\s*v?(\d+)\.(\d+)\.(\d+)(.*?)\s*$")
 # What may follow major.minor.patch without making another release: NGC builds append the

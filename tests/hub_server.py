@@ -96,6 +96,9 @@ class FakeHub:
         self.granted: set[str] = set()
         #: (repo_id, path) whose GET (not its HEAD) answers 404 EntryNotFound: a fetch that fails midway.
         self.fail_get: set[tuple[str, str]] = set()
+        #: Called with (method, path) of each request; an answer it returns, (status, headers), is sent instead of
+        #: the Hub's (a server error, an answer that is not a Hub's); None: the Hub answers.
+        self.intercept: Optional[Callable[[str, str], Optional[tuple[int, dict[str, str]]]]] = None
         #: Called with the repo id after each model_info answer (e.g. to move a branch while a fetch runs).
         self.after_model_info: Optional[Callable[[str], None]] = None
         self.repos: dict[str, HubRepo] = {}
@@ -147,6 +150,13 @@ class FakeHub:
         monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", self.url + "/{repo_id}/resolve/{revision}/{filename}")
         monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
         monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
+        # huggingface_hub 0.x's file_download binds the URL template at import (``from .constants import
+        # HUGGINGFACE_CO_URL_TEMPLATE``, 0.36.0 ``file_download.py``; ``hf_hub_url`` formats it); 1.x+ read it from
+        # ``constants`` per call.
+        import huggingface_hub.file_download as file_download  # noqa: PLC0415
+
+        if hasattr(file_download, "HUGGINGFACE_CO_URL_TEMPLATE"):
+            monkeypatch.setattr(file_download, "HUGGINGFACE_CO_URL_TEMPLATE", constants.HUGGINGFACE_CO_URL_TEMPLATE)
 
     def __enter__(self) -> "FakeHub":
         self._thread.start()
@@ -225,6 +235,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         auth = self.headers.get("Authorization")
         with self.owner._lock:
             self.owner.requests.append((self.command, url.path, auth))
+        answer = self.owner.intercept(self.command, url.path) if self.owner.intercept is not None else None
+        if answer is not None:
+            status, headers = answer
+            self._send(status, headers, b"{}", body)
+            return
         if len(parts) >= 4 and parts[0] == "api" and parts[1] == "models":
             self._api(parts[2:], parse_qs(url.query), body)
         elif len(parts) >= 5 and parts[2] == "resolve":

@@ -16,7 +16,7 @@ import select
 import socket
 import threading
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import httpcore
 import httpx
@@ -462,11 +462,25 @@ def test_fetch_weights_refuses_a_literal_address_before_anything(tmp_path: Path)
 
 
 # --------------------------------------------------------------------------------------------- huggingface_hub
-def test_the_hub_client_holds_every_request_to_the_rules(listener: Listener) -> None:
+@pytest.fixture
+def hub_online(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """huggingface_hub allowed online (the suite sets HF_HUB_OFFLINE=1; its constants are read at import);
+    returns its constants module."""
+    from huggingface_hub import constants
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    return constants
+
+
+def test_the_hub_client_holds_every_request_to_the_rules(listener: Listener, hub_online: Any,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """huggingface_hub's shared client (httpx2) gets the guarded transport: inside hub_guard the call's rules,
-    outside it the default rules (fail closed). Xet storage is off (its Rust client cannot be checked)."""
+    outside it the default rules (fail closed). Xet storage is off (its Rust client cannot be checked).
+    HF_HUB_OFFLINE still stops every request first, as huggingface_hub's own client does."""
     import huggingface_hub
     from huggingface_hub import constants
+    from huggingface_hub.errors import OfflineModeIsEnabled
 
     url = f"http://127.0.0.2:{listener.port}/api/models/me/adapter"
     with hub_guard(FetchRules(allow_http=True), "adapters"):
@@ -474,6 +488,9 @@ def test_the_hub_client_holds_every_request_to_the_rules(listener: Listener) -> 
         with pytest.raises(FetchRefusedError, match="127.0.0.2 is a loopback address"):
             session.get(url)
     with pytest.raises(FetchRefusedError, match="plain http:// is refused; Hub downloads"):
+        huggingface_hub.get_session().get(url)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with hub_guard(FetchRules(allow_http=True), "adapters"), pytest.raises(OfflineModeIsEnabled, match="offline"):
         huggingface_hub.get_session().get(url)
     assert not listener.connected()
     assert constants.HF_HUB_DISABLE_XET is True
@@ -519,11 +536,64 @@ def test_a_guarded_requests_session_refuses_loopback_redirects_and_rebinding(lis
         proxy.close()
 
 
+def test_a_guarded_requests_session_keeps_no_connection_for_a_later_guard() -> None:
+    """One session (huggingface_hub 0.x keeps one per thread) to a keep-alive (HTTP/1.1) server: a request under
+    open rules, then one under rules that refuse the address. The second gets a connection of its own, and is
+    refused at that connection; with the first connection kept, it would have been sent unchecked."""
+    from tests.hub_server import FakeHub
+
+    guards = [FetchGuard(FetchRules(allow_http=True, allow_networks=LOCAL), what="adapters")]
+    session = guarded_requests_session(lambda: guards[-1])
+    with FakeHub() as hub:
+        assert session.get(f"{hub.url}/api/models/me/none").status_code == 401  # answered, on a kept-alive socket
+        guards.append(FetchGuard(FetchRules(allow_http=True), what="adapters"))
+        with pytest.raises(FetchRefusedError, match="127.0.0.1 is a loopback address"):
+            session.get(f"{hub.url}/api/models/me/other")
+        assert [path for _, path, _ in hub.requests] == ["/api/models/me/none"]
+
+
+def test_a_guarded_requests_session_trusts_ssl_cert_file_as_the_httpx_fetches_do(tmp_path: Path,
+                                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A TLS server whose certificate only SSL_CERT_FILE holds, with REQUESTS_CA_BUNDLE naming another bundle (as on
+    machines that set both): requests alone would verify with REQUESTS_CA_BUNDLE and fail; the guarded session, like
+    httpx, trusts SSL_CERT_FILE."""
+    import ssl
+    import subprocess
+
+    def certificate(folder: Path) -> tuple[Path, Path]:  # self-signed for 127.0.0.1 (openssl)
+        folder.mkdir()
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(folder / "key.pem"),
+                        "-out", str(folder / "cert.pem"), "-days", "2", "-subj", "/CN=cog-triton test",
+                        "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+        return folder / "cert.pem", folder / "key.pem"
+
+    cert, key = certificate(tmp_path / "server")
+    other, _ = certificate(tmp_path / "other")
+    server = Server("127.0.0.1")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server.httpd.socket = context.wrap_socket(server.httpd.socket, server_side=True)
+    for name in ("SSL_CERT_DIR", "CURL_CA_BUNDLE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(other))
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+    url = f"https://127.0.0.1:{server.httpd.server_address[1]}/a"
+    guard = FetchGuard(FetchRules(allow_networks=LOCAL), what="adapters")
+    try:
+        assert guarded_requests_session(guard).get(url).text == "ok"
+        monkeypatch.delenv("SSL_CERT_FILE")  # then requests' own variable: the other bundle, which fails
+        with pytest.raises(Exception, match="CERTIFICATE_VERIFY_FAILED"):
+            guarded_requests_session(guard).get(url)
+    finally:
+        server.close()
+
+
 def _unresolvable(host: str, port: int) -> list[str]:
     raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
 
 
-def test_each_huggingface_hub_generation_gets_its_guarded_client(listener: Listener) -> None:
+def test_each_huggingface_hub_generation_gets_its_guarded_client(listener: Listener, hub_online: Any,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """The dispatch of fetch_guard._install: 2.x (installed here) takes an httpx2 client factory; 0.x's
     ``configure_http_backend`` (huggingface_hub 0.x's API, stood in for by a namespace: that version is not
     installed here) takes a requests session factory whose sessions follow the calling thread's guard; a
@@ -531,6 +601,8 @@ def test_each_huggingface_hub_generation_gets_its_guarded_client(listener: Liste
     import types
 
     import huggingface_hub
+    from huggingface_hub.errors import OfflineModeIsEnabled
+
     from cog_triton.fetch_guard import _install
 
     factories: list = []
@@ -543,6 +615,10 @@ def test_each_huggingface_hub_generation_gets_its_guarded_client(listener: Liste
             factories[0]().get(url)
     with pytest.raises(FetchRefusedError, match="plain http:// is refused; Hub downloads"):  # outside: the default
         factories[0]().get(url)
+    monkeypatch.setattr(hub_online, "HF_HUB_OFFLINE", True)  # 0.x's default factory mounts its OfflineAdapter
+    with hub_guard(FetchRules(allow_http=True), "adapters"), pytest.raises(OfflineModeIsEnabled, match="offline"):
+        factories[0]().get(url)
+    monkeypatch.setattr(hub_online, "HF_HUB_OFFLINE", False)
     assert not listener.connected()
     assert _install(huggingface_hub) == "httpx2"
     with pytest.raises(FetchRefusedError, match="huggingface_hub 0.1.0 cannot be given a guarded HTTP client"):

@@ -20,7 +20,9 @@ from cog_triton.lora.convert import convert
 from cog_triton.settings import REPO_ROOT, Settings
 from tensorrtllm_backend.checkpoint import (
     MODELOPT_QUANT_ALGOS,
+    PROCESSOR_ARCHITECTURES,
     PYTORCH_ARCHITECTURES,
+    REMOTE_CODE_ARCHITECTURES,
     architecture_support,
     check_pytorch_checkpoint,
 )
@@ -170,7 +172,7 @@ def test_default_settings_build_the_arguments_of_the_default_checkpoint(monkeypa
         "model": str(smollm2.weights_dir), "tokenizer": str(smollm2.tokenizer_dir),
         "tensor_parallel_size": 1, "pipeline_parallel_size": 1, "max_seq_len": 8192,  # max_position_embeddings
         "kv_cache_config": {"free_gpu_memory_fraction": 0.9, "enable_block_reuse": True},
-        "enable_chunked_prefill": False, "guided_decoding_backend": "xgrammar",
+        "enable_chunked_prefill": False, "trust_remote_code": False, "guided_decoding_backend": "xgrammar",
     }
     json.dumps(args)  # what the Triton model receives must serialise
 
@@ -191,6 +193,9 @@ def test_settings_map_to_their_llm_api_fields(monkeypatch, smollm2):
     assert "guided_decoding_backend" not in args and args["cuda_graph_config"] == {"enable_padding": True}
     assert args["lora_config"] == {"max_lora_rank": 16, "max_loras": 8, "max_cpu_loras": 16,
                                    "lora_target_modules": ["attn_q", "attn_v"]}
+    assert args["trust_remote_code"] is False
+    assert build_llm_args(env_settings(monkeypatch, LLM_TRUST_REMOTE_CODE="true").llm_api_options(),
+                          smollm2)["trust_remote_code"] is True
 
 
 @pytest.mark.parametrize("extra,fragment", [
@@ -206,6 +211,8 @@ def test_settings_map_to_their_llm_api_fields(monkeypatch, smollm2):
     ({"max_seq_len": 100}, "which the setting COG_TRITON_LLM_MAX_SEQ_LEN already sets"),
     ({"model": "/elsewhere"}, "set 'model', which this image sets from the weights"),
     ({"max_batch_size": 0}, "max_batch_size must be a positive integer, got 0"),
+    ({"trust_remote_code": True}, "set 'trust_remote_code', which this image sets from "
+                                  "COG_TRITON_LLM_TRUST_REMOTE_CODE, checked against the checkpoint's files at setup"),
     ({"cuda_graph_config": 4}, "cuda_graph_config must be a mapping of its fields, got int"),
 ])
 def test_extra_arguments_are_checked_before_triton_starts(monkeypatch, smollm2, extra, fragment):
@@ -353,6 +360,120 @@ def test_setup_plan_checks_the_machine_and_reports_the_quantization(tmp_path, mo
     line = serving.describe(info)
     assert "LlamaForCausalLM (bfloat16), quantization FP8 (modelopt, hf_quant_config.json, KV cache FP8)" in line
     assert "max_seq_len 2048, longest prompt 2047" in line and "LoRA off" in line
+
+
+# --- files beyond the weights, and remote code (checkpoint.check_checkpoint_files) --------------------------
+
+
+PREPROCESSOR = {"image_processor_type": "LlavaNextImageProcessor", "image_grid_pinpoints": [[336, 672]],
+                "crop_size": {"height": 336, "width": 336}, "size": {"shortest_edge": 336}}
+
+
+@pytest.mark.parametrize("architecture", sorted(PROCESSOR_ARCHITECTURES))
+def test_a_multimodal_checkpoint_needs_its_processor_config(tmp_path, architecture):
+    """Each architecture whose PyTorch-backend model registers an input processor (AutoProcessor at LLM load) is
+    refused without preprocessor_config.json, naming the file and the upstream source, and served with it."""
+    trust = architecture in REMOTE_CODE_ARCHITECTURES  # Phi4MM is refused for its code first
+    info = inspect_weights(checkpoint(tmp_path, architecture))
+    with pytest.raises(IncompatibleWeightsError) as refused:
+        check_pytorch_checkpoint(info, [H100], trust_remote_code=trust)
+    message = refused.value.message
+    assert f"architecture {architecture} is multimodal" in message and "preprocessor_config.json" in message
+    assert PROCESSOR_ARCHITECTURES[architecture] in message and "an hf:// source fetches them" in message
+    (info.weights_dir / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR))
+    check_pytorch_checkpoint(info, [H100], trust_remote_code=trust)
+
+
+def test_text_architectures_and_mllama_need_no_processor(tmp_path, smollm2):
+    """MllamaForConditionalGeneration registers no input processor (the default one: the tokenizer only)."""
+    check_pytorch_checkpoint(smollm2, [H100])
+    check_pytorch_checkpoint(inspect_weights(checkpoint(tmp_path, "MllamaForConditionalGeneration")), [H100])
+
+
+def test_the_processor_check_is_what_transformers_needs(tmp_path):
+    """The real transformers (the venv's): AutoProcessor.from_pretrained of a LLaVA-NeXT checkpoint folder fails
+    without preprocessor_config.json (OSError: can't load image processor) exactly where the check refuses it, and
+    loads the processor once the file is there."""
+    from transformers import AutoProcessor
+
+    folder = checkpoint(tmp_path, "LlavaNextForConditionalGeneration", model_type="llava_next")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(DEFAULT_CHECKPOINT / name, folder / name)
+    info = inspect_weights(folder)
+    with pytest.raises(OSError, match="image processor"):
+        AutoProcessor.from_pretrained(str(folder))
+    with pytest.raises(IncompatibleWeightsError, match="preprocessor_config.json"):
+        check_pytorch_checkpoint(info)
+    (folder / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR))
+    assert type(AutoProcessor.from_pretrained(str(folder))).__name__ == "LlavaNextProcessor"
+    check_pytorch_checkpoint(info)
+
+
+@pytest.mark.parametrize("file,auto_map,module", [
+    ("config.json", {"AutoConfig": "configuration_x.XConfig", "AutoModelForCausalLM": "modeling_x.XForCausalLM"},
+     "configuration_x.py"),
+    ("tokenizer_config.json", {"AutoTokenizer": ["tokenization_x.XTokenizer", None]}, "tokenization_x.py"),
+    ("preprocessor_config.json", {"AutoProcessor": "processing_x.XProcessor"}, "processing_x.py"),
+])
+def test_code_a_checkpoint_names_is_refused_unless_allowed(tmp_path, file, auto_map, module):
+    """By default: refused naming the entry and the setting. Allowed: the named module must be in the folder."""
+    folder = checkpoint(tmp_path)
+    data = json.loads((folder / file).read_text()) if (folder / file).is_file() else {}
+    (folder / file).write_text(json.dumps({**data, "auto_map": auto_map}))
+    info = inspect_weights(folder)
+    first = next(iter(auto_map.items()))
+    reference = first[1][0] if isinstance(first[1], list) else first[1]
+    with pytest.raises(IncompatibleWeightsError) as refused:
+        check_pytorch_checkpoint(info, [H100])
+    message = refused.value.message
+    assert f"the checkpoint names code of its repository ({file} auto_map {first[0]}: {reference}" in message
+    assert "This image runs no code of a checkpoint unless COG_TRITON_LLM_TRUST_REMOTE_CODE=true" in message
+    with pytest.raises(IncompatibleWeightsError, match=f"needs {module} beside it, and the checkpoint lacks it"):
+        check_pytorch_checkpoint(info, [H100], trust_remote_code=True)
+    for value in auto_map.values():
+        for ref in value if isinstance(value, list) else [value]:
+            if ref:
+                (folder / (ref.rsplit(".", 1)[0] + ".py")).write_text("# the repository's code\n")
+    check_pytorch_checkpoint(info, [H100], trust_remote_code=True)
+
+
+def test_code_of_another_repository_and_phi4mm_without_trust_are_refused(tmp_path):
+    folder = checkpoint(tmp_path, auto_map={"AutoConfig": "someone/else--configuration_x.XConfig"})
+    with pytest.raises(IncompatibleWeightsError, match="is code of another repository, which this image does not "
+                                                       "fetch"):
+        check_pytorch_checkpoint(inspect_weights(folder), trust_remote_code=True)
+    (tmp_path / "phi").mkdir()
+    phi = inspect_weights(checkpoint(tmp_path / "phi", "Phi4MMForCausalLM",
+                                     extra={"preprocessor_config.json": PREPROCESSOR}))
+    with pytest.raises(IncompatibleWeightsError) as refused:
+        check_pytorch_checkpoint(phi)
+    assert "architecture Phi4MMForCausalLM needs its repository's code (Phi4MMInputProcessor raises unless " \
+           "trust_remote_code" in refused.value.message
+    check_pytorch_checkpoint(phi, trust_remote_code=True)
+
+
+def test_vila_needs_the_folders_its_config_names(tmp_path):
+    parts = {key: {"_name_or_path": f"./{name}"} for key, name in
+             (("llm_cfg", "llm"), ("vision_tower_cfg", "vision_tower"), ("mm_projector_cfg", "mm_projector"))}
+    folder = checkpoint(tmp_path, "LlavaLlamaModel", **parts)
+    info = inspect_weights(folder)
+    for name in ("llm", "vision_tower"):
+        (folder / name).mkdir()
+    with pytest.raises(IncompatibleWeightsError) as refused:
+        check_pytorch_checkpoint(info)
+    assert f"mm_projector_cfg names {folder / 'mm_projector'}, which does not exist" in refused.value.message
+    (folder / "mm_projector").mkdir()
+    check_pytorch_checkpoint(info)
+
+
+def test_setup_plan_holds_the_checkpoint_to_the_trust_setting(tmp_path, monkeypatch):
+    folder = checkpoint(tmp_path, auto_map={"AutoConfig": "configuration_x.XConfig"})
+    (folder / "configuration_x.py").write_text("# the repository's code\n")
+    info = inspect_weights(folder)
+    with pytest.raises(IncompatibleWeightsError, match="COG_TRITON_LLM_TRUST_REMOTE_CODE=true"):
+        plan_pytorch_serving(info, env_settings(monkeypatch).llm_api_options(), [H100])
+    options = env_settings(monkeypatch, LLM_TRUST_REMOTE_CODE="true").llm_api_options()
+    assert plan_pytorch_serving(info, options, [H100]).args["trust_remote_code"] is True
 
 
 def test_the_pytorch_backend_facts_are_those_of_the_pinned_tensorrt_llm() -> None:

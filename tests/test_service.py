@@ -407,3 +407,38 @@ def test_setup_starts_the_metrics_endpoint_first_and_shutdown_stops_it(tmp_path:
     service.shutdown()
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30)
+
+
+@pytest.mark.parametrize("trust", [False, True])
+def test_setup_fetches_a_hub_checkpoints_code_only_with_the_trust_setting(tmp_path: Path, monkeypatch, trust) -> None:
+    """setup() hands COG_TRITON_LLM_TRUST_REMOTE_CODE to the hf:// fetch and to the checkpoint check, before
+    Triton starts: off, the checkpoint naming code is refused naming the setting; on, the repository's top-level
+    *.py files are fetched (configuration_x.py arrives, so the check reaches the module the repository lacks). A
+    GPU is reported by a stand-in nvidia-smi (tests/gpu_fakes.py), so the PyTorch backend's check runs."""
+    import os
+
+    from common.errors import IncompatibleWeightsError
+    from cog_triton.local import free_port
+    from tests.gpu_fakes import fake_nvidia_smi, gpus
+    from tests.hub_server import FakeHub, tiny_checkpoint
+
+    monkeypatch.setenv("PATH", os.pathsep.join([str(fake_nvidia_smi(tmp_path / "gpu", gpus(1))), os.environ["PATH"]]))
+    files = tiny_checkpoint(auto_map={"AutoConfig": "configuration_x.XConfig", "AutoModel": "missing_y.Y"})
+    with FakeHub() as hub:
+        hub.use(monkeypatch)
+        hub.add_repo("me/custom", {**files, "configuration_x.py": b"# the repository's code\n"})
+        service = LLMService(Settings(prometheus_port=free_port(), prometheus_address="127.0.0.1",
+                                      metrics_port=free_port(), weights_dir=tmp_path / "weights",
+                                      model_repo_dir=tmp_path / "repo", llm_trust_remote_code=trust))
+        try:
+            with pytest.raises(IncompatibleWeightsError) as refused:
+                service.setup("hf://me/custom")
+        finally:
+            service.shutdown()
+    fetched_code = sorted(path for _, _, path in hub.gets if path.endswith(".py"))
+    if trust:
+        assert fetched_code == ["configuration_x.py"]
+        assert "config.json auto_map AutoModel: missing_y.Y needs missing_y.py beside it" in refused.value.message
+    else:
+        assert fetched_code == []
+        assert "COG_TRITON_LLM_TRUST_REMOTE_CODE=true" in refused.value.message

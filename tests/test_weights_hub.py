@@ -93,6 +93,55 @@ def test_an_index_names_the_shards_and_duplicates_are_not_fetched(hub, tmp_path)
     assert (info.quantization.algo, info.quantization.kv_cache_algo, info.quantization.supported) == ("FP8", "FP8", True)
 
 
+PROCESSOR = {"preprocessor_config.json": b'{"image_processor_type": "Qwen2VLImageProcessor"}',
+             "processor_config.json": b'{"processor_class": "Qwen2_5_VLProcessor"}',
+             "video_preprocessor_config.json": b"{}", "chat_template.json": b'{"chat_template": "{{ x }}"}'}
+
+
+def test_a_multimodal_checkpoint_comes_with_its_processor_files_and_passes_the_setup_check(hub, tmp_path):
+    """What TensorRT-LLM's LLM loads beside the weights of a multimodal architecture (its Hugging Face processor)
+    is fetched, so the setup check (tensorrtllm_backend.checkpoint) passes; a repository without the processor's
+    config is fetched, then refused by that check, naming the file."""
+    from common.errors import IncompatibleWeightsError
+    from tensorrtllm_backend.checkpoint import check_pytorch_checkpoint
+
+    files = tiny_checkpoint("Qwen2_5_VLForConditionalGeneration", model_type="qwen2_5_vl")
+    hub.add_repo("Qwen/tiny-VL", {**files, **PROCESSOR, "README.md": b"# card"})
+    target = tmp_path / "w"
+    fetch_weights("hf://Qwen/tiny-VL", target)
+    assert set(PROCESSOR) <= set(resolved_gets(hub)) and "README.md" not in resolved_gets(hub)
+    check_pytorch_checkpoint(inspect_weights(target))
+
+    hub.add_repo("Qwen/tiny-VL-bare", files)
+    fetch_weights("hf://Qwen/tiny-VL-bare", tmp_path / "bare")
+    with pytest.raises(IncompatibleWeightsError, match="preprocessor_config.json, which the checkpoint lacks"):
+        check_pytorch_checkpoint(inspect_weights(tmp_path / "bare"))
+
+
+def test_the_repositorys_code_is_fetched_only_when_allowed(hub, tmp_path):
+    """Top-level *.py files (what auto_map names) only with hub_code (COG_TRITON_LLM_TRUST_REMOTE_CODE); a fetch
+    without them is not reused for one that wants them. Then the setup check passes with the setting."""
+    from common.errors import IncompatibleWeightsError
+    from tensorrtllm_backend.checkpoint import check_pytorch_checkpoint
+
+    files = tiny_checkpoint(auto_map={"AutoConfig": "configuration_x.XConfig"})
+    code = {"configuration_x.py": b"# code\n", "modeling_x.py": b"# code\n", "sub/helper.py": b"# code\n"}
+    hub.add_repo("me/custom", {**files, **code})
+    target = tmp_path / "w"
+    fetch_weights("hf://me/custom", target)
+    assert not [p for p in resolved_gets(hub) if p.endswith(".py")]
+    with pytest.raises(IncompatibleWeightsError, match="COG_TRITON_LLM_TRUST_REMOTE_CODE=true"):
+        check_pytorch_checkpoint(inspect_weights(target))
+    with pytest.raises(IncompatibleWeightsError, match="needs configuration_x.py beside it"):
+        check_pytorch_checkpoint(inspect_weights(target), trust_remote_code=True)
+    assert fetch_weights("hf://me/custom", target).skipped is True
+    gets = len(hub.gets)
+    assert fetch_weights("hf://me/custom", target, hub_code=True).skipped is False
+    assert sorted(p for _, _, p in hub.gets[gets:] if p.endswith(".py")) == ["configuration_x.py", "modeling_x.py"]
+    check_pytorch_checkpoint(inspect_weights(target), trust_remote_code=True)
+    assert fetch_weights("hf://me/custom", target, hub_code=True).skipped is True
+
+
 def test_a_revision_is_resolved_to_its_commit(hub, tmp_path):
     hub.add_repo("me/tiny", tiny_checkpoint(), revisions=("main", "v1.0"))
     result = fetch_weights("hf://me/tiny@v1.0", tmp_path / "w")
@@ -238,24 +287,98 @@ def test_a_fetch_failing_midway_leaves_nothing_half_written(hub, tmp_path):
     _previous(target)
     with pytest.raises(WeightsError) as info:
         fetch_weights("hf://me/tiny", target)
-    assert info.value.message.startswith("hf://me/tiny")
+    assert type(info.value) is WeightsError
+    assert info.value.message == ("hf://me/tiny: a file listed in the repository was not found at its commit "
+                                  f"(model-2.safetensors does not exist on \"{commit_of('me/tiny', 'main')}\")")
     assert any(path != "model-2.safetensors" for _, _, path in hub.gets), "other files had arrived"
     assert_untouched(target)
 
 
 def test_an_unreachable_hub_is_a_download_error(tmp_path, monkeypatch):
+    """Nothing listens: under huggingface_hub 0.x the error is requests' ConnectionError, an OSError, which must
+    not read as a disk failure."""
     with FakeHub() as hub:
         hub.use(monkeypatch)
     # the server is stopped: nothing listens on its port any more
-    with pytest.raises(DownloadError, match="hf://me/tiny could not be fetched"):
+    with pytest.raises(DownloadError, match=r"^\[download_error\] hf://me/tiny could not be fetched: the Hub could "
+                                            r"not be reached \((ConnectionError|ConnectError): "):
         fetch_weights("hf://me/tiny", tmp_path / "w", timeout_s=5)
+
+
+@pytest.mark.parametrize("failing,status", [("/api/models/", 500), ("/resolve/", 403)])
+def test_an_error_answer_is_a_download_error_naming_the_status(hub, tmp_path, failing, status):
+    """HTTP 500 from the metadata API; 403 (no Hub error code: a proxy's) from a file's HEAD, which
+    hf_hub_download wraps in a LocalEntryNotFoundError in every major (the status is read from its cause; a 5xx
+    there would be retried for ~20 s by huggingface_hub 0.x's http_backoff)."""
+    hub.add_repo("me/tiny", tiny_checkpoint())
+    hub.intercept = lambda method, path: (status, {"X-Error-Message": "not now"}) if failing in path else None
+    target = tmp_path / "w"
+    _previous(target)
+    with pytest.raises(DownloadError) as info:
+        fetch_weights("hf://me/tiny", target)
+    assert info.value.message == f"hf://me/tiny could not be fetched: the Hub answered HTTP {status} (not now)"
+    assert_untouched(target)
+
+
+def test_an_endpoint_that_is_not_a_hub_is_named(hub, tmp_path):
+    """A file answer without X-Repo-Commit (FileMetadataError, an OSError): not a disk failure."""
+    hub.add_repo("me/tiny", tiny_checkpoint())
+    hub.intercept = lambda method, path: (200, {"ETag": '"x"'}) if "/resolve/" in path else None
+    with pytest.raises(DownloadError) as info:
+        fetch_weights("hf://me/tiny", tmp_path / "w")
+    assert info.value.message.startswith("hf://me/tiny could not be fetched: the answer lacks the headers of a Hugging "
+                                         "Face Hub (X-Repo-Commit, ETag); is HF_ENDPOINT a Hugging Face Hub? "
+                                         "(FileMetadataError: ")
+
+
+def test_hf_hub_offline_is_honoured_by_the_guarded_client(hub, tmp_path, monkeypatch):
+    """HF_HUB_OFFLINE forbids reaching the Hub, also once this process's huggingface_hub client is the guarded one
+    (every hf:// fetch installs it): nothing is asked."""
+    import huggingface_hub.constants as constants
+
+    from cog_triton.fetch_guard import install_hub_guard
+
+    install_hub_guard()
+    hub.add_repo("me/tiny", tiny_checkpoint())
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(DownloadError) as info:
+        fetch_weights("hf://me/tiny", tmp_path / "w")
+    assert info.value.message == "hf://me/tiny cannot be fetched: HF_HUB_OFFLINE is set, which forbids reaching the Hub"
+    assert hub.requests == []
+
+
+def test_a_connection_opened_under_open_rules_is_not_reused_under_stricter_ones(hub, tmp_path):
+    """The operator's fetch (any endpoint) then a caller's held to public addresses, in one thread, to the same Hub
+    (HTTP/1.1, keep-alive): the caller's request gets a connection of its own, refused at its address.
+    huggingface_hub 0.x keeps one requests session per thread, whose pools would keep the first connection."""
+    import huggingface_hub
+
+    from common.errors import FetchRefusedError
+    from cog_triton.fetch_guard import hub_guard
+    from cog_triton.fetch_rules import FetchRules
+
+    hub.add_repo("me/tiny", tiny_checkpoint())
+    api = huggingface_hub.HfApi(endpoint=hub.url)
+    with hub_guard(FetchRules.open(), "checkpoints"):
+        assert api.model_info("me/tiny").sha == commit_of("me/tiny", "main")
+    asked = len(hub.requests)
+    with hub_guard(FetchRules(allow_http=True), "checkpoints"), \
+            pytest.raises(FetchRefusedError, match="127.0.0.1 is a loopback address; checkpoints are fetched only"):
+        api.model_info("me/tiny")
+    assert len(hub.requests) == asked
 
 
 def test_select_files_reads_only_top_level_tokenizer_and_metadata():
     listing = {"config.json": 1, "model.safetensors": 2, "sub/tokenizer.json": 3, "tokenizer.model": 4,
-               "x.tiktoken": 5, "quant_cfg.json": 6, "sub/model.safetensors": 7}
+               "x.tiktoken": 5, "quant_cfg.json": 6, "sub/model.safetensors": 7, "preprocessor_config.json": 8,
+               "sub/preprocessor_config.json": 9, "modeling_x.py": 10, "sub/x.py": 11}
     assert select_files(listing, None, "hf://a/b") == [
-        "config.json", "model.safetensors", "quant_cfg.json", "tokenizer.model", "x.tiktoken"]
+        "config.json", "model.safetensors", "preprocessor_config.json", "quant_cfg.json", "tokenizer.model",
+        "x.tiktoken"]
+    assert select_files(listing, None, "hf://a/b", code=True) == [
+        "config.json", "model.safetensors", "modeling_x.py", "preprocessor_config.json", "quant_cfg.json",
+        "tokenizer.model", "x.tiktoken"]
     with pytest.raises(WeightsError, match="names b.safetensors, which the repository lacks"):
         select_files(listing, ["b.safetensors"], "hf://a/b")
     assert parse_hub_ref(" hf://Org/Name.v2@refs/pr/1 ").revision == "refs/pr/1"

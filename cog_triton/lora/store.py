@@ -8,8 +8,8 @@ An adapter is fetched once per source into ``<root>/adapters/<source key>/`` and
   processes with ``flock``, the folder replaced by an atomic rename; and skipped when its marker shows the
   same source already in place, so a cached adapter is never downloaded twice).
 * ``hf://owner/repo[@revision]`` with ``huggingface_hub.hf_hub_download`` (its retries, resume and
-  ``HF_TOKEN``), the two files' sizes checked first (``dry_run``), under the same folder lock, staged
-  beside the folder and renamed into place.
+  ``HF_TOKEN``; huggingface_hub 0.x, 1.x or 2.x), the two files' sizes checked first (their ``HEAD``), under the
+  same folder lock, staged beside the folder and renamed into place.
 
 Both are held to the fetch rules (:attr:`StoreLimits.rules`, :mod:`cog_triton.fetch_rules`): the reference is
 checked first (scheme, host and Hub owner allow-lists, an IP-literal host), then every connection of the
@@ -44,6 +44,7 @@ from typing import Optional
 from common.errors import FetchRefusedError, LoraAdapterError, WeightsError
 from cog_triton.fetch_guard import hub_guard
 from cog_triton.fetch_rules import FetchRules
+from cog_triton.hub_errors import HubFailure, classify_hub_error
 from cog_triton.lora.refs import WHAT, AdapterRef, check_adapter_allowed
 from cog_triton.weights import fetch_weights, target_lock
 
@@ -283,50 +284,64 @@ class AdapterStore:
 def _hf_download(ref: AdapterRef, staging: Path, limits: StoreLimits) -> str:
     """Download the adapter's two files from the Hub into ``staging``; return the commit.
 
+    Each file's size and commit come first from its ``HEAD`` (``get_hf_file_metadata`` of its ``hf_hub_url``: the
+    same call in huggingface_hub 0.x, 1.x and 2.x; 2.x's ``hf_hub_download(dry_run=True)`` does that too, but 0.x
+    has no ``dry_run``), so an adapter over the size limit is refused before any body is downloaded.
+
     Raises:
-        LoraAdapterError: no such repository, revision or file, too large, or the download failed.
+        LoraAdapterError: refused by the fetch rules, no such repository, revision or file, too large, or the
+            download failed; the same text under each major of huggingface_hub (:mod:`cog_triton.hub_errors`).
     """
     import huggingface_hub  # noqa: PLC0415 - only for hf:// references
-    from huggingface_hub import errors as hf_errors  # noqa: PLC0415
 
-    def download(filename: str, dry_run: bool):
-        return huggingface_hub.hf_hub_download(
-            ref.repo_id, filename, revision=ref.revision, local_dir=staging, dry_run=dry_run,
-            etag_timeout=limits.timeout_s,
-        )
-
+    current = ADAPTER_FILES[0]
     try:
-        infos = [download(name, True) for name in ADAPTER_FILES]
-        size = sum(info.file_size or 0 for info in infos)
+        infos = []
+        for current in ADAPTER_FILES:
+            url = huggingface_hub.hf_hub_url(ref.repo_id, current, revision=ref.revision)
+            infos.append(huggingface_hub.get_hf_file_metadata(url, timeout=limits.timeout_s))
+        size = sum(info.size or 0 for info in infos)
         if size > limits.max_adapter_bytes:
             raise LoraAdapterError(
                 f"lora_weights {ref.display} has {size} bytes of adapter files, more than the "
                 f"{limits.max_adapter_bytes} allowed (COG_TRITON_ADAPTER_MAX_BYTES)"
             )
-        for name in ADAPTER_FILES:
-            download(name, False)
-        return infos[0].commit_hash
+        for current in ADAPTER_FILES:
+            huggingface_hub.hf_hub_download(ref.repo_id, current, revision=ref.revision, local_dir=staging,
+                                            etag_timeout=limits.timeout_s)
+        return str(infos[0].commit_hash)
     except FetchRefusedError as exc:
         raise LoraAdapterError(f"lora_weights {ref.display} is refused: {exc.message}") from None
-    except hf_errors.EntryNotFoundError as exc:
-        raise LoraAdapterError(
-            f"lora_weights {ref.display} is not a PEFT LoRA adapter: the repository has no {_missing(exc)} "
-            f"(it needs {' and '.join(ADAPTER_FILES)})"
-        ) from None
-    except hf_errors.RevisionNotFoundError:
-        raise LoraAdapterError(f"lora_weights {ref.display}: revision {ref.revision!r} not found") from None
-    except hf_errors.RepositoryNotFoundError:
-        raise LoraAdapterError(
-            f"lora_weights {ref.display}: repository {ref.repo_id} not found, or private (set HF_TOKEN)"
-        ) from None
-    except (hf_errors.HfHubHTTPError, hf_errors.LocalEntryNotFoundError, OSError, ValueError) as exc:
-        raise LoraAdapterError(f"lora_weights {ref.display} could not be downloaded: {type(exc).__name__}: "
-                               f"{str(exc)[:300]}") from None
+    except LoraAdapterError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - huggingface_hub's, its HTTP stack's and the disk's: classified once
+        failure = classify_hub_error(exc)
+        if failure.kind == "other" and not isinstance(exc, ValueError):
+            raise
+        raise _hf_failure(ref, failure, current) from None
 
 
-def _missing(exc: Exception) -> str:
-    text = str(exc)
-    return next((name for name in ADAPTER_FILES if name in text), "adapter files")
+def _hf_failure(ref: AdapterRef, failure: HubFailure, filename: str) -> LoraAdapterError:
+    """The error of a failed Hub download of ``filename`` (the file being fetched when it failed)."""
+    if failure.kind == "file":
+        return LoraAdapterError(f"lora_weights {ref.display} is not a PEFT LoRA adapter: the repository has no "
+                                f"{filename} (it needs {' and '.join(ADAPTER_FILES)})")
+    if failure.kind == "revision":
+        return LoraAdapterError(f"lora_weights {ref.display}: revision {ref.revision!r} not found")
+    if failure.kind in ("repository", "gated"):
+        return LoraAdapterError(f"lora_weights {ref.display}: repository {ref.repo_id} not found, or private (set "
+                                "HF_TOKEN)")
+    reason = {
+        "offline": "HF_HUB_OFFLINE is set, which forbids reaching the Hub",
+        "http": f"the Hub answered HTTP {failure.status or '?'}",
+        "not_a_hub": "the answer lacks the headers of a Hugging Face Hub (is HF_ENDPOINT a Hugging Face Hub?)",
+        "unreachable": "the Hub could not be reached",
+        "transport": "the connection to the Hub failed",
+        "local": "it could not be written here",
+    }.get(failure.kind, "")
+    detail = failure.detail[:300]
+    return LoraAdapterError(f"lora_weights {ref.display} could not be downloaded: "
+                            + (f"{reason} ({detail})" if reason else detail))
 
 
 __all__ = ("ADAPTER_CONFIG", "ADAPTER_FILES", "ADAPTER_WEIGHTS", "AdapterStore", "LocalAdapter", "StoreLimits")

@@ -89,6 +89,7 @@ def fetch_weights(
     max_download_bytes: Optional[int] = None,
     allow_zip: bool = False,
     hf_token: Optional[str] = None,
+    hub_code: bool = False,
 
     rules: Optional[FetchRules] = None,
     what: str = "weights",
@@ -124,6 +125,8 @@ def fetch_weights(
         allow_zip: accept zip archives too (unpacked under the same rules; refused otherwise).
         hf_token: for an ``hf://`` source, a Hugging Face token for this fetch only (None: huggingface_hub's own
             lookup, ``HF_TOKEN``); never logged nor put in a message.
+        hub_code: for an ``hf://`` source, also fetch the repository's top-level ``*.py`` files (the operator allowed
+            a checkpoint's own code: ``COG_TRITON_LLM_TRUST_REMOTE_CODE``; :func:`cog_triton.weights.hub.fetch_hub`).
 
         rules: for a source an API caller gave (an adapter, a training's checkpoint): the fetch rules
             (:mod:`cog_triton.fetch_rules`) every request and connection of an http(s) download is held to,
@@ -189,7 +192,7 @@ def fetch_weights(
         # any endpoint (HF_ENDPOINT may be a mirror on the private network): huggingface_hub's client in this
         # process is the guarded one once any fetch installed it (cog_triton.fetch_guard), so say so explicitly.
         with hub_guard(rules or FetchRules.open(), what):
-            hub = fetch_hub(src.hub, target, src.key, timeout_s=timeout_s, token=hf_token)
+            hub = fetch_hub(src.hub, target, src.key, timeout_s=timeout_s, token=hf_token, code=hub_code)
         return WeightsResult(path=target, source=src.display, sha256=None, size_bytes=hub.size_bytes,
                              skipped=hub.skipped, commit=hub.commit)
 

@@ -13,7 +13,15 @@ mix two versions):
   index every top-level ``*.safetensors``. Duplicates in other formats (``*.bin``, ``*.pt``, ``*.pth``,
   ``*.gguf``, ``consolidated.*`` not named by the index, sub-folders such as ``original/``) are not fetched; a
   repository without safetensors weights is refused;
-* the tokenizer files (:data:`TOKENIZER_FILES`, ``*.tiktoken``) and chat templates, at the top level.
+* the tokenizer files (:data:`TOKENIZER_FILES`, ``*.tiktoken``) and chat templates, at the top level;
+* the Hugging Face processor's files (:data:`tensorrtllm_backend.checkpoint.PROCESSOR_FILES`:
+  ``preprocessor_config.json``, ``processor_config.json``, ``video_preprocessor_config.json``,
+  ``chat_template.json``), at the top level: TensorRT-LLM's ``LLM`` loads the processor of a multimodal architecture
+  when it loads the model, even to serve text (``tensorrtllm_backend.checkpoint``, which refuses such a checkpoint
+  without them);
+* only when the operator allows a checkpoint's own code (``code=True``: ``COG_TRITON_LLM_TRUST_REMOTE_CODE``), the
+  repository's top-level ``*.py`` files (the modules its ``auto_map`` entries name). Without it none is fetched,
+  and a checkpoint whose files name code is refused at setup.
 
 How (huggingface_hub 2.4.0, read in ``.venv/lib/python3.11/site-packages/huggingface_hub``):
 ``HfApi.model_info`` (``GET /api/models/{repo}/revision/{revision}``: the commit ``sha``, ``gated``), then
@@ -22,7 +30,11 @@ then each of those files with ``hf_hub_download(revision=<commit>, local_dir=<st
 ``snapshot_download`` would, but in threads that keep the caller's fetch rules) (``HEAD`` then
 ``GET /{repo}/resolve/{commit}/{file}``,
 reading ``X-Repo-Commit``, ``ETag``/``X-Linked-Etag`` and ``Content-Length``/``X-Linked-Size``). The endpoint is
-``HF_ENDPOINT`` (huggingface_hub's own setting; tests point it at a local stand-in of the Hub).
+``HF_ENDPOINT`` (huggingface_hub's own setting; tests point it at a local stand-in of the Hub). The same calls
+exist in huggingface_hub 0.x (read in 0.36.0, the line the GPU image's transformers 4.x requires: ``hf_api.py``,
+``file_download.py``), which does them over requests instead of httpx; their failures differ by class between the
+majors and are classified once by :func:`cog_triton.hub_errors.classify_hub_error`, so every message below reads
+the same under 0.x, 1.x and 2.x (``tests/test_weights_hub_0x.py`` runs this module's tests under 0.36).
 
 The token is huggingface_hub's own lookup (``HF_TOKEN``, else the token file of ``huggingface-cli login``): it is
 never read into this module's messages or logs, and any text of the Hub's that is quoted in an error has it
@@ -53,6 +65,7 @@ from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any, Optional
 
+from cog_triton.hub_errors import HubFailure, classify_hub_error
 from cog_triton.weights.archive import _check_free_space
 from cog_triton.weights.cache import (
     MARKER_VERSION,
@@ -66,6 +79,7 @@ from cog_triton.weights.cache import (
 )
 from common.errors import DownloadError, FetchRefusedError, WeightsError
 from common.files import KEEP_NAMES
+from tensorrtllm_backend.checkpoint import PROCESSOR_FILES
 
 log = logging.getLogger("cog_triton.weights")
 
@@ -87,6 +101,8 @@ TOKENIZER_FILES = (
     "vocab.json", "vocab.txt", "merges.txt", "chat_template.jinja", "chat_template.json",
 )  # fmt: skip
 TOKENIZER_PATTERNS = ("*.tiktoken",)
+#: The repository's own code, fetched only with ``code=True``: top-level Python modules.
+CODE_PATTERNS = ("*.py",)
 #: Free disk kept beyond the checkpoint's own size when checking for room, bytes.
 FREE_SPACE_SLACK_BYTES = 64 << 20
 
@@ -145,7 +161,7 @@ class HubFetch:
 
 
 def fetch_hub(ref: HubRef, target: Path, source_key: str, *, timeout_s: float = 60.0,
-              token: Optional[str] = None) -> HubFetch:
+              token: Optional[str] = None, code: bool = False) -> HubFetch:
     """Fetch the checkpoint ``ref`` names into ``target`` (see the module docstring), under the target's lock.
 
     Args:
@@ -153,13 +169,18 @@ def fetch_hub(ref: HubRef, target: Path, source_key: str, *, timeout_s: float = 
         timeout_s: seconds to wait for each of the Hub's answers (metadata calls and the ``HEAD`` of each file).
         token: a Hugging Face token for this fetch only (``cog train``'s hf_token input); None: huggingface_hub's
             own lookup (``HF_TOKEN``, the login token file).
+        code: also fetch the repository's top-level ``*.py`` files (the operator allowed remote code); a fetch
+            without them is not reused for one with them (the marker key differs).
 
     Raises:
         WeightsError: the repository, revision or files are not there, the repository is gated or private and no
             usable token is set, it holds no ``config.json`` or no safetensors weights, there is no room on disk, or
-            the files cannot be written. DownloadError (a WeightsError): the Hub could not be reached or answered
-            with an error. Messages name the reference, and never hold the token.
+            the files cannot be written. DownloadError (a WeightsError): the Hub could not be reached, the
+            connection broke, it answered with an error, ``HF_ENDPOINT`` answers but is not a Hub, or
+            ``HF_HUB_OFFLINE`` is set. Messages name the reference, and never hold the token.
     """
+    if code:
+        source_key += "+code"
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -171,10 +192,11 @@ def fetch_hub(ref: HubRef, target: Path, source_key: str, *, timeout_s: float = 
                      ref.text, target, len(marker["files"]), (marker.get("hub") or {}).get("commit"))
             files = tuple(entry["path"] for entry in marker["files"])
             return HubFetch((marker.get("hub") or {}).get("commit"), files, int(marker["size_bytes"]), True)
-        return _fetch_into(ref, target, source_key, timeout_s, token)
+        return _fetch_into(ref, target, source_key, timeout_s, token, code)
 
 
-def _fetch_into(ref: HubRef, target: Path, source_key: str, timeout_s: float, token: Optional[str]) -> HubFetch:
+def _fetch_into(ref: HubRef, target: Path, source_key: str, timeout_s: float, token: Optional[str],
+                code: bool) -> HubFetch:
     started = time.monotonic()
     log.info("fetching the checkpoint %s from the Hugging Face Hub into %s", ref.text, target)
     try:
@@ -184,7 +206,7 @@ def _fetch_into(ref: HubRef, target: Path, source_key: str, timeout_s: float, to
     except OSError as exc:
         raise WeightsError(f"could not prepare {target}: {exc}") from exc
     try:
-        commit, files, size = _download(ref, staging, hub_cache, timeout_s, token)
+        commit, files, size = _download(ref, staging, hub_cache, timeout_s, token, code)
         shutil.rmtree(staging / ".cache", ignore_errors=True)  # huggingface_hub's local_dir metadata
         try:
             for name in KEEP_NAMES:
@@ -214,12 +236,13 @@ def _fetch_into(ref: HubRef, target: Path, source_key: str, timeout_s: float, to
     return HubFetch(commit, tuple(files), size, False)
 
 
-def select_files(listing: dict[str, int], shards: Optional[list[str]], display: str) -> list[str]:
+def select_files(listing: dict[str, int], shards: Optional[list[str]], display: str, code: bool = False) -> list[str]:
     """The files of ``listing`` (path -> size in bytes, the repository's tree) that a checkpoint needs.
 
     Args:
         shards: the weight files ``model.safetensors.index.json`` names (None: the repository has no index).
         display: the reference, for messages.
+        code: also the top-level ``*.py`` files (:data:`CODE_PATTERNS`).
 
     Raises:
         WeightsError: no ``config.json``, no safetensors weights, or the index names a file the repository lacks.
@@ -247,6 +270,9 @@ def select_files(listing: dict[str, int], shards: Optional[list[str]], display: 
     wanted = [p for p in METADATA_FILES if p in top]
     wanted += [p for p in TOKENIZER_FILES if p in top]
     wanted += sorted(p for p in top if any(fnmatch(p, pattern) for pattern in TOKENIZER_PATTERNS))
+    wanted += [p for p in PROCESSOR_FILES if p in top]
+    if code:
+        wanted += sorted(p for p in top if any(fnmatch(p, pattern) for pattern in CODE_PATTERNS))
     return sorted(set(wanted) | set(weights))
 
 
@@ -274,10 +300,9 @@ def _scrub(text: str, token: Optional[str] = None) -> str:
 
 
 def _download(ref: HubRef, staging: Path, hub_cache: Path, timeout_s: float,
-              token: Optional[str] = None) -> tuple[str, list[str], int]:
+              token: Optional[str] = None, code: bool = False) -> tuple[str, list[str], int]:
     """Resolve, list, choose and fetch the files into ``staging``; return (commit, files, total bytes)."""
     import huggingface_hub  # noqa: PLC0415 - only for hf:// sources
-    from huggingface_hub import errors as hf_errors  # noqa: PLC0415
     from huggingface_hub.hf_api import RepoFile  # noqa: PLC0415
 
     endpoint = os.environ.get("HF_ENDPOINT", "").strip().rstrip("/") or None
@@ -309,7 +334,7 @@ def _download(ref: HubRef, staging: Path, hub_cache: Path, timeout_s: float,
                 endpoint=endpoint, etag_timeout=timeout_s, token=token,
             )
             shards = _index_shards(Path(index_path), display)
-        files = select_files(listing, shards, display)
+        files = select_files(listing, shards, display, code)
         size = sum(listing[path] for path in files)
         _check_free_space(staging.parent, size + FREE_SPACE_SLACK_BYTES, f"the checkpoint {display}")
         log.info("fetching %d files (%d bytes) of %s at commit %s: %s", len(files), size, display, commit,
@@ -328,41 +353,46 @@ def _download(ref: HubRef, staging: Path, hub_cache: Path, timeout_s: float,
                 task.result()
     except (WeightsError, FetchRefusedError):
         raise
-    except hf_errors.RevisionNotFoundError:
-        raise WeightsError(
-            f"{display}: revision {ref.revision!r} was not found in {ref.repo_id} (give a branch, tag or commit of it)"
-        ) from None
-    except hf_errors.GatedRepoError:
-        raise WeightsError(
-            f"{display} is a gated repository and {token_note}: accept its license on the Hub with your account, "
-            "then set HF_TOKEN to a token of that account"
-        ) from None
-    except hf_errors.RepositoryNotFoundError:
-        raise WeightsError(
-            f"{display}: repository {ref.repo_id} was not found, or it is private and {token_note}"
-        ) from None
-    except hf_errors.RemoteEntryNotFoundError as exc:
-        raise WeightsError(
-            f"{display}: a file listed in the repository was not found at its commit: {_scrub(str(exc), token)}"
-        ) from None
-    except hf_errors.OfflineModeIsEnabled:
-        raise DownloadError(f"{display} cannot be fetched: HF_HUB_OFFLINE is set, which forbids reaching the Hub") \
-            from None
-    except hf_errors.HfHubHTTPError as exc:
-        status = exc.response.status_code if exc.response is not None else "?"
-        raise DownloadError(
-            f"{display} could not be fetched: the Hub answered HTTP {status}"
-            + (f" ({_scrub(exc.server_message, token)})" if exc.server_message else "")
-        ) from None
-    except (hf_errors.LocalEntryNotFoundError, ConnectionError, TimeoutError) as exc:
-        raise DownloadError(f"{display} could not be fetched: the Hub could not be reached ({type(exc).__name__}: "
-                            f"{_scrub(str(exc), token)})") from None
-    except OSError as exc:
-        raise WeightsError(f"{display} could not be written to {staging}: {_scrub(str(exc), token)}") from None
-    except Exception as exc:  # noqa: BLE001 - httpx errors and huggingface_hub's own; all mean "not fetched"
-        raise DownloadError(f"{display} could not be fetched: {type(exc).__name__}: {_scrub(str(exc), token)}") from None
+    except Exception as exc:  # noqa: BLE001 - huggingface_hub's, its HTTP stack's and the disk's: classified once
+        raise _failure_error(classify_hub_error(exc), display, ref, staging, token, token_note) from None
     _check_fetched(staging, files, listing, display)
     return commit, files, size
+
+
+def _failure_error(failure: HubFailure, display: str, ref: HubRef, staging: Path, token: Optional[str],
+                   token_note: str) -> WeightsError:
+    """The error of a failed fetch (:func:`cog_triton.hub_errors.classify_hub_error`), the same text under
+    huggingface_hub 0.x, 1.x and 2.x: WeightsError for what the repository lacks or the disk refused, DownloadError
+    for a Hub that could not be reached or answered with an error. Quoted text of the Hub's is scrubbed."""
+    kind = failure.kind
+    server = f" ({_scrub(failure.server_message, token)})" if failure.server_message else ""
+    if kind == "revision":
+        return WeightsError(f"{display}: revision {ref.revision!r} was not found in {ref.repo_id} (give a branch, tag "
+                            "or commit of it)")
+    if kind == "gated":
+        return WeightsError(f"{display} is a gated repository and {token_note}: accept its license on the Hub with "
+                            "your account, then set HF_TOKEN to a token of that account")
+    if kind == "repository":
+        return WeightsError(f"{display}: repository {ref.repo_id} was not found, or it is private and {token_note}")
+    if kind == "file":
+        return WeightsError(f"{display}: a file listed in the repository was not found at its commit{server}")
+    if kind == "offline":
+        return DownloadError(f"{display} cannot be fetched: HF_HUB_OFFLINE is set, which forbids reaching the Hub")
+    if kind == "http":
+        return DownloadError(f"{display} could not be fetched: the Hub answered HTTP {failure.status or '?'}{server}")
+    if kind == "not_a_hub":
+        return DownloadError(f"{display} could not be fetched: the answer lacks the headers of a Hugging Face Hub "
+                             f"(X-Repo-Commit, ETag); is HF_ENDPOINT a Hugging Face Hub? "
+                             f"({_scrub(failure.detail, token)})")
+    if kind == "unreachable":
+        return DownloadError(f"{display} could not be fetched: the Hub could not be reached "
+                             f"({_scrub(failure.detail, token)})")
+    if kind == "transport":
+        return DownloadError(f"{display} could not be fetched: the connection to the Hub failed "
+                             f"({_scrub(failure.detail, token)})")
+    if kind == "local":
+        return WeightsError(f"{display} could not be written to {staging}: {_scrub(str(failure.error), token)}")
+    return DownloadError(f"{display} could not be fetched: {_scrub(failure.detail, token)}")
 
 
 def _index_shards(path: Path, display: str) -> list[str]:
