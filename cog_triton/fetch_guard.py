@@ -27,10 +27,10 @@ import threading
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, TypeVar, Union
-from urllib.parse import urlsplit
 
 from common.errors import FetchRefusedError
 from cog_triton.fetch_rules import FetchRules, normalize_host
+from cog_triton.redaction import redact_url
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -74,21 +74,19 @@ class FetchGuard:
     first_url: Optional[str] = field(default=None, init=False)
     first_host: Optional[str] = field(default=None, init=False)
 
-    def check_request(self, url: str) -> None:
-        """Before each request (the first and every redirect): its scheme and host.
+    def check_request(self, url: str, scheme: str, host: str) -> None:
+        """Before each request (the first and every redirect): its scheme and host, as the HTTP client parsed the
+        URL it is about to request (``url``: its text, for messages).
 
         Raises:
             FetchRefusedError: naming the rule (and the redirect, for a later hop).
         """
-        parts = urlsplit(url)
         if self.first_url is None:
-            self.first_url, self.first_host = url, normalize_host(parts.hostname or "")
-        refusal = self.rules.scheme_refusal(parts.scheme, self.what)
+            self.first_url, self.first_host = url, normalize_host(host)
+        refusal = self.rules.scheme_refusal(scheme, self.what)
         if refusal is None and self.check_hosts:
-            refusal = self.rules.host_refusal(parts.hostname or "", self.what)
+            refusal = self.rules.host_refusal(host, self.what)
         if refusal is not None:
-            from cog_triton.weights.sources import redact_url  # noqa: PLC0415 - the weights package imports this one
-
             if not self.single_url:
                 hop = f"{redact_url(url)}: "
             else:
@@ -214,7 +212,8 @@ def _guarded_transport_class(httpx_module: ModuleType, core: ModuleType) -> type
             )
 
         def handle_request(self, request: Any) -> Any:
-            self._current().check_request(str(request.url))
+            url = request.url  # as httpx parsed it: the URL it sends the request to
+            self._current().check_request(str(url), url.scheme, url.raw_host.decode("ascii"))
             return super().handle_request(request)
 
     return GuardedTransport
@@ -287,6 +286,7 @@ def _requests_classes(guard_of: Callable[[], FetchGuard]) -> tuple[type, type, t
         from urllib3 import connectionpool  # noqa: PLC0415
         from urllib3.exceptions import ConnectTimeoutError, NewConnectionError  # noqa: PLC0415
         from urllib3.util import connection as u3util  # noqa: PLC0415
+        from urllib3.util import parse_url  # noqa: PLC0415
     except ImportError as exc:
         raise _stack_missing(exc) from exc
 
@@ -323,7 +323,8 @@ def _requests_classes(guard_of: Callable[[], FetchGuard]) -> tuple[type, type, t
         session_class = requests.Session
 
         def send(self, request: Any, *args: Any, **kwargs: Any) -> Any:
-            guard_of().check_request(request.url)
+            parsed = parse_url(request.url)  # urllib3's parser: the URL the connection pool requests
+            guard_of().check_request(request.url, parsed.scheme or "", parsed.host or "")
             return super().send(request, *args, **kwargs)
 
     return http_conn, https_conn, GuardedAdapter

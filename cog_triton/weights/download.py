@@ -1,5 +1,6 @@
 """HTTP downloads of weights: streamed with httpx, hashed while they stream, retried with backoff and resumed
-with Range/If-Range, within a deadline and a minimum rate; URLs redacted from httpx's and httpcore's logs.
+with Range/If-Range, within a deadline and a minimum rate; URLs redacted from every log record
+(:mod:`cog_triton.redaction`).
 
 Part of :mod:`cog_triton.weights` (its public face is the package).
 """
@@ -19,8 +20,8 @@ from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_aft
 
 from cog_triton.fetch_guard import FetchGuard, guarded_transport
 from cog_triton.fetch_rules import FetchRules
+from cog_triton.redaction import install_log_redaction, redact_text
 from cog_triton.weights.archive import _check_free_space
-from cog_triton.weights.sources import redact_text
 from common.errors import DownloadError, WeightsError
 
 log = logging.getLogger("cog_triton.weights")
@@ -75,44 +76,9 @@ class _TransientDownloadError(DownloadError):
     """A download failure worth retrying (connection, timeout, truncated body, too slow, 5xx)."""
 
 
-#: Loggers whose records are redacted (plus any other httpx*/httpcore* logger that exists by then).
-_REDACTED_LOGGERS = (
-    "httpx", "httpcore", "httpcore.connection", "httpcore.connection_pool", "httpcore.http11", "httpcore.http2",
-    "httpcore.proxy", "httpcore.socks", "hpack",
-)  # fmt: skip
-
-
-class _RedactUrlFilter(logging.Filter):
-    """Removes userinfo and query strings from the URLs in httpx's and httpcore's log records.
-
-    httpx logs each request line ("HTTP Request: GET <url> ..."), at INFO level; httpcore logs, at
-    DEBUG level, the response headers, a redirect's ``Location`` (absolute or relative) included.
-    The whole formatted message is redacted with :func:`redact_text` and replaces the record's
-    ``msg`` (``args`` emptied) whenever it changed.
-    """
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        try:
-            message = record.getMessage()
-        except Exception:  # noqa: BLE001 - a broken record is the handler's to report, not ours
-            return True
-        redacted = redact_text(message)
-        if redacted != message:
-            record.msg, record.args = redacted, ()
-        return True
-
-
-def _install_log_redaction() -> None:
-    """Attach :class:`_RedactUrlFilter` to every httpx/httpcore logger (a logger's filters only see
-    the records logged on it, not those its children propagate, hence each one by name)."""
-    existing = [name for name in logging.root.manager.loggerDict if name.split(".")[0] in ("httpx", "httpcore")]
-    for name in {*_REDACTED_LOGGERS, *existing}:
-        logger = logging.getLogger(name)
-        if not any(isinstance(f, _RedactUrlFilter) for f in logger.filters):
-            logger.addFilter(_RedactUrlFilter())
-
-
-_install_log_redaction()
+# Every log record of the process is redacted (httpx's request lines, httpcore's DEBUG headers with a redirect's
+# Location, huggingface_hub's and urllib3's lines): cog_triton.redaction.
+install_log_redaction()
 
 
 class _Progress:
@@ -198,7 +164,7 @@ def _download(url: str, display: str, dest: Path, limits: _Limits) -> tuple[str,
         DownloadError: see :func:`cog_triton.weights.fetch_weights`.
         FetchRefusedError: ``limits.rules`` refuse a request or connection (never retried).
     """
-    _install_log_redaction()
+    install_log_redaction()
     attempts = limits.retries + 1
     transfer = _Transfer(dest, deadline=time.monotonic() + limits.deadline_s if limits.deadline_s > 0 else None)
     backoff = wait_exponential_jitter(
