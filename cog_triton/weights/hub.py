@@ -145,7 +145,7 @@ class HubFetch:
 
 
 def fetch_hub(ref: HubRef, target: Path, source_key: str, *, timeout_s: float = 60.0,
-              token: Optional[str] = None) -> HubFetch:
+              token: Optional[str] = None, until: Optional[float] = None) -> HubFetch:
     """Fetch the checkpoint ``ref`` names into ``target`` (see the module docstring), under the target's lock.
 
     Args:
@@ -153,18 +153,22 @@ def fetch_hub(ref: HubRef, target: Path, source_key: str, *, timeout_s: float = 
         timeout_s: seconds to wait for each of the Hub's answers (metadata calls and the ``HEAD`` of each file).
         token: a Hugging Face token for this fetch only (``cog train``'s hf_token input); None: huggingface_hub's
             own lookup (``HF_TOKEN``, the login token file).
+        until: the fetch's deadline (a ``time.monotonic()`` instant), which bounds the wait for another process's
+            fetch into ``target``; the Hub calls are held to it by the caller's guard (``hub_guard(..., deadline)``,
+            :mod:`cog_triton.fetch_deadline`).
 
     Raises:
         WeightsError: the repository, revision or files are not there, the repository is gated or private and no
             usable token is set, it holds no ``config.json`` or no safetensors weights, there is no room on disk, or
             the files cannot be written. DownloadError (a WeightsError): the Hub could not be reached or answered
-            with an error. Messages name the reference, and never hold the token.
+            with an error. FetchDeadlineError (a DownloadError): the deadline passed (the guard's, or ``until``
+            while waiting for the lock). Messages name the reference, and never hold the token.
     """
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise WeightsError(f"could not prepare {target}: {exc}") from exc
-    with _exclusive_lock(target):
+    with _exclusive_lock(target, until=until):
         marker = _read_marker(target)
         if marker is not None and _marker_matches(marker, source_key, None, None, target):
             log.info("weights from %s already present in %s (%d files, commit %s); skipping the fetch",
