@@ -41,6 +41,7 @@ import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
+from http import HTTPStatus
 from typing import Callable, Mapping, Optional, Union
 
 import h11
@@ -268,7 +269,7 @@ REQUEST_TIMEOUT_S = 10.0
 #: Most connections the endpoint holds at once. A new one beyond it closes the oldest that is still waiting for its
 #: request (an idle or half-sent one), so a scrape gets in whatever the others do.
 MAX_CONNECTIONS = 64
-#: Largest request head, bytes (h11's ``max_incomplete_event_size``; larger is refused with 431).
+#: A request head still incomplete past this many bytes is refused (h11's ``max_incomplete_event_size``: 431).
 MAX_REQUEST_BYTES = 8192
 _READ_BYTES = 4096
 
@@ -368,7 +369,10 @@ class MetricsServer:
         """Stop listening and close every connection (idempotent)."""
         loop, thread, self._loop, self._thread = self._loop, self._thread, None, None
         if loop is not None and thread is not None:
-            loop.call_soon_threadsafe(loop.stop)
+            try:
+                loop.call_soon_threadsafe(loop.stop)
+            except RuntimeError:  # the loop has already ended
+                pass
             thread.join(timeout=10)
         if self._scraper is not None:
             self._scraper.shutdown(wait=False, cancel_futures=True)
@@ -381,6 +385,11 @@ class MetricsServer:
         asyncio.set_event_loop(loop)
         try:
             server = loop.run_until_complete(asyncio.start_server(self._serve, sock=sock))
+        except BaseException:
+            log.exception("the Prometheus endpoint could not start serving")
+            sock.close()
+            loop.close()
+            return
         finally:
             started.set()
         try:
@@ -464,7 +473,8 @@ class MetricsServer:
         content_type = CONTENT_TYPE if status == 200 else "text/plain; charset=utf-8"
         headers = [("Content-Type", content_type), ("Content-Length", str(len(body))), ("Connection", "close")]
         try:
-            data = conn.send(h11.Response(status_code=status, headers=headers)) or b""
+            reason = HTTPStatus(status).phrase.encode()
+            data = conn.send(h11.Response(status_code=status, headers=headers, reason=reason)) or b""
             if not head_only:
                 data += conn.send(h11.Data(data=body)) or b""
             data += conn.send(h11.EndOfMessage()) or b""
