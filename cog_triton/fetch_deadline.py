@@ -22,7 +22,11 @@ redirects of all its attempts, and which no server can hold past its end:
   handshake, sending a request) and every failure the shutdown causes raises :class:`FetchDeadlineError`, which
   httpx and httpcore pass through unchanged (only httpcore's own exceptions are mapped, ``httpx/_transports/
   default.py`` ``map_httpcore_exceptions``), so no client retries it (huggingface_hub's ``http_backoff`` retries
-  only network and timeout errors), and the caller names the deadline.
+  only httpx2's timeout, network and remote-protocol errors: 2.4.0 ``utils/_http.py``
+  ``_DEFAULT_RETRY_ON_EXCEPTIONS``), and the caller names the deadline. A client that takes a head the shutdown
+  cut short for a whole one (http.client, under urllib3) gets the deadline from :mod:`cog_triton.fetch_guard`'s
+  ``getresponse``; whatever a client makes of it, the callers (:func:`cog_triton.weights.fetch_weights`,
+  :class:`cog_triton.lora.store.AdapterStore`) report the deadline once it has passed.
 
 Name resolution is not interrupted (``getaddrinfo`` cannot be); it is bounded by the resolver's own timeouts. A
 connect in progress is bounded by the operation timeout, which callers cap at the time left.
@@ -177,7 +181,9 @@ class FetchDeadline:
 
 def _shut(sock: socket.socket) -> None:
     """Shut the connection down in both directions (the plain socket's method: for an SSLSocket, without touching
-    its TLS state, which another thread may be reading with). A closed socket is left alone."""
+    its TLS state, which another thread may be reading with). A closed socket is left alone: its object holds -1
+    once closed (CPython ``sock_close``), so only a close racing this very call, in the few instructions between
+    reading the descriptor and ``shutdown(2)``, could reach a descriptor reused meanwhile."""
     try:
         socket.socket.shutdown(sock, socket.SHUT_RDWR)
     except OSError:
