@@ -10,6 +10,10 @@
 * :func:`hub_guard`: huggingface_hub's client (2.x httpx2, 1.x httpx, 0.x requests) guarded per call, for
   ``hf://`` downloads.
 
+A guard may carry the fetch's deadline (:class:`cog_triton.fetch_deadline.FetchDeadline`): the transport hands it
+each request's connections through httpcore's ``trace`` extension, the urllib3 connections register theirs, and
+after it no request or connection starts.
+
 Split from :mod:`cog_triton.fetch_rules` so that the rules stay pure (addresses, names, lists) and this module
 holds what touches httpx, httpcore and huggingface_hub.
 """
@@ -27,10 +31,11 @@ import threading
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence, TypeVar, Union
-from urllib.parse import urlsplit
 
 from common.errors import FetchRefusedError
+from cog_triton.fetch_deadline import FetchDeadline
 from cog_triton.fetch_rules import FetchRules, normalize_host
+from cog_triton.redaction import redact_url
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -64,6 +69,8 @@ class FetchGuard:
         resolver: host, port -> addresses (:func:`resolve`; tests give their own).
         single_url: the fetch is one URL and its redirects (a refused later hop is named as the redirect); False
             for a client that makes several requests (the Hub's): a refusal names the request's URL.
+        deadline: the fetch's one deadline (:mod:`cog_triton.fetch_deadline`), held on every request and
+            connection made under this guard; None: none.
     """
 
     rules: FetchRules
@@ -71,24 +78,23 @@ class FetchGuard:
     check_hosts: bool = True
     resolver: Resolver = resolve
     single_url: bool = True
+    deadline: Optional[FetchDeadline] = None
     first_url: Optional[str] = field(default=None, init=False)
     first_host: Optional[str] = field(default=None, init=False)
 
-    def check_request(self, url: str) -> None:
-        """Before each request (the first and every redirect): its scheme and host.
+    def check_request(self, url: str, scheme: str, host: str) -> None:
+        """Before each request (the first and every redirect): its scheme and host, as the HTTP client parsed the
+        URL it is about to request (``url``: its text, for messages).
 
         Raises:
             FetchRefusedError: naming the rule (and the redirect, for a later hop).
         """
-        parts = urlsplit(url)
         if self.first_url is None:
-            self.first_url, self.first_host = url, normalize_host(parts.hostname or "")
-        refusal = self.rules.scheme_refusal(parts.scheme, self.what)
+            self.first_url, self.first_host = url, normalize_host(host)
+        refusal = self.rules.scheme_refusal(scheme, self.what)
         if refusal is None and self.check_hosts:
-            refusal = self.rules.host_refusal(parts.hostname or "", self.what)
+            refusal = self.rules.host_refusal(host, self.what)
         if refusal is not None:
-            from cog_triton.weights.sources import redact_url  # noqa: PLC0415 - the weights package imports this one
-
             if not self.single_url:
                 hop = f"{redact_url(url)}: "
             else:
@@ -214,13 +220,31 @@ def _guarded_transport_class(httpx_module: ModuleType, core: ModuleType) -> type
             )
 
         def handle_request(self, request: Any) -> Any:
-            self._current().check_request(str(request.url))
+            url = request.url  # as httpx parsed it: the URL it sends the request to
+            guard = self._current()
+            guard.check_request(str(url), url.scheme, url.raw_host.decode("ascii"))
+            if guard.deadline is not None:  # its watchdog learns the request's connections (httpcore's trace)
+                guard.deadline.check()
+                request.extensions = {**request.extensions, "trace": _chained(request.extensions.get("trace"),
+                                                                             guard.deadline.trace)}
             return super().handle_request(request)
 
     return GuardedTransport
 
 
 _transport_classes: dict[str, type] = {}
+
+
+def _chained(first: Optional[Callable[[str, dict], Any]], second: Callable[[str, dict], Any]) -> Callable[[str, dict], Any]:
+    """A ``trace`` extension calling ``first`` (one the request had) and then ``second``."""
+    if first is None:
+        return second
+
+    def both(event: str, info: dict) -> None:
+        first(event, info)
+        second(event, info)
+
+    return both
 
 
 def _stack_missing(exc: ImportError) -> FetchRefusedError:
@@ -308,10 +332,34 @@ def _requests_classes(guard_of: Callable[[], FetchGuard],
         from urllib3 import connectionpool  # noqa: PLC0415
         from urllib3.exceptions import ConnectTimeoutError, NewConnectionError  # noqa: PLC0415
         from urllib3.util import connection as u3util  # noqa: PLC0415
+        from urllib3.util import parse_url  # noqa: PLC0415
     except ImportError as exc:
         raise _stack_missing(exc) from exc
 
     class Guarded:
+        def connect(self: Any) -> None:
+            """urllib3's connect (``_new_conn``, then TLS around the socket); the deadline watches the connection
+            throughout: a duplicate of the plain socket while TLS detaches it, then the socket in use."""
+            try:
+                super().connect()  # type: ignore[misc]
+            finally:
+                deadline, duplicate = getattr(self, "_cog_triton_watch", (None, None))
+                self._cog_triton_watch = (None, None)
+                if deadline is not None:
+                    deadline.unwatch(duplicate)
+                    duplicate.close()
+                    deadline.watch(getattr(self, "sock", None))
+
+        def getresponse(self: Any, *args: Any, **kwargs: Any) -> Any:
+            """urllib3's response; after the deadline, its error instead (http.client takes a head cut short by the
+            watchdog's shutdown for a complete one)."""
+            response = super().getresponse(*args, **kwargs)  # type: ignore[misc]
+            deadline = guard_of().deadline
+            if deadline is not None and deadline.passed():
+                response.close()
+                raise deadline.error()
+            return response
+
         def _new_conn(self: Any) -> socket.socket:
             def dial(address: str) -> socket.socket:
                 try:
@@ -323,10 +371,18 @@ def _requests_classes(guard_of: Callable[[], FetchGuard],
                 except OSError as exc:
                     raise NewConnectionError(self, f"Failed to establish a new connection: {exc}") from exc
 
-            return guard_of().connect(self._dns_host, self.port, dial=dial,
-                                      peer_of=lambda sock: str(sock.getpeername()[0]),
-                                      failures=(ConnectTimeoutError, NewConnectionError),
-                                      error=lambda message: NewConnectionError(self, message))
+            guard = guard_of()
+            if guard.deadline is not None:
+                guard.deadline.check()
+            sock = guard.connect(self._dns_host, self.port, dial=dial,
+                                 peer_of=lambda sock: str(sock.getpeername()[0]),
+                                 failures=(ConnectTimeoutError, NewConnectionError),
+                                 error=lambda message: NewConnectionError(self, message))
+            if guard.deadline is not None:
+                duplicate = sock.dup()
+                self._cog_triton_watch = (guard.deadline, duplicate)
+                guard.deadline.watch(duplicate)
+            return sock
 
     def _put_conn(self: Any, conn: Any) -> None:
         if conn is not None:
@@ -351,7 +407,8 @@ def _requests_classes(guard_of: Callable[[], FetchGuard],
         def send(self, request: Any, *args: Any, **kwargs: Any) -> Any:
             if before_send is not None:
                 before_send(request.url)
-            guard_of().check_request(request.url)
+            parsed = parse_url(request.url)  # urllib3's parser: the URL the connection pool requests
+            guard_of().check_request(request.url, parsed.scheme or "", parsed.host or "")
             return super().send(request, *args, **kwargs)
 
     return http_conn, https_conn, GuardedAdapter
@@ -436,14 +493,16 @@ def install_hub_guard() -> None:
 
 
 @contextlib.contextmanager
-def hub_guard(rules: FetchRules, what: str = "adapters") -> Iterator[FetchGuard]:
-    """Run huggingface_hub calls of this thread under ``rules`` (installing the guarded client first): the Hub
-    endpoint and its redirects are held to the address and scheme rules."""
+def hub_guard(rules: FetchRules, what: str = "adapters",
+              deadline: Optional[FetchDeadline] = None) -> Iterator[FetchGuard]:
+    """Run huggingface_hub calls of this thread (and of the threads it starts in a copy of its context) under
+    ``rules`` (installing the guarded client first): the Hub endpoint and its redirects are held to the address and
+    scheme rules, and every request and connection to ``deadline`` (entered by the caller)."""
     install_hub_guard()
     import huggingface_hub.constants  # noqa: PLC0415 - installed above
 
     huggingface_hub.constants.HF_HUB_DISABLE_XET = True  # again per call: nothing else may have turned it back on
-    guard = FetchGuard(rules, what=what, check_hosts=False, single_url=False)
+    guard = FetchGuard(rules, what=what, check_hosts=False, single_url=False, deadline=deadline)
     token = _HUB_GUARD.set(guard)
     try:
         yield guard

@@ -49,7 +49,8 @@ import logging
 import re
 from dataclasses import dataclass
 from typing import Any, Optional, Union
-from urllib.parse import urlsplit
+
+from cog_triton.redaction import UnparsableURL, parse_url
 
 log = logging.getLogger(__name__)
 
@@ -312,14 +313,16 @@ class FetchRules:
                 f"({HOSTS_SETTING}={','.join(self.allow_hosts)})")
 
     def url_refusal(self, url: str, what: str, *, hosts: bool = True) -> Optional[str]:
-        """Why ``url`` is refused without connecting (scheme, host allow-list when ``hosts``, an IP-literal host's
-        address), or None. A host name's addresses are checked when connecting (:mod:`cog_triton.fetch_guard`)."""
+        """Why ``url`` is refused without connecting (a URL the HTTP client cannot parse, the scheme, the host
+        allow-list when ``hosts``, an IP-literal host's address), or None. The URL is split by the parser of the
+        HTTP client that will fetch it (:func:`cog_triton.redaction.parse_url`), so the host judged here is the
+        host connected to. A host name's addresses are checked when connecting (:mod:`cog_triton.fetch_guard`)."""
         try:
-            parts = urlsplit(url)
-            host = parts.hostname or ""
-        except ValueError:
-            return "the URL cannot be parsed"
-        refusal = self.scheme_refusal(parts.scheme, what)
+            parsed = parse_url(url)
+        except UnparsableURL as exc:
+            return exc.refusal("the value")
+        host = parsed.raw_host.decode("ascii")  # an IDNA name as it is resolved (xn--...)
+        refusal = self.scheme_refusal(parsed.scheme, what)
         if refusal is None and hosts:
             refusal = self.host_refusal(host, what)
         if refusal is None:

@@ -390,6 +390,7 @@ class LLMService:
             min_rate_bytes_s=s.download_min_rate_bytes_s,
             rate_grace_s=s.download_rate_grace_s,
             rules=FetchRules.from_settings(s),
+            fetches=s.max_concurrency,
         )
 
     def _render_options(self) -> RenderOptions:

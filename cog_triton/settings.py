@@ -113,9 +113,8 @@ class Settings(BaseSettings):
     download_timeout_s: float = Field(default=60.0, gt=0, description="Connect/read timeout per network operation.")
     download_retries: int = Field(default=3, ge=0, le=20, description="Retries on connection errors and 5xx.")
     # the defaults equal cog_triton.weights.DEFAULT_DOWNLOAD_* (tests/test_settings.py checks)
-    download_deadline_s: float = Field(
-        default=21600.0, ge=0, description="Deadline of the whole download, retries and waits included; 0: none."
-    )
+    download_deadline_s: float = Field(default=21600.0, ge=0, description="Deadline of the weights' whole fetch, "
+        "enforced from outside the reads: connections, TLS, headers, body, redirects, retries, hf:// too; 0: none.")
     download_min_rate_bytes_s: int = Field(
         default=100_000, ge=0, description="An attempt slower than this (bytes/s) over the grace window fails; 0: off."
     )
@@ -208,9 +207,8 @@ class Settings(BaseSettings):
     adapter_max_bytes: int = Field(
         default=4 << 30, ge=1, description="Most bytes one adapter may download and unpack to."
     )
-    adapter_download_deadline_s: float = Field(
-        default=600.0, gt=0, description="Deadline of one adapter's download, retries included (seconds)."
-    )
+    adapter_download_deadline_s: float = Field(default=600.0, gt=0, description="Deadline of one adapter's whole "
+        "fetch from its request, waits for other fetches of it included; enforced from outside the reads (seconds).")
     lora_cache_optimal_adapter_size: Optional[int] = Field(
         default=None, ge=1, description="The C++ backend's lora_cache_optimal_adapter_size (rank an adapter page "
         "is sized for); default: the backend's, 8."

@@ -19,9 +19,9 @@ SIGKILL, the kernel closes its end, this process reads end-of-file and exits (no
 that signal follows the *thread* that started the process, and a restart may come from a short-lived one).
 
 Threads: the event loop (gRPC streams, commands, sending events), one thread that renders and
-tokenizes prompts (a Hugging Face fast tokenizer is not safe to call from several threads at once), and a
-few that resolve LoRA adapters (download, conversion: up to minutes), so that an adapter's download never
-holds up another request's prompt, nor the loop.
+tokenizes prompts (a Hugging Face fast tokenizer is not safe to call from several threads at once), and up to
+one per prediction slot that resolve LoRA adapters (download, conversion: up to the adapter deadline), so that an
+adapter's download never holds up another request's prompt, nor the loop, nor another request's adapter.
 """
 
 from __future__ import annotations
@@ -49,7 +49,8 @@ log = logging.getLogger("cog_triton.streamer")
 #: its first token. Longer inputs (up to megabytes) and guides (xgrammar compiles them: milliseconds
 #: and more) go to the prepare thread so that they never stall the streams of this process.
 INLINE_PREPARE_CHARS = 4096
-#: Threads per stream process that download and convert LoRA adapters.
+#: Threads per stream process that download and convert LoRA adapters, unless the adapter limits say how many
+#: (:attr:`cog_triton.lora.store.StoreLimits.fetches`: one per prediction slot).
 ADAPTER_THREADS = 4
 
 
@@ -90,6 +91,15 @@ class PredictionRunner:
         self._adapter_pool = ThreadPoolExecutor(max_workers=ADAPTER_THREADS, thread_name_prefix="streamer-adapter")
         self.served = 0
 
+    def _adapter_threads(self, config: GeneratorConfig) -> None:
+        """One adapter thread per prediction this process can have (``StoreLimits.fetches``: the prediction slots),
+        so that a request's adapter never waits for a thread that slow sources hold; threads start as needed."""
+        limits = config.adapter_limits
+        if limits is not None and limits.fetches != ADAPTER_THREADS:
+            self._adapter_pool.shutdown(wait=False)
+            self._adapter_pool = ThreadPoolExecutor(max_workers=max(1, limits.fetches),
+                                                    thread_name_prefix="streamer-adapter")
+
     # ------------------------------------------------------------------ events out
     def _send(self, event: ipc.Event) -> None:
         """Queue an event; everything queued in one turn of the loop leaves in one frame."""
@@ -123,6 +133,7 @@ class PredictionRunner:
             raise RuntimeError(f"expected a Config command first, got {type(config).__name__}")
         started = time.monotonic()
         generator_config: GeneratorConfig = config.generator
+        self._adapter_threads(generator_config)
         self.interval_s = float(config.stream_interval_s)
         self.load = StreamLoad(self.interval_s, float(config.stream_interval_max_s),
                                float(config.stream_interval_streams))

@@ -13,6 +13,7 @@ The tree::
     │   └── IncompatibleWeightsError  the weights cannot run here (TensorRT-LLM version, GPUs)
     ├── WeightsError           downloading, verifying or extracting weights failed
     │   ├── DownloadError      HTTP status, timeout, connection failure, truncated transfer
+    │   │   └── FetchDeadlineError  the fetch's one deadline passed (whatever the server was doing)
     │   ├── ChecksumError      sha256 mismatch
     │   ├── ArchiveError       corrupt, unsupported or hostile archive
     │   └── ManifestError      a file listed in manifest.json is missing, resized or altered
@@ -75,6 +76,13 @@ class DownloadError(WeightsError):
     """The weights download failed: HTTP error status, timeout, connection error or short read."""
 
     code = "download_error"
+
+
+class FetchDeadlineError(DownloadError):
+    """A fetch did not finish within its deadline, which bounds all of it (connections, TLS, response headers,
+    bodies, redirects, retries; ``cog_triton.fetch_deadline``). The message names the deadline and its setting."""
+
+    code = "download_deadline"
 
 
 class ChecksumError(WeightsError):

@@ -101,6 +101,12 @@ class FakeHub:
         self.intercept: Optional[Callable[[str, str], Optional[tuple[int, dict[str, str]]]]] = None
         #: Called with the repo id after each model_info answer (e.g. to move a branch while a fetch runs).
         self.after_model_info: Optional[Callable[[str], None]] = None
+        #: When set, the Hub's files in LFS (``*.safetensors``) answer HEAD and GET on resolve as the Hub does: a 302
+        #: to a signed URL of its file CDN, ``http://localhost:<port>/cdn/...?X-Amz-Credential=...&X-Amz-Signature=
+        #: <cdn_secret>`` (another host than the Hub's 127.0.0.1, so huggingface_hub does not follow it for the
+        #: metadata: ``utils/_http.py`` ``_httpx2_follow_hub_redirects_with_backoff``), with ``X-Linked-Size`` and
+        #: ``X-Linked-Etag``; the CDN URL serves the file.
+        self.cdn_secret: Optional[str] = None
         self.repos: dict[str, HubRepo] = {}
         self.requests: list[tuple[str, str, Optional[str]]] = []
         self.gets: list[tuple[str, str, str]] = []
@@ -244,6 +250,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._api(parts[2:], parse_qs(url.query), body)
         elif len(parts) >= 5 and parts[2] == "resolve":
             self._resolve(parts, body)
+        elif len(parts) >= 5 and parts[0] == "cdn":
+            self._resolve([parts[1], parts[2], "resolve", *parts[3:]], body, cdn=True)
         else:
             self._error(404, "EntryNotFound", f"no route {url.path}", body)
 
@@ -286,7 +294,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         else:
             self._error(404, "EntryNotFound", f"no route {'/'.join(parts)}", body)
 
-    def _resolve(self, parts: list[str], body: bool) -> None:
+    def _resolve(self, parts: list[str], body: bool, cdn: bool = False) -> None:
         repo = self._repo(parts, body)
         if repo is None:
             return
@@ -303,6 +311,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return
         sha1, sha256 = repo.digests(path)
         size = repo.size(path)
+        if self.owner.cdn_secret and path.endswith(".safetensors") and not cdn:
+            port = self.server.server_address[1]
+            location = (f"http://localhost:{port}/cdn/{repo.repo_id}/{commit}/{path}?X-Amz-Algorithm=AWS4-HMAC-SHA256"
+                        f"&X-Amz-Credential=AKIAFAKEHUB%2F20260101&X-Amz-Signature={self.owner.cdn_secret}")
+            self._send(302, {"Location": location, "X-Repo-Commit": commit, "X-Linked-Etag": f'"{sha256}"',
+                             "X-Linked-Size": str(size)}, b"", body)
+            return
         start, end, status = 0, size - 1, 200
         ranged = self.headers.get("Range", "")
         if ranged.startswith("bytes="):

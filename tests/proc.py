@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import socket
+import struct
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Optional, Sequence
 
 from tensorrtllm_backend.server import TritonServer
 
@@ -69,3 +71,48 @@ def stop_at_once(server: TritonServer) -> None:
     the reference model 3-5 s here.
     """
     server.stop(timeout_s=0)
+
+
+def listening_on(port: int) -> list[tuple[str, int]]:
+    """(local address, socket inode) of every TCP socket listening on ``port``, IPv4 and IPv6, as the kernel lists
+    them (/proc/net/tcp and tcp6: state 0A is LISTEN; addresses are hex in host byte order per 32-bit word)."""
+    found = []
+    for table, family in (("/proc/net/tcp", socket.AF_INET), ("/proc/net/tcp6", socket.AF_INET6)):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            address, _, hex_port = fields[1].partition(":")
+            if fields[3] != "0A" or int(hex_port, 16) != port:
+                continue
+            words = [int(address[i:i + 8], 16) for i in range(0, len(address), 8)]
+            packed = b"".join(struct.pack("<I", word) for word in words)
+            found.append((socket.inet_ntop(family, packed), int(fields[9])))
+    return found
+
+
+def pid_holding_socket(inode: int, pids: Iterable[int]) -> Optional[int]:
+    """The first of ``pids`` that has the socket ``inode`` open (/proc/<pid>/fd links read ``socket:[inode]``)."""
+    target = f"socket:[{inode}]"
+    for pid in pids:
+        try:
+            fds = list(Path(f"/proc/{pid}/fd").iterdir())
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if str(fd.readlink()) == target:
+                    return pid
+            except OSError:
+                continue
+    return None
+
+
+def thread_count(pid: int) -> int:
+    """The threads of process ``pid`` (/proc/<pid>/status)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Threads:"):
+            return int(line.split()[1])
+    raise ValueError(f"no Threads line for {pid}")

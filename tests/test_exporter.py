@@ -277,3 +277,121 @@ def test_an_ipv6_address_can_be_given() -> None:
         assert httpx.get(f"http://[::1]:{server.port}/metrics", timeout=10).status_code == 200
     finally:
         server.stop()
+
+
+# --- an endpoint no client can flood (issue 34 item 3) ---------------------------------------------------------
+
+REQUEST = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+def _closed_by_server(sock: socket.socket, drip: bytes = b"", interval_s: float = 0.05) -> int:
+    """Send ``drip`` a byte every ``interval_s`` (nothing when empty) until the server closes the connection; return
+    how many bytes were sent by then (the bound of 30 s only means "not hung")."""
+    sock.settimeout(interval_s)
+    sent, deadline = 0, time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if sock.recv(1024) == b"":
+                return sent
+        except socket.timeout:
+            pass
+        except ConnectionError:
+            return sent
+        if sent < len(drip):
+            try:
+                sock.send(drip[sent:sent + 1])
+            except OSError:
+                return sent
+            sent += 1
+    raise AssertionError("the server kept the connection for 30 s")
+
+
+@pytest.mark.parametrize("send", [b"", b"GET /metr", REQUEST], ids=["idle", "half-sent", "dripped"])
+def test_idle_half_sent_and_dripped_requests_are_closed_at_the_request_timeout(send: bytes) -> None:
+    """One deadline for the whole request head, however it is sent: a request dripped a byte every 0.05 s (each
+    byte well within any per-read timeout, the whole far beyond the 0.5-s deadline) is cut off before its end."""
+    server = MetricsServer(ServiceMetrics(), "127.0.0.1", 0, request_timeout_s=0.5)
+    server.start()
+    try:
+        with socket.create_connection(("127.0.0.1", server.port)) as sock:
+            if send != REQUEST:
+                sock.sendall(send)
+            sent = _closed_by_server(sock, drip=send if send == REQUEST else b"")
+        if send == REQUEST:
+            assert sent < len(REQUEST), "the dripped request was answered instead of cut off"
+        assert server.connections == 0 or _eventually(lambda: server.connections == 0)
+    finally:
+        server.stop()
+
+
+def _eventually(predicate, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s  # only "not hung"
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return predicate()
+
+
+def test_hundreds_of_idle_connections_hold_no_thread_and_a_scrape_still_answers() -> None:
+    """400 connections that never send a request: the endpoint's threads stay as they were (the event loop's and the
+    scrape's), it holds at most max_connections of them (the oldest idle ones closed to make room), and a scrape
+    answers meanwhile, long before any idle one would time out."""
+    metrics = ServiceMetrics()
+    server = MetricsServer(metrics, "127.0.0.1", 0, max_connections=64)  # the default 10-s request timeout
+    server.start()
+    idle: list[socket.socket] = []
+    try:
+        assert httpx.get(server.url, timeout=10).status_code == 200  # the scrape thread exists from here on
+        threads = threading.active_count()
+        for _ in range(400):
+            idle.append(socket.create_connection(("127.0.0.1", server.port)))
+        assert _eventually(lambda: server.connections == 64), server.connections
+        started = time.monotonic()
+        response = httpx.get(server.url, timeout=30)
+        took = time.monotonic() - started
+        assert response.status_code == 200 and "cog_triton_predictions" in families(response.text)
+        assert took < server.request_timeout_s, "the scrape waited for idle connections to time out"
+        assert threading.active_count() == threads
+        assert server.connections <= 64
+    finally:
+        for sock in idle:
+            sock.close()
+        server.stop()
+
+
+def test_a_client_that_does_not_read_the_answer_is_closed_at_the_request_timeout(endpoint) -> None:
+    """A scrape whose client never reads: the answer waits in the socket's buffers, and the connection is closed
+    once the request timeout passes, not held."""
+    server, _, handler = endpoint
+    handler.text = "x" * 4_000_000 + "\n"  # Triton's part: more than the socket buffers take
+    quick = MetricsServer(server.metrics, "127.0.0.1", 0, triton_url=server.triton_url, request_timeout_s=0.5)
+    quick.start()
+    try:
+        with socket.create_connection(("127.0.0.1", quick.port)) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.sendall(REQUEST)
+            assert _eventually(lambda: quick.connections == 1)
+            assert _eventually(lambda: quick.connections == 0, 30), "the connection is still held"
+    finally:
+        quick.stop()
+
+
+def test_the_configured_address_is_the_one_bound() -> None:
+    """serve_metrics binds the address it is given (COG_TRITON_PROMETHEUS_ADDRESS), read back from the kernel's
+    table of listening sockets: 127.0.0.2 is reachable there and not on 127.0.0.1; 0.0.0.0 (the default) on both."""
+    from tests.proc import listening_on
+
+    for address, reachable, unreachable in (("127.0.0.2", ["127.0.0.2"], ["127.0.0.1"]),
+                                            ("0.0.0.0", ["127.0.0.1", "127.0.0.2"], [])):
+        server = serve_metrics(ServiceMetrics(), address, free_port(), triton_metrics_port=None)
+        assert server is not None
+        try:
+            assert [a for a, _ in listening_on(server.port)] == [address]
+            for host in reachable:
+                assert httpx.get(f"http://{host}:{server.port}/metrics", timeout=10).status_code == 200
+            for host in unreachable:
+                with pytest.raises(httpx.ConnectError):
+                    httpx.get(f"http://{host}:{server.port}/metrics", timeout=10)
+        finally:
+            server.stop()

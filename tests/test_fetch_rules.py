@@ -623,3 +623,34 @@ def test_each_huggingface_hub_generation_gets_its_guarded_client(listener: Liste
     assert _install(huggingface_hub) == "httpx2"
     with pytest.raises(FetchRefusedError, match="huggingface_hub 0.1.0 cannot be given a guarded HTTP client"):
         _install(types.SimpleNamespace(__version__="0.1.0", constants=types.SimpleNamespace()))
+
+
+# --- the HTTP clients' internals the guard relies on --------------------------------------------------------------
+
+
+def test_the_http_client_internals_the_guard_relies_on_are_there() -> None:
+    """cog_triton.fetch_guard reaches three places no public API offers (an upgrade that moves one fails here first,
+    naming it, rather than as a fetch that is no longer checked):
+
+    * httpx's (and httpx2's) ``HTTPTransport`` sends every request through its ``_pool`` (httpx 0.28.1
+      ``httpx/_transports/default.py``), which the guarded transport replaces by a pool on the guarded backend;
+    * urllib3's connections make their socket in ``_new_conn`` from ``_dns_host`` and ``port``, and ``connect``
+      calls it before wrapping TLS around it (urllib3 2.x ``urllib3/connection.py``); ``getresponse`` returns the
+      response the deadline may replace;
+    * urllib3's pools pick their connection class from ``ConnectionCls``, and a ``PoolManager`` its pool classes
+      from ``pool_classes_by_scheme`` (``urllib3/poolmanager.py``)."""
+    import inspect
+
+    import httpx2
+    from urllib3 import connection, connectionpool, poolmanager
+
+    for module in (httpx, httpx2):
+        assert "_pool" in vars(module.HTTPTransport()), module.__name__
+        assert "self._pool.handle_request(" in inspect.getsource(module.HTTPTransport.handle_request), module.__name__
+    plain = connection.HTTPConnection("example.com", 80)
+    assert (plain._dns_host, plain.port) == ("example.com", 80)
+    for cls in (connection.HTTPConnection, connection.HTTPSConnection):
+        assert callable(cls._new_conn) and callable(cls.getresponse)
+        assert "self._new_conn()" in inspect.getsource(cls.connect), cls.__name__
+    assert connectionpool.HTTPSConnectionPool.ConnectionCls is connection.HTTPSConnection
+    assert set(poolmanager.PoolManager().pool_classes_by_scheme) == {"http", "https"}

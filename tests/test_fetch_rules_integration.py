@@ -15,16 +15,25 @@ Two stacks, one per class (each torn down before the next starts):
 * **off**: ``COG_TRITON_LORA_ADAPTERS=false`` with every opt-in on: the input itself is refused.
 
 Each refusal asserts that the destination's server saw no request.
+
+The rules stack also carries issue 34's hardening where a caller meets it: an adapter server that drips its
+response headers ends each such prediction with the deadline (COG_TRITON_ADAPTER_DOWNLOAD_DEADLINE_S) while
+predictions whose adapter is cached or comes from a healthy server are served in their own time (against a
+baseline measured in the same test); URLs the HTTP client cannot parse are refused by our rule; and no line of the
+Cog server's log shows a secret of the URLs it was given (userinfo, a signed query string, the Hub's signed CDN
+redirect).
 """
 
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import hashlib
 import http.server
 import ssl
 import subprocess
 import threading
+import time
 from functools import partial
 from pathlib import Path
 from typing import Any, Iterator
@@ -33,6 +42,7 @@ import pytest
 
 from cog_triton.local import CogServer, WeightsHTTPServer, serving_env
 from tests.lora_adapters import ADAPTER_FILES, make_adapter, pack
+from tests.slow_server import SlowServer
 from tests.test_lora_integration import _weights_folder
 
 
@@ -45,11 +55,21 @@ class FakeHub(http.server.BaseHTTPRequestHandler):
     repos: dict = {}
     gets: list = []
     heads: list = []  # every HEAD, answered or not
+    #: Repositories whose *.safetensors redirect, as the Hub's LFS files do, to a signed URL of a CDN on another host
+    #: (``localhost``) carrying X-Amz-Signature=<cdn_secret>; the CDN path serves the file.
+    cdn_repos: tuple = ()
+    cdn_secret = ""
+    cdn_hits: list = []  # the files served from the CDN path
 
     def _answer(self, body: bool) -> None:
         if not body:
             type(self).heads.append(self.path)
         parts = self.path.split("?")[0].strip("/").split("/")
+        cdn = parts[0] == "cdn"
+        if cdn:
+            parts = parts[1:]
+            if body:
+                type(self).cdn_hits.append("/".join(parts[4:]))
         repo, revision, name = "/".join(parts[:2]), parts[3], "/".join(parts[4:])
         files = self.repos.get(repo)
         if files is None or name not in files:
@@ -60,6 +80,17 @@ class FakeHub(http.server.BaseHTTPRequestHandler):
             self.end_headers()
             return
         data = files[name]
+        if repo in self.cdn_repos and name.endswith(".safetensors") and not cdn:
+            port = self.server.server_address[1]
+            self.send_response(302)
+            self.send_header("Location", f"https://localhost:{port}/cdn/{repo}/resolve/{'c' * 40}/{name}?X-Amz-"
+                                         f"Credential=AKIAFAKECDN&X-Amz-Signature={self.cdn_secret}")
+            self.send_header("X-Repo-Commit", "c" * 40)
+            self.send_header("X-Linked-Etag", f'"{hashlib.sha256(data).hexdigest()}"')
+            self.send_header("X-Linked-Size", str(len(data)))
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         self.send_response(200)
         self.send_header("X-Repo-Commit", "c" * 40)
         self.send_header("ETag", f'"{hashlib.sha256(data).hexdigest()}"')
@@ -82,6 +113,8 @@ class FakeHub(http.server.BaseHTTPRequestHandler):
 pytestmark = pytest.mark.integration
 
 PROMPT = "What is machine learning?"
+#: The rules stack's adapter deadline (COG_TRITON_ADAPTER_DOWNLOAD_DEADLINE_S), seconds.
+DEADLINE_S = 10
 
 
 def _certificate(folder: Path) -> tuple[Path, Path]:
@@ -175,28 +208,34 @@ class TestRules:
         plain, plain_counter = _files(served, "127.0.0.1")  # http://
         mirror, mirror_counter = _files(served, "127.0.0.1", tls, location=f"{loopback.url}/a.tar.gz")
         files = {name: (made["adapter"] / name).read_bytes() for name in ADAPTER_FILES}
-        hub_handler = type("Hub", (FakeHub,), {"repos": {"trusted/adapter": files, "evil/adapter": files},
-                                               "gets": [], "heads": []})
+        hub_handler = type("Hub", (FakeHub,), {"repos": {"trusted/adapter": files, "evil/adapter": files,
+                                                         "trusted/cdn-adapter": files},
+                                               "gets": [], "heads": [], "cdn_repos": ("trusted/cdn-adapter",),
+                                               "cdn_secret": "cdn-s1gnature", "cdn_hits": []})
         hub = Served(hub_handler, "127.0.0.1", tls)
+        drip = SlowServer("headers", tls=tls, interval_s=0.2, hold_s=300)  # an adapter server that drips headers
         env = serving_env(
             str(made["weights"]), work=work,
             COG_TRITON_STREAM_PROCESSES="1", COG_TRITON_ADAPTER_CACHE_DIR=str(work / "adapter_cache"),
             COG_TRITON_REFERENCE_MAX_INPUT_LEN="256", COG_TRITON_REFERENCE_MAX_SEQ_LEN="512",
             COG_TRITON_STOP_TIMEOUT_S="5", COG_TRITON_DOWNLOAD_RETRIES="0",
+            # one deadline per adapter fetch; per-read timeouts far above it, so only the deadline ends a drip
+            COG_TRITON_ADAPTER_DOWNLOAD_DEADLINE_S=str(DEADLINE_S), COG_TRITON_DOWNLOAD_TIMEOUT_S="300",
             COG_TRITON_FETCH_ALLOW_NETWORKS="127.0.0.1/32",
             COG_TRITON_FETCH_ALLOW_HOSTS="127.0.0.1,127.0.0.2,10.1.2.3,169.254.169.254",
             COG_TRITON_FETCH_ALLOW_HF_OWNERS="trusted",
             SSL_CERT_FILE=str(tls[0]), HF_ENDPOINT=hub.url, HF_HUB_OFFLINE="0",
         )
-        cog = CogServer(env, log_file=work / "cog.log", max_concurrency=2)
+        cog = CogServer(env, log_file=work / "cog.log", max_concurrency=8)
         cog.start()
         try:
             cog.wait_ready(timeout_s=600)
             yield {"cog": cog, "loopback": loopback, "loopback_counter": loopback_counter, "plain": plain,
                    "plain_counter": plain_counter, "mirror": mirror, "mirror_counter": mirror_counter,
-                   "hub": hub_handler}
+                   "hub": hub_handler, "drip": drip, "log": work / "cog.log"}
         finally:
             cog.stop()
+            drip.close()
             for server in (loopback, plain, mirror, hub):
                 server.close()
 
@@ -263,6 +302,76 @@ class TestRules:
             "the networks allowed in COG_TRITON_FETCH_ALLOW_NETWORKS)")
         assert stack["mirror_counter"]["/redirect"] == before + 1  # the allowed server was asked, once
         assert stack["loopback_counter"] == {}
+
+    def test_a_dripping_adapter_server_ends_at_the_deadline_and_starves_no_other_adapter(
+            self, stack: dict[str, Any]) -> None:
+        """Four predictions whose lora_weights server drips its response headers (one byte every 0.2 s, under any
+        per-read timeout) in one stream process: each ends with the deadline, the server still dripping, and while
+        all four are held, a prediction with a cached adapter and one whose adapter comes from a healthy server
+        (never fetched before) are served in their own time: each within half a deadline of its baseline, taken
+        alone in this test (with a fixed pool of four adapter threads they waited for the deadline)."""
+        mirror = f"{stack['mirror'].url}/a.tar.gz"
+        expected = _output(self._predict(stack, mirror))  # cached from here on
+
+        def timed(lora: str) -> tuple[dict[str, Any], float]:
+            started = time.monotonic()
+            doc = self._predict(stack, lora)
+            return doc, time.monotonic() - started
+
+        baseline = {"cached": timed(mirror)[1], "healthy": timed(f"{mirror}?fresh=baseline")[1]}
+        drip = stack["drip"]
+        held_before = drip.accepted
+        stuck_urls = [f"{drip.url}/adapter-{i}.tar.gz" for i in range(4)]  # four sources: four connections held
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
+            stuck = [pool.submit(self._predict, stack, url) for url in stuck_urls]
+            assert drip.wait(accepted=held_before + 4), "the four fetches did not reach the dripping server"
+            during = {"cached": pool.submit(timed, mirror), "healthy": pool.submit(timed, f"{mirror}?fresh=during")}
+            served = {name: future.result() for name, future in during.items()}
+            still_held = drip.open_now()
+            stuck_docs = [future.result() for future in stuck]
+        for name, (doc, took) in served.items():
+            assert _output(doc) == expected, name
+            assert took < baseline[name] + DEADLINE_S / 2, (name, took, baseline[name])
+        assert still_held == 4, "the adapters were served only after the stuck fetches had ended"
+        for doc, stuck_url in zip(stuck_docs, stuck_urls):
+            assert _refused(doc, stuck_url).startswith(
+                f"could not be fetched: the download of {stuck_url} did not finish within the deadline of "
+                f"{DEADLINE_S} s (COG_TRITON_ADAPTER_DOWNLOAD_DEADLINE_S)"), doc["error"]
+        assert drip.wait(ended=held_before + 4) and drip.ended[-4:] == ["client"] * 4, drip.ended  # still dripping
+
+    @pytest.mark.parametrize("url,reason", [
+        ("https://deploy:pw-hunter2/pw-SECRET@127.0.0.1:{port}/a.tar.gz", "Invalid port"),
+        ("https://0177.0.0.1/a.tar.gz", "Invalid IPv4 address"),
+        ("https://\uff45\uff58\uff41\uff4d\uff50\uff4c\uff45.com/a.tar.gz", "Invalid IDNA hostname"),
+    ])
+    def test_a_url_the_http_client_cannot_parse_is_refused_by_our_rule(self, stack: dict[str, Any], url: str,
+                                                                       reason: str) -> None:
+        """Not a raw httpx.InvalidURL counted as an internal error: the input named, the reason, the value not
+        echoed (a password with an unencoded '/' is the port for every parser)."""
+        url = url.format(port=stack["mirror"].url.rsplit(":", 1)[1])
+        doc = self._predict(stack, url)
+        assert doc["status"] == "failed" and doc.get("output") in (None, []), doc
+        assert f"[invalid_lora_adapter] lora_weights is not a URL the HTTP client can parse ({reason}); the value " \
+               "is not shown, as it may hold a password." in doc["error"], doc["error"]
+        host = url.split("//", 1)[1].split("/", 1)[0]
+        assert "hunter2" not in doc["error"] and host not in doc["error"]
+
+    def test_no_line_of_the_cog_servers_log_shows_a_secret_of_a_url(self, stack: dict[str, Any]) -> None:
+        """Predictions with credentials, a signed query string and a fragment in lora_weights, one whose Hub file
+        redirects to a signed CDN URL, and an unparsable one: the whole log of the Cog server (coglet, the worker,
+        the stream process, Triton's output) holds none of their secrets."""
+        mirror = stack["mirror"].url
+        signed = f"{mirror.replace('https://', 'https://alice-user:alice-pass@')}/a.tar.gz?X-Amz-Signature=s1gq#fr4g"
+        assert _output(self._predict(stack, signed)) != ""
+        assert _output(self._predict(stack, "hf://trusted/cdn-adapter")) != ""
+        assert stack["hub"].cdn_hits == ["adapter_model.safetensors"], "the signed CDN redirect was followed"
+        self._predict(stack, f"https://deploy:pw-hunter2/pw-SECRET@{mirror.split('//', 1)[1]}/a.tar.gz")
+        text = stack["log"].read_text(errors="replace")
+        assert f"adapter {mirror}/a.tar.gz ready" in text  # the log names the adapter, redacted
+        for secret in ("alice-user", "alice-pass", "s1gq", "fr4g", "cdn-s1gnature", "AKIAFAKECDN", "pw-hunter2",
+                       "pw-SECRET"):
+            lines = [line for line in text.splitlines() if secret in line]
+            assert not lines, (secret, lines[:3])
 
     def test_the_server_keeps_serving_after_the_refusals(self, stack: dict[str, Any]) -> None:
         doc = self._predict(stack, "https://169.254.169.254/latest/meta-data/iam.tar")

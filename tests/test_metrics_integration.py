@@ -3,7 +3,9 @@ the CPU reference model, the endpoint on its own port (COG_TRITON_PROMETHEUS_POR
 during and after what it does, and checks that the counts moved by exactly what it caused, against what the
 predictions themselves reported (their Cog metrics). Nothing is mocked.
 
-One stack for the module (one setup); the test that kills processes runs last.
+One stack for the module (one setup); the test that kills processes runs last. The endpoint listens on 127.0.0.2
+(COG_TRITON_PROMETHEUS_ADDRESS), not on the 127.0.0.1 every other stack uses, so that a predictor binding anything
+but the configured address fails here.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
@@ -21,9 +24,13 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cog_triton.local import CogServer, WeightsHTTPServer, serving_env
-from tests.proc import descendants_of, pids_mentioning
+from cog_triton.exporter import MAX_CONNECTIONS, REQUEST_TIMEOUT_S
+from tests.proc import descendants_of, listening_on, pid_holding_socket, pids_mentioning, thread_count
 
 pytestmark = pytest.mark.integration
+
+#: Where this module's stack is told to serve its metrics (a loopback address other than 127.0.0.1).
+ADDRESS = "127.0.0.2"
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -35,12 +42,14 @@ def stack(tmp_path_factory, default_archive: Path):
         env = serving_env(
             f"{weights.url}/{default_archive.name}", work=work, COG_TRITON_REFERENCE_MAX_INPUT_LEN="384",
             COG_TRITON_REFERENCE_MAX_SEQ_LEN="768", COG_TRITON_STOP_TIMEOUT_S="5", COG_TRITON_STREAM_PROCESSES="2",
+            COG_TRITON_PROMETHEUS_ADDRESS=ADDRESS,
         )
         cog = CogServer(env, log_file=work / "cog.log", max_concurrency=4)
         cog.start()
         try:
             cog.wait_ready(timeout_s=400)
-            yield {"cog": cog, "work": work, "url": f"http://127.0.0.1:{env['COG_TRITON_PROMETHEUS_PORT']}/metrics"}
+            port = int(env["COG_TRITON_PROMETHEUS_PORT"])
+            yield {"cog": cog, "work": work, "url": f"http://{ADDRESS}:{port}/metrics", "port": port}
         finally:
             cog.stop()
 
@@ -174,6 +183,56 @@ def _stream_pids(cog: CogServer) -> list[int]:
 def _triton_pid(stack) -> int:
     [pid] = pids_mentioning("tritonserver", f"--model-repository={stack['work'] / 'model_repository'}")
     return pid
+
+
+def test_the_endpoint_listens_on_the_configured_address_only(stack) -> None:
+    """COG_TRITON_PROMETHEUS_ADDRESS=127.0.0.2: the kernel lists the one listening socket on that address (held by
+    the Cog worker), a scrape there answers, and 127.0.0.1 refuses the connection."""
+    [(address, inode)] = listening_on(stack["port"])
+    assert address == ADDRESS
+    assert pid_holding_socket(inode, descendants_of(stack["cog"].proc.pid)) is not None
+    scrape(stack)
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"http://127.0.0.1:{stack['port']}/metrics", timeout=10)
+
+
+def test_hundreds_of_idle_connections_add_no_thread_to_the_worker_and_a_scrape_answers(stack) -> None:
+    """400 connections to the endpoint that never send a request: the Cog worker's threads stay as they were (the
+    thread-per-connection server this replaced grew by 400 and kept them), and a scrape answers meanwhile without
+    waiting for the idle ones to time out."""
+    [(_, inode)] = listening_on(stack["port"])
+    worker = pid_holding_socket(inode, descendants_of(stack["cog"].proc.pid))
+    assert worker is not None
+    scrape(stack)  # the endpoint's scrape thread exists from here on
+    before = thread_count(worker)
+    idle = []
+    try:
+        for _ in range(400):
+            idle.append(socket.create_connection((ADDRESS, stack["port"])))
+        started = time.monotonic()
+        samples, _ = scrape(stack)
+        took = time.monotonic() - started
+        during = thread_count(worker)
+        open_ = set(idle)
+        deadline = time.monotonic() + 60  # only "not hung": the endpoint holds at most MAX_CONNECTIONS of them
+        while len(open_) > MAX_CONNECTIONS and time.monotonic() < deadline:
+            for sock in list(open_):
+                sock.setblocking(False)
+                try:
+                    if sock.recv(1) == b"":
+                        open_.discard(sock)
+                except BlockingIOError:
+                    pass
+                except ConnectionError:
+                    open_.discard(sock)
+            time.sleep(0.05)
+    finally:
+        for sock in idle:
+            sock.close()
+    assert get(samples, "cog_triton_triton_metrics_up") == 1
+    assert took < REQUEST_TIMEOUT_S, f"the scrape took {took:.1f} s: it waited for idle connections to time out"
+    assert during - before <= 2, f"the worker's threads went from {before} to {during}"
+    assert len(open_) <= MAX_CONNECTIONS, f"{len(open_)} idle connections still held"
 
 
 def test_restarts_and_a_prediction_queued_behind_one_are_counted(stack) -> None:

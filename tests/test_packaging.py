@@ -40,6 +40,7 @@ IMPORT_TO_DISTRIBUTION = {
     "torch": "torch",
     "safetensors": "safetensors",
     "prometheus_client": "prometheus-client",
+    "h11": "h11",
 }
 PREDICT_INPUTS = [
     "prompt",

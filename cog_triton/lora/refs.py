@@ -8,7 +8,9 @@ Accepted:
   resolved with ``huggingface_hub`` (``HF_TOKEN`` is used for private repositories).
 
 Local paths and ``file://`` URLs are refused: the input comes from API users, who must not read files of the
-server. The URL's credentials and query string never appear in messages (:func:`cog_triton.weights.redact_url`).
+server. The URL is split by the HTTP client's own parser: one it cannot parse is refused here, by name and without
+its text (a password with an unencoded ``/`` makes the rest of it a port); the URL's credentials, query string
+and fragment never appear in messages (:func:`cog_triton.redaction.redact_url`).
 Where an accepted reference may be fetched from is up to the fetch rules (:mod:`cog_triton.fetch_rules`):
 :func:`check_adapter_allowed` applies what can be judged without a connection (adapters off, the scheme, the
 host and Hub owner allow-lists, an IP-literal host); the addresses connected to are checked when fetching.
@@ -20,11 +22,10 @@ import hashlib
 import re
 from dataclasses import dataclass
 from typing import Optional
-from urllib.parse import urlsplit
 
 from common.errors import LoraAdapterError
 from cog_triton.fetch_rules import FetchRules
-from cog_triton.weights import redact_url
+from cog_triton.redaction import UnparsableURL, parse_url, redact_url
 
 #: A Hub repository id (``owner/name``; huggingface_hub's validate_repo_id rules, without the length check).
 _REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -68,10 +69,10 @@ def parse_adapter_ref(value: str, name: str = "lora_weights") -> Optional[Adapte
         return None
     scheme = text.split("://", 1)[0].lower() if "://" in text else ""
     if scheme in ("http", "https"):
-        try:
-            host = urlsplit(text).hostname
-        except ValueError:
-            host = None
+        try:  # split as the HTTP client will split it (cog_triton.redaction)
+            host = parse_url(text).host
+        except UnparsableURL as exc:
+            raise LoraAdapterError(exc.refusal(name)) from None
         if not host:
             raise LoraAdapterError(f"{name}={redact_url(text)!r} has no host; give {ALLOWED}")
         return AdapterRef("url", text, redact_url(text))

@@ -41,7 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from common.errors import FetchRefusedError, LoraAdapterError, WeightsError
+from common.errors import FetchDeadlineError, FetchRefusedError, LoraAdapterError, WeightsError
+from cog_triton.fetch_deadline import FetchDeadline
 from cog_triton.fetch_guard import hub_guard
 from cog_triton.fetch_rules import FetchRules
 from cog_triton.hub_errors import HubFailure, classify_hub_error
@@ -55,6 +56,14 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_FILES = (ADAPTER_CONFIG, ADAPTER_WEIGHTS)
 #: Written into an hf:// folder once both files are in place (the http(s) fetcher writes its own marker).
 HF_MARKER = ".cog-triton-hf.json"
+#: The setting of an adapter's deadline (its messages name it).
+DEADLINE_SETTING = "COG_TRITON_ADAPTER_DOWNLOAD_DEADLINE_S"
+
+
+def _adapter_words(exc: WeightsError) -> str:
+    """A weights fetcher's message with the adapter's settings in place of the weights' ones."""
+    message = exc.message.replace("COG_TRITON_MAX_EXTRACTED_BYTES", "COG_TRITON_ADAPTER_MAX_BYTES")
+    return message.replace("COG_TRITON_DOWNLOAD_DEADLINE_S", DEADLINE_SETTING)
 
 
 @dataclass(frozen=True)
@@ -66,8 +75,14 @@ class StoreLimits:
         budget_bytes: most bytes the cached adapters may take together (LRU eviction above it).
         max_adapter_bytes: most bytes one adapter may download and unpack to.
         timeout_s / retries / deadline_s / min_rate_bytes_s / rate_grace_s: the download's bounds, as
-            :func:`cog_triton.weights.fetch_weights` takes them (seconds, bytes/s).
+            :func:`cog_triton.weights.fetch_weights` takes them (seconds, bytes/s). ``deadline_s`` bounds one
+            adapter's whole fetch from the moment it is asked for: the wait for another fetch of the same adapter
+            (in this process or another), every connection, header, body, redirect and retry, by URL or from the
+            Hub (COG_TRITON_ADAPTER_DOWNLOAD_DEADLINE_S).
         rules: where adapters may be fetched from (default: https:// from public addresses only).
+        fetches: adapters one stream process fetches at once, each on a thread of its own: one per prediction
+            slot (COG_MAX_CONCURRENCY, the most predictions a process can have), so no prediction's adapter waits
+            for a thread while slow sources hold others (each holds its thread until its deadline, at most).
     """
 
     root: Path
@@ -79,6 +94,7 @@ class StoreLimits:
     min_rate_bytes_s: float = 100_000
     rate_grace_s: float = 60.0
     rules: FetchRules = FetchRules()
+    fetches: int = 4
 
 
 @dataclass(frozen=True)
@@ -116,8 +132,12 @@ class AdapterStore:
             counts, self._counts = dict(self._counts), Counter()
         return counts
 
-    def get(self, ref: AdapterRef) -> LocalAdapter:
+    def get(self, ref: AdapterRef, deadline_at: Optional[float] = None) -> LocalAdapter:
         """The adapter ``ref`` names, fetched when it is not cached (blocking: up to the download deadline).
+
+        Args:
+            deadline_at: when the fetch's deadline ends (a ``time.monotonic()`` instant; default: ``deadline_s``
+                from now).
 
         Raises:
             LoraAdapterError: the fetch rules refuse it (its URL, Hub owner, a redirect or an address it resolves
@@ -125,6 +145,8 @@ class AdapterStore:
                 PEFT LoRA adapter (no adapter_config.json / adapter_model.safetensors).
         """
         check_adapter_allowed(ref, self.limits.rules)
+        if deadline_at is None:
+            deadline_at = time.monotonic() + self.limits.deadline_s
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -132,7 +154,10 @@ class AdapterStore:
         target = self.folder / ref.key
         for attempt in (1, 2):
             started = time.monotonic()
-            downloaded = self._fetch_hf(ref, target) if ref.kind == "hf" else self._fetch_url(ref, target)
+            if ref.kind == "hf":
+                downloaded = self._fetch_hf(ref, target, deadline_at)
+            else:
+                downloaded = self._fetch_url(ref, target, deadline_at)
             with self._counts_lock:
                 self._counts["fetches" if downloaded else "disk_hits"] += 1
             try:
@@ -159,7 +184,7 @@ class AdapterStore:
         os.utime(self.folder / ref.key)
 
     # ------------------------------------------------------------------ fetching
-    def _fetch_url(self, ref: AdapterRef, target: Path) -> bool:
+    def _fetch_url(self, ref: AdapterRef, target: Path, deadline_at: float) -> bool:
         """Fetch ``ref`` into ``target`` unless it is there; True when it was downloaded."""
         limits = self.limits
         try:
@@ -167,33 +192,48 @@ class AdapterStore:
                 ref.source, target, timeout_s=limits.timeout_s, retries=limits.retries, deadline_s=limits.deadline_s,
                 min_rate_bytes_s=limits.min_rate_bytes_s, rate_grace_s=limits.rate_grace_s,
                 max_extracted_bytes=limits.max_adapter_bytes, max_download_bytes=limits.max_adapter_bytes,
-                allow_zip=True, rules=limits.rules, what=WHAT,
+                allow_zip=True, rules=limits.rules, what=WHAT, deadline_at=deadline_at,
             )
         except FetchRefusedError as exc:
             raise LoraAdapterError(f"lora_weights {ref.display} is refused: {exc.message}") from None
         except WeightsError as exc:
-            message = exc.message.replace("COG_TRITON_MAX_EXTRACTED_BYTES", "COG_TRITON_ADAPTER_MAX_BYTES")
-            message = message.replace("COG_TRITON_DOWNLOAD_DEADLINE_S", "COG_TRITON_ADAPTER_DOWNLOAD_DEADLINE_S")
-            raise LoraAdapterError(f"lora_weights {ref.display} could not be fetched: {message}") from None
+            raise LoraAdapterError(f"lora_weights {ref.display} could not be fetched: {_adapter_words(exc)}") \
+                from None
         return not result.skipped
 
-    def _fetch_hf(self, ref: AdapterRef, target: Path) -> bool:
+    def _fetch_hf(self, ref: AdapterRef, target: Path, deadline_at: float) -> bool:
         """Download ``ref`` from the Hub into ``target`` unless it is there; True when it was downloaded."""
-        with target_lock(target):
-            if (target / HF_MARKER).is_file() and all((target / name).is_file() for name in ADAPTER_FILES):
-                return False
-            staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.staging-", dir=target.parent))
-            try:
-                with hub_guard(self.limits.rules, WHAT):
-                    commit = _hf_download(ref, staging, self.limits)
-                (staging / HF_MARKER).write_text(json.dumps({"source": ref.source, "commit": commit}) + "\n")
-                if target.exists():
-                    old = target.parent / f".{target.name}.old-{secrets.token_hex(4)}"
-                    os.rename(target, old)
-                    shutil.rmtree(old, ignore_errors=True)
-                os.rename(staging, target)
-            finally:
-                shutil.rmtree(staging, ignore_errors=True)
+        deadline = FetchDeadline(self.limits.deadline_s, at=deadline_at, what=f"the fetch of {ref.display}",
+                                 setting=DEADLINE_SETTING)
+        try:
+            with target_lock(target, until=deadline_at):
+                return self._fetch_hf_locked(ref, target, deadline)
+        except FetchDeadlineError as exc:
+            ours = deadline.error().message
+            message = exc.message if exc.message.startswith(ours) else f"{ours}: {exc.message}"
+            raise LoraAdapterError(f"lora_weights {ref.display} could not be fetched: {message}") from None
+        except LoraAdapterError:
+            if deadline.passed():  # whatever the Hub client made of a connection the watchdog ended
+                raise LoraAdapterError(f"lora_weights {ref.display} could not be fetched: "
+                                       f"{deadline.error().message}") from None
+            raise
+
+    def _fetch_hf_locked(self, ref: AdapterRef, target: Path, deadline: FetchDeadline) -> bool:
+        """:meth:`_fetch_hf` with the folder's lock held; every Hub call under the fetch rules and ``deadline``."""
+        if (target / HF_MARKER).is_file() and all((target / name).is_file() for name in ADAPTER_FILES):
+            return False
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.staging-", dir=target.parent))
+        try:
+            with deadline, hub_guard(self.limits.rules, WHAT, deadline):
+                commit = _hf_download(ref, staging, self.limits)
+            (staging / HF_MARKER).write_text(json.dumps({"source": ref.source, "commit": commit}) + "\n")
+            if target.exists():
+                old = target.parent / f".{target.name}.old-{secrets.token_hex(4)}"
+                os.rename(target, old)
+                shutil.rmtree(old, ignore_errors=True)
+            os.rename(staging, target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
         return True
 
     # ------------------------------------------------------------------ reading

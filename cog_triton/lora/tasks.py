@@ -27,19 +27,20 @@ fetched again.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Iterator, Literal, Optional
 
 from common.errors import LoraAdapterError
 from cog_triton.client import LoraTensors
 from cog_triton.lora.convert import ConvertedAdapter, convert
 from cog_triton.lora.refs import AdapterRef
-from cog_triton.lora.store import AdapterStore, StoreLimits
+from cog_triton.lora.store import DEADLINE_SETTING, AdapterStore, StoreLimits
 from tensorrtllm_backend.lora import LoraSpec
 
 log = logging.getLogger(__name__)
@@ -137,7 +138,7 @@ class Adapters:
         self.held = HeldTasks()
         self._by_content: OrderedDict[str, Adapter] = OrderedDict()
         self._by_source: dict[str, str] = {}
-        self._locks: dict[str, threading.Lock] = {}
+        self._locks: dict[str, list] = {}  # source key -> [its lock, requests holding or waiting for it]
         self._lock = threading.Lock()
         self._counts: Counter[str] = Counter()  # "memory_hits", "engine_misses" since the last take_counts()
 
@@ -172,15 +173,18 @@ class Adapters:
                 :func:`cog_triton.lora.convert.convert`.
         """
         self.check_enabled(ref)
-        with self._lock:
-            lock = self._locks.setdefault(ref.key, threading.Lock())
-        with lock:  # one fetch and conversion per source in this process at a time
+        cached = self._cached(ref)  # from memory: never behind another request's fetch
+        if cached is not None:
+            self.count("memory_hits")
+            return cached
+        started = time.monotonic()
+        deadline_at = started + self.store.limits.deadline_s  # the whole fetch's, the wait below included
+        with self._source_lock(ref.key, deadline_at, ref):  # one fetch and conversion per source in this process
             cached = self._cached(ref)
             if cached is not None:
                 self.count("memory_hits")
                 return cached
-            started = time.monotonic()
-            local = self.store.get(ref)
+            local = self.store.get(ref, deadline_at)
             with self._lock:
                 known = self._by_content.get(local.sha256)
             if known is None and self.backend == "pytorch":
@@ -199,6 +203,32 @@ class Adapters:
                 )
             self._remember(ref, known)
             return known
+
+    @contextlib.contextmanager
+    def _source_lock(self, key: str, deadline_at: float, ref: AdapterRef) -> Iterator[None]:
+        """Hold the lock of source ``key`` (one fetch per source in this process); wait for it until ``deadline_at``
+        at most. The lock is forgotten when nobody holds or waits for it (sources are unbounded).
+
+        Raises:
+            LoraAdapterError: the deadline came first (another request's fetch of the same adapter still runs).
+        """
+        with self._lock:
+            entry = self._locks.setdefault(key, [threading.Lock(), 0])
+            entry[1] += 1
+        try:
+            if not entry[0].acquire(timeout=max(0.0, deadline_at - time.monotonic())):
+                raise LoraAdapterError(
+                    f"lora_weights {ref.display} could not be fetched: another request's fetch of the same adapter "
+                    f"did not finish within the deadline of {self.store.limits.deadline_s:g} s ({DEADLINE_SETTING})")
+            try:
+                yield
+            finally:
+                entry[0].release()
+        finally:
+            with self._lock:
+                entry[1] -= 1
+                if entry[1] == 0:
+                    self._locks.pop(key, None)
 
     def _cached(self, ref: AdapterRef) -> Optional[Adapter]:
         with self._lock:

@@ -36,9 +36,10 @@ its contents in ``target_dir``:
   (:data:`~common.files.VERIFIED_NAME`) in an archive or a copied folder are dropped: only this
   machine's own hashing writes them.
 
-URLs are never logged or put into error messages with their userinfo or query string (see
-:func:`redact_url`); the records of httpx's and httpcore's own logs (request lines, and at DEBUG
-level the response headers with a redirect's ``Location``) are redacted the same way.
+URLs are never logged or put into error messages with their userinfo, query string or fragment, as the
+HTTP client's own parser splits them (:func:`redact_url`; a URL it cannot parse is refused without being shown);
+every log record of the process, httpx's, httpcore's, huggingface_hub's and urllib3's included, is redacted the
+same way (:mod:`cog_triton.redaction`).
 
 The package, one module per concern (this module is its public face):
 

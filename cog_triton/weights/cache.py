@@ -15,11 +15,12 @@ import secrets
 import shutil
 import stat
 import tempfile
+import time
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from typing import Any, Iterator, Optional
 
-from common.errors import WeightsError
+from common.errors import FetchDeadlineError, WeightsError
 from common.files import KEEP_NAMES, MARKER_NAME, VERIFIED_NAME
 
 log = logging.getLogger("cog_triton.weights")
@@ -29,10 +30,11 @@ MARKER_VERSION = 1
 
 
 @contextmanager
-def _exclusive_lock(target: Path) -> Iterator[None]:
+def _exclusive_lock(target: Path, until: Optional[float] = None) -> Iterator[None]:
     """Hold an exclusive ``flock`` on ``.<target name>.lock`` in ``target``'s parent for the block.
 
-    A second process blocks until the first is done (or dies: the kernel drops its lock). The
+    A second process blocks until the first is done (or dies: the kernel drops its lock), or, with ``until`` (a
+    ``time.monotonic()`` instant: the fetch's deadline), until then at most. The
     file is removed while still locked; a waiter that then gets the lock on the removed file sees
     that its inode is no longer the path's and locks the new file instead, so there is never more
     than one holder.
@@ -43,9 +45,10 @@ def _exclusive_lock(target: Path) -> Iterator[None]:
 
     Raises:
         WeightsError: the lock file cannot be created or locked for another reason.
+        FetchDeadlineError: ``until`` came while another process held the lock.
     """
     path = target.parent / f".{target.name}.lock"
-    fd = _acquire_lock(path, target)
+    fd = _acquire_lock(path, target, until=until)
     if fd is None:
         yield
         return
@@ -60,19 +63,21 @@ def _exclusive_lock(target: Path) -> Iterator[None]:
 
 
 @contextmanager
-def target_lock(target: Path, *, wait: bool = True) -> Iterator[bool]:
+def target_lock(target: Path, *, wait: bool = True, until: Optional[float] = None) -> Iterator[bool]:
     """The lock :func:`fetch_weights` holds on ``target`` while it fetches into it, for other writers of the
     same folder (the LoRA adapter cache evicts and fills its folders under it).
 
     Yields True when held; with ``wait=False``, False (at once) when another process holds it. Where no
-    lock file can be made (read-only file system) it yields True unlocked, as fetch_weights does.
+    lock file can be made (read-only file system) it yields True unlocked, as fetch_weights does. ``until``: as
+    :func:`_exclusive_lock`'s.
 
     Raises:
         WeightsError: the lock file cannot be created or locked for another reason.
+        FetchDeadlineError: ``until`` came while another process held the lock.
     """
     path = target.parent / f".{target.name}.lock"
     try:
-        fd = _acquire_lock(path, target, wait=wait)
+        fd = _acquire_lock(path, target, wait=wait, until=until)
     except BlockingIOError:
         yield False
         return
@@ -89,7 +94,38 @@ def target_lock(target: Path, *, wait: bool = True) -> Iterator[bool]:
         os.close(fd)
 
 
-def _acquire_lock(path: Path, target: Path, wait: bool = True) -> Optional[int]:
+#: Waiting for a lock with a deadline polls it: first after this many seconds, then twice as long each time ...
+LOCK_POLL_S = 0.02
+#: ... up to this many.
+LOCK_POLL_MAX_S = 0.5
+
+
+def _wait_for_lock(fd: int, target: Path, until: Optional[float]) -> None:
+    """Block until ``fd``'s exclusive ``flock`` is held; with ``until``, poll it (``flock`` has no timeout) and give
+    up then.
+
+    Raises:
+        FetchDeadlineError: ``until`` came first.
+    """
+    if until is None:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return
+    pause = LOCK_POLL_S
+    while True:
+        left = until - time.monotonic()
+        if left <= 0:
+            raise FetchDeadlineError(f"another process has been fetching into {target} for longer than this fetch's "
+                                     "deadline allowed it to wait")
+        time.sleep(min(pause, left))
+        pause = min(pause * 2, LOCK_POLL_MAX_S)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            continue
+
+
+def _acquire_lock(path: Path, target: Path, wait: bool = True, until: Optional[float] = None) -> Optional[int]:
     waited = False
     while True:
         try:
@@ -110,7 +146,7 @@ def _acquire_lock(path: Path, target: Path, wait: bool = True) -> Optional[int]:
                     log.info("another process is fetching weights into %s; waiting for it to finish (lock %s)",
                              target, path)
                     waited = True
-                fcntl.flock(fd, fcntl.LOCK_EX)
+                _wait_for_lock(fd, target, until)
             held = os.fstat(fd)
             try:
                 current: Optional[os.stat_result] = os.stat(path)

@@ -1,11 +1,13 @@
 """HTTP downloads of weights: streamed with httpx, hashed while they stream, retried with backoff and resumed
-with Range/If-Range, within a deadline and a minimum rate; URLs redacted from httpx's and httpcore's logs.
+with Range/If-Range, within a deadline and a minimum rate; URLs redacted from every log record
+(:mod:`cog_triton.redaction`).
 
 Part of :mod:`cog_triton.weights` (its public face is the package).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import re
@@ -17,11 +19,12 @@ from typing import Any, Optional
 import httpx
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
+from cog_triton.fetch_deadline import FetchDeadline
 from cog_triton.fetch_guard import FetchGuard, guarded_transport
 from cog_triton.fetch_rules import FetchRules
+from cog_triton.redaction import install_log_redaction, redact_text
 from cog_triton.weights.archive import _check_free_space
-from cog_triton.weights.sources import redact_text
-from common.errors import DownloadError, WeightsError
+from common.errors import DownloadError, FetchDeadlineError, WeightsError
 
 log = logging.getLogger("cog_triton.weights")
 
@@ -69,50 +72,16 @@ class _Limits:
     allow_zip: bool = False
     rules: Optional[FetchRules] = None  # for a source an API caller gave; None: the operator's own weights
     what: str = "weights"
+    deadline_at: Optional[float] = None  # time.monotonic() instant the deadline ends, when it began before the call
 
 
 class _TransientDownloadError(DownloadError):
     """A download failure worth retrying (connection, timeout, truncated body, too slow, 5xx)."""
 
 
-#: Loggers whose records are redacted (plus any other httpx*/httpcore* logger that exists by then).
-_REDACTED_LOGGERS = (
-    "httpx", "httpcore", "httpcore.connection", "httpcore.connection_pool", "httpcore.http11", "httpcore.http2",
-    "httpcore.proxy", "httpcore.socks", "hpack",
-)  # fmt: skip
-
-
-class _RedactUrlFilter(logging.Filter):
-    """Removes userinfo and query strings from the URLs in httpx's and httpcore's log records.
-
-    httpx logs each request line ("HTTP Request: GET <url> ..."), at INFO level; httpcore logs, at
-    DEBUG level, the response headers, a redirect's ``Location`` (absolute or relative) included.
-    The whole formatted message is redacted with :func:`redact_text` and replaces the record's
-    ``msg`` (``args`` emptied) whenever it changed.
-    """
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        try:
-            message = record.getMessage()
-        except Exception:  # noqa: BLE001 - a broken record is the handler's to report, not ours
-            return True
-        redacted = redact_text(message)
-        if redacted != message:
-            record.msg, record.args = redacted, ()
-        return True
-
-
-def _install_log_redaction() -> None:
-    """Attach :class:`_RedactUrlFilter` to every httpx/httpcore logger (a logger's filters only see
-    the records logged on it, not those its children propagate, hence each one by name)."""
-    existing = [name for name in logging.root.manager.loggerDict if name.split(".")[0] in ("httpx", "httpcore")]
-    for name in {*_REDACTED_LOGGERS, *existing}:
-        logger = logging.getLogger(name)
-        if not any(isinstance(f, _RedactUrlFilter) for f in logger.filters):
-            logger.addFilter(_RedactUrlFilter())
-
-
-_install_log_redaction()
+# Every log record of the process is redacted (httpx's request lines, httpcore's DEBUG headers with a redirect's
+# Location, huggingface_hub's and urllib3's lines): cog_triton.redaction.
+install_log_redaction()
 
 
 class _Progress:
@@ -157,6 +126,7 @@ class _Transfer:
     resumable: bool = False
     started: float = field(default_factory=time.monotonic)
     last_error: Optional[str] = None
+    watchdog: Optional[FetchDeadline] = None  # enforces ``deadline`` on the connections (cog_triton.fetch_deadline)
 
     def restart(self) -> None:
         """Forget the bytes so far: the next write starts the file (and the hash) from byte 0."""
@@ -171,11 +141,11 @@ def _num(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else f"{value:g}"
 
 
-def _deadline_error(display: str, transfer: _Transfer, limits: _Limits) -> DownloadError:
+def _deadline_error(display: str, transfer: _Transfer, limits: _Limits) -> FetchDeadlineError:
     elapsed = time.monotonic() - transfer.started
     of = f" of {transfer.total}" if transfer.total is not None else ""
     last = f"; the last attempt failed with: {transfer.last_error}" if transfer.last_error else ""
-    return DownloadError(
+    return FetchDeadlineError(
         f"the download of {display} did not finish within the deadline of {_num(limits.deadline_s)} s "
         f"(COG_TRITON_DOWNLOAD_DEADLINE_S): {transfer.received}{of} bytes arrived in {elapsed:.1f} s{last}. "
         "Raise COG_TRITON_DOWNLOAD_DEADLINE_S (0: no deadline) or use a faster source"
@@ -198,9 +168,13 @@ def _download(url: str, display: str, dest: Path, limits: _Limits) -> tuple[str,
         DownloadError: see :func:`cog_triton.weights.fetch_weights`.
         FetchRefusedError: ``limits.rules`` refuse a request or connection (never retried).
     """
-    _install_log_redaction()
+    install_log_redaction()
     attempts = limits.retries + 1
-    transfer = _Transfer(dest, deadline=time.monotonic() + limits.deadline_s if limits.deadline_s > 0 else None)
+    watchdog = None
+    if limits.deadline_s > 0:
+        watchdog = FetchDeadline(limits.deadline_s, at=limits.deadline_at, what=f"the download of {display}",
+                                 setting="COG_TRITON_DOWNLOAD_DEADLINE_S")
+    transfer = _Transfer(dest, deadline=watchdog.at if watchdog else None, watchdog=watchdog)
     backoff = wait_exponential_jitter(
         initial=RETRY_INITIAL_BACKOFF_S, max=RETRY_MAX_BACKOFF_S, jitter=RETRY_INITIAL_BACKOFF_S / 2
     )
@@ -234,7 +208,7 @@ def _download(url: str, display: str, dest: Path, limits: _Limits) -> tuple[str,
     with httpx.Client(
         timeout=httpx.Timeout(limits.timeout_s), follow_redirects=True, headers={"Accept-Encoding": "identity"},
         **guarded,
-    ) as client:
+    ) as client, (watchdog or contextlib.nullcontext()):
         try:
             retrying(_download_once, client, url, display, transfer, limits)
         except _TransientDownloadError as exc:
@@ -262,8 +236,11 @@ def _download_once(client: httpx.Client, url: str, display: str, transfer: _Tran
         timeout = max(0.001, min(timeout, transfer.deadline - time.monotonic()))
     expected: Optional[int] = None
     phase = "connecting to"
+    # The deadline's watchdog learns each connection of the request and its redirects from httpcore's trace
+    # extension, and shuts them down when it passes (cog_triton.fetch_deadline).
+    extensions = {"trace": transfer.watchdog.trace} if transfer.watchdog is not None else {}
     try:
-        with client.stream("GET", url, headers=headers, timeout=timeout) as response:
+        with client.stream("GET", url, headers=headers, timeout=timeout, extensions=extensions) as response:
             status = response.status_code
             if status >= 500:
                 raise _TransientDownloadError(f"HTTP {status} {response.reason_phrase} (server error) from {display}")
@@ -319,6 +296,8 @@ def _download_once(client: httpx.Client, url: str, display: str, transfer: _Tran
                         if rate < limits.min_rate_bytes_s:
                             raise _TransientDownloadError(_too_slow(display, rate, now - window_start, limits))
                         window_start, window_bytes = now, transfer.received
+    except FetchDeadlineError as exc:  # the watchdog ended it, whatever the server was doing
+        raise _deadline_error(display, transfer, limits) from exc
     except httpx.TimeoutException as exc:
         if transfer.past_deadline():
             raise _deadline_error(display, transfer, limits) from exc

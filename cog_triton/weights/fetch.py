@@ -5,6 +5,7 @@ Part of :mod:`cog_triton.weights` (its public face is the package).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
 
+from cog_triton.fetch_deadline import FetchDeadline
 from cog_triton.fetch_guard import hub_guard
 from cog_triton.fetch_rules import FetchRules
 from cog_triton.weights.archive import _extract_archive
@@ -48,7 +50,7 @@ from cog_triton.weights.sources import (
     _parse_source,
     _Source,
 )
-from common.errors import ArchiveError, ChecksumError, FetchRefusedError, WeightsError
+from common.errors import ArchiveError, ChecksumError, FetchDeadlineError, FetchRefusedError, WeightsError
 from common.files import KEEP_NAMES
 
 log = logging.getLogger("cog_triton.weights")
@@ -90,9 +92,9 @@ def fetch_weights(
     allow_zip: bool = False,
     hf_token: Optional[str] = None,
     hub_code: bool = False,
-
     rules: Optional[FetchRules] = None,
     what: str = "weights",
+    deadline_at: Optional[float] = None,
 ) -> WeightsResult:
     """Fetch weights from ``source`` into ``target_dir`` and return what was done.
 
@@ -111,8 +113,12 @@ def fetch_weights(
         retries: how many times a failed download is retried (connection errors, timeouts,
             truncated bodies, transfers below ``min_rate_bytes_s`` and HTTP 5xx; never 4xx), with
             exponential backoff; a retry resumes the transfer where the server allows it.
-        deadline_s: the whole download, all attempts and waits included, must finish within this
-            many seconds (0: no deadline); a missed deadline is not retried.
+        deadline_s: the whole fetch's network part must finish within this many seconds (0: no deadline): the
+            wait for another process fetching into the same folder, and the download with all its connections,
+            TLS handshakes, response headers, bodies, redirects, attempts and the waits between them (an
+            ``hf://`` source's Hub calls too). It is enforced from outside the reads
+            (:mod:`cog_triton.fetch_deadline`): when it passes, the fetch ends with the deadline's message,
+            whatever the server is doing; it is not retried. Unpacking is not counted (the byte limits bound it).
         min_rate_bytes_s: an attempt fails when fewer than this many bytes per second arrive over
             a window of ``rate_grace_s`` seconds (0: no minimum).
         rate_grace_s: length of that window in seconds; the first starts with each attempt.
@@ -132,6 +138,9 @@ def fetch_weights(
             (:mod:`cog_triton.fetch_rules`) every request and connection of an http(s) download is held to,
             redirects included; ``what`` names what is fetched in their messages. None (the operator's own
             weights): no rules.
+        deadline_at: the ``time.monotonic()`` instant the deadline ends, when the caller's clock started before
+            this call (an adapter's: it waited for another fetch of the same adapter); ``deadline_s`` is then what
+            the message says.
 
     Returns:
         A :class:`WeightsResult`; ``skipped`` is True when the marker left by an earlier fetch of
@@ -143,7 +152,7 @@ def fetch_weights(
         WeightsError: the source is missing or unsupported, ``sha256`` is malformed or given for a
             directory, files could not be written, or there is not enough free disk space.
         DownloadError: HTTP 4xx/5xx, timeout, connection failure, truncated download or a transfer
-            below the minimum rate (after the retries), or the deadline passed.
+            below the minimum rate (after the retries). FetchDeadlineError (a DownloadError): the deadline passed.
         ChecksumError: the archive's sha256 differs from ``sha256``.
         FetchRefusedError: ``rules`` refuse the URL, a redirect or an address it resolves to; nothing was sent
             there.
@@ -168,8 +177,12 @@ def fetch_weights(
         raise ValueError(f"max_extracted_bytes must be > 0 bytes, or None for automatic, got {max_extracted_bytes!r}")
     if max_download_bytes is not None and not max_download_bytes > 0:
         raise ValueError(f"max_download_bytes must be > 0 bytes, or None for no cap, got {max_download_bytes!r}")
+    if deadline_s > 0 and deadline_at is None:
+        deadline_at = time.monotonic() + deadline_s
+    elif deadline_s == 0:
+        deadline_at = None
     limits = _Limits(timeout_s, retries, deadline_s, min_rate_bytes_s, rate_grace_s, max_extracted_bytes,
-                     max_download_bytes, allow_zip, rules, what)
+                     max_download_bytes, allow_zip, rules, what, deadline_at)
 
     src = _parse_source(source)
     if rules is not None and src.url is not None:  # the URL itself (scheme, host, an IP literal) before anything
@@ -191,8 +204,19 @@ def fetch_weights(
         # The Hub's connections follow the caller's rules; the operator's own weights (rules None) may come from
         # any endpoint (HF_ENDPOINT may be a mirror on the private network): huggingface_hub's client in this
         # process is the guarded one once any fetch installed it (cog_triton.fetch_guard), so say so explicitly.
-        with hub_guard(rules or FetchRules.open(), what):
-            hub = fetch_hub(src.hub, target, src.key, timeout_s=timeout_s, token=hf_token, code=hub_code)
+        # The deadline reaches its connections through the guard (cog_triton.fetch_deadline).
+        deadline = None if deadline_at is None else FetchDeadline(
+            deadline_s, at=deadline_at, what=f"the fetch of {src.display}", setting="COG_TRITON_DOWNLOAD_DEADLINE_S")
+        try:
+            with (deadline or contextlib.nullcontext()), hub_guard(rules or FetchRules.open(), what, deadline):
+                hub = fetch_hub(src.hub, target, src.key, timeout_s=timeout_s, token=hf_token, code=hub_code,
+                                 until=deadline_at)
+        except FetchDeadlineError as exc:
+            raise _deadline_passed(exc, deadline) from None
+        except WeightsError:
+            if deadline is not None and deadline.passed():  # whatever a client made of a connection the watchdog ended
+                raise deadline.error() from None
+            raise
         return WeightsResult(path=target, source=src.display, sha256=None, size_bytes=hub.size_bytes,
                              skipped=hub.skipped, commit=hub.commit)
 
@@ -229,16 +253,32 @@ def fetch_weights(
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise WeightsError(f"could not prepare {target}: {exc}") from exc
-    with _exclusive_lock(target):
-        marker = _read_marker(target)
-        if marker is not None and _marker_matches(marker, src.key, expected_sha, fingerprint, target):
-            log.info("weights from %s already present in %s (%d files); skipping the fetch",
-                     src.display, target, len(marker["files"]))
-            return WeightsResult(
-                path=target, source=src.display, sha256=marker.get("sha256"),
-                size_bytes=int(marker["size_bytes"]), skipped=True,
-            )
-        return _fetch(src, kind, fingerprint, expected_sha, target, limits)
+    until = deadline_at if src.url is not None else None  # a download's deadline bounds the wait for the lock too
+    try:
+        with _exclusive_lock(target, until=until):
+            marker = _read_marker(target)
+            if marker is not None and _marker_matches(marker, src.key, expected_sha, fingerprint, target):
+                log.info("weights from %s already present in %s (%d files); skipping the fetch",
+                         src.display, target, len(marker["files"]))
+                return WeightsResult(
+                    path=target, source=src.display, sha256=marker.get("sha256"),
+                    size_bytes=int(marker["size_bytes"]), skipped=True,
+                )
+            return _fetch(src, kind, fingerprint, expected_sha, target, limits)
+    except FetchDeadlineError as exc:
+        if deadline_at is None:
+            raise
+        raise _deadline_passed(exc, FetchDeadline(deadline_s, at=deadline_at, what=f"the download of {src.display}",
+                                                  setting="COG_TRITON_DOWNLOAD_DEADLINE_S")) from None
+
+
+def _deadline_passed(exc: FetchDeadlineError, deadline: Optional[FetchDeadline]) -> FetchDeadlineError:
+    """``exc`` in the deadline's words: the deadline, its setting, and what was still going on (another process's
+    fetch holding the folder's lock) when that is not already what ``exc`` says."""
+    if deadline is None:
+        return exc
+    ours = deadline.error()
+    return exc if exc.message.startswith(ours.message) else FetchDeadlineError(f"{ours.message}: {exc.message}")
 
 
 def _fetch(

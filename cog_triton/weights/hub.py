@@ -161,7 +161,7 @@ class HubFetch:
 
 
 def fetch_hub(ref: HubRef, target: Path, source_key: str, *, timeout_s: float = 60.0,
-              token: Optional[str] = None, code: bool = False) -> HubFetch:
+              token: Optional[str] = None, code: bool = False, until: Optional[float] = None) -> HubFetch:
     """Fetch the checkpoint ``ref`` names into ``target`` (see the module docstring), under the target's lock.
 
     Args:
@@ -171,13 +171,17 @@ def fetch_hub(ref: HubRef, target: Path, source_key: str, *, timeout_s: float = 
             own lookup (``HF_TOKEN``, the login token file).
         code: also fetch the repository's top-level ``*.py`` files (the operator allowed remote code); a fetch
             without them is not reused for one with them (the marker key differs).
+        until: the fetch's deadline (a ``time.monotonic()`` instant), which bounds the wait for another process's
+            fetch into ``target``; the Hub calls are held to it by the caller's guard (``hub_guard(..., deadline)``,
+            :mod:`cog_triton.fetch_deadline`).
 
     Raises:
         WeightsError: the repository, revision or files are not there, the repository is gated or private and no
             usable token is set, it holds no ``config.json`` or no safetensors weights, there is no room on disk, or
             the files cannot be written. DownloadError (a WeightsError): the Hub could not be reached, the
             connection broke, it answered with an error, ``HF_ENDPOINT`` answers but is not a Hub, or
-            ``HF_HUB_OFFLINE`` is set. Messages name the reference, and never hold the token.
+            ``HF_HUB_OFFLINE`` is set. FetchDeadlineError (a DownloadError): the deadline passed (the guard's, or
+            ``until`` while waiting for the lock). Messages name the reference, and never hold the token.
     """
     if code:
         source_key += "+code"
@@ -185,7 +189,7 @@ def fetch_hub(ref: HubRef, target: Path, source_key: str, *, timeout_s: float = 
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise WeightsError(f"could not prepare {target}: {exc}") from exc
-    with _exclusive_lock(target):
+    with _exclusive_lock(target, until=until):
         marker = _read_marker(target)
         if marker is not None and _marker_matches(marker, source_key, None, None, target):
             log.info("weights from %s already present in %s (%d files, commit %s); skipping the fetch",

@@ -1,5 +1,5 @@
-"""Weights sources: parsing a source (http(s) URL, file:// URL, local path), redacting URLs for logs and
-errors, and fingerprints and hashes of local sources.
+"""Weights sources: parsing a source (http(s) URL, file:// URL, local path), and fingerprints and hashes of local
+sources. URLs are shown redacted (:func:`cog_triton.redaction.redact_url`, re-exported here as before).
 
 Part of :mod:`cog_triton.weights` (its public face is the package).
 """
@@ -13,9 +13,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Optional, Union
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 from urllib.request import url2pathname
 
+from cog_triton.redaction import UnparsableURL, parse_url, redact_text, redact_url
 from common.errors import WeightsError
 from common.files import MARKER_NAME, sha256_file
 
@@ -30,41 +31,10 @@ HUB_FORM = "hf://owner/repo[@revision]"
 _SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 
 
-# userinfo of an absolute URL ("//user:password@") and any query string ("?X-Amz-Signature=..."),
-# also in relative URLs such as a redirect's Location, as they appear in log text and bytes reprs
-_URL_USERINFO_RE = re.compile(r"(?<=//)[^/?#\s'\"<>@]+@")
-
-
-_URL_QUERY_RE = re.compile(r"\?[^\s'\"<>)\]]+")
-
-
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
 
 SourceLike = Union[str, "os.PathLike[str]"]
-
-
-def redact_url(url: str) -> str:
-    """Return ``url`` without userinfo (``user:password@``), query string and fragment.
-
-    Used for every log line and error message that names a URL, so that credentials and signed
-    query parameters (for example pre-signed S3 URLs) never leak.
-    """
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparsable URL>"
-    netloc = parts.netloc.rpartition("@")[2]
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
-
-
-def redact_text(text: str) -> str:
-    """``text`` with the userinfo of every absolute URL and every query string (``?...``) removed.
-
-    For free text that may hold URLs, such as httpx's and httpcore's log messages (a redirect's
-    ``Location`` header, absolute or relative) and exception messages.
-    """
-    return _URL_QUERY_RE.sub("?<redacted>", _URL_USERINFO_RE.sub("", text))
 
 
 @dataclass(frozen=True)
@@ -90,10 +60,10 @@ def _parse_source(source: SourceLike) -> _Source:
         else:
             scheme = match.group(1).lower()
             if scheme in ("http", "https"):
-                try:
-                    host = urlsplit(text).hostname
-                except ValueError:
-                    host = None
+                try:  # split as the HTTP client will split it (cog_triton.redaction)
+                    host = parse_url(text).host
+                except UnparsableURL as exc:
+                    raise WeightsError(exc.refusal("the weights URL")) from None
                 if not host:
                     raise WeightsError(f"weights URL {redact_url(text)} has no host")
                 return _Source(key=_sha256_text(text), display=redact_url(text), url=text)
@@ -105,7 +75,7 @@ def _parse_source(source: SourceLike) -> _Source:
             if scheme == "file":
                 parts = urlsplit(text)
                 if parts.netloc not in ("", "localhost"):
-                    raise WeightsError(f"file:// URL {redact_url(text)} names the host {parts.netloc!r}; "
+                    raise WeightsError(f"file:// URL {redact_url(text)} names the host {parts.hostname!r}; "
                                        "only local files (file:///path) are supported")
                 path = Path(url2pathname(parts.path))
             else:
