@@ -52,6 +52,10 @@ Modules: :mod:`benchmarks.paths` (paths, points, roles), :mod:`benchmarks.procs`
 CPU), :mod:`benchmarks.stack` (the servers), :mod:`benchmarks.workload` (requests and expectations),
 :mod:`benchmarks.report` (tables and plot), :mod:`benchmarks.loadgen` (the load generator process), and
 this one: running points, the soak, the command line.
+
+Why one module (about 610 lines): one concern, running the benchmark: its command line (about a quarter of it,
+each option's help with the fact behind its default), a point's runs and the soak; what a run needs (servers,
+requests, reports, processes) lives in the modules above.
 """
 
 from __future__ import annotations
