@@ -45,7 +45,7 @@ COPY tensorrtllm_backend/pins.py /src/tensorrtllm_backend/pins.py
 RUN python -m tensorrtllm_backend.pins
 
 COPY predict.py train.py cog.yaml /src/
-# The Cog schema generated from predict.py and train.py (cog_triton/schema.py): coglet reads it from
+# The Cog schema generated from predict.py and train.py (cog_triton/worker/schema.py): coglet reads it from
 # .cog/ under the working directory to validate inputs and stream over SSE. `cog build` adds the
 # same file again; a plain `docker build` gets it from here. (cog build keeps .cog/ out of the
 # build context, so the committed copy lives in cog_triton/.)

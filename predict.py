@@ -1,4 +1,4 @@
-"""Cog predictor: declares the inputs and delegates to :class:`cog_triton.service.LLMService`.
+"""Cog predictor: declares the inputs and delegates to :class:`cog_triton.worker.service.LLMService`.
 
 ``setup()`` fetches the weights (engine or Hugging Face checkpoint + tokenizer), renders the
 Triton model repository, starts Triton and the stream processes and runs a short self-test;
@@ -18,9 +18,9 @@ The ``Input(...)`` declarations below are read *statically* by ``cog build`` (Co
 generator parses this file's source): every default and bound must be a literal, every
 description one string literal, and an input that may be empty is ``Optional[...]``. Those
 literals are the one source of the inputs' bounds: the schema generated from them is committed as
-``cog_triton/openapi_schema.json`` (checked by tests/test_schema.py), which ``cog_triton.inputs`` reads and
+``cog_triton/openapi_schema.json`` (checked by tests/test_schema.py), which ``cog_triton.worker.inputs`` reads and
 which coglet validates against once it is in place as ``.cog/openapi_schema.json`` (the Dockerfile copies
-it there; local runs install it: :func:`cog_triton.schema.install_for_coglet`).
+it there; local runs install it: :func:`cog_triton.worker.schema.install_for_coglet`).
 """
 
 # No ``from __future__ import annotations`` here: coglet resolves run()'s annotations with
@@ -33,8 +33,8 @@ from typing import Iterator, Optional
 import cog
 from cog import BaseRunner, ConcatenateIterator, Input, Path
 
-from cog_triton import cog_bridge
-from cog_triton.service import LLMService
+from cog_triton.worker import cog_bridge
+from cog_triton.worker.service import LLMService
 from cog_triton.settings import Settings
 
 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -174,7 +174,7 @@ class Predictor(BaseRunner):
         """Stream the model's answer as text deltas.
 
         Input errors (bad values, a prompt too long for the model) are raised here, before any
-        output; the returned generator is what coglet iterates to stream (see cog_triton.cog_bridge).
+        output; the returned generator is what coglet iterates to stream (see cog_triton.worker.cog_bridge).
         """
         inputs = self.service.validate(  # PredictInputs.validate; a refusal is counted in the service's metrics
             prompt=prompt,

@@ -27,7 +27,7 @@ from typing import Optional
 from cog import BaseModel, Input, Path, Secret
 
 from common.errors import BuildConfigError, FetchRefusedError
-from cog_triton.fetch_rules import FetchRules
+from cog_triton.fetch.rules import FetchRules
 from cog_triton.settings import REPO_ROOT, Settings
 from tensorrtllm_backend.build_config import NAME_PATTERN
 

@@ -354,7 +354,7 @@ def soak_summary(records: list[dict[str, Any]], kill: dict[str, Any], args: argp
     }
     if kill_at is not None:
         # In flight at the fault: started before the supervisor could have found it (it polls every 0.5 s,
-        # cog_triton/supervisor.py), ended after the kill. A prediction sent in that window meets the dead
+        # cog_triton/worker/supervisor.py), ended after the kill. A prediction sent in that window meets the dead
         # stub just like one that was running.
         found_by = kill_at + FAULT_DETECTION_S
         after = [r for r in records if r["start"] >= kill_at]

@@ -75,7 +75,7 @@ def role_of(pid: int, root: int) -> str:
         return f"stub:{Path(model_py).parent.parent.name}" if model_py else "stub:?"
     if exe == "tritonserver":
         return "tritonserver"
-    if "cog_triton.streamer" in cmd:  # the predictor's stream processes (cog_triton.stream_pool)
+    if "cog_triton.streaming.streamer" in cmd:  # the predictor's stream processes (cog_triton.worker.stream_pool)
         return "stream_proc"
     if "-c" in cmd and "coglet" in " ".join(cmd):
         return "cog_worker"

@@ -197,7 +197,7 @@ class Stack:
             archives = make_adapters(args.out / "lora_adapters", args.lora_adapters, args.lora_rank)
             self._adapters = WeightsHTTPServer(archives[0].parent).__enter__()
             self.adapter_urls = [f"{self._adapters.url}/{a.name}" for a in archives]
-            # the adapters are served from 127.0.0.1 over http://: the fetch rules' opt-ins (cog_triton.fetch_rules)
+            # the adapters are served from 127.0.0.1 over http://: the fetch rules' opt-ins (cog_triton.fetch.rules)
             env.update(COG_TRITON_FETCH_ALLOW_PRIVATE="true", COG_TRITON_FETCH_ALLOW_HTTP="true")
         if args.engine == "standin":
             templates = write_standin_templates(

@@ -24,7 +24,7 @@ from benchmarks.paths import (
     STANDIN_DIR,
     STANDIN_TEXT,
 )
-from cog_triton.prompt import PromptTokenizer
+from cog_triton.streaming.prompt import PromptTokenizer
 
 log = logging.getLogger("benchmark")
 

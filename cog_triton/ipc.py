@@ -17,7 +17,7 @@ slow path. Serialization is not what limits this path (``marshal`` was no faster
 
 Commands, worker -> stream process (one per frame):
 
-* :class:`Config` once, first: what :mod:`cog_triton.streamer` builds its generator from.
+* :class:`Config` once, first: what :mod:`cog_triton.streaming.streamer` builds its generator from.
 * :class:`Start`: prepare and stream a prediction's inputs.
 * :class:`Cancel`: stop a stream (and tell Triton to stop the request when ``send_stop``).
 * :class:`Stop`: tell Triton to stop a request another stream process left behind.
@@ -34,7 +34,7 @@ one, is always queued before its end.
 * :class:`FirstToken`: time from the prediction's start to its first token.
 * :class:`End` / :class:`Failed`: the stream ended normally (finished or cut by a stop sequence), or failed.
 * :class:`Cancelled`: a :class:`Cancel` stopped the stream after ``output_tokens`` tokens (the worker has
-  forgotten the stream by then; it only counts them, :mod:`cog_triton.exporter`).
+  forgotten the stream by then; it only counts them, :mod:`cog_triton.worker.exporter`).
 * :class:`Stats`: LoRA adapter counts since the last report; after a request with an adapter, never per token.
 * :class:`Timings`: when the prediction's start passed through the process (only with COG_TRITON_TIMING_METRICS).
 """
@@ -44,11 +44,119 @@ from __future__ import annotations
 import pickle
 import socket
 import struct
-from typing import TYPE_CHECKING, Any, NamedTuple, Union
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Union
+
+from common.errors import InputError
+from cog_triton.fetch.adapter_refs import AdapterRef
 
 if TYPE_CHECKING:
-    from cog_triton.generation import GeneratorConfig
-    from cog_triton.inputs import PredictInputs
+    from cog_triton.plan import GeneratorConfig
+
+# ------------------------------------------------------------------ what a Start carries
+
+#: The guide types the backend maps (utils.cc getGuidedDecodingParamsFromTensors, @c8c6df08 and @19290813).
+GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar")
+#: response_format choices (OpenAI's response_format.type names; json_schema has its own input).
+RESPONSE_FORMATS = ("text", "json_object")
+
+
+
+@dataclass(frozen=True)
+class Guide:
+    """One prediction's guide.
+
+    Attributes:
+        guide_type: one of :data:`GUIDE_TYPES` (what ``guided_decoding_guide_type`` carries).
+        guide: the schema / regex / grammar text; ``""`` for ``json`` (any JSON), which needs none.
+        source: the input that set it ("json_schema", "response_format", "regex" or "grammar").
+    """
+
+    guide_type: str
+    guide: str
+    source: str
+
+    @property
+    def document(self) -> str:
+        """What a complete output is, in words (for error messages)."""
+        return {
+            "json": "JSON document",
+            "json_schema": "JSON document",
+            "regex": "match of the regex",
+            "ebnf_grammar": "sentence of the grammar",
+        }[self.guide_type]
+
+
+@dataclass(frozen=True)
+class PredictInputs:
+    """Validated prediction inputs (made by :func:`cog_triton.worker.inputs.validate_inputs` in the Cog worker, carried to
+    a stream process by :class:`Start`).
+
+    Token counts are in tokens; ``seed`` is the user's, or one drawn when the user gave none (``seed_given``
+    False): the engine uses it unless its sampler takes no seed (TensorRT-LLM 1.2.1's TorchSampler: then a drawn
+    seed is not sent, and a given one is refused unless decoding is greedy; tensorrtllm_backend.samplers).
+    The inputs of replicate/cog-triton's predictor are resolved here: ``max_new_tokens`` and
+    ``min_new_tokens`` are folded into ``max_tokens``/``min_tokens``, and ``-1`` ("off") for ``top_k``
+    and ``min_tokens`` is stored as 0. ``length_penalty`` is sent to the engine (``len_penalty``).
+    """
+
+    prompt: str = ""
+    messages: Optional[list[dict[str, str]]] = None
+    system_prompt: str = ""
+    prompt_template: Optional[str] = None
+    max_tokens: int = 512
+    min_tokens: int = 0
+    temperature: float = 0.7
+    top_p: float = 0.95
+    top_k: int = 0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    stop_sequences: list[str] = field(default_factory=list)
+    seed: int = 0
+    seed_given: bool = True
+    guide: Optional[Guide] = None
+    length_penalty: float = 1.0
+    log_performance_metrics: bool = False
+    lora: Optional[AdapterRef] = None
+
+    @property
+    def greedy(self) -> bool:
+        """True when decoding is greedy: temperature 0, top_k 1 or top_p 0."""
+        return self.temperature == 0.0 or self.top_k == 1 or self.top_p == 0.0
+
+    def token_budget(self, prompt_tokens: int, max_input_len: int, max_seq_len: int, limit_reason: str = "") -> int:
+        """Tokens to request: ``max_tokens`` capped by what the engine's max_seq_len leaves.
+
+        ``prompt_tokens`` counts the whole rendered input: with ``messages``, every turn of the
+        conversation plus the chat template's own tokens. ``max_input_len`` is the longest prompt
+        the executor takes (:meth:`tensorrtllm_backend.engine.ModelLimits.executor_max_input_len`),
+        ``limit_reason`` how it was reached (named in the error).
+
+        Raises:
+            InputError: the prompt (or conversation) exceeds ``max_input_len``, leaves no room to
+                generate, or ``min_tokens`` does not fit; the message gives both numbers.
+        """
+        what, unit = ("conversation", "the chat template") if self.messages is not None else ("prompt", "formatting")
+        if prompt_tokens > max_input_len:
+            reason = f" ({limit_reason})" if limit_reason else ""
+            raise InputError(
+                f"the {what} is too long: it has {prompt_tokens} tokens (after {unit}), "
+                f"and the model's maximum input length is {max_input_len} tokens{reason}; shorten the {what}"
+            )
+        room = max_seq_len - prompt_tokens
+        if room < 1:
+            raise InputError(
+                f"the {what} has {prompt_tokens} tokens, which leaves no room to generate within the "
+                f"model's maximum sequence length of {max_seq_len} tokens"
+            )
+        if self.min_tokens > room:
+            raise InputError(
+                f"min_tokens={self.min_tokens} does not fit: the {what} has {prompt_tokens} tokens and the "
+                f"maximum sequence length is {max_seq_len}, so at most {room} tokens can be generated"
+            )
+        return min(self.max_tokens, room)
+
 
 HEADER = struct.Struct("<I")
 #: Largest frame accepted, bytes (a Start carries at most a few MB of inputs).
@@ -57,13 +165,13 @@ MAX_FRAME_BYTES = 256 << 20
 
 # ------------------------------------------------------------------ commands (worker -> stream process)
 class Config(NamedTuple):
-    """What the stream process builds its :class:`cog_triton.generation.Generator` from; the first command."""
+    """What the stream process builds its :class:`cog_triton.streaming.generation.Generator` from; the first command."""
 
     generator: "GeneratorConfig"
     stream_interval_s: float
     #: Report when each phase of a prediction's start happened (:class:`Timings`; COG_TRITON_TIMING_METRICS).
     timing: bool = False
-    #: The stream interval under load (:class:`cog_triton.coalesce.StreamLoad`): its longest, seconds, and the
+    #: The stream interval under load (:class:`cog_triton.streaming.coalesce.StreamLoad`): its longest, seconds, and the
     #: running streams of this process the base interval serves (0: it never grows).
     stream_interval_max_s: float = 0.0
     stream_interval_streams: float = 0.0
@@ -153,7 +261,7 @@ class Cancelled(NamedTuple):
 
 class Stats(NamedTuple):
     """LoRA adapter counts since the last report (``{name: increment}``,
-    :meth:`cog_triton.lora.tasks.Adapters.take_counts`)."""
+    :meth:`cog_triton.streaming.lora.tasks.Adapters.take_counts`)."""
 
     counts: dict[str, int]
 

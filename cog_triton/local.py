@@ -30,7 +30,7 @@ from typing import Any, Iterator, Mapping, Optional
 
 import httpx
 
-from cog_triton.schema import install_for_coglet
+from cog_triton.worker.schema import install_for_coglet
 from cog_triton.settings import REPO_ROOT
 
 log = logging.getLogger(__name__)

@@ -186,7 +186,7 @@ class Settings(BaseSettings):
     add_special_tokens: Optional[bool] = Field(
         default=None,
         description="Add the tokenizer's special tokens (BOS) to every prompt (true) or to none (false); "
-        "default: decided per request (cog_triton.prompt): not with the chat template, which writes its own, "
+        "default: decided per request (cog_triton.streaming.prompt): not with the chat template, which writes its own, "
         "and with a prompt_template or plain prompt unless it already starts with the BOS token.",
     )
     special_tokens_in_user_text: bool = Field(
@@ -356,7 +356,7 @@ class Settings(BaseSettings):
     gpu_device_ids: Optional[str] = Field(default=None, description="Comma-separated GPU ids for the backend.")
     mpirun: str = Field(default="mpirun", description="mpirun binary for world_size > 1.")
 
-    # --- Prometheus endpoint (cog_triton/exporter.py; docs/operations.md, Metrics) ------------
+    # --- Prometheus endpoint (cog_triton/worker/exporter.py; docs/operations.md, Metrics) ------------
     prometheus_port: int = Field(
         default=9464,
         ge=0,
@@ -461,7 +461,7 @@ class Settings(BaseSettings):
     @field_validator("fetch_allow_networks", "fetch_allow_hosts", "fetch_allow_hf_owners")
     @classmethod
     def _check_fetch_lists(cls, value: str, info: ValidationInfo) -> str:
-        from cog_triton.fetch_rules import parse_hosts, parse_networks, parse_owners  # noqa: PLC0415
+        from cog_triton.fetch.rules import parse_hosts, parse_networks, parse_owners  # noqa: PLC0415
 
         parse = {"fetch_allow_networks": parse_networks, "fetch_allow_hosts": parse_hosts,
                  "fetch_allow_hf_owners": parse_owners}[info.field_name]

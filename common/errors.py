@@ -22,7 +22,7 @@ The tree::
     │   ├── LoraAdapterError   lora_weights cannot be fetched, is not a PEFT LoRA adapter, or does not fit
     │   └── FetchRefusedError  the fetch rules refuse where an input would fetch from (address, http://, host)
     ├── IncompleteOutputError  a guided output reached the token limit before its document was complete
-    ├── StreamProcessError     a stream process (cog_triton.streamer) died or could not be reached
+    ├── StreamProcessError     a stream process (cog_triton.streaming.streamer) died or could not be reached
     └── TritonError            the Triton Inference Server failed
         ├── TritonStartupError Triton did not become ready (carries the tail of its log)
         ├── TritonDiedError    Triton exited while running
@@ -80,7 +80,7 @@ class DownloadError(WeightsError):
 
 class FetchDeadlineError(DownloadError):
     """A fetch did not finish within its deadline, which bounds all of it (connections, TLS, response headers,
-    bodies, redirects, retries; ``cog_triton.fetch_deadline``). The message names the deadline and its setting."""
+    bodies, redirects, retries; ``cog_triton.fetch.deadline``). The message names the deadline and its setting."""
 
     code = "download_deadline"
 
@@ -130,7 +130,7 @@ class LoraAdapterError(InputError):
 
 
 class FetchRefusedError(InputError):
-    """A fetch that an input asks for goes where the fetch rules (``cog_triton.fetch_rules``) do not allow: a
+    """A fetch that an input asks for goes where the fetch rules (``cog_triton.fetch.rules``) do not allow: a
     loopback, private, link-local or otherwise non-public address, plain http://, a host or Hub owner not on the
     allow-list. Raised before any byte is sent there; the message names the rule, the value and the setting
     that allows it."""
@@ -145,7 +145,7 @@ class IncompleteOutputError(CogTritonError):
 
 
 class StreamProcessError(CogTritonError):
-    """A stream process (the per-token work, cog_triton.streamer) died with the prediction running, or none runs."""
+    """A stream process (the per-token work, cog_triton.streaming.streamer) died with the prediction running, or none runs."""
 
     code = "stream_process_failed"
 

@@ -42,12 +42,12 @@ TARGET = 0.90
 
 # module -> its fast unit tests (no integration tests: those are deselected with -m "not integration" too)
 MODULES: dict[str, list[str]] = {
-    "cog_triton/stop.py": ["tests/test_stop.py"],
-    "cog_triton/detokenizer.py": ["tests/test_detokenizer.py"],
-    "cog_triton/inputs.py": ["tests/test_inputs.py"],
+    "cog_triton/streaming/stop.py": ["tests/test_stop.py"],
+    "cog_triton/streaming/detokenizer.py": ["tests/test_detokenizer.py"],
+    "cog_triton/worker/inputs.py": ["tests/test_inputs.py"],
     # conversations (render_messages, encode_messages, template_roles) are tested with the guided-decoding ones;
     # only those (tokenizer only): the rest of test_guided.py runs torch, which a forked mutant run can hang on
-    "cog_triton/prompt.py": ["tests/test_prompt.py"] + [
+    "cog_triton/streaming/prompt.py": ["tests/test_prompt.py"] + [
         f"tests/test_guided.py::test_{name}" for name in (
             "a_conversation_is_the_chat_templates_exact_tokens", "system_prompt_and_a_system_message_are_not_combined",
             "roles_are_checked_against_the_template", "special_tokens_in_message_content_stay_text",
@@ -55,7 +55,7 @@ MODULES: dict[str, list[str]] = {
             "template_roles_finds_the_roles_a_template_names", "messages_without_a_chat_template_are_refused",
         )
     ],
-    "cog_triton/guided.py": ["tests/test_guided.py"],
+    "cog_triton/streaming/guided.py": ["tests/test_guided.py"],
     "tensorrtllm_backend/templates.py": ["tests/test_templates.py"],
 }
 
@@ -63,19 +63,19 @@ MODULES: dict[str, list[str]] = {
 # the child can block for ever on a lock copied in its locked state (seen: a prompt.py mutant waiting on a futex
 # with all of test_guided.py). For these, mutmut forks each mutant's run from a fork server that has only imported the
 # tests (mutmut's process_isolation = forkserver).
-FORKSERVER = {"cog_triton/guided.py"}
+FORKSERVER = {"cog_triton/streaming/guided.py"}
 
 # mutmut's exit-code classes (mutmut/stats.py status_by_exit_code), folded into the report's columns
 KILLED, SURVIVED, TIMEOUT, NO_TESTS = "killed", "survived", "timeout", "no tests"
 
 
 def slug(module: str) -> str:
-    """cog_triton/stop.py -> cog_triton.stop (the report and equivalents file name, and mutmut's name prefix)."""
+    """cog_triton/streaming/stop.py -> cog_triton.streaming.stop (the report and equivalents file name, and mutmut's name prefix)."""
     return module.removesuffix(".py").replace("/", ".")
 
 
 def resolve_module(arg: str) -> str:
-    """Accepts cog_triton/stop.py, cog_triton.stop or just stop."""
+    """Accepts cog_triton/streaming/stop.py, cog_triton.streaming.stop or just stop."""
     for module in MODULES:
         if arg in (module, slug(module), Path(module).stem, Path(module).name):
             return module

@@ -51,7 +51,7 @@ refused unless the operator allowed remote code (``COG_TRITON_LLM_TRUST_REMOTE_C
 ``module.py`` must be in the folder (code of another repository, ``repo--module.Class``, is refused: nothing would
 fetch it). Phi-4-multimodal needs its repository's code in every case (``Phi4MMInputProcessor`` raises "trust_remote_code
 must be True for Phi4MM", and ``_load_phi4mm_classes`` loads its modeling code: ``modeling_phi4mm.py``
-@``024c9727``). The predictor's own tokenizer (the stream processes, ``cog_triton/generation.py``) loads without
+@``024c9727``). The predictor's own tokenizer (the stream processes, ``cog_triton/streaming/generation.py``) loads without
 remote code: a tokenizer only its repository's code implements fails there even with the setting.
 
 **Quantization** (:func:`checkpoint_quantization`). ``ModelConfig.from_pretrained`` (``_torch/model_config.py``,

@@ -393,7 +393,7 @@ def pytorch_limits(args: Mapping[str, Any]) -> ModelLimits:
 def pytorch_lora_spec(info: "WeightsInfo", args: Mapping[str, Any], base_model: str = "") -> LoraSpec:
     """What LoRA adapters the checkpoint serves on the PyTorch backend with ``args``: off without ``lora_config``;
     else adapters of rank up to ``lora_config.max_lora_rank`` on ``lora_target_modules``, checked per request by
-    :func:`cog_triton.lora.convert.convert` (an adapter of a larger rank is refused naming its rank and the limit)."""
+    :func:`cog_triton.streaming.lora.convert.convert` (an adapter of a larger rank is refused naming its rank and the limit)."""
     arch = info.architecture
     lora = args.get("lora_config")
     if not isinstance(lora, Mapping):

@@ -28,7 +28,7 @@ TRITON_SERVER_VERSION = "2.71.0"
 # stored requirements.txt (@000867d9, late 2025: transformers 4.57.1, tensorrt 10.13.3) still has 0.1.25 and
 # none is stored at 376f7e1b, so `pip show xgrammar` in the image confirms it (docs/engines.md). The GPU
 # image ships it with tensorrt_llm; scripts/setup installs the same release for the CPU reference backend
-# and the predictor's guide checks (cog_triton/guided.py), so guides compile identically.
+# and the predictor's guide checks (cog_triton/streaming/guided.py), so guides compile identically.
 XGRAMMAR_VERSION = "0.1.32"
 # The Hugging Face libraries of the GPU image's Python, as far as our Hub code sees them: that requirements.txt
 # (@000867d9) pins transformers 4.57.1, whose METADATA requires huggingface-hub>=0.34.0,<1.0 and

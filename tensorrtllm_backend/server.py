@@ -36,6 +36,7 @@ and stopped; :class:`TritonServer` is half of it, and the shared-memory cleanup 
 from __future__ import annotations
 
 import collections
+import importlib.util
 import itertools
 import ctypes
 import logging
@@ -124,11 +125,12 @@ def _check_embedded_libpython(stub: Path, version: str) -> None:
 
 def _pytriton_installation(work_dir: Path) -> Optional[TritonInstallation]:
     """Build a backend directory from the nvidia-pytriton bundle for the running Python, if installed."""
-    try:
-        import pytriton  # noqa: PLC0415
-    except ImportError:
+    # Found, not imported: the pytriton package imports its Triton clients (tritonclient's gRPC and HTTP, aiohttp,
+    # gevent), which the Cog worker, where this runs, never uses (the stream processes talk to Triton).
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
         return None
-    dist = Path(pytriton.__file__).resolve().parent / "tritonserver"
+    dist = Path(list(spec.submodule_search_locations)[0]).resolve() / "tritonserver"
     binary = dist / "bin" / "tritonserver"
     if not binary.is_file():
         return None

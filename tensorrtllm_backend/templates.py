@@ -22,24 +22,57 @@ guided-decoding and LoRA parameters and the validation; splitting them would spr
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
 import shutil
 import string
+import sys
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Mapping, Optional
 
 from google.protobuf import text_format
-from tritonclient.grpc import model_config_pb2
 
 from common.errors import TemplateError
 from tensorrtllm_backend.engine import XGRAMMAR_TOKENIZER_INFO_NAME, WeightsInfo
 from tensorrtllm_backend.lora import TRITON_DATATYPES, spec_to_parameters
 
 log = logging.getLogger(__name__)
+
+MODEL_CONFIG_PB2 = "tritonclient.grpc.model_config_pb2"
+
+
+def _model_config_pb2() -> ModuleType:
+    """tritonclient's generated ``inference.ModelConfig`` protobuf module (it imports only google.protobuf), loaded
+    from its file without running ``tritonclient.grpc``'s ``__init__``, which imports grpc and the whole gRPC client:
+    the Cog worker renders the model repository and never talks gRPC, so it does not load them (the stream processes
+    do). Under its own name in ``sys.modules``, so a later ``import tritonclient.grpc`` finds and keeps this one (the
+    protobuf descriptors are registered once)."""
+    module = sys.modules.get(MODEL_CONFIG_PB2)
+    if module is not None:
+        return module
+    package = importlib.util.find_spec("tritonclient")
+    if package is None or not package.submodule_search_locations:
+        raise ImportError("tritonclient is not installed (requirements.txt): the model repository's configs are its "
+                          "ModelConfig protobuf")
+    path = Path(list(package.submodule_search_locations)[0]) / "grpc" / "model_config_pb2.py"
+    spec = importlib.util.spec_from_file_location(MODEL_CONFIG_PB2, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[MODEL_CONFIG_PB2] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[MODEL_CONFIG_PB2]
+        raise
+    return module
+
+
+model_config_pb2 = _model_config_pb2()
 
 # Parameters the TensorRT-LLM C++ backend reads with ModelState::GetParameter and no try/catch or
 # default, so a config without the key fails to load with "unexpected error when creating

@@ -1,6 +1,6 @@
-"""Test helper: an async iterator of text handed to coglet through cog_triton.cog_bridge.
+"""Test helper: an async iterator of text handed to coglet through cog_triton.worker.cog_bridge.
 
-The product's producer is a stream process (cog_triton.stream_pool puts its text chunks on the prediction's
+The product's producer is a stream process (cog_triton.worker.stream_pool puts its text chunks on the prediction's
 output); the bridge's own tests and toy predictors need a producer without Triton, so this one runs an
 async iterator as a task on the running loop and puts its items on a output. The bridge's parts under test
 (the output, the generator coglet iterates, the cancel hook) are the product's.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import AsyncIterator, Iterator, Optional
 
-from cog_triton import cog_bridge
+from cog_triton.worker import cog_bridge
 
 
 async def relay(source: AsyncIterator[str]) -> Iterator[str]:

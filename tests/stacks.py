@@ -60,5 +60,5 @@ def stack_processes(stack: dict[str, Any]) -> dict[str, Any]:
         "cog": cog.proc.pid if cog.proc is not None and cog.proc.poll() is None else None,
         "tritonserver": sorted(pids_mentioning("tritonserver", f"--model-repository={stack['repo']}")),
         "stubs": sorted(set(pids_mentioning("triton_python_backend_stub", str(stack["repo"]))) & below),
-        "stream processes": sorted(set(pids_mentioning("cog_triton.streamer")) & below),
+        "stream processes": sorted(set(pids_mentioning("cog_triton.streaming.streamer")) & below),
     }

@@ -280,7 +280,7 @@ def test_standin_in_triton_streams_the_text_and_answers_stop(standin_triton, hf_
     response (checked failing with the reference glue's stop made a no-op)."""
     import asyncio
 
-    from cog_triton.client import GenerateRequest, TritonClient
+    from cog_triton.streaming.client import GenerateRequest, TritonClient
 
     cycle = standin.text_token_ids(hf_tokenizer, (STANDIN / "text.txt").read_text(encoding="utf-8"))
 
@@ -470,7 +470,7 @@ def test_at_128_streams_every_prediction_gets_exactly_what_the_engine_sent(tmp_p
     """The lost-token check under overload: 128 concurrent predictions through the real Cog server and
     Triton on this 2-core machine, the stand-in sending from 4 threads (as the C++ backend's several
     response paths can). Over HTTP generate_stream, 107-215 of 256 such predictions ended short
-    (cog_triton/client.py); every prediction must now get every token, its text exactly the decode of
+    (cog_triton/streaming/client.py); every prediction must now get every token, its text exactly the decode of
     what the engine sent, and the engine must have sent every response. 32 tokens each by default; 96 in the
     long version (``--soak``)."""
     out = tmp_path / "bench"

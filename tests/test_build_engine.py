@@ -31,9 +31,10 @@ from typing import Any
 import pytest
 
 from common.errors import BuildError, IncompatibleWeightsError, ManifestError, TritonStartupError
-from cog_triton.inputs import PredictInputs
+from cog_triton.ipc import PredictInputs
+from cog_triton.worker.inputs import validate_inputs
 from cog_triton.local import WeightsHTTPServer, free_port
-from cog_triton.service import LLMService
+from cog_triton.worker.service import LLMService
 from cog_triton.settings import REPO_ROOT, Settings
 from cog_triton.weights import fetch_weights
 from tensorrtllm_backend.build import plan_build, preflight, trtllm_build_argv
@@ -527,7 +528,7 @@ def test_reference_archive_serves_end_to_end(reference_archive: Path, tmp_path: 
         assert (service.info.limits.max_input_len, service.info.limits.max_seq_len) == (3072, 4096)
 
         async def run() -> str:
-            inputs = PredictInputs.validate(prompt="What is 2+2?", max_tokens=12, temperature=0)
+            inputs = validate_inputs(prompt="What is 2+2?", max_tokens=12, temperature=0)
             return "".join([part async for part in service.generate(inputs)])
 
         text = asyncio.run(run())

@@ -1,4 +1,4 @@
-"""Tests of cog_triton.client against a real gRPC server that speaks Triton's ModelStreamInfer.
+"""Tests of cog_triton.streaming.client against a real gRPC server that speaks Triton's ModelStreamInfer.
 
 The server (grpc.aio, tritonclient's generated service definition) plays Triton's side of the
 stream: a scenario per test decides what it sends for each request. Triton itself is exercised by
@@ -19,7 +19,7 @@ import pytest
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from common.errors import InferenceError, TritonError
-from cog_triton.client import GenerateChunk, GenerateRequest, LoraTensors, TritonClient, parse_response
+from cog_triton.streaming.client import GenerateChunk, GenerateRequest, LoraTensors, TritonClient, parse_response
 from cog_triton.settings import REPO_ROOT
 from tensorrtllm_backend.templates import fill_template, parse_model_config
 

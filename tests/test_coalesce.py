@@ -1,4 +1,4 @@
-"""cog_triton.coalesce.IntervalFlusher: the stream interval, on a clock the tests move by hand."""
+"""cog_triton.streaming.coalesce.IntervalFlusher: the stream interval, on a clock the tests move by hand."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from cog_triton import coalesce
-from cog_triton.coalesce import IntervalFlusher
+from cog_triton.streaming import coalesce
+from cog_triton.streaming.coalesce import IntervalFlusher
 
 
 class Clock:

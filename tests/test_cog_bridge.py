@@ -1,4 +1,4 @@
-"""cog_triton.cog_bridge: the facts about coglet 0.23.1 it relies on, reproduced with the installed
+"""cog_triton.worker.cog_bridge: the facts about coglet 0.23.1 it relies on, reproduced with the installed
 coglet, and the bridge itself.
 
 The coglet facts run small predictors (no Triton) under the real Cog HTTP server, with
@@ -25,7 +25,7 @@ from typing import Any, AsyncIterator, Iterator
 import httpx
 import pytest
 
-from cog_triton import cog_bridge
+from cog_triton.worker import cog_bridge
 from cog_triton.local import free_port
 from cog_triton.settings import REPO_ROOT
 from tests.bridge_source import relay
@@ -38,7 +38,7 @@ PREAMBLE = textwrap.dedent(
     import cog
     from cog import AsyncConcatenateIterator, BasePredictor, ConcatenateIterator, Input
     sys.path.insert(0, {str(REPO_ROOT)!r})
-    from cog_triton import cog_bridge
+    from cog_triton.worker import cog_bridge
     from tests.bridge_source import relay
 
     def note(text):

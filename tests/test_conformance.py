@@ -875,7 +875,7 @@ def test_a_lora_adapter_gives_peft_s_output(server, prompts, adapter):
     folder, expected = adapter
     task = {"lora_task_id": np.array([[4242]], np.uint64)}
     if server["impl"] == "reference":
-        from cog_triton.lora.convert import convert
+        from cog_triton.streaming.lora.convert import convert
         from tensorrtllm_backend.engine import inspect_weights
         from tests.lora_adapters import adapter_config
 
@@ -1055,7 +1055,7 @@ def test_a_known_lora_task_id_with_another_adapter(server, prompts, adapter, tmp
     def tensors_of(path):
         if server["impl"] == "pytorch":
             return {"lora_path": np.array([[str(path).encode()]], dtype=np.object_)}
-        from cog_triton.lora.convert import convert
+        from cog_triton.streaming.lora.convert import convert
         from tensorrtllm_backend.engine import inspect_weights
         from tests.lora_adapters import adapter_config
 

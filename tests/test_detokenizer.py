@@ -1,4 +1,4 @@
-"""Tests of cog_triton.detokenizer.IncrementalDetokenizer against the real SmolLM2 tokenizer."""
+"""Tests of cog_triton.streaming.detokenizer.IncrementalDetokenizer against the real SmolLM2 tokenizer."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from cog_triton.detokenizer import _ends_inside_a_character, IncrementalDetokenizer  # noqa: E402
+from cog_triton.streaming.detokenizer import _ends_inside_a_character, IncrementalDetokenizer  # noqa: E402
 
 CHECKPOINT = Path(__file__).resolve().parents[1] / "build" / "default_model" / "checkpoint"
 FFFD = "\ufffd"
@@ -416,13 +416,13 @@ def test_the_byte_table_is_the_inverse_of_transformers_bytes_to_unicode():
     """_BYTE_DECODER is built once at import; the builder itself is compared with GPT-2's table."""
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-    from cog_triton.detokenizer import _byte_decoder
+    from cog_triton.streaming.detokenizer import _byte_decoder
 
     assert _byte_decoder() == {char: byte for byte, char in bytes_to_unicode().items()}
 
 
 def test_token_bytes_of_byte_fallback_and_byte_level_tokens():
-    from cog_triton.detokenizer import _token_bytes
+    from cog_triton.streaming.detokenizer import _token_bytes
 
     assert _token_bytes("<0xE2>") == b"\xe2"  # sentencepiece byte fallback: hexadecimal
     assert _token_bytes("<0x0a>") == b"\n"
@@ -475,7 +475,7 @@ def test_a_stream_cut_after_the_lead_byte_of_e_acute_loses_only_that_character(t
 
 
 def _warnings(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "cog_triton.detokenizer"]
+    return [r.getMessage() for r in caplog.records if r.name == "cog_triton.streaming.detokenizer"]
 
 
 @pytest.mark.parametrize(("first", "degrades_at"), [(2, 5), (3, 4)])  # 8 carried over: not yet; 9: stop
@@ -590,7 +590,7 @@ def test_a_decode_that_changes_earlier_text_is_held_back_and_reconciled_at_the_e
 
 
 def test_common_prefix_len():
-    from cog_triton.detokenizer import _common_prefix_len
+    from cog_triton.streaming.detokenizer import _common_prefix_len
 
     pairs = [("abc", "abd"), ("ab", "abc"), ("abc", "ab"), ("", "x"), ("axc", "ayc"), ("abcd", "abcd")]
     assert [_common_prefix_len(a, b) for a, b in pairs] == [2, 2, 2, 0, 1, 4]

@@ -177,7 +177,7 @@ def test_the_module_map_names_every_module_and_only_real_ones() -> None:
     listed = set()
     for name in named:
         module, _, attribute = name.rpartition(".")
-        if name not in modules and attribute[:1].isupper():  # cog_triton.service.LLMService
+        if name not in modules and attribute[:1].isupper():  # cog_triton.worker.service.LLMService
             name = module
         assert name in modules, f"{name} in the module map is not a module"
         listed.add(name)

@@ -1,4 +1,4 @@
-"""The Prometheus metrics (cog_triton.exporter): a prediction sequence gives its counts, and the endpoint
+"""The Prometheus metrics (cog_triton.worker.exporter): a prediction sequence gives its counts, and the endpoint
 serves them with Triton's own text.
 
 Real parts throughout: prometheus_client's registry and its text parser, the endpoint's HTTP server on a
@@ -20,9 +20,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from common.errors import ConfigError, InferenceError, InputError, TritonDiedError
-from cog_triton.exporter import CONTENT_TYPE, MetricsServer, ServiceMetrics, serve_metrics
+from cog_triton.worker.exporter import CONTENT_TYPE, MetricsServer, ServiceMetrics, serve_metrics
 from cog_triton.local import free_port
-from cog_triton.metrics import INPUT_TOKEN_COUNT, OUTPUT_TOKEN_COUNT, record_time_to_first_token
+from cog_triton.worker.metrics import INPUT_TOKEN_COUNT, OUTPUT_TOKEN_COUNT, record_time_to_first_token
 
 #: A few lines as Triton 2.51 serves them (metric names and labels of its /metrics; values made up).
 TRITON_TEXT = (

@@ -79,9 +79,9 @@ def wait_for_end(runs: list[dict[str, Any]], bound_s: float, what: str) -> None:
 
 
 def stream_pids(cog: CogServer) -> list[int]:
-    """The predictor's stream processes (python -m cog_triton.streamer) under this Cog server."""
+    """The predictor's stream processes (python -m cog_triton.streaming.streamer) under this Cog server."""
     assert cog.proc is not None
-    return sorted(set(pids_mentioning("cog_triton.streamer")) & descendants_of(cog.proc.pid))
+    return sorted(set(pids_mentioning("cog_triton.streaming.streamer")) & descendants_of(cog.proc.pid))
 
 
 def health(stack) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""One deadline per fetch, enforced from outside the reads (cog_triton.fetch_deadline), against real servers that
+"""One deadline per fetch, enforced from outside the reads (cog_triton.fetch.deadline), against real servers that
 hold a fetch the way an attacker's would (tests/slow_server.py: response headers dripped a byte at a time under
 any per-read timeout, a body dripped below the minimum rate's window, a TLS handshake that never completes, a
 redirect to such a server, a Hub endpoint that drips), through each client a fetch uses: httpx (weights and
@@ -22,13 +22,14 @@ import pytest
 import requests
 
 from common.errors import FetchDeadlineError, LoraAdapterError
-from cog_triton.fetch_deadline import FetchDeadline
-from cog_triton.fetch_guard import FetchGuard, guarded_requests_session
-from cog_triton.fetch_rules import FetchRules
+from cog_triton.fetch.deadline import FetchDeadline
+from cog_triton.fetch.guard import FetchGuard, guarded_requests_session
+from cog_triton.fetch.rules import FetchRules
 from cog_triton.local import CogServer, serving_env
-from cog_triton.lora.refs import parse_adapter_ref
-from cog_triton.lora.store import AdapterStore, StoreLimits
-from cog_triton.lora.tasks import Adapters
+from cog_triton.fetch.adapter_refs import parse_adapter_ref
+from cog_triton.streaming.lora.store import AdapterStore
+from cog_triton.plan import StoreLimits
+from cog_triton.streaming.lora.tasks import Adapters
 from cog_triton.weights import fetch_weights
 from tensorrtllm_backend.lora import LoraSpec
 from tests.slow_server import SlowServer, certificate

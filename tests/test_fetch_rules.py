@@ -1,11 +1,11 @@
-"""The fetch rules (cog_triton.fetch_rules): which addresses, schemes, hosts and Hub owners an input may make
-the server fetch from, and their enforcement (cog_triton.fetch_guard): the guarded httpx transport that checks
+"""The fetch rules (cog_triton.fetch.rules): which addresses, schemes, hosts and Hub owners an input may make
+the server fetch from, and their enforcement (cog_triton.fetch.guard): the guarded httpx transport that checks
 the address actually connected to.
 
 Real sockets and HTTP servers on 127.0.0.1 / 127.0.0.2 throughout. A public address cannot be had here (no
 internet), so the tests that need one let 127.0.0.1 through with COG_TRITON_FETCH_ALLOW_NETWORKS' rule
 (``allow_networks``) and give the backend their own resolver (rebinding) or connector (a peer other than
-the one asked for): the two injectable parts of :class:`cog_triton.fetch_guard.GuardedBackend`.
+the one asked for): the two injectable parts of :class:`cog_triton.fetch.guard.GuardedBackend`.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import httpx
 import pytest
 
 from common.errors import ConfigError, FetchRefusedError, InputError
-from cog_triton.fetch_guard import FetchGuard, guarded_requests_session, guarded_transport, hub_guard
-from cog_triton.fetch_rules import FetchRules, address_problem, parse_hosts, parse_networks, parse_owners
+from cog_triton.fetch.guard import FetchGuard, guarded_requests_session, guarded_transport, hub_guard
+from cog_triton.fetch.rules import FetchRules, address_problem, parse_hosts, parse_networks, parse_owners
 from cog_triton.settings import Settings
 from cog_triton.weights import fetch_weights
 
@@ -603,7 +603,7 @@ def test_each_huggingface_hub_generation_gets_its_guarded_client(listener: Liste
     import huggingface_hub
     from huggingface_hub.errors import OfflineModeIsEnabled
 
-    from cog_triton.fetch_guard import _install
+    from cog_triton.fetch.guard import _install
 
     factories: list = []
     old = types.SimpleNamespace(__version__="0.36.0", constants=types.SimpleNamespace(),
@@ -629,7 +629,7 @@ def test_each_huggingface_hub_generation_gets_its_guarded_client(listener: Liste
 
 
 def test_the_http_client_internals_the_guard_relies_on_are_there() -> None:
-    """cog_triton.fetch_guard reaches three places no public API offers (an upgrade that moves one fails here first,
+    """cog_triton.fetch.guard reaches three places no public API offers (an upgrade that moves one fails here first,
     naming it, rather than as a fetch that is no longer checked):
 
     * httpx's (and httpx2's) ``HTTPTransport`` sends every request through its ``_pool`` (httpx 0.28.1

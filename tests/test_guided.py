@@ -1,7 +1,7 @@
-"""Structured output and conversations, unit level: the guide inputs and their checks (cog_triton.guided),
+"""Structured output and conversations, unit level: the guide inputs and their checks (cog_triton.streaming.guided),
 the request JSON, the model-repository side (templates, ensemble, reference config), guided decoding
 in the CPU reference model with the real SmolLM2 checkpoint and xgrammar, and conversations rendered
-with the chat template (cog_triton.prompt). The end-to-end path is in tests/test_integration.py."""
+with the chat template (cog_triton.streaming.prompt). The end-to-end path is in tests/test_integration.py."""
 
 from __future__ import annotations
 
@@ -15,11 +15,14 @@ import pytest
 from tritonclient.grpc import model_config_pb2
 
 from common.errors import IncompleteOutputError, InputError
-from cog_triton.client import GenerateRequest
-from cog_triton.guided import Guide, GuideChecker, select_guide, xgrammar_reason
-from cog_triton.inputs import PredictInputs
-from cog_triton.prompt import PromptTokenizer, template_roles
-from cog_triton.generation import Generator
+from cog_triton.streaming.client import GenerateRequest
+from cog_triton.streaming.guided import GuideChecker, xgrammar_reason
+from cog_triton.ipc import Guide
+from cog_triton.worker.guides import select_guide
+from cog_triton.ipc import PredictInputs
+from cog_triton.worker.inputs import validate_inputs
+from cog_triton.streaming.prompt import PromptTokenizer, template_roles
+from cog_triton.streaming.generation import Generator
 from cog_triton.settings import REPO_ROOT
 from tensorrtllm_backend.engine import XGRAMMAR_TOKENIZER_INFO_NAME, ModelLimits, WeightsInfo
 from tensorrtllm_backend.templates import RenderOptions, guided_decoding_of, render_model_repository
@@ -99,10 +102,10 @@ def test_select_guide_refuses_contradictions_and_non_schemas(kwargs: dict[str, s
 
 
 def test_predict_inputs_carry_the_guide_and_messages() -> None:
-    inputs = PredictInputs.validate(messages='[{"role": "user", "content": "Hi"}]', regex="[a-z]+", seed=1)
+    inputs = validate_inputs(messages='[{"role": "user", "content": "Hi"}]', regex="[a-z]+", seed=1)
     assert inputs.messages == [{"role": "user", "content": "Hi"}] and inputs.prompt == ""
     assert inputs.guide == Guide("regex", "[a-z]+", "regex")
-    assert PredictInputs.validate(prompt="Hi", seed=1).guide is None
+    assert validate_inputs(prompt="Hi", seed=1).guide is None
 
 
 @pytest.mark.parametrize(
@@ -123,13 +126,13 @@ def test_predict_inputs_carry_the_guide_and_messages() -> None:
 )
 def test_messages_input_is_validated(kwargs: dict[str, Any], fragments: list[str]) -> None:
     with pytest.raises(InputError) as info:
-        PredictInputs.validate(seed=1, **kwargs)
+        validate_inputs(seed=1, **kwargs)
     for fragment in fragments:
         assert fragment in str(info.value), (fragment, str(info.value))
 
 
 def test_token_budget_names_the_conversation() -> None:
-    inputs = PredictInputs.validate(messages='[{"role": "user", "content": "Hi"}]', seed=1)
+    inputs = validate_inputs(messages='[{"role": "user", "content": "Hi"}]', seed=1)
     with pytest.raises(InputError) as info:
         inputs.token_budget(prompt_tokens=500, max_input_len=384, max_seq_len=768)
     message = str(info.value)
@@ -192,7 +195,7 @@ def test_is_complete(checker: GuideChecker, tokenizer) -> None:
 def test_a_guided_output_cut_by_max_tokens_fails_the_prediction(checker: GuideChecker, tokenizer) -> None:
     service = Generator.__new__(Generator)
     service.guides = checker
-    inputs = PredictInputs.validate(prompt="x", json_schema=json.dumps(PERSON), max_tokens=8, seed=1)
+    inputs = validate_inputs(prompt="x", json_schema=json.dumps(PERSON), max_tokens=8, seed=1)
     request = GenerateRequest(input_ids=[1], max_tokens=8)
     cut = tokenizer('{"name": "Ann", "age"', add_special_tokens=False)["input_ids"]
     with pytest.raises(IncompleteOutputError) as info:

@@ -1,4 +1,4 @@
-"""cog_triton.hub_errors: what a failed huggingface_hub call means, under whichever major is installed (the venv's
+"""cog_triton.fetch.hub_errors: what a failed huggingface_hub call means, under whichever major is installed (the venv's
 2.x here; tests/test_weights_hub_0x.py runs this module again under 0.36). The Hub's error answers are made by
 huggingface_hub's own ``hf_raise_for_status`` from a response of its HTTP stack (requests in 0.x, httpx2 in 2.x),
 so each class is the one that major really raises; the transport errors are the stacks' own classes."""
@@ -14,7 +14,7 @@ import requests
 from huggingface_hub import errors as hf
 from huggingface_hub.utils import hf_raise_for_status
 
-from cog_triton.hub_errors import KINDS, classify_hub_error
+from cog_triton.fetch.hub_errors import KINDS, classify_hub_error
 
 MAJOR = int(huggingface_hub.__version__.split(".")[0])
 URL = "https://hub.example/me/tiny/resolve/main/config.json"

@@ -1,4 +1,4 @@
-"""Tests of cog_triton.inputs: validation of every prediction input, the token budget, and prompt
+"""Tests of cog_triton.worker.inputs: validation of every prediction input, the token budget, and prompt
 rendering with the real SmolLM2 tokenizer of the default model."""
 
 from __future__ import annotations
@@ -13,10 +13,12 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import pytest  # noqa: E402
 
 from common.errors import InputError  # noqa: E402
-from cog_triton.guided import Guide  # noqa: E402
-from cog_triton.inputs import FLOAT32_TINY, PredictInputs, check_text  # noqa: E402
-from cog_triton.schema import input_specs  # noqa: E402
-from cog_triton.stop import MAX_STOP_SEQUENCE_LENGTH, MAX_STOP_SEQUENCES  # noqa: E402
+from cog_triton.ipc import Guide
+from cog_triton.worker.inputs import FLOAT32_TINY, check_text
+from cog_triton.ipc import PredictInputs
+from cog_triton.worker.inputs import validate_inputs
+from cog_triton.worker.schema import input_specs  # noqa: E402
+from cog_triton.worker.stop_sequences import MAX_STOP_SEQUENCE_LENGTH, MAX_STOP_SEQUENCES
 
 CHECKPOINT = Path(__file__).resolve().parents[1] / "build" / "default_model" / "checkpoint"
 
@@ -24,7 +26,7 @@ CHECKPOINT = Path(__file__).resolve().parents[1] / "build" / "default_model" / "
 def validate(**overrides: Any) -> PredictInputs:
     kwargs: dict[str, Any] = {"prompt": "Hello", "seed": 1}
     kwargs.update(overrides)
-    return PredictInputs.validate(**kwargs)
+    return validate_inputs(**kwargs)
 
 
 def rejected(**overrides: Any) -> str:
@@ -181,7 +183,7 @@ def test_bad_stop_sequences(value: Any, fragments: list[str]) -> None:
 
 
 def test_defaults_are_valid_and_come_from_the_schema() -> None:
-    inputs = PredictInputs.validate(prompt="Hello")
+    inputs = validate_inputs(prompt="Hello")
     defaults = {name: spec.default for name, spec in input_specs().items() if spec.type in ("number", "integer")}
     defaults.pop("seed")
     assert defaults == {
@@ -367,7 +369,8 @@ def test_the_generator_holds_prompts_to_the_executors_limit_before_triton() -> N
     at most min(max_seq_len - 1, max_num_tokens) prompt tokens (trtGptModel.h), so a longer prompt is refused
     here, naming both numbers and the rule, instead of failing in Triton; with chunked context on it fits.
     No Triton runs: prepare() only tokenizes and builds the request (the address is never dialled)."""
-    from cog_triton.generation import GeneratorConfig, build_generator
+    from cog_triton.streaming.generation import build_generator
+    from cog_triton.plan import GeneratorConfig
     from tensorrtllm_backend.engine import ModelLimits
 
     limits = ModelLimits(8, max_input_len=4000, max_seq_len=8192, max_num_tokens=64, packed_context_fmha=True)

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from cog_triton.prompt import PromptTokenizer
+from cog_triton.streaming.prompt import PromptTokenizer
 from cog_triton.local import CogServer, WeightsHTTPServer, serving_env
 from tests.proc import pids_mentioning
 from tests.stacks import STACK_SETTINGS
@@ -480,3 +480,19 @@ def test_stop_leaves_no_orphans_and_second_setup_skips_download(fault_stack):
     assert _wait_count(log, "(reused)", reused) == reused + 1
     assert weights.counter[f"/{stack['archive'].name}"] == downloads, "the archive was downloaded twice"
     assert _output(again.predict({"prompt": "Say hi.", "max_tokens": 3, "temperature": 0}))
+
+
+def test_the_running_cog_worker_has_no_grpc_loaded_and_its_stream_processes_do(stack):
+    """The process boundary is a package boundary (issue 33): after predictions ran, the Cog worker has mapped no
+    gRPC library (grpc's ``cygrpc`` extension), while each stream process, which talks to Triton, has."""
+    from benchmarks.procs import server_processes
+
+    assert _output(stack["cog"].predict({"prompt": "Name a colour.", "max_tokens": 4}))
+    roles = server_processes(stack["cog"].proc.pid)
+
+    def maps_grpc(pid: int) -> bool:
+        return "cygrpc" in Path(f"/proc/{pid}/maps").read_text()
+
+    (worker,) = roles["cog_worker"]
+    assert roles.get("stream_proc") and all(maps_grpc(pid) for pid in roles["stream_proc"])
+    assert not maps_grpc(worker)

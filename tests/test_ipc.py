@@ -10,8 +10,9 @@ import pytest
 
 from common.errors import InputError, TritonDiedError
 from cog_triton import ipc
-from cog_triton.generation import GeneratorConfig
-from cog_triton.inputs import PredictInputs
+from cog_triton.plan import GeneratorConfig
+from cog_triton.ipc import PredictInputs
+from cog_triton.worker.inputs import validate_inputs
 from tensorrtllm_backend.engine import ModelLimits
 
 
@@ -25,7 +26,7 @@ def pair():
 
 def test_every_message_arrives_typed_with_its_fields(pair) -> None:
     ours, theirs = pair
-    inputs = PredictInputs.validate(prompt="Hi", temperature=0)
+    inputs = validate_inputs(prompt="Hi", temperature=0)
     config = GeneratorConfig(tokenizer_dir=Path("/tok"), limits=ModelLimits(max_batch_size=8, max_input_len=64, max_seq_len=128), grpc_address="127.0.0.1:1")
     commands = [ipc.Config(config, 0.05), ipc.Start(7, "req-7", inputs, 12.5), ipc.Cancel(7, False),
                 ipc.Stop("req-3"), ipc.Reconnect()]

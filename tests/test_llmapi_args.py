@@ -15,8 +15,9 @@ import torch
 from safetensors.torch import save
 
 from common.errors import ConfigError, IncompatibleWeightsError, InputError, LoraAdapterError
-from cog_triton.inputs import PredictInputs
-from cog_triton.lora.convert import convert
+from cog_triton.ipc import PredictInputs
+from cog_triton.worker.inputs import validate_inputs
+from cog_triton.streaming.lora.convert import convert
 from cog_triton.settings import REPO_ROOT, Settings
 from tensorrtllm_backend.checkpoint import (
     MODELOPT_QUANT_ALGOS,
@@ -270,7 +271,7 @@ def test_the_prompt_limit_follows_max_num_tokens_without_chunked_prefill(monkeyp
     args = build_llm_args(env_settings(monkeypatch, LLM_MAX_NUM_TOKENS="100").llm_api_options(), smollm2)
     limits = pytorch_limits(args)
     assert (limits.executor_max_input_len(), limits.max_seq_len, limits.max_batch_size) == (100, 8192, 2048)
-    inputs = PredictInputs.validate(prompt="hi", max_tokens=10)
+    inputs = validate_inputs(prompt="hi", max_tokens=10)
     assert inputs.token_budget(100, limits.executor_max_input_len(), limits.max_seq_len,
                                limits.input_limit_reason()) == 10
     with pytest.raises(InputError) as refused:
@@ -525,8 +526,8 @@ def test_the_worker_refuses_what_the_sampler_would_ignore(tmp_path):
     """LLMService.validate: under TorchSampler a prediction with a penalty, min_tokens or a seed (when sampling) is
     refused before it leaves the Cog worker, naming the input, the sampler and the setting; a drawn seed is not a
     refusal (it is not sent); the C++ backend and TRTLLMSampler take everything."""
-    from cog_triton.generation import GeneratorConfig
-    from cog_triton.service import LLMService
+    from cog_triton.plan import GeneratorConfig
+    from cog_triton.worker.service import LLMService
     from tensorrtllm_backend.engine import ModelLimits
 
     service = LLMService(Settings())
@@ -561,7 +562,7 @@ def test_a_tensor_parallel_checkpoint_runs_one_triton_under_mpirun_whose_llm_spa
     ranks; not one server per rank as for an engine. mpirun here is a stand-in that records its argv and exits."""
     from common.errors import TritonStartupError
     from cog_triton.local import free_port
-    from cog_triton.service import LLMService
+    from cog_triton.worker.service import LLMService
     from tests.gpu_fakes import fake_nvidia_smi, gpus, path_with
 
     monkeypatch.setenv("PATH", path_with(fake_nvidia_smi(tmp_path / "smi", gpus(2))))

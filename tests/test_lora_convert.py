@@ -1,4 +1,4 @@
-"""cog_triton.lora.convert: PEFT LoRA adapters -> TensorRT-LLM's lora_weights / lora_config, and its refusals.
+"""cog_triton.streaming.lora.convert: PEFT LoRA adapters -> TensorRT-LLM's lora_weights / lora_config, and its refusals.
 
 * Golden: an adapter with the shapes of a Llama-3-8B rank-16 LoRA on all seven projections (layers 0
   and 31; values from a fixed formula, not an RNG) converts to the rows, widths and values recorded in
@@ -22,7 +22,7 @@ import torch
 from safetensors.torch import save
 
 from common.errors import LoraAdapterError
-from cog_triton.lora.convert import check_config, convert
+from cog_triton.streaming.lora.convert import check_config, convert
 from cog_triton.settings import REPO_ROOT
 from tensorrtllm_backend.lora import (
     LORA_MODULE_IDS,

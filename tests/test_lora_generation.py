@@ -1,4 +1,4 @@
-"""LoRA in the predictor's request path: real stream processes (cog_triton.streamer) against FakeTriton
+"""LoRA in the predictor's request path: real stream processes (cog_triton.streaming.streamer) against FakeTriton
 (tests/test_client.py), with an adapter of the bundled model made with peft and served over HTTP.
 
 What Triton answers is produced on purpose, as TensorRT-LLM's executor words it
@@ -20,12 +20,12 @@ from typing import Any, Iterator, Optional
 import pytest
 
 from common.errors import InferenceError, LoraAdapterError, LoraCacheFullError
-from cog_triton.exporter import ServiceMetrics
-from cog_triton.generation import GeneratorConfig
+from cog_triton.worker.exporter import ServiceMetrics
+from cog_triton.plan import GeneratorConfig
 from cog_triton.local import WeightsHTTPServer
-from cog_triton.fetch_rules import FetchRules
-from cog_triton.lora.store import StoreLimits
-from cog_triton.stream_pool import StreamPool
+from cog_triton.fetch.rules import FetchRules
+from cog_triton.plan import StoreLimits
+from cog_triton.worker.stream_pool import StreamPool
 from tensorrtllm_backend.engine import ModelLimits, inspect_weights
 from tensorrtllm_backend.lora import engine_lora_spec
 from tests.lora_adapters import make_adapter, pack
@@ -280,8 +280,8 @@ def test_a_slow_adapter_download_does_not_hold_up_other_streams(  # noqa: F811
 
 
 def test_a_generator_without_lora_support_refuses_adapters(tokenizer):  # noqa: F811
-    from cog_triton.generation import build_generator
-    from cog_triton.lora.refs import parse_adapter_ref
+    from cog_triton.streaming.generation import build_generator
+    from cog_triton.fetch.adapter_refs import parse_adapter_ref
 
     generator = build_generator(GeneratorConfig(tokenizer_dir=CHECKPOINT, limits=LIMITS, grpc_address="127.0.0.1:1"),
                                 tokenizer=tokenizer)
@@ -375,8 +375,8 @@ def test_the_pytorch_backend_never_resends_tensors(pytorch_pool, triton, pytorch
 def test_pytorch_adapter_ids_are_content_hashes_in_every_process(pytorch_adapters, tmp_path):
     """Two processes (two Adapters, two disk caches) give adapter A the same id from two URLs, adapter C another;
     nothing is converted (the LLM API loads the folder)."""
-    from cog_triton.lora.refs import parse_adapter_ref
-    from cog_triton.lora.tasks import Adapters
+    from cog_triton.fetch.adapter_refs import parse_adapter_ref
+    from cog_triton.streaming.lora.tasks import Adapters
 
     urls, _ = pytorch_adapters
     spec = inspect_weights(CHECKPOINT, reference_lora={"max_lora_rank": 8}).lora

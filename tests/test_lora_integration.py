@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from cog_triton.local import CogServer, WeightsHTTPServer, free_port, serving_env
-from cog_triton.prompt import PromptTokenizer
+from cog_triton.streaming.prompt import PromptTokenizer
 from cog_triton.settings import REPO_ROOT
 from tensorrtllm_backend.build_config import parse_build_config
 from tensorrtllm_backend.manifest import write_manifest

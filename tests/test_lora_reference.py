@@ -3,7 +3,7 @@ ensemble over gRPC as the predictor sends it), against TensorRT-LLM's contract (
 for the upstream sources of each fact) and against transformers + peft token for token.
 
 Adapters: random PEFT adapters of the bundled SmolLM2-135M made with peft (tests/lora_adapters.py),
-converted by the predictor's converter (cog_triton.lora.convert). The model is configured as an engine
+converted by the predictor's converter (cog_triton.streaming.lora.convert). The model is configured as an engine
 built with max_lora_rank 8 and every module but mlp_gate, and a LoRA cache of 5,000,000 bytes: adapters
 A1 (921,600 bytes) and A2 (3,870,720 bytes) fit together, A3 (506,880 bytes) does not fit beside them.
 """
@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from common.errors import InferenceError
-from cog_triton.client import GenerateRequest, LoraTensors, TritonClient
-from cog_triton.lora.convert import convert
-from cog_triton.lora.tasks import task_id_of
+from cog_triton.streaming.client import GenerateRequest, LoraTensors, TritonClient
+from cog_triton.streaming.lora.convert import convert
+from cog_triton.streaming.lora.tasks import task_id_of
 from cog_triton.settings import REPO_ROOT
 from tensorrtllm_backend.engine import inspect_weights
 from tests.lora_adapters import AdapterFactory, adapter_config
@@ -45,7 +45,7 @@ TASK_IDS = {"a1": 1001, "a2": 1002, "a3": 1003}
 @pytest.fixture(scope="module")
 def lora_env(tmp_path_factory, checkpoint_dir: Path, hf_tokenizer):
     """Triton serving the rendered repository (reference model with LoRA) + adapters + expected outputs."""
-    from cog_triton.prompt import PromptTokenizer
+    from cog_triton.streaming.prompt import PromptTokenizer
     from tensorrtllm_backend.server import LaunchConfig, TritonServer, locate_tritonserver
     from tensorrtllm_backend.templates import RenderOptions, render_model_repository
     from tests.test_reference_model import _free_ports
@@ -161,7 +161,7 @@ def test_lora_tensors_without_a_task_id_are_ignored(lora_env):
         try:
             ids = []
             async for response in client._stream(raw):
-                from cog_triton.client import parse_response
+                from cog_triton.streaming.client import parse_response
 
                 chunk, final = parse_response(response)
                 ids += chunk.output_ids

@@ -1,5 +1,5 @@
-"""The lora_weights input's references (cog_triton.lora.refs) and the adapter disk cache
-(cog_triton.lora.store), against real local HTTP servers: archives of three kinds, fetched once, shared
+"""The lora_weights input's references (cog_triton.fetch.adapter_refs) and the adapter disk cache
+(cog_triton.streaming.lora.store), against real local HTTP servers: archives of three kinds, fetched once, shared
 by processes, bounded (LRU), refused when they are not adapters or are too large; hf:// through
 huggingface_hub against the local stand-in of the Hub in tests/hub_server.py (the Hub cannot be reached from
 the test machines; the stand-in answers what huggingface_hub's ``get_hf_file_metadata`` reads)."""
@@ -20,11 +20,13 @@ from pathlib import Path
 import pytest
 
 from common.errors import InputError, LoraAdapterError
-from cog_triton.inputs import PredictInputs
+from cog_triton.ipc import PredictInputs
+from cog_triton.worker.inputs import validate_inputs
 from cog_triton.local import WeightsHTTPServer, free_port
-from cog_triton.lora.refs import parse_adapter_ref
-from cog_triton.fetch_rules import FetchRules, parse_owners
-from cog_triton.lora.store import AdapterStore, StoreLimits
+from cog_triton.fetch.adapter_refs import parse_adapter_ref
+from cog_triton.fetch.rules import FetchRules, parse_owners
+from cog_triton.streaming.lora.store import AdapterStore
+from cog_triton.plan import StoreLimits
 from tests.hub_server import FakeHub
 from tests.lora_adapters import pack_files
 
@@ -68,11 +70,11 @@ def test_refused_references_say_what_is_allowed(value, fragment):
 
 
 def test_predict_inputs_check_lora_weights():
-    assert PredictInputs.validate(prompt="hi").lora is None
-    assert PredictInputs.validate(prompt="hi", lora_weights="  ").lora is None
-    assert PredictInputs.validate(prompt="hi", lora_weights="hf://a/b").lora.repo_id == "a/b"
+    assert validate_inputs(prompt="hi").lora is None
+    assert validate_inputs(prompt="hi", lora_weights="  ").lora is None
+    assert validate_inputs(prompt="hi", lora_weights="hf://a/b").lora.repo_id == "a/b"
     with pytest.raises(InputError, match="lora_weights has 4097 characters; at most 4096"):
-        PredictInputs.validate(prompt="hi", lora_weights="h" * 4097)
+        validate_inputs(prompt="hi", lora_weights="h" * 4097)
 
 
 # --- store -------------------------------------------------------------------------------------
@@ -278,7 +280,7 @@ def test_tar_members_are_listed_as_given():
         path.unlink(missing_ok=True)
 
 
-# --- fetch rules (cog_triton.fetch_rules) ------------------------------------------------------------
+# --- fetch rules (cog_triton.fetch.rules) ------------------------------------------------------------
 
 
 def _strict(tmp_path: Path, **rules) -> AdapterStore:

@@ -323,7 +323,7 @@ def test_unpack_keeps_marker_out_of_verification(tmp_path: Path) -> None:
 
 
 def test_reference_limits_come_from_the_build_config_unless_set(tmp_path: Path) -> None:
-    from cog_triton.service import reference_limits
+    from cog_triton.worker.service import reference_limits
     from cog_triton.settings import Settings
 
     root = tmp_path / "ckpt"
@@ -465,7 +465,7 @@ def test_setup_sequence_full_check_after_a_fetch_then_trusted_reuse(
 
 @pytest.mark.parametrize("mode", ["fast", "full"])
 def test_setup_trusts_the_record_only_for_reused_weights_in_fast_mode(tmp_path: Path, mode: str) -> None:
-    from cog_triton.service import LLMService
+    from cog_triton.worker.service import LLMService
     from cog_triton.settings import Settings
 
     root = tmp_path / "ckpt"  # a reference-backend checkpoint: no GPU needed to verify it

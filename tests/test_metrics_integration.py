@@ -24,7 +24,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cog_triton.local import CogServer, WeightsHTTPServer, serving_env
-from cog_triton.exporter import MAX_CONNECTIONS, REQUEST_TIMEOUT_S
+from cog_triton.worker.exporter import MAX_CONNECTIONS, REQUEST_TIMEOUT_S
 from tests.proc import descendants_of, listening_on, pid_holding_socket, pids_mentioning, thread_count
 
 pytestmark = pytest.mark.integration
@@ -177,7 +177,7 @@ def test_a_scrape_during_and_after_a_run_finds_the_counts_it_caused(stack) -> No
 
 def _stream_pids(cog: CogServer) -> list[int]:
     assert cog.proc is not None
-    return sorted(set(pids_mentioning("cog_triton.streamer")) & descendants_of(cog.proc.pid))
+    return sorted(set(pids_mentioning("cog_triton.streaming.streamer")) & descendants_of(cog.proc.pid))
 
 
 def _triton_pid(stack) -> int:

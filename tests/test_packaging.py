@@ -363,7 +363,7 @@ def test_predict_inputs() -> None:
     assert params["seed"].default.default is None
     assert params["stop_sequences"].default.default == ""
     # async (COG_MAX_CONCURRENCY > 1 needs it) and *returning* a generator: coglet 0.23.1 streams
-    # that, while an async generator's output is collected to the end (cog_triton/cog_bridge.py)
+    # that, while an async generator's output is collected to the end (cog_triton/worker/cog_bridge.py)
     assert inspect.iscoroutinefunction(predict.Predictor.run)
     assert not inspect.isasyncgenfunction(predict.Predictor.run)
     setup_params = [name for name in inspect.signature(predict.Predictor.setup).parameters if name != "self"]
@@ -542,9 +542,10 @@ def test_predictor_uses_run_and_predict_still_works() -> None:
 
     class Service:
         def validate(self, **inputs):
-            from cog_triton.inputs import PredictInputs
+            from cog_triton.ipc import PredictInputs
+            from cog_triton.worker.inputs import validate_inputs
 
-            return PredictInputs.validate(**inputs)
+            return validate_inputs(**inputs)
 
         def seed_note(self, inputs):
             return f"seed {inputs.seed}"

@@ -1,11 +1,11 @@
-"""Generator.prepare (cog_triton.generation): what a request carries to Triton, checked in-process in seconds
+"""Generator.prepare (cog_triton.streaming.generation): what a request carries to Triton, checked in-process in seconds
 where before only the end-to-end tests (same seed, same text; an adapter's output) noticed a mistake:
 
 * the ``seed`` input reaches the request and its gRPC ``seed`` tensor (UINT64 [1, 1]), for every seed the
   schema allows and for the one drawn when none is given;
 * the C++ backend's LoRA task ids (the CPU reference model takes the same tensors): two different adapters get
   two ``lora_task_id`` s, one adapter the same id whatever URL it came from, and that id is its content hash
-  (:func:`cog_triton.lora.tasks.task_id_of`), so every stream process and every restart agree.
+  (:func:`cog_triton.streaming.lora.tasks.task_id_of`), so every stream process and every restart agree.
 
 The generator's tokenizer and adapter fetching are real (adapters made with peft, served over HTTP on
 127.0.0.1); nothing is sent: the gRPC address is never connected by ``prepare``.
@@ -19,12 +19,14 @@ from typing import Any, Iterator
 
 import pytest
 
-from cog_triton.fetch_rules import FetchRules
-from cog_triton.generation import GeneratorConfig, build_generator
-from cog_triton.inputs import PredictInputs
+from cog_triton.fetch.rules import FetchRules
+from cog_triton.streaming.generation import build_generator
+from cog_triton.plan import GeneratorConfig
+from cog_triton.ipc import PredictInputs
+from cog_triton.worker.inputs import validate_inputs
 from cog_triton.local import WeightsHTTPServer
-from cog_triton.lora.store import StoreLimits
-from cog_triton.lora.tasks import task_id_of
+from cog_triton.plan import StoreLimits
+from cog_triton.streaming.lora.tasks import task_id_of
 from tensorrtllm_backend.engine import ModelLimits, inspect_weights
 from tests.lora_adapters import AdapterFactory, pack
 
@@ -51,7 +53,7 @@ def generator(checkpoint_dir: Path, hf_tokenizer):
 
 @pytest.mark.parametrize("seed", [0, 1, 1234, 2**31 - 1, 2**32 + 7, 2**53 - 1])
 def test_the_seed_input_goes_into_the_request_and_its_tensor(generator, seed: int) -> None:
-    prepared = generator.prepare(PredictInputs.validate(prompt="Hi", seed=seed, temperature=0.7), "seeded")
+    prepared = generator.prepare(validate_inputs(prompt="Hi", seed=seed, temperature=0.7), "seeded")
     assert prepared.request.seed == seed
     assert _uint64(prepared.request.to_grpc("ensemble"), "seed") == seed
 
@@ -59,7 +61,7 @@ def test_the_seed_input_goes_into_the_request_and_its_tensor(generator, seed: in
 def test_a_drawn_seed_is_the_one_the_request_carries(generator) -> None:
     """No seed given: PredictInputs draws one (logged by predict.py); the request carries that one, and two
     predictions draw two (a constant would make every "random" prediction the same)."""
-    drawn = [PredictInputs.validate(prompt="Hi") for _ in range(2)]
+    drawn = [validate_inputs(prompt="Hi") for _ in range(2)]
     sent = [generator.prepare(inputs, f"drawn-{i}").request for i, inputs in enumerate(drawn)]
     assert [r.seed for r in sent] == [i.seed for i in drawn]
     assert [_uint64(r.to_grpc("ensemble"), "seed") for r in sent] == [i.seed for i in drawn]
@@ -72,7 +74,7 @@ def test_no_seed_is_sent_to_a_sampler_that_takes_none(checkpoint_dir: Path, hf_t
     for sampler, sends in (("TorchSampler", False), ("TRTLLMSampler", True), (None, True)):
         config = GeneratorConfig(tokenizer_dir=checkpoint_dir, limits=LIMITS, grpc_address="127.0.0.1:9",
                                  backend="engine" if sampler is None else "pytorch", sampler=sampler)
-        request = build_generator(config, tokenizer=hf_tokenizer).prepare(PredictInputs.validate(prompt="Hi"), "s").request
+        request = build_generator(config, tokenizer=hf_tokenizer).prepare(validate_inputs(prompt="Hi"), "s").request
         names = [t.name for t in request.to_grpc("ensemble").inputs]
         assert ("seed" in names) is sends and (request.seed is not None) is sends, sampler
 
@@ -82,7 +84,7 @@ def test_the_model_interval_goes_only_to_a_model_that_takes_it(checkpoint_dir: P
     for interval in (50, None):
         config = GeneratorConfig(tokenizer_dir=checkpoint_dir, limits=LIMITS, grpc_address="127.0.0.1:9",
                                  model_interval_ms=interval)
-        grpc = build_generator(config, tokenizer=hf_tokenizer).prepare(PredictInputs.validate(prompt="Hi"), "i")\
+        grpc = build_generator(config, tokenizer=hf_tokenizer).prepare(validate_inputs(prompt="Hi"), "i")\
             .request.to_grpc("ensemble")
         if interval is None:
             assert "stream_interval_ms" not in [t.name for t in grpc.inputs]
@@ -121,13 +123,13 @@ def lora_generator(checkpoint_dir: Path, hf_tokenizer, tmp_path_factory):
 
 def test_two_adapters_get_two_task_ids_and_one_adapter_one_id_from_two_urls(lora_generator, adapters) -> None:
     urls = adapters
-    sent = {name: lora_generator.prepare(PredictInputs.validate(prompt="Hi", seed=1, lora_weights=url), name).request
+    sent = {name: lora_generator.prepare(validate_inputs(prompt="Hi", seed=1, lora_weights=url), name).request
             for name, url in urls.items()}
     ids = {name: _uint64(request.to_grpc("ensemble"), "lora_task_id") for name, request in sent.items()}
     assert ids["a"] == ids["a-again"] != ids["c"], ids
     assert {name: request.lora_task_id for name, request in sent.items()} == ids
     assert sent["a"].lora is not None and sent["c"].lora is not None  # nothing was served yet: weights go along
-    base = lora_generator.prepare(PredictInputs.validate(prompt="Hi", seed=1), "base").request
+    base = lora_generator.prepare(validate_inputs(prompt="Hi", seed=1), "base").request
     assert base.lora_task_id is None and "lora_task_id" not in [t.name for t in base.to_grpc("ensemble").inputs]
 
 
@@ -137,10 +139,10 @@ def test_another_process_gives_each_adapter_the_same_task_id(lora_generator, ada
     a second generator with its own disk cache (another stream process, or the same after a restart), asked in
     another order, gives every adapter the id the first one gave."""
     urls = adapters
-    first = {name: lora_generator.resolve_adapter(PredictInputs.validate(prompt="Hi", lora_weights=url).lora)
+    first = {name: lora_generator.resolve_adapter(validate_inputs(prompt="Hi", lora_weights=url).lora)
              for name, url in urls.items()}
     other = _lora_generator(checkpoint_dir, hf_tokenizer, tmp_path / "cache")
-    second = {name: other.resolve_adapter(PredictInputs.validate(prompt="Hi", lora_weights=urls[name]).lora)
+    second = {name: other.resolve_adapter(validate_inputs(prompt="Hi", lora_weights=urls[name]).lora)
               for name in reversed(list(urls))}
     assert {name: a.task_id for name, a in second.items()} == {name: a.task_id for name, a in first.items()}
     for adapter in first.values():

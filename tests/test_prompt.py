@@ -1,4 +1,4 @@
-"""cog_triton.prompt: rendering and tokenizing each prompt once, with the real SmolLM2 tokenizer and
+"""cog_triton.streaming.prompt: rendering and tokenizing each prompt once, with the real SmolLM2 tokenizer and
 a Llama-style tokenizer built here with `tokenizers` (nothing is downloaded)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from common.errors import InputError
-from cog_triton.prompt import PromptTokenizer
+from cog_triton.streaming.prompt import PromptTokenizer
 
 CHECKPOINT = Path(__file__).resolve().parents[1] / "build" / "default_model" / "checkpoint"
 SMOL_DEFAULT_SYSTEM = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
@@ -304,7 +304,7 @@ def test_roles_named_by_the_template_are_accepted_and_a_strict_template_still_ta
 
 
 def test_template_roles_of_a_dict_reads_each_template_not_its_repr() -> None:
-    from cog_triton.prompt import template_roles  # noqa: PLC0415
+    from cog_triton.streaming.prompt import template_roles  # noqa: PLC0415
 
     # the repr of this dict escapes the quotes: a search of the repr would find no role
     assert template_roles({"default": "{% if m.role == 'tool' %}\"x\"{% endif %}"}) == {"tool"}

@@ -1,5 +1,5 @@
 """The PyTorch-backend ``tensorrt_llm`` rendered by the product's renderer and served by a real Triton, under the
-predictor's own request path: the ensemble over gRPC, built by :class:`cog_triton.generation.Generator` with
+predictor's own request path: the ensemble over gRPC, built by :class:`cog_triton.streaming.generation.Generator` with
 ``GeneratorConfig.backend="pytorch"`` (prompt rendering, the adapter fetched through the disk cache and sent as
 its folder and content-hash id, detokenizing). TensorRT-LLM runs as its LLM API stand-in (the one mock,
 benchmarks/llmapi_standin), found by Triton's stub through the overlay virtualenv (tests/llmapi_overlay.py).
@@ -13,11 +13,13 @@ from pathlib import Path
 import pytest
 
 from common.errors import TritonStartupError
-from cog_triton.fetch_rules import FetchRules
-from cog_triton.generation import GeneratorConfig, RequestState, build_generator
-from cog_triton.inputs import PredictInputs
+from cog_triton.fetch.rules import FetchRules
+from cog_triton.streaming.generation import RequestState, build_generator
+from cog_triton.plan import GeneratorConfig
+from cog_triton.ipc import PredictInputs
+from cog_triton.worker.inputs import validate_inputs
 from cog_triton.local import WeightsHTTPServer
-from cog_triton.lora.store import StoreLimits
+from cog_triton.plan import StoreLimits
 from tensorrtllm_backend.engine import inspect_weights
 from tensorrtllm_backend.server import LaunchConfig, TritonServer, locate_tritonserver
 from tests.llmapi_overlay import overlay_venv, render_pytorch_repository, standin_installation
@@ -68,7 +70,7 @@ def _text(served, checkpoint_dir, hf_tokenizer, **inputs) -> tuple[str, list]:
                                                                          rules=FetchRules.open()),  # 127.0.0.1
                              backend="pytorch")
     generator = build_generator(config, tokenizer=hf_tokenizer)
-    values = PredictInputs.validate(prompt=PROMPT, temperature=0, seed=0, **inputs)
+    values = validate_inputs(prompt=PROMPT, temperature=0, seed=0, **inputs)
 
     async def run() -> tuple[str, object]:
         prepared = generator.prepare(values, "pt-integration")
@@ -82,7 +84,7 @@ def _text(served, checkpoint_dir, hf_tokenizer, **inputs) -> tuple[str, list]:
 
 
 def _expected(served, hf_tokenizer, adapter, n) -> str:
-    from cog_triton.prompt import PromptTokenizer
+    from cog_triton.streaming.prompt import PromptTokenizer
 
     ids = PromptTokenizer(hf_tokenizer).encode(PROMPT).ids
     tokens = served["factory"].greedy(adapter, ids, n, EOS)

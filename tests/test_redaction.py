@@ -1,4 +1,4 @@
-"""URLs as the HTTP client parses them (cog_triton.redaction): what a URL shows, which URLs are refused by our own
+"""URLs as the HTTP client parses them (cog_triton.fetch.redaction): what a URL shows, which URLs are refused by our own
 rule, and a scan of every log record of a run whose URLs carry secrets (userinfo, signed query strings,
 fragments), through the real clients: httpx (our downloads), httpx2 (huggingface_hub 2.x against the local Hub
 stand-in, whose files redirect to a signed CDN URL as the Hub's do), requests/urllib3 (huggingface_hub 0.x's
@@ -15,11 +15,12 @@ import httpx
 import pytest
 
 from common.errors import LoraAdapterError, WeightsError
-from cog_triton.fetch_guard import FetchGuard, guarded_requests_session
-from cog_triton.fetch_rules import FetchRules
-from cog_triton.lora.refs import check_adapter_allowed, parse_adapter_ref
-from cog_triton.lora.store import AdapterStore, StoreLimits
-from cog_triton.redaction import (
+from cog_triton.fetch.guard import FetchGuard, guarded_requests_session
+from cog_triton.fetch.rules import FetchRules
+from cog_triton.fetch.adapter_refs import check_adapter_allowed, parse_adapter_ref
+from cog_triton.streaming.lora.store import AdapterStore
+from cog_triton.plan import StoreLimits
+from cog_triton.fetch.redaction import (
     HTTP_LOGGERS, UNPARSABLE, UnparsableURL, install_log_redaction, parse_url, redact_text, redact_url,
 )
 from cog_triton.weights import fetch_weights

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from cog_triton.schema import COGLET_SCHEMA_NAME, SCHEMA_PATH, install_for_coglet, parse_input_specs
+from cog_triton.worker.schema import COGLET_SCHEMA_NAME, SCHEMA_PATH, install_for_coglet, parse_input_specs
 from cog_triton.settings import REPO_ROOT
 
 SCHEMA = json.loads(SCHEMA_PATH.read_text())

@@ -1,7 +1,7 @@
 """LLMService's streaming path against a real local gRPC server speaking Triton's ModelStreamInfer.
 
-The path is the product's: real stream processes (``python -m cog_triton.streamer``, the default model's
-tokenizer) started by the service's :class:`cog_triton.stream_pool.StreamPool`, reading from
+The path is the product's: real stream processes (``python -m cog_triton.streaming.streamer``, the default model's
+tokenizer) started by the service's :class:`cog_triton.worker.stream_pool.StreamPool`, reading from
 tests/test_client.py's FakeTriton. The Triton *process* is replaced by a small stand-in object (alive, not
 stopped, no stubs), the one thing mocked here: the tests are about how the service treats what Triton answers.
 """
@@ -18,12 +18,13 @@ import grpc
 import pytest
 
 from common.errors import InferenceError, InputError, TritonError
-from cog_triton.generation import GeneratorConfig
-from cog_triton.inputs import PredictInputs
-from cog_triton.service import LLMService
+from cog_triton.plan import GeneratorConfig
+from cog_triton.ipc import PredictInputs
+from cog_triton.worker.inputs import validate_inputs
+from cog_triton.worker.service import LLMService
 from cog_triton.settings import Settings
-from cog_triton.stream_pool import StreamPool
-from cog_triton.supervisor import Supervisor
+from cog_triton.worker.stream_pool import StreamPool
+from cog_triton.worker.supervisor import Supervisor
 from tensorrtllm_backend.engine import ModelLimits, WeightsInfo
 from tests.test_client import Running, error, response
 from tests.test_stream_pool import triton  # noqa: F401 - FakeTriton for the module (the processes keep their channel)
@@ -117,7 +118,7 @@ def run(service: LLMService, **inputs: Any) -> tuple[str, Optional[BaseException
         started = time.monotonic()
         text, error = "", None
         try:
-            async for part in service.generate(PredictInputs.validate(prompt="Hi", temperature=0, **inputs)):
+            async for part in service.generate(validate_inputs(prompt="Hi", temperature=0, **inputs)):
                 text += part
         except Exception as exc:  # noqa: BLE001 - inspected by the test
             error = exc
@@ -201,13 +202,13 @@ def test_the_end_token_final_is_not_a_token(triton: Running, tokenizer: Any,  # 
     service = service_for()
 
     async def main() -> str:
-        out = "".join([p async for p in service.generate(PredictInputs.validate(prompt="Hi", temperature=0),
+        out = "".join([p async for p in service.generate(validate_inputs(prompt="Hi", temperature=0),
                                                              metric=metrics.__setitem__)])
         return out
 
     assert asyncio.run(main()) == "Hello there"
     assert metrics["output_token_count"] == len(ids)
-    # the time to first token under both names (cog_triton/metrics.py)
+    # the time to first token under both names (cog_triton/worker/metrics.py)
     assert metrics["time_to_first_token"] == metrics["time_to_first_token_s"] >= 0
 
 
@@ -228,7 +229,7 @@ def test_log_performance_metrics_prints_replicates_lines_at_the_end(triton: Runn
 
     async def main(flag: bool) -> str:
         return "".join([p async for p in service.generate(
-            PredictInputs.validate(prompt="Hi", temperature=0, log_performance_metrics=flag))])
+            validate_inputs(prompt="Hi", temperature=0, log_performance_metrics=flag))])
 
     assert asyncio.run(main(False)) == "Hello there"
     assert "Tokens processed" not in capsys.readouterr().out
@@ -246,8 +247,8 @@ def test_lora_weights_go_once_and_again_after_a_cache_miss_and_count_in_the_serv
     once more after the engine's cache miss, and the process's adapter counts (its STATS events) reach the
     service's own Prometheus metrics."""
     from cog_triton.local import WeightsHTTPServer
-    from cog_triton.fetch_rules import FetchRules
-    from cog_triton.lora.store import StoreLimits
+    from cog_triton.fetch.rules import FetchRules
+    from cog_triton.plan import StoreLimits
     from tensorrtllm_backend.engine import inspect_weights
     from tests.lora_adapters import make_adapter, pack
 
@@ -335,7 +336,7 @@ def test_a_stream_ending_without_its_final_response_fails_and_keeps_what_came(tr
 
 
 def sample(service: LLMService, name: str, **labels: str) -> float:
-    """A value of the service's Prometheus metrics (cog_triton.exporter)."""
+    """A value of the service's Prometheus metrics (cog_triton.worker.exporter)."""
     return service.metrics.registry.get_sample_value(name, labels) or 0.0
 
 
@@ -358,7 +359,7 @@ def test_the_service_counts_each_prediction_once(triton: Running, tokenizer: Any
     seen: dict[str, Any] = {}
 
     async def main(**extra: Any) -> str:
-        inputs = PredictInputs.validate(prompt="Hi", temperature=0, **extra)
+        inputs = validate_inputs(prompt="Hi", temperature=0, **extra)
         return "".join([p async for p in service.generate(inputs, metric=seen.__setitem__)])
 
     assert asyncio.run(main()) == "Hello there, friend"
@@ -372,7 +373,7 @@ def test_the_service_counts_each_prediction_once(triton: Running, tokenizer: Any
     triton.state.scenario = answered
 
     async def untracked() -> str:
-        inputs = PredictInputs.validate(prompt="Hi", temperature=0)
+        inputs = validate_inputs(prompt="Hi", temperature=0)
         return "".join([p async for p in service.generate(inputs, track=False)])
 
     assert asyncio.run(untracked()) == "Hello there, friend"

@@ -14,7 +14,7 @@ as Triton's gRPC frontend sends them). For each request it reads a ``mode`` file
 * ``{"ids": [...], "cut": n}``: the first ``n`` ids, then the stream ends with status OK, no final;
 * ``{"ids": [...], "silent": n}``: the first ``n`` ids, then nothing (the stream stays open).
 
-A stop request (``tensorrt_llm`` with ``stop=true``, as cog_triton.client sends it) gets an empty final
+A stop request (``tensorrt_llm`` with ``stop=true``, as cog_triton.streaming.client sends it) gets an empty final
 response, as the TensorRT-LLM backend answers it. Every request's model, id and kind is appended to a
 ``requests`` file, so a test sees what the predictor asked of Triton.
 """

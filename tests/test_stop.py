@@ -1,4 +1,4 @@
-"""Tests of cog_triton.stop: StopSequenceMatcher and parse_stop_sequences."""
+"""Tests of cog_triton.streaming.stop: StopSequenceMatcher and parse_stop_sequences."""
 
 from __future__ import annotations
 
@@ -12,14 +12,10 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import pytest  # noqa: E402
 
-from cog_triton.detokenizer import IncrementalDetokenizer  # noqa: E402
+from cog_triton.streaming.detokenizer import IncrementalDetokenizer  # noqa: E402
 from common.errors import InputError  # noqa: E402
-from cog_triton.stop import (  # noqa: E402
-    MAX_STOP_SEQUENCE_LENGTH,
-    MAX_STOP_SEQUENCES,
-    StopSequenceMatcher,
-    parse_stop_sequences,
-)
+from cog_triton.streaming.stop import StopSequenceMatcher
+from cog_triton.worker.stop_sequences import MAX_STOP_SEQUENCE_LENGTH, MAX_STOP_SEQUENCES, parse_stop_sequences
 
 CHECKPOINT = Path(__file__).resolve().parents[1] / "build" / "default_model" / "checkpoint"
 
@@ -327,7 +323,7 @@ def test_long_values_are_shortened_to_120_characters_in_messages():
 
 
 def test_show_keeps_a_repr_of_exactly_the_limit_whole():
-    from cog_triton.stop import _show
+    from cog_triton.worker.stop_sequences import _show
 
     assert _show("x" * 118) == repr("x" * 118)  # 120 characters: not shortened
     assert _show("x" * 119) == repr("x" * 119)[:117] + "..."  # 121: shortened to 120

@@ -1,7 +1,7 @@
-"""The stream processes (cog_triton.stream_pool, cog_triton.streamer) against a real gRPC server that
+"""The stream processes (cog_triton.worker.stream_pool, cog_triton.streaming.streamer) against a real gRPC server that
 speaks Triton's ModelStreamInfer.
 
-The processes are real (``python -m cog_triton.streamer``, the default model's tokenizer); the
+The processes are real (``python -m cog_triton.streaming.streamer``, the default model's tokenizer); the
 server is tests/test_client.py's FakeTriton, so every answer of Triton can be produced on purpose.
 The tests run the worker's side (StreamPool.open and the generator coglet would iterate) on their
 own event loop; the Cog server itself is exercised by the integration and fault tests.
@@ -23,10 +23,11 @@ import pytest
 from tritonclient.grpc import service_pb2_grpc
 
 from common.errors import ConfigError, InferenceError, InputError, StreamProcessError, TritonDiedError, TritonError
-from cog_triton.exporter import ServiceMetrics
-from cog_triton.generation import GeneratorConfig
-from cog_triton.inputs import PredictInputs
-from cog_triton.stream_pool import RoutedPrediction, StreamPool
+from cog_triton.worker.exporter import ServiceMetrics
+from cog_triton.plan import GeneratorConfig
+from cog_triton.ipc import PredictInputs
+from cog_triton.worker.inputs import validate_inputs
+from cog_triton.worker.stream_pool import RoutedPrediction, StreamPool
 from tensorrtllm_backend.engine import ModelLimits
 from tests.test_client import FakeTriton, Running, State, error, response
 
@@ -125,7 +126,7 @@ def paced(token_ids: list[int], step_s: float = 0.0, final: bool = True, then_ha
 
 
 def inputs(prompt: str = "Hi", **extra: Any) -> PredictInputs:
-    return PredictInputs.validate(prompt=prompt, temperature=0, seed=1, **extra)
+    return validate_inputs(prompt=prompt, temperature=0, seed=1, **extra)
 
 
 def stream(pool: StreamPool, what: PredictInputs, request_id: str, *, until: Optional[int] = None,
@@ -198,7 +199,7 @@ def test_text_and_metrics_come_back_from_a_stream_process(pool, triton: Running,
     assert metrics["input_token_count"] == len(prompt_ids) > 0
     assert metrics["output_token_count"] == len(ids)
     assert 0 <= metrics["time_to_first_token_s"] < 60
-    # Replicate's name and ours, one value (cog_triton/metrics.py says why both)
+    # Replicate's name and ours, one value (cog_triton/worker/metrics.py says why both)
     assert metrics["time_to_first_token"] == metrics["time_to_first_token_s"]
     assert wait_for(lambda: not watcher.running)  # unregistered once ended
     assert p.running_predictions == 0
@@ -229,7 +230,7 @@ def test_an_input_error_is_raised_by_open_before_any_output(pool, triton: Runnin
 
 
 def sample(p: StreamPool, name: str, **labels: str) -> float:
-    """A value of the pool's Prometheus metrics (cog_triton.exporter)."""
+    """A value of the pool's Prometheus metrics (cog_triton.worker.exporter)."""
     assert p.metrics is not None
     return p.metrics.registry.get_sample_value(name, labels) or 0.0
 
@@ -429,7 +430,7 @@ def test_the_timing_metric_has_every_step_of_the_start_in_order(pool, triton: Ru
     """COG_TRITON_TIMING_METRICS: one ``timing`` metric per prediction, recorded once its first text was yielded,
     with when each step of its start happened (seconds since it began), in the order they happen, and when it
     began (time.monotonic()); without the setting (the module's pool) there is none."""
-    from cog_triton.stream_pool import TIMING_METRIC, TIMING_STEPS
+    from cog_triton.worker.stream_pool import TIMING_METRIC, TIMING_STEPS
 
     config = GeneratorConfig(tokenizer_dir=CHECKPOINT, limits=LIMITS, grpc_address=triton.address, token_timeout_s=5)
     timed = StreamPool(config, 1, interval_s=INTERVAL_S, start_timeout_s=120, timing=True)

@@ -16,7 +16,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from cog_triton.prompt import PromptTokenizer
+from cog_triton.streaming.prompt import PromptTokenizer
 from tests.stacks import STACK_SETTINGS
 
 pytestmark = pytest.mark.integration

@@ -1,4 +1,4 @@
-"""cog_triton.supervisor's fault paths that need Triton to misbehave in ways it cannot be made to here:
+"""cog_triton.worker.supervisor's fault paths that need Triton to misbehave in ways it cannot be made to here:
 a Triton that stops answering its readiness probes (hung), one that answers them with HTTP 503, and
 one that cannot be restarted.
 
@@ -26,7 +26,7 @@ from typing import Iterator
 import pytest
 
 from common.errors import TritonDiedError, TritonError
-from cog_triton.supervisor import State, Supervisor
+from cog_triton.worker.supervisor import State, Supervisor
 from tensorrtllm_backend.server import LaunchConfig, TritonInstallation, TritonServer
 from tests.proc import stop_at_once
 from tests.test_server import launch_config

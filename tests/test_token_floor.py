@@ -1,4 +1,4 @@
-"""cog_triton.token_floor: the fewest tokens a text can become, with the default model's real tokenizer
+"""cog_triton.streaming.token_floor: the fewest tokens a text can become, with the default model's real tokenizer
 and with tokenizers built here from huggingface/tokenizers' own parts (a sentencepiece-style BPE with
 byte fallback; normalizers and pre-tokenizers that keep or drop characters)."""
 
@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from common.errors import InputError
-from cog_triton.token_floor import TokenFloor
+from cog_triton.streaming.token_floor import TokenFloor
 
 CHECKPOINT = Path(__file__).resolve().parents[1] / "build" / "default_model" / "checkpoint"
 
@@ -152,8 +152,10 @@ def test_a_slow_or_unreadable_tokenizer_has_no_floor() -> None:
 def test_the_generator_refuses_a_far_too_long_prompt_without_tokenizing_it(monkeypatch) -> None:
     """1,000,000 characters: refused from the floor, before the chat template or the tokenizer run; a prompt
     under the floor but over the limit is still refused with its exact count."""
-    from cog_triton.generation import GeneratorConfig, build_generator
-    from cog_triton.inputs import PredictInputs
+    from cog_triton.streaming.generation import build_generator
+    from cog_triton.plan import GeneratorConfig
+    from cog_triton.ipc import PredictInputs
+    from cog_triton.worker.inputs import validate_inputs
     from tensorrtllm_backend.engine import ModelLimits
 
     limits = ModelLimits(8, max_input_len=384, max_seq_len=768)
@@ -163,9 +165,9 @@ def test_the_generator_refuses_a_far_too_long_prompt_without_tokenizing_it(monke
     monkeypatch.setattr(generator.prompts, "encode", lambda *a, **k: calls.append("encode") or real_encode(*a, **k))
     monkeypatch.setattr(generator.prompts, "encode_messages", lambda *a, **k: calls.append("messages"))
     for inputs, what, chars in [
-        (PredictInputs.validate(prompt="word " * 199_999, seed=1), "prompt", 999_995),
-        (PredictInputs.validate(prompt="hi", system_prompt="x" * 40_000, seed=1), "prompt", 40_002),
-        (PredictInputs.validate(messages=json.dumps([{"role": "user", "content": "y" * 40_000}]), seed=1),
+        (validate_inputs(prompt="word " * 199_999, seed=1), "prompt", 999_995),
+        (validate_inputs(prompt="hi", system_prompt="x" * 40_000, seed=1), "prompt", 40_002),
+        (validate_inputs(messages=json.dumps([{"role": "user", "content": "y" * 40_000}]), seed=1),
          "conversation", 40_000),
     ]:
         with pytest.raises(InputError) as info:
@@ -178,5 +180,5 @@ def test_the_generator_refuses_a_far_too_long_prompt_without_tokenizing_it(monke
         )
     assert calls == []
     with pytest.raises(InputError) as info:  # 2,000 characters: under the floor of 385 tokens, over the limit
-        generator.prepare(PredictInputs.validate(prompt="word " * 400, seed=1), "exact")
+        generator.prepare(validate_inputs(prompt="word " * 400, seed=1), "exact")
     assert "the prompt is too long: it has 4" in info.value.message and calls == ["encode"]

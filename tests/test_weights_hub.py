@@ -336,7 +336,7 @@ def test_hf_hub_offline_is_honoured_by_the_guarded_client(hub, tmp_path, monkeyp
     (every hf:// fetch installs it): nothing is asked."""
     import huggingface_hub.constants as constants
 
-    from cog_triton.fetch_guard import install_hub_guard
+    from cog_triton.fetch.guard import install_hub_guard
 
     install_hub_guard()
     hub.add_repo("me/tiny", tiny_checkpoint())
@@ -355,8 +355,8 @@ def test_a_connection_opened_under_open_rules_is_not_reused_under_stricter_ones(
     import huggingface_hub
 
     from common.errors import FetchRefusedError
-    from cog_triton.fetch_guard import hub_guard
-    from cog_triton.fetch_rules import FetchRules
+    from cog_triton.fetch.guard import hub_guard
+    from cog_triton.fetch.rules import FetchRules
 
     hub.add_repo("me/tiny", tiny_checkpoint())
     api = huggingface_hub.HfApi(endpoint=hub.url)
@@ -413,8 +413,8 @@ def test_the_operators_hub_weights_are_not_held_to_the_callers_fetch_rules(hub, 
     operator's own hf:// weights (HF_ENDPOINT on a private network here: 127.0.0.1, plain http) are still fetched;
     a caller's hf:// checkpoint under the default rules is refused, before any request, and by owner."""
     from common.errors import FetchRefusedError
-    from cog_triton.fetch_guard import install_hub_guard
-    from cog_triton.fetch_rules import FetchRules
+    from cog_triton.fetch.guard import install_hub_guard
+    from cog_triton.fetch.rules import FetchRules
 
     install_hub_guard()
     hub.add_repo("me/tiny", tiny_checkpoint())

@@ -1,6 +1,6 @@
 """The Hub tests again under huggingface_hub 0.x, the major the GPU image has (tensorrtllm_backend/pins.py
 HUB0_PACKAGES: TensorRT-LLM pins transformers 4.57.1, which requires huggingface_hub < 1.0), where this venv has
-2.x. 0.x talks HTTP through requests, not httpx2, and its error classes differ (cog_triton/hub_errors.py), so
+2.x. 0.x talks HTTP through requests, not httpx2, and its error classes differ (cog_triton/fetch/hub_errors.py), so
 the same code meets other exceptions and another HTTP client under the fetch guard.
 
 scripts/setup installs the 0.x packages beside the venv, into build/hub0; here a pytest subprocess runs the Hub

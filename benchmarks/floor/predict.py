@@ -3,10 +3,10 @@
 It streams what the product streams, at the same rate and through the same Cog-side machinery, with
 none of the product's own work: each prediction emits ``n`` one-character "tokens", one per step of
 ``step_ms`` (the stand-in engine's rate), through the product's stream interval
-(:class:`cog_triton.coalesce.IntervalFlusher`, ``COG_TRITON_STREAM_INTERVAL_MS``, growing under load as the
-product's does: :class:`cog_triton.coalesce.StreamLoad`, ``COG_TRITON_STREAM_INTERVAL_STREAMS`` and
+(:class:`cog_triton.streaming.coalesce.IntervalFlusher`, ``COG_TRITON_STREAM_INTERVAL_MS``, growing under load as the
+product's does: :class:`cog_triton.streaming.coalesce.StreamLoad`, ``COG_TRITON_STREAM_INTERVAL_STREAMS`` and
 ``COG_TRITON_STREAM_INTERVAL_MAX_MS``, the product's defaults when unset) and its bridge to
-coglet (:mod:`cog_triton.cog_bridge`). One task steps every running prediction, as the stand-in's
+coglet (:mod:`cog_triton.worker.cog_bridge`). One task steps every running prediction, as the stand-in's
 clock does, so the per-token work here is a list append. What this path carries is what coglet and
 the bridge carry: the product can come close to it, not above it, at the same stream interval.
 
@@ -24,10 +24,10 @@ from typing import Iterator, Optional
 import cog
 from cog import BasePredictor, ConcatenateIterator, Input
 
-from cog_triton import cog_bridge
-from cog_triton.coalesce import IntervalFlusher, StreamLoad
+from cog_triton.worker import cog_bridge
+from cog_triton.streaming.coalesce import IntervalFlusher, StreamLoad
 from cog_triton.settings import Settings
-from cog_triton.metrics import record_time_to_first_token
+from cog_triton.worker.metrics import record_time_to_first_token
 
 cog_bridge.install_cancel_hook()
 #: The characters a prediction cycles through (its expected text: :func:`expected_text`).

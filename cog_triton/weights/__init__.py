@@ -39,7 +39,7 @@ its contents in ``target_dir``:
 URLs are never logged or put into error messages with their userinfo, query string or fragment, as the
 HTTP client's own parser splits them (:func:`redact_url`; a URL it cannot parse is refused without being shown);
 every log record of the process, httpx's, httpcore's, huggingface_hub's and urllib3's included, is redacted the
-same way (:mod:`cog_triton.redaction`).
+same way (:mod:`cog_triton.fetch.redaction`).
 
 The package, one module per concern (this module is its public face):
 

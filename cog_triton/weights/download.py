@@ -1,6 +1,6 @@
 """HTTP downloads of weights: streamed with httpx, hashed while they stream, retried with backoff and resumed
 with Range/If-Range, within a deadline and a minimum rate; URLs redacted from every log record
-(:mod:`cog_triton.redaction`).
+(:mod:`cog_triton.fetch.redaction`).
 
 Part of :mod:`cog_triton.weights` (its public face is the package).
 """
@@ -19,10 +19,10 @@ from typing import Any, Optional
 import httpx
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
-from cog_triton.fetch_deadline import FetchDeadline
-from cog_triton.fetch_guard import FetchGuard, guarded_transport
-from cog_triton.fetch_rules import FetchRules
-from cog_triton.redaction import install_log_redaction, redact_text
+from cog_triton.fetch.deadline import FetchDeadline
+from cog_triton.fetch.guard import FetchGuard, guarded_transport
+from cog_triton.fetch.rules import FetchRules
+from cog_triton.fetch.redaction import install_log_redaction, redact_text
 from cog_triton.weights.archive import _check_free_space
 from common.errors import DownloadError, FetchDeadlineError, WeightsError
 
@@ -80,7 +80,7 @@ class _TransientDownloadError(DownloadError):
 
 
 # Every log record of the process is redacted (httpx's request lines, httpcore's DEBUG headers with a redirect's
-# Location, huggingface_hub's and urllib3's lines): cog_triton.redaction.
+# Location, huggingface_hub's and urllib3's lines): cog_triton.fetch.redaction.
 install_log_redaction()
 
 
@@ -126,7 +126,7 @@ class _Transfer:
     resumable: bool = False
     started: float = field(default_factory=time.monotonic)
     last_error: Optional[str] = None
-    watchdog: Optional[FetchDeadline] = None  # enforces ``deadline`` on the connections (cog_triton.fetch_deadline)
+    watchdog: Optional[FetchDeadline] = None  # enforces ``deadline`` on the connections (cog_triton.fetch.deadline)
 
     def restart(self) -> None:
         """Forget the bytes so far: the next write starts the file (and the hash) from byte 0."""
@@ -237,7 +237,7 @@ def _download_once(client: httpx.Client, url: str, display: str, transfer: _Tran
     expected: Optional[int] = None
     phase = "connecting to"
     # The deadline's watchdog learns each connection of the request and its redirects from httpcore's trace
-    # extension, and shuts them down when it passes (cog_triton.fetch_deadline).
+    # extension, and shuts them down when it passes (cog_triton.fetch.deadline).
     extensions = {"trace": transfer.watchdog.trace} if transfer.watchdog is not None else {}
     try:
         with client.stream("GET", url, headers=headers, timeout=timeout, extensions=extensions) as response:

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from cog_triton.fetch_deadline import FetchDeadline
-from cog_triton.fetch_guard import hub_guard
-from cog_triton.fetch_rules import FetchRules
+from cog_triton.fetch.deadline import FetchDeadline
+from cog_triton.fetch.guard import hub_guard
+from cog_triton.fetch.rules import FetchRules
 from cog_triton.weights.archive import _extract_archive
 from cog_triton.weights.cache import (
     MARKER_VERSION,
@@ -117,7 +117,7 @@ def fetch_weights(
             wait for another process fetching into the same folder, and the download with all its connections,
             TLS handshakes, response headers, bodies, redirects, attempts and the waits between them (an
             ``hf://`` source's Hub calls too). It is enforced from outside the reads
-            (:mod:`cog_triton.fetch_deadline`): when it passes, the fetch ends with the deadline's message,
+            (:mod:`cog_triton.fetch.deadline`): when it passes, the fetch ends with the deadline's message,
             whatever the server is doing; it is not retried. Unpacking is not counted (the byte limits bound it).
         min_rate_bytes_s: an attempt fails when fewer than this many bytes per second arrive over
             a window of ``rate_grace_s`` seconds (0: no minimum).
@@ -135,7 +135,7 @@ def fetch_weights(
             a checkpoint's own code: ``COG_TRITON_LLM_TRUST_REMOTE_CODE``; :func:`cog_triton.weights.hub.fetch_hub`).
 
         rules: for a source an API caller gave (an adapter, a training's checkpoint): the fetch rules
-            (:mod:`cog_triton.fetch_rules`) every request and connection of an http(s) download is held to,
+            (:mod:`cog_triton.fetch.rules`) every request and connection of an http(s) download is held to,
             redirects included; ``what`` names what is fetched in their messages. None (the operator's own
             weights): no rules.
         deadline_at: the ``time.monotonic()`` instant the deadline ends, when the caller's clock started before
@@ -203,8 +203,8 @@ def fetch_weights(
                 raise FetchRefusedError(f"{src.display}: {refusal}")
         # The Hub's connections follow the caller's rules; the operator's own weights (rules None) may come from
         # any endpoint (HF_ENDPOINT may be a mirror on the private network): huggingface_hub's client in this
-        # process is the guarded one once any fetch installed it (cog_triton.fetch_guard), so say so explicitly.
-        # The deadline reaches its connections through the guard (cog_triton.fetch_deadline).
+        # process is the guarded one once any fetch installed it (cog_triton.fetch.guard), so say so explicitly.
+        # The deadline reaches its connections through the guard (cog_triton.fetch.deadline).
         deadline = None if deadline_at is None else FetchDeadline(
             deadline_s, at=deadline_at, what=f"the fetch of {src.display}", setting="COG_TRITON_DOWNLOAD_DEADLINE_S")
         try:

@@ -33,7 +33,7 @@ reading ``X-Repo-Commit``, ``ETag``/``X-Linked-Etag`` and ``Content-Length``/``X
 ``HF_ENDPOINT`` (huggingface_hub's own setting; tests point it at a local stand-in of the Hub). The same calls
 exist in huggingface_hub 0.x (read in 0.36.0, the line the GPU image's transformers 4.x requires: ``hf_api.py``,
 ``file_download.py``), which does them over requests instead of httpx; their failures differ by class between the
-majors and are classified once by :func:`cog_triton.hub_errors.classify_hub_error`, so every message below reads
+majors and are classified once by :func:`cog_triton.fetch.hub_errors.classify_hub_error`, so every message below reads
 the same under 0.x, 1.x and 2.x (``tests/test_weights_hub_0x.py`` runs this module's tests under 0.36).
 
 The token is huggingface_hub's own lookup (``HF_TOKEN``, else the token file of ``huggingface-cli login``): it is
@@ -65,7 +65,7 @@ from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any, Optional
 
-from cog_triton.hub_errors import HubFailure, classify_hub_error
+from cog_triton.fetch.hub_errors import HubFailure, classify_hub_error
 from cog_triton.weights.archive import _check_free_space
 from cog_triton.weights.cache import (
     MARKER_VERSION,
@@ -173,7 +173,7 @@ def fetch_hub(ref: HubRef, target: Path, source_key: str, *, timeout_s: float = 
             without them is not reused for one with them (the marker key differs).
         until: the fetch's deadline (a ``time.monotonic()`` instant), which bounds the wait for another process's
             fetch into ``target``; the Hub calls are held to it by the caller's guard (``hub_guard(..., deadline)``,
-            :mod:`cog_triton.fetch_deadline`).
+            :mod:`cog_triton.fetch.deadline`).
 
     Raises:
         WeightsError: the repository, revision or files are not there, the repository is gated or private and no
@@ -344,7 +344,7 @@ def _download(ref: HubRef, staging: Path, hub_cache: Path, timeout_s: float,
         log.info("fetching %d files (%d bytes) of %s at commit %s: %s", len(files), size, display, commit,
                  _sample(files, 12))
         # Four files at a time, as snapshot_download would; each task runs in a copy of this context, so that the
-        # fetch rules in force here (cog_triton.fetch_guard.hub_guard, a context variable) hold in its threads too
+        # fetch rules in force here (cog_triton.fetch.guard.hub_guard, a context variable) hold in its threads too
         # (snapshot_download's own thread pool would start them without it).
         with concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="hub-fetch") as pool:
             pending = [
@@ -365,7 +365,7 @@ def _download(ref: HubRef, staging: Path, hub_cache: Path, timeout_s: float,
 
 def _failure_error(failure: HubFailure, display: str, ref: HubRef, staging: Path, token: Optional[str],
                    token_note: str) -> WeightsError:
-    """The error of a failed fetch (:func:`cog_triton.hub_errors.classify_hub_error`), the same text under
+    """The error of a failed fetch (:func:`cog_triton.fetch.hub_errors.classify_hub_error`), the same text under
     huggingface_hub 0.x, 1.x and 2.x: WeightsError for what the repository lacks or the disk refused, DownloadError
     for a Hub that could not be reached or answered with an error. Quoted text of the Hub's is scrubbed."""
     kind = failure.kind

@@ -1,5 +1,5 @@
 """Weights sources: parsing a source (http(s) URL, file:// URL, local path), and fingerprints and hashes of local
-sources. URLs are shown redacted (:func:`cog_triton.redaction.redact_url`, re-exported here as before).
+sources. URLs are shown redacted (:func:`cog_triton.fetch.redaction.redact_url`, re-exported here as before).
 
 Part of :mod:`cog_triton.weights` (its public face is the package).
 """
@@ -16,7 +16,7 @@ from typing import Any, Optional, Union
 from urllib.parse import urlsplit
 from urllib.request import url2pathname
 
-from cog_triton.redaction import UnparsableURL, parse_url, redact_text, redact_url
+from cog_triton.fetch.redaction import UnparsableURL, parse_url, redact_text, redact_url
 from common.errors import WeightsError
 from common.files import MARKER_NAME, sha256_file
 
@@ -60,7 +60,7 @@ def _parse_source(source: SourceLike) -> _Source:
         else:
             scheme = match.group(1).lower()
             if scheme in ("http", "https"):
-                try:  # split as the HTTP client will split it (cog_triton.redaction)
+                try:  # split as the HTTP client will split it (cog_triton.fetch.redaction)
                     host = parse_url(text).host
                 except UnparsableURL as exc:
                     raise WeightsError(exc.refusal("the weights URL")) from None

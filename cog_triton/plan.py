@@ -1,0 +1,90 @@
+"""What setup decides, as plain data both processes read (pure: no I/O, nothing started): the stream processes'
+:class:`GeneratorConfig` (sent to each in :class:`cog_triton.ipc.Config`) and the LoRA adapter cache's
+:class:`StoreLimits`.
+
+The Cog worker (:mod:`cog_triton.worker`) makes these; the stream processes (:mod:`cog_triton.streaming`) build
+their generator from them. Neither package imports the other: they share this module and :mod:`cog_triton.ipc`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Optional
+
+from cog_triton.fetch.rules import FetchRules
+from tensorrtllm_backend.engine import ModelLimits
+from tensorrtllm_backend.lora import LoraSpec
+
+
+@dataclass(frozen=True)
+class StoreLimits:
+    """Where the cache lives and what bounds it.
+
+    Attributes:
+        root: the cache folder (created when missing).
+        budget_bytes: most bytes the cached adapters may take together (LRU eviction above it).
+        max_adapter_bytes: most bytes one adapter may download and unpack to.
+        timeout_s / retries / deadline_s / min_rate_bytes_s / rate_grace_s: the download's bounds, as
+            :func:`cog_triton.weights.fetch_weights` takes them (seconds, bytes/s). ``deadline_s`` bounds one
+            adapter's whole fetch from the moment it is asked for: the wait for another fetch of the same adapter
+            (in this process or another), every connection, header, body, redirect and retry, by URL or from the
+            Hub (COG_TRITON_ADAPTER_DOWNLOAD_DEADLINE_S).
+        rules: where adapters may be fetched from (default: https:// from public addresses only).
+        fetches: adapters one stream process fetches at once, each on a thread of its own: one per prediction
+            slot (COG_MAX_CONCURRENCY, the most predictions a process can have), so no prediction's adapter waits
+            for a thread while slow sources hold others (each holds its thread until its deadline, at most).
+    """
+
+    root: Path
+    budget_bytes: int = 20 << 30
+    max_adapter_bytes: int = 4 << 30
+    timeout_s: float = 60.0
+    retries: int = 3
+    deadline_s: float = 600.0
+    min_rate_bytes_s: float = 100_000
+    rate_grace_s: float = 60.0
+    rules: FetchRules = FetchRules()
+    fetches: int = 4
+
+
+@dataclass(frozen=True)
+class GeneratorConfig:
+    """Everything needed to build a :class:`Generator` in another process (picklable).
+
+    Attributes:
+        tokenizer_dir: the Hugging Face tokenizer folder.
+        limits: the engine's limits (tokens).
+        grpc_address: Triton's gRPC endpoint, ``host:port``.
+        token_timeout_s: no-token timeout, seconds.
+        add_special_tokens / special_tokens_in_user_text: :class:`cog_triton.streaming.prompt.PromptTokenizer`'s.
+        guided: guided decoding is on (a :class:`cog_triton.streaming.guided.GuideChecker` is built).
+        guided_off_reason: why it is off, for the error a guided request gets.
+        lora: which LoRA adapters the model serves (None: none).
+        adapter_limits: the adapter disk cache and download bounds (None: adapters are refused).
+        backend: what serves ``tensorrt_llm``: "engine" (the C++ backend, or the CPU reference model with its
+            tensors) or "pytorch" (the PyTorch backend over the LLM API: LoRA adapters go as folders).
+        sampler: the PyTorch backend's sampler (:mod:`tensorrtllm_backend.samplers`), None for the engine: a seed is
+            sent only where it does something (:func:`tensorrtllm_backend.samplers.takes_seed`).
+        model_interval_ms: sent as each request's ``stream_interval_ms`` when the ``tensorrt_llm`` model takes it
+            (the PyTorch-backend model: its responses joined per interval, the first at once, so that one LLM
+            instance's responses to Triton keep up with a GPU; the stream interval of the text, milliseconds);
+            None: not sent.
+    """
+
+    tokenizer_dir: Path
+    limits: ModelLimits
+    grpc_address: str
+    token_timeout_s: float = 120.0
+    add_special_tokens: Optional[bool] = None
+    special_tokens_in_user_text: bool = False
+    guided: bool = False
+    guided_off_reason: str = ""
+    lora: Optional[LoraSpec] = None
+    adapter_limits: Optional[StoreLimits] = None
+    backend: Literal["engine", "pytorch"] = "engine"
+    sampler: Optional[str] = None
+    model_interval_ms: Optional[int] = None
+
+
+__all__ = ("GeneratorConfig", "StoreLimits")

@@ -1,0 +1,292 @@
+"""Validation of prediction inputs (in the Cog worker; the prompt is rendered and tokenized by
+:mod:`cog_triton.streaming.prompt`, in the stream processes).
+
+Every input's type, default and bounds come from the predictor's Cog schema
+(:mod:`cog_triton.worker.schema`, generated from ``predict.py``'s literal ``Input(...)`` declarations), so
+our validation and coglet's (HTTP 422, when the schema is bundled) apply the same values. This
+module validates them again because ``predict()`` can be reached without coglet's validation (no
+schema bundled, or a direct call), and adds what the schema cannot say: float32 representability
+(the dtype of TensorRT-LLM's sampling tensors), min_tokens <= max_tokens, and the limits that
+depend on the engine (max input/sequence length, :meth:`PredictInputs.token_budget`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+from common.errors import InputError
+from cog_triton.ipc import PredictInputs
+from cog_triton.worker.guides import select_guide
+from cog_triton.fetch.adapter_refs import parse_adapter_ref
+from cog_triton.worker.schema import InputSpec, input_specs
+from cog_triton.worker.stop_sequences import parse_stop_sequences
+
+#: Smallest positive normal float32: a smaller non-zero value would reach the engine as 0 or a
+#: denormal (TensorRT-LLM's temperature, top_p and penalties are FP32 tensors).
+FLOAT32_TINY = 1.1754943508222875e-38
+
+
+def _show(value: Any, limit: int = 80) -> str:
+    """repr() of an input value, shortened for error messages."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _spec(name: str) -> InputSpec:
+    return input_specs()[name]
+
+
+def _check_range(spec: InputSpec, value: Any, shown: Any = None) -> None:
+    if (spec.minimum is not None and value < spec.minimum) or (spec.maximum is not None and value > spec.maximum):
+        raise InputError(f"{spec.name}={_show(value if shown is None else shown)} is out of range; allowed: {spec.allowed()}")
+
+
+def check_number(name: str, value: Any) -> float:
+    """Validate a ``number`` input against its schema bounds and float32; return it as a float.
+
+    Raises:
+        InputError: not a number, not finite, out of range, or a non-zero value that float32
+            cannot represent (it would reach the engine as 0).
+    """
+    spec = _spec(name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InputError(f"{name} must be a number from {spec.allowed()}, got {_show(value)}")
+    try:
+        number = float(value)
+    except OverflowError:  # an int too large for a float
+        raise InputError(f"{name}={_show(value)} is out of range; allowed: {spec.allowed()}") from None
+    if not math.isfinite(number):
+        raise InputError(f"{name} must be a finite number from {spec.allowed()}, got {value!r}")
+    _check_range(spec, number, value)
+    if number != 0.0 and abs(number) < FLOAT32_TINY:
+        raise InputError(
+            f"{name}={number!r} cannot be represented in float32, the dtype TensorRT-LLM uses for it: it would "
+            f"become 0; use 0 or a magnitude of at least {FLOAT32_TINY:.3g}"
+        )
+    return number
+
+
+def check_integer(name: str, value: Any) -> int:
+    """Validate an ``integer`` input against its schema bounds; return it.
+
+    Raises:
+        InputError: not an integer (a float with an integral value is accepted), or out of range.
+    """
+    spec = _spec(name)
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        else:
+            raise InputError(f"{name} must be an integer from {spec.allowed()}, got {_show(value)}")
+    _check_range(spec, value)
+    return value
+
+
+def check_text(name: str, value: Any, *, empty_ok: bool = True, expected: str = "a string") -> str:
+    """Validate a ``string`` input: its type and its schema ``maxLength`` (characters), before any parsing.
+
+    Raises:
+        InputError: not a string, or longer than allowed.
+    """
+    if value is None and empty_ok:
+        return ""
+    if not isinstance(value, str):
+        raise InputError(f"{name} must be {expected}, got {_show(value)} ({type(value).__name__})")
+    limit = _spec(name).max_length
+    if limit is not None and len(value) > limit:
+        raise InputError(f"{name} has {len(value)} characters; at most {limit} are allowed")
+    return value
+
+
+def parse_messages(text: str) -> list[dict[str, str]]:
+    """Parse the ``messages`` input: a JSON array of ``{"role": str, "content": str}`` objects.
+
+    Only the structure is checked here; which roles the model's chat template accepts is checked by
+    :class:`cog_triton.streaming.prompt.PromptTokenizer`.
+
+    Raises:
+        InputError: not JSON, not a non-empty array, or an item without a string role and content
+            (the message names the item's index).
+    """
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(
+            f"messages is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); give a JSON array "
+            'such as [{"role": "user", "content": "Hi"}]'
+        ) from None
+    if not isinstance(value, list) or not value:
+        raise InputError(
+            f"messages must be a non-empty JSON array of {{\"role\", \"content\"}} objects, got {_show(value)}"
+        )
+    messages: list[dict[str, str]] = []
+    for index, item in enumerate(value):
+        if not isinstance(item, dict):
+            raise InputError(f"messages[{index}] must be an object with role and content, got {_show(item)}")
+        role, content = item.get("role"), item.get("content")
+        if not isinstance(role, str) or not role.strip():
+            raise InputError(f"messages[{index}].role must be a non-empty string, got {_show(role)}")
+        if not isinstance(content, str):
+            raise InputError(f"messages[{index}].content must be a string, got {_show(content)}")
+        extra = sorted(set(item) - {"role", "content"})
+        if extra:
+            raise InputError(
+                f"messages[{index}] has unknown key(s) {', '.join(extra)}; each message has role and content"
+            )
+        messages.append({"role": role, "content": content})
+    return messages
+
+
+def _choice(name: str, value: Any) -> str:
+    """Validate a ``choices=`` input against the schema's choices."""
+    spec = _spec(name)
+    if not isinstance(value, str) or (spec.choices is not None and value not in spec.choices):
+        raise InputError(f"{name}={_show(value)} is not allowed; allowed: {spec.allowed()}")
+    return value
+
+
+def check_boolean(name: str, value: Any) -> bool:
+    """Validate a ``boolean`` input (JSON true/false; Python bool).
+
+    Raises:
+        InputError: not a bool.
+    """
+    if not isinstance(value, bool):
+        raise InputError(f"{name} must be true or false, got {_show(value)}")
+    return value
+
+
+def _resolve_alias(name: str, value: int, alias: str, alias_value: Any, unset: tuple[Any, ...]) -> int:
+    """``value`` of input ``name``, replaced by the deprecated alias ``alias`` when it is given.
+
+    replicate/cog-triton ``predict.py`` (@1434a90): ``max_new_tokens``/``min_new_tokens`` take over
+    ``max_tokens``/``min_tokens`` when those are at their default (coglet fills in a default before
+    predict() runs, so a default cannot be told from an omitted input) or equal; anything else is an
+    error there ("Can't set both ..."), and here. ``unset`` are the alias values that mean "not given"
+    (None; and 0 for min_new_tokens, which replicate's ``if min_new_tokens:`` skips).
+
+    Raises:
+        InputError: both are given with different values; the message names both.
+    """
+    if alias_value in unset:
+        return value
+    alias_value = check_integer(alias, alias_value)
+    if value not in (default_of(name), alias_value):
+        raise InputError(
+            f"{alias} is a deprecated alias of {name}; give only one of them ({name}={value}, "
+            f"{alias}={alias_value}); {name} is preferred"
+        )
+    return alias_value
+
+
+def default_of(name: str) -> Any:
+    """The schema default of input ``name`` (None when it has none)."""
+    return _spec(name).default
+
+
+def validate_inputs(**values: Any) -> PredictInputs:
+    """Check every input; return the validated, typed inputs.
+
+    Args:
+        values: the predict() inputs by name; a missing one takes the schema default.
+
+    Raises:
+        InputError: an unknown input, or the first invalid one, naming it, its value and
+            the allowed values.
+    """
+    specs = input_specs()
+    unknown = sorted(set(values) - set(specs))
+    if unknown:
+        raise InputError(f"unknown input(s) {', '.join(unknown)}; the inputs are: {', '.join(specs)}")
+    get = lambda name: values.get(name, specs[name].default)  # noqa: E731
+    prompt = check_text("prompt", get("prompt"), expected="a string (or empty when messages is given)")
+    messages_text = check_text(
+        "messages", get("messages"), expected="a JSON array of messages as a string (or empty)"
+    )
+    if prompt.strip() and messages_text.strip():
+        raise InputError(
+            "prompt and messages are both given; give exactly one: prompt for a single user turn, or messages "
+            "for a whole conversation (add the prompt as the last user message)"
+        )
+    if not prompt.strip() and not messages_text.strip():
+        raise InputError(
+            f"prompt={_show(prompt, 40)} is empty or only whitespace, and so is messages; give exactly one of "
+            "prompt (a non-empty text to respond to) or messages (a JSON array of role/content objects)"
+        )
+    messages = parse_messages(messages_text) if messages_text.strip() else None
+    system_prompt = check_text("system_prompt", get("system_prompt"), expected="a string (or empty)")
+    prompt_template: Optional[str] = check_text(
+        "prompt_template", get("prompt_template"), expected="a string containing {prompt} (or empty)"
+    )
+    if not (prompt_template or "").strip():
+        prompt_template = None
+    elif messages is not None:
+        raise InputError(
+            "prompt_template applies to prompt; messages are rendered with the model's chat template, so leave "
+            "prompt_template empty (or send prompt instead of messages)"
+        )
+    elif "{prompt}" not in prompt_template:  # type: ignore[operator]
+        raise InputError(
+            f"prompt_template={prompt_template[:80]!r} must contain {{prompt}} "  # type: ignore[index]
+            "(and may contain {system_prompt}); leave it empty to use the model's chat template"
+        )
+    max_tokens = check_integer("max_tokens", get("max_tokens"))
+    max_tokens = _resolve_alias("max_tokens", max_tokens, "max_new_tokens", get("max_new_tokens"), (None,))
+    min_tokens = check_integer("min_tokens", get("min_tokens"))
+    min_tokens = _resolve_alias("min_tokens", min_tokens, "min_new_tokens", get("min_new_tokens"), (None, 0))
+    # -1 means "off" (replicate/cog-triton predict.py _process_args: "if min_tokens < 0: min_tokens = 0")
+    min_tokens = max(min_tokens, 0)
+    if min_tokens > max_tokens:
+        raise InputError(f"min_tokens={min_tokens} is greater than max_tokens={max_tokens}; allowed: 0 to max_tokens")
+    seed = get("seed")
+    seed_given = not (seed is None or seed == "")
+    if not seed_given:
+        seed = random.SystemRandom().randint(0, 2**31 - 1)
+    else:
+        try:
+            seed = check_integer("seed", seed)
+        except InputError as exc:
+            raise InputError(f"{exc.message}, or empty for a random seed") from None
+    stop_value = get("stop_sequences")
+    if isinstance(stop_value, str):  # its size is bounded before it is parsed
+        check_text("stop_sequences", stop_value)
+    guide = select_guide(
+        json_schema=check_text("json_schema", get("json_schema"), expected="a JSON Schema as a string (or empty)"),
+        response_format=_choice("response_format", get("response_format")),
+        regex=check_text("regex", get("regex"), expected="a regular expression as a string (or empty)"),
+        grammar=check_text("grammar", get("grammar"), expected="an EBNF grammar as a string (or empty)"),
+    )
+    lora = parse_adapter_ref(
+        check_text("lora_weights", get("lora_weights"), expected="a URL or hf:// reference (or empty)")
+    )
+    return PredictInputs(
+        prompt=prompt,
+        messages=messages,
+        system_prompt=system_prompt,
+        prompt_template=prompt_template,
+        max_tokens=max_tokens,
+        min_tokens=min_tokens,
+        temperature=check_number("temperature", get("temperature")),
+        top_p=check_number("top_p", get("top_p")),
+        # -1 means "off" like 0 (replicate/cog-triton predict.py: "if top_k < 0: top_k = 0")
+        top_k=max(check_integer("top_k", get("top_k")), 0),
+        repetition_penalty=check_number("repetition_penalty", get("repetition_penalty")),
+        presence_penalty=check_number("presence_penalty", get("presence_penalty")),
+        frequency_penalty=check_number("frequency_penalty", get("frequency_penalty")),
+        stop_sequences=parse_stop_sequences(stop_value),
+        seed=seed,
+        seed_given=seed_given,
+        guide=guide,
+        length_penalty=check_number("length_penalty", get("length_penalty")),
+        log_performance_metrics=check_boolean("log_performance_metrics", get("log_performance_metrics")),
+        lora=lora,
+    )
+
+
+__all__: Sequence[str] = (
+    "check_boolean", "check_number", "check_integer", "check_text", "parse_messages", "validate_inputs"
+)

@@ -1,0 +1,599 @@
+"""The predictor's logic: setup (weights -> model repository -> Triton) and streaming generation.
+
+``predict.py`` only declares Cog inputs and delegates here. One :class:`LLMService` owns the
+Triton process, its supervisor, the stream processes and the Prometheus endpoint for the lifetime of the
+Cog worker.
+
+Why one module (about 550 lines): one concern, the predictor's life in the Cog worker: setup (weights,
+model repository, Triton, stream processes, the Prometheus endpoint, self-test), each prediction's path
+(validate, wait for Triton, hand it to a stream process, count it in the metrics) and shutdown. What it
+drives lives in its own modules (weights/, stream_pool, supervisor, exporter, generation); the helpers
+above the class are the setup's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import dataclasses
+import importlib.util
+import logging
+import threading
+import time
+import uuid
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Optional, TypeVar, Union
+
+from cog_triton.worker.cog_bridge import on_end, then
+from cog_triton.worker.exporter import MetricsServer, ServiceMetrics, serve_metrics
+from cog_triton.plan import GeneratorConfig
+from common.errors import (
+    ConfigError,
+    InputError,
+    ManifestError,
+    TritonDiedError,
+    TritonError,
+)
+from cog_triton.ipc import PredictInputs
+from cog_triton.worker.inputs import validate_inputs
+from cog_triton.worker.metrics import OUTPUT_TOKEN_COUNT, MetricSink, performance_lines
+from cog_triton.fetch.rules import FetchRules
+from cog_triton.fetch.adapter_refs import check_adapter_allowed
+from cog_triton.plan import StoreLimits
+from cog_triton.settings import Settings, VerifyMode
+from cog_triton.worker.stream_pool import StreamPool
+from cog_triton.worker.supervisor import Health, State, Supervisor
+from cog_triton.weights import fetch_weights
+from tensorrtllm_backend.engine import WeightsInfo, find_model_root, inspect_weights
+from tensorrtllm_backend.gpus import GPU, visible_gpus
+from tensorrtllm_backend.llmapi_args import PyTorchServing, choose_checkpoint_backend, plan_pytorch_serving
+from tensorrtllm_backend.manifest import (
+    MANIFEST_NAME,
+    Manifest,
+    base_model_of,
+    check_weights_match,
+    reference_lora,
+    verify_weights,
+)
+from tensorrtllm_backend.samplers import SamplingInputs, refusal, takes_seed
+from tensorrtllm_backend.server import LaunchConfig, TritonServer, locate_tritonserver
+from tensorrtllm_backend.templates import (
+    RenderOptions,
+    guided_decoding_of,
+    render_model_repository,
+    takes_stream_interval,
+)
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+SELF_TEST_PROMPT = "Hello"
+SELF_TEST_TOKENS = 4
+
+
+def _run_coroutine_sync(factory: Callable[[], Awaitable[T]]) -> T:
+    """Run a coroutine to completion from sync code, even if this thread already runs a loop."""
+    result: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            result["value"] = asyncio.run(factory())  # type: ignore[arg-type]
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            result["error"] = exc
+
+    thread = threading.Thread(target=target, name="cog-triton-sync")
+    thread.start()
+    thread.join()
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
+
+
+def reference_limits(settings: Settings, manifest: Optional[Manifest]) -> dict[str, Optional[int]]:
+    """Limits of the CPU reference backend: each ``COG_TRITON_REFERENCE_*`` setting that is set wins,
+    else the ``limits`` of the archive's build config (reference-backend manifests), else the defaults.
+
+    Returns:
+        ``reference_max_batch_size`` (requests), ``reference_max_seq_len`` and
+        ``reference_max_input_len`` (tokens; None = derive from the checkpoint), as
+        :func:`tensorrtllm_backend.engine.inspect_weights` takes them.
+    """
+    packed = manifest.build_config.get("limits", {}) if manifest and manifest.backend == "reference" else {}
+    explicit = settings.model_fields_set
+    batch = settings.reference_max_batch_size
+    if "reference_max_batch_size" not in explicit and isinstance(packed.get("max_batch_size"), int):
+        batch = packed["max_batch_size"]
+    return {
+        "reference_max_batch_size": batch,
+        "reference_max_seq_len": settings.reference_max_seq_len or packed.get("max_seq_len"),
+        "reference_max_input_len": settings.reference_max_input_len or packed.get("max_input_len"),
+    }
+
+
+def _print_performance(seen: dict[str, Union[int, float]], started: float) -> None:
+    """``log_performance_metrics``: print the prediction's performance lines (called from the thread that
+    iterates its stream: coglet's, so they land in the prediction's logs)."""
+    ttft = seen.get("time_to_first_token_s")
+    lines = performance_lines(int(seen.get(OUTPUT_TOKEN_COUNT, 0)), time.monotonic() - started,
+                              None if ttft is None else float(ttft))
+    print("\n".join(lines), flush=True)
+
+
+class LLMService:
+    """Weights, model repository, Triton process and generation for one predictor.
+
+    Lifecycle: :meth:`setup` (blocking, seconds to minutes) -> any number of concurrent
+    :meth:`predict` / :meth:`generate` calls -> :meth:`shutdown` (also registered with ``atexit``).
+
+    The per-token work of every prediction runs in the stream processes (``COG_TRITON_STREAM_PROCESSES``,
+    :class:`cog_triton.worker.stream_pool.StreamPool`); this process validates, routes and relays text chunks.
+
+    Prometheus metrics (:mod:`cog_triton.worker.exporter`): :attr:`metrics` counts every prediction that goes through
+    :meth:`validate` and :meth:`predict`; :meth:`setup` serves them with Triton's on
+    ``COG_TRITON_PROMETHEUS_PORT`` until :meth:`shutdown`.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.server: Optional[TritonServer] = None
+        self.info: Optional[WeightsInfo] = None
+        self._gpus: list[GPU] = []
+        self.supervisor: Optional[Supervisor] = None
+        self.generator_config: Optional[GeneratorConfig] = None
+        self.pool: Optional[StreamPool] = None  # the stream processes
+        self.metrics = ServiceMetrics()
+        self.metrics_server: Optional[MetricsServer] = None
+        atexit.register(self.shutdown)
+
+    @property
+    def interval_s(self) -> float:
+        """The stream interval, seconds (COG_TRITON_STREAM_INTERVAL_MS)."""
+        return self.settings.stream_interval_ms / 1e3
+
+    # ----------------------------------------------------------------- setup
+    def setup(self, weights: Union[str, Path, None] = None) -> None:
+        """Fetch weights, render the model repository, start Triton and the stream processes, run a self-test.
+
+        Args:
+            weights: URL (http, https, file) or local path of a .tar/.tar.gz archive or folder;
+                default: COG_TRITON_WEIGHTS, else Cog's COG_WEIGHTS.
+
+        Raises:
+            ConfigError: no weights given, bad settings, unusable weights metadata, or a stream
+                process that could not start.
+            IncompatibleWeightsError: the engine was built by another TensorRT-LLM version, needs more
+                GPUs than are visible, or targets another GPU compute capability.
+            WeightsError: download, checksum or extraction failed; ManifestError: a file differs
+                from manifest.json.
+            TritonStartupError: Triton did not become ready (message has its log tail).
+            TritonError: the self-test generation failed.
+            ConfigError: the Prometheus endpoint cannot listen on COG_TRITON_PROMETHEUS_ADDRESS:PORT.
+        """
+        started = time.monotonic()
+        settings = self.settings
+        source = str(weights) if weights not in (None, "") else settings.default_weights()
+        if not source:
+            raise ConfigError(
+                "no weights given: pass setup(weights=...), or set COG_WEIGHTS or COG_TRITON_WEIGHTS to a URL or path "
+                "of a .tar/.tar.gz archive or folder holding an engine or a Hugging Face checkpoint"
+            )
+        self.shutdown()
+        # First: a port in use fails setup before a download of many GB.
+        self.metrics_server = serve_metrics(self.metrics, settings.prometheus_address, settings.prometheus_port,
+                                            triton_metrics_port=settings.metrics_port)
+        fetched = fetch_weights(
+            source,
+            settings.weights_path,
+            sha256=settings.weights_sha256,
+            timeout_s=settings.download_timeout_s,
+            retries=settings.download_retries,
+            deadline_s=settings.download_deadline_s,
+            min_rate_bytes_s=settings.download_min_rate_bytes_s,
+            rate_grace_s=settings.download_rate_grace_s,
+            max_extracted_bytes=settings.max_extracted_bytes,
+            hub_code=settings.llm_trust_remote_code,
+        )
+        log.info("weights ready in %s (%s)", fetched.path, "reused" if fetched.skipped else "fetched")
+        manifest = self._verify(find_model_root(settings.weights_path), reused=fetched.skipped)
+        info = inspect_weights(
+            settings.weights_path,
+            tokenizer_dir=settings.path(settings.tokenizer_dir) if settings.tokenizer_dir else None,
+            **reference_limits(settings, manifest),
+            **reference_lora(manifest),
+        )
+        check_weights_match(info, manifest, self._gpus)
+        if info.kind == "engine" and base_model_of(manifest):  # for the LoRA refusals' messages
+            info = dataclasses.replace(info, lora=dataclasses.replace(info.lora, base_model=base_model_of(manifest)))
+        # A checkpoint is served by TensorRT-LLM's PyTorch backend (the LLM API) on a GPU, else by the CPU
+        # reference model (COG_TRITON_CHECKPOINT_BACKEND); its arguments are checked here, before Triton starts.
+        serving: Optional[PyTorchServing] = None
+        if info.kind != "engine" and choose_checkpoint_backend(settings.checkpoint_backend.value, self._gpus) == "pytorch":
+            serving = plan_pytorch_serving(info, settings.llm_api_options(), self._gpus, base_model_of(manifest))
+            info = dataclasses.replace(info, limits=serving.limits, lora=serving.lora, world_size=serving.world_size)
+        if info.limits.max_batch_size < settings.max_concurrency:
+            log.warning(
+                "Cog serves up to %d predictions at once (COG_MAX_CONCURRENCY, cog.yaml concurrency.max), but the "
+                "engine batches at most %d requests (max_batch_size): the others wait in the engine's queue; "
+                "rebuild the engine with limits.max_batch_size >= %d, or lower the concurrency",
+                settings.max_concurrency, info.limits.max_batch_size, settings.max_concurrency,
+            )
+        if serving is not None:
+            log.info("%s", serving.describe(info))
+        else:
+            log.info("%s", info.lora.describe())
+            log.info(
+                "%s %s (%s), world size %d, max_input_len %d, max_seq_len %d, max_batch_size %d",
+                "engine" if info.kind == "engine" else "Hugging Face checkpoint on the CPU reference model",
+                info.architecture,
+                info.dtype,
+                info.world_size,
+                info.limits.max_input_len,
+                info.limits.max_seq_len,
+                info.limits.max_batch_size,
+            )
+        rendered = render_model_repository(
+            dataclasses.replace(self._render_options(), llm_args=serving.args if serving else None), info
+        )
+        guided, off_reason = self._guided_decoding(guided_decoding_of(rendered["tensorrt_llm"]), info)
+        installation = locate_tritonserver(
+            settings.path(settings.tritonserver) if settings.tritonserver else None,
+            settings.path(settings.backend_dir) if settings.backend_dir else None,
+            work_dir=settings.path(Path("build")),
+        )
+        self.server = TritonServer(
+            installation,
+            LaunchConfig(
+                model_repo=settings.model_repo_path,
+                http_port=settings.http_port,
+                grpc_port=settings.grpc_port,
+                metrics_port=settings.metrics_port,
+                # An engine's tensor/pipeline parallelism: one server per rank under mpirun (check_weights_match made
+                # sure the manifest's world size, when there is one, equals the engine's). A checkpoint's: one server
+                # under mpirun -n 1, whose LLM spawns its ranks (tensorrtllm_backend.server's docstring).
+                world_size=1 if serving else info.world_size if not manifest else manifest.world_size,
+                single_rank_mpirun=serving is not None and serving.world_size > 1,
+                log_verbose=settings.log_verbose,
+                mpirun=settings.mpirun,
+            ),
+            log_file=settings.path(settings.triton_log_file),
+            stop_timeout_s=settings.stop_timeout_s,
+        )
+        self.info = info
+        # Chunked context changes the longest prompt the executor takes (ModelLimits.executor_max_input_len);
+        # only the C++ backend reads the setting (the reference template has no such parameter).
+        # The PyTorch backend's limits already follow its own rule (llmapi_args.pytorch_limits).
+        limits = info.limits if serving is not None else dataclasses.replace(
+            info.limits, enable_chunked_context=settings.enable_chunked_context and info.kind == "engine"
+        )
+        if limits.executor_max_input_len() != limits.max_input_len:
+            log.info(
+                "prompts are held to %d tokens, not the engine's max_input_len %d: %s",
+                limits.executor_max_input_len(), limits.max_input_len, limits.input_limit_reason(),
+            )
+        self.generator_config = GeneratorConfig(
+            tokenizer_dir=info.tokenizer_dir,
+            limits=limits,
+            grpc_address=self.server.grpc_address,
+            token_timeout_s=settings.request_timeout_s,
+            add_special_tokens=settings.add_special_tokens,
+            special_tokens_in_user_text=settings.special_tokens_in_user_text,
+            guided=guided,
+            guided_off_reason=off_reason,
+            lora=info.lora,
+            adapter_limits=self._adapter_limits(),
+            backend="pytorch" if serving is not None else "engine",
+            sampler=serving.sampler if serving is not None else None,
+            model_interval_ms=(round(settings.stream_interval_ms) if takes_stream_interval(rendered["tensorrt_llm"])
+                               else None),
+        )
+        processes = settings.stream_process_count()
+        # The stream processes load their tokenizers while Triton loads its models.
+        self.pool = StreamPool(
+            self.generator_config,
+            processes,
+            interval_s=self.interval_s,
+            start_timeout_s=settings.startup_timeout_s,
+            on_transport_error=self._died_or,
+            metrics=self.metrics,
+            timing=settings.timing_metrics,
+            interval_max_s=settings.stream_interval_max_ms / 1e3,
+            interval_streams=settings.stream_interval_streams,
+        )
+        self.pool.launch()
+        self.server.start()
+        ready_s = self.server.wait_ready(settings.startup_timeout_s)
+        log.info("Triton ready in %.1f s", ready_s)
+        self.supervisor = Supervisor(
+            self.server,
+            ["ensemble", "preprocessing", "tensorrt_llm"],
+            startup_timeout_s=settings.startup_timeout_s,
+            on_restart=self._triton_restarted,
+        )
+        self.supervisor.start()
+        self.pool.set_watcher(self.supervisor.register, self.supervisor.unregister)
+        self.pool.wait_ready()
+        log.info(
+            "streaming: %d stream process(es), stream interval %g ms (COG_TRITON_STREAM_PROCESSES, "
+            "COG_TRITON_STREAM_INTERVAL_MS)", processes, settings.stream_interval_ms,
+        )
+        if settings.self_test:
+            self._self_test()
+        log.info("setup finished in %.1f s", time.monotonic() - started)
+
+    def _verify(self, root: Path, reused: bool = False) -> Optional[Manifest]:
+        """Verify the weights in ``root`` against their manifest.json before Triton starts.
+
+        ``reused``: the fetch was skipped; with COG_TRITON_VERIFY_WEIGHTS=fast (the default) files
+        unchanged in size and mtime since the last successful full check are not hashed again.
+
+        Raises:
+            ManifestError: missing/resized/altered files, or no manifest with require_manifest set.
+            IncompatibleWeightsError: other TensorRT-LLM version, too few GPUs, other compute capability.
+        """
+        self._gpus = visible_gpus()
+        trust = reused and self.settings.verify_weights is VerifyMode.FAST
+        verification = verify_weights(root, self._gpus, trust_record=trust)
+        if verification is None:
+            if self.settings.require_manifest:
+                raise ManifestError(
+                    f"no {MANIFEST_NAME} in {root} and COG_TRITON_REQUIRE_MANIFEST is set: package the weights "
+                    "with scripts/build_engine, or unset COG_TRITON_REQUIRE_MANIFEST"
+                )
+            log.warning(
+                "no %s in %s: file integrity and GPU compatibility are not verified (package with scripts/build_engine)",
+                MANIFEST_NAME,
+                root,
+            )
+            return None
+        manifest = verification.manifest
+        log.info(
+            "verified %d files of %s (%s backend, world size %d%s) against %s in %.1f s",
+            len(manifest.files),
+            manifest.name,
+            manifest.backend,
+            manifest.world_size,
+            f", TensorRT-LLM {manifest.tensorrt_llm_version}" if manifest.tensorrt_llm_version else "",
+            MANIFEST_NAME,
+            verification.seconds,
+        )
+        return manifest
+
+    @staticmethod
+    def _guided_decoding(enabled: bool, info: WeightsInfo) -> tuple[bool, str]:
+        """Structured output is offered when the rendered ``tensorrt_llm`` config turns guided decoding on;
+        returns (on, why it is off)."""
+        if enabled:
+            log.info("guided decoding (structured output) is on (xgrammar)")
+            return True, ""
+        reason = (
+            "its weights have no xgrammar_tokenizer_info.json next to the tokenizer (archives made by "
+            "scripts/build_engine include it when the tokenizer supports it)"
+            if info.kind == "engine"
+            else "the xgrammar package is not installed"
+        )
+        log.info("guided decoding (structured output) is off: %s", reason)
+        return False, reason
+
+    def _adapter_limits(self) -> Optional[StoreLimits]:
+        """The LoRA adapter disk cache, its download bounds and fetch rules (COG_TRITON_ADAPTER_*,
+        COG_TRITON_DOWNLOAD_*, COG_TRITON_FETCH_*); None when adapters are off (COG_TRITON_LORA_ADAPTERS)."""
+        s = self.settings
+        if not s.lora_adapters:
+            return None
+        return StoreLimits(
+            root=s.path(s.adapter_cache_dir),
+            budget_bytes=s.adapter_cache_bytes,
+            max_adapter_bytes=s.adapter_max_bytes,
+            timeout_s=s.download_timeout_s,
+            retries=s.download_retries,
+            deadline_s=s.adapter_download_deadline_s,
+            min_rate_bytes_s=s.download_min_rate_bytes_s,
+            rate_grace_s=s.download_rate_grace_s,
+            rules=FetchRules.from_settings(s),
+            fetches=s.max_concurrency,
+        )
+
+    def _render_options(self) -> RenderOptions:
+        s = self.settings
+        return RenderOptions(
+            template_dir=s.template_path,
+            model_repo_dir=s.model_repo_path,
+            triton_max_batch_size=s.triton_max_batch_size,
+            decoupled=True,
+            max_queue_delay_microseconds=s.max_queue_delay_microseconds,
+            batching_strategy=s.batching_strategy.value,
+            batch_scheduler_policy=s.batch_scheduler_policy.value,
+            kv_cache_free_gpu_mem_fraction=s.kv_cache_free_gpu_mem_fraction,
+            max_tokens_in_paged_kv_cache=s.max_tokens_in_paged_kv_cache,
+            enable_kv_cache_reuse=s.enable_kv_cache_reuse,
+            enable_chunked_context=s.enable_chunked_context,
+            gpu_device_ids=s.gpu_device_ids,
+            preprocessing_instance_count=s.preprocessing_instance_count,
+            # for text_input sent to the ensemble by other clients; the predictor sends token ids
+            add_special_tokens=s.add_special_tokens if s.add_special_tokens is not None else True,
+            reference_torch_threads=s.reference_torch_threads,
+            tensorrt_llm_parameters=s.tensorrt_llm_parameters,
+            guided_decoding=importlib.util.find_spec("xgrammar") is not None,
+            lora_cache_optimal_adapter_size=s.lora_cache_optimal_adapter_size,
+            lora_cache_max_adapter_size=s.lora_cache_max_adapter_size,
+            lora_cache_gpu_memory_fraction=s.lora_cache_gpu_memory_fraction,
+            lora_cache_host_memory_bytes=s.lora_cache_host_memory_bytes,
+        )
+
+    def _self_test(self) -> None:
+        inputs = validate_inputs(prompt=SELF_TEST_PROMPT, max_tokens=SELF_TEST_TOKENS, temperature=0, seed=0)
+
+        async def run() -> str:
+            return "".join([part async for part in self.generate(inputs, track=False)])
+
+        started = time.monotonic()
+        text = _run_coroutine_sync(run)
+        log.info("self-test generated %r in %.2f s", text, time.monotonic() - started)
+
+    def _triton_restarted(self) -> None:
+        """The supervisor restarted Triton (called in its thread before new requests are let through): the
+        gRPC channels to the old Triton are replaced."""
+        self.metrics.triton_restarts.inc()
+        if self.pool is not None:
+            self.pool.reconnect()
+
+    # ------------------------------------------------------------- lifecycle
+    def shutdown(self) -> None:
+        """Stop the stream processes, stop watching and stop Triton (SIGINT, then SIGKILL after the grace
+        period); its shared memory is removed; stop the Prometheus endpoint. Safe to call repeatedly."""
+        if self.metrics_server is not None:
+            self.metrics_server.stop()
+            self.metrics_server = None
+        if self.pool is not None:
+            self.pool.stop()
+            self.pool = None
+        if self.supervisor is not None:
+            self.supervisor.stop()
+        if self.server is not None:
+            self.server.stop()
+
+    def health(self) -> Health:
+        """Whether the service can serve (for the predictor's healthcheck; see cog_triton.worker.supervisor)."""
+        if self.supervisor is None or self.pool is None:
+            return Health(False, "setup() has not completed")
+        pool = self.pool.health()
+        return pool if not pool.healthy else self.supervisor.health()
+
+    # ------------------------------------------------------------ generation
+    def validate(self, **inputs: Any) -> PredictInputs:
+        """:meth:`cog_triton.worker.inputs.PredictInputs.validate`, then the refusal of an input the engine's sampler would
+        ignore (:func:`tensorrtllm_backend.samplers.refusal`; the PyTorch backend's TorchSampler), counting a refused
+        prediction in :attr:`metrics` (predict() calls it first).
+
+        Raises:
+            InputError: as ``PredictInputs.validate``, or an input the sampler would ignore (naming the input, the
+                sampler and the setting that applies it).
+        """
+        try:
+            checked = validate_inputs(**inputs)
+            config = self.generator_config
+            sampler = config.sampler if config is not None else None
+            problem = refusal(sampler, SamplingInputs(
+                greedy=checked.greedy, repetition_penalty=checked.repetition_penalty,
+                presence_penalty=checked.presence_penalty, frequency_penalty=checked.frequency_penalty,
+                min_tokens=checked.min_tokens, seed=checked.seed if checked.seed_given else None))
+            if problem is not None:
+                raise InputError(problem)
+            return checked
+        except Exception as exc:
+            self.metrics.refused(exc)
+            raise
+
+    def seed_note(self, inputs: PredictInputs) -> str:
+        """What the prediction's log says of its seed: the seed sent, or why none is."""
+        config = self.generator_config
+        if config is None or takes_seed(config.sampler):
+            return f"seed {inputs.seed}"
+        return (f"no seed sent: the PyTorch backend's {config.sampler} takes none (greedy decoding, or sampling from one "
+                "shared generator)")
+
+    async def predict(self, inputs: PredictInputs, metric: Optional[MetricSink] = None, *,
+                      track: bool = True) -> Iterator[str]:
+        """Start generating ``inputs``; return the sync generator of text chunks coglet streams.
+
+        Returns once the request is prepared (prompt rendered and tokenized once) and sent to Triton;
+        an input error is raised here, before the first output. ``metric(name, value)`` receives
+        input_token_count, output_token_count (tokens) and the time to first token (seconds, from
+        this call to the first token; :mod:`cog_triton.worker.metrics` names), from any thread. With
+        ``log_performance_metrics`` the generator prints the prediction's performance lines at its end
+        (:func:`cog_triton.worker.metrics.performance_lines`). See :mod:`cog_triton.worker.cog_bridge` for why
+        predict() returns a generator rather than yielding.
+
+        The generator's chunks concatenate to the full decode of the generated tokens, cut before the
+        first stop sequence (never emitted); a chunk leaves at most every stream interval.
+
+        Raises:
+            InputError: the prompt is too long for the model, min_tokens cannot fit, the chat template
+                refuses the input, or the guide does not compile; LoraAdapterError: adapters are off
+                (COG_TRITON_LORA_ADAPTERS) or the fetch rules refuse ``lora_weights``, or it cannot be served.
+            TritonError: setup() has not completed, or Triton could not be restarted in time.
+            StreamProcessError: no stream process could take the prediction.
+
+        The generator raises: TritonDiedError (Triton exited or faulted; detected within ~0.5 s),
+        InferenceError (Triton rejected the request or sent nothing for COG_TRITON_REQUEST_TIMEOUT_S),
+        TritonError (the connection broke), IncompleteOutputError (a guided output reached the token
+        limit before its document closed), StreamProcessError (its stream process died).
+
+        ``track``: count the prediction in :attr:`metrics` (the self-test is not counted): running from this
+        call until the generator stops, then its outcome (and error code), its time to first token, time per
+        output token and token counts, once each.
+        """
+        if inputs.lora is not None:  # adapters off, or refused by the fetch rules: here, before a stream process
+            check_adapter_allowed(inputs.lora, FetchRules.from_settings(self.settings), self.settings.lora_adapters)
+        started = time.monotonic()
+        tracker = self.metrics.track(metric, started) if track else None
+        sink: Optional[MetricSink] = tracker if tracker is not None else metric
+        seen: dict[str, Union[int, float]] = {}
+        if inputs.log_performance_metrics:
+            outer = sink
+
+            def capture(name: str, value: Union[int, float]) -> None:
+                seen[name] = value
+                if outer:
+                    outer(name, value)
+
+            sink = capture
+        try:
+            stream = await self._open(inputs, sink, started, tracker.queued if tracker is not None else None)
+        except BaseException as exc:
+            if tracker is not None:
+                tracker.finish(exc)
+            raise
+        if tracker is not None:
+            on_end(stream, tracker.finish)
+        if inputs.log_performance_metrics:
+            return then(stream, lambda: _print_performance(seen, started))
+        return stream
+
+    async def _open(self, inputs: PredictInputs, metric: Optional[MetricSink], started: float,
+                    queued: Optional[Callable[[], AbstractContextManager[None]]] = None) -> Iterator[str]:
+        supervisor, pool = self.supervisor, self.pool
+        if supervisor is None or pool is None:
+            raise TritonError("setup() has not completed: Triton is not running")
+        if supervisor.state is State.READY or queued is None:
+            await supervisor.wait_ready()  # returns at once while Triton runs
+        else:
+            with queued():  # Triton is being restarted: the prediction waits for it
+                await supervisor.wait_ready()
+        request_id = f"cog-triton-{uuid.uuid4().hex}"
+        log.info("Triton request id %s", request_id)  # in the prediction's logs: ties it to Triton's log lines
+        return await pool.open(inputs, request_id, started, metric, queued)
+
+    async def generate(self, inputs: PredictInputs, metric: Optional[MetricSink] = None, *,
+                       track: bool = True) -> AsyncIterator[str]:
+        """:meth:`predict` as an async iterator of text chunks (the self-test and tests use it).
+
+        Raises:
+            As :meth:`predict` and its generator.
+        """
+        stream = await self.predict(inputs, metric, track=track)
+        end = object()
+        try:
+            while True:
+                chunk = await asyncio.to_thread(next, stream, end)
+                if chunk is end:
+                    return
+                yield chunk  # type: ignore[misc]
+        finally:
+            stream.close()
+
+    async def _died_or(self, exc: TritonError) -> TritonError:
+        """After a broken connection: TritonDiedError if Triton exits or faults within 2 s, else ``exc``."""
+        server, supervisor = self.server, self.supervisor
+        assert server is not None and supervisor is not None
+        for _ in range(20):
+            if not server.is_alive():
+                return TritonDiedError(
+                    f"Triton {server.exit_description()} during the prediction; it is being restarted. "
+                    f"Last log lines:\n{server.log_tail(20)}"
+                )
+            if supervisor.state is not State.READY:
+                return TritonDiedError(f"{supervisor.counters.last_fault}; the prediction was stopped")
+            await asyncio.sleep(0.1)
+        return exc

@@ -1,0 +1,593 @@
+"""The Cog worker's side of the stream processes: start them, route predictions, relay their text.
+
+:class:`StreamPool` starts ``COG_TRITON_STREAM_PROCESSES`` processes (:mod:`cog_triton.streaming.streamer`),
+each joined to the worker by one Unix socket pair (:mod:`cog_triton.ipc`), and gives each new
+prediction to the one with the fewest running predictions. What the worker does per prediction: send
+one :class:`~cog_triton.ipc.Start` command, wait for its :class:`~cog_triton.ipc.Accepted` (or
+:class:`~cog_triton.ipc.Rejected`: the input error predict() raises), record three metrics. Per text chunk
+(not per token): one receiver thread per process reads a frame
+holding many predictions' chunks, and puts each chunk on its prediction's queue, which wakes that
+prediction's coglet thread (:mod:`cog_triton.worker.cog_bridge`). Nothing else per token happens in the
+worker's interpreter.
+
+Faults:
+
+* A stream process that dies (killed, crashed) fails only its own predictions, at once, with a
+  :class:`common.errors.StreamProcessError` naming it; another process is asked to send Triton
+  the stop request of each of them (Triton also cancels them when their gRPC streams close), and
+  the process is restarted in the background. While none is running, new predictions wait for
+  one, up to ``start_timeout_s``.
+* A Triton fault found by the supervisor fails the running predictions through
+  :meth:`RoutedPrediction.fail` (the supervisor holds them while they run).
+* A transport error a stream process reports (the gRPC stream broke) is handed to
+  ``on_transport_error``, which decides on the worker's loop whether Triton is dying.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Awaitable, Callable, Iterator, Optional, Union
+
+from common.errors import ConfigError, StreamProcessError, TritonError
+from cog_triton import ipc
+from cog_triton.worker.cog_bridge import PredictionOutput, output_generator
+from cog_triton.plan import GeneratorConfig
+from cog_triton.ipc import PredictInputs
+from cog_triton.worker.metrics import INPUT_TOKEN_COUNT, OUTPUT_TOKEN_COUNT, MetricSink, record_time_to_first_token
+from cog_triton.settings import REPO_ROOT
+from cog_triton.worker.supervisor import Health
+
+if TYPE_CHECKING:
+    from cog_triton.worker.exporter import ServiceMetrics
+
+log = logging.getLogger(__name__)
+
+#: The timing metric (COG_TRITON_TIMING_METRICS): one dict per prediction, recorded once its first text was
+#: yielded to coglet, of when each step of its start happened, in seconds since predict() began, plus that
+#: beginning as time.monotonic() (the host's clock; the client's too on the same host), so that
+#: scripts/benchmark can split the time to first token into its phases. One metric, so one message to coglet.
+TIMING_METRIC = "timing"
+#: Its keys, in the order of the steps (the first token itself is time_to_first_token_s).
+TIMING_STEPS = (
+    "run_at_monotonic",  # predict() began
+    "start_sent_s",  # inputs checked, the Start about to be sent to a stream process
+    "start_received_s",  # the stream process read the Start
+    "prepared_s",  # prompt rendered and tokenized, the request sent to Triton
+    "first_text_sent_s",  # the first text handed to the stream process's frame
+    "first_text_relayed_s",  # the worker's receiver put it on the prediction's queue
+    "first_text_yielded_s",  # coglet's thread took it from the generator
+)
+
+#: A stream process that fails to start this many times in a row is given up (the pool reports it).
+MAX_START_FAILURES = 3
+
+
+class RoutedPrediction:
+    """One prediction routed to a stream process, as the worker sees it: its id on the channel (``sid``), its
+    process, the :class:`~cog_triton.worker.cog_bridge.PredictionOutput` coglet's generator drains, and its metric sink.
+
+    ``fail(error)`` (the supervisor's fault path) and ``output.cancel()`` (coglet's cancel) may come
+    from any thread; the receiver thread finishes it when its End or Failed event arrives.
+    """
+
+    __slots__ = ("sid", "request_id", "process", "output", "metric", "loop", "accepted", "pool", "stop_on_cancel",
+                 "started_at", "timing", "__weakref__")
+
+    def __init__(self, pool: "StreamPool", sid: int, request_id: str, process: "StreamProcess",
+                 metric: Optional[MetricSink], loop: asyncio.AbstractEventLoop) -> None:
+        self.pool = pool
+        self.sid = sid
+        self.request_id = request_id
+        self.process = process
+        self.metric = metric
+        self.loop = loop
+        self.accepted: "asyncio.Future[int]" = loop.create_future()
+        self.output = PredictionOutput(self._cancelled)
+        #: Set once the prediction is cancelled or failed here: whether its process sends Triton the stop request.
+        self.stop_on_cancel: Optional[bool] = None
+        self.started_at = 0.0  # the timing metric only: when the prediction began (time.monotonic())
+        self.timing: dict[str, float] = {}  # the timing metric's steps so far (TIMING_STEPS)
+
+    def _cancelled(self) -> None:
+        """coglet cancelled the prediction (or its generator was closed): stop the prediction there, and its request
+        in Triton."""
+        self._stop(asyncio.CancelledError(), send_stop=True)
+
+    def fail(self, error: BaseException) -> None:
+        """End the prediction with ``error`` (from any thread); the stream process drops the prediction
+        without sending Triton a stop request (Triton is being restarted)."""
+        self._stop(error, send_stop=False)
+        self.output.fail(error)
+
+    def _stop(self, reason: BaseException, *, send_stop: bool) -> None:
+        """Stop the prediction from the worker's side (once): its process is sent a Cancel, and ``open`` raises
+        ``reason`` if it has not returned yet."""
+        self.stop_on_cancel = send_stop
+        if self.pool.forget(self):
+            self.process.send(ipc.Cancel(self.sid, send_stop))
+        self.settle_open(reason)
+
+    def record(self, name: str, value: Union[int, float]) -> None:
+        if self.metric is not None:
+            try:
+                self.metric(name, value)
+            except Exception:  # noqa: BLE001 - a metric must never break a prediction
+                log.exception("recording metric %s failed", name)
+
+    def record_timing_when_complete(self) -> None:
+        """Record the timing metric once it has every step (called by the two threads that add the last ones:
+        each adds its step, then looks; at least one of them sees both, and recording it twice is harmless)."""
+        timing = self.timing
+        if "first_text_yielded_s" in timing and "prepared_s" in timing:
+            self.record(TIMING_METRIC, dict(timing))
+
+    def settle_open(self, outcome: Union[int, BaseException]) -> None:
+        """Settle what :meth:`StreamPool.open` waits for, from any thread (once): the prompt's length in tokens
+        (accepted), or the error ``open`` raises."""
+
+        def settle() -> None:
+            if self.accepted.done():
+                return
+            if isinstance(outcome, BaseException):
+                self.accepted.set_exception(outcome)
+            else:
+                self.accepted.set_result(outcome)
+
+        try:
+            self.loop.call_soon_threadsafe(settle)
+        except RuntimeError:  # the loop is closed
+            pass
+
+
+class StreamProcess:
+    """One stream process: its ``Popen``, its end of the socket pair, and the predictions it runs."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.name = f"stream-{index}"
+        self.popen: Optional[subprocess.Popen[bytes]] = None
+        self.sock: Optional[socket.socket] = None
+        self.predictions: dict[int, RoutedPrediction] = {}
+        self.alive = False
+        self.ready = threading.Event()
+        self.load_s: Optional[float] = None  # seconds it took to load its tokenizer (its Ready event)
+        self.start_error: Optional[str] = None
+        self.start_failures = 0
+        self.restarts = 0
+        self._send_lock = threading.Lock()
+
+    @property
+    def pid(self) -> Optional[int]:
+        return self.popen.pid if self.popen is not None else None
+
+    def send(self, command: ipc.Command) -> bool:
+        """Send a command (from any thread); False when the process is gone."""
+        sock = self.sock
+        if sock is None:
+            return False
+        frame = ipc.encode(command)
+        try:
+            with self._send_lock:
+                sock.sendall(frame)
+            return True
+        except OSError:
+            return False
+
+    def exit_description(self) -> str:
+        popen = self.popen
+        if popen is None:
+            return "was not started"
+        try:
+            code = popen.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            return "closed its channel but is still running"
+        if code < 0:
+            return f"was killed by signal {-code}"
+        return f"exited with code {code}"
+
+
+class StreamPool:
+    """The stream processes of one service (see the module docstring).
+
+    Args:
+        config: what each process builds its generator from.
+        processes: how many stream processes (>= 1).
+        interval_s: the stream interval, seconds (:mod:`cog_triton.streaming.coalesce`).
+        start_timeout_s: how long a process may take to start (import, tokenizer), seconds.
+        on_transport_error: async callable run on the prediction's loop for a transport error; returns
+            the error the prediction fails with (the service checks whether Triton is dying).
+        register / unregister: called with each running :class:`RoutedPrediction` (the supervisor's).
+        metrics: the service's Prometheus metrics (:mod:`cog_triton.worker.exporter`): counts what only the pool sees
+            (stream-process restarts, tokens of cancelled predictions, the processes' LoRA adapter counts).
+        timing: record, as each prediction's ``timing`` metric, when its start passed each step
+            (:data:`TIMING_STEPS`; COG_TRITON_TIMING_METRICS, for scripts/benchmark).
+        interval_max_s / interval_streams: the stream interval under load (:class:`cog_triton.streaming.coalesce.StreamLoad`:
+            COG_TRITON_STREAM_INTERVAL_MAX_MS, COG_TRITON_STREAM_INTERVAL_STREAMS over all processes).
+    """
+
+    def __init__(
+        self,
+        config: GeneratorConfig,
+        processes: int,
+        *,
+        interval_s: float,
+        start_timeout_s: float = 120.0,
+        on_transport_error: Optional[Callable[[TritonError], Awaitable[BaseException]]] = None,
+        register: Optional[Callable[[RoutedPrediction], None]] = None,
+        unregister: Optional[Callable[[RoutedPrediction], None]] = None,
+        metrics: Optional["ServiceMetrics"] = None,
+        timing: bool = False,
+        interval_max_s: float = 0.0,
+        interval_streams: int = 0,
+    ) -> None:
+        if processes < 1:
+            raise ValueError(f"processes must be >= 1, got {processes}")
+        self.config = config
+        self.interval_s = interval_s
+        self.start_timeout_s = start_timeout_s
+        self.on_transport_error = on_transport_error
+        self._register = register or (lambda prediction: None)
+        self._unregister = unregister or (lambda prediction: None)
+        self.metrics = metrics
+        self.timing = timing
+        self.interval_max_s = interval_max_s
+        self.interval_streams = interval_streams
+        self.processes = [StreamProcess(i) for i in range(processes)]
+        self._sids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._any_ready = threading.Condition(self._lock)
+        self._closing = False
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        """:meth:`launch`, then :meth:`wait_ready`."""
+        self.launch()
+        self.wait_ready()
+
+    def launch(self) -> None:
+        """Start every process (returns at once; each loads its tokenizer in parallel)."""
+        for process in self.processes:
+            self._spawn(process)
+
+    def set_watcher(self, register: Callable[[RoutedPrediction], None],
+                    unregister: Callable[[RoutedPrediction], None]) -> None:
+        """Hand every running prediction to ``register`` (and back to ``unregister`` when it ends): the
+        supervisor, which fails them on a Triton fault."""
+        self._register, self._unregister = register, unregister
+
+    def wait_ready(self) -> None:
+        """Wait until every process is ready.
+
+        Raises:
+            ConfigError: a process could not start (its error, e.g. the tokenizer would not load), or
+                was not ready within ``start_timeout_s``.
+        """
+        deadline = time.monotonic() + self.start_timeout_s
+        for process in self.processes:
+            if not process.ready.wait(max(0.0, deadline - time.monotonic())):
+                self.stop()
+                raise ConfigError(
+                    f"stream process {process.name} (pid {process.pid}) was not ready after "
+                    f"{self.start_timeout_s:g} s; see the log above"
+                )
+            if process.start_error is not None:
+                error = process.start_error
+                self.stop()
+                raise ConfigError(f"stream process {process.name} could not start: {error}")
+        log.info(
+            "%d stream process(es) ready (pids %s; loaded in %s s), stream interval %g ms",
+            len(self.processes), ", ".join(str(p.pid) for p in self.processes),
+            ", ".join("?" if p.load_s is None else f"{p.load_s:g}" for p in self.processes), self.interval_s * 1e3,
+        )
+
+    def stop(self) -> None:
+        """Close every channel (each process then exits) and wait for the processes, briefly."""
+        self._closing = True
+        for process in self.processes:
+            sock, process.sock = process.sock, None
+            if sock is not None:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                sock.close()
+        for process in self.processes:
+            if process.popen is not None and process.popen.poll() is None:
+                try:
+                    process.popen.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    process.popen.kill()
+                    process.popen.wait()
+
+    def _spawn(self, process: StreamProcess) -> None:
+        """Start ``process`` and its receiver thread (it is sent :class:`~cog_triton.ipc.Config`; the thread waits for
+        its :class:`~cog_triton.ipc.Ready`)."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        process.ready.clear()
+        process.start_error = None
+        env = dict(os.environ)
+        env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        process.popen = subprocess.Popen(  # noqa: S603 - our own module, our interpreter
+            [sys.executable, "-m", "cog_triton.streaming.streamer", str(theirs.fileno()), process.name],
+            pass_fds=[theirs.fileno()],
+            cwd=REPO_ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
+        theirs.close()
+        process.sock = ours
+        process.predictions = {}
+        # Each process runs about 1 / processes of the streams (open() gives a prediction to the least busy one).
+        process.send(ipc.Config(self.config, self.interval_s, self.timing, self.interval_max_s,
+                                self.interval_streams / len(self.processes)))
+        threading.Thread(target=self._receive, args=(process, ours), name=f"{process.name}-receiver",
+                         daemon=True).start()
+
+    # ------------------------------------------------------------------- requests
+    async def open(self, inputs: PredictInputs, request_id: str, started_at: float,
+                   metric: Optional[MetricSink] = None,
+                   queued: Optional[Callable[[], AbstractContextManager[None]]] = None) -> Iterator[str]:
+        """Start streaming ``inputs`` in a stream process; return the generator coglet iterates.
+
+        Returns once the stream process has prepared the request and sent it to Triton. While no stream
+        process runs (all restarting), it waits for one inside ``queued()`` (the prediction counts as queued).
+
+        Raises:
+            InputError (or another error of the request's preparation): what the stream process
+                rejected the request with.
+            StreamProcessError: no stream process could take it within ``start_timeout_s``, or the
+                one that had it died before accepting it.
+        """
+        loop = asyncio.get_running_loop()
+        for attempt in range(2):
+            process = self._pick()
+            if process is None:
+                with queued() if queued is not None else contextlib.nullcontext():
+                    process = await loop.run_in_executor(None, self._wait_for_process)
+            prediction = RoutedPrediction(self, next(self._sids), request_id, process, metric, loop)
+            with self._lock:
+                process.predictions[prediction.sid] = prediction
+            self._register(prediction)
+            if self.timing:  # before the send: the stream process's Timings may come back before send() returns
+                self._time_start(prediction, started_at)
+            if process.send(ipc.Start(prediction.sid, request_id, inputs, started_at)):
+                if prediction.stop_on_cancel is not None:
+                    # Failed (the supervisor) or cancelled between its registration and this Start: that Cancel
+                    # may have reached the process first, where it found nothing to cancel. Once more, after Start.
+                    process.send(ipc.Cancel(prediction.sid, prediction.stop_on_cancel))
+                break
+            self.forget(prediction)  # its process died a moment ago: try another
+        else:
+            raise StreamProcessError("no stream process could take the prediction (each died as it was sent)")
+        try:
+            await prediction.accepted
+        except asyncio.CancelledError:
+            prediction.output.cancel()
+            raise
+        return output_generator(prediction.output)
+
+    @staticmethod
+    def _time_start(prediction: RoutedPrediction, started_at: float) -> None:
+        """Start the prediction's timing metric: when it began and its Start is sent (taken just before the send,
+        so that it can never come after the stream process's own 'received'); coglet's thread adds when it took the
+        first text (the receiver thread when it arrived, the Timings event the stream process's steps)."""
+        prediction.started_at = started_at
+        prediction.timing = {"run_at_monotonic": started_at, "start_sent_s": time.monotonic() - started_at}
+
+        def yielded() -> None:
+            prediction.timing["first_text_yielded_s"] = time.monotonic() - started_at
+            prediction.record_timing_when_complete()
+
+        prediction.output.on_first = yielded
+
+    def _pick(self) -> Optional[StreamProcess]:
+        """The running process with the fewest predictions, or None."""
+        best: Optional[StreamProcess] = None
+        for process in self.processes:
+            if process.alive and (best is None or len(process.predictions) < len(best.predictions)):
+                best = process
+        return best
+
+    def _wait_for_process(self) -> StreamProcess:
+        deadline = time.monotonic() + self.start_timeout_s
+        with self._any_ready:
+            while True:
+                process = self._pick()
+                if process is not None:
+                    return process
+                left = deadline - time.monotonic()
+                if left <= 0 or self._closing:
+                    raise StreamProcessError(
+                        f"no stream process is running (waited {self.start_timeout_s:g} s for a restart); "
+                        f"{self.health().reason}"
+                    )
+                self._any_ready.wait(min(left, 1.0))
+
+    def forget(self, prediction: RoutedPrediction) -> bool:
+        """Remove ``prediction`` from its process's running predictions and from the watcher (from any thread);
+        True if it was still there: whoever gets True ends it, so it ends exactly once."""
+        with self._lock:
+            found = prediction.process.predictions.pop(prediction.sid, None) is not None
+        if found:
+            self._unregister(prediction)
+        return found
+
+    def reconnect(self) -> None:
+        """Triton was restarted: every stream process replaces its gRPC channel before its next request."""
+        for process in self.processes:
+            if process.alive:
+                process.send(ipc.Reconnect())
+
+    def stop_request(self, request_id: str) -> None:
+        """Ask a running stream process to send Triton the stop request of ``request_id``."""
+        process = self._pick()
+        if process is not None:
+            process.send(ipc.Stop(request_id))
+
+    # -------------------------------------------------------------------- receive
+    def _receive(self, process: StreamProcess, sock: socket.socket) -> None:
+        """The receiver thread of ``process``: :class:`~cog_triton.ipc.Ready` first, then every frame until EOF.
+
+        Per frame: its text chunks go to their predictions' queues (a dict lookup and a put each), then its
+        events are handled in order (a few per prediction)."""
+        reader = ipc.FrameReader(sock)
+        predictions = process.predictions
+        timing = self.timing
+        try:
+            while True:
+                frame: ipc.Frame = reader.read()
+                for sid, text in frame.texts:
+                    prediction = predictions.get(sid)
+                    if prediction is not None:
+                        if timing and prediction.started_at and "first_text_relayed_s" not in prediction.timing:
+                            prediction.timing["first_text_relayed_s"] = time.monotonic() - prediction.started_at
+                        prediction.output.queue.put(text)
+                for event in frame.events:
+                    self._event(process, event)
+        except (EOFError, OSError, ValueError) as exc:
+            if not isinstance(exc, EOFError):
+                log.error("%s: channel error: %s", process.name, exc)
+        finally:
+            reader.close()
+        self._exited(process)
+
+    def _event(self, process: StreamProcess, event: ipc.Event) -> None:
+        match event:
+            case ipc.Ready(load_s=load_s, error=error):
+                process.load_s = load_s
+                if error:
+                    process.start_error = error
+                else:
+                    with self._any_ready:
+                        process.alive = True
+                        process.start_failures = 0
+                        self._any_ready.notify_all()
+                process.ready.set()
+                return
+            case ipc.Cancelled(output_tokens=tokens):  # one the worker cancelled (and forgot): its tokens count
+                if self.metrics is not None:
+                    self.metrics.cancelled_stream(tokens)
+                return
+            case ipc.Stats(counts):
+                if self.metrics is not None:
+                    self.metrics.lora(counts)
+                return
+        prediction = process.predictions.get(event.sid)
+        if prediction is None:
+            return  # cancelled or failed here already
+        match event:
+            case ipc.FirstToken(seconds=seconds):
+                record_time_to_first_token(prediction.record, seconds)
+            case ipc.Timings(received_at=received, prepared_at=prepared, first_text_at=first_text):
+                if prediction.started_at:
+                    start = prediction.started_at
+                    prediction.timing.update(start_received_s=received - start, prepared_s=prepared - start,
+                                             first_text_sent_s=first_text - start)
+                    prediction.record_timing_when_complete()
+            case ipc.Accepted(prompt_tokens=prompt_tokens):
+                prediction.record(INPUT_TOKEN_COUNT, prompt_tokens)
+                prediction.settle_open(prompt_tokens)
+            case ipc.End(output_tokens=output_tokens):
+                if self.forget(prediction):
+                    prediction.record(OUTPUT_TOKEN_COUNT, output_tokens)
+                    prediction.output.end()
+            case ipc.Rejected(error=error):
+                if self.forget(prediction):
+                    prediction.settle_open(error)
+                    prediction.output.end()
+            case ipc.Failed(error=error, output_tokens=output_tokens):
+                if self.forget(prediction):
+                    prediction.record(OUTPUT_TOKEN_COUNT, output_tokens)
+                    self._failed(prediction, error)
+
+    def _failed(self, prediction: RoutedPrediction, error: BaseException) -> None:
+        """A prediction failed in its process: a bare TritonError (the connection broke) may mean Triton is
+        dying, which ``on_transport_error`` decides on the prediction's loop; anything else fails it now."""
+        if type(error) is TritonError and self.on_transport_error is not None:
+            check = self.on_transport_error
+
+            async def decide() -> None:
+                try:
+                    prediction.output.fail(await check(error))  # type: ignore[arg-type]
+                except BaseException as exc:  # noqa: BLE001 - the prediction must end either way
+                    prediction.output.fail(exc)
+
+            try:
+                asyncio.run_coroutine_threadsafe(decide(), prediction.loop)
+                return
+            except RuntimeError:  # the loop is closed
+                pass
+        prediction.output.fail(error)
+
+    def _exited(self, process: StreamProcess) -> None:
+        """``process`` closed its channel: fail its predictions, send their stop requests elsewhere, restart it."""
+        with self._lock:
+            was_alive, process.alive = process.alive, False
+            predictions = list(process.predictions.values())
+            process.predictions.clear()
+        if self._closing:
+            return
+        how = process.exit_description()
+        if not process.ready.is_set() or not was_alive:
+            process.start_failures += 1
+            process.start_error = process.start_error or f"it {how} while starting"
+            process.ready.set()
+        error = StreamProcessError(
+            f"the stream process {process.name} (pid {process.pid}) {how}; the prediction was stopped "
+            "(the other predictions are not affected, and the process is being restarted)"
+        )
+        if predictions:
+            log.error("stream process %s (pid %s) %s: failing its %d running prediction(s)", process.name,
+                      process.pid, how, len(predictions))
+        for prediction in predictions:
+            self._unregister(prediction)
+            prediction.record(OUTPUT_TOKEN_COUNT, 0)
+            prediction.settle_open(error)
+            prediction.output.fail(error)
+            self.stop_request(prediction.request_id)  # the backup for Triton's own cancellation
+        if process.start_failures >= MAX_START_FAILURES:
+            log.error("stream process %s failed to start %d times in a row: not restarting it (%s)",
+                      process.name, process.start_failures, process.start_error)
+            with self._any_ready:
+                self._any_ready.notify_all()
+            return
+        threading.Thread(target=self._restart, args=(process,), name=f"{process.name}-restart", daemon=True).start()
+
+    def _restart(self, process: StreamProcess) -> None:
+        time.sleep(min(0.5 * 2 ** process.start_failures, 10.0))
+        if self._closing:
+            return
+        process.restarts += 1
+        if self.metrics is not None:
+            self.metrics.stream_process_restarts.inc()
+        log.warning("restarting stream process %s (restart %d)", process.name, process.restarts)
+        self._spawn(process)
+        if process.ready.wait(self.start_timeout_s) and process.alive:
+            log.info("stream process %s restarted (pid %s)", process.name, process.pid)
+
+    # --------------------------------------------------------------------- status
+    def health(self) -> Health:
+        """Unhealthy when no stream process runs and none will be restarted."""
+        if any(p.alive for p in self.processes):
+            return Health(True)
+        if all(p.start_failures >= MAX_START_FAILURES for p in self.processes):
+            reasons = "; ".join(f"{p.name}: {p.start_error}" for p in self.processes)
+            return Health(False, f"no stream process could be started ({reasons})")
+        return Health(True, "stream processes are restarting")
+
+    @property
+    def running_predictions(self) -> int:
+        return sum(len(p.predictions) for p in self.processes)
+
+
+__all__ = ("RoutedPrediction", "StreamPool", "StreamProcess")
