@@ -96,6 +96,14 @@ def test_setup_downloads_weights_and_runs_self_test(stack):
     assert (stack["work"] / "model_repository" / "tensorrt_llm" / "1" / "model.py").is_file()
 
 
+def test_setup_logs_its_plan_in_one_line(stack):
+    """Every decision setup made before launching (cog_triton.worker.planning) is on one line of the log."""
+    lines = [line for line in (stack["work"] / "cog.log").read_text(errors="replace").splitlines() if "plan: " in line]
+    assert len(lines) == 1, lines
+    assert "Hugging Face checkpoint on the CPU reference model" in lines[0] and "stream process(es)" in lines[0]
+    assert "one Triton" in lines[0] and "LoRA adapters on" in lines[0]
+
+
 @pytest.mark.parametrize(
     "prompt",
     [

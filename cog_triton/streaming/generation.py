@@ -29,8 +29,7 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Literal, Optional
+from typing import Any, AsyncIterator, Callable, Optional
 
 from common.errors import (
     IncompleteOutputError,
@@ -52,7 +51,6 @@ from cog_triton.streaming.prompt import PromptTokenizer
 from cog_triton.streaming.stop import StopSequenceMatcher
 from cog_triton.streaming.token_floor import TokenFloor
 from tensorrtllm_backend.engine import ModelLimits
-from tensorrtllm_backend.lora import LoraSpec
 from tensorrtllm_backend.samplers import takes_seed
 
 log = logging.getLogger(__name__)

@@ -18,14 +18,12 @@ matcher: the output is a complete document exactly when the grammar accepts the 
 
 from __future__ import annotations
 
-import json
 import logging
 import re
-from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from common.errors import ConfigError, InputError
-from cog_triton.ipc import GUIDE_TYPES, Guide
+from cog_triton.ipc import Guide
 from tensorrtllm_backend.pins import XGRAMMAR_VERSION
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import math
 import random
-from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 from common.errors import InputError

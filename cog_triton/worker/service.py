@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import dataclasses
-import importlib.util
 import logging
 import threading
 import time
@@ -25,45 +23,26 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Optional, TypeVar, Union
 
+from common.errors import ConfigError, InputError, ManifestError, TritonDiedError, TritonError
+from cog_triton.fetch.adapter_refs import check_adapter_allowed
+from cog_triton.fetch.rules import FetchRules
+from cog_triton.ipc import PredictInputs
+from cog_triton.plan import GeneratorConfig
+from cog_triton.settings import Settings, VerifyMode
+from cog_triton.weights import fetch_weights
 from cog_triton.worker.cog_bridge import on_end, then
 from cog_triton.worker.exporter import MetricsServer, ServiceMetrics, serve_metrics
-from cog_triton.plan import GeneratorConfig
-from common.errors import (
-    ConfigError,
-    InputError,
-    ManifestError,
-    TritonDiedError,
-    TritonError,
-)
-from cog_triton.ipc import PredictInputs
 from cog_triton.worker.inputs import validate_inputs
 from cog_triton.worker.metrics import OUTPUT_TOKEN_COUNT, MetricSink, performance_lines
-from cog_triton.fetch.rules import FetchRules
-from cog_triton.fetch.adapter_refs import check_adapter_allowed
-from cog_triton.plan import StoreLimits
-from cog_triton.settings import Settings, VerifyMode
+from cog_triton.worker.planning import ServingPlan, plan_serving, reference_limits
 from cog_triton.worker.stream_pool import StreamPool
 from cog_triton.worker.supervisor import Health, State, Supervisor
-from cog_triton.weights import fetch_weights
 from tensorrtllm_backend.engine import WeightsInfo, find_model_root, inspect_weights
 from tensorrtllm_backend.gpus import GPU, visible_gpus
-from tensorrtllm_backend.llmapi_args import PyTorchServing, choose_checkpoint_backend, plan_pytorch_serving
-from tensorrtllm_backend.manifest import (
-    MANIFEST_NAME,
-    Manifest,
-    base_model_of,
-    check_weights_match,
-    reference_lora,
-    verify_weights,
-)
+from tensorrtllm_backend.manifest import MANIFEST_NAME, Manifest, check_weights_match, reference_lora, verify_weights
 from tensorrtllm_backend.samplers import SamplingInputs, refusal, takes_seed
-from tensorrtllm_backend.server import LaunchConfig, TritonServer, locate_tritonserver
-from tensorrtllm_backend.templates import (
-    RenderOptions,
-    guided_decoding_of,
-    render_model_repository,
-    takes_stream_interval,
-)
+from tensorrtllm_backend.server import TritonServer, locate_tritonserver
+from tensorrtllm_backend.templates import guided_decoding_of, render_model_repository, takes_stream_interval
 
 log = logging.getLogger(__name__)
 
@@ -88,27 +67,6 @@ def _run_coroutine_sync(factory: Callable[[], Awaitable[T]]) -> T:
     if "error" in result:
         raise result["error"]
     return result["value"]
-
-
-def reference_limits(settings: Settings, manifest: Optional[Manifest]) -> dict[str, Optional[int]]:
-    """Limits of the CPU reference backend: each ``COG_TRITON_REFERENCE_*`` setting that is set wins,
-    else the ``limits`` of the archive's build config (reference-backend manifests), else the defaults.
-
-    Returns:
-        ``reference_max_batch_size`` (requests), ``reference_max_seq_len`` and
-        ``reference_max_input_len`` (tokens; None = derive from the checkpoint), as
-        :func:`tensorrtllm_backend.engine.inspect_weights` takes them.
-    """
-    packed = manifest.build_config.get("limits", {}) if manifest and manifest.backend == "reference" else {}
-    explicit = settings.model_fields_set
-    batch = settings.reference_max_batch_size
-    if "reference_max_batch_size" not in explicit and isinstance(packed.get("max_batch_size"), int):
-        batch = packed["max_batch_size"]
-    return {
-        "reference_max_batch_size": batch,
-        "reference_max_seq_len": settings.reference_max_seq_len or packed.get("max_seq_len"),
-        "reference_max_input_len": settings.reference_max_input_len or packed.get("max_input_len"),
-    }
 
 
 def _print_performance(seen: dict[str, Union[int, float]], started: float) -> None:
@@ -203,102 +161,60 @@ class LLMService:
             **reference_lora(manifest),
         )
         check_weights_match(info, manifest, self._gpus)
-        if info.kind == "engine" and base_model_of(manifest):  # for the LoRA refusals' messages
-            info = dataclasses.replace(info, lora=dataclasses.replace(info.lora, base_model=base_model_of(manifest)))
-        # A checkpoint is served by TensorRT-LLM's PyTorch backend (the LLM API) on a GPU, else by the CPU
-        # reference model (COG_TRITON_CHECKPOINT_BACKEND); its arguments are checked here, before Triton starts.
-        serving: Optional[PyTorchServing] = None
-        if info.kind != "engine" and choose_checkpoint_backend(settings.checkpoint_backend.value, self._gpus) == "pytorch":
-            serving = plan_pytorch_serving(info, settings.llm_api_options(), self._gpus, base_model_of(manifest))
-            info = dataclasses.replace(info, limits=serving.limits, lora=serving.lora, world_size=serving.world_size)
-        if info.limits.max_batch_size < settings.max_concurrency:
-            log.warning(
-                "Cog serves up to %d predictions at once (COG_MAX_CONCURRENCY, cog.yaml concurrency.max), but the "
-                "engine batches at most %d requests (max_batch_size): the others wait in the engine's queue; "
-                "rebuild the engine with limits.max_batch_size >= %d, or lower the concurrency",
-                settings.max_concurrency, info.limits.max_batch_size, settings.max_concurrency,
-            )
-        if serving is not None:
-            log.info("%s", serving.describe(info))
-        else:
-            log.info("%s", info.lora.describe())
-            log.info(
-                "%s %s (%s), world size %d, max_input_len %d, max_seq_len %d, max_batch_size %d",
-                "engine" if info.kind == "engine" else "Hugging Face checkpoint on the CPU reference model",
-                info.architecture,
-                info.dtype,
-                info.world_size,
-                info.limits.max_input_len,
-                info.limits.max_seq_len,
-                info.limits.max_batch_size,
-            )
-        rendered = render_model_repository(
-            dataclasses.replace(self._render_options(), llm_args=serving.args if serving else None), info
-        )
-        guided, off_reason = self._guided_decoding(guided_decoding_of(rendered["tensorrt_llm"]), info)
+        plan = plan_serving(settings, info, manifest, self._gpus)
+        for warning in plan.warnings:
+            log.warning("%s", warning)
+        log.info("%s", plan.describe())
+        self._launch(plan)
+        if settings.self_test:
+            self._self_test()
+        log.info("setup finished in %.1f s", time.monotonic() - started)
+
+    def _launch(self, plan: ServingPlan) -> None:
+        """Render the model repository, start the stream processes and Triton as ``plan`` says, and wait for both.
+
+        Raises:
+            TemplateError: a template cannot be rendered; TritonStartupError: Triton did not become ready;
+            ConfigError: a stream process could not start.
+        """
+        settings = self.settings
+        rendered = render_model_repository(plan.render, plan.info)
+        guided, off_reason = self._guided_decoding(guided_decoding_of(rendered["tensorrt_llm"]), plan.info)
         installation = locate_tritonserver(
             settings.path(settings.tritonserver) if settings.tritonserver else None,
             settings.path(settings.backend_dir) if settings.backend_dir else None,
             work_dir=settings.path(Path("build")),
         )
-        self.server = TritonServer(
-            installation,
-            LaunchConfig(
-                model_repo=settings.model_repo_path,
-                http_port=settings.http_port,
-                grpc_port=settings.grpc_port,
-                metrics_port=settings.metrics_port,
-                # An engine's tensor/pipeline parallelism: one server per rank under mpirun (check_weights_match made
-                # sure the manifest's world size, when there is one, equals the engine's). A checkpoint's: one server
-                # under mpirun -n 1, whose LLM spawns its ranks (tensorrtllm_backend.server's docstring).
-                world_size=1 if serving else info.world_size if not manifest else manifest.world_size,
-                single_rank_mpirun=serving is not None and serving.world_size > 1,
-                log_verbose=settings.log_verbose,
-                mpirun=settings.mpirun,
-            ),
-            log_file=settings.path(settings.triton_log_file),
-            stop_timeout_s=settings.stop_timeout_s,
-        )
-        self.info = info
-        # Chunked context changes the longest prompt the executor takes (ModelLimits.executor_max_input_len);
-        # only the C++ backend reads the setting (the reference template has no such parameter).
-        # The PyTorch backend's limits already follow its own rule (llmapi_args.pytorch_limits).
-        limits = info.limits if serving is not None else dataclasses.replace(
-            info.limits, enable_chunked_context=settings.enable_chunked_context and info.kind == "engine"
-        )
-        if limits.executor_max_input_len() != limits.max_input_len:
-            log.info(
-                "prompts are held to %d tokens, not the engine's max_input_len %d: %s",
-                limits.executor_max_input_len(), limits.max_input_len, limits.input_limit_reason(),
-            )
+        self.server = TritonServer(installation, plan.launch, log_file=settings.path(settings.triton_log_file),
+                                   stop_timeout_s=settings.stop_timeout_s)
+        self.info = plan.info
         self.generator_config = GeneratorConfig(
-            tokenizer_dir=info.tokenizer_dir,
-            limits=limits,
+            tokenizer_dir=plan.info.tokenizer_dir,
+            limits=plan.limits,
             grpc_address=self.server.grpc_address,
             token_timeout_s=settings.request_timeout_s,
             add_special_tokens=settings.add_special_tokens,
             special_tokens_in_user_text=settings.special_tokens_in_user_text,
             guided=guided,
             guided_off_reason=off_reason,
-            lora=info.lora,
-            adapter_limits=self._adapter_limits(),
-            backend="pytorch" if serving is not None else "engine",
-            sampler=serving.sampler if serving is not None else None,
-            model_interval_ms=(round(settings.stream_interval_ms) if takes_stream_interval(rendered["tensorrt_llm"])
+            lora=plan.info.lora,
+            adapter_limits=plan.adapter_limits,
+            backend="pytorch" if plan.backend == "pytorch" else "engine",
+            sampler=plan.sampler,
+            model_interval_ms=(round(plan.interval_s * 1e3) if takes_stream_interval(rendered["tensorrt_llm"])
                                else None),
         )
-        processes = settings.stream_process_count()
         # The stream processes load their tokenizers while Triton loads its models.
         self.pool = StreamPool(
             self.generator_config,
-            processes,
-            interval_s=self.interval_s,
+            plan.stream_processes,
+            interval_s=plan.interval_s,
             start_timeout_s=settings.startup_timeout_s,
             on_transport_error=self._died_or,
             metrics=self.metrics,
             timing=settings.timing_metrics,
-            interval_max_s=settings.stream_interval_max_ms / 1e3,
-            interval_streams=settings.stream_interval_streams,
+            interval_max_s=plan.interval_max_s,
+            interval_streams=plan.interval_streams,
         )
         self.pool.launch()
         self.server.start()
@@ -315,11 +231,8 @@ class LLMService:
         self.pool.wait_ready()
         log.info(
             "streaming: %d stream process(es), stream interval %g ms (COG_TRITON_STREAM_PROCESSES, "
-            "COG_TRITON_STREAM_INTERVAL_MS)", processes, settings.stream_interval_ms,
+            "COG_TRITON_STREAM_INTERVAL_MS)", plan.stream_processes, plan.interval_s * 1e3,
         )
-        if settings.self_test:
-            self._self_test()
-        log.info("setup finished in %.1f s", time.monotonic() - started)
 
     def _verify(self, root: Path, reused: bool = False) -> Optional[Manifest]:
         """Verify the weights in ``root`` against their manifest.json before Triton starts.
@@ -374,52 +287,6 @@ class LLMService:
         )
         log.info("guided decoding (structured output) is off: %s", reason)
         return False, reason
-
-    def _adapter_limits(self) -> Optional[StoreLimits]:
-        """The LoRA adapter disk cache, its download bounds and fetch rules (COG_TRITON_ADAPTER_*,
-        COG_TRITON_DOWNLOAD_*, COG_TRITON_FETCH_*); None when adapters are off (COG_TRITON_LORA_ADAPTERS)."""
-        s = self.settings
-        if not s.lora_adapters:
-            return None
-        return StoreLimits(
-            root=s.path(s.adapter_cache_dir),
-            budget_bytes=s.adapter_cache_bytes,
-            max_adapter_bytes=s.adapter_max_bytes,
-            timeout_s=s.download_timeout_s,
-            retries=s.download_retries,
-            deadline_s=s.adapter_download_deadline_s,
-            min_rate_bytes_s=s.download_min_rate_bytes_s,
-            rate_grace_s=s.download_rate_grace_s,
-            rules=FetchRules.from_settings(s),
-            fetches=s.max_concurrency,
-        )
-
-    def _render_options(self) -> RenderOptions:
-        s = self.settings
-        return RenderOptions(
-            template_dir=s.template_path,
-            model_repo_dir=s.model_repo_path,
-            triton_max_batch_size=s.triton_max_batch_size,
-            decoupled=True,
-            max_queue_delay_microseconds=s.max_queue_delay_microseconds,
-            batching_strategy=s.batching_strategy.value,
-            batch_scheduler_policy=s.batch_scheduler_policy.value,
-            kv_cache_free_gpu_mem_fraction=s.kv_cache_free_gpu_mem_fraction,
-            max_tokens_in_paged_kv_cache=s.max_tokens_in_paged_kv_cache,
-            enable_kv_cache_reuse=s.enable_kv_cache_reuse,
-            enable_chunked_context=s.enable_chunked_context,
-            gpu_device_ids=s.gpu_device_ids,
-            preprocessing_instance_count=s.preprocessing_instance_count,
-            # for text_input sent to the ensemble by other clients; the predictor sends token ids
-            add_special_tokens=s.add_special_tokens if s.add_special_tokens is not None else True,
-            reference_torch_threads=s.reference_torch_threads,
-            tensorrt_llm_parameters=s.tensorrt_llm_parameters,
-            guided_decoding=importlib.util.find_spec("xgrammar") is not None,
-            lora_cache_optimal_adapter_size=s.lora_cache_optimal_adapter_size,
-            lora_cache_max_adapter_size=s.lora_cache_max_adapter_size,
-            lora_cache_gpu_memory_fraction=s.lora_cache_gpu_memory_fraction,
-            lora_cache_host_memory_bytes=s.lora_cache_host_memory_bytes,
-        )
 
     def _self_test(self) -> None:
         inputs = validate_inputs(prompt=SELF_TEST_PROMPT, max_tokens=SELF_TEST_TOKENS, temperature=0, seed=0)

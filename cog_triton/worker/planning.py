@@ -1,0 +1,231 @@
+"""setup()'s decisions, made before anything starts: :func:`plan_serving` turns the settings, the weights' info, their
+manifest and the visible GPUs into one :class:`ServingPlan` (which backend serves the weights and with which
+arguments, the limits requests are held to, the model repository's values, how Triton is launched, how many stream
+processes run and how they stream). Pure: it reads no file, starts nothing and logs nothing; the service logs
+:meth:`ServingPlan.describe` (every decision on one line) and launches what the plan says
+(:meth:`cog_triton.worker.service.LLMService.setup`).
+
+Only the decisions that need the rendered model repository come after it: whether guided decoding is on (the
+rendered ``tensorrt_llm`` config says so) and whether the model takes ``stream_interval_ms``
+(:mod:`tensorrtllm_backend.templates`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+from dataclasses import dataclass
+from typing import Literal, Optional, Sequence
+
+from cog_triton.fetch.rules import FetchRules
+from cog_triton.plan import StoreLimits
+from cog_triton.settings import Settings
+from tensorrtllm_backend.engine import ModelLimits, WeightsInfo
+from tensorrtllm_backend.gpus import GPU
+from tensorrtllm_backend.llmapi_args import PyTorchServing, choose_checkpoint_backend, plan_pytorch_serving
+from tensorrtllm_backend.manifest import Manifest, base_model_of
+from tensorrtllm_backend.server import LaunchConfig
+from tensorrtllm_backend.templates import RenderOptions
+
+Backend = Literal["engine", "reference", "pytorch"]
+
+
+def reference_limits(settings: Settings, manifest: Optional[Manifest]) -> dict[str, Optional[int]]:
+    """Limits of the CPU reference backend: each ``COG_TRITON_REFERENCE_*`` setting that is set wins,
+    else the ``limits`` of the archive's build config (reference-backend manifests), else the defaults.
+
+    Returns:
+        ``reference_max_batch_size`` (requests), ``reference_max_seq_len`` and
+        ``reference_max_input_len`` (tokens; None = derive from the checkpoint), as
+        :func:`tensorrtllm_backend.engine.inspect_weights` takes them.
+    """
+    packed = manifest.build_config.get("limits", {}) if manifest and manifest.backend == "reference" else {}
+    explicit = settings.model_fields_set
+    batch = settings.reference_max_batch_size
+    if "reference_max_batch_size" not in explicit and isinstance(packed.get("max_batch_size"), int):
+        batch = packed["max_batch_size"]
+    return {
+        "reference_max_batch_size": batch,
+        "reference_max_seq_len": settings.reference_max_seq_len or packed.get("max_seq_len"),
+        "reference_max_input_len": settings.reference_max_input_len or packed.get("max_input_len"),
+    }
+
+
+@dataclass(frozen=True)
+class ServingPlan:
+    """Everything setup decided before launching (see the module docstring).
+
+    Attributes:
+        info: the weights as served: for the PyTorch backend its limits, LoRA support and world size replace the
+            checkpoint's; for an engine the manifest's base model is named in its LoRA support.
+        backend: "engine" (the C++ backend), "reference" (a checkpoint on the CPU reference model) or "pytorch" (a
+            checkpoint on TensorRT-LLM's PyTorch backend).
+        pytorch: the PyTorch backend's LLM arguments and limits (None for the other backends).
+        limits: what each request is held to (tokens; chunked context applied for an engine).
+        render: the model repository's values (``llm_args`` for the PyTorch backend).
+        launch: how Triton is started (ports, world size, mpirun).
+        stream_processes: the stream processes beside the Cog worker.
+        interval_s / interval_max_s / interval_streams: the stream interval, its longest under load (seconds) and
+            the running predictions the first serves (:class:`cog_triton.streaming.coalesce.StreamLoad`).
+        adapter_limits: the LoRA adapter cache and its download bounds (None: adapters are refused).
+        warnings: what setup warns about (logged at WARNING).
+    """
+
+    info: WeightsInfo
+    backend: Backend
+    pytorch: Optional[PyTorchServing]
+    limits: ModelLimits
+    render: RenderOptions
+    launch: LaunchConfig
+    stream_processes: int
+    interval_s: float
+    interval_max_s: float
+    interval_streams: int
+    adapter_limits: Optional[StoreLimits]
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def sampler(self) -> Optional[str]:
+        """The PyTorch backend's sampler (:mod:`tensorrtllm_backend.samplers`); None for the others."""
+        return self.pytorch.sampler if self.pytorch is not None else None
+
+    def describe(self) -> str:
+        """Every decision, on one line, for setup's log."""
+        info, limits = self.info, self.limits
+        if self.pytorch is not None:
+            served = self.pytorch.describe(info)
+        else:
+            what = "engine" if self.backend == "engine" else "Hugging Face checkpoint on the CPU reference model"
+            served = (f"{what} {info.architecture} ({info.dtype}), world size {info.world_size}, max_input_len "
+                      f"{limits.max_input_len}, max_seq_len {limits.max_seq_len}, max_batch_size "
+                      f"{limits.max_batch_size}, {info.lora.describe()}")
+        held = ""
+        if limits.executor_max_input_len() != limits.max_input_len:
+            held = (f"; prompts are held to {limits.executor_max_input_len()} tokens, not the engine's max_input_len "
+                    f"{limits.max_input_len}: {limits.input_limit_reason()}")
+        launch = self.launch
+        ranks = (f"{launch.world_size} Triton ranks under mpirun" if launch.world_size > 1
+                 else "one Triton under mpirun -n 1" if launch.single_rank_mpirun else "one Triton")
+        return (f"plan: {served}{held}; {ranks}; {self.stream_processes} stream process(es), stream interval "
+                f"{self.interval_s * 1e3:g} ms (up to {self.interval_max_s * 1e3:g} ms beyond {self.interval_streams} "
+                f"running predictions); LoRA adapters {'on' if self.adapter_limits else 'off'}")
+
+
+def adapter_limits(settings: Settings) -> Optional[StoreLimits]:
+    """The LoRA adapter disk cache, its download bounds and fetch rules (COG_TRITON_ADAPTER_*,
+    COG_TRITON_DOWNLOAD_*, COG_TRITON_FETCH_*); None when adapters are off (COG_TRITON_LORA_ADAPTERS)."""
+    s = settings
+    if not s.lora_adapters:
+        return None
+    return StoreLimits(
+        root=s.path(s.adapter_cache_dir),
+        budget_bytes=s.adapter_cache_bytes,
+        max_adapter_bytes=s.adapter_max_bytes,
+        timeout_s=s.download_timeout_s,
+        retries=s.download_retries,
+        deadline_s=s.adapter_download_deadline_s,
+        min_rate_bytes_s=s.download_min_rate_bytes_s,
+        rate_grace_s=s.download_rate_grace_s,
+        rules=FetchRules.from_settings(s),
+        fetches=s.max_concurrency,
+    )
+
+
+def render_options(settings: Settings, llm_args: Optional[dict] = None) -> RenderOptions:
+    """The model repository's values from the settings (``llm_args``: the PyTorch backend's LLM arguments)."""
+    s = settings
+    return RenderOptions(
+        template_dir=s.template_path,
+        model_repo_dir=s.model_repo_path,
+        triton_max_batch_size=s.triton_max_batch_size,
+        decoupled=True,
+        max_queue_delay_microseconds=s.max_queue_delay_microseconds,
+        batching_strategy=s.batching_strategy.value,
+        batch_scheduler_policy=s.batch_scheduler_policy.value,
+        kv_cache_free_gpu_mem_fraction=s.kv_cache_free_gpu_mem_fraction,
+        max_tokens_in_paged_kv_cache=s.max_tokens_in_paged_kv_cache,
+        enable_kv_cache_reuse=s.enable_kv_cache_reuse,
+        enable_chunked_context=s.enable_chunked_context,
+        gpu_device_ids=s.gpu_device_ids,
+        preprocessing_instance_count=s.preprocessing_instance_count,
+        # for text_input sent to the ensemble by other clients; the predictor sends token ids
+        add_special_tokens=s.add_special_tokens if s.add_special_tokens is not None else True,
+        reference_torch_threads=s.reference_torch_threads,
+        tensorrt_llm_parameters=s.tensorrt_llm_parameters,
+        guided_decoding=importlib.util.find_spec("xgrammar") is not None,
+        lora_cache_optimal_adapter_size=s.lora_cache_optimal_adapter_size,
+        lora_cache_max_adapter_size=s.lora_cache_max_adapter_size,
+        lora_cache_gpu_memory_fraction=s.lora_cache_gpu_memory_fraction,
+        lora_cache_host_memory_bytes=s.lora_cache_host_memory_bytes,
+        llm_args=llm_args,
+    )
+
+
+def plan_serving(settings: Settings, info: WeightsInfo, manifest: Optional[Manifest],
+                 gpus: Sequence[GPU]) -> ServingPlan:
+    """Decide how ``info``'s weights are served (see the module docstring).
+
+    Args:
+        settings: the service's settings.
+        info: the weights as inspected (:func:`tensorrtllm_backend.engine.inspect_weights`).
+        manifest: their verified manifest, or None.
+        gpus: the GPUs visible.
+
+    Raises:
+        ConfigError: a checkpoint's LLM API arguments are not valid, or COG_TRITON_CHECKPOINT_BACKEND=pytorch with no
+            GPU (:func:`tensorrtllm_backend.llmapi_args.plan_pytorch_serving`, ``choose_checkpoint_backend``).
+        IncompatibleWeightsError: the PyTorch backend cannot serve the checkpoint on these GPUs.
+    """
+    base_model = base_model_of(manifest)
+    if info.kind == "engine" and base_model:  # for the LoRA refusals' messages
+        info = dataclasses.replace(info, lora=dataclasses.replace(info.lora, base_model=base_model))
+    pytorch: Optional[PyTorchServing] = None
+    backend: Backend = "engine" if info.kind == "engine" else "reference"
+    # A checkpoint is served by TensorRT-LLM's PyTorch backend (the LLM API) on a GPU, else by the CPU reference
+    # model (COG_TRITON_CHECKPOINT_BACKEND); its arguments are checked here, before Triton starts.
+    if info.kind != "engine" and choose_checkpoint_backend(settings.checkpoint_backend.value, gpus) == "pytorch":
+        pytorch = plan_pytorch_serving(info, settings.llm_api_options(), gpus, base_model)
+        info = dataclasses.replace(info, limits=pytorch.limits, lora=pytorch.lora, world_size=pytorch.world_size)
+        backend = "pytorch"
+    warnings = []
+    if info.limits.max_batch_size < settings.max_concurrency:
+        warnings.append(
+            f"Cog serves up to {settings.max_concurrency} predictions at once (COG_MAX_CONCURRENCY, cog.yaml "
+            f"concurrency.max), but the engine batches at most {info.limits.max_batch_size} requests (max_batch_size): "
+            f"the others wait in the engine's queue; rebuild the engine with limits.max_batch_size >= "
+            f"{settings.max_concurrency}, or lower the concurrency")
+    # Chunked context changes the longest prompt the executor takes (ModelLimits.executor_max_input_len); only the
+    # C++ backend reads the setting (the reference template has no such parameter). The PyTorch backend's limits
+    # already follow its own rule (llmapi_args.pytorch_limits).
+    limits = info.limits if pytorch is not None else dataclasses.replace(
+        info.limits, enable_chunked_context=settings.enable_chunked_context and info.kind == "engine")
+    launch = LaunchConfig(
+        model_repo=settings.model_repo_path,
+        http_port=settings.http_port,
+        grpc_port=settings.grpc_port,
+        metrics_port=settings.metrics_port,
+        # An engine's tensor/pipeline parallelism: one server per rank under mpirun (check_weights_match made sure
+        # the manifest's world size, when there is one, equals the engine's). A checkpoint's: one server under
+        # mpirun -n 1, whose LLM spawns its ranks (tensorrtllm_backend.server's docstring).
+        world_size=1 if pytorch else info.world_size if not manifest else manifest.world_size,
+        single_rank_mpirun=pytorch is not None and pytorch.world_size > 1,
+        log_verbose=settings.log_verbose,
+        mpirun=settings.mpirun,
+    )
+    return ServingPlan(
+        info=info,
+        backend=backend,
+        pytorch=pytorch,
+        limits=limits,
+        render=render_options(settings, pytorch.args if pytorch else None),
+        launch=launch,
+        stream_processes=settings.stream_process_count(),
+        interval_s=settings.stream_interval_ms / 1e3,
+        interval_max_s=settings.stream_interval_max_ms / 1e3,
+        interval_streams=settings.stream_interval_streams,
+        adapter_limits=adapter_limits(settings),
+        warnings=tuple(warnings),
+    )
+
+
+__all__ = ("ServingPlan", "adapter_limits", "plan_serving", "reference_limits", "render_options")

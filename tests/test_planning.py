@@ -1,0 +1,80 @@
+"""setup()'s plan (cog_triton.worker.planning.plan_serving), made without starting anything: which backend serves the
+weights, the limits, the model repository's values, how Triton is launched, the stream processes and their interval,
+and the one log line that says all of it. The weights are the default model's real checkpoint (inspected as setup
+inspects it) and engine descriptions as the template tests use them; the GPUs are values (nothing here probes one).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from common.errors import ConfigError
+from cog_triton.settings import REPO_ROOT, Settings
+from cog_triton.worker.planning import ServingPlan, plan_serving
+from tensorrtllm_backend.engine import inspect_weights
+from tensorrtllm_backend.gpus import GPU
+from tests.test_templates import engine_info
+
+CHECKPOINT = REPO_ROOT / "build" / "default_model" / "checkpoint"
+H100 = GPU(0, "GPU-0", "NVIDIA H100 80GB HBM3", "9.0")
+
+
+@pytest.fixture(scope="module")
+def checkpoint():
+    return inspect_weights(CHECKPOINT)
+
+
+def test_a_checkpoint_without_a_gpu_is_served_by_the_reference_model(checkpoint) -> None:
+    plan = plan_serving(Settings(stream_processes=2), checkpoint, None, [])
+    assert (plan.backend, plan.pytorch, plan.sampler, plan.render.llm_args) == ("reference", None, None, None)
+    assert (plan.launch.world_size, plan.launch.single_rank_mpirun, plan.stream_processes) == (1, False, 2)
+    line = plan.describe()
+    assert line.startswith("plan: Hugging Face checkpoint on the CPU reference model LlamaForCausalLM") and "\n" not in line
+    assert "one Triton;" in line and "2 stream process(es), stream interval 50 ms (up to 200 ms beyond 64" in line
+
+
+def test_a_checkpoint_with_a_gpu_goes_to_the_pytorch_backend_with_its_llm_arguments(checkpoint) -> None:
+    plan = plan_serving(Settings(llm_max_seq_len=512, llm_max_num_tokens=384), checkpoint, None, [H100])
+    assert plan.backend == "pytorch" and plan.sampler == "TorchSampler"
+    assert plan.render.llm_args == plan.pytorch.args and plan.render.llm_args["max_seq_len"] == 512
+    assert plan.limits.executor_max_input_len() == 384 and plan.info.limits == plan.limits
+    assert "on the PyTorch backend (LLM API) with tp 1 x pp 1: max_seq_len 512, longest prompt 384" in plan.describe()
+
+
+def test_tensor_parallelism_of_a_checkpoint_is_one_triton_under_mpirun(checkpoint) -> None:
+    plan = plan_serving(Settings(llm_tensor_parallel_size=2), checkpoint, None, [H100, H100])
+    assert (plan.launch.world_size, plan.launch.single_rank_mpirun, plan.info.world_size) == (1, True, 2)
+    assert "one Triton under mpirun -n 1" in plan.describe()
+
+
+def test_an_engine_keeps_its_world_size_and_chunked_context_holds_its_prompts(tmp_path: Path) -> None:
+    info = engine_info(tmp_path, max_batch_size=64)
+    info = info.__class__(**{**info.__dict__, "world_size": 2})
+    plan = plan_serving(Settings(enable_chunked_context=False), info, None, [H100, H100])
+    assert (plan.backend, plan.launch.world_size, plan.launch.single_rank_mpirun) == ("engine", 2, False)
+    assert not plan.limits.enable_chunked_context and "2 Triton ranks under mpirun" in plan.describe()
+    chunked = plan_serving(Settings(enable_chunked_context=True), info, None, [H100, H100])
+    assert chunked.limits.enable_chunked_context and chunked.render.enable_chunked_context
+
+
+def test_more_concurrency_than_the_engine_batches_is_a_warning_and_adapters_follow_their_setting(tmp_path: Path) -> None:
+    info = engine_info(tmp_path, max_batch_size=4)
+    plan = plan_serving(Settings(max_concurrency=16), info, None, [H100])
+    (warning,) = plan.warnings
+    assert "Cog serves up to 16 predictions at once" in warning and "batches at most 4 requests" in warning
+    assert plan.adapter_limits is not None and plan.adapter_limits.fetches == 16
+    off = plan_serving(Settings(lora_adapters=False, max_concurrency=4), info, None, [H100])
+    assert off.adapter_limits is None and off.warnings == () and "LoRA adapters off" in off.describe()
+
+
+def test_the_pytorch_backend_without_a_gpu_is_refused_before_anything_starts(checkpoint) -> None:
+    with pytest.raises(ConfigError, match="COG_TRITON_CHECKPOINT_BACKEND=pytorch needs an NVIDIA GPU"):
+        plan_serving(Settings(checkpoint_backend="pytorch"), checkpoint, None, [])
+
+
+def test_the_plan_is_plain_data() -> None:
+    import dataclasses
+
+    assert dataclasses.is_dataclass(ServingPlan) and ServingPlan.__dataclass_params__.frozen
