@@ -634,7 +634,7 @@ def summarize(spec: dict, results: list[Result], t0: float, t1: float, cpu_s: fl
 
 #: The steps of a Cog prediction's time to first token, in order, from the client's request to its first chunk:
 #: (name, the key of the predictor's ``timing`` metric that ends it: seconds since predict() began,
-#: cog_triton/worker/stream_pool.py TIMING_STEPS); the first and last steps are measured against the client's clock.
+#: cog_triton/worker/timing.py TIMING_STEPS); the first and last steps are measured against the client's clock.
 TTFT_PHASES = (
     ("coglet to predict()", None),  # the request to predict() beginning: coglet's HTTP, queue, IPC to the worker
     ("inputs checked, Start sent", "start_sent_s"),

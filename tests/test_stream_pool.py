@@ -430,7 +430,7 @@ def test_the_timing_metric_has_every_step_of_the_start_in_order(pool, triton: Ru
     """COG_TRITON_TIMING_METRICS: one ``timing`` metric per prediction, recorded once its first text was yielded,
     with when each step of its start happened (seconds since it began), in the order they happen, and when it
     began (time.monotonic()); without the setting (the module's pool) there is none."""
-    from cog_triton.worker.stream_pool import TIMING_METRIC, TIMING_STEPS
+    from cog_triton.worker.timing import TIMING_METRIC, TIMING_STEPS
 
     config = GeneratorConfig(tokenizer_dir=CHECKPOINT, limits=LIMITS, grpc_address=triton.address, token_timeout_s=5)
     timed = StreamPool(config, 1, interval_s=INTERVAL_S, start_timeout_s=120, timing=True)

@@ -46,27 +46,12 @@ from cog_triton.ipc import PredictInputs
 from cog_triton.worker.metrics import INPUT_TOKEN_COUNT, OUTPUT_TOKEN_COUNT, MetricSink, record_time_to_first_token
 from cog_triton.settings import REPO_ROOT
 from cog_triton.worker.supervisor import Health
+from cog_triton.worker.timing import OFF, StartTiming, TimingOff
 
 if TYPE_CHECKING:
     from cog_triton.worker.exporter import ServiceMetrics
 
 log = logging.getLogger(__name__)
-
-#: The timing metric (COG_TRITON_TIMING_METRICS): one dict per prediction, recorded once its first text was
-#: yielded to coglet, of when each step of its start happened, in seconds since predict() began, plus that
-#: beginning as time.monotonic() (the host's clock; the client's too on the same host), so that
-#: scripts/benchmark can split the time to first token into its phases. One metric, so one message to coglet.
-TIMING_METRIC = "timing"
-#: Its keys, in the order of the steps (the first token itself is time_to_first_token_s).
-TIMING_STEPS = (
-    "run_at_monotonic",  # predict() began
-    "start_sent_s",  # inputs checked, the Start about to be sent to a stream process
-    "start_received_s",  # the stream process read the Start
-    "prepared_s",  # prompt rendered and tokenized, the request sent to Triton
-    "first_text_sent_s",  # the first text handed to the stream process's frame
-    "first_text_relayed_s",  # the worker's receiver put it on the prediction's queue
-    "first_text_yielded_s",  # coglet's thread took it from the generator
-)
 
 #: A stream process that fails to start this many times in a row is given up (the pool reports it).
 MAX_START_FAILURES = 3
@@ -81,7 +66,7 @@ class RoutedPrediction:
     """
 
     __slots__ = ("sid", "request_id", "process", "output", "metric", "loop", "accepted", "pool", "stop_on_cancel",
-                 "started_at", "timing", "__weakref__")
+                 "timing", "__weakref__")
 
     def __init__(self, pool: "StreamPool", sid: int, request_id: str, process: "StreamProcess",
                  metric: Optional[MetricSink], loop: asyncio.AbstractEventLoop) -> None:
@@ -95,8 +80,7 @@ class RoutedPrediction:
         self.output = PredictionOutput(self._cancelled)
         #: Set once the prediction is cancelled or failed here: whether its process sends Triton the stop request.
         self.stop_on_cancel: Optional[bool] = None
-        self.started_at = 0.0  # the timing metric only: when the prediction began (time.monotonic())
-        self.timing: dict[str, float] = {}  # the timing metric's steps so far (TIMING_STEPS)
+        self.timing: Union[StartTiming, TimingOff] = OFF  # the timing metric's steps (cog_triton.worker.timing)
 
     def _cancelled(self) -> None:
         """coglet cancelled the prediction (or its generator was closed): stop the prediction there, and its request
@@ -123,13 +107,6 @@ class RoutedPrediction:
                 self.metric(name, value)
             except Exception:  # noqa: BLE001 - a metric must never break a prediction
                 log.exception("recording metric %s failed", name)
-
-    def record_timing_when_complete(self) -> None:
-        """Record the timing metric once it has every step (called by the two threads that add the last ones:
-        each adds its step, then looks; at least one of them sees both, and recording it twice is harmless)."""
-        timing = self.timing
-        if "first_text_yielded_s" in timing and "prepared_s" in timing:
-            self.record(TIMING_METRIC, dict(timing))
 
     def settle_open(self, outcome: Union[int, BaseException]) -> None:
         """Settle what :meth:`StreamPool.open` waits for, from any thread (once): the prompt's length in tokens
@@ -210,7 +187,7 @@ class StreamPool:
         metrics: the service's Prometheus metrics (:mod:`cog_triton.worker.exporter`): counts what only the pool sees
             (stream-process restarts, tokens of cancelled predictions, the processes' LoRA adapter counts).
         timing: record, as each prediction's ``timing`` metric, when its start passed each step
-            (:data:`TIMING_STEPS`; COG_TRITON_TIMING_METRICS, for scripts/benchmark).
+            (:mod:`cog_triton.worker.timing`; COG_TRITON_TIMING_METRICS, for scripts/benchmark).
         interval_max_s / interval_streams: the stream interval under load (:class:`cog_triton.streaming.coalesce.StreamLoad`:
             COG_TRITON_STREAM_INTERVAL_MAX_MS, COG_TRITON_STREAM_INTERVAL_STREAMS over all processes).
     """
@@ -359,7 +336,9 @@ class StreamPool:
                 process.predictions[prediction.sid] = prediction
             self._register(prediction)
             if self.timing:  # before the send: the stream process's Timings may come back before send() returns
-                self._time_start(prediction, started_at)
+                prediction.timing = StartTiming(started_at, prediction.record)
+                prediction.output.on_first = prediction.timing.yielded
+            prediction.timing.start_sent()
             if process.send(ipc.Start(prediction.sid, request_id, inputs, started_at)):
                 if prediction.stop_on_cancel is not None:
                     # Failed (the supervisor) or cancelled between its registration and this Start: that Cancel
@@ -375,20 +354,6 @@ class StreamPool:
             prediction.output.cancel()
             raise
         return output_generator(prediction.output)
-
-    @staticmethod
-    def _time_start(prediction: RoutedPrediction, started_at: float) -> None:
-        """Start the prediction's timing metric: when it began and its Start is sent (taken just before the send,
-        so that it can never come after the stream process's own 'received'); coglet's thread adds when it took the
-        first text (the receiver thread when it arrived, the Timings event the stream process's steps)."""
-        prediction.started_at = started_at
-        prediction.timing = {"run_at_monotonic": started_at, "start_sent_s": time.monotonic() - started_at}
-
-        def yielded() -> None:
-            prediction.timing["first_text_yielded_s"] = time.monotonic() - started_at
-            prediction.record_timing_when_complete()
-
-        prediction.output.on_first = yielded
 
     def _pick(self) -> Optional[StreamProcess]:
         """The running process with the fewest predictions, or None."""
@@ -449,8 +414,8 @@ class StreamPool:
                 for sid, text in frame.texts:
                     prediction = predictions.get(sid)
                     if prediction is not None:
-                        if timing and prediction.started_at and "first_text_relayed_s" not in prediction.timing:
-                            prediction.timing["first_text_relayed_s"] = time.monotonic() - prediction.started_at
+                        if timing:
+                            prediction.timing.relayed()
                         prediction.output.queue.put(text)
                 for event in frame.events:
                     self._event(process, event)
@@ -489,11 +454,7 @@ class StreamPool:
             case ipc.FirstToken(seconds=seconds):
                 record_time_to_first_token(prediction.record, seconds)
             case ipc.Timings(received_at=received, prepared_at=prepared, first_text_at=first_text):
-                if prediction.started_at:
-                    start = prediction.started_at
-                    prediction.timing.update(start_received_s=received - start, prepared_s=prepared - start,
-                                             first_text_sent_s=first_text - start)
-                    prediction.record_timing_when_complete()
+                prediction.timing.stream_process(received, prepared, first_text)
             case ipc.Accepted(prompt_tokens=prompt_tokens):
                 prediction.record(INPUT_TOKEN_COUNT, prompt_tokens)
                 prediction.settle_open(prompt_tokens)
