@@ -19,8 +19,8 @@ Commands, worker -> stream process (one per frame):
 
 * :class:`Config` once, first: what :mod:`cog_triton.streaming.streamer` builds its generator from.
 * :class:`Start`: prepare and stream a prediction's inputs.
-* :class:`Cancel`: stop a stream (and tell Triton to stop the request when ``send_stop``).
-* :class:`Stop`: tell Triton to stop a request another stream process left behind.
+* :class:`Cancel`: stop a stream (and tell Triton to stop the request when ``send_stop_request``).
+* :class:`StopRequest`: send Triton the stop request of a request another stream process left behind.
 * :class:`Reconnect`: Triton was restarted: use a new gRPC channel from the next request on.
 
 Events, stream process -> worker: one :class:`Frame` per turn of the process's event loop, holding many
@@ -188,13 +188,13 @@ class Start(NamedTuple):
 
 
 class Cancel(NamedTuple):
-    """Stop stream ``sid``; ``send_stop``: also tell Triton to stop its request (False: Triton is being restarted)."""
+    """Stop stream ``sid``; ``send_stop_request``: also tell Triton to stop its request (False: Triton is being restarted)."""
 
     sid: int
-    send_stop: bool
+    send_stop_request: bool
 
 
-class Stop(NamedTuple):
+class StopRequest(NamedTuple):
     """Tell Triton to stop ``request_id``, a request another stream process left behind."""
 
     request_id: str
@@ -204,7 +204,7 @@ class Reconnect(NamedTuple):
     """Triton was restarted: use a new gRPC channel from the next request on."""
 
 
-Command = Union[Config, Start, Cancel, Stop, Reconnect]
+Command = Union[Config, Start, Cancel, StopRequest, Reconnect]
 
 
 # -------------------------------------------------------------------- events (stream process -> worker)
@@ -329,6 +329,6 @@ class FrameReader:
 
 __all__ = (
     "Accepted", "Cancel", "Cancelled", "Command", "Config", "End", "Event", "Failed", "FirstToken", "Frame",
-    "FrameReader", "HEADER", "MAX_FRAME_BYTES", "Ready", "Reconnect", "Rejected", "Start", "Stats", "Stop",
+    "FrameReader", "HEADER", "MAX_FRAME_BYTES", "Ready", "Reconnect", "Rejected", "Start", "Stats", "StopRequest",
     "decode", "encode",
 )

@@ -299,7 +299,7 @@ def test_standin_in_triton_streams_the_text_and_answers_stop(standin_triton, hf_
             reader = asyncio.create_task(read_long())
             while len(long) < 3:
                 await asyncio.sleep(0.01)
-            await client.stop("long")
+            await client.send_stop_request("long")
             await asyncio.wait_for(reader, 120)  # only "not hung"
             return full, long
         finally:

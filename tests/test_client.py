@@ -369,7 +369,7 @@ def test_stop_sends_tensorrt_llms_stop_request(triton: Running) -> None:
 
     async def run() -> None:
         try:
-            await client.stop("cog-triton-42")
+            await client.send_stop_request("cog-triton-42")
         finally:
             await client.aclose()
 
@@ -389,7 +389,7 @@ def test_stop_refused_and_stop_against_a_closed_port(triton: Running) -> None:
 
     async def run(c: TritonClient) -> None:
         try:
-            await c.stop("x")
+            await c.send_stop_request("x")
         finally:
             await c.aclose()
 

@@ -29,7 +29,7 @@ def test_every_message_arrives_typed_with_its_fields(pair) -> None:
     inputs = validate_inputs(prompt="Hi", temperature=0)
     config = GeneratorConfig(tokenizer_dir=Path("/tok"), limits=ModelLimits(max_batch_size=8, max_input_len=64, max_seq_len=128), grpc_address="127.0.0.1:1")
     commands = [ipc.Config(config, 0.05), ipc.Start(7, "req-7", inputs, 12.5), ipc.Cancel(7, False),
-                ipc.Stop("req-3"), ipc.Reconnect()]
+                ipc.StopRequest("req-3"), ipc.Reconnect()]
     frame = ipc.Frame(
         texts=[(7, "Hel"), (8, "Hi"), (7, "lo")],
         events=[ipc.Ready(41, load_s=1.5), ipc.Accepted(7, 12), ipc.Rejected(9, InputError("the prompt is empty")),
@@ -40,7 +40,7 @@ def test_every_message_arrives_typed_with_its_fields(pair) -> None:
     reader = ipc.FrameReader(ours)
     got = [reader.read() for _ in range(len(commands) + 1)]
     assert got[:-1] == commands and [type(c) for c in got[:-1]] == [type(c) for c in commands]
-    assert got[1].inputs == inputs and got[0].generator == config and got[2].send_stop is False
+    assert got[1].inputs == inputs and got[0].generator == config and got[2].send_stop_request is False
     received = got[-1]
     assert type(received) is ipc.Frame and received.texts == [(7, "Hel"), (8, "Hi"), (7, "lo")]
     assert [type(e) for e in received.events] == [type(e) for e in frame.events]

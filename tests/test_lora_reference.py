@@ -244,7 +244,7 @@ def test_a_full_cache_is_upstreams_error_and_frees_up_when_requests_end(lora_env
             with pytest.raises(InferenceError) as info:
                 await _tokens(client, _request(lora_env, "a3", task=TASK_IDS["a3"] + 100))
             for stream, request in long:
-                await client.stop(request.request_id)
+                await client.send_stop_request(request.request_id)
                 async for _ in stream:
                     pass
             after = await _tokens(client, _request(lora_env, "a3", task=TASK_IDS["a3"] + 100))

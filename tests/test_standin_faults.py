@@ -138,7 +138,7 @@ def predict(stack: dict[str, Any], mode: dict[str, Any],
     """Run one prediction over SSE with the stand-in in ``mode``: (the text streamed, the final
     prediction document, the requests Triton got since it started, once there are ``requests`` of them).
 
-    A stop request is sent in the background as the prediction fails (Generator.stop_in_background): it
+    A stop request is sent in the background as the prediction fails (Generator.send_stop_request_in_background): it
     may reach Triton after the client has the failure, so it is waited for, not read at once."""
     (stack["dir"] / "mode").write_text(json.dumps(mode))
     before = len(requests_seen(stack))

@@ -303,7 +303,7 @@ class TritonClient:
             done.set()
             call.cancel()  # after the final response this only releases the stream
 
-    async def stop(self, request_id: str, model: str = "tensorrt_llm") -> None:
+    async def send_stop_request(self, request_id: str, model: str = "tensorrt_llm") -> None:
         """Ask ``model`` to stop the running request ``request_id`` (TensorRT-LLM's ``stop`` input).
 
         Cancelling the ensemble's gRPC stream cancels the ensemble request, and Triton's ensemble

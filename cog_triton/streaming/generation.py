@@ -75,33 +75,33 @@ class RequestState:
     Attributes:
         output_tokens: tokens generated so far (the end token is never counted).
         first_token_at: ``time.monotonic()`` when the first token arrived, or None.
-        stopped: the output was cut by a stop sequence.
+        cut_by_stop_sequence: the output was cut by a stop sequence.
         finished: the engine sent its final response and the output is complete (not cancelled,
             failed or cut by a stop sequence).
         task: the asyncio task running the request (:meth:`Generator.text_deltas` sets it when None).
         error: set by :meth:`cancel`: what the stream raises instead of ``CancelledError``.
-        send_stop: False once a :meth:`cancel` said not to send Triton the stop request.
+        send_stop_request: False once a :meth:`cancel` said not to send Triton the stop request.
         last_response_at: ``time.monotonic()`` of the last response from Triton (the watchdog's clock).
     """
 
     output_tokens: int = 0
     first_token_at: Optional[float] = None
-    stopped: bool = False
+    cut_by_stop_sequence: bool = False
     finished: bool = False
     task: Optional["asyncio.Task[Any]"] = None
     error: Optional[BaseException] = None
-    send_stop: bool = True
+    send_stop_request: bool = True
     last_response_at: float = field(default_factory=time.monotonic)
 
-    def cancel(self, error: Optional[BaseException] = None, *, send_stop: bool = True) -> None:
+    def cancel(self, error: Optional[BaseException] = None, *, send_stop_request: bool = True) -> None:
         """Cancel the request's task with a reason (on its loop's thread): ``error`` is raised by the stream instead
-        of ``CancelledError`` (the first error given wins); ``send_stop=False`` keeps Triton's stop request from
+        of ``CancelledError`` (the first error given wins); ``send_stop_request=False`` keeps Triton's stop request from
         being sent (Triton is being restarted). Cancelling a request before it streams (while it is prepared)
         only cancels its task."""
         if self.error is None:
             self.error = error
-        if not send_stop:
-            self.send_stop = False
+        if not send_stop_request:
+            self.send_stop_request = False
         if self.task is not None:
             self.task.cancel()
 
@@ -380,14 +380,14 @@ class Generator:
                 if text:
                     yield text
                 if stopped:
-                    state.stopped = True
+                    state.cut_by_stop_sequence = True
                     return
             engine_done = True
             text, stopped = stops.push(detok.finish())
             if text:
                 yield text
             if stopped:
-                state.stopped = True
+                state.cut_by_stop_sequence = True
                 return
             rest = stops.finish()
             if rest:
@@ -403,9 +403,9 @@ class Generator:
         finally:
             self._running.discard(state)
             state.output_tokens = detok.num_tokens
-            if not engine_done and state.send_stop:
+            if not engine_done and state.send_stop_request:
                 # Cancelled, cut by a stop sequence, or failed: make Triton stop generating too.
-                self.stop_in_background(request.request_id)
+                self.send_stop_request_in_background(request.request_id)
 
     async def _responses(self, prepared: Prepared) -> AsyncIterator[GenerateChunk]:
         """The request's responses; for an adapter the backend no longer holds, the request is sent once more
@@ -469,7 +469,7 @@ class Generator:
         """Streams reading from Triton right now."""
         return len(self._running)
 
-    def stop_in_background(self, request_id: str) -> None:
+    def send_stop_request_in_background(self, request_id: str) -> None:
         """Send TensorRT-LLM's stop signal for ``request_id`` without waiting (best effort).
 
         Cancelling the gRPC stream (which :meth:`text_deltas` also does) cancels the ensemble
@@ -483,7 +483,7 @@ class Generator:
 
         async def send() -> None:
             try:
-                await client.stop(request_id)
+                await client.send_stop_request(request_id)
                 log.info("Triton request %s: stop request sent", request_id)  # tests tie it to the request
             except TritonError as exc:
                 log.warning("could not stop request %s in Triton: %s", request_id, exc)

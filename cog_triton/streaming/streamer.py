@@ -182,12 +182,12 @@ class PredictionRunner:
                 state.task = asyncio.create_task(self._serve_prediction(sid, request_id, inputs, started_at, state))
                 self._requests[sid] = state
                 state.task.add_done_callback(lambda _t, sid=sid: self._requests.pop(sid, None))
-            case ipc.Cancel(sid, send_stop):
+            case ipc.Cancel(sid, send_stop_request):
                 state = self._requests.get(sid)
                 if state is not None:
-                    state.cancel(send_stop=send_stop)
-            case ipc.Stop(request_id):
-                generator.stop_in_background(request_id)
+                    state.cancel(send_stop_request=send_stop_request)
+            case ipc.StopRequest(request_id):
+                generator.send_stop_request_in_background(request_id)
             case ipc.Reconnect():
                 generator.triton_restarted()
             case _:
@@ -269,7 +269,7 @@ class PredictionRunner:
             log.info(
                 "generated %d tokens for a %d-token prompt in %.2f s%s",
                 state.output_tokens, prepared.prompt_tokens, time.monotonic() - started_at,
-                " (stop sequence)" if state.stopped else "",
+                " (stop sequence)" if state.cut_by_stop_sequence else "",
             )
             if inputs.lora is not None:
                 self._report_lora()  # a request sent again after the engine's cache miss counts there

@@ -65,7 +65,7 @@ class RoutedPrediction:
     from any thread; the receiver thread finishes it when its End or Failed event arrives.
     """
 
-    __slots__ = ("sid", "request_id", "process", "output", "metric", "loop", "accepted", "pool", "stop_on_cancel",
+    __slots__ = ("sid", "request_id", "process", "output", "metric", "loop", "accepted", "pool", "stop_request_on_cancel",
                  "timing", "__weakref__")
 
     def __init__(self, pool: "StreamPool", sid: int, request_id: str, process: "StreamProcess",
@@ -79,26 +79,26 @@ class RoutedPrediction:
         self.accepted: "asyncio.Future[int]" = loop.create_future()
         self.output = PredictionOutput(self._cancelled)
         #: Set once the prediction is cancelled or failed here: whether its process sends Triton the stop request.
-        self.stop_on_cancel: Optional[bool] = None
+        self.stop_request_on_cancel: Optional[bool] = None
         self.timing: Union[StartTiming, TimingOff] = OFF  # the timing metric's steps (cog_triton.worker.timing)
 
     def _cancelled(self) -> None:
         """coglet cancelled the prediction (or its generator was closed): stop the prediction there, and its request
         in Triton."""
-        self._stop(asyncio.CancelledError(), send_stop=True)
+        self._cancel(asyncio.CancelledError(), send_stop_request=True)
 
     def fail(self, error: BaseException) -> None:
         """End the prediction with ``error`` (from any thread); the stream process drops the prediction
         without sending Triton a stop request (Triton is being restarted)."""
-        self._stop(error, send_stop=False)
+        self._cancel(error, send_stop_request=False)
         self.output.fail(error)
 
-    def _stop(self, reason: BaseException, *, send_stop: bool) -> None:
+    def _cancel(self, reason: BaseException, *, send_stop_request: bool) -> None:
         """Stop the prediction from the worker's side (once): its process is sent a Cancel, and ``open`` raises
         ``reason`` if it has not returned yet."""
-        self.stop_on_cancel = send_stop
+        self.stop_request_on_cancel = send_stop_request
         if self.pool.forget(self):
-            self.process.send(ipc.Cancel(self.sid, send_stop))
+            self.process.send(ipc.Cancel(self.sid, send_stop_request))
         self.settle_open(reason)
 
     def record(self, name: str, value: Union[int, float]) -> None:
@@ -340,10 +340,10 @@ class StreamPool:
                 prediction.output.on_first = prediction.timing.yielded
             prediction.timing.start_sent()
             if process.send(ipc.Start(prediction.sid, request_id, inputs, started_at)):
-                if prediction.stop_on_cancel is not None:
+                if prediction.stop_request_on_cancel is not None:
                     # Failed (the supervisor) or cancelled between its registration and this Start: that Cancel
                     # may have reached the process first, where it found nothing to cancel. Once more, after Start.
-                    process.send(ipc.Cancel(prediction.sid, prediction.stop_on_cancel))
+                    process.send(ipc.Cancel(prediction.sid, prediction.stop_request_on_cancel))
                 break
             self.forget(prediction)  # its process died a moment ago: try another
         else:
@@ -397,7 +397,7 @@ class StreamPool:
         """Ask a running stream process to send Triton the stop request of ``request_id``."""
         process = self._pick()
         if process is not None:
-            process.send(ipc.Stop(request_id))
+            process.send(ipc.StopRequest(request_id))
 
     # -------------------------------------------------------------------- receive
     def _receive(self, process: StreamProcess, sock: socket.socket) -> None:
