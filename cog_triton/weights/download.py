@@ -20,10 +20,10 @@ import httpx
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
 from cog_triton.fetch.deadline import FetchDeadline
+from cog_triton.fetch.folders import check_free_space
 from cog_triton.fetch.guard import FetchGuard, guarded_transport
 from cog_triton.fetch.rules import FetchRules
 from cog_triton.fetch.redaction import install_log_redaction, redact_text
-from cog_triton.weights.archive import _check_free_space
 from common.errors import DownloadError, FetchDeadlineError, WeightsError
 
 log = logging.getLogger("cog_triton.weights")
@@ -61,7 +61,16 @@ _CONTENT_RANGE_RE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", re.IGNOR
 
 
 @dataclass(frozen=True)
-class _Limits:
+class FetchLimits:
+    """The bounds of one :func:`cog_triton.weights.fetch_weights` call (its arguments of the same names: seconds,
+    bytes, bytes per second), as its download and extraction read them.
+
+    Attributes:
+        rules: for a source an API caller gave; None: the operator's own weights.
+        what: names what is fetched in the fetch rules' messages.
+        deadline_at: the ``time.monotonic()`` instant the deadline ends, when it began before the call.
+    """
+
     timeout_s: float
     retries: int
     deadline_s: float
@@ -70,9 +79,9 @@ class _Limits:
     max_extracted_bytes: Optional[int]
     max_download_bytes: Optional[int] = None
     allow_zip: bool = False
-    rules: Optional[FetchRules] = None  # for a source an API caller gave; None: the operator's own weights
+    rules: Optional[FetchRules] = None
     what: str = "weights"
-    deadline_at: Optional[float] = None  # time.monotonic() instant the deadline ends, when it began before the call
+    deadline_at: Optional[float] = None
 
 
 class _TransientDownloadError(DownloadError):
@@ -141,7 +150,7 @@ def _num(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else f"{value:g}"
 
 
-def _deadline_error(display: str, transfer: _Transfer, limits: _Limits) -> FetchDeadlineError:
+def _deadline_error(display: str, transfer: _Transfer, limits: FetchLimits) -> FetchDeadlineError:
     elapsed = time.monotonic() - transfer.started
     of = f" of {transfer.total}" if transfer.total is not None else ""
     last = f"; the last attempt failed with: {transfer.last_error}" if transfer.last_error else ""
@@ -152,7 +161,7 @@ def _deadline_error(display: str, transfer: _Transfer, limits: _Limits) -> Fetch
     )
 
 
-def _too_slow(display: str, rate: float, window_s: float, limits: _Limits) -> str:
+def _too_slow(display: str, rate: float, window_s: float, limits: FetchLimits) -> str:
     return (
         f"the download of {display} is too slow: {rate:.0f} bytes/s over the last {window_s:.1f} s, below the minimum "
         f"of {_num(limits.min_rate_bytes_s)} bytes/s (COG_TRITON_DOWNLOAD_MIN_RATE_BYTES_S, measured over "
@@ -161,8 +170,9 @@ def _too_slow(display: str, rate: float, window_s: float, limits: _Limits) -> st
     )
 
 
-def _download(url: str, display: str, dest: Path, limits: _Limits) -> tuple[str, int]:
-    """Download ``url`` into ``dest``; return (sha256 hex, size in bytes).
+def download_file(url: str, display: str, dest: Path, limits: FetchLimits) -> tuple[str, int]:
+    """Download ``url`` into ``dest`` (``display``: the URL as shown in messages); return (sha256 hex, size in
+    bytes).
 
     Raises:
         DownloadError: see :func:`cog_triton.weights.fetch_weights`.
@@ -220,7 +230,7 @@ def _download(url: str, display: str, dest: Path, limits: _Limits) -> tuple[str,
     return transfer.hasher.hexdigest(), transfer.received
 
 
-def _download_once(client: httpx.Client, url: str, display: str, transfer: _Transfer, limits: _Limits) -> None:
+def _download_once(client: httpx.Client, url: str, display: str, transfer: _Transfer, limits: FetchLimits) -> None:
     """One attempt: fetch the rest of the file (or all of it) into ``transfer.dest``."""
     if transfer.past_deadline():
         raise _deadline_error(display, transfer, limits)
@@ -273,7 +283,7 @@ def _download_once(client: httpx.Client, url: str, display: str, transfer: _Tran
                 log.info("downloading %s (%s)", display,
                          f"{transfer.total} bytes" if transfer.total is not None else "size unknown")
                 if transfer.total is not None:
-                    _check_free_space(transfer.dest.parent, transfer.total, f"the download of {display}")
+                    check_free_space(transfer.dest.parent, transfer.total, f"the download of {display}")
             else:
                 raise DownloadError(f"unexpected HTTP {status} {response.reason_phrase} for {display}")
             expected = transfer.total
@@ -363,7 +373,7 @@ def _content_length(response: httpx.Response) -> Optional[int]:
     return length if length >= 0 else None
 
 
-def _too_big(display: str, size: Optional[int], limits: _Limits) -> str:
+def _too_big(display: str, size: Optional[int], limits: FetchLimits) -> str:
     return (f"{display} has more than the {limits.max_download_bytes} bytes allowed to download "
             f"({size} bytes or more); refusing it")
 

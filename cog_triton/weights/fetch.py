@@ -18,37 +18,37 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from cog_triton.fetch.deadline import FetchDeadline
+from cog_triton.fetch.folders import target_lock
 from cog_triton.fetch.guard import hub_guard
 from cog_triton.fetch.rules import FetchRules
-from cog_triton.weights.archive import _extract_archive
+from cog_triton.weights.archive import extract_archive
 from cog_triton.weights.cache import (
     MARKER_VERSION,
-    _copy_directory,
-    _exclusive_lock,
-    _inventory,
-    _marker_matches,
-    _read_marker,
-    _remove_leftovers,
-    _replace_directory,
-    _write_marker,
+    copy_directory,
+    inventory,
+    marker_matches,
+    read_marker,
+    remove_leftovers,
+    replace_directory,
+    write_marker,
 )
 from cog_triton.weights.download import (
     DEFAULT_DOWNLOAD_DEADLINE_S,
     DEFAULT_DOWNLOAD_MIN_RATE_BYTES_S,
     DEFAULT_DOWNLOAD_RATE_GRACE_S,
-    _download,
-    _Limits,
+    FetchLimits,
+    download_file,
 )
 from cog_triton.weights.hub import fetch_hub
 from cog_triton.weights.sources import (
     SUPPORTED_KINDS,
+    Source,
     SourceLike,
-    _directory_overlap,
-    _hash_file,
-    _local_fingerprint,
-    _normalize_sha256,
-    _parse_source,
-    _Source,
+    directory_overlap,
+    hash_file,
+    local_fingerprint,
+    normalize_sha256,
+    parse_source,
 )
 from common.errors import ArchiveError, ChecksumError, FetchDeadlineError, FetchRefusedError, WeightsError
 from common.files import KEEP_NAMES
@@ -181,15 +181,15 @@ def fetch_weights(
         deadline_at = time.monotonic() + deadline_s
     elif deadline_s == 0:
         deadline_at = None
-    limits = _Limits(timeout_s, retries, deadline_s, min_rate_bytes_s, rate_grace_s, max_extracted_bytes,
+    limits = FetchLimits(timeout_s, retries, deadline_s, min_rate_bytes_s, rate_grace_s, max_extracted_bytes,
                      max_download_bytes, allow_zip, rules, what, deadline_at)
 
-    src = _parse_source(source)
+    src = parse_source(source)
     if rules is not None and src.url is not None:  # the URL itself (scheme, host, an IP literal) before anything
         refusal = rules.url_refusal(src.url, what)
         if refusal is not None:
             raise FetchRefusedError(refusal)
-    expected_sha = _normalize_sha256(sha256, src.display)
+    expected_sha = normalize_sha256(sha256, src.display)
     target = Path(target_dir).absolute()
     if target.exists() and not target.is_dir():
         raise WeightsError(f"target {target} exists and is not a directory")
@@ -235,9 +235,9 @@ def fetch_weights(
                     f"a sha256 was given for the directory {src.display}, but checksums apply to archives only; "
                     "drop the sha256 or point the weights at a .tar/.tar.gz archive"
                 )
-            overlap = _directory_overlap(src.path, target)
+            overlap = directory_overlap(src.path, target)
             if overlap == "same":
-                size = sum(e.get("size", 0) for e in _inventory(target))
+                size = sum(e.get("size", 0) for e in inventory(target))
                 log.info("weights source %s is the target directory itself; nothing to copy", src.display)
                 return WeightsResult(path=target, source=src.display, sha256=None, size_bytes=size, skipped=True)
             if overlap is not None:
@@ -247,7 +247,7 @@ def fetch_weights(
                 )
         elif not src.path.is_file():
             raise WeightsError(f"weights source {src.display} is neither a regular file nor a directory")
-        fingerprint = _local_fingerprint(src.path, kind, src.display)
+        fingerprint = local_fingerprint(src.path, kind, src.display)
 
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -255,9 +255,9 @@ def fetch_weights(
         raise WeightsError(f"could not prepare {target}: {exc}") from exc
     until = deadline_at if src.url is not None else None  # a download's deadline bounds the wait for the lock too
     try:
-        with _exclusive_lock(target, until=until):
-            marker = _read_marker(target)
-            if marker is not None and _marker_matches(marker, src.key, expected_sha, fingerprint, target):
+        with target_lock(target, until=until):
+            marker = read_marker(target)
+            if marker is not None and marker_matches(marker, src.key, expected_sha, fingerprint, target):
                 log.info("weights from %s already present in %s (%d files); skipping the fetch",
                          src.display, target, len(marker["files"]))
                 return WeightsResult(
@@ -282,14 +282,14 @@ def _deadline_passed(exc: FetchDeadlineError, deadline: Optional[FetchDeadline])
 
 
 def _fetch(
-    src: "_Source", kind: str, fingerprint: Optional[dict[str, Any]], expected_sha: Optional[str], target: Path,
-    limits: _Limits,
+    src: Source, kind: str, fingerprint: Optional[dict[str, Any]], expected_sha: Optional[str], target: Path,
+    limits: FetchLimits,
 ) -> WeightsResult:
     """The body of :func:`fetch_weights`, run under the target's lock once the marker did not match."""
     started = time.monotonic()
     log.info("fetching weights from %s into %s", src.display, target)
     try:
-        _remove_leftovers(target)
+        remove_leftovers(target)
         staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.staging-", dir=target.parent))
     except OSError as exc:
         raise WeightsError(f"could not prepare {target}: {exc}") from exc
@@ -298,25 +298,25 @@ def _fetch(
         digest: Optional[str]
         if kind == "directory":
             assert src.path is not None
-            _copy_directory(src.path, staging, src.display)
+            copy_directory(src.path, staging, src.display)
             digest, size = None, 0
         else:
             if src.url is not None:
                 download = target.parent / f".{target.name}.download-{secrets.token_hex(4)}"
-                digest, size = _download(src.url, src.display, download, limits)
+                digest, size = download_file(src.url, src.display, download, limits)
                 archive = download
             else:
                 assert src.path is not None
                 archive = src.path
-                digest, size = _hash_file(archive, src.display)
+                digest, size = hash_file(archive, src.display)
             if expected_sha is not None and digest != expected_sha:
                 raise ChecksumError(
                     f"sha256 mismatch for {src.display}: expected {expected_sha}, got {digest} ({size} bytes); "
                     f"the file is corrupt or the expected checksum is wrong. The previous contents of {target} "
                     "were kept"
                 )
-            _extract_archive(archive, staging, src.display, limits.max_extracted_bytes, allow_zip=limits.allow_zip)
-        files = _inventory(staging)
+            extract_archive(archive, staging, src.display, limits.max_extracted_bytes, allow_zip=limits.allow_zip)
+        files = inventory(staging)
         if not files:
             raise (WeightsError if kind == "directory" else ArchiveError)(
                 f"the weights {kind} {src.display} contains no files"
@@ -327,7 +327,7 @@ def _fetch(
             for name in KEEP_NAMES:
                 if (target / name).is_file() and not (staging / name).exists():
                     shutil.copy2(target / name, staging / name)
-            _write_marker(staging, {
+            write_marker(staging, {
                 "version": MARKER_VERSION,
                 "source": src.display,
                 "source_key": src.key,
@@ -338,7 +338,7 @@ def _fetch(
                 "files": files,
             })
             os.chmod(staging, stat.S_IMODE(target.stat().st_mode) if target.is_dir() else 0o755)
-            _replace_directory(staging, target)
+            replace_directory(staging, target)
         except OSError as exc:
             raise WeightsError(f"could not move the new weights into {target}: {exc}") from exc
     finally:
