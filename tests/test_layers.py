@@ -1,13 +1,15 @@
 """The packages layer one way: predict.py/train.py/scripts -> cog_triton -> tensorrtllm_backend -> common.
 
 Checked on the import statements of every module (static, with ``ast``), so a function-level import
-that points the wrong way fails too.
+that points the wrong way fails too. Also: no module imports another module's underscored names, and
+cog_triton.weights has one public face, its modules importing each other one way at module top (issue 33).
 """
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -140,3 +142,205 @@ def test_the_worker_loads_no_grpc_tritonclient_tokenizer_or_model_libraries() ->
     assert json.loads(out.stdout.strip().splitlines()[-1]) == [
         "cog_triton", "cog_triton.ipc", "cog_triton.plan", "cog_triton.settings",
         "tritonclient.grpc.model_config_pb2"]  # the ModelConfig protobuf alone (tensorrtllm_backend.templates)
+
+
+# --- one public face per module (issue 33 item 4): no module imports another's underscored names -------------------
+
+#: Private names of other packages a module imports anyway -> why (nothing public does the same).
+FOREIGN_PRIVATE_IMPORTS = {
+    ("tensorrtllm_backend/convert.py", "tensorrt_llm.llmapi.tokenizer._xgrammar_tokenizer_info"):
+        "TensorRT-LLM's own writer of the xgrammar tokenizer info the C++ backend reads, what its "
+        "examples/generate_xgrammar_tokenizer_info.py calls (tensorrtllm_backend/build.py); GPU image only",
+}
+
+
+def _module_name(path: Path, root: Path = ROOT) -> str:
+    return ".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+
+
+def _imported_from(node: ast.ImportFrom, module: str, is_package: bool) -> str:
+    """The absolute name of the module ``node`` imports from, relative imports resolved against ``module``."""
+    if node.level == 0:
+        return node.module or ""
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def private_imports(path: Path, root: Path = ROOT) -> list[str]:
+    """``module.name`` for every underscored name ``path`` imports from another module, at any depth (a function's
+    own imports too); ``import a._b`` counts as importing ``_b`` from ``a``."""
+    module = _module_name(path, root)
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.ImportFrom):
+            source = _imported_from(node, module, path.name == "__init__.py")
+            found += [f"{source}.{alias.name}" for alias in node.names
+                      if _is_private(alias.name) and source != module]
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                parts = alias.name.split(".")
+                found += [".".join(parts[: i + 1]) for i, part in enumerate(parts) if _is_private(part)][:1]
+    return found
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    wrong = []
+    for folder in ("cog_triton", "tensorrtllm_backend", "common"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            where = str(path.relative_to(ROOT))
+            wrong += [f"{where}: {name}" for name in private_imports(path)
+                      if (where, name) not in FOREIGN_PRIVATE_IMPORTS]
+    assert wrong == [], "make the name public (documented) where it belongs, or move it where both can use it"
+
+
+def test_the_private_import_check_sees_each_form(tmp_path: Path) -> None:
+    package = tmp_path / "cog_triton" / "weights"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("from .cache import _inventory\n")
+    module = package / "fetch.py"
+    module.write_text("from cog_triton.weights.cache import _read_marker, target\nimport cog_triton._private.x\n"
+                      "from . import _download\nfrom cog_triton.weights.fetch import _own\n"
+                      "def f():\n    from ..fetch.folders import _acquire_lock\n")
+    assert private_imports(module, tmp_path) == [
+        "cog_triton.weights.cache._read_marker", "cog_triton._private", "cog_triton.weights._download",
+        "cog_triton.fetch.folders._acquire_lock"]  # fmt: skip
+    assert private_imports(package / "__init__.py", tmp_path) == ["cog_triton.weights.cache._inventory"]
+
+
+# --- cog_triton.weights: one public face, modules that import each other one way, every import at the top ----------
+
+WEIGHTS = "cog_triton.weights"
+
+
+def _imports(path: Path, root: Path = ROOT) -> list[tuple[Optional[str], str]]:
+    """(the function that holds it, or None at module level; the absolute module name) of every import in ``path``;
+    ``from package import name`` counts as importing ``package.name`` too when that is a module under ``root``."""
+    module = _module_name(path, root)
+    found: list[tuple[Optional[str], str]] = []
+
+    def visit(node: ast.AST, function: Optional[str]) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                visit(child, function or child.name)
+                continue
+            if isinstance(child, ast.Import):
+                found.extend((function, alias.name) for alias in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                source = _imported_from(child, module, path.name == "__init__.py")
+                found.append((function, source))
+                for alias in child.names:
+                    name = f"{source}.{alias.name}"
+                    if (root / Path(*name.split("."))).with_suffix(".py").is_file():
+                        found.append((function, name))
+            visit(child, function)
+
+    visit(ast.parse(path.read_text(), filename=str(path)), None)
+    return found
+
+
+def _within(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def late_imports(path: Path, package: str, root: Path = ROOT) -> list[str]:
+    """``function: module`` for every module of ``package`` that a function of ``path`` imports (not at module top)."""
+    return [f"{function}: {name}" for function, name in _imports(path, root) if function and _within(name, package)]
+
+
+def test_the_weights_package_imports_itself_only_at_module_top() -> None:
+    """A late import inside the package would hide a circle between its modules (issue 33: sources imported hub
+    inside a function because hub imported archive, which imported sources)."""
+    late = {}
+    for path in sorted((ROOT / "cog_triton" / "weights").glob("*.py")):
+        if found := late_imports(path, WEIGHTS):
+            late[str(path.relative_to(ROOT))] = found
+    assert late == {}
+
+
+def weights_import_circle(root: Path = ROOT) -> list[str]:
+    """A circle of module-top imports between the modules of cog_triton.weights (the package itself one of them), as
+    the modules along it; [] when there is none."""
+    graph = {}
+    for path in sorted((root / "cog_triton" / "weights").glob("*.py")):
+        graph[_module_name(path, root)] = sorted({name for function, name in _imports(path, root)
+                                                  if function is None and _within(name, WEIGHTS)})
+    done: set[str] = set()
+
+    def walk(module: str, trail: list[str]) -> list[str]:
+        if module in trail:
+            return trail[trail.index(module):] + [module]
+        if module in done:
+            return []
+        for imported in graph.get(module, []):
+            if imported != module and (circle := walk(imported, trail + [module])):
+                return circle
+        done.add(module)
+        return []
+
+    for start in graph:
+        if start != WEIGHTS and (circle := walk(start, [])):  # the package imports its modules: start below it
+            return circle
+    return []
+
+
+def test_the_weights_modules_import_each_other_one_way() -> None:
+    assert weights_import_circle() == []
+
+
+def test_the_weights_checks_see_a_late_import_and_a_circle(tmp_path: Path) -> None:
+    package = tmp_path / "cog_triton" / "weights"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("from cog_triton.weights.fetch import fetch_weights\n")
+    (package / "fetch.py").write_text("from cog_triton.weights.archive import extract_archive\n")
+    (package / "archive.py").write_text("from cog_triton.weights.sources import SUPPORTED_KINDS\n")
+    (package / "sources.py").write_text("import os\n\ndef parse_source():\n    from .hub import parse_hub_ref\n")
+    (package / "hub.py").write_text("from cog_triton.weights.archive import check\n")
+    assert late_imports(package / "sources.py", WEIGHTS, tmp_path) == ["parse_source: cog_triton.weights.hub"]
+    assert weights_import_circle(tmp_path) == []  # the late import hides the circle from module-top imports
+    (package / "sources.py").write_text("from .hub import parse_hub_ref\n")
+    assert weights_import_circle(tmp_path) == [
+        "cog_triton.weights.archive", "cog_triton.weights.sources", "cog_triton.weights.hub",
+        "cog_triton.weights.archive"]  # fmt: skip
+    (package / "sources.py").write_text("from cog_triton.weights import fetch_weights\n")  # the face, from inside
+    assert weights_import_circle(tmp_path)[-3:] == ["cog_triton.weights", "cog_triton.weights.fetch",
+                                                    "cog_triton.weights.archive"]
+
+
+def public_face_breaches(paths: list[Path], root: Path = ROOT) -> list[str]:
+    """``file: module`` for every module of cog_triton.weights (below the package) that a file outside it imports."""
+    wrong = []
+    for path in paths:
+        if _within(_module_name(path, root), WEIGHTS):
+            continue
+        wrong += [f"{path.relative_to(root)}: {name}" for _, name in _imports(path, root)
+                  if _within(name, WEIGHTS) and name != WEIGHTS]
+    return wrong
+
+
+def _code_outside_tests() -> list[Path]:
+    paths = [ROOT / "predict.py", ROOT / "train.py"]
+    for folder in ("cog_triton", "tensorrtllm_backend", "common", "scripts", "benchmarks"):
+        paths += sorted((ROOT / folder).rglob("*.py"))
+    return paths
+
+
+def test_other_packages_import_only_the_weights_public_face() -> None:
+    """cog_triton.weights' ``__init__`` is its one public face; only the tests may reach a module of it, where they
+    test that module's internals."""
+    assert public_face_breaches(_code_outside_tests()) == []
+
+
+def test_the_public_face_check_sees_a_module_reached_into(tmp_path: Path) -> None:
+    for name in ("cog_triton/weights/__init__.py", "cog_triton/weights/hub.py", "cog_triton/streaming/store.py"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("")
+    store = tmp_path / "cog_triton" / "streaming" / "store.py"
+    store.write_text("from cog_triton.weights import fetch_weights\nfrom cog_triton.weights import hub\n"
+                     "def f():\n    import cog_triton.weights.hub\n")
+    assert public_face_breaches([store], tmp_path) == [
+        "cog_triton/streaming/store.py: cog_triton.weights.hub", "cog_triton/streaming/store.py: cog_triton.weights.hub"]

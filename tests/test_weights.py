@@ -109,6 +109,7 @@ class Route:
     trickle_interval_s: float = 0.0  # ... with this pause between them
     drop_first_after: Optional[int] = None  # first request: announce the full body, send this many bytes, hang up
     ranges: bool = False  # honour "Range: bytes=N-" (206), checking If-Range against the ETag
+    refuse_ranges: bool = False  # answer any Range request with 416 (Range Not Satisfiable)
     etag: Optional[str] = None
     redirect_to: Optional[str] = None  # answer 302 with this Location
     then: Optional["Route"] = None  # answers from the second request on
@@ -153,6 +154,10 @@ class WeightsServer:
                         time.sleep(route.delay_s)
                     body, status, start = route.body, route.status, 0
                     wanted = self.headers.get("Range")
+                    if route.refuse_ranges and wanted:
+                        self._record(path, 416)
+                        self._send(416, b"")
+                        return
                     if route.ranges and wanted and wanted.startswith("bytes=") and wanted.endswith("-"):
                         if_range = self.headers.get("If-Range")
                         if if_range is None or if_range == route.etag:
@@ -997,6 +1002,16 @@ def test_a_server_that_ignores_range_restarts_from_zero(server: WeightsServer, t
     result = fetch_weights(url, target, retries=1, sha256=sha256_of(archive))
     assert result.sha256 == sha256_of(archive)
     assert [(r[1].get("range") is not None, r[2]) for r in server.requests] == [(False, 200), (True, 200)]
+    assert_contents(target, _members_of(archive))
+
+
+def test_a_refused_resume_starts_over_from_zero(server: WeightsServer, target: Path, tmp_path: Path) -> None:
+    archive = good_tar(tmp_path / "big.tar.gz", {"blob.bin": os.urandom(300_000)})
+    body = archive.read_bytes()
+    url = server.serve("/big.tar.gz", body, drop_first_after=len(body) // 2, etag='"v1"', refuse_ranges=True)
+    result = fetch_weights(url, target, retries=2, sha256=sha256_of(archive))
+    assert result.sha256 == sha256_of(archive)
+    assert [(r[1].get("range") is not None, r[2]) for r in server.requests] == [(False, 200), (True, 416), (False, 200)]
     assert_contents(target, _members_of(archive))
 
 

@@ -15,7 +15,8 @@ import pytest
 
 from common.errors import DownloadError, WeightsError
 from cog_triton.weights import fetch_weights
-from cog_triton.weights.hub import parse_hub_ref, select_files
+from cog_triton.weights.hub import select_files
+from cog_triton.weights.sources import parse_hub_ref
 from cog_triton.settings import REPO_ROOT
 from tensorrtllm_backend.engine import inspect_weights
 from tests.hub_server import FakeHub, commit_of, tiny_checkpoint

@@ -6,7 +6,8 @@
 its contents in ``target_dir``:
 
 * One fetch at a time per target: the whole fetch holds an exclusive lock (``flock``) on
-  ``.<target name>.lock`` beside the target; a second fetch waits, then finds the marker and skips.
+  ``.<target name>.lock`` beside the target (:func:`cog_triton.fetch.folders.target_lock`, which the LoRA adapter
+  cache takes too); a second fetch waits, then finds the marker and skips.
 * HTTP downloads are streamed with httpx into a temporary file next to the target, hashed while
   they stream, checked against ``Content-Length``, and retried (tenacity, exponential backoff with
   jitter) on connection errors, timeouts, truncated bodies, transfers below the minimum rate and
@@ -28,7 +29,7 @@ its contents in ``target_dir``:
   sparse files are refused with :class:`~common.errors.ArchiveError`.
 * The unpacked size is bounded (see :func:`fetch_weights`, ``max_extracted_bytes``): every
   member's declared size and every byte written count, and free disk space is checked before the
-  extraction and before each file.
+  extraction and before each file (:func:`cog_triton.fetch.folders.check_free_space`).
 * Everything is unpacked (or copied) into a staging folder beside ``target_dir`` which then
   replaces ``target_dir`` by rename, so a failed fetch leaves the previous weights in place.
 * A marker file (:data:`MARKER_NAME`) records what was fetched; the next identical fetch whose
@@ -41,20 +42,26 @@ HTTP client's own parser splits them (:func:`redact_url`; a URL it cannot parse 
 every log record of the process, httpx's, httpcore's, huggingface_hub's and urllib3's included, is redacted the
 same way (:mod:`cog_triton.fetch.redaction`).
 
-The package, one module per concern (this module is its public face):
+The package, one module per concern. This module is its one public face: other packages import from
+``cog_triton.weights`` only, never from its modules, and no module of it imports another's private (underscored)
+names (``tests/test_layers.py``). Its modules import each other one way, every import at module top:
 
-* :mod:`~cog_triton.weights.sources`: what a source is (URL or path), redaction, local fingerprints;
+* :mod:`~cog_triton.weights.sources`: what a source is (URL, path or ``hf://`` reference), redaction, local
+  fingerprints (imports no other module of the package);
 * :mod:`~cog_triton.weights.download`: HTTP download with retries, resume, deadline and minimum rate;
-* :mod:`~cog_triton.weights.archive`: safe extraction of tar (and zip) archives within a byte budget;
-* :mod:`~cog_triton.weights.cache`: the target's lock, the marker, and the atomic staging swap;
-* :mod:`~cog_triton.weights.hub`: ``hf://`` sources (the files of a checkpoint, at one commit, staged);
-* :mod:`~cog_triton.weights.fetch`: :func:`fetch_weights`, which puts them together.
+* :mod:`~cog_triton.weights.archive`: safe extraction of tar (and zip) archives within a byte budget (← sources);
+* :mod:`~cog_triton.weights.cache`: the marker and the atomic staging swap;
+* :mod:`~cog_triton.weights.hub`: ``hf://`` sources (the files of a checkpoint, at one commit, staged) (← sources,
+  cache);
+* :mod:`~cog_triton.weights.fetch`: :func:`fetch_weights`, which puts them together (← all of them).
+
+The folder's lock and the free-space check are :mod:`cog_triton.fetch.folders`, the lower fetching layer, since the
+LoRA adapter cache uses them too.
 """
 
 from __future__ import annotations
 
 from cog_triton.weights.archive import EXTRACT_FLOOR_BYTES, EXTRACT_RATIO, MANIFEST_SLACK_BYTES
-from cog_triton.weights.cache import target_lock
 from cog_triton.weights.download import (
     DEFAULT_DOWNLOAD_DEADLINE_S,
     DEFAULT_DOWNLOAD_MIN_RATE_BYTES_S,
@@ -75,5 +82,4 @@ __all__ = (
     "fetch_weights",
     "redact_text",
     "redact_url",
-    "target_lock",
 )

@@ -12,7 +12,6 @@ import logging
 import lzma
 import os
 import posixpath
-import shutil
 import stat
 import tarfile
 import zipfile
@@ -21,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import BinaryIO, Iterator, Optional
 
+from cog_triton.fetch.folders import check_free_space
 from cog_triton.weights.sources import SUPPORTED_KINDS
 from common.errors import ArchiveError, ManifestError, WeightsError
 from common.files import CHUNK_BYTES, VERIFIED_NAME
@@ -91,19 +91,6 @@ def _show(name: str) -> str:
     return f"{name[:SHOWN_NAME_CHARS]!r}... ({len(name)} characters)"
 
 
-def _check_free_space(directory: Path, need: int, what: str) -> None:
-    """Raise WeightsError when the file system of ``directory`` has fewer than ``need`` bytes free."""
-    try:
-        free = shutil.disk_usage(directory).free
-    except OSError:
-        return  # not knowing is no reason to fail; a full disk still fails the write itself
-    if free < need:
-        raise WeightsError(
-            f"not enough free disk space in {directory} for {what}: {need} bytes needed, {free} bytes free; "
-            "free some space, or set COG_TRITON_WEIGHTS_DIR to a folder on a larger disk"
-        )
-
-
 @dataclass
 class _Budget:
     """How many bytes an archive may unpack to (``limit``, and why: ``reason``), and how many it has.
@@ -147,7 +134,7 @@ class _Budget:
         self.declared += size
         if self.declared > self.limit:
             raise self._over(f"member {_show(name)} ({size} bytes) brings it to {self.declared} bytes")
-        _check_free_space(self.staging, size, f"member {_show(name)} ({size} bytes) of {self.display}")
+        check_free_space(self.staging, size, f"member {_show(name)} ({size} bytes) of {self.display}")
 
     def wrote(self, count: int, name: str) -> None:
         """Count ``count`` bytes just read for member ``name``, before they are written."""
@@ -177,7 +164,7 @@ class _Budget:
             if self.declared > self.limit:
                 raise self._over(f"{self.declared} bytes were unpacked up to and including {_show(member.name)}")
         if expected > self.declared:
-            _check_free_space(self.staging, expected - self.declared,
+            check_free_space(self.staging, expected - self.declared,
                               f"the rest of {self.display} (its {MANIFEST_NAME} lists {listed} bytes of files)")
 
 
@@ -241,10 +228,20 @@ class _SafeTarFile(tarfile.TarFile):
                 remaining -= len(chunk)
 
 
-def _extract_archive(archive: Path, staging: Path, display: str, max_extracted_bytes: Optional[int] = None,
-                     *, allow_zip: bool = False) -> None:
+def extract_archive(archive: Path, staging: Path, display: str, max_extracted_bytes: Optional[int] = None,
+                    *, allow_zip: bool = False) -> None:
     """Unpack the tar archive ``archive`` (or, with ``allow_zip``, zip archive) into the empty folder ``staging``
-    (see :func:`fetch_weights`)."""
+    under the member rules and byte budget of the package docstring (:mod:`cog_triton.weights`).
+
+    Args:
+        display: the archive as shown in messages.
+        max_extracted_bytes: most bytes it may unpack to; None: automatic (:data:`EXTRACT_RATIO` times its size, at
+            least :data:`EXTRACT_FLOOR_BYTES`, tightened by its own manifest.json).
+
+    Raises:
+        ArchiveError: not a supported archive, corrupt or truncated, over the byte budget, or a member is unsafe.
+        WeightsError: not enough free disk space, or the files could not be written.
+    """
     with open(archive, "rb") as fh:
         head = fh.read(tarfile.BLOCKSIZE)
     if not head:
@@ -260,7 +257,7 @@ def _extract_archive(archive: Path, staging: Path, display: str, max_extracted_b
     size = archive.stat().st_size
     budget = _Budget.for_archive(display, staging, size, max_extracted_bytes)
     # the unpacked files take at least about the archive's size (less its tar headers)
-    _check_free_space(staging, min(size - size // 100, budget.limit), f"unpacking {display} ({size} bytes)")
+    check_free_space(staging, min(size - size // 100, budget.limit), f"unpacking {display} ({size} bytes)")
     try:
         tar = _SafeTarFile.open(archive, "r:*")
     except (tarfile.ReadError, tarfile.CompressionError, EOFError, zlib.error, lzma.LZMAError, OSError) as exc:

@@ -1,13 +1,13 @@
-"""The fetched folder on disk: the per-target lock, the marker that lets an identical fetch be skipped, and
-the staging folder that replaces the target atomically.
+"""The fetched folder on disk: the marker that lets an identical fetch be skipped, and the staging folder that
+replaces the target atomically. The folder's lock is :func:`cog_triton.fetch.folders.target_lock` (the LoRA adapter
+cache takes it too).
 
-Part of :mod:`cog_triton.weights` (its public face is the package).
+Part of :mod:`cog_triton.weights` (its public face is the package); :mod:`cog_triton.weights.fetch` and
+:mod:`cog_triton.weights.hub` use these helpers.
 """
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import json
 import logging
 import os
@@ -15,160 +15,22 @@ import secrets
 import shutil
 import stat
 import tempfile
-import time
-from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
-from common.errors import FetchDeadlineError, WeightsError
+from common.errors import WeightsError
 from common.files import KEEP_NAMES, MARKER_NAME, VERIFIED_NAME
 
 log = logging.getLogger("cog_triton.weights")
 
 
+#: The marker's format; a marker of another version never matches (the folder is fetched again).
 MARKER_VERSION = 1
 
 
-@contextmanager
-def _exclusive_lock(target: Path, until: Optional[float] = None) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``.<target name>.lock`` in ``target``'s parent for the block.
-
-    A second process blocks until the first is done (or dies: the kernel drops its lock), or, with ``until`` (a
-    ``time.monotonic()`` instant: the fetch's deadline), until then at most. The
-    file is removed while still locked; a waiter that then gets the lock on the removed file sees
-    that its inode is no longer the path's and locks the new file instead, so there is never more
-    than one holder.
-
-    Where the lock file cannot be created for lack of permission or a read-only file system, the
-    block runs unlocked (with a warning): nothing can be fetched there anyway, and weights that are
-    already in place are still found and reused.
-
-    Raises:
-        WeightsError: the lock file cannot be created or locked for another reason.
-        FetchDeadlineError: ``until`` came while another process held the lock.
-    """
-    path = target.parent / f".{target.name}.lock"
-    fd = _acquire_lock(path, target, until=until)
-    if fd is None:
-        yield
-        return
-    try:
-        yield
-    finally:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
-        os.close(fd)
-
-
-@contextmanager
-def target_lock(target: Path, *, wait: bool = True, until: Optional[float] = None) -> Iterator[bool]:
-    """The lock :func:`fetch_weights` holds on ``target`` while it fetches into it, for other writers of the
-    same folder (the LoRA adapter cache evicts and fills its folders under it).
-
-    Yields True when held; with ``wait=False``, False (at once) when another process holds it. Where no
-    lock file can be made (read-only file system) it yields True unlocked, as fetch_weights does. ``until``: as
-    :func:`_exclusive_lock`'s.
-
-    Raises:
-        WeightsError: the lock file cannot be created or locked for another reason.
-        FetchDeadlineError: ``until`` came while another process held the lock.
-    """
-    path = target.parent / f".{target.name}.lock"
-    try:
-        fd = _acquire_lock(path, target, wait=wait, until=until)
-    except BlockingIOError:
-        yield False
-        return
-    if fd is None:
-        yield True
-        return
-    try:
-        yield True
-    finally:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
-        os.close(fd)
-
-
-#: Waiting for a lock with a deadline polls it: first after this many seconds, then twice as long each time ...
-LOCK_POLL_S = 0.02
-#: ... up to this many.
-LOCK_POLL_MAX_S = 0.5
-
-
-def _wait_for_lock(fd: int, target: Path, until: Optional[float]) -> None:
-    """Block until ``fd``'s exclusive ``flock`` is held; with ``until``, poll it (``flock`` has no timeout) and give
-    up then.
-
-    Raises:
-        FetchDeadlineError: ``until`` came first.
-    """
-    if until is None:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        return
-    pause = LOCK_POLL_S
-    while True:
-        left = until - time.monotonic()
-        if left <= 0:
-            raise FetchDeadlineError(f"another process has been fetching into {target} for longer than this fetch's "
-                                     "deadline allowed it to wait")
-        time.sleep(min(pause, left))
-        pause = min(pause * 2, LOCK_POLL_MAX_S)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            continue
-
-
-def _acquire_lock(path: Path, target: Path, wait: bool = True, until: Optional[float] = None) -> Optional[int]:
-    waited = False
-    while True:
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        except OSError as exc:
-            if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-                log.warning("cannot create the lock file %s (%s); going on without a lock: weights already in %s "
-                            "are reused, new ones cannot be written there", path, exc, target)
-                return None
-            raise WeightsError(f"could not create the lock file {path} for fetching into {target}: {exc}") from exc
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                if not wait:
-                    raise
-                if not waited:
-                    log.info("another process is fetching weights into %s; waiting for it to finish (lock %s)",
-                             target, path)
-                    waited = True
-                _wait_for_lock(fd, target, until)
-            held = os.fstat(fd)
-            try:
-                current: Optional[os.stat_result] = os.stat(path)
-            except FileNotFoundError:
-                current = None
-        except BlockingIOError:
-            os.close(fd)
-            raise
-        except OSError as exc:
-            os.close(fd)
-            raise WeightsError(f"could not lock {path} for fetching into {target}: {exc}") from exc
-        except BaseException:
-            os.close(fd)
-            raise
-        if current is not None and (current.st_dev, current.st_ino) == (held.st_dev, held.st_ino):
-            if waited:
-                log.info("the other fetch into %s is done; going on", target)
-            return fd
-        os.close(fd)  # the previous holder removed the file we locked: lock the current one
-
-
-def _read_marker(target: Path) -> Optional[dict[str, Any]]:
+def read_marker(target: Path) -> Optional[dict[str, Any]]:
+    """The marker (:data:`~common.files.MARKER_NAME`) in ``target``, or None when it is missing, unreadable or not
+    a marker (no ``files`` list). Never raises."""
     try:
         data = json.loads((target / MARKER_NAME).read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -178,13 +40,21 @@ def _read_marker(target: Path) -> Optional[dict[str, Any]]:
     return data
 
 
-def _write_marker(directory: Path, data: dict[str, Any]) -> None:
+def write_marker(directory: Path, data: dict[str, Any]) -> None:
+    """Write ``data`` as the marker of ``directory`` (JSON, sorted keys).
+
+    Raises:
+        OSError: it could not be written.
+    """
     (directory / MARKER_NAME).write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def _marker_matches(
+def marker_matches(
     marker: dict[str, Any], key: str, expected_sha: Optional[str], fingerprint: Optional[dict[str, Any]], target: Path
 ) -> bool:
+    """True when ``marker`` records the same fetch (version, source ``key``, the ``expected_sha`` when one is given,
+    the local source's ``fingerprint``) and every file it lists is still in ``target`` with its recorded size in
+    bytes (a symlink with its recorded target). Never raises: anything unreadable is False."""
     if marker.get("version") != MARKER_VERSION or marker.get("source_key") != key:
         return False
     if expected_sha is not None and marker.get("sha256") != expected_sha:
@@ -209,8 +79,13 @@ def _marker_matches(
     return True
 
 
-def _inventory(root: Path) -> list[dict[str, Any]]:
-    """Regular files (with size in bytes) and symlinks (with target) under ``root``, sorted by path."""
+def inventory(root: Path) -> list[dict[str, Any]]:
+    """Regular files (with size in bytes) and symlinks (with target) under ``root``, sorted by path: the marker's
+    ``files``. The marker, ``.gitkeep`` and verification records are left out.
+
+    Raises:
+        OSError: a file vanished while being listed.
+    """
     entries: list[dict[str, Any]] = []
     for dirpath, dirnames, filenames in os.walk(root):
         rel_dir = os.path.relpath(dirpath, root)
@@ -229,8 +104,12 @@ def _inventory(root: Path) -> list[dict[str, Any]]:
     return entries
 
 
-def _remove_leftovers(target: Path) -> None:
-    """Delete staging folders and partial downloads that an interrupted earlier fetch left beside ``target``."""
+def remove_leftovers(target: Path) -> None:
+    """Delete staging folders and partial downloads that an interrupted earlier fetch left beside ``target``.
+
+    Raises:
+        OSError: ``target``'s parent cannot be listed.
+    """
     prefixes = tuple(f".{target.name}.{what}-" for what in ("staging", "download", "old"))
     for entry in target.parent.iterdir():
         if entry.name.startswith(prefixes):
@@ -241,8 +120,13 @@ def _remove_leftovers(target: Path) -> None:
                 entry.unlink(missing_ok=True)
 
 
-def _replace_directory(staging: Path, target: Path) -> None:
-    """Make ``staging`` the new ``target``: two renames, or a move of the contents when renaming fails."""
+def replace_directory(staging: Path, target: Path) -> None:
+    """Make ``staging`` the new ``target``: two renames, or a move of the contents when renaming fails (a
+    ``.gitkeep`` in ``target`` is kept then).
+
+    Raises:
+        OSError: neither worked; ``target`` is as it was.
+    """
     if not os.path.lexists(target):
         os.rename(staging, target)
         return
@@ -293,7 +177,13 @@ def _replace_contents(staging: Path, target: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def _copy_directory(source: Path, staging: Path, display: str) -> None:
+def copy_directory(source: Path, staging: Path, display: str) -> None:
+    """Copy the folder ``source`` into ``staging``, files behind symlinks as files, without its marker and
+    verification records (``display``: the source as shown in messages).
+
+    Raises:
+        WeightsError: a file could not be read or written, or the folders nest too deeply to copy.
+    """
     def ignore(dirpath: str, names: list[str]) -> list[str]:
         ignored = [VERIFIED_NAME] if VERIFIED_NAME in names else []  # vouches for the source's files, not ours
         return ignored + ([MARKER_NAME] if Path(dirpath) == source and MARKER_NAME in names else [])
@@ -309,3 +199,9 @@ def _copy_directory(source: Path, staging: Path, display: str) -> None:
         raise WeightsError(f"could not copy the weights directory {display}: {exc}") from exc
     except RecursionError:  # shutil.copytree recurses once per folder level
         raise WeightsError(f"the weights directory {display} nests folders too deeply to copy") from None
+
+
+__all__ = (
+    "MARKER_VERSION", "copy_directory", "inventory", "marker_matches", "read_marker", "remove_leftovers",
+    "replace_directory", "write_marker",
+)  # fmt: skip

@@ -20,10 +20,10 @@ import httpx
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
 from cog_triton.fetch.deadline import FetchDeadline
+from cog_triton.fetch.folders import check_free_space
 from cog_triton.fetch.guard import FetchGuard, guarded_transport
 from cog_triton.fetch.rules import FetchRules
 from cog_triton.fetch.redaction import install_log_redaction, redact_text
-from cog_triton.weights.archive import _check_free_space
 from common.errors import DownloadError, FetchDeadlineError, WeightsError
 
 log = logging.getLogger("cog_triton.weights")
@@ -61,7 +61,16 @@ _CONTENT_RANGE_RE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", re.IGNOR
 
 
 @dataclass(frozen=True)
-class _Limits:
+class FetchLimits:
+    """The bounds of one :func:`cog_triton.weights.fetch_weights` call (its arguments of the same names: seconds,
+    bytes, bytes per second), as its download and extraction read them.
+
+    Attributes:
+        rules: for a source an API caller gave; None: the operator's own weights.
+        what: names what is fetched in the fetch rules' messages.
+        deadline_at: the ``time.monotonic()`` instant the deadline ends, when it began before the call.
+    """
+
     timeout_s: float
     retries: int
     deadline_s: float
@@ -70,9 +79,9 @@ class _Limits:
     max_extracted_bytes: Optional[int]
     max_download_bytes: Optional[int] = None
     allow_zip: bool = False
-    rules: Optional[FetchRules] = None  # for a source an API caller gave; None: the operator's own weights
+    rules: Optional[FetchRules] = None
     what: str = "weights"
-    deadline_at: Optional[float] = None  # time.monotonic() instant the deadline ends, when it began before the call
+    deadline_at: Optional[float] = None
 
 
 class _TransientDownloadError(DownloadError):
@@ -141,7 +150,7 @@ def _num(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else f"{value:g}"
 
 
-def _deadline_error(display: str, transfer: _Transfer, limits: _Limits) -> FetchDeadlineError:
+def _deadline_error(display: str, transfer: _Transfer, limits: FetchLimits) -> FetchDeadlineError:
     elapsed = time.monotonic() - transfer.started
     of = f" of {transfer.total}" if transfer.total is not None else ""
     last = f"; the last attempt failed with: {transfer.last_error}" if transfer.last_error else ""
@@ -152,7 +161,7 @@ def _deadline_error(display: str, transfer: _Transfer, limits: _Limits) -> Fetch
     )
 
 
-def _too_slow(display: str, rate: float, window_s: float, limits: _Limits) -> str:
+def _too_slow(display: str, rate: float, window_s: float, limits: FetchLimits) -> str:
     return (
         f"the download of {display} is too slow: {rate:.0f} bytes/s over the last {window_s:.1f} s, below the minimum "
         f"of {_num(limits.min_rate_bytes_s)} bytes/s (COG_TRITON_DOWNLOAD_MIN_RATE_BYTES_S, measured over "
@@ -161,8 +170,9 @@ def _too_slow(display: str, rate: float, window_s: float, limits: _Limits) -> st
     )
 
 
-def _download(url: str, display: str, dest: Path, limits: _Limits) -> tuple[str, int]:
-    """Download ``url`` into ``dest``; return (sha256 hex, size in bytes).
+def download_file(url: str, display: str, dest: Path, limits: FetchLimits) -> tuple[str, int]:
+    """Download ``url`` into ``dest`` (``display``: the URL as shown in messages); return (sha256 hex, size in
+    bytes).
 
     Raises:
         DownloadError: see :func:`cog_triton.weights.fetch_weights`.
@@ -220,17 +230,19 @@ def _download(url: str, display: str, dest: Path, limits: _Limits) -> tuple[str,
     return transfer.hasher.hexdigest(), transfer.received
 
 
-def _download_once(client: httpx.Client, url: str, display: str, transfer: _Transfer, limits: _Limits) -> None:
-    """One attempt: fetch the rest of the file (or all of it) into ``transfer.dest``."""
+def _download_once(client: httpx.Client, url: str, display: str, transfer: _Transfer, limits: FetchLimits) -> None:
+    """One attempt: fetch the rest of the file (or all of it) into ``transfer.dest``.
+
+    Raises:
+        _TransientDownloadError: worth another attempt (connection, timeout, truncated body, too slow, 5xx, a resume
+            the server refused).
+        DownloadError: not worth one (4xx, over the byte cap, an unexpected status, an invalid URL).
+        FetchDeadlineError: the deadline passed.
+        WeightsError: the file could not be written, or not enough free disk space.
+    """
     if transfer.past_deadline():
         raise _deadline_error(display, transfer, limits)
-    headers: dict[str, str] = {}
-    if transfer.received and transfer.resumable and _size_of(transfer.dest) == transfer.received:
-        headers["Range"] = f"bytes={transfer.received}-"
-        if transfer.validator:
-            headers["If-Range"] = transfer.validator
-    elif transfer.received:
-        transfer.restart()
+    headers = _resume_headers(transfer)
     timeout = limits.timeout_s
     if transfer.deadline is not None:
         timeout = max(0.001, min(timeout, transfer.deadline - time.monotonic()))
@@ -241,61 +253,11 @@ def _download_once(client: httpx.Client, url: str, display: str, transfer: _Tran
     extensions = {"trace": transfer.watchdog.trace} if transfer.watchdog is not None else {}
     try:
         with client.stream("GET", url, headers=headers, timeout=timeout, extensions=extensions) as response:
-            status = response.status_code
-            if status >= 500:
-                raise _TransientDownloadError(f"HTTP {status} {response.reason_phrase} (server error) from {display}")
-            if status == 416 and "Range" in headers:
-                transfer.restart()
-                transfer.resumable = False
-                raise _TransientDownloadError(
-                    f"{display} refused to resume at byte {headers['Range'][6:-1]} (HTTP 416); starting over"
-                )
-            if status >= 400:
-                hint = "check the URL" + (" and its credentials" if status in (401, 403) else "")
-                raise DownloadError(f"HTTP {status} {response.reason_phrase} for {display}; {hint}")
-            if status == 206 and "Range" in headers:
-                _check_resumed_range(response, display, transfer)
-                mode = "ab"
-                log.info("resuming the download of %s at byte %d of %s", display, transfer.received, transfer.total)
-            elif status == 200:
-                if transfer.received:
-                    log.info("%s answered the request to resume at byte %d with the whole file (HTTP 200): the server "
-                             "does not resume, or the file changed; starting over from byte 0",
-                             display, transfer.received)
-                    transfer.restart()
-                transfer.total = _content_length(response)
-                transfer.validator = _validator(response)
-                if limits.max_download_bytes is not None and (transfer.total or 0) > limits.max_download_bytes:
-                    raise DownloadError(_too_big(display, transfer.total, limits))
-                accept = response.headers.get("accept-ranges", "").strip().lower()
-                transfer.resumable = transfer.total is not None and accept != "none"
-                mode = "wb"
-                log.info("downloading %s (%s)", display,
-                         f"{transfer.total} bytes" if transfer.total is not None else "size unknown")
-                if transfer.total is not None:
-                    _check_free_space(transfer.dest.parent, transfer.total, f"the download of {display}")
-            else:
-                raise DownloadError(f"unexpected HTTP {status} {response.reason_phrase} for {display}")
+            mode = _accept_answer(response, headers, display, transfer, limits)
             expected = transfer.total
             progress = _Progress(display, expected, transfer.received)
             phase = "reading from"
-            window_start, window_bytes = time.monotonic(), transfer.received
-            with open(transfer.dest, mode) as fh:
-                for chunk in response.iter_raw():  # as the bytes arrive (exact counts on a short read)
-                    fh.write(chunk)
-                    transfer.hasher.update(chunk)
-                    transfer.received += len(chunk)
-                    if limits.max_download_bytes is not None and transfer.received > limits.max_download_bytes:
-                        raise DownloadError(_too_big(display, transfer.received, limits))
-                    progress.update(transfer.received)
-                    now = time.monotonic()
-                    if transfer.deadline is not None and now >= transfer.deadline:
-                        raise _deadline_error(display, transfer, limits)
-                    if limits.min_rate_bytes_s and now - window_start >= limits.rate_grace_s:
-                        rate = (transfer.received - window_bytes) / (now - window_start)
-                        if rate < limits.min_rate_bytes_s:
-                            raise _TransientDownloadError(_too_slow(display, rate, now - window_start, limits))
-                        window_start, window_bytes = now, transfer.received
+            _receive(response, mode, display, transfer, limits, progress)
     except FetchDeadlineError as exc:  # the watchdog ended it, whatever the server was doing
         raise _deadline_error(display, transfer, limits) from exc
     except httpx.TimeoutException as exc:
@@ -320,6 +282,95 @@ def _download_once(client: httpx.Client, url: str, display: str, transfer: _Tran
     if expected is not None and transfer.received != expected:
         raise _TransientDownloadError(_truncated(display, expected, transfer.received))
     progress.finish(transfer.received)
+
+
+def _resume_headers(transfer: _Transfer) -> dict[str, str]:
+    """The headers of the next attempt: ``Range`` from the bytes already in ``transfer.dest`` (and ``If-Range``) when
+    the server resumes and the file holds exactly them; otherwise none, and ``transfer`` starts again from byte 0."""
+    headers: dict[str, str] = {}
+    if transfer.received and transfer.resumable and _size_of(transfer.dest) == transfer.received:
+        headers["Range"] = f"bytes={transfer.received}-"
+        if transfer.validator:
+            headers["If-Range"] = transfer.validator
+    elif transfer.received:
+        transfer.restart()
+    return headers
+
+
+def _accept_answer(response: httpx.Response, headers: dict[str, str], display: str, transfer: _Transfer,
+                   limits: FetchLimits) -> str:
+    """Check the status and headers of ``response`` to the request sent with ``headers``; record in ``transfer``
+    what the server said about the file; return the mode to open ``transfer.dest`` with (``"ab"``: resumed, ``"wb"``).
+
+    Raises:
+        _TransientDownloadError: 5xx, or a resume refused (416, a Content-Range that does not continue the file).
+        DownloadError: 4xx, a size over the byte cap, or another status.
+        WeightsError: not enough free disk space for the announced size.
+    """
+    status = response.status_code
+    if status >= 500:
+        raise _TransientDownloadError(f"HTTP {status} {response.reason_phrase} (server error) from {display}")
+    if status == 416 and "Range" in headers:
+        transfer.restart()
+        transfer.resumable = False
+        raise _TransientDownloadError(
+            f"{display} refused to resume at byte {headers['Range'][6:-1]} (HTTP 416); starting over"
+        )
+    if status >= 400:
+        hint = "check the URL" + (" and its credentials" if status in (401, 403) else "")
+        raise DownloadError(f"HTTP {status} {response.reason_phrase} for {display}; {hint}")
+    if status == 206 and "Range" in headers:
+        _check_resumed_range(response, display, transfer)
+        log.info("resuming the download of %s at byte %d of %s", display, transfer.received, transfer.total)
+        return "ab"
+    if status != 200:
+        raise DownloadError(f"unexpected HTTP {status} {response.reason_phrase} for {display}")
+    if transfer.received:
+        log.info("%s answered the request to resume at byte %d with the whole file (HTTP 200): the server "
+                 "does not resume, or the file changed; starting over from byte 0",
+                 display, transfer.received)
+        transfer.restart()
+    transfer.total = _content_length(response)
+    transfer.validator = _validator(response)
+    if limits.max_download_bytes is not None and (transfer.total or 0) > limits.max_download_bytes:
+        raise DownloadError(_too_big(display, transfer.total, limits))
+    accept = response.headers.get("accept-ranges", "").strip().lower()
+    transfer.resumable = transfer.total is not None and accept != "none"
+    log.info("downloading %s (%s)", display,
+             f"{transfer.total} bytes" if transfer.total is not None else "size unknown")
+    if transfer.total is not None:
+        check_free_space(transfer.dest.parent, transfer.total, f"the download of {display}")
+    return "wb"
+
+
+def _receive(response: httpx.Response, mode: str, display: str, transfer: _Transfer, limits: FetchLimits,
+             progress: _Progress) -> None:
+    """Write the body of ``response`` to ``transfer.dest`` (opened with ``mode``) as its bytes arrive, hashing and
+    counting them, within the byte cap, the deadline and the minimum rate.
+
+    Raises:
+        DownloadError: over the byte cap.
+        FetchDeadlineError: the deadline passed.
+        _TransientDownloadError: too slow.
+        OSError: the file could not be written; httpx's errors as the body is read.
+    """
+    window_start, window_bytes = time.monotonic(), transfer.received
+    with open(transfer.dest, mode) as fh:
+        for chunk in response.iter_raw():  # as the bytes arrive (exact counts on a short read)
+            fh.write(chunk)
+            transfer.hasher.update(chunk)
+            transfer.received += len(chunk)
+            if limits.max_download_bytes is not None and transfer.received > limits.max_download_bytes:
+                raise DownloadError(_too_big(display, transfer.received, limits))
+            progress.update(transfer.received)
+            now = time.monotonic()
+            if transfer.deadline is not None and now >= transfer.deadline:
+                raise _deadline_error(display, transfer, limits)
+            if limits.min_rate_bytes_s and now - window_start >= limits.rate_grace_s:
+                rate = (transfer.received - window_bytes) / (now - window_start)
+                if rate < limits.min_rate_bytes_s:
+                    raise _TransientDownloadError(_too_slow(display, rate, now - window_start, limits))
+                window_start, window_bytes = now, transfer.received
 
 
 def _check_resumed_range(response: httpx.Response, display: str, transfer: _Transfer) -> None:
@@ -363,7 +414,7 @@ def _content_length(response: httpx.Response) -> Optional[int]:
     return length if length >= 0 else None
 
 
-def _too_big(display: str, size: Optional[int], limits: _Limits) -> str:
+def _too_big(display: str, size: Optional[int], limits: FetchLimits) -> str:
     return (f"{display} has more than the {limits.max_download_bytes} bytes allowed to download "
             f"({size} bytes or more); refusing it")
 

@@ -18,37 +18,38 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from cog_triton.fetch.deadline import FetchDeadline
+from cog_triton.fetch.folders import target_lock
 from cog_triton.fetch.guard import hub_guard
 from cog_triton.fetch.rules import FetchRules
-from cog_triton.weights.archive import _extract_archive
+from cog_triton.weights.archive import extract_archive
 from cog_triton.weights.cache import (
     MARKER_VERSION,
-    _copy_directory,
-    _exclusive_lock,
-    _inventory,
-    _marker_matches,
-    _read_marker,
-    _remove_leftovers,
-    _replace_directory,
-    _write_marker,
+    copy_directory,
+    inventory,
+    marker_matches,
+    read_marker,
+    remove_leftovers,
+    replace_directory,
+    write_marker,
 )
 from cog_triton.weights.download import (
     DEFAULT_DOWNLOAD_DEADLINE_S,
     DEFAULT_DOWNLOAD_MIN_RATE_BYTES_S,
     DEFAULT_DOWNLOAD_RATE_GRACE_S,
-    _download,
-    _Limits,
+    FetchLimits,
+    download_file,
 )
 from cog_triton.weights.hub import fetch_hub
 from cog_triton.weights.sources import (
     SUPPORTED_KINDS,
+    HubRef,
+    Source,
     SourceLike,
-    _directory_overlap,
-    _hash_file,
-    _local_fingerprint,
-    _normalize_sha256,
-    _parse_source,
-    _Source,
+    directory_overlap,
+    hash_file,
+    local_fingerprint,
+    normalize_sha256,
+    parse_source,
 )
 from common.errors import ArchiveError, ChecksumError, FetchDeadlineError, FetchRefusedError, WeightsError
 from common.files import KEEP_NAMES
@@ -163,6 +164,45 @@ def fetch_weights(
 
     On any error the previous contents of ``target_dir`` are left untouched.
     """
+    limits = _checked_limits(
+        timeout_s=timeout_s, retries=retries, deadline_s=deadline_s, min_rate_bytes_s=min_rate_bytes_s,
+        rate_grace_s=rate_grace_s, max_extracted_bytes=max_extracted_bytes, max_download_bytes=max_download_bytes,
+        allow_zip=allow_zip, rules=rules, what=what, deadline_at=deadline_at,
+    )  # fmt: skip
+    src = parse_source(source)
+    if rules is not None and src.url is not None:  # the URL itself (scheme, host, an IP literal) before anything
+        refusal = rules.url_refusal(src.url, what)
+        if refusal is not None:
+            raise FetchRefusedError(refusal)
+    expected_sha = normalize_sha256(sha256, src.display)
+    target = Path(target_dir).absolute()
+    if target.exists() and not target.is_dir():
+        raise WeightsError(f"target {target} exists and is not a directory")
+    if src.hub is not None:
+        return _fetch_from_hub(src, src.hub, target, expected_sha, limits, hf_token=hf_token, hub_code=hub_code)
+    kind = "archive"
+    fingerprint: Optional[dict[str, Any]] = None
+    if src.path is not None:
+        kind = _local_kind(src, src.path, expected_sha)
+        if kind == "directory" and _is_the_target(src, src.path, target):
+            size = sum(e.get("size", 0) for e in inventory(target))
+            log.info("weights source %s is the target directory itself; nothing to copy", src.display)
+            return WeightsResult(path=target, source=src.display, sha256=None, size_bytes=size, skipped=True)
+        fingerprint = local_fingerprint(src.path, kind, src.display)
+    return _fetch_under_lock(src, kind, fingerprint, expected_sha, target, limits)
+
+
+def _checked_limits(
+    *, timeout_s: float, retries: int, deadline_s: float, min_rate_bytes_s: float, rate_grace_s: float,
+    max_extracted_bytes: Optional[int], max_download_bytes: Optional[int], allow_zip: bool,
+    rules: Optional[FetchRules], what: str, deadline_at: Optional[float],
+) -> FetchLimits:
+    """:func:`fetch_weights`'s bounds (its arguments of the same names), checked in this order, with the deadline's
+    end: ``deadline_at`` as given, else ``deadline_s`` from now; None when ``deadline_s`` is 0.
+
+    Raises:
+        ValueError: a timeout, rate or limit is out of range (the message names it and its unit).
+    """
     if not timeout_s > 0:
         raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s!r}")
     if retries < 0:
@@ -181,83 +221,107 @@ def fetch_weights(
         deadline_at = time.monotonic() + deadline_s
     elif deadline_s == 0:
         deadline_at = None
-    limits = _Limits(timeout_s, retries, deadline_s, min_rate_bytes_s, rate_grace_s, max_extracted_bytes,
-                     max_download_bytes, allow_zip, rules, what, deadline_at)
+    return FetchLimits(timeout_s, retries, deadline_s, min_rate_bytes_s, rate_grace_s, max_extracted_bytes,
+                       max_download_bytes, allow_zip, rules, what, deadline_at)
 
-    src = _parse_source(source)
-    if rules is not None and src.url is not None:  # the URL itself (scheme, host, an IP literal) before anything
-        refusal = rules.url_refusal(src.url, what)
+
+def _fetch_from_hub(src: Source, ref: HubRef, target: Path, expected_sha: Optional[str], limits: FetchLimits, *,
+                    hf_token: Optional[str], hub_code: bool) -> WeightsResult:
+    """:func:`fetch_weights` of an ``hf://`` source (``ref``): checked against the fetch rules, then fetched under
+    the fetch rules (none for the operator's own weights) and the deadline.
+
+    Raises:
+        WeightsError: a sha256 was given, or the fetch failed (:func:`cog_triton.weights.hub.fetch_hub`).
+        FetchRefusedError: the rules refuse the repository's owner.
+        FetchDeadlineError: the deadline passed, in its own words.
+    """
+    if expected_sha is not None:
+        raise WeightsError(f"a sha256 was given for {src.display}, but checksums apply to archives only; an hf:// "
+                           "source is pinned by its revision (hf://owner/repo@<commit>): drop the sha256")
+    rules, what = limits.rules, limits.what
+    if rules is not None:
+        refusal = rules.hf_owner_refusal(ref.repo_id, what)
         if refusal is not None:
-            raise FetchRefusedError(refusal)
-    expected_sha = _normalize_sha256(sha256, src.display)
-    target = Path(target_dir).absolute()
-    if target.exists() and not target.is_dir():
-        raise WeightsError(f"target {target} exists and is not a directory")
-    if src.hub is not None:
+            raise FetchRefusedError(f"{src.display}: {refusal}")
+    # The Hub's connections follow the caller's rules; the operator's own weights (rules None) may come from
+    # any endpoint (HF_ENDPOINT may be a mirror on the private network): huggingface_hub's client in this
+    # process is the guarded one once any fetch installed it (cog_triton.fetch.guard), so say so explicitly.
+    # The deadline reaches its connections through the guard (cog_triton.fetch.deadline).
+    deadline = None if limits.deadline_at is None else FetchDeadline(
+        limits.deadline_s, at=limits.deadline_at, what=f"the fetch of {src.display}",
+        setting="COG_TRITON_DOWNLOAD_DEADLINE_S")
+    try:
+        with (deadline or contextlib.nullcontext()), hub_guard(rules or FetchRules.open(), what, deadline):
+            hub = fetch_hub(ref, target, src.key, timeout_s=limits.timeout_s, token=hf_token, code=hub_code,
+                            until=limits.deadline_at)
+    except FetchDeadlineError as exc:
+        raise _deadline_passed(exc, deadline) from None
+    except WeightsError:
+        if deadline is not None and deadline.passed():  # whatever a client made of a connection the watchdog ended
+            raise deadline.error() from None
+        raise
+    return WeightsResult(path=target, source=src.display, sha256=None, size_bytes=hub.size_bytes,
+                         skipped=hub.skipped, commit=hub.commit)
+
+
+def _local_kind(src: Source, path: Path, expected_sha: Optional[str]) -> str:
+    """``"directory"`` or ``"archive"``: what the local source ``path`` is.
+
+    Raises:
+        WeightsError: it does not exist, is neither a regular file nor a directory, or is a directory and a sha256
+            was given.
+    """
+    if not path.exists():
+        raise WeightsError(
+            f"weights source {src.display} does not exist; give an http(s) URL, a file:// URL or the "
+            f"path of a {SUPPORTED_KINDS}"
+        )
+    if path.is_dir():
         if expected_sha is not None:
-            raise WeightsError(f"a sha256 was given for {src.display}, but checksums apply to archives only; an hf:// "
-                               "source is pinned by its revision (hf://owner/repo@<commit>): drop the sha256")
-        if rules is not None:
-            refusal = rules.hf_owner_refusal(src.hub.repo_id, what)
-            if refusal is not None:
-                raise FetchRefusedError(f"{src.display}: {refusal}")
-        # The Hub's connections follow the caller's rules; the operator's own weights (rules None) may come from
-        # any endpoint (HF_ENDPOINT may be a mirror on the private network): huggingface_hub's client in this
-        # process is the guarded one once any fetch installed it (cog_triton.fetch.guard), so say so explicitly.
-        # The deadline reaches its connections through the guard (cog_triton.fetch.deadline).
-        deadline = None if deadline_at is None else FetchDeadline(
-            deadline_s, at=deadline_at, what=f"the fetch of {src.display}", setting="COG_TRITON_DOWNLOAD_DEADLINE_S")
-        try:
-            with (deadline or contextlib.nullcontext()), hub_guard(rules or FetchRules.open(), what, deadline):
-                hub = fetch_hub(src.hub, target, src.key, timeout_s=timeout_s, token=hf_token, code=hub_code,
-                                 until=deadline_at)
-        except FetchDeadlineError as exc:
-            raise _deadline_passed(exc, deadline) from None
-        except WeightsError:
-            if deadline is not None and deadline.passed():  # whatever a client made of a connection the watchdog ended
-                raise deadline.error() from None
-            raise
-        return WeightsResult(path=target, source=src.display, sha256=None, size_bytes=hub.size_bytes,
-                             skipped=hub.skipped, commit=hub.commit)
-
-    kind = "archive"
-    fingerprint: Optional[dict[str, Any]] = None
-    if src.path is not None:
-        if not src.path.exists():
             raise WeightsError(
-                f"weights source {src.display} does not exist; give an http(s) URL, a file:// URL or the "
-                f"path of a {SUPPORTED_KINDS}"
+                f"a sha256 was given for the directory {src.display}, but checksums apply to archives only; "
+                "drop the sha256 or point the weights at a .tar/.tar.gz archive"
             )
-        if src.path.is_dir():
-            kind = "directory"
-            if expected_sha is not None:
-                raise WeightsError(
-                    f"a sha256 was given for the directory {src.display}, but checksums apply to archives only; "
-                    "drop the sha256 or point the weights at a .tar/.tar.gz archive"
-                )
-            overlap = _directory_overlap(src.path, target)
-            if overlap == "same":
-                size = sum(e.get("size", 0) for e in _inventory(target))
-                log.info("weights source %s is the target directory itself; nothing to copy", src.display)
-                return WeightsResult(path=target, source=src.display, sha256=None, size_bytes=size, skipped=True)
-            if overlap is not None:
-                raise WeightsError(
-                    f"weights source directory {src.display} and target {target} overlap ({overlap}); "
-                    "use separate folders"
-                )
-        elif not src.path.is_file():
-            raise WeightsError(f"weights source {src.display} is neither a regular file nor a directory")
-        fingerprint = _local_fingerprint(src.path, kind, src.display)
+        return "directory"
+    if not path.is_file():
+        raise WeightsError(f"weights source {src.display} is neither a regular file nor a directory")
+    return "archive"
 
+
+def _is_the_target(src: Source, path: Path, target: Path) -> bool:
+    """True when the source directory ``path`` is ``target`` itself (nothing to copy).
+
+    Raises:
+        WeightsError: one is inside the other.
+    """
+    overlap = directory_overlap(path, target)
+    if overlap is not None and overlap != "same":
+        raise WeightsError(
+            f"weights source directory {src.display} and target {target} overlap ({overlap}); "
+            "use separate folders"
+        )
+    return overlap == "same"
+
+
+def _fetch_under_lock(
+    src: Source, kind: str, fingerprint: Optional[dict[str, Any]], expected_sha: Optional[str], target: Path,
+    limits: FetchLimits,
+) -> WeightsResult:
+    """:func:`fetch_weights` of a URL or a local source once it is checked: under the target's lock, skipped when
+    the marker matches, else :func:`_fetch`. A download's deadline bounds the wait for the lock too.
+
+    Raises:
+        WeightsError and the others of :func:`fetch_weights`; FetchDeadlineError in the deadline's words.
+    """
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise WeightsError(f"could not prepare {target}: {exc}") from exc
-    until = deadline_at if src.url is not None else None  # a download's deadline bounds the wait for the lock too
+    until = limits.deadline_at if src.url is not None else None
     try:
-        with _exclusive_lock(target, until=until):
-            marker = _read_marker(target)
-            if marker is not None and _marker_matches(marker, src.key, expected_sha, fingerprint, target):
+        with target_lock(target, until=until):
+            marker = read_marker(target)
+            if marker is not None and marker_matches(marker, src.key, expected_sha, fingerprint, target):
                 log.info("weights from %s already present in %s (%d files); skipping the fetch",
                          src.display, target, len(marker["files"]))
                 return WeightsResult(
@@ -266,9 +330,10 @@ def fetch_weights(
                 )
             return _fetch(src, kind, fingerprint, expected_sha, target, limits)
     except FetchDeadlineError as exc:
-        if deadline_at is None:
+        if limits.deadline_at is None:
             raise
-        raise _deadline_passed(exc, FetchDeadline(deadline_s, at=deadline_at, what=f"the download of {src.display}",
+        raise _deadline_passed(exc, FetchDeadline(limits.deadline_s, at=limits.deadline_at,
+                                                  what=f"the download of {src.display}",
                                                   setting="COG_TRITON_DOWNLOAD_DEADLINE_S")) from None
 
 
@@ -282,14 +347,14 @@ def _deadline_passed(exc: FetchDeadlineError, deadline: Optional[FetchDeadline])
 
 
 def _fetch(
-    src: "_Source", kind: str, fingerprint: Optional[dict[str, Any]], expected_sha: Optional[str], target: Path,
-    limits: _Limits,
+    src: Source, kind: str, fingerprint: Optional[dict[str, Any]], expected_sha: Optional[str], target: Path,
+    limits: FetchLimits,
 ) -> WeightsResult:
     """The body of :func:`fetch_weights`, run under the target's lock once the marker did not match."""
     started = time.monotonic()
     log.info("fetching weights from %s into %s", src.display, target)
     try:
-        _remove_leftovers(target)
+        remove_leftovers(target)
         staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.staging-", dir=target.parent))
     except OSError as exc:
         raise WeightsError(f"could not prepare {target}: {exc}") from exc
@@ -298,25 +363,25 @@ def _fetch(
         digest: Optional[str]
         if kind == "directory":
             assert src.path is not None
-            _copy_directory(src.path, staging, src.display)
+            copy_directory(src.path, staging, src.display)
             digest, size = None, 0
         else:
             if src.url is not None:
                 download = target.parent / f".{target.name}.download-{secrets.token_hex(4)}"
-                digest, size = _download(src.url, src.display, download, limits)
+                digest, size = download_file(src.url, src.display, download, limits)
                 archive = download
             else:
                 assert src.path is not None
                 archive = src.path
-                digest, size = _hash_file(archive, src.display)
+                digest, size = hash_file(archive, src.display)
             if expected_sha is not None and digest != expected_sha:
                 raise ChecksumError(
                     f"sha256 mismatch for {src.display}: expected {expected_sha}, got {digest} ({size} bytes); "
                     f"the file is corrupt or the expected checksum is wrong. The previous contents of {target} "
                     "were kept"
                 )
-            _extract_archive(archive, staging, src.display, limits.max_extracted_bytes, allow_zip=limits.allow_zip)
-        files = _inventory(staging)
+            extract_archive(archive, staging, src.display, limits.max_extracted_bytes, allow_zip=limits.allow_zip)
+        files = inventory(staging)
         if not files:
             raise (WeightsError if kind == "directory" else ArchiveError)(
                 f"the weights {kind} {src.display} contains no files"
@@ -327,7 +392,7 @@ def _fetch(
             for name in KEEP_NAMES:
                 if (target / name).is_file() and not (staging / name).exists():
                     shutil.copy2(target / name, staging / name)
-            _write_marker(staging, {
+            write_marker(staging, {
                 "version": MARKER_VERSION,
                 "source": src.display,
                 "source_key": src.key,
@@ -338,7 +403,7 @@ def _fetch(
                 "files": files,
             })
             os.chmod(staging, stat.S_IMODE(target.stat().st_mode) if target.is_dir() else 0o755)
-            _replace_directory(staging, target)
+            replace_directory(staging, target)
         except OSError as exc:
             raise WeightsError(f"could not move the new weights into {target}: {exc}") from exc
     finally:

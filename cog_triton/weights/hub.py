@@ -63,32 +63,25 @@ import time
 from dataclasses import dataclass
 from fnmatch import fnmatch
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
+from cog_triton.fetch.folders import check_free_space, target_lock
 from cog_triton.fetch.hub_errors import HubFailure, classify_hub_error
-from cog_triton.weights.archive import _check_free_space
 from cog_triton.weights.cache import (
     MARKER_VERSION,
-    _exclusive_lock,
-    _inventory,
-    _marker_matches,
-    _read_marker,
-    _remove_leftovers,
-    _replace_directory,
-    _write_marker,
+    inventory,
+    marker_matches,
+    read_marker,
+    remove_leftovers,
+    replace_directory,
+    write_marker,
 )
+from cog_triton.weights.sources import HubRef
 from common.errors import DownloadError, FetchRefusedError, WeightsError
 from common.files import KEEP_NAMES
 from tensorrtllm_backend.checkpoint import PROCESSOR_FILES
 
 log = logging.getLogger("cog_triton.weights")
-
-SCHEME = "hf://"
-#: A Hub repository id, ``owner/name`` (huggingface_hub's validate_repo_id rules, without the length check).
-_REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
-#: A branch, tag or commit (git ref characters; "/" allowed, as in "refs/pr/1").
-_REVISION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,254}$")
-FORM = "hf://owner/repo or hf://owner/repo@revision (a branch, tag or commit)"
 
 CONFIG_NAME = "config.json"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -105,42 +98,6 @@ TOKENIZER_PATTERNS = ("*.tiktoken",)
 CODE_PATTERNS = ("*.py",)
 #: Free disk kept beyond the checkpoint's own size when checking for room, bytes.
 FREE_SPACE_SLACK_BYTES = 64 << 20
-
-
-@dataclass(frozen=True)
-class HubRef:
-    """A checked ``hf://`` weights source.
-
-    Attributes:
-        text: the reference as given (stripped); safe to log (it holds no credentials).
-        repo_id: ``owner/name``.
-        revision: branch, tag or commit; None for the repository's default branch.
-    """
-
-    text: str
-    repo_id: str
-    revision: Optional[str] = None
-
-
-def is_hub_source(text: str) -> bool:
-    """True when ``text`` uses the ``hf://`` scheme (any case)."""
-    return text.strip()[: len(SCHEME)].lower() == SCHEME
-
-
-def parse_hub_ref(text: str) -> HubRef:
-    """The :class:`HubRef` of ``hf://owner/repo[@revision]``.
-
-    Raises:
-        WeightsError: not of that form; the message shows the value and the form.
-    """
-    stripped = text.strip()
-    if not is_hub_source(stripped):
-        raise WeightsError(f"weights source {stripped[:200]!r} is not an hf:// reference; give {FORM}")
-    body = stripped[len(SCHEME):].strip("/")
-    repo, at, revision = body.partition("@")
-    if not _REPO_RE.match(repo) or (at and not _REVISION_RE.match(revision)):
-        raise WeightsError(f"weights source {stripped[:200]!r} is not a Hugging Face reference of the form {FORM}")
-    return HubRef(text=stripped, repo_id=repo, revision=revision or None)
 
 
 @dataclass(frozen=True)
@@ -165,7 +122,7 @@ def fetch_hub(ref: HubRef, target: Path, source_key: str, *, timeout_s: float = 
     """Fetch the checkpoint ``ref`` names into ``target`` (see the module docstring), under the target's lock.
 
     Args:
-        source_key: the marker key of this source (:class:`cog_triton.weights.sources._Source` ``key``).
+        source_key: the marker key of this source (:attr:`cog_triton.weights.sources.Source.key`).
         timeout_s: seconds to wait for each of the Hub's answers (metadata calls and the ``HEAD`` of each file).
         token: a Hugging Face token for this fetch only (``cog train``'s hf_token input); None: huggingface_hub's
             own lookup (``HF_TOKEN``, the login token file).
@@ -189,9 +146,9 @@ def fetch_hub(ref: HubRef, target: Path, source_key: str, *, timeout_s: float = 
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise WeightsError(f"could not prepare {target}: {exc}") from exc
-    with _exclusive_lock(target, until=until):
-        marker = _read_marker(target)
-        if marker is not None and _marker_matches(marker, source_key, None, None, target):
+    with target_lock(target, until=until):
+        marker = read_marker(target)
+        if marker is not None and marker_matches(marker, source_key, None, None, target):
             log.info("weights from %s already present in %s (%d files, commit %s); skipping the fetch",
                      ref.text, target, len(marker["files"]), (marker.get("hub") or {}).get("commit"))
             files = tuple(entry["path"] for entry in marker["files"])
@@ -204,7 +161,7 @@ def _fetch_into(ref: HubRef, target: Path, source_key: str, timeout_s: float, to
     started = time.monotonic()
     log.info("fetching the checkpoint %s from the Hugging Face Hub into %s", ref.text, target)
     try:
-        _remove_leftovers(target)
+        remove_leftovers(target)
         staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.staging-", dir=target.parent))
         hub_cache = Path(tempfile.mkdtemp(prefix=f".{target.name}.download-", dir=target.parent))
     except OSError as exc:
@@ -216,7 +173,7 @@ def _fetch_into(ref: HubRef, target: Path, source_key: str, timeout_s: float, to
             for name in KEEP_NAMES:
                 if (target / name).is_file() and not (staging / name).exists():
                     shutil.copy2(target / name, staging / name)
-            _write_marker(staging, {
+            write_marker(staging, {
                 "version": MARKER_VERSION,
                 "source": ref.text,
                 "source_key": source_key,
@@ -225,10 +182,10 @@ def _fetch_into(ref: HubRef, target: Path, source_key: str, timeout_s: float, to
                 "local": None,
                 "hub": {"repo_id": ref.repo_id, "revision": ref.revision, "commit": commit},
                 "fetched_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                "files": _inventory(staging),
+                "files": inventory(staging),
             })
             os.chmod(staging, stat.S_IMODE(target.stat().st_mode) if target.is_dir() else 0o755)
-            _replace_directory(staging, target)
+            replace_directory(staging, target)
         except OSError as exc:
             raise WeightsError(f"could not move the new weights into {target}: {exc}") from exc
     finally:
@@ -303,64 +260,122 @@ def _scrub(text: str, token: Optional[str] = None) -> str:
     return text[:300]
 
 
+@dataclass(frozen=True)
+class _Session:
+    """What every Hub call of one fetch uses: the client, the endpoint (None: huggingface_hub's default), the token
+    (None: huggingface_hub's own lookup), the seconds to wait for each answer, and where files land."""
+
+    api: Any  # huggingface_hub.HfApi
+    hf_hub_download: Callable[..., str]
+    endpoint: Optional[str]
+    token: Optional[str]
+    timeout_s: float
+    staging: Path
+    hub_cache: Path
+
+    def download(self, repo_id: str, path: str, commit: str) -> str:
+        """Fetch the file ``path`` of ``repo_id`` at ``commit`` into the staging folder; return where it landed.
+
+        Raises:
+            whatever huggingface_hub raises (classified by the caller).
+        """
+        return self.hf_hub_download(repo_id, path, revision=commit, local_dir=self.staging, cache_dir=self.hub_cache,
+                                    endpoint=self.endpoint, etag_timeout=self.timeout_s, token=self.token)
+
+
 def _download(ref: HubRef, staging: Path, hub_cache: Path, timeout_s: float,
               token: Optional[str] = None, code: bool = False) -> tuple[str, list[str], int]:
-    """Resolve, list, choose and fetch the files into ``staging``; return (commit, files, total bytes)."""
+    """Resolve, list, choose and fetch the files into ``staging``; return (commit, files, total bytes).
+
+    Raises:
+        WeightsError, DownloadError: as :func:`fetch_hub`; huggingface_hub's failures classified once
+            (:func:`_failure_error`).
+        FetchRefusedError: the fetch rules refused a connection.
+    """
     import huggingface_hub  # noqa: PLC0415 - only for hf:// sources
-    from huggingface_hub.hf_api import RepoFile  # noqa: PLC0415
 
     endpoint = os.environ.get("HF_ENDPOINT", "").strip().rstrip("/") or None
-    api = huggingface_hub.HfApi(endpoint=endpoint, token=token)
+    session = _Session(huggingface_hub.HfApi(endpoint=endpoint, token=token), huggingface_hub.hf_hub_download,
+                       endpoint, token, timeout_s, staging, hub_cache)
     display = ref.text
     has_token = bool(token or _lookup_token())
     token_note = ("a Hugging Face token is set, but it has no access to it" if has_token
                   else "no Hugging Face token is set (HF_TOKEN)")
     try:
-        info = api.model_info(ref.repo_id, revision=ref.revision, timeout=timeout_s)
-        commit = str(info.sha or "")
-        if not re.fullmatch(r"[0-9a-f]{40}", commit):
-            raise WeightsError(f"the Hub answered {display} without a commit id (sha {commit[:60]!r}); is HF_ENDPOINT "
-                               "a Hugging Face Hub?")
-        if info.gated and not has_token:
-            raise WeightsError(
-                f"{display} is a gated repository ({info.gated!r} approval) and no Hugging Face token is set: accept "
-                f"its license on the Hub with your account, then set HF_TOKEN to a token of that account"
-            )
-        listing = {
-            entry.path: int(entry.size or 0)
-            for entry in api.list_repo_tree(ref.repo_id, revision=commit, recursive=True)
-            if isinstance(entry, RepoFile)
-        }
-        shards: Optional[list[str]] = None
-        if SAFETENSORS_INDEX in listing:
-            index_path = huggingface_hub.hf_hub_download(
-                ref.repo_id, SAFETENSORS_INDEX, revision=commit, local_dir=staging, cache_dir=hub_cache,
-                endpoint=endpoint, etag_timeout=timeout_s, token=token,
-            )
-            shards = _index_shards(Path(index_path), display)
-        files = select_files(listing, shards, display, code)
-        size = sum(listing[path] for path in files)
-        _check_free_space(staging.parent, size + FREE_SPACE_SLACK_BYTES, f"the checkpoint {display}")
-        log.info("fetching %d files (%d bytes) of %s at commit %s: %s", len(files), size, display, commit,
-                 _sample(files, 12))
-        # Four files at a time, as snapshot_download would; each task runs in a copy of this context, so that the
-        # fetch rules in force here (cog_triton.fetch.guard.hub_guard, a context variable) hold in its threads too
-        # (snapshot_download's own thread pool would start them without it).
-        with concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="hub-fetch") as pool:
-            pending = [
-                pool.submit(contextvars.copy_context().run, huggingface_hub.hf_hub_download, ref.repo_id, path,
-                            revision=commit, local_dir=staging, cache_dir=hub_cache, endpoint=endpoint,
-                            etag_timeout=timeout_s, token=token)
-                for path in files
-            ]
-            for task in pending:
-                task.result()
+        commit = _resolve_commit(session, ref, has_token)
+        listing, files, size = _choose_files(session, ref, commit, code)
+        _fetch_files(session, ref, commit, files)
     except (WeightsError, FetchRefusedError):
         raise
     except Exception as exc:  # noqa: BLE001 - huggingface_hub's, its HTTP stack's and the disk's: classified once
         raise _failure_error(classify_hub_error(exc), display, ref, staging, token, token_note) from None
     _check_fetched(staging, files, listing, display)
     return commit, files, size
+
+
+def _resolve_commit(session: _Session, ref: HubRef, has_token: bool) -> str:
+    """The commit (40 hex) ``ref``'s revision names now (``HfApi.model_info``).
+
+    Raises:
+        WeightsError: the answer has no commit id, or the repository is gated and no token is set; huggingface_hub's
+            errors as they come.
+    """
+    display = ref.text
+    info = session.api.model_info(ref.repo_id, revision=ref.revision, timeout=session.timeout_s)
+    commit = str(info.sha or "")
+    if not re.fullmatch(r"[0-9a-f]{40}", commit):
+        raise WeightsError(f"the Hub answered {display} without a commit id (sha {commit[:60]!r}); is HF_ENDPOINT "
+                           "a Hugging Face Hub?")
+    if info.gated and not has_token:
+        raise WeightsError(
+            f"{display} is a gated repository ({info.gated!r} approval) and no Hugging Face token is set: accept "
+            f"its license on the Hub with your account, then set HF_TOKEN to a token of that account"
+        )
+    return commit
+
+
+def _choose_files(session: _Session, ref: HubRef, commit: str, code: bool) -> tuple[dict[str, int], list[str], int]:
+    """(the repository's listing: path -> bytes, the files to fetch (:func:`select_files`, the index fetched first
+    when there is one), their total bytes), once there is room for them beside the staging folder.
+
+    Raises:
+        WeightsError: :func:`select_files`'s and :func:`_index_shards`' refusals, or not enough free disk space;
+            huggingface_hub's errors as they come.
+    """
+    from huggingface_hub.hf_api import RepoFile  # noqa: PLC0415 - only for hf:// sources
+
+    display = ref.text
+    listing = {
+        entry.path: int(entry.size or 0)
+        for entry in session.api.list_repo_tree(ref.repo_id, revision=commit, recursive=True)
+        if isinstance(entry, RepoFile)
+    }
+    shards: Optional[list[str]] = None
+    if SAFETENSORS_INDEX in listing:
+        shards = _index_shards(Path(session.download(ref.repo_id, SAFETENSORS_INDEX, commit)), display)
+    files = select_files(listing, shards, display, code)
+    size = sum(listing[path] for path in files)
+    check_free_space(session.staging.parent, size + FREE_SPACE_SLACK_BYTES, f"the checkpoint {display}")
+    log.info("fetching %d files (%d bytes) of %s at commit %s: %s", len(files), size, display, commit,
+             _sample(files, 12))
+    return listing, files, size
+
+
+def _fetch_files(session: _Session, ref: HubRef, commit: str, files: list[str]) -> None:
+    """Fetch ``files`` of ``ref`` at ``commit`` into the staging folder, four at a time, as snapshot_download would.
+
+    Each task runs in a copy of this context, so that the fetch rules in force here
+    (:func:`cog_triton.fetch.guard.hub_guard`, a context variable) hold in its threads too (snapshot_download's own
+    thread pool would start them without it).
+
+    Raises:
+        the first failed file's error (huggingface_hub's, or FetchRefusedError).
+    """
+    with concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="hub-fetch") as pool:
+        pending = [pool.submit(contextvars.copy_context().run, session.download, ref.repo_id, path, commit)
+                   for path in files]
+        for task in pending:
+            task.result()
 
 
 def _failure_error(failure: HubFailure, display: str, ref: HubRef, staging: Path, token: Optional[str],
@@ -438,4 +453,4 @@ def _check_fetched(staging: Path, files: list[str], listing: dict[str, int], dis
         raise WeightsError(f"{display} was not fetched whole: {_sample(problems)}")
 
 
-__all__ = ("FORM", "HubFetch", "HubRef", "SCHEME", "fetch_hub", "is_hub_source", "parse_hub_ref", "select_files")
+__all__ = ("HubFetch", "fetch_hub", "select_files")

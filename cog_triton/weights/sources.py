@@ -1,7 +1,9 @@
-"""Weights sources: parsing a source (http(s) URL, file:// URL, local path), and fingerprints and hashes of local
-sources. URLs are shown redacted (:func:`cog_triton.fetch.redaction.redact_url`, re-exported here as before).
+"""Weights sources: parsing a source (http(s) URL, file:// URL, local path, or an ``hf://owner/repo[@revision]``
+reference to the Hugging Face Hub), and fingerprints and hashes of local sources. URLs are shown redacted
+(:func:`cog_triton.fetch.redaction.redact_url`, re-exported here as before).
 
-Part of :mod:`cog_triton.weights` (its public face is the package).
+Part of :mod:`cog_triton.weights` (its public face is the package); the other modules of the package use these
+names. It imports no other module of the package.
 """
 
 from __future__ import annotations
@@ -27,6 +29,13 @@ SUPPORTED_KINDS = ".tar, .tar.gz/.tgz (also .tar.bz2, .tar.xz) or a directory"
 #: The Hugging Face Hub form of a weights source (a checkpoint fetched with huggingface_hub: cog_triton.weights.hub).
 HUB_FORM = "hf://owner/repo[@revision]"
 
+SCHEME = "hf://"
+#: A Hub repository id, ``owner/name`` (huggingface_hub's validate_repo_id rules, without the length check).
+_REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+#: A branch, tag or commit (git ref characters; "/" allowed, as in "refs/pr/1").
+_REVISION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,254}$")
+FORM = "hf://owner/repo or hf://owner/repo@revision (a branch, tag or commit)"
+
 
 _SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 
@@ -38,15 +47,70 @@ SourceLike = Union[str, "os.PathLike[str]"]
 
 
 @dataclass(frozen=True)
-class _Source:
-    key: str  # sha256 of the full source string (URL) or of the absolute path (local)
-    display: str  # safe to log
-    url: Optional[str] = None  # http(s) URL
-    path: Optional[Path] = None  # local file or directory (absolute)
-    hub: Optional[Any] = None  # an hf:// reference (cog_triton.weights.hub.HubRef)
+class HubRef:
+    """A checked ``hf://`` weights source.
+
+    Attributes:
+        text: the reference as given (stripped); safe to log (it holds no credentials).
+        repo_id: ``owner/name``.
+        revision: branch, tag or commit; None for the repository's default branch.
+    """
+
+    text: str
+    repo_id: str
+    revision: Optional[str] = None
 
 
-def _parse_source(source: SourceLike) -> _Source:
+def is_hub_source(text: str) -> bool:
+    """True when ``text`` uses the ``hf://`` scheme (any case)."""
+    return text.strip()[: len(SCHEME)].lower() == SCHEME
+
+
+def parse_hub_ref(text: str) -> HubRef:
+    """The :class:`HubRef` of ``hf://owner/repo[@revision]``.
+
+    Raises:
+        WeightsError: not of that form; the message shows the value and the form.
+    """
+    stripped = text.strip()
+    if not is_hub_source(stripped):
+        raise WeightsError(f"weights source {stripped[:200]!r} is not an hf:// reference; give {FORM}")
+    body = stripped[len(SCHEME):].strip("/")
+    repo, at, revision = body.partition("@")
+    if not _REPO_RE.match(repo) or (at and not _REVISION_RE.match(revision)):
+        raise WeightsError(f"weights source {stripped[:200]!r} is not a Hugging Face reference of the form {FORM}")
+    return HubRef(text=stripped, repo_id=repo, revision=revision or None)
+
+
+@dataclass(frozen=True)
+class Source:
+    """A parsed weights source: exactly one of ``url``, ``path`` and ``hub`` is set.
+
+    Attributes:
+        key: the marker's key of this source: the sha256 (hex) of the full URL, of the ``hf://`` text, or of
+            ``local:`` and the absolute path.
+        display: the source as shown in logs and messages (a URL without its userinfo, query and fragment).
+        url: an http(s) URL.
+        path: a local file or directory (absolute).
+        hub: an ``hf://`` reference.
+    """
+
+    key: str
+    display: str
+    url: Optional[str] = None
+    path: Optional[Path] = None
+    hub: Optional[HubRef] = None
+
+
+def parse_source(source: SourceLike) -> Source:
+    """The :class:`Source` of ``source``: an http(s) URL, a ``file://`` URL, a local path (str or path; ``~`` is
+    expanded, relative paths are made absolute) or ``hf://owner/repo[@revision]``. Nothing is read or fetched.
+
+    Raises:
+        WeightsError: empty, an unsupported scheme, an http(s) URL the HTTP client cannot parse or without a host,
+            a ``file://`` URL naming another host, or a malformed ``hf://`` reference.
+        TypeError: ``source`` is neither a str nor a path.
+    """
     if isinstance(source, os.PathLike):
         path = Path(os.fspath(source))
     elif isinstance(source, str):
@@ -66,12 +130,10 @@ def _parse_source(source: SourceLike) -> _Source:
                     raise WeightsError(exc.refusal("the weights URL")) from None
                 if not host:
                     raise WeightsError(f"weights URL {redact_url(text)} has no host")
-                return _Source(key=_sha256_text(text), display=redact_url(text), url=text)
+                return Source(key=_sha256_text(text), display=redact_url(text), url=text)
             if scheme == "hf":
-                from cog_triton.weights.hub import parse_hub_ref  # noqa: PLC0415 - hub imports this module
-
                 ref = parse_hub_ref(text)
-                return _Source(key=_sha256_text(ref.text), display=ref.text, hub=ref)
+                return Source(key=_sha256_text(ref.text), display=ref.text, hub=ref)
             if scheme == "file":
                 parts = urlsplit(text)
                 if parts.netloc not in ("", "localhost"):
@@ -84,14 +146,20 @@ def _parse_source(source: SourceLike) -> _Source:
     else:
         raise TypeError(f"source must be a str or a path, got {type(source).__name__}")
     path = path.absolute()
-    return _Source(key=_sha256_text("local:" + os.fspath(path)), display=os.fspath(path), path=path)
+    return Source(key=_sha256_text("local:" + os.fspath(path)), display=os.fspath(path), path=path)
 
 
 def _sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
 
 
-def _normalize_sha256(value: Optional[str], display: str) -> Optional[str]:
+def normalize_sha256(value: Optional[str], display: str) -> Optional[str]:
+    """``value`` as 64 lower-case hex digits, or None when it is None or blank (``display``: the source, for the
+    message).
+
+    Raises:
+        WeightsError: not 64 hexadecimal characters.
+    """
     if value is None:
         return None
     normalized = value.strip().lower()
@@ -102,7 +170,9 @@ def _normalize_sha256(value: Optional[str], display: str) -> Optional[str]:
     return normalized
 
 
-def _directory_overlap(source: Path, target: Path) -> Optional[str]:
+def directory_overlap(source: Path, target: Path) -> Optional[str]:
+    """How the folders ``source`` and ``target`` overlap once resolved: ``"same"``, ``"the target is inside the
+    source"``, ``"the source is inside the target"``, or None when they are apart."""
     src, dst = source.resolve(), target.resolve()
     if src == dst:
         return "same"
@@ -113,8 +183,14 @@ def _directory_overlap(source: Path, target: Path) -> Optional[str]:
     return None
 
 
-def _local_fingerprint(path: Path, kind: str, display: str) -> dict[str, Any]:
-    """Size and mtime of a local archive, or a digest over (path, size, mtime) of a directory's files."""
+def local_fingerprint(path: Path, kind: str, display: str) -> dict[str, Any]:
+    """Size (bytes) and mtime (ns) of a local archive (``kind`` "archive"), or for a ``"directory"`` the number of
+    its files, their total bytes and a digest over (path, size, mtime) of each (its marker left out): what the marker
+    records to tell that a local source changed.
+
+    Raises:
+        WeightsError: a file could not be read, or the folders nest too deeply to walk.
+    """
     try:
         if kind != "directory":
             st = path.stat()
@@ -139,8 +215,20 @@ def _local_fingerprint(path: Path, kind: str, display: str) -> dict[str, Any]:
         raise WeightsError(f"the weights directory {display} nests folders too deeply to read") from None
 
 
-def _hash_file(path: Path, display: str) -> tuple[str, int]:
+def hash_file(path: Path, display: str) -> tuple[str, int]:
+    """(sha256 hex, size in bytes) of the local archive ``path``.
+
+    Raises:
+        WeightsError: it could not be read.
+    """
     try:
         return sha256_file(path)
     except OSError as exc:
         raise WeightsError(f"could not read the weights archive {display}: {exc}") from exc
+
+
+__all__ = (
+    "FORM", "HUB_FORM", "SCHEME", "SUPPORTED_KINDS", "HubRef", "Source", "SourceLike", "directory_overlap", "hash_file",
+    "is_hub_source", "local_fingerprint", "normalize_sha256", "parse_hub_ref", "parse_source", "redact_text",
+    "redact_url",
+)  # fmt: skip

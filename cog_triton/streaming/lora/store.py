@@ -43,11 +43,12 @@ from typing import Optional
 
 from common.errors import FetchDeadlineError, FetchRefusedError, LoraAdapterError, WeightsError
 from cog_triton.fetch.deadline import FetchDeadline
+from cog_triton.fetch.folders import target_lock
 from cog_triton.fetch.guard import hub_guard
 from cog_triton.plan import StoreLimits
 from cog_triton.fetch.hub_errors import HubFailure, classify_hub_error
 from cog_triton.fetch.adapter_refs import WHAT, AdapterRef, check_adapter_allowed
-from cog_triton.weights import fetch_weights, target_lock
+from cog_triton.weights import fetch_weights
 
 log = logging.getLogger(__name__)
 
