@@ -61,6 +61,8 @@ class Predictor(BaseRunner):
             raise RuntimeError(health.reason)  # coglet: "Healthcheck failed: <reason>"
         return True
 
+    # Why one function (about 140 lines): its parameters are the Cog inputs' literal Input(...) declarations, which
+    # Cog's static schema generator reads from this signature (cog build runs no code); the body hands them over.
     @cog.streaming  # x-cog-streaming in the schema: coglet then streams the output over SSE
     async def run(
         self,

@@ -313,6 +313,8 @@ def _hub_client(flavor: str) -> Any:
                          event_hooks={"request": [lambda request: _refuse_if_offline(str(request.url))]})
 
 
+# Why one function (about 90 lines): the guarded urllib3 connection, its two pool classes and the requests adapter
+# are made together, each closing over ``guard_of`` and ``before_send``; apart, they would carry both as state.
 def _requests_classes(guard_of: Callable[[], FetchGuard],
                       before_send: Optional[Callable[[str], None]] = None) -> tuple[type, type, type]:
     """urllib3 connection classes whose ``_new_conn`` connects through :meth:`FetchGuard.connect`, and a requests

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 import random
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from common.errors import InputError
 from cog_triton.ipc import PredictInputs
@@ -187,21 +187,12 @@ def default_of(name: str) -> Any:
     return _spec(name).default
 
 
-def validate_inputs(**values: Any) -> PredictInputs:
-    """Check every input; return the validated, typed inputs.
+Getter = Callable[[str], Any]
 
-    Args:
-        values: the predict() inputs by name; a missing one takes the schema default.
 
-    Raises:
-        InputError: an unknown input, or the first invalid one, naming it, its value and
-            the allowed values.
-    """
-    specs = input_specs()
-    unknown = sorted(set(values) - set(specs))
-    if unknown:
-        raise InputError(f"unknown input(s) {', '.join(unknown)}; the inputs are: {', '.join(specs)}")
-    get = lambda name: values.get(name, specs[name].default)  # noqa: E731
+def _prompt_inputs(get: Getter) -> tuple[str, Optional[list[dict[str, str]]], str, Optional[str]]:
+    """``prompt``, ``messages`` (parsed), ``system_prompt`` and ``prompt_template`` (None when empty), checked in that
+    order: exactly one of prompt and messages, and a template only with a prompt, containing ``{prompt}``."""
     prompt = check_text("prompt", get("prompt"), expected="a string (or empty when messages is given)")
     messages_text = check_text(
         "messages", get("messages"), expected="a JSON array of messages as a string (or empty)"
@@ -233,23 +224,51 @@ def validate_inputs(**values: Any) -> PredictInputs:
             f"prompt_template={prompt_template[:80]!r} must contain {{prompt}} "  # type: ignore[index]
             "(and may contain {system_prompt}); leave it empty to use the model's chat template"
         )
+    return prompt, messages, system_prompt, prompt_template
+
+
+def _token_counts(get: Getter) -> tuple[int, int]:
+    """``max_tokens`` and ``min_tokens`` (their replicate/cog-triton aliases resolved; -1 is "off" for min_tokens, as
+    replicate/cog-triton's predict.py ``_process_args`` has it), min_tokens at most max_tokens."""
     max_tokens = check_integer("max_tokens", get("max_tokens"))
     max_tokens = _resolve_alias("max_tokens", max_tokens, "max_new_tokens", get("max_new_tokens"), (None,))
     min_tokens = check_integer("min_tokens", get("min_tokens"))
     min_tokens = _resolve_alias("min_tokens", min_tokens, "min_new_tokens", get("min_new_tokens"), (None, 0))
-    # -1 means "off" (replicate/cog-triton predict.py _process_args: "if min_tokens < 0: min_tokens = 0")
     min_tokens = max(min_tokens, 0)
     if min_tokens > max_tokens:
         raise InputError(f"min_tokens={min_tokens} is greater than max_tokens={max_tokens}; allowed: 0 to max_tokens")
+    return max_tokens, min_tokens
+
+
+def _seed(get: Getter) -> tuple[int, bool]:
+    """The seed and whether the user gave it (none given: one drawn, 0 to 2**31 - 1)."""
     seed = get("seed")
-    seed_given = not (seed is None or seed == "")
-    if not seed_given:
-        seed = random.SystemRandom().randint(0, 2**31 - 1)
-    else:
-        try:
-            seed = check_integer("seed", seed)
-        except InputError as exc:
-            raise InputError(f"{exc.message}, or empty for a random seed") from None
+    if seed is None or seed == "":
+        return random.SystemRandom().randint(0, 2**31 - 1), False
+    try:
+        return check_integer("seed", seed), True
+    except InputError as exc:
+        raise InputError(f"{exc.message}, or empty for a random seed") from None
+
+
+def validate_inputs(**values: Any) -> PredictInputs:
+    """Check every input; return the validated, typed inputs.
+
+    Args:
+        values: the predict() inputs by name; a missing one takes the schema default.
+
+    Raises:
+        InputError: an unknown input, or the first invalid one (in the order of the steps below), naming it, its
+            value and the allowed values.
+    """
+    specs = input_specs()
+    unknown = sorted(set(values) - set(specs))
+    if unknown:
+        raise InputError(f"unknown input(s) {', '.join(unknown)}; the inputs are: {', '.join(specs)}")
+    get: Getter = lambda name: values.get(name, specs[name].default)  # noqa: E731
+    prompt, messages, system_prompt, prompt_template = _prompt_inputs(get)
+    max_tokens, min_tokens = _token_counts(get)
+    seed, seed_given = _seed(get)
     stop_value = get("stop_sequences")
     if isinstance(stop_value, str):  # its size is bounded before it is parsed
         check_text("stop_sequences", stop_value)

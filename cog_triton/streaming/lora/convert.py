@@ -154,8 +154,7 @@ def convert(config: dict[str, Any], weights: bytes, spec: LoraSpec, display: str
         raise _fail(display, f"this model cannot serve LoRA adapters: {spec.off_reason}")
     check_config(config, display)
     check_base_model(config, spec, display)
-    import torch  # noqa: PLC0415 - only when an adapter is converted
-    from safetensors import SafetensorError  # noqa: PLC0415
+    from safetensors import SafetensorError  # noqa: PLC0415 - only when an adapter is converted
     from safetensors.torch import load  # noqa: PLC0415
 
     try:
@@ -165,50 +164,76 @@ def convert(config: dict[str, Any], weights: bytes, spec: LoraSpec, display: str
     pairs = _ab_pairs(tensors, display)
     if not pairs:
         raise _fail(display, "adapter_model.safetensors holds no LoRA weights")
-    shape = spec.shape
     alpha = float(config.get("lora_alpha", PEFT_DEFAULT_ALPHA))
     rslora = bool(config.get("use_rslora", False))
     base = f" (base model {spec.base_model})" if spec.base_model else ""
-    rows: list[tuple[int, int, int, Any]] = []
-    for (layer, hf_module), ab in sorted(pairs.items()):
-        module = HF_TO_TRTLLM.get(hf_module)
-        if module is None:
-            supported = ", ".join(TRTLLM_TO_HF[m] for m in SUPPORTED_MODULES)
-            raise _fail(display, f"it adapts {hf_module!r}, which this image cannot serve; supported modules: "
-                        f"{supported}")
-        if module not in spec.applied_modules:
-            applied = ", ".join(f"{TRTLLM_TO_HF[m]} ({m})" for m in spec.applied_modules)
-            if module in spec.unapplied_modules:
-                raise _fail(display, f"it adapts {hf_module} ({module}), which the engine does not apply: its "
-                            f"lora_target_modules have {fused_pair_problem(spec.target_modules)}. The engine applies "
-                            f"LoRA to {applied} only; use an adapter of those modules, or rebuild the engine with "
-                            f"both {' and '.join(FUSED_MLP_PAIR)} in lora.lora_target_modules")
-            raise _fail(display, f"it adapts {hf_module} ({module}), but the engine applies LoRA to {applied} only "
-                        "(its lora_target_modules); use an adapter of those modules, or rebuild the engine with "
-                        f"{module} in lora.lora_target_modules")
-        if set(ab) != {"A", "B"}:
-            raise _fail(display, f"layer {layer} {hf_module} has lora_{''.join(sorted(ab))} without its partner")
-        if layer >= shape.num_layers:
-            raise _fail(display, f"it adapts layer {layer}, but the {spec.architecture or 'model'}{base} has "
-                        f"{shape.num_layers} layers (0 to {shape.num_layers - 1}): it was made for another model")
-        a, b = ab["A"], ab["B"]
-        want_in, want_out = shape.module_dims(module)
-        if a.dim() != 2 or b.dim() != 2 or a.shape[0] != b.shape[1]:
-            raise _fail(display, f"layer {layer} {hf_module}: lora_A {list(a.shape)} and lora_B {list(b.shape)} are "
-                        "not a rank-r pair ([r, in] and [out, r])")
-        rank = int(a.shape[0])
-        if (a.shape[1], b.shape[0]) != (want_in, want_out):
-            raise _fail(display, f"layer {layer} {hf_module} maps {a.shape[1]} -> {b.shape[0]} values, but this "
-                        f"{spec.architecture or 'model'}{base} has {hf_module} {want_in} -> {want_out}: the adapter "
-                        "was made for a model of other sizes")
-        if rank > spec.max_rank:
-            raise _fail(display, f"its rank r={rank} (layer {layer} {hf_module}) is above {spec.rank_limit} of "
-                        f"{spec.max_rank}; use an adapter of rank <= {spec.max_rank}, or {spec.rank_fix}")
-        if rank < 1:
-            raise _fail(display, f"layer {layer} {hf_module} has rank 0")
-        scale = alpha / (math.sqrt(rank) if rslora else rank)
-        row = torch.cat([a.to(torch.float32).reshape(-1), (b.to(torch.float32) * scale).reshape(-1)])
-        rows.append((layer, LORA_MODULE_IDS[module], rank, row))
+    rows = [_row(layer, hf_module, ab, spec, alpha, rslora, base, display)
+            for (layer, hf_module), ab in sorted(pairs.items())]
+    return _pack(rows, spec, alpha, rslora, display)
+
+
+def _row(layer: int, hf_module: str, ab: dict[str, Any], spec: LoraSpec, alpha: float, rslora: bool, base: str,
+         display: str) -> tuple[int, int, int, Any]:
+    """One adapted module of one layer, checked against ``spec``: (layer, module id, rank, its row: lora_A then
+    lora_B times the adapter's scale, float32).
+
+    Raises:
+        LoraAdapterError: see :func:`convert`.
+    """
+    import torch  # noqa: PLC0415 - only when an adapter is converted
+
+    shape = spec.shape
+    assert shape is not None
+    module = HF_TO_TRTLLM.get(hf_module)
+    if module is None:
+        supported = ", ".join(TRTLLM_TO_HF[m] for m in SUPPORTED_MODULES)
+        raise _fail(display, f"it adapts {hf_module!r}, which this image cannot serve; supported modules: "
+                    f"{supported}")
+    if module not in spec.applied_modules:
+        applied = ", ".join(f"{TRTLLM_TO_HF[m]} ({m})" for m in spec.applied_modules)
+        if module in spec.unapplied_modules:
+            raise _fail(display, f"it adapts {hf_module} ({module}), which the engine does not apply: its "
+                        f"lora_target_modules have {fused_pair_problem(spec.target_modules)}. The engine applies "
+                        f"LoRA to {applied} only; use an adapter of those modules, or rebuild the engine with "
+                        f"both {' and '.join(FUSED_MLP_PAIR)} in lora.lora_target_modules")
+        raise _fail(display, f"it adapts {hf_module} ({module}), but the engine applies LoRA to {applied} only "
+                    "(its lora_target_modules); use an adapter of those modules, or rebuild the engine with "
+                    f"{module} in lora.lora_target_modules")
+    if set(ab) != {"A", "B"}:
+        raise _fail(display, f"layer {layer} {hf_module} has lora_{''.join(sorted(ab))} without its partner")
+    if layer >= shape.num_layers:
+        raise _fail(display, f"it adapts layer {layer}, but the {spec.architecture or 'model'}{base} has "
+                    f"{shape.num_layers} layers (0 to {shape.num_layers - 1}): it was made for another model")
+    a, b = ab["A"], ab["B"]
+    want_in, want_out = shape.module_dims(module)
+    if a.dim() != 2 or b.dim() != 2 or a.shape[0] != b.shape[1]:
+        raise _fail(display, f"layer {layer} {hf_module}: lora_A {list(a.shape)} and lora_B {list(b.shape)} are "
+                    "not a rank-r pair ([r, in] and [out, r])")
+    rank = int(a.shape[0])
+    if (a.shape[1], b.shape[0]) != (want_in, want_out):
+        raise _fail(display, f"layer {layer} {hf_module} maps {a.shape[1]} -> {b.shape[0]} values, but this "
+                    f"{spec.architecture or 'model'}{base} has {hf_module} {want_in} -> {want_out}: the adapter "
+                    "was made for a model of other sizes")
+    if rank > spec.max_rank:
+        raise _fail(display, f"its rank r={rank} (layer {layer} {hf_module}) is above {spec.rank_limit} of "
+                    f"{spec.max_rank}; use an adapter of rank <= {spec.max_rank}, or {spec.rank_fix}")
+    if rank < 1:
+        raise _fail(display, f"layer {layer} {hf_module} has rank 0")
+    scale = alpha / (math.sqrt(rank) if rslora else rank)
+    row = torch.cat([a.to(torch.float32).reshape(-1), (b.to(torch.float32) * scale).reshape(-1)])
+    return layer, LORA_MODULE_IDS[module], rank, row
+
+
+def _pack(rows: list[tuple[int, int, int, Any]], spec: LoraSpec, alpha: float, rslora: bool,
+          display: str) -> ConvertedAdapter:
+    """The rows as the C++ backend's ``lora_weights`` [rows, width] (the engine's dtype, zero-padded) and
+    ``lora_config`` [rows, 3] (module id, layer, rank).
+
+    Raises:
+        LoraAdapterError: the converted weights are over :data:`MAX_CONVERTED_BYTES`.
+    """
+    import torch  # noqa: PLC0415 - only when an adapter is converted
+
     rows.sort(key=lambda r: (r[0], r[1]))
     width = max(int(r[3].numel()) for r in rows)
     dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}[spec.dtype]
