@@ -133,7 +133,10 @@ def test_dockerfile_cog_environment() -> None:
     env = dockerfile_env()
     assert env["COG_PREDICT_TYPE_STUB"] == "predict.py:Predictor"
     assert env["COG_TRAIN_TYPE_STUB"] == cog_config()["train"] == "train.py:train"
-    concurrency = cog_config()["concurrency"]["max"]
+    import predict
+
+    concurrency = predict.Predictor.run.__cog_concurrent_max__  # @cog.concurrent(max=...)
+    assert "concurrency" not in cog_config()  # deprecated in cog 0.23: the decorator says it
     assert int(env["COG_MAX_CONCURRENCY"]) == concurrency
     assert int(env["COG_TRITON_MAX_CONCURRENCY"]) == concurrency
     assert Settings.model_fields["max_concurrency"].default == concurrency
@@ -224,10 +227,9 @@ def test_pins_check_refuses_a_base_image_of_another_triton_release(tmp_path: Pat
 def test_cog_yaml() -> None:
     config = cog_config()
     assert config["build"]["gpu"] is True
-    assert config["predict"] == "predict.py:Predictor"
+    assert config["run"] == "predict.py:Predictor" and "predict" not in config  # cog 0.23's name (#3015)
     assert config["train"] == "train.py:train"
     assert config["build"]["python_requirements"] == "requirements.txt"
-    assert isinstance(config["concurrency"]["max"], int) and config["concurrency"]["max"] >= 1
 
 
 # --- requirements --------------------------------------------------------------------------------

@@ -142,3 +142,18 @@ def test_install_for_coglet_puts_the_schema_where_coglet_reads_it(tmp_path: Path
     install_for_coglet(tmp_path)  # a stale copy is replaced
     assert target.read_bytes() == SCHEMA_PATH.read_bytes()
     assert [p.name for p in target.parent.iterdir()] == ["openapi_schema.json"]  # no temporary files left
+
+
+def test_cog_reads_the_concurrency_from_the_decorator() -> None:
+    """Cog 0.23 takes a predictor's concurrency from ``@cog.concurrent(max=...)`` on an async
+    predict (replicate/cog pkg/schema/python: the generator reports it with the schema; cog.yaml's
+    ``concurrency:`` is the deprecated form). It must equal the Dockerfile's COG_MAX_CONCURRENCY and
+    the settings default, which tests/test_packaging.py checks against the source."""
+    from cog_triton.settings import DEFAULT_CONCURRENCY
+
+    result = subprocess.run([str(schemagen()), ".", "predict.py:Predictor", "train.py:train"], cwd=REPO_ROOT,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    line = next(line for line in result.stderr.splitlines() if line.startswith("metadata(predict.py:Predictor)"))
+    assert "IsAsync=true" in line, line
+    assert f"ConcurrencyMax={DEFAULT_CONCURRENCY}" in line, line

@@ -190,8 +190,8 @@ def plan_serving(settings: Settings, info: WeightsInfo, manifest: Optional[Manif
     warnings = []
     if info.limits.max_batch_size < settings.max_concurrency:
         warnings.append(
-            f"Cog serves up to {settings.max_concurrency} predictions at once (COG_MAX_CONCURRENCY, cog.yaml "
-            f"concurrency.max), but the engine batches at most {info.limits.max_batch_size} requests (max_batch_size): "
+            f"Cog serves up to {settings.max_concurrency} predictions at once (COG_MAX_CONCURRENCY, predict.py's "
+            f"@cog.concurrent), but the engine batches at most {info.limits.max_batch_size} requests (max_batch_size): "
             f"the others wait in the engine's queue; rebuild the engine with limits.max_batch_size >= "
             f"{settings.max_concurrency}, or lower the concurrency")
     # Chunked context changes the longest prompt the executor takes (ModelLimits.executor_max_input_len); only the
