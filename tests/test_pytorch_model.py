@@ -42,7 +42,7 @@ def model_module(tmp_path_factory, checkpoint_dir, trtllm):
     repo = tmp_path_factory.mktemp("pytorch_model") / "repo"
     render_pytorch_repository(repo, checkpoint_dir, max_batch_size=4)
     module = load_file("pytorch_model_under_test", repo / "tensorrt_llm" / "1" / "model.py")
-    module.pb_utils = fake_pb_utils
+    module.pb_utils = module.glue.pb_utils = fake_pb_utils
     return module
 
 

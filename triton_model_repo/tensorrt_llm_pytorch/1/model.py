@@ -69,9 +69,11 @@ prompt limits and the ``max_seq_len`` reduction are the LLM's (its texts: ``llma
 ``max_queue_size``); LoRA adapters come as folders (``lora_path``), not converted tensors.
 
 Modules beside this file: ``translate.py`` (tensors -> LLM request), ``parsing.py`` and ``lora.py`` (links to
-the CPU reference model's, whose checks and texts ``translate.py`` reuses), ``samplers.py`` (a link to
-``tensorrtllm_backend/samplers.py``: what each sampler applies). Triton loads this file by its path, so its
-folder is made the package :data:`PACKAGE` to import them.
+the CPU reference model's, whose checks and texts ``translate.py`` reuses), ``triton_glue.py`` (a link to the
+reference model's too: parameters, input tensors, responses, errors and logging, as the two models share them),
+``samplers.py`` (a link to ``tensorrtllm_backend/samplers.py``: what each sampler applies). Triton loads this file
+by its path, so it loads ``triton_glue.py`` by its path as well, which makes the folder the package
+:data:`PACKAGE` to import the others.
 
 Why one module (about 620 lines): one concern, hosting the LLM in Triton's Python backend: the three threads,
 a request's life from ``execute`` to its final response, and the responses; the request's meaning is
@@ -88,7 +90,6 @@ import itertools
 import json
 import os
 import queue
-import sys
 import threading
 import time
 import traceback
@@ -123,8 +124,6 @@ def clear_inherited_mpi_environment(environ: "os._Environ[str] | Dict[str, str]"
 
 _CLEARED_MPI_VARIABLES = clear_inherited_mpi_environment()
 
-import numpy as np  # noqa: E402 - after the environment is cleared, as upstream orders it
-
 try:
     import triton_python_backend_utils as pb_utils
 except ImportError:  # imported by tests, outside Triton
@@ -132,6 +131,8 @@ except ImportError:  # imported by tests, outside Triton
 
 #: The package this folder's modules are imported as.
 PACKAGE = "tensorrt_llm_pytorch"
+#: How this model's log lines begin.
+LOG_TAG = "tensorrt_llm pytorch"
 #: The file the renderer writes the LLM's arguments to, beside this one.
 LLM_ARGS_FILE = "llm_args.json"
 #: upstream llmapi model.py: cancellation_check_period_ms defaults to 100 (ms).
@@ -140,23 +141,12 @@ DEFAULT_CANCELLATION_CHECK_PERIOD_MS = 100.0
 FINALIZE_DRAIN_S = 10.0
 
 
-def _sibling_package() -> str:
-    """Make this file's folder the package :data:`PACKAGE` (once per process) and return its name.
-
-    Raises RuntimeError when the name is taken by another folder."""
-    folder = str(Path(__file__).resolve().parent)
-    package = sys.modules.get(PACKAGE)
-    if package is None:
-        spec = importlib.util.spec_from_loader(PACKAGE, loader=None, is_package=True)
-        package = importlib.util.module_from_spec(spec)
-        package.__path__ = [folder]
-        sys.modules[PACKAGE] = package
-    elif list(getattr(package, "__path__", [])) != [folder]:
-        raise RuntimeError(f"module {PACKAGE!r} is already {list(getattr(package, '__path__', []))}, not {folder}")
-    return PACKAGE
-
-
-_package = _sibling_package()
+# Triton loads this file by its path: the glue beside it is loaded so too, then makes this folder the package PACKAGE.
+_glue_file = Path(__file__).resolve().parent / "triton_glue.py"
+_glue_spec = importlib.util.spec_from_file_location(f"{PACKAGE}.triton_glue", _glue_file)
+glue = importlib.util.module_from_spec(_glue_spec)
+_glue_spec.loader.exec_module(glue)
+_package = glue.sibling_package(PACKAGE, __file__)
 _translate = importlib.import_module(f"{_package}.translate")
 _parsing = importlib.import_module(f"{_package}.parsing")
 _samplers = importlib.import_module(f"{_package}.samplers")
@@ -168,71 +158,13 @@ is_stop_request = _parsing.is_stop_request
 stop_word_end = _translate.stop_word_end
 
 
+error_response = glue.error_response
+token_response = glue.token_response
+
+
 # ------------------------------------------------------------------------------------------------
-# Triton responses
+# A request's life, and what its threads pass one another
 # ------------------------------------------------------------------------------------------------
-
-
-def _triton_error(message: str):
-    # As the C++ backend: every request error is TRITONSERVER_ERROR_INTERNAL.
-    code = getattr(pb_utils.TritonError, "INTERNAL", None)
-    if code is not None:
-        try:
-            return pb_utils.TritonError(message, code)
-        except TypeError:
-            pass
-    return pb_utils.TritonError(message)
-
-
-def error_response(message: str):
-    return pb_utils.InferenceResponse(output_tensors=[], error=_triton_error(message))
-
-
-def token_response(tokens: List[int], log_probs: Optional[List[float]], cum_log_prob: Optional[float]):
-    """output_ids [1, 1, n] and sequence_length [[n]] (n may be 0), plus the log-prob tensors when asked."""
-    outputs = [
-        pb_utils.Tensor("output_ids", np.asarray(tokens, dtype=np.int32).reshape(1, 1, len(tokens))),
-        pb_utils.Tensor("sequence_length", np.asarray([[len(tokens)]], dtype=np.int32)),
-    ]
-    if log_probs is not None:
-        outputs.append(pb_utils.Tensor("cum_log_probs", np.asarray([[cum_log_prob or 0.0]], dtype=np.float32)))
-        outputs.append(pb_utils.Tensor("output_log_probs",
-                                       np.asarray(log_probs, dtype=np.float32).reshape(1, 1, len(log_probs))))
-    return pb_utils.InferenceResponse(output_tensors=outputs)
-
-
-def _param(params: dict, key: str, default, conv):
-    raw = params.get(key, {}).get("string_value", "") if isinstance(params.get(key), dict) else ""
-    raw = raw.strip()
-    if raw == "" or raw.startswith("${"):
-        return default
-    if conv is bool:
-        low = raw.lower()
-        if low in ("true", "1", "yes", "y", "t"):
-            return True
-        if low in ("false", "0", "no", "n", "f"):
-            return False
-        raise ValueError(f"parameter {key} must be true or false, got {raw!r}")
-    try:
-        return conv(raw)
-    except ValueError:
-        raise ValueError(f"parameter {key} must be {conv.__name__}, got {raw!r}") from None
-
-
-def _input(request, name: str) -> Optional[np.ndarray]:
-    tensor = pb_utils.get_input_tensor_by_name(request, name)
-    return None if tensor is None else tensor.as_numpy()
-
-
-def _requested_outputs(request) -> Optional[set]:
-    getter = getattr(request, "requested_output_names", None)
-    if getter is None:
-        return None
-    try:
-        names = getter()
-    except Exception:  # noqa: BLE001
-        return None
-    return set(names) if names else None
 
 
 def _token_log_prob(entry: Any, token: int) -> float:
@@ -309,16 +241,7 @@ class TritonPythonModel:
         return args
 
     def _log(self, level: str, message: str) -> None:
-        logger = getattr(pb_utils, "Logger", None) if pb_utils is not None else None
-        text = f"[tensorrt_llm pytorch] {message}"
-        if logger is None:
-            print(f"{level}: {text}", flush=True)
-            return
-        try:
-            {"info": logger.log_info, "warn": logger.log_warn, "error": logger.log_error}.get(level, logger.log_info)(
-                text)
-        except Exception:  # noqa: BLE001
-            print(f"{level}: {text}", flush=True)
+        glue.log(LOG_TAG, level, message)
 
     # -- Triton API -------------------------------------------------------------------------------
     def initialize(self, args) -> None:
@@ -329,13 +252,13 @@ class TritonPythonModel:
         started = time.monotonic()
         self.serving = False
         self._closing = False
-        exclude = _param(params, "exclude_input_in_output", None, bool)
+        exclude = glue.param(params, "exclude_input_in_output", None, bool)
         if exclude is None:
             # the C++ backend constructor's wording (model_instance_state.cc)
             self._log("warn", "exclude_input_in_output is not specified, will be set to false")
             exclude = False
         self.exclude_input_in_output = exclude
-        period_ms = _param(params, "cancellation_check_period_ms", DEFAULT_CANCELLATION_CHECK_PERIOD_MS, float)
+        period_ms = glue.param(params, "cancellation_check_period_ms", DEFAULT_CANCELLATION_CHECK_PERIOD_MS, float)
         if period_ms <= 0:
             raise ValueError(f"parameter cancellation_check_period_ms must be > 0, got {period_ms}")
         self.cancel_period_s = period_ms / 1e3
@@ -448,7 +371,7 @@ class TritonPythonModel:
             pass
 
     def _accept(self, request, sender) -> None:
-        get = lambda name, r=request: _input(r, name)  # noqa: E731
+        get = lambda name, r=request: glue.input_array(r, name)  # noqa: E731
         request_id = request.request_id() if hasattr(request, "request_id") else ""
         if not getattr(self, "serving", False) or self._closing:
             self._send_now(sender, error_response("the model is not serving (it is unloading)"))
@@ -461,13 +384,10 @@ class TritonPythonModel:
         if stop:  # the C++ backend's handleStopRequest, before any other input is read
             self._stop(request_id, sender)
             return
-        requested = _requested_outputs(request)
-        for name in ("output_ids", "sequence_length"):
-            if requested is not None and name not in requested:
-                self._send_now(sender, error_response(
-                    f"Error encountered while populating response: {name} tensor must be present in list of output "
-                    "tensors"))
-                return
+        missing = glue.missing_output_error(request)
+        if missing is not None:
+            self._send_now(sender, error_response(missing))
+            return
         number = next(self._numbers)
         try:
             with self._lock:
@@ -503,8 +423,7 @@ class TritonPythonModel:
             self._abort(live)
         self._log("info", f"stop request for id {request_id!r}: {len(targets)} running request(s) stopped")
         try:
-            sender.send(pb_utils.InferenceResponse(output_tensors=[]),
-                        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            glue.send_empty_final(sender)
         except Exception as exc:  # noqa: BLE001
             self._log("warn", f"could not answer a stop request: {exc}")
 
