@@ -302,8 +302,8 @@ def test_a_requests_first_response_is_sent_before_the_others_waiting(model, mode
             order.append(self.name)
             super().send(response, flags)
 
-    running = model_module.Live(1, "running", Recording("running"), object(), answered=True)
-    new = model_module.Live(2, "new", Recording("new"), object())
+    running = model_module.InFlightRequest(1, "running", Recording("running"), object(), answered=True)
+    new = model_module.InFlightRequest(2, "new", Recording("new"), object())
     model._send_merged([(running, ([5], None, None), False), (new, ([7], None, None), False),
                         (running, ([6], None, None), False)])
     assert order == ["new", "running"] and running.sender.tokens() == [5, 6] and new.answered
@@ -377,7 +377,7 @@ def test_a_slow_sender_gets_several_steps_tokens_in_one_response(model, prompt, 
     model.execute([request])
     deadline = time.monotonic() + 60  # only "not hung"
     while time.monotonic() < deadline and not any(
-            live.request_id == "slow" and len(live.tokens) == 24 for live in list(model._live.values())):
+            r.request_id == "slow" and len(r.tokens) == 24 for r in list(model._in_flight.values())):
         time.sleep(0.01)
     gate.set()
     assert request.sender.final.wait(60)

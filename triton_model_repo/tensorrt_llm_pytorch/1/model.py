@@ -185,7 +185,7 @@ def _token_log_prob(entry: Any, token: int) -> float:
 
 
 @dataclass(eq=False)
-class Live:
+class InFlightRequest:
     """A request between ``execute`` and its final response.
 
     One response thread (of :data:`RESPONSE_THREADS`) makes every ``sender.send`` and ``is_cancelled()`` call of a
@@ -280,8 +280,8 @@ class TritonPythonModel:
         self.llm_args = update_llm_args_with_extra_dict({}, llm_args)
         self._numbers = itertools.count(1)
         self._lock = threading.Lock()
-        self._live: Dict[int, Live] = {}
-        self._by_request_id: Dict[str, Live] = {}  # the latest request with each Triton request id
+        self._in_flight: Dict[int, InFlightRequest] = {}
+        self._by_request_id: Dict[str, InFlightRequest] = {}  # the latest request with each Triton request id
         self._lora_paths: Dict[int, str] = {}
         # id -> (folder, adapter_digest) of the adapter first served under it; folder -> digest (event loop only)
         self._lora_identity: Dict[int, Tuple[str, Optional[str]]] = {}
@@ -314,7 +314,7 @@ class TritonPythonModel:
 
     def _start_engine(self):
         """Build the LLM on the event-loop thread and return it; raise its error when it fails (never hang while
-        the thread lives and never after it died)."""
+        the thread runs and never after it died)."""
         built: "concurrent.futures.Future[Any]" = concurrent.futures.Future()
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._stopped = None
@@ -401,12 +401,12 @@ class TritonPythonModel:
             return
         for warning in submission.warnings:
             self._log("warn", warning)
-        live = Live(number, request_id, sender, submission)
+        inflight = InFlightRequest(number, request_id, sender, submission)
         with self._lock:
-            self._live[number] = live
+            self._in_flight[number] = inflight
             if request_id:
-                self._by_request_id[request_id] = live
-        asyncio.run_coroutine_threadsafe(self._generate(live), self._loop)
+                self._by_request_id[request_id] = inflight
+        asyncio.run_coroutine_threadsafe(self._generate(inflight), self._loop)
 
     def _stop(self, request_id: str, sender) -> None:
         """Abort the latest request with this Triton request id (the C++ backend keeps one entry per id, replaced by
@@ -419,57 +419,57 @@ class TritonPythonModel:
         with self._lock:
             latest = self._by_request_id.get(request_id)
             targets = [latest] if latest is not None else []
-        for live in targets:
-            self._abort(live)
+        for inflight in targets:
+            self._abort(inflight)
         self._log("info", f"stop request for id {request_id!r}: {len(targets)} running request(s) stopped")
         try:
             glue.send_empty_final(sender)
         except Exception as exc:  # noqa: BLE001
             self._log("warn", f"could not answer a stop request: {exc}")
 
-    def _abort(self, live: Live) -> None:
-        """Abort ``live``'s generation (from any thread): ``RequestOutput.abort()`` on the event loop, and
+    def _abort(self, inflight: InFlightRequest) -> None:
+        """Abort ``inflight``'s generation (from any thread): ``RequestOutput.abort()`` on the event loop, and
         :meth:`_end_unanswered` one cancellation period later."""
-        if live.abort_requested:
+        if inflight.abort_requested:
             return
-        live.abort_requested = True
+        inflight.abort_requested = True
         loop = self._loop
         if loop is None:
             return
 
         def abort() -> None:
-            if live.output is not None and not live.output.finished and not live.output.aborted():
-                live.output.abort()
-            loop.call_later(self.cancel_period_s, self._end_unanswered, live)
+            if inflight.output is not None and not inflight.output.finished and not inflight.output.aborted():
+                inflight.output.abort()
+            loop.call_later(self.cancel_period_s, self._end_unanswered, inflight)
 
         try:
             loop.call_soon_threadsafe(abort)
         except RuntimeError:  # the loop is closed: nothing left to abort
             pass
 
-    def _end_unanswered(self, live: Live) -> None:
+    def _end_unanswered(self, inflight: InFlightRequest) -> None:
         """End an aborted request the LLM has not answered one cancellation period after its abort (event loop):
         TensorRT-LLM 1.2.1 answers an aborted request that was still waiting for a batch slot never (see the module
         docstring). Its coroutine is cancelled and it gets the final response of a stopped request (its tokens so
         far: none while it waited)."""
-        if live.final_queued:
+        if inflight.final_queued:
             return
-        self._log("warn", f"request {live.request_id!r} was aborted and the LLM sent no final response within "
+        self._log("warn", f"request {inflight.request_id!r} was aborted and the LLM sent no final response within "
                           f"{self.cancel_period_s * 1e3:g} ms (TensorRT-LLM 1.2.1 drops an aborted request still waiting "
                           "for a batch slot without one): ended here")
-        if live.task is not None:
-            live.task.cancel()
-        s = live.submission
+        if inflight.task is not None:
+            inflight.task.cancel()
+        s = inflight.submission
         if s.streaming:
-            self._queue_new(live, final=True)
+            self._queue_new(inflight, final=True)
         else:
             prefix = [] if s.exclude_input_in_output else list(s.prompt_ids)
-            self._queue(live, prefix + live.tokens, final=True, all_tokens=True)
+            self._queue(inflight, prefix + inflight.tokens, final=True, all_tokens=True)
 
     # -- the event loop ---------------------------------------------------------------------------
-    async def _generate(self, live: Live) -> None:
-        s = live.submission
-        live.task = asyncio.current_task()
+    async def _generate(self, inflight: InFlightRequest) -> None:
+        s = inflight.submission
+        inflight.task = asyncio.current_task()
         try:
             SamplingParams, LoRARequest, GuidedDecodingParams = self._api  # noqa: N806 - the LLM API's classes
             kwargs = dict(s.sampling)
@@ -485,39 +485,39 @@ class TritonPythonModel:
             if s.lora is not None:
                 with self._lock:
                     self._lora_paths[s.lora[0]] = s.lora[1]
-            live.output = output
-            if live.abort_requested:  # stopped or cancelled before the LLM had it
+            inflight.output = output
+            if inflight.abort_requested:  # stopped or cancelled before the LLM had it
                 output.abort()
             ended = False
             interval = s.interval_s
             async for result in output:
-                new, ended = self._new_tokens(live, result)
+                new, ended = self._new_tokens(inflight, result)
                 if s.streaming:
                     final = result.finished or ended
                     if final:
-                        self._queue_new(live, final=True)
+                        self._queue_new(inflight, final=True)
                     elif new:
                         # stream_interval_ms: held until the interval passed (checked as responses come: held
                         # tokens wait at most one step more), the first at once
-                        if not interval or live.queued == 0:
-                            self._queue_new(live, final=False)
+                        if not interval or inflight.queued == 0:
+                            self._queue_new(inflight, final=False)
                         else:
                             now = time.monotonic()
-                            if now >= live.next_at:
-                                live.next_at = now + interval
-                                self._queue_new(live, final=False)
+                            if now >= inflight.next_at:
+                                inflight.next_at = now + interval
+                                self._queue_new(inflight, final=False)
                 if ended:
                     output.abort()  # a stop word: the C++ executor ends the request there
                     break
             if not s.streaming:
                 prefix = [] if s.exclude_input_in_output else list(s.prompt_ids)
-                self._queue(live, prefix + live.tokens, final=True, all_tokens=True)
+                self._queue(inflight, prefix + inflight.tokens, final=True, all_tokens=True)
         except Exception as exc:  # noqa: BLE001 - RequestError, the LLM's ValueError / RuntimeError
-            if live.final_queued:
+            if inflight.final_queued:
                 return
-            live.final_queued = True
-            self._log("warn", f"request {live.request_id!r} failed: {type(exc).__name__}: {exc}")
-            self._queue_of(live).put((live, error_response(str(exc)), True))
+            inflight.final_queued = True
+            self._log("warn", f"request {inflight.request_id!r} failed: {type(exc).__name__}: {exc}")
+            self._queue_of(inflight).put((inflight, error_response(str(exc)), True))
 
     async def _digest(self, path: str) -> Optional[str]:
         """``adapter_digest(path)``, computed once per folder, off the event loop."""
@@ -546,10 +546,10 @@ class TritonPythonModel:
             "adapter: the LLM caches adapters by their id (LoRARequest.lora_int_id) and would serve the first one; "
             "give each adapter its own lora_task_id")
 
-    def _new_tokens(self, live: Live, result) -> tuple[List[int], bool]:
+    def _new_tokens(self, inflight: InFlightRequest, result) -> tuple[List[int], bool]:
         """The ids this response adds (the end token dropped, cut after a stop word), and whether a stop word
         ended the request."""
-        s = live.submission
+        s = inflight.submission
         completion = result.outputs[0]
         new = list(completion.token_ids_diff)
         entries = list(completion.logprobs_diff) if s.return_log_probs else []
@@ -558,36 +558,37 @@ class TritonPythonModel:
             new = new[:-1]  # the end token is never returned (C++ executor); the PyTorch sampler keeps it
         ended = False
         if s.stop_words and new:
-            end = stop_word_end(list(s.prompt_ids) + live.tokens + new, len(new), s.stop_words)
+            end = stop_word_end(list(s.prompt_ids) + inflight.tokens + new, len(new), s.stop_words)
             if end is not None:
-                new = new[: end - len(s.prompt_ids) - len(live.tokens)]
+                new = new[: end - len(s.prompt_ids) - len(inflight.tokens)]
                 ended = True
-        live.tokens.extend(new)
+        inflight.tokens.extend(new)
         if s.return_log_probs:
-            live.log_probs.extend(_token_log_prob(e, t) for e, t in zip(entries, new))
-            live.cum_log_prob = float(sum(live.log_probs))
+            inflight.log_probs.extend(_token_log_prob(e, t) for e, t in zip(entries, new))
+            inflight.cum_log_prob = float(sum(inflight.log_probs))
         return new, ended
 
-    def _queue_new(self, live: Live, final: bool) -> None:
+    def _queue_new(self, inflight: InFlightRequest, final: bool) -> None:
         """Queue a streaming request's tokens not queued yet (possibly none, for a final response)."""
-        start = live.queued
-        if start == 0 and live.submission.interval_s:
-            live.next_at = time.monotonic() + live.submission.interval_s
-        live.queued = len(live.tokens)
-        self._queue(live, live.tokens[start:], final=final)
+        start = inflight.queued
+        if start == 0 and inflight.submission.interval_s:
+            inflight.next_at = time.monotonic() + inflight.submission.interval_s
+        inflight.queued = len(inflight.tokens)
+        self._queue(inflight, inflight.tokens[start:], final=final)
 
-    def _queue(self, live: Live, tokens: List[int], final: bool, all_tokens: bool = False) -> None:
-        if live.final_queued:
+    def _queue(self, inflight: InFlightRequest, tokens: List[int], final: bool, all_tokens: bool = False) -> None:
+        if inflight.final_queued:
             return
-        live.final_queued = final
-        s = live.submission
+        inflight.final_queued = final
+        s = inflight.submission
         log_probs = None
         if s.return_log_probs:
-            log_probs = list(live.log_probs) if all_tokens else live.log_probs[len(live.log_probs) - len(tokens):]
-        self._queue_of(live).put((live, (list(tokens), log_probs, live.cum_log_prob), final))
+            held = inflight.log_probs
+            log_probs = list(held) if all_tokens else held[len(held) - len(tokens):]
+        self._queue_of(inflight).put((inflight, (list(tokens), log_probs, inflight.cum_log_prob), final))
 
-    def _queue_of(self, live: Live) -> "queue.SimpleQueue[Any]":
-        return self._queues[live.number % RESPONSE_THREADS]
+    def _queue_of(self, inflight: InFlightRequest) -> "queue.SimpleQueue[Any]":
+        return self._queues[inflight.number % RESPONSE_THREADS]
 
     # -- the response thread ----------------------------------------------------------------------
     def _response_loop(self, index: int) -> None:
@@ -628,23 +629,23 @@ class TritonPythonModel:
 
     def _send_merged(self, batch: list) -> None:
         """Send ``batch`` (items in queue order), the token parts of each request joined into one response."""
-        merged: Dict[int, list] = {}  # request number -> [live, tokens, log_probs, cum_log_prob, final], in order
+        merged: Dict[int, list] = {}  # request number -> [inflight, tokens, log_probs, cum_log_prob, final]
         order: list = []
-        for live, payload, final in batch:
+        for inflight, payload, final in batch:
             if not isinstance(payload, tuple):  # an error response: after the tokens queued before it
-                pending = merged.pop(live.number, None)
+                pending = merged.pop(inflight.number, None)
                 if pending is not None:
                     order = [entry for entry in order if entry is not pending]
                     self._send(pending[0], token_response(pending[1], pending[2], pending[3]), pending[4])
-                self._send(live, payload, final)
+                self._send(inflight, payload, final)
                 continue
             tokens, log_probs, cum = payload
-            entry = merged.get(live.number)
+            entry = merged.get(inflight.number)
             if entry is None or entry[4] or final:
                 # The final response stays as the LLM made it (the C++ backend's shapes: a request ending on the
                 # end token, or stopped, ends with a response of no new tokens).
-                entry = [live, list(tokens), None if log_probs is None else list(log_probs), cum, final]
-                merged[live.number] = entry
+                entry = [inflight, list(tokens), None if log_probs is None else list(log_probs), cum, final]
+                merged[inflight.number] = entry
                 order.append(entry)
             else:
                 entry[1].extend(tokens)
@@ -654,42 +655,42 @@ class TritonPythonModel:
         # A request's first response goes before the others waiting here (time to first token; each request's own
         # responses stay in order).
         order.sort(key=lambda entry: entry[0].answered)
-        for live, tokens, log_probs, cum, final in order:
-            self._send(live, token_response(tokens, log_probs, cum), final)
+        for inflight, tokens, log_probs, cum, final in order:
+            self._send(inflight, token_response(tokens, log_probs, cum), final)
 
-    def _send(self, live: Live, response, final: bool) -> None:
-        if live.final_sent:
+    def _send(self, inflight: InFlightRequest, response, final: bool) -> None:
+        if inflight.final_sent:
             return
-        live.answered = True
+        inflight.answered = True
         try:
-            live.sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
+            inflight.sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
         except Exception as exc:  # noqa: BLE001 - a client that went away
-            self._log("warn", f"could not send a response of request {live.request_id!r}: {exc}")
+            self._log("warn", f"could not send a response of request {inflight.request_id!r}: {exc}")
             final = True
-            self._abort(live)
+            self._abort(inflight)
         if final:
-            live.final_sent = True
+            inflight.final_sent = True
             with self._lock:
-                self._live.pop(live.number, None)
-                if self._by_request_id.get(live.request_id) is live:
-                    del self._by_request_id[live.request_id]
+                self._in_flight.pop(inflight.number, None)
+                if self._by_request_id.get(inflight.request_id) is inflight:
+                    del self._by_request_id[inflight.request_id]
 
     def _check_cancelled(self, index: int) -> None:
         """Ask Triton about every request of partition ``index`` without its final response (on the thread that
         alone sends them)."""
         with self._lock:
-            lives = [live for live in self._live.values()
-                     if not live.cancel_seen and live.number % RESPONSE_THREADS == index]
-        for live in lives:
+            in_flight = [inflight for inflight in self._in_flight.values()
+                         if not inflight.cancel_seen and inflight.number % RESPONSE_THREADS == index]
+        for inflight in in_flight:
             try:
-                cancelled = bool(live.sender.is_cancelled())
+                cancelled = bool(inflight.sender.is_cancelled())
             except Exception:  # noqa: BLE001
                 cancelled = False
-            if cancelled and not live.final_sent:
-                live.cancel_seen = True
-                self._log("info", f"request {live.request_id!r} cancelled by the client after {len(live.tokens)} "
-                                  "tokens")
-                self._abort(live)
+            if cancelled and not inflight.final_sent:
+                inflight.cancel_seen = True
+                self._log("info", f"request {inflight.request_id!r} cancelled by the client after "
+                                  f"{len(inflight.tokens)} tokens")
+                self._abort(inflight)
 
     # -- unloading --------------------------------------------------------------------------------
     def finalize(self) -> None:
@@ -697,20 +698,20 @@ class TritonPythonModel:
             return
         self._closing = True
         with self._lock:
-            lives = list(self._live.values())
-        for live in lives:
-            self._abort(live)
+            in_flight = list(self._in_flight.values())
+        for inflight in in_flight:
+            self._abort(inflight)
         deadline = time.monotonic() + FINALIZE_DRAIN_S
         while time.monotonic() < deadline:
             with self._lock:
-                if not self._live:
+                if not self._in_flight:
                     break
             time.sleep(0.05)
         with self._lock:
-            left = list(self._live.values())
-        for live in left:
-            self._queue_of(live).put((live, error_response("the model was unloaded before the request finished"),
-                                      True))
+            left = list(self._in_flight.values())
+        for inflight in left:
+            unloaded = error_response("the model was unloaded before the request finished")
+            self._queue_of(inflight).put((inflight, unloaded, True))
         for responses in self._queues:
             responses.put(_SHUTDOWN)
         for thread in self._response_threads:
