@@ -212,6 +212,30 @@ class InFlightRequest:
     answered: bool = False  # a response was sent (the response thread's: first responses go first)
 
 
+@dataclass(slots=True, eq=False)
+class QueuedTokens:
+    """Tokens of one response of a request, queued by the event loop for the request's response thread (one item
+    per response). The response thread joins the items of a request that wait together into the first of them (an
+    item and its lists are that thread's alone once taken from the queue).
+
+    A slotted dataclass: made in half the time of a ``typing.NamedTuple`` (whose ``__new__`` is a Python function)
+    and read faster (Python 3.11); queueing and sending one cost what the tuples it replaced did."""
+
+    request: InFlightRequest
+    tokens: List[int]
+    log_probs: Optional[List[float]]  # None: the request asked for no log-probabilities
+    cum_log_prob: Optional[float]
+    final: bool
+
+
+@dataclass(slots=True, eq=False)
+class QueuedError:
+    """A request's error response, its final one: queued by the event loop (the request failed) or by finalize."""
+
+    request: InFlightRequest
+    response: Any
+
+
 class TritonPythonModel:
     """The PyTorch-backend ``tensorrt_llm`` model (decoupled; see the module docstring).
 
@@ -517,7 +541,7 @@ class TritonPythonModel:
                 return
             inflight.final_queued = True
             self._log("warn", f"request {inflight.request_id!r} failed: {type(exc).__name__}: {exc}")
-            self._queue_of(inflight).put((inflight, error_response(str(exc)), True))
+            self._queue_of(inflight).put(QueuedError(inflight, error_response(str(exc))))
 
     async def _digest(self, path: str) -> Optional[str]:
         """``adapter_digest(path)``, computed once per folder, off the event loop."""
@@ -577,6 +601,8 @@ class TritonPythonModel:
         self._queue(inflight, inflight.tokens[start:], final=final)
 
     def _queue(self, inflight: InFlightRequest, tokens: List[int], final: bool, all_tokens: bool = False) -> None:
+        """Queue one response of ``inflight`` for its response thread. ``tokens`` is handed over: a list made for this
+        response (a slice, a sum), which the response thread may extend."""
         if inflight.final_queued:
             return
         inflight.final_queued = final
@@ -585,7 +611,7 @@ class TritonPythonModel:
         if s.return_log_probs:
             held = inflight.log_probs
             log_probs = list(held) if all_tokens else held[len(held) - len(tokens):]
-        self._queue_of(inflight).put((inflight, (list(tokens), log_probs, inflight.cum_log_prob), final))
+        self._queue_of(inflight).put(QueuedTokens(inflight, tokens, log_probs, inflight.cum_log_prob, final))
 
     def _queue_of(self, inflight: InFlightRequest) -> "queue.SimpleQueue[Any]":
         return self._queues[inflight.number % RESPONSE_THREADS]
@@ -627,36 +653,37 @@ class TritonPythonModel:
                 batch.append(more)
             self._send_merged(batch)
 
-    def _send_merged(self, batch: list) -> None:
-        """Send ``batch`` (items in queue order), the token parts of each request joined into one response."""
-        merged: Dict[int, list] = {}  # request number -> [inflight, tokens, log_probs, cum_log_prob, final]
-        order: list = []
-        for inflight, payload, final in batch:
-            if not isinstance(payload, tuple):  # an error response: after the tokens queued before it
+    def _send_merged(self, batch: List[Any]) -> None:
+        """Send ``batch`` (:class:`QueuedTokens` and :class:`QueuedError` items in queue order), the tokens of each
+        request joined into one response."""
+        merged: Dict[int, QueuedTokens] = {}  # request number -> the item its later ones join, in order
+        order: List[QueuedTokens] = []
+        for item in batch:
+            inflight = item.request
+            if type(item) is QueuedError:  # after the tokens queued before it
                 pending = merged.pop(inflight.number, None)
                 if pending is not None:
                     order = [entry for entry in order if entry is not pending]
-                    self._send(pending[0], token_response(pending[1], pending[2], pending[3]), pending[4])
-                self._send(inflight, payload, final)
+                    self._send(inflight, token_response(pending.tokens, pending.log_probs, pending.cum_log_prob),
+                               pending.final)
+                self._send(inflight, item.response, True)
                 continue
-            tokens, log_probs, cum = payload
             entry = merged.get(inflight.number)
-            if entry is None or entry[4] or final:
+            if entry is None or entry.final or item.final:
                 # The final response stays as the LLM made it (the C++ backend's shapes: a request ending on the
                 # end token, or stopped, ends with a response of no new tokens).
-                entry = [inflight, list(tokens), None if log_probs is None else list(log_probs), cum, final]
-                merged[inflight.number] = entry
-                order.append(entry)
+                merged[inflight.number] = item
+                order.append(item)
             else:
-                entry[1].extend(tokens)
-                if log_probs is not None:
-                    entry[2] = (entry[2] or []) + list(log_probs)
-                entry[3] = cum
+                entry.tokens.extend(item.tokens)
+                if item.log_probs is not None:
+                    entry.log_probs = (entry.log_probs or []) + item.log_probs
+                entry.cum_log_prob = item.cum_log_prob
         # A request's first response goes before the others waiting here (time to first token; each request's own
         # responses stay in order).
-        order.sort(key=lambda entry: entry[0].answered)
-        for inflight, tokens, log_probs, cum, final in order:
-            self._send(inflight, token_response(tokens, log_probs, cum), final)
+        order.sort(key=lambda entry: entry.request.answered)
+        for entry in order:
+            self._send(entry.request, token_response(entry.tokens, entry.log_probs, entry.cum_log_prob), entry.final)
 
     def _send(self, inflight: InFlightRequest, response, final: bool) -> None:
         if inflight.final_sent:
@@ -711,7 +738,7 @@ class TritonPythonModel:
             left = list(self._in_flight.values())
         for inflight in left:
             unloaded = error_response("the model was unloaded before the request finished")
-            self._queue_of(inflight).put((inflight, unloaded, True))
+            self._queue_of(inflight).put(QueuedError(inflight, unloaded))
         for responses in self._queues:
             responses.put(_SHUTDOWN)
         for thread in self._response_threads:
