@@ -185,7 +185,7 @@ class StandinGeneration:
     def cum_log_prob(self) -> float:
         return 0.0
 
-    def stop(self, reason: str) -> None:
+    def finish(self, reason: str) -> None:
         if not self.finished:
             self.finished = True
             self.finish_reason = reason
@@ -202,7 +202,7 @@ class StandinGeneration:
         p = self.params
         n = len(self.tokens)
         if p.end_id is not None and self._end_id_after > 0 and n >= max(self._end_id_after, p.min_tokens):
-            self.stop("end_id")  # the end token is never returned
+            self.finish("end_id")  # the end token is never returned
             return []
         token = int(self._cycle[(self._start + n) % len(self._cycle)])
         self.tokens.append(token)
@@ -210,9 +210,9 @@ class StandinGeneration:
             self.log_probs.append(0.0)
         if p.stop_words and self._stop_word_end is not None and \
                 self._stop_word_end(self.prompt_ids + self.tokens, 1, p.stop_words) is not None:
-            self.stop("stop_words")
+            self.finish("stop_words")
         elif len(self.tokens) >= p.max_new_tokens:
-            self.stop("length")
+            self.finish("length")
         return [token]
 
 

@@ -341,7 +341,7 @@ class TritonPythonModel:
         the thread runs and never after it died)."""
         built: "concurrent.futures.Future[Any]" = concurrent.futures.Future()
         self._loop: Optional[asyncio.AbstractEventLoop] = None
-        self._stopped = None
+        self._loop_exit = None
 
         def run() -> None:
             loop = asyncio.new_event_loop()
@@ -355,10 +355,10 @@ class TritonPythonModel:
                 loop.close()
                 return
             self._loop = loop
-            self._stopped = asyncio.Event()
+            self._loop_exit = asyncio.Event()
             built.set_result(llm)
             try:
-                loop.run_until_complete(self._stopped.wait())
+                loop.run_until_complete(self._loop_exit.wait())
             finally:
                 loop.close()
 
@@ -401,12 +401,12 @@ class TritonPythonModel:
             self._send_now(sender, error_response("the model is not serving (it is unloading)"))
             return
         try:
-            stop = is_stop_request(get)
+            is_stop = is_stop_request(get)
         except RequestError as exc:
             self._send_now(sender, error_response(str(exc)))
             return
-        if stop:  # the C++ backend's handleStopRequest, before any other input is read
-            self._stop(request_id, sender)
+        if is_stop:  # the C++ backend's handleStopRequest, before any other input is read
+            self._handle_stop_request(request_id, sender)
             return
         missing = glue.missing_output_error(request)
         if missing is not None:
@@ -432,7 +432,7 @@ class TritonPythonModel:
                 self._by_request_id[request_id] = inflight
         asyncio.run_coroutine_threadsafe(self._generate(inflight), self._loop)
 
-    def _stop(self, request_id: str, sender) -> None:
+    def _handle_stop_request(self, request_id: str, sender) -> None:
         """Abort the latest request with this Triton request id (the C++ backend keeps one entry per id, replaced by
         a later request with the same id and dropped when that one ends: ``mTritonRequestIdToRequestIds``); answer
         one empty successful final response (``handleStopRequest`` / ``sendEnqueueResponse``), or the C++ error
@@ -747,9 +747,9 @@ class TritonPythonModel:
             self.llm.shutdown()
         except Exception as exc:  # noqa: BLE001
             self._log("warn", f"LLM.shutdown() failed: {exc}")
-        if self._loop is not None and self._stopped is not None:
+        if self._loop is not None and self._loop_exit is not None:
             try:
-                self._loop.call_soon_threadsafe(self._stopped.set)
+                self._loop.call_soon_threadsafe(self._loop_exit.set)
             except RuntimeError:
                 pass
         self._loop_thread.join(FINALIZE_DRAIN_S)

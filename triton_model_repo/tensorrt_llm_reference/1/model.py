@@ -415,11 +415,11 @@ class TritonPythonModel:
         get = lambda name, r=request: glue.input_array(r, name)  # noqa: E731
         request_id = request.request_id() if hasattr(request, "request_id") else ""
         try:
-            stop = is_stop_request(get)
+            is_stop = is_stop_request(get)
         except RequestError as exc:
             self._safe_send_error(sender, str(exc))
             return
-        if stop:  # handleStopRequest: before any other input is read
+        if is_stop:  # handleStopRequest: before any other input is read
             if not request_id:
                 self._safe_send_error(sender, "Trying to stop a request but request ID is not provided")
                 return
