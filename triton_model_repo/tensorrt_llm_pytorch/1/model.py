@@ -75,7 +75,7 @@ reference model's too: parameters, input tensors, responses, errors and logging,
 by its path, so it loads ``triton_glue.py`` by its path as well, which makes the folder the package
 :data:`PACKAGE` to import the others.
 
-Why one module (about 620 lines): one concern, hosting the LLM in Triton's Python backend: the three threads,
+Why one module (about 770 lines): one concern, hosting the LLM in Triton's Python backend: the three threads,
 a request's life from ``execute`` to its final response, and the responses; the request's meaning is
 ``translate.py``'s.
 """
