@@ -42,7 +42,7 @@ def model_module(tmp_path_factory, checkpoint_dir, trtllm):
     repo = tmp_path_factory.mktemp("pytorch_model") / "repo"
     render_pytorch_repository(repo, checkpoint_dir, max_batch_size=4)
     module = load_file("pytorch_model_under_test", repo / "tensorrt_llm" / "1" / "model.py")
-    module.pb_utils = fake_pb_utils
+    module.pb_utils = module.glue.pb_utils = fake_pb_utils
     return module
 
 
@@ -302,11 +302,31 @@ def test_a_requests_first_response_is_sent_before_the_others_waiting(model, mode
             order.append(self.name)
             super().send(response, flags)
 
-    running = model_module.Live(1, "running", Recording("running"), object(), answered=True)
-    new = model_module.Live(2, "new", Recording("new"), object())
-    model._send_merged([(running, ([5], None, None), False), (new, ([7], None, None), False),
-                        (running, ([6], None, None), False)])
+    running = model_module.InFlightRequest(1, "running", Recording("running"), object(), answered=True)
+    new = model_module.InFlightRequest(2, "new", Recording("new"), object())
+    queued = model_module.QueuedTokens
+    model._send_merged([queued(running, [5], None, None, False), queued(new, [7], None, None, False),
+                        queued(running, [6], None, None, False)])
     assert order == ["new", "running"] and running.sender.tokens() == [5, 6] and new.answered
+
+
+def test_a_requests_waiting_responses_join_and_its_error_follows_its_tokens(model, model_module):
+    """What waits for the response thread together becomes one response per request: the tokens and log-probs
+    joined in order, the latest cumulative log-prob; a final response stays apart (its shape is the LLM's), and an
+    error response goes after the tokens queued before it."""
+    streamed = model_module.InFlightRequest(1, "streamed", FakeSender(), object(), answered=True)
+    failed = model_module.InFlightRequest(2, "failed", FakeSender(), object(), answered=True)
+    tokens, error = model_module.QueuedTokens, model_module.QueuedError
+    model._send_merged([tokens(streamed, [5], [-0.5], -0.5, False), tokens(failed, [7], None, None, False),
+                        tokens(streamed, [6], [-0.25], -0.75, False), error(failed, model_module.error_response("boom")),
+                        tokens(streamed, [], [], -0.75, True)])
+    (first, flags, _), (last, last_flags, _) = streamed.sender.sent
+    assert first.tensor("output_ids").tolist() == [[[5, 6]]] and flags == 0
+    assert first.tensor("output_log_probs").tolist() == [[[-0.5, -0.25]]]
+    assert first.tensor("cum_log_probs").tolist() == [[-0.75]]
+    assert last.tensor("output_ids").shape == (1, 1, 0) and last_flags == 1
+    assert [(r.error is None, flags) for r, flags, _ in failed.sender.sent] == [(True, 0), (False, 1)]
+    assert failed.sender.tokens() == [7] and failed.sender.errors() == ["boom"]
 
 
 @pytest.mark.parametrize("how", ["stop", "cancel"])
@@ -377,7 +397,7 @@ def test_a_slow_sender_gets_several_steps_tokens_in_one_response(model, prompt, 
     model.execute([request])
     deadline = time.monotonic() + 60  # only "not hung"
     while time.monotonic() < deadline and not any(
-            live.request_id == "slow" and len(live.tokens) == 24 for live in list(model._live.values())):
+            r.request_id == "slow" and len(r.tokens) == 24 for r in list(model._in_flight.values())):
         time.sleep(0.01)
     gate.set()
     assert request.sender.final.wait(60)

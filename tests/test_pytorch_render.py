@@ -1,9 +1,9 @@
 """Rendering the PyTorch-backend ``tensorrt_llm`` model (tensorrtllm_backend/templates.py, RenderOptions.llm_args).
 
 A Hugging Face checkpoint with LLM arguments renders ``triton_model_repo/tensorrt_llm_pytorch`` as
-``tensorrt_llm``: its model.py and modules (the reference model's parsing.py and lora.py as files, not links),
-``1/llm_args.json`` holding the arguments, the ensemble with a ``lora_path`` input mapped to it, and the same
-tensors as the other ``tensorrt_llm`` models so that the ensemble's maps hold.
+``tensorrt_llm``: its model.py and modules (the reference model's parsing.py, lora.py and triton_glue.py as files,
+not links), ``1/llm_args.json`` holding the arguments, the ensemble with a ``lora_path`` input mapped to it, and
+the same tensors as the other ``tensorrt_llm`` models so that the ensemble's maps hold.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ def test_a_checkpoint_with_llm_args_is_served_by_the_pytorch_model(tmp_path: Pat
     live = opts.model_repo_dir / "tensorrt_llm" / "1"
     assert json.loads((live / LLM_ARGS_FILE).read_text()) == ARGS
     assert sorted(p.name for p in live.iterdir()) == ["llm_args.json", "lora.py", "model.py", "parsing.py",
-                                                      "samplers.py", "translate.py"]
-    for module in ("parsing.py", "lora.py"):  # links in the template, files in the live repository
+                                                      "samplers.py", "translate.py", "triton_glue.py"]
+    for module in ("parsing.py", "lora.py", "triton_glue.py"):  # links in the template, files in the live repository
         assert not (live / module).is_symlink()
         assert (live / module).read_text() == (TEMPLATE_DIR / "tensorrt_llm_reference" / "1" / module).read_text()
     samplers = Path(__file__).resolve().parents[1] / "tensorrtllm_backend" / "samplers.py"

@@ -507,10 +507,10 @@ class ScriptedGeneration:
         time.sleep(0.002)
         self.tokens.append(self._script[len(self.tokens)])
         if len(self.tokens) == len(self._script):
-            self.stop("length")
+            self.finish("length")
         return self.tokens[-1:]
 
-    def stop(self, reason):
+    def finish(self, reason):
         if not self.finished:
             self.finished, self.finish_reason = True, reason
 

@@ -8,9 +8,10 @@ What it reuses, unchanged, from the CPU reference model (``triton_model_repo/
 tensorrt_llm_reference/1/model.py``, loaded from the path in the ``reference_model`` parameter):
 the request parsing and validation (``parse_request``), the in-flight :class:`Scheduler` (FIFO
 queue, ``max_queue_size``, ``stop`` by request id, client cancellation, FINAL responses) and the
-Triton glue (:class:`TritonPythonModel`, :class:`TritonSink`). It overrides only the three engine
-hooks: ``load_engine`` (a tokenizer and a text instead of a network), ``create_generation``
-(:class:`StandinGeneration`) and ``create_sink`` (responses go through :class:`SenderPool`).
+Triton side (:class:`TritonPythonModel`, :class:`TritonSink`, and ``triton_glue.py`` beside them). It
+overrides only the three engine hooks: ``load_engine`` (a tokenizer and a text instead of a network),
+``create_generation`` (:class:`StandinGeneration`) and ``create_sink`` (responses go through
+:class:`SenderPool`).
 
 Behaviour:
 
@@ -184,7 +185,7 @@ class StandinGeneration:
     def cum_log_prob(self) -> float:
         return 0.0
 
-    def stop(self, reason: str) -> None:
+    def finish(self, reason: str) -> None:
         if not self.finished:
             self.finished = True
             self.finish_reason = reason
@@ -201,7 +202,7 @@ class StandinGeneration:
         p = self.params
         n = len(self.tokens)
         if p.end_id is not None and self._end_id_after > 0 and n >= max(self._end_id_after, p.min_tokens):
-            self.stop("end_id")  # the end token is never returned
+            self.finish("end_id")  # the end token is never returned
             return []
         token = int(self._cycle[(self._start + n) % len(self._cycle)])
         self.tokens.append(token)
@@ -209,9 +210,9 @@ class StandinGeneration:
             self.log_probs.append(0.0)
         if p.stop_words and self._stop_word_end is not None and \
                 self._stop_word_end(self.prompt_ids + self.tokens, 1, p.stop_words) is not None:
-            self.stop("stop_words")
+            self.finish("stop_words")
         elif len(self.tokens) >= p.max_new_tokens:
-            self.stop("length")
+            self.finish("length")
         return [token]
 
 
@@ -354,24 +355,25 @@ def standin_class(ref):
 
     class StandinModel(ref.TritonPythonModel):
         def load_engine(self, params: dict) -> tuple[int, int]:
-            hf_model_dir = Path(ref._param(params, "hf_model_dir", "", str))
+            param = ref.glue.param
+            hf_model_dir = Path(param(params, "hf_model_dir", "", str))
             if not str(hf_model_dir):
                 raise ValueError("parameter hf_model_dir is required (the checkpoint folder with the tokenizer)")
             config = json.loads((hf_model_dir / "config.json").read_text())
-            tokenizer_dir = ref._param(params, "tokenizer_dir", "", str)
+            tokenizer_dir = param(params, "tokenizer_dir", "", str)
             if not tokenizer_dir:
                 tokenizer_dir = hf_model_dir / "tokenizer" if (hf_model_dir / "tokenizer").is_dir() else hf_model_dir
-            text_file = ref._param(params, "text_file", "", str)
+            text_file = param(params, "text_file", "", str)
             if not text_file:
                 raise ValueError("parameter text_file is required (the text whose tokens the stand-in cycles)")
             from transformers import AutoTokenizer  # noqa: PLC0415
 
             tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
             self.cycle = text_token_ids(tokenizer, Path(text_file).read_text(encoding="utf-8"))
-            step_ms = ref._param(params, "step_ms", DEFAULT_STEP_MS, float)
-            threads = ref._param(params, "sender_threads", DEFAULT_SENDER_THREADS, int)
-            period_ms = ref._param(params, "cancellation_check_period_ms", DEFAULT_CANCELLATION_CHECK_PERIOD_MS, float)
-            self.end_id_after = ref._param(params, "end_id_after", 0, int)
+            step_ms = param(params, "step_ms", DEFAULT_STEP_MS, float)
+            threads = param(params, "sender_threads", DEFAULT_SENDER_THREADS, int)
+            period_ms = param(params, "cancellation_check_period_ms", DEFAULT_CANCELLATION_CHECK_PERIOD_MS, float)
+            self.end_id_after = param(params, "end_id_after", 0, int)
             self.clock = StepClock(step_ms / 1e3)
             self.senders = SenderPool(threads, period_ms / 1e3, log=self._log)
             self.stop_word_end = ref.stop_word_end

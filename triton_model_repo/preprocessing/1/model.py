@@ -147,14 +147,14 @@ class TritonPythonModel:
             input_ids[i, : len(ids)] = ids
         input_len = np.array([[len(ids)] for ids in encoded], dtype=np.int32)
         output_len = pb_utils.get_input_tensor_by_name(request, "REQUEST_OUTPUT_LEN").as_numpy().reshape(batch, 1)
-        bad = self._strings(request, "BAD_WORDS_DICT") or [[] for _ in range(batch)]
-        stop = self._strings(request, "STOP_WORDS_DICT") or [[] for _ in range(batch)]
+        bad_words = self._strings(request, "BAD_WORDS_DICT") or [[] for _ in range(batch)]
+        stop_words = self._strings(request, "STOP_WORDS_DICT") or [[] for _ in range(batch)]
         tensors = [
             pb_utils.Tensor("INPUT_ID", input_ids),
             pb_utils.Tensor("REQUEST_INPUT_LEN", input_len),
             pb_utils.Tensor("REQUEST_OUTPUT_LEN", output_len.astype(np.int32)),
-            pb_utils.Tensor("BAD_WORDS_IDS", to_word_list(self.tokenizer, bad)),
-            pb_utils.Tensor("STOP_WORDS_IDS", to_word_list(self.tokenizer, stop)),
+            pb_utils.Tensor("BAD_WORDS_IDS", to_word_list(self.tokenizer, bad_words)),
+            pb_utils.Tensor("STOP_WORDS_IDS", to_word_list(self.tokenizer, stop_words)),
             pb_utils.Tensor("OUT_END_ID", end_id),
             pb_utils.Tensor("OUT_PAD_ID", pad_id),
         ]

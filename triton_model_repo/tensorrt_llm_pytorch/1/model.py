@@ -69,11 +69,13 @@ prompt limits and the ``max_seq_len`` reduction are the LLM's (its texts: ``llma
 ``max_queue_size``); LoRA adapters come as folders (``lora_path``), not converted tensors.
 
 Modules beside this file: ``translate.py`` (tensors -> LLM request), ``parsing.py`` and ``lora.py`` (links to
-the CPU reference model's, whose checks and texts ``translate.py`` reuses), ``samplers.py`` (a link to
-``tensorrtllm_backend/samplers.py``: what each sampler applies). Triton loads this file by its path, so its
-folder is made the package :data:`PACKAGE` to import them.
+the CPU reference model's, whose checks and texts ``translate.py`` reuses), ``triton_glue.py`` (a link to the
+reference model's too: parameters, input tensors, responses, errors and logging, as the two models share them),
+``samplers.py`` (a link to ``tensorrtllm_backend/samplers.py``: what each sampler applies). Triton loads this file
+by its path, so it loads ``triton_glue.py`` by its path as well, which makes the folder the package
+:data:`PACKAGE` to import the others.
 
-Why one module (about 620 lines): one concern, hosting the LLM in Triton's Python backend: the three threads,
+Why one module (about 770 lines): one concern, hosting the LLM in Triton's Python backend: the three threads,
 a request's life from ``execute`` to its final response, and the responses; the request's meaning is
 ``translate.py``'s.
 """
@@ -88,7 +90,6 @@ import itertools
 import json
 import os
 import queue
-import sys
 import threading
 import time
 import traceback
@@ -123,8 +124,6 @@ def clear_inherited_mpi_environment(environ: "os._Environ[str] | Dict[str, str]"
 
 _CLEARED_MPI_VARIABLES = clear_inherited_mpi_environment()
 
-import numpy as np  # noqa: E402 - after the environment is cleared, as upstream orders it
-
 try:
     import triton_python_backend_utils as pb_utils
 except ImportError:  # imported by tests, outside Triton
@@ -132,6 +131,8 @@ except ImportError:  # imported by tests, outside Triton
 
 #: The package this folder's modules are imported as.
 PACKAGE = "tensorrt_llm_pytorch"
+#: How this model's log lines begin.
+LOG_TAG = "tensorrt_llm pytorch"
 #: The file the renderer writes the LLM's arguments to, beside this one.
 LLM_ARGS_FILE = "llm_args.json"
 #: upstream llmapi model.py: cancellation_check_period_ms defaults to 100 (ms).
@@ -140,23 +141,12 @@ DEFAULT_CANCELLATION_CHECK_PERIOD_MS = 100.0
 FINALIZE_DRAIN_S = 10.0
 
 
-def _sibling_package() -> str:
-    """Make this file's folder the package :data:`PACKAGE` (once per process) and return its name.
-
-    Raises RuntimeError when the name is taken by another folder."""
-    folder = str(Path(__file__).resolve().parent)
-    package = sys.modules.get(PACKAGE)
-    if package is None:
-        spec = importlib.util.spec_from_loader(PACKAGE, loader=None, is_package=True)
-        package = importlib.util.module_from_spec(spec)
-        package.__path__ = [folder]
-        sys.modules[PACKAGE] = package
-    elif list(getattr(package, "__path__", [])) != [folder]:
-        raise RuntimeError(f"module {PACKAGE!r} is already {list(getattr(package, '__path__', []))}, not {folder}")
-    return PACKAGE
-
-
-_package = _sibling_package()
+# Triton loads this file by its path: the glue beside it is loaded so too, then makes this folder the package PACKAGE.
+_glue_file = Path(__file__).resolve().parent / "triton_glue.py"
+_glue_spec = importlib.util.spec_from_file_location(f"{PACKAGE}.triton_glue", _glue_file)
+glue = importlib.util.module_from_spec(_glue_spec)
+_glue_spec.loader.exec_module(glue)
+_package = glue.sibling_package(PACKAGE, __file__)
 _translate = importlib.import_module(f"{_package}.translate")
 _parsing = importlib.import_module(f"{_package}.parsing")
 _samplers = importlib.import_module(f"{_package}.samplers")
@@ -168,71 +158,13 @@ is_stop_request = _parsing.is_stop_request
 stop_word_end = _translate.stop_word_end
 
 
+error_response = glue.error_response
+token_response = glue.token_response
+
+
 # ------------------------------------------------------------------------------------------------
-# Triton responses
+# A request's life, and what its threads pass one another
 # ------------------------------------------------------------------------------------------------
-
-
-def _triton_error(message: str):
-    # As the C++ backend: every request error is TRITONSERVER_ERROR_INTERNAL.
-    code = getattr(pb_utils.TritonError, "INTERNAL", None)
-    if code is not None:
-        try:
-            return pb_utils.TritonError(message, code)
-        except TypeError:
-            pass
-    return pb_utils.TritonError(message)
-
-
-def error_response(message: str):
-    return pb_utils.InferenceResponse(output_tensors=[], error=_triton_error(message))
-
-
-def token_response(tokens: List[int], log_probs: Optional[List[float]], cum_log_prob: Optional[float]):
-    """output_ids [1, 1, n] and sequence_length [[n]] (n may be 0), plus the log-prob tensors when asked."""
-    outputs = [
-        pb_utils.Tensor("output_ids", np.asarray(tokens, dtype=np.int32).reshape(1, 1, len(tokens))),
-        pb_utils.Tensor("sequence_length", np.asarray([[len(tokens)]], dtype=np.int32)),
-    ]
-    if log_probs is not None:
-        outputs.append(pb_utils.Tensor("cum_log_probs", np.asarray([[cum_log_prob or 0.0]], dtype=np.float32)))
-        outputs.append(pb_utils.Tensor("output_log_probs",
-                                       np.asarray(log_probs, dtype=np.float32).reshape(1, 1, len(log_probs))))
-    return pb_utils.InferenceResponse(output_tensors=outputs)
-
-
-def _param(params: dict, key: str, default, conv):
-    raw = params.get(key, {}).get("string_value", "") if isinstance(params.get(key), dict) else ""
-    raw = raw.strip()
-    if raw == "" or raw.startswith("${"):
-        return default
-    if conv is bool:
-        low = raw.lower()
-        if low in ("true", "1", "yes", "y", "t"):
-            return True
-        if low in ("false", "0", "no", "n", "f"):
-            return False
-        raise ValueError(f"parameter {key} must be true or false, got {raw!r}")
-    try:
-        return conv(raw)
-    except ValueError:
-        raise ValueError(f"parameter {key} must be {conv.__name__}, got {raw!r}") from None
-
-
-def _input(request, name: str) -> Optional[np.ndarray]:
-    tensor = pb_utils.get_input_tensor_by_name(request, name)
-    return None if tensor is None else tensor.as_numpy()
-
-
-def _requested_outputs(request) -> Optional[set]:
-    getter = getattr(request, "requested_output_names", None)
-    if getter is None:
-        return None
-    try:
-        names = getter()
-    except Exception:  # noqa: BLE001
-        return None
-    return set(names) if names else None
 
 
 def _token_log_prob(entry: Any, token: int) -> float:
@@ -253,7 +185,7 @@ def _token_log_prob(entry: Any, token: int) -> float:
 
 
 @dataclass(eq=False)
-class Live:
+class InFlightRequest:
     """A request between ``execute`` and its final response.
 
     One response thread (of :data:`RESPONSE_THREADS`) makes every ``sender.send`` and ``is_cancelled()`` call of a
@@ -278,6 +210,30 @@ class Live:
     queued: int = 0  # tokens queued for sending so far (event loop)
     next_at: float = 0.0  # stream_interval_ms: when held tokens may leave (event loop; monotonic seconds)
     answered: bool = False  # a response was sent (the response thread's: first responses go first)
+
+
+@dataclass(slots=True, eq=False)
+class QueuedTokens:
+    """Tokens of one response of a request, queued by the event loop for the request's response thread (one item
+    per response). The response thread joins the items of a request that wait together into the first of them (an
+    item and its lists are that thread's alone once taken from the queue).
+
+    A slotted dataclass: made in half the time of a ``typing.NamedTuple`` (whose ``__new__`` is a Python function)
+    and read faster (Python 3.11); queueing and sending one cost what the tuples it replaced did."""
+
+    request: InFlightRequest
+    tokens: List[int]
+    log_probs: Optional[List[float]]  # None: the request asked for no log-probabilities
+    cum_log_prob: Optional[float]
+    final: bool
+
+
+@dataclass(slots=True, eq=False)
+class QueuedError:
+    """A request's error response, its final one: queued by the event loop (the request failed) or by finalize."""
+
+    request: InFlightRequest
+    response: Any
 
 
 class TritonPythonModel:
@@ -309,16 +265,7 @@ class TritonPythonModel:
         return args
 
     def _log(self, level: str, message: str) -> None:
-        logger = getattr(pb_utils, "Logger", None) if pb_utils is not None else None
-        text = f"[tensorrt_llm pytorch] {message}"
-        if logger is None:
-            print(f"{level}: {text}", flush=True)
-            return
-        try:
-            {"info": logger.log_info, "warn": logger.log_warn, "error": logger.log_error}.get(level, logger.log_info)(
-                text)
-        except Exception:  # noqa: BLE001
-            print(f"{level}: {text}", flush=True)
+        glue.log(LOG_TAG, level, message)
 
     # -- Triton API -------------------------------------------------------------------------------
     def initialize(self, args) -> None:
@@ -329,13 +276,13 @@ class TritonPythonModel:
         started = time.monotonic()
         self.serving = False
         self._closing = False
-        exclude = _param(params, "exclude_input_in_output", None, bool)
+        exclude = glue.param(params, "exclude_input_in_output", None, bool)
         if exclude is None:
             # the C++ backend constructor's wording (model_instance_state.cc)
             self._log("warn", "exclude_input_in_output is not specified, will be set to false")
             exclude = False
         self.exclude_input_in_output = exclude
-        period_ms = _param(params, "cancellation_check_period_ms", DEFAULT_CANCELLATION_CHECK_PERIOD_MS, float)
+        period_ms = glue.param(params, "cancellation_check_period_ms", DEFAULT_CANCELLATION_CHECK_PERIOD_MS, float)
         if period_ms <= 0:
             raise ValueError(f"parameter cancellation_check_period_ms must be > 0, got {period_ms}")
         self.cancel_period_s = period_ms / 1e3
@@ -357,8 +304,8 @@ class TritonPythonModel:
         self.llm_args = update_llm_args_with_extra_dict({}, llm_args)
         self._numbers = itertools.count(1)
         self._lock = threading.Lock()
-        self._live: Dict[int, Live] = {}
-        self._by_request_id: Dict[str, Live] = {}  # the latest request with each Triton request id
+        self._in_flight: Dict[int, InFlightRequest] = {}
+        self._by_request_id: Dict[str, InFlightRequest] = {}  # the latest request with each Triton request id
         self._lora_paths: Dict[int, str] = {}
         # id -> (folder, adapter_digest) of the adapter first served under it; folder -> digest (event loop only)
         self._lora_identity: Dict[int, Tuple[str, Optional[str]]] = {}
@@ -391,10 +338,10 @@ class TritonPythonModel:
 
     def _start_engine(self):
         """Build the LLM on the event-loop thread and return it; raise its error when it fails (never hang while
-        the thread lives and never after it died)."""
+        the thread runs and never after it died)."""
         built: "concurrent.futures.Future[Any]" = concurrent.futures.Future()
         self._loop: Optional[asyncio.AbstractEventLoop] = None
-        self._stopped = None
+        self._loop_exit = None
 
         def run() -> None:
             loop = asyncio.new_event_loop()
@@ -408,10 +355,10 @@ class TritonPythonModel:
                 loop.close()
                 return
             self._loop = loop
-            self._stopped = asyncio.Event()
+            self._loop_exit = asyncio.Event()
             built.set_result(llm)
             try:
-                loop.run_until_complete(self._stopped.wait())
+                loop.run_until_complete(self._loop_exit.wait())
             finally:
                 loop.close()
 
@@ -448,26 +395,23 @@ class TritonPythonModel:
             pass
 
     def _accept(self, request, sender) -> None:
-        get = lambda name, r=request: _input(r, name)  # noqa: E731
+        get = lambda name, r=request: glue.input_array(r, name)  # noqa: E731
         request_id = request.request_id() if hasattr(request, "request_id") else ""
         if not getattr(self, "serving", False) or self._closing:
             self._send_now(sender, error_response("the model is not serving (it is unloading)"))
             return
         try:
-            stop = is_stop_request(get)
+            is_stop = is_stop_request(get)
         except RequestError as exc:
             self._send_now(sender, error_response(str(exc)))
             return
-        if stop:  # the C++ backend's handleStopRequest, before any other input is read
-            self._stop(request_id, sender)
+        if is_stop:  # the C++ backend's handleStopRequest, before any other input is read
+            self._handle_stop_request(request_id, sender)
             return
-        requested = _requested_outputs(request)
-        for name in ("output_ids", "sequence_length"):
-            if requested is not None and name not in requested:
-                self._send_now(sender, error_response(
-                    f"Error encountered while populating response: {name} tensor must be present in list of output "
-                    "tensors"))
-                return
+        missing = glue.missing_output_error(request)
+        if missing is not None:
+            self._send_now(sender, error_response(missing))
+            return
         number = next(self._numbers)
         try:
             with self._lock:
@@ -481,14 +425,14 @@ class TritonPythonModel:
             return
         for warning in submission.warnings:
             self._log("warn", warning)
-        live = Live(number, request_id, sender, submission)
+        inflight = InFlightRequest(number, request_id, sender, submission)
         with self._lock:
-            self._live[number] = live
+            self._in_flight[number] = inflight
             if request_id:
-                self._by_request_id[request_id] = live
-        asyncio.run_coroutine_threadsafe(self._generate(live), self._loop)
+                self._by_request_id[request_id] = inflight
+        asyncio.run_coroutine_threadsafe(self._generate(inflight), self._loop)
 
-    def _stop(self, request_id: str, sender) -> None:
+    def _handle_stop_request(self, request_id: str, sender) -> None:
         """Abort the latest request with this Triton request id (the C++ backend keeps one entry per id, replaced by
         a later request with the same id and dropped when that one ends: ``mTritonRequestIdToRequestIds``); answer
         one empty successful final response (``handleStopRequest`` / ``sendEnqueueResponse``), or the C++ error
@@ -499,58 +443,57 @@ class TritonPythonModel:
         with self._lock:
             latest = self._by_request_id.get(request_id)
             targets = [latest] if latest is not None else []
-        for live in targets:
-            self._abort(live)
+        for inflight in targets:
+            self._abort(inflight)
         self._log("info", f"stop request for id {request_id!r}: {len(targets)} running request(s) stopped")
         try:
-            sender.send(pb_utils.InferenceResponse(output_tensors=[]),
-                        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            glue.send_empty_final(sender)
         except Exception as exc:  # noqa: BLE001
             self._log("warn", f"could not answer a stop request: {exc}")
 
-    def _abort(self, live: Live) -> None:
-        """Abort ``live``'s generation (from any thread): ``RequestOutput.abort()`` on the event loop, and
+    def _abort(self, inflight: InFlightRequest) -> None:
+        """Abort ``inflight``'s generation (from any thread): ``RequestOutput.abort()`` on the event loop, and
         :meth:`_end_unanswered` one cancellation period later."""
-        if live.abort_requested:
+        if inflight.abort_requested:
             return
-        live.abort_requested = True
+        inflight.abort_requested = True
         loop = self._loop
         if loop is None:
             return
 
         def abort() -> None:
-            if live.output is not None and not live.output.finished and not live.output.aborted():
-                live.output.abort()
-            loop.call_later(self.cancel_period_s, self._end_unanswered, live)
+            if inflight.output is not None and not inflight.output.finished and not inflight.output.aborted():
+                inflight.output.abort()
+            loop.call_later(self.cancel_period_s, self._end_unanswered, inflight)
 
         try:
             loop.call_soon_threadsafe(abort)
         except RuntimeError:  # the loop is closed: nothing left to abort
             pass
 
-    def _end_unanswered(self, live: Live) -> None:
+    def _end_unanswered(self, inflight: InFlightRequest) -> None:
         """End an aborted request the LLM has not answered one cancellation period after its abort (event loop):
         TensorRT-LLM 1.2.1 answers an aborted request that was still waiting for a batch slot never (see the module
         docstring). Its coroutine is cancelled and it gets the final response of a stopped request (its tokens so
         far: none while it waited)."""
-        if live.final_queued:
+        if inflight.final_queued:
             return
-        self._log("warn", f"request {live.request_id!r} was aborted and the LLM sent no final response within "
+        self._log("warn", f"request {inflight.request_id!r} was aborted and the LLM sent no final response within "
                           f"{self.cancel_period_s * 1e3:g} ms (TensorRT-LLM 1.2.1 drops an aborted request still waiting "
                           "for a batch slot without one): ended here")
-        if live.task is not None:
-            live.task.cancel()
-        s = live.submission
+        if inflight.task is not None:
+            inflight.task.cancel()
+        s = inflight.submission
         if s.streaming:
-            self._queue_new(live, final=True)
+            self._queue_new(inflight, final=True)
         else:
             prefix = [] if s.exclude_input_in_output else list(s.prompt_ids)
-            self._queue(live, prefix + live.tokens, final=True, all_tokens=True)
+            self._queue(inflight, prefix + inflight.tokens, final=True, all_tokens=True)
 
     # -- the event loop ---------------------------------------------------------------------------
-    async def _generate(self, live: Live) -> None:
-        s = live.submission
-        live.task = asyncio.current_task()
+    async def _generate(self, inflight: InFlightRequest) -> None:
+        s = inflight.submission
+        inflight.task = asyncio.current_task()
         try:
             SamplingParams, LoRARequest, GuidedDecodingParams = self._api  # noqa: N806 - the LLM API's classes
             kwargs = dict(s.sampling)
@@ -566,39 +509,39 @@ class TritonPythonModel:
             if s.lora is not None:
                 with self._lock:
                     self._lora_paths[s.lora[0]] = s.lora[1]
-            live.output = output
-            if live.abort_requested:  # stopped or cancelled before the LLM had it
+            inflight.output = output
+            if inflight.abort_requested:  # stopped or cancelled before the LLM had it
                 output.abort()
             ended = False
             interval = s.interval_s
             async for result in output:
-                new, ended = self._new_tokens(live, result)
+                new, ended = self._new_tokens(inflight, result)
                 if s.streaming:
                     final = result.finished or ended
                     if final:
-                        self._queue_new(live, final=True)
+                        self._queue_new(inflight, final=True)
                     elif new:
                         # stream_interval_ms: held until the interval passed (checked as responses come: held
                         # tokens wait at most one step more), the first at once
-                        if not interval or live.queued == 0:
-                            self._queue_new(live, final=False)
+                        if not interval or inflight.queued == 0:
+                            self._queue_new(inflight, final=False)
                         else:
                             now = time.monotonic()
-                            if now >= live.next_at:
-                                live.next_at = now + interval
-                                self._queue_new(live, final=False)
+                            if now >= inflight.next_at:
+                                inflight.next_at = now + interval
+                                self._queue_new(inflight, final=False)
                 if ended:
                     output.abort()  # a stop word: the C++ executor ends the request there
                     break
             if not s.streaming:
                 prefix = [] if s.exclude_input_in_output else list(s.prompt_ids)
-                self._queue(live, prefix + live.tokens, final=True, all_tokens=True)
+                self._queue(inflight, prefix + inflight.tokens, final=True, all_tokens=True)
         except Exception as exc:  # noqa: BLE001 - RequestError, the LLM's ValueError / RuntimeError
-            if live.final_queued:
+            if inflight.final_queued:
                 return
-            live.final_queued = True
-            self._log("warn", f"request {live.request_id!r} failed: {type(exc).__name__}: {exc}")
-            self._queue_of(live).put((live, error_response(str(exc)), True))
+            inflight.final_queued = True
+            self._log("warn", f"request {inflight.request_id!r} failed: {type(exc).__name__}: {exc}")
+            self._queue_of(inflight).put(QueuedError(inflight, error_response(str(exc))))
 
     async def _digest(self, path: str) -> Optional[str]:
         """``adapter_digest(path)``, computed once per folder, off the event loop."""
@@ -627,10 +570,10 @@ class TritonPythonModel:
             "adapter: the LLM caches adapters by their id (LoRARequest.lora_int_id) and would serve the first one; "
             "give each adapter its own lora_task_id")
 
-    def _new_tokens(self, live: Live, result) -> tuple[List[int], bool]:
+    def _new_tokens(self, inflight: InFlightRequest, result) -> tuple[List[int], bool]:
         """The ids this response adds (the end token dropped, cut after a stop word), and whether a stop word
         ended the request."""
-        s = live.submission
+        s = inflight.submission
         completion = result.outputs[0]
         new = list(completion.token_ids_diff)
         entries = list(completion.logprobs_diff) if s.return_log_probs else []
@@ -639,36 +582,39 @@ class TritonPythonModel:
             new = new[:-1]  # the end token is never returned (C++ executor); the PyTorch sampler keeps it
         ended = False
         if s.stop_words and new:
-            end = stop_word_end(list(s.prompt_ids) + live.tokens + new, len(new), s.stop_words)
+            end = stop_word_end(list(s.prompt_ids) + inflight.tokens + new, len(new), s.stop_words)
             if end is not None:
-                new = new[: end - len(s.prompt_ids) - len(live.tokens)]
+                new = new[: end - len(s.prompt_ids) - len(inflight.tokens)]
                 ended = True
-        live.tokens.extend(new)
+        inflight.tokens.extend(new)
         if s.return_log_probs:
-            live.log_probs.extend(_token_log_prob(e, t) for e, t in zip(entries, new))
-            live.cum_log_prob = float(sum(live.log_probs))
+            inflight.log_probs.extend(_token_log_prob(e, t) for e, t in zip(entries, new))
+            inflight.cum_log_prob = float(sum(inflight.log_probs))
         return new, ended
 
-    def _queue_new(self, live: Live, final: bool) -> None:
+    def _queue_new(self, inflight: InFlightRequest, final: bool) -> None:
         """Queue a streaming request's tokens not queued yet (possibly none, for a final response)."""
-        start = live.queued
-        if start == 0 and live.submission.interval_s:
-            live.next_at = time.monotonic() + live.submission.interval_s
-        live.queued = len(live.tokens)
-        self._queue(live, live.tokens[start:], final=final)
+        start = inflight.queued
+        if start == 0 and inflight.submission.interval_s:
+            inflight.next_at = time.monotonic() + inflight.submission.interval_s
+        inflight.queued = len(inflight.tokens)
+        self._queue(inflight, inflight.tokens[start:], final=final)
 
-    def _queue(self, live: Live, tokens: List[int], final: bool, all_tokens: bool = False) -> None:
-        if live.final_queued:
+    def _queue(self, inflight: InFlightRequest, tokens: List[int], final: bool, all_tokens: bool = False) -> None:
+        """Queue one response of ``inflight`` for its response thread. ``tokens`` is handed over: a list made for this
+        response (a slice, a sum), which the response thread may extend."""
+        if inflight.final_queued:
             return
-        live.final_queued = final
-        s = live.submission
+        inflight.final_queued = final
+        s = inflight.submission
         log_probs = None
         if s.return_log_probs:
-            log_probs = list(live.log_probs) if all_tokens else live.log_probs[len(live.log_probs) - len(tokens):]
-        self._queue_of(live).put((live, (list(tokens), log_probs, live.cum_log_prob), final))
+            held = inflight.log_probs
+            log_probs = list(held) if all_tokens else held[len(held) - len(tokens):]
+        self._queue_of(inflight).put(QueuedTokens(inflight, tokens, log_probs, inflight.cum_log_prob, final))
 
-    def _queue_of(self, live: Live) -> "queue.SimpleQueue[Any]":
-        return self._queues[live.number % RESPONSE_THREADS]
+    def _queue_of(self, inflight: InFlightRequest) -> "queue.SimpleQueue[Any]":
+        return self._queues[inflight.number % RESPONSE_THREADS]
 
     # -- the response thread ----------------------------------------------------------------------
     def _response_loop(self, index: int) -> None:
@@ -707,70 +653,71 @@ class TritonPythonModel:
                 batch.append(more)
             self._send_merged(batch)
 
-    def _send_merged(self, batch: list) -> None:
-        """Send ``batch`` (items in queue order), the token parts of each request joined into one response."""
-        merged: Dict[int, list] = {}  # request number -> [live, tokens, log_probs, cum_log_prob, final], in order
-        order: list = []
-        for live, payload, final in batch:
-            if not isinstance(payload, tuple):  # an error response: after the tokens queued before it
-                pending = merged.pop(live.number, None)
+    def _send_merged(self, batch: List[Any]) -> None:
+        """Send ``batch`` (:class:`QueuedTokens` and :class:`QueuedError` items in queue order), the tokens of each
+        request joined into one response."""
+        merged: Dict[int, QueuedTokens] = {}  # request number -> the item its later ones join, in order
+        order: List[QueuedTokens] = []
+        for item in batch:
+            inflight = item.request
+            if type(item) is QueuedError:  # after the tokens queued before it
+                pending = merged.pop(inflight.number, None)
                 if pending is not None:
                     order = [entry for entry in order if entry is not pending]
-                    self._send(pending[0], token_response(pending[1], pending[2], pending[3]), pending[4])
-                self._send(live, payload, final)
+                    self._send(inflight, token_response(pending.tokens, pending.log_probs, pending.cum_log_prob),
+                               pending.final)
+                self._send(inflight, item.response, True)
                 continue
-            tokens, log_probs, cum = payload
-            entry = merged.get(live.number)
-            if entry is None or entry[4] or final:
+            entry = merged.get(inflight.number)
+            if entry is None or entry.final or item.final:
                 # The final response stays as the LLM made it (the C++ backend's shapes: a request ending on the
                 # end token, or stopped, ends with a response of no new tokens).
-                entry = [live, list(tokens), None if log_probs is None else list(log_probs), cum, final]
-                merged[live.number] = entry
-                order.append(entry)
+                merged[inflight.number] = item
+                order.append(item)
             else:
-                entry[1].extend(tokens)
-                if log_probs is not None:
-                    entry[2] = (entry[2] or []) + list(log_probs)
-                entry[3] = cum
+                entry.tokens.extend(item.tokens)
+                if item.log_probs is not None:
+                    entry.log_probs = (entry.log_probs or []) + item.log_probs
+                entry.cum_log_prob = item.cum_log_prob
         # A request's first response goes before the others waiting here (time to first token; each request's own
         # responses stay in order).
-        order.sort(key=lambda entry: entry[0].answered)
-        for live, tokens, log_probs, cum, final in order:
-            self._send(live, token_response(tokens, log_probs, cum), final)
+        order.sort(key=lambda entry: entry.request.answered)
+        for entry in order:
+            self._send(entry.request, token_response(entry.tokens, entry.log_probs, entry.cum_log_prob), entry.final)
 
-    def _send(self, live: Live, response, final: bool) -> None:
-        if live.final_sent:
+    def _send(self, inflight: InFlightRequest, response, final: bool) -> None:
+        if inflight.final_sent:
             return
-        live.answered = True
+        inflight.answered = True
         try:
-            live.sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
+            inflight.sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
         except Exception as exc:  # noqa: BLE001 - a client that went away
-            self._log("warn", f"could not send a response of request {live.request_id!r}: {exc}")
+            self._log("warn", f"could not send a response of request {inflight.request_id!r}: {exc}")
             final = True
-            self._abort(live)
+            self._abort(inflight)
         if final:
-            live.final_sent = True
+            inflight.final_sent = True
             with self._lock:
-                self._live.pop(live.number, None)
-                if self._by_request_id.get(live.request_id) is live:
-                    del self._by_request_id[live.request_id]
+                self._in_flight.pop(inflight.number, None)
+                if self._by_request_id.get(inflight.request_id) is inflight:
+                    del self._by_request_id[inflight.request_id]
 
     def _check_cancelled(self, index: int) -> None:
         """Ask Triton about every request of partition ``index`` without its final response (on the thread that
         alone sends them)."""
         with self._lock:
-            lives = [live for live in self._live.values()
-                     if not live.cancel_seen and live.number % RESPONSE_THREADS == index]
-        for live in lives:
+            in_flight = [inflight for inflight in self._in_flight.values()
+                         if not inflight.cancel_seen and inflight.number % RESPONSE_THREADS == index]
+        for inflight in in_flight:
             try:
-                cancelled = bool(live.sender.is_cancelled())
+                cancelled = bool(inflight.sender.is_cancelled())
             except Exception:  # noqa: BLE001
                 cancelled = False
-            if cancelled and not live.final_sent:
-                live.cancel_seen = True
-                self._log("info", f"request {live.request_id!r} cancelled by the client after {len(live.tokens)} "
-                                  "tokens")
-                self._abort(live)
+            if cancelled and not inflight.final_sent:
+                inflight.cancel_seen = True
+                self._log("info", f"request {inflight.request_id!r} cancelled by the client after "
+                                  f"{len(inflight.tokens)} tokens")
+                self._abort(inflight)
 
     # -- unloading --------------------------------------------------------------------------------
     def finalize(self) -> None:
@@ -778,20 +725,20 @@ class TritonPythonModel:
             return
         self._closing = True
         with self._lock:
-            lives = list(self._live.values())
-        for live in lives:
-            self._abort(live)
+            in_flight = list(self._in_flight.values())
+        for inflight in in_flight:
+            self._abort(inflight)
         deadline = time.monotonic() + FINALIZE_DRAIN_S
         while time.monotonic() < deadline:
             with self._lock:
-                if not self._live:
+                if not self._in_flight:
                     break
             time.sleep(0.05)
         with self._lock:
-            left = list(self._live.values())
-        for live in left:
-            self._queue_of(live).put((live, error_response("the model was unloaded before the request finished"),
-                                      True))
+            left = list(self._in_flight.values())
+        for inflight in left:
+            unloaded = error_response("the model was unloaded before the request finished")
+            self._queue_of(inflight).put(QueuedError(inflight, unloaded))
         for responses in self._queues:
             responses.put(_SHUTDOWN)
         for thread in self._response_threads:
@@ -800,9 +747,9 @@ class TritonPythonModel:
             self.llm.shutdown()
         except Exception as exc:  # noqa: BLE001
             self._log("warn", f"LLM.shutdown() failed: {exc}")
-        if self._loop is not None and self._stopped is not None:
+        if self._loop is not None and self._loop_exit is not None:
             try:
-                self._loop.call_soon_threadsafe(self._stopped.set)
+                self._loop.call_soon_threadsafe(self._loop_exit.set)
             except RuntimeError:
                 pass
         self._loop_thread.join(FINALIZE_DRAIN_S)

@@ -64,7 +64,7 @@ class TokenGenerator(Protocol):
         """Run one decoding step; return the tokens it accepted (possibly none)."""
         ...
 
-    def stop(self, reason: str) -> None:
+    def finish(self, reason: str) -> None:
         """End now and free resources."""
         ...
 
@@ -159,7 +159,7 @@ class Generation:
         """Sum of the chosen tokens' log-probabilities (when return_log_probs)."""
         return float(sum(self.log_probs))
 
-    def stop(self, reason: str) -> None:
+    def finish(self, reason: str) -> None:
         """End the generation now (``reason`` goes to finish_reason) and free its KV cache."""
         if not self.finished:
             self.finished = True
@@ -251,7 +251,7 @@ class Generation:
                 log_prob = float(torch.log_softmax(final_logits, dim=-1)[0, token])
         p = self.params
         if p.end_id is not None and token == p.end_id:
-            self.stop("end_id")  # the end token is not returned, so neither is its log-prob
+            self.finish("end_id")  # the end token is not returned, so neither is its log-prob
             return []
         if self._matcher is not None and not self._matcher.accept_token(token):
             raise RuntimeError(f"the guide's matcher refused token {token}, which its own bitmask allowed")
@@ -262,9 +262,9 @@ class Generation:
             with torch.inference_mode():  # made in inference mode, so updated in it
                 self._counts[token] += 1  # the generation phase: one more occurrence of the new token
         if p.stop_words and stop_word_end(self.prompt_ids + self.tokens, 1, p.stop_words) is not None:
-            self.stop("stop_words")
+            self.finish("stop_words")
         elif len(self.tokens) >= p.max_new_tokens:
-            self.stop("length")
+            self.finish("length")
         else:
             self._pending = token
         return [token]

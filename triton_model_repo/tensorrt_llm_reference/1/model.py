@@ -98,8 +98,9 @@ miss and cache full errors, the bounded cache that evicts, different adapters in
 
 Modules beside this file, one concern each, so that another engine (e.g. a token-rate stand-in) can
 reuse all but the generation. Triton loads ``model.py`` by its path, not as a package, so this file
-makes its folder the package ``tensorrt_llm_reference`` (:func:`_sibling_package`) and imports them
-from it; the names tests and the stand-in use are re-exported here:
+loads ``triton_glue.py`` by its path and has it make the folder the package ``tensorrt_llm_reference``
+(``triton_glue.sibling_package``), then imports the others from it; the names tests and the stand-in use
+are re-exported here:
 
 * ``parsing.py``, request parsing: :func:`parse_word_list`, :class:`SamplingParams`,
   :class:`ModelLimits`, :func:`parse_request` (numpy only);
@@ -109,7 +110,9 @@ from it; the names tests and the stand-in use are re-exported here:
   queue size, stop by request id, client cancellation, response assembly) talking to a
   :class:`ResponseSink`;
 * ``lora.py``, LoRA adapters with the executor's semantics;
-* here, the Triton glue: :class:`TritonSink` and :class:`TritonPythonModel` (``create_generation``
+* ``triton_glue.py``, what both Triton models do with Triton (parameters, input tensors, responses,
+  errors, logging; the PyTorch-backend model links it), here as :data:`glue`;
+* here, the model: :class:`TritonSink` and :class:`TritonPythonModel` (``create_generation``
   is the one place that builds generation objects, ``create_sink`` the one that builds response
   sinks).
 """
@@ -120,13 +123,11 @@ import importlib
 import importlib.util
 import itertools
 import json
-import sys
 import time
 import traceback
 from pathlib import Path
 from typing import Optional
 
-import numpy as np
 import torch
 
 try:
@@ -140,35 +141,21 @@ DEFAULT_LORA_CACHE_BYTES = 1 << 30
 
 #: The package this folder's modules are imported as.
 PACKAGE = "tensorrt_llm_reference"
+#: How this model's log lines begin.
+LOG_TAG = "tensorrt_llm reference"
 
-
-def _sibling_package() -> str:
-    """Make this file's folder the package :data:`PACKAGE` (once per process) and return its name.
-
-    Triton's Python backend imports ``model.py`` from its path, so the modules beside it are not
-    importable by name; a package object whose ``__path__`` is this folder lets them import one
-    another relatively. Raises RuntimeError when the name is taken by another folder (two copies of
-    this model in one process would otherwise share the first one's modules).
-    """
-    folder = str(Path(__file__).resolve().parent)
-    package = sys.modules.get(PACKAGE)
-    if package is None:
-        spec = importlib.util.spec_from_loader(PACKAGE, loader=None, is_package=True)
-        package = importlib.util.module_from_spec(spec)
-        package.__path__ = [folder]
-        sys.modules[PACKAGE] = package
-    elif list(getattr(package, "__path__", [])) != [folder]:
-        raise RuntimeError(f"module {PACKAGE!r} is already {list(getattr(package, '__path__', []))}, not {folder}")
-    return PACKAGE
-
-
-_package = _sibling_package()
+# Triton loads this file by its path: the glue beside it is loaded so too, then makes this folder the package PACKAGE.
+_glue_file = Path(__file__).resolve().parent / "triton_glue.py"
+_glue_spec = importlib.util.spec_from_file_location(f"{PACKAGE}.triton_glue", _glue_file)
+glue = importlib.util.module_from_spec(_glue_spec)
+_glue_spec.loader.exec_module(glue)
+_package = glue.sibling_package(PACKAGE, __file__)
 lora_support = importlib.import_module(f"{_package}.lora")
 _parsing = importlib.import_module(f"{_package}.parsing")
 _generation = importlib.import_module(f"{_package}.generation")
 _scheduler = importlib.import_module(f"{_package}.scheduler")
 
-# Re-exported: the glue below, the tests and the benchmark's stand-in use these names from here.
+# Re-exported: the model below, the tests and the benchmark's stand-in use these names from here.
 RequestError = _parsing.RequestError
 QueueFullError = _parsing.QueueFullError
 TOP_K_MAX = _parsing.TOP_K_MAX
@@ -195,32 +182,13 @@ Scheduler = _scheduler.Scheduler
 
 
 # ------------------------------------------------------------------------------------------------
-# Triton glue
+# The model in Triton
 # ------------------------------------------------------------------------------------------------
-
-
-def _triton_error(message: str):
-    # The C++ backend reports every request error as TRITONSERVER_ERROR_INTERNAL.
-    code = getattr(pb_utils.TritonError, "INTERNAL", None)
-    if code is not None:
-        try:
-            return pb_utils.TritonError(message, code)
-        except TypeError:
-            pass
-    return pb_utils.TritonError(message)
 
 
 def send_error(sender, message: str) -> None:
     """Send an error response with the FINAL flag on a decoupled sender."""
-    response = pb_utils.InferenceResponse(output_tensors=[], error=_triton_error(message))
-    sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-
-
-def send_empty_final(sender) -> None:
-    """A real response without output tensors, FINAL: what ``sendEnqueueResponse`` sends to a stop
-    request. Through HTTP generate_stream it is one event with only id/model_name/model_version; a
-    flags-only ``sender.send(flags=FINAL)`` would give no event at all."""
-    sender.send(pb_utils.InferenceResponse(output_tensors=[]), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    glue.send_final(sender, glue.error_response(message))
 
 
 class TritonSink:
@@ -232,40 +200,14 @@ class TritonSink:
 
     def send_tokens(self, tokens, log_probs, cum_log_prob, final) -> None:
         """One response with output_ids [1, 1, n] and sequence_length [[n]] (n may be 0)."""
-        outputs = [
-            pb_utils.Tensor("output_ids", np.asarray(tokens, dtype=np.int32).reshape(1, 1, len(tokens))),
-            pb_utils.Tensor("sequence_length", np.asarray([[len(tokens)]], dtype=np.int32)),
-        ]
-        if log_probs is not None:
-            outputs.append(pb_utils.Tensor("cum_log_probs", np.asarray([[cum_log_prob]], dtype=np.float32)))
-            lp = np.asarray(log_probs, dtype=np.float32).reshape(1, 1, len(log_probs))
-            outputs.append(pb_utils.Tensor("output_log_probs", lp))
         flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
-        self.sender.send(pb_utils.InferenceResponse(output_tensors=outputs), flags=flags)
+        self.sender.send(glue.token_response(tokens, log_probs, cum_log_prob), flags=flags)
 
     def send_error(self, message: str) -> None:
         send_error(self.sender, message)
 
     def is_cancelled(self) -> bool:
         return bool(self._can_check_cancel and self.sender.is_cancelled())
-
-
-def _param(params: dict, key: str, default, conv):
-    raw = params.get(key, {}).get("string_value", "") if isinstance(params.get(key), dict) else ""
-    raw = raw.strip()
-    if raw == "" or raw.startswith("${"):
-        return default
-    if conv is bool:
-        low = raw.lower()
-        if low in ("true", "1", "yes", "y", "t"):
-            return True
-        if low in ("false", "0", "no", "n", "f"):
-            return False
-        raise ValueError(f"parameter {key} must be true or false, got {raw!r}")
-    try:
-        return conv(raw)
-    except ValueError:
-        raise ValueError(f"parameter {key} must be {conv.__name__}, got {raw!r}") from None
 
 
 def executor_max_input_len(
@@ -308,24 +250,15 @@ class TritonPythonModel:
     """
 
     def _log(self, level: str, message: str) -> None:
-        logger = getattr(pb_utils, "Logger", None) if pb_utils is not None else None
-        if logger is None:
-            print(f"[tensorrt_llm reference] {level}: {message}", flush=True)
-            return
-        try:
-            {"info": logger.log_info, "warn": logger.log_warn, "error": logger.log_error}.get(
-                level, logger.log_info
-            )(f"[tensorrt_llm reference] {message}")
-        except Exception:  # noqa: BLE001
-            print(f"[tensorrt_llm reference] {level}: {message}", flush=True)
+        glue.log(LOG_TAG, level, message)
 
     # -- engine hooks -----------------------------------------------------------------------------
     def load_engine(self, params: dict) -> tuple[int, int]:
         """Load what generates tokens. Returns (vocab_size, default max_seq_len)."""
-        hf_model_dir = _param(params, "hf_model_dir", "", str)
+        hf_model_dir = glue.param(params, "hf_model_dir", "", str)
         if not hf_model_dir:
             raise ValueError("parameter hf_model_dir is required (a Hugging Face checkpoint directory)")
-        self.model = load_model(hf_model_dir, _param(params, "torch_threads", 0, int))
+        self.model = load_model(hf_model_dir, glue.param(params, "torch_threads", 0, int))
         torch.set_grad_enabled(False)
         self.engine_name = f"{hf_model_dir} (torch threads {torch.get_num_threads()})"
         n_pos = int(getattr(self.model.config, "max_position_embeddings", 0) or 0) or 2048
@@ -339,7 +272,7 @@ class TritonPythonModel:
             ValueError: another backend name (the C++ backend's load error), or no tokenizer_dir.
         """
         self.grammar_compiler = None
-        backend = _param(params, "guided_decoding_backend", "", str)
+        backend = glue.param(params, "guided_decoding_backend", "", str)
         if not backend:
             return
         if backend != "xgrammar":
@@ -347,7 +280,7 @@ class TritonPythonModel:
                 "Guided decoding is currently supported with 'xgrammar' backend. Invalid guided_decoding_backend "
                 f"parameter provided: {backend!r}"
             )
-        tokenizer_dir = _param(params, "tokenizer_dir", "", str)
+        tokenizer_dir = glue.param(params, "tokenizer_dir", "", str)
         if not tokenizer_dir:
             raise ValueError("guided_decoding_backend xgrammar needs the tokenizer_dir parameter (a tokenizer folder)")
         import xgrammar  # noqa: PLC0415
@@ -386,18 +319,18 @@ class TritonPythonModel:
         self.lora_model = None
         self.lora_applier = None
         self.lora_cache = None
-        if not _param(params, "lora_plugin", "", str):
+        if not glue.param(params, "lora_plugin", "", str):
             return
         self.lora_model = lora_support.LoraModel.from_parameters(
-            _param(params, "lora_target_modules", "", str), _param(params, "max_lora_rank", "", str),
-            _param(params, "lora_model_shape", "", str),
+            glue.param(params, "lora_target_modules", "", str), glue.param(params, "max_lora_rank", "", str),
+            glue.param(params, "lora_model_shape", "", str),
         )
         if self.lora_model is None:
             raise ValueError("lora_plugin is set but lora_target_modules, max_lora_rank or lora_model_shape is not")
         self.lora_applier = self.create_lora_applier()
         applier = self.lora_applier
         self.lora_cache = lora_support.LoraCache(
-            self.lora_model, _param(params, "lora_cache_host_memory_bytes", DEFAULT_LORA_CACHE_BYTES, int),
+            self.lora_model, glue.param(params, "lora_cache_host_memory_bytes", DEFAULT_LORA_CACHE_BYTES, int),
             on_store=applier.store if applier is not None else (lambda task, rows: None),
             on_evict=applier.evict if applier is not None else (lambda handle: None),
         )
@@ -416,11 +349,11 @@ class TritonPythonModel:
         params = cfg.get("parameters", {})
         started = time.monotonic()
         vocab_size, n_pos = self.load_engine(params)
-        max_seq_len = _param(params, "max_seq_len", n_pos, int)
-        max_input_len = _param(params, "max_input_len", max_seq_len - 1, int)
-        max_active = _param(params, "max_active_requests", 1, int)
-        max_num_tokens = _param(params, "max_num_tokens", None, int)
-        chunked = _param(params, "enable_chunked_context", False, bool)
+        max_seq_len = glue.param(params, "max_seq_len", n_pos, int)
+        max_input_len = glue.param(params, "max_input_len", max_seq_len - 1, int)
+        max_active = glue.param(params, "max_active_requests", 1, int)
+        max_num_tokens = glue.param(params, "max_num_tokens", None, int)
+        chunked = glue.param(params, "enable_chunked_context", False, bool)
         bad_num_tokens = max_num_tokens is not None and max_num_tokens < 1
         if max_input_len < 1 or max_seq_len < 2 or max_active < 1 or bad_num_tokens:
             raise ValueError(
@@ -431,7 +364,7 @@ class TritonPythonModel:
         max_input_len = executor_max_input_len(max_input_len, max_seq_len, max_num_tokens, chunked)
         if max_seq_len > n_pos:
             self._log("warn", f"max_seq_len {max_seq_len} exceeds the checkpoint's max_position_embeddings {n_pos}")
-        exclude = _param(params, "exclude_input_in_output", None, bool)
+        exclude = glue.param(params, "exclude_input_in_output", None, bool)
         if exclude is None:
             # the constructor's wording (model_instance_state.cc)
             self._log("warn", "exclude_input_in_output is not specified, will be set to false")
@@ -479,33 +412,28 @@ class TritonPythonModel:
 
     def _enqueue(self, request) -> None:
         sender = request.get_response_sender()
-        get = lambda name, r=request: _input(r, name)  # noqa: E731
+        get = lambda name, r=request: glue.input_array(r, name)  # noqa: E731
         request_id = request.request_id() if hasattr(request, "request_id") else ""
         try:
-            stop = is_stop_request(get)
+            is_stop = is_stop_request(get)
         except RequestError as exc:
             self._safe_send_error(sender, str(exc))
             return
-        if stop:  # handleStopRequest: before any other input is read
+        if is_stop:  # handleStopRequest: before any other input is read
             if not request_id:
                 self._safe_send_error(sender, "Trying to stop a request but request ID is not provided")
                 return
             found = self.scheduler.request_stop(request_id)
             self._log("info", f"stop request for id {request_id!r}: {int(found)} running request(s) stopped")
             try:
-                send_empty_final(sender)
+                glue.send_empty_final(sender)
             except Exception as exc:  # noqa: BLE001
                 self._log("warn", f"could not answer a stop request: {exc}")
             return
-        requested = _requested_outputs(request)
-        for name in ("output_ids", "sequence_length"):
-            if requested is not None and name not in requested:
-                # fillTritonResponse sends this (as the first response) when the client lists outputs
-                self._safe_send_error(
-                    sender, f"Error encountered while populating response: {name} tensor must be present in list "
-                    "of output tensors"
-                )
-                return
+        missing = glue.missing_output_error(request)
+        if missing is not None:
+            self._safe_send_error(sender, missing)
+            return
         number = next(self._request_numbers)
         try:
             parsed = parse_request(get, self.limits, request_number=number)
@@ -558,20 +486,3 @@ class TritonPythonModel:
         if scheduler is not None:
             scheduler.shutdown()
         self._log("info", "finalized")
-
-
-def _input(request, name: str) -> Optional[np.ndarray]:
-    tensor = pb_utils.get_input_tensor_by_name(request, name)
-    return None if tensor is None else tensor.as_numpy()
-
-
-def _requested_outputs(request) -> Optional[set]:
-    """The output names the client asked for (Triton lists all of them when the client named none)."""
-    getter = getattr(request, "requested_output_names", None)
-    if getter is None:
-        return None
-    try:
-        names = getter()
-    except Exception:  # noqa: BLE001
-        return None
-    return set(names) if names else None

@@ -7,7 +7,7 @@ The tensors, their dtypes and shapes, and the upstream sources are in ``model.py
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 import numpy as np
 
@@ -319,7 +319,7 @@ def parse_request(
 ) -> ParsedRequest:
     """Read and validate one (non-stop) request's tensors, in upstream's order: tensors and sampling
     config first (backend ``utils.cc``), then ``LlmRequest::validate`` (end_id, prompt length,
-    max_seq_len reduction).
+    max_seq_len reduction), then the LoRA tensors.
 
     Args:
         get: returns the numpy array of an input tensor by name, or None when it is absent (shapes
@@ -330,6 +330,38 @@ def parse_request(
     Raises:
         RequestError: the first problem found, with upstream's key phrase.
     """
+    prompt = _prompt_ids(get, limits)
+    params, warnings = _sampling_params(get)
+    parsed = ParsedRequest(
+        prompt_ids=prompt,
+        params=params,
+        streaming=_scalar(get, "streaming", bool, False),
+        exclude_input_in_output=_scalar(get, "exclude_input_in_output", bool, limits.exclude_input_in_output),
+        guide=parse_guide(get),
+        warnings=warnings,
+    )
+    if parsed.guide is not None and not limits.guided_decoding:
+        raise RequestError(
+            executor_error(
+                request_number,
+                "Request is specified with GuidedDecodingParams, but GuidedDecoder is not setup. Please provide a "
+                "valid GuidedDecodingConfig to setup GuidedDecoder.",
+            )
+        )
+    _validate_as_llm_request(parsed, limits, request_number)
+    # PeftCacheManager::addRequestPeft runs after LlmRequest::validate in fetchNewRequests (executorImpl.cpp);
+    # the LoraConfig constructor's checks run in the backend, before the executor (utils.cc), but fail the
+    # request the same way for a client.
+    try:
+        parsed.lora = lora_support.parse_lora(get, limits.lora)
+    except lora_support.LoraRequestError as exc:
+        raise RequestError(lora_error_text(request_number, exc)) from None
+    return parsed
+
+
+def _prompt_ids(get: Callable[[str], Optional[np.ndarray]], limits: ModelLimits) -> List[int]:
+    """The prompt: ``input_ids`` (shape [1, L] or [L], integers in the vocabulary, at least one), matching
+    ``input_lengths`` when it is sent."""
     ids = get("input_ids")
     if ids is None:
         raise RequestError("input_ids is not present in the request.")
@@ -358,7 +390,12 @@ def parse_request(
     if bad_ids:
         # Upstream does not check prompt ids; out-of-range ids would index past the embedding.
         raise RequestError(f"input_ids must be in [0, {limits.vocab_size}) (the vocabulary size); got {bad_ids[:5]}")
+    return prompt
 
+
+def _sampling_params(get: Callable[[str], Optional[np.ndarray]]) -> Tuple[SamplingParams, List[str]]:
+    """The request's :class:`SamplingParams`, checked as ``SamplingConfig::check*`` checks them, with top_k clamped
+    to :data:`TOP_K_MAX`; and the server log line of that clamp (or no line)."""
     if get("request_output_len") is None:
         raise RequestError("request_output_len is not present in the request")
     output_len = _scalar(get, "request_output_len", int, None)
@@ -372,10 +409,9 @@ def parse_request(
     top_p = _scalar(get, "runtime_top_p", float, None)
     if top_p is not None and top_p <= 0.0:
         top_p = None  # backend utils.cc getSamplingConfigFromTensors: "if (topP <= 0) topP.reset()"
-    end_id = _scalar(get, "end_id", int, None)
     params = SamplingParams(
         max_new_tokens=output_len,
-        end_id=end_id,
+        end_id=_scalar(get, "end_id", int, None),
         temperature=_scalar(get, "temperature", float, 1.0),
         top_k=_scalar(get, "runtime_top_k", int, 0),
         top_p=top_p,
@@ -390,31 +426,20 @@ def parse_request(
         return_log_probs=_scalar(get, "return_log_probs", bool, False),
     )
     params.validate()
-    top_k_clamped = params.top_k > TOP_K_MAX
-    if top_k_clamped:
+    warnings = []
+    if params.top_k > TOP_K_MAX:  # the sampling layer's clamp: a server log line, the request goes on
+        warnings.append(
+            f"TopK ({params.top_k}) is larger than max supported number ({TOP_K_MAX}). Clip to max supported number."
+        )
         params.top_k = TOP_K_MAX
-    parsed = ParsedRequest(
-        prompt_ids=prompt,
-        params=params,
-        streaming=_scalar(get, "streaming", bool, False),
-        exclude_input_in_output=_scalar(get, "exclude_input_in_output", bool, limits.exclude_input_in_output),
-        guide=parse_guide(get),
-    )
-    if top_k_clamped:  # the sampling layer's clamp: a server log line, the request goes on
-        parsed.warnings.append(
-            f"TopK ({_scalar(get, 'runtime_top_k', int, 0)}) is larger than max supported number ({TOP_K_MAX}). "
-            "Clip to max supported number."
-        )
-    if parsed.guide is not None and not limits.guided_decoding:
-        raise RequestError(
-            executor_error(
-                request_number,
-                "Request is specified with GuidedDecodingParams, but GuidedDecoder is not setup. Please provide a "
-                "valid GuidedDecodingConfig to setup GuidedDecoder.",
-            )
-        )
+    return params, warnings
 
-    # LlmRequest::validate (llmRequest.cpp @89fd9b74), in its order.
+
+def _validate_as_llm_request(parsed: ParsedRequest, limits: ModelLimits, request_number: int) -> None:
+    """``LlmRequest::validate`` (llmRequest.cpp @89fd9b74), in its order: the end id's range (-1: no end token),
+    the prompt length, and ``max_new_tokens`` reduced to what ``max_seq_len`` leaves (with a server log line)."""
+    params, prompt = parsed.params, parsed.prompt_ids
+    end_id = params.end_id
     if end_id is not None:
         if not -1 <= end_id < limits.vocab_size:
             raise RequestError(
@@ -432,6 +457,7 @@ def parse_request(
                 "level to info and check TRTGptModel logs for how maximum input length is set",
             )
         )
+    output_len = params.max_new_tokens
     if len(prompt) + output_len > limits.max_seq_len:
         reduced = limits.max_seq_len - len(prompt)
         parsed.warnings.append(
@@ -448,14 +474,6 @@ def parse_request(
                 )
             )
         params.max_new_tokens = reduced
-    # PeftCacheManager::addRequestPeft runs after LlmRequest::validate in fetchNewRequests (executorImpl.cpp);
-    # the LoraConfig constructor's checks run in the backend, before the executor (utils.cc), but fail the
-    # request the same way for a client.
-    try:
-        parsed.lora = lora_support.parse_lora(get, limits.lora)
-    except lora_support.LoraRequestError as exc:
-        raise RequestError(lora_error_text(request_number, exc)) from None
-    return parsed
 
 
 def lora_error_text(request_number: int, exc: "lora_support.LoraRequestError") -> str:

@@ -146,7 +146,7 @@ class Scheduler:
             self._waiting.clear()
             self._by_id.clear()
         for job in left:
-            job.generation.stop("error")
+            job.generation.finish("error")
             job.done()
             self._safe(job, lambda j=job: j.sink.send_error("the model was unloaded before the request finished"))
 
@@ -183,12 +183,12 @@ class Scheduler:
         gen = job.generation
         try:
             if job.sink.is_cancelled():
-                gen.stop("cancelled")
+                gen.finish("cancelled")
                 self._log("info", f"request {job.request_id!r} cancelled by the client after {len(gen.tokens)} tokens")
                 self._finish(job)
                 return False
             if job.stop_requested:
-                gen.stop("stopped")
+                gen.finish("stopped")
                 self._finish(job)
                 return False
             gen.step()
@@ -200,11 +200,11 @@ class Scheduler:
                 new = list(gen.tokens[start:])
                 lp, cum = self._log_probs(job, start, len(gen.tokens))
                 if not self._safe(job, lambda: job.sink.send_tokens(new, lp, cum, False)):
-                    gen.stop("cancelled")
+                    gen.finish("cancelled")
                     return False
             return True
         except Exception as exc:  # noqa: BLE001 - one request's failure must not end the others
-            gen.stop("error")
+            gen.finish("error")
             self._log("error", f"request {job.request_id!r} failed: {traceback.format_exc()}")
             message = f"generation failed: {type(exc).__name__}: {exc}"
             self._safe(job, lambda: job.sink.send_error(message))

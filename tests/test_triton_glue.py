@@ -1,0 +1,98 @@
+"""Unit tests of the Triton glue both Python ``tensorrt_llm`` models share
+(triton_model_repo/tensorrt_llm_reference/1/triton_glue.py, linked into tensorrt_llm_pytorch/1/).
+
+What it does with requests and responses is tested through the models, in a real Triton
+(tests/test_conformance.py, both models) and outside it (tests/test_pytorch_model.py); here, what no request
+shows: reading model parameters, making a model's folder a package, and logging. The recording pb_utils
+(tests/fake_pb_utils.py) stands in for Triton's where a Logger is needed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests import fake_pb_utils
+from tests.fake_pb_utils import FakeRequest
+from tests.modules import load_file
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+GLUE = REPO_ROOT / "triton_model_repo" / "tensorrt_llm_reference" / "1" / "triton_glue.py"
+glue = load_file("triton_glue_under_test", GLUE)
+
+
+def test_both_models_load_the_same_glue() -> None:
+    link = REPO_ROOT / "triton_model_repo" / "tensorrt_llm_pytorch" / "1" / "triton_glue.py"
+    assert link.is_symlink() and link.resolve() == GLUE.resolve()
+
+
+def _params(**values: str) -> dict:
+    return {key: {"string_value": value} for key, value in values.items()}
+
+
+def test_an_absent_empty_or_unfilled_parameter_is_its_default() -> None:
+    params = {**_params(empty=" ", unfilled="${max_seq_len}", given=" 12 "), "odd": "not a dict"}
+    for key in ("missing", "empty", "unfilled", "odd"):
+        assert glue.param(params, key, 7, int) == 7
+    assert glue.param(params, "given", 7, int) == 12
+
+
+@pytest.mark.parametrize(("raw", "value"), [("true", True), ("TRUE", True), ("1", True), ("yes", True), ("y", True),
+                                            ("t", True), ("false", False), ("0", False), ("No", False), ("n", False),
+                                            ("f", False)])
+def test_a_boolean_parameter_takes_these_words(raw: str, value: bool) -> None:
+    assert glue.param(_params(flag=raw), "flag", None, bool) is value
+
+
+def test_a_parameter_that_does_not_convert_is_named_with_its_value() -> None:
+    with pytest.raises(ValueError, match=r"^parameter flag must be true or false, got 'maybe'$"):
+        glue.param(_params(flag="maybe"), "flag", None, bool)
+    with pytest.raises(ValueError, match=r"^parameter max_seq_len must be int, got '1.5'$"):
+        glue.param(_params(max_seq_len="1.5"), "max_seq_len", None, int)
+    assert glue.param(_params(period="1.5"), "period", None, float) == 1.5
+
+
+def test_a_models_folder_becomes_a_package_once(tmp_path: Path) -> None:
+    name = "triton_glue_test_package"
+    first, second = tmp_path / "a" / "1", tmp_path / "b" / "1"
+    for folder, word in ((first, "a"), (second, "b")):
+        folder.mkdir(parents=True)
+        (folder / "model.py").write_text("")
+        (folder / "sibling.py").write_text(f"from . import other\nWORD = other.PREFIX + {word!r}\n")
+        (folder / "other.py").write_text("PREFIX = 'from '\n")
+    try:
+        assert glue.sibling_package(name, str(first / "model.py")) == name
+        assert importlib.import_module(f"{name}.sibling").WORD == "from a"  # siblings import one another
+        assert glue.sibling_package(name, str(first / "model.py")) == name  # the same folder again: no change
+        with pytest.raises(RuntimeError, match=f"module '{name}' is already .*/a/1'?], not .*/b/1"):
+            glue.sibling_package(name, str(second / "model.py"))
+        assert sys.modules[name].__path__ == [str(first.resolve())]
+    finally:
+        for module in [m for m in sys.modules if m == name or m.startswith(f"{name}.")]:
+            del sys.modules[module]
+
+
+def test_the_client_must_ask_for_output_ids_and_sequence_length() -> None:
+    assert glue.missing_output_error(FakeRequest(requested=None)) is None  # none named: Triton sends all
+    assert glue.missing_output_error(FakeRequest(requested=["sequence_length", "output_ids", "cum_log_probs"])) is None
+    assert glue.missing_output_error(FakeRequest(requested=["sequence_length"])) == (
+        "Error encountered while populating response: output_ids tensor must be present in list of output tensors")
+    assert glue.missing_output_error(FakeRequest(requested=["output_ids"])) == (
+        "Error encountered while populating response: sequence_length tensor must be present in list of output "
+        "tensors")
+
+
+def test_log_lines_go_to_tritons_logger_or_are_printed(monkeypatch, capsys) -> None:
+    monkeypatch.setattr(glue, "pb_utils", fake_pb_utils)
+    monkeypatch.setattr(fake_pb_utils.Logger, "lines", [])
+    glue.log("model x", "warn", "careful")
+    glue.log("model x", "error", "broken")
+    glue.log("model x", "debug", "other words log as info")
+    assert fake_pb_utils.Logger.lines == [("warn", "[model x] careful"), ("error", "[model x] broken"),
+                                          ("info", "[model x] other words log as info")]
+    monkeypatch.setattr(glue, "pb_utils", None)  # outside Triton
+    glue.log("model x", "warn", "printed")
+    assert capsys.readouterr().out == "[model x] warn: printed\n"

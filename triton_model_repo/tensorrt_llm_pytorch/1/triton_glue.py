@@ -1,0 +1,1 @@
+../../tensorrt_llm_reference/1/triton_glue.py
