@@ -344,3 +344,62 @@ def test_the_public_face_check_sees_a_module_reached_into(tmp_path: Path) -> Non
                      "def f():\n    import cog_triton.weights.hub\n")
     assert public_face_breaches([store], tmp_path) == [
         "cog_triton/streaming/store.py: cog_triton.weights.hub", "cog_triton/streaming/store.py: cog_triton.weights.hub"]
+
+
+#: Issue 33: no function over about 80 lines in product code without a reason written beside it.
+LONG_FUNCTION_LINES = 80
+LONG_FUNCTION_REASON = "# Why one function"
+
+
+def long_functions_without_a_reason(paths: list[Path], root: Path = ROOT) -> list[str]:
+    """Functions whose lines, from ``def`` to the end (the docstring aside), number over LONG_FUNCTION_LINES and
+    which have no ``# Why one function ...`` comment in the lines just above their ``def`` (or decorators)."""
+    wrong = []
+    for path in paths:
+        lines = path.read_text().splitlines()
+        for node in ast.walk(ast.parse("\n".join(lines), filename=str(path))):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            body = node.end_lineno - node.lineno + 1
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(getattr(first, "value", None), ast.Constant) \
+                    and isinstance(first.value.value, str):
+                body -= first.end_lineno - first.lineno + 1
+            if body <= LONG_FUNCTION_LINES:
+                continue
+            top = min([node.lineno, *(d.lineno for d in node.decorator_list)]) - 1  # 0-based: decorator or def
+            above = []
+            for line in reversed(lines[:top]):
+                if not line.strip().startswith("#"):
+                    break
+                above.append(line.strip())
+            if not any(line.startswith(LONG_FUNCTION_REASON) for line in above):
+                wrong.append(f"{path.relative_to(root)}:{node.lineno} {node.name} ({body} lines)")
+    return wrong
+
+
+def _product_code() -> list[Path]:
+    """What ships in the image and runs: the entry points, the three packages and the Triton models."""
+    paths = [ROOT / "predict.py", ROOT / "train.py"]
+    for folder in ("cog_triton", "tensorrtllm_backend", "common", "triton_model_repo"):
+        paths += sorted(p for p in (ROOT / folder).rglob("*.py") if not p.is_symlink())
+    return paths
+
+
+def test_long_functions_in_product_code_say_why_they_are_one_function() -> None:
+    assert long_functions_without_a_reason(_product_code()) == [], (
+        f"split these, or write {LONG_FUNCTION_REASON!r} and the reason in a comment just above the def")
+
+
+def test_the_long_function_check_counts_the_body_and_reads_the_comment(tmp_path: Path) -> None:
+    body = "".join(f"    x{i} = {i}\n" for i in range(LONG_FUNCTION_LINES - 1))  # with its def: the limit
+    doc = '    """' + "\n" * 30 + '    """\n'
+    source = (f"def short_with_a_long_docstring():\n{doc}{body}"
+              f"@property\ndef too_long():\n{body}    return 1\n"
+              f"# Why one function: a reason.\n@property\ndef said_why():\n{body}    return 1\n"
+              f"# Why one function: for the one below only.\nx = 1\ndef not_said():\n{body}    return 1\n")
+    path = tmp_path / "m.py"
+    path.write_text(source)
+    assert long_functions_without_a_reason([path], tmp_path) == [
+        f"m.py:{source.splitlines().index('def too_long():') + 1} too_long (81 lines)",
+        f"m.py:{source.splitlines().index('def not_said():') + 1} not_said (81 lines)"]
