@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from common.errors import ConfigError
-from cog_triton.settings import ENV_PREFIX, REPO_ROOT, BatchingStrategy, SchedulerPolicy, Settings
+from cog_triton.settings import (
+    ENV_PREFIX, REPO_ROOT, BatchingStrategy, LoraCacheSettings, SchedulerPolicy, Settings, variables
+)
 
 GOOD_SHA = "0123456789abcdef" * 4
 
@@ -37,29 +39,29 @@ def test_repo_root() -> None:
 
 def test_defaults() -> None:
     s = Settings.from_env()
-    assert s.weights is None
-    assert s.weights_sha256 is None
-    assert s.weights_dir == Path("triton_model_repo/tensorrt_llm/1")
-    assert s.template_dir == Path("triton_model_repo")
-    assert s.model_repo_dir == Path("build/model_repository")
-    assert s.tokenizer_dir is None
-    assert s.triton_max_batch_size is None
-    assert s.batching_strategy is BatchingStrategy.INFLIGHT_FUSED
-    assert s.batch_scheduler_policy is SchedulerPolicy.GUARANTEED_NO_EVICT
-    assert s.kv_cache_free_gpu_mem_fraction == 0.9
-    assert s.enable_kv_cache_reuse is True  # the C++ backend's own default (getKvCacheConfigFromParams)
-    assert s.special_tokens_in_user_text is False
-    assert s.enable_chunked_context is False
-    assert s.tensorrt_llm_parameters == ""
-    assert s.add_special_tokens is None
-    assert (s.http_port, s.grpc_port, s.metrics_port) == (8000, 8001, 8002)
-    assert s.self_test is True
-    assert s.max_concurrency == 64
-    assert s.reference_max_batch_size == 8
-    assert s.reference_max_seq_len is None
-    assert s.download_retries == 3
-    assert s.mpirun == "mpirun"
-    assert s.default_weights() is None
+    assert s.weights.source is None
+    assert s.weights.sha256 is None
+    assert s.weights.dir == Path("triton_model_repo/tensorrt_llm/1")
+    assert s.repository.template_dir == Path("triton_model_repo")
+    assert s.repository.dir == Path("build/model_repository")
+    assert s.tokenizer.dir is None
+    assert s.repository.max_batch_size is None
+    assert s.repository.batching_strategy is BatchingStrategy.INFLIGHT_FUSED
+    assert s.repository.batch_scheduler_policy is SchedulerPolicy.GUARANTEED_NO_EVICT
+    assert s.kv_cache.free_gpu_mem_fraction == 0.9
+    assert s.kv_cache.enable_reuse is True  # the C++ backend's own default (getKvCacheConfigFromParams)
+    assert s.tokenizer.special_tokens_in_user_text is False
+    assert s.kv_cache.enable_chunked_context is False
+    assert s.repository.tensorrt_llm_parameters == ""
+    assert s.tokenizer.add_special_tokens is None
+    assert (s.triton.http_port, s.triton.grpc_port, s.triton.metrics_port) == (8000, 8001, 8002)
+    assert s.predictor.self_test is True
+    assert s.predictor.max_concurrency == 64
+    assert s.reference.max_batch_size == 8
+    assert s.reference.max_seq_len is None
+    assert s.download.retries == 3
+    assert s.triton.mpirun == "mpirun"
+    assert s.weights.default_source() is None
 
 
 def test_env_overrides(clean_env: pytest.MonkeyPatch) -> None:
@@ -73,21 +75,21 @@ def test_env_overrides(clean_env: pytest.MonkeyPatch) -> None:
     clean_env.setenv("COG_TRITON_WEIGHTS", "https://example.com/w.tar")
     clean_env.setenv("COG_TRITON_STARTUP_TIMEOUT_S", "12.5")
     s = Settings.from_env()
-    assert s.http_port == 9000
-    assert s.grpc_port == 9001
-    assert s.metrics_port == 8002
-    assert s.triton_max_batch_size == 16
-    assert s.kv_cache_free_gpu_mem_fraction == 0.5
-    assert s.batching_strategy is BatchingStrategy.V1
-    assert s.batch_scheduler_policy is SchedulerPolicy.MAX_UTILIZATION
-    assert s.tensorrt_llm_parameters == "multi_block_mode:true"
-    assert s.weights == "https://example.com/w.tar"
-    assert s.startup_timeout_s == 12.5
+    assert s.triton.http_port == 9000
+    assert s.triton.grpc_port == 9001
+    assert s.triton.metrics_port == 8002
+    assert s.repository.max_batch_size == 16
+    assert s.kv_cache.free_gpu_mem_fraction == 0.5
+    assert s.repository.batching_strategy is BatchingStrategy.V1
+    assert s.repository.batch_scheduler_policy is SchedulerPolicy.MAX_UTILIZATION
+    assert s.repository.tensorrt_llm_parameters == "multi_block_mode:true"
+    assert s.weights.source == "https://example.com/w.tar"
+    assert s.triton.startup_timeout_s == 12.5
 
 
 def test_from_env_keyword_overrides(clean_env: pytest.MonkeyPatch) -> None:
     clean_env.setenv("COG_TRITON_HTTP_PORT", "9000")
-    assert Settings.from_env(http_port=9100).http_port == 9100
+    assert Settings.from_env(http_port=9100).triton.http_port == 9100
     with pytest.raises(ConfigError, match="COG_TRITON_HTTP_PORT"):
         Settings.from_env(http_port=0)
 
@@ -103,16 +105,16 @@ def test_booleans(clean_env: pytest.MonkeyPatch, raw: str, expected: bool) -> No
     clean_env.setenv("COG_TRITON_SELF_TEST", raw)
     clean_env.setenv("COG_TRITON_ENABLE_KV_CACHE_REUSE", raw)
     s = Settings.from_env()
-    assert s.self_test is expected
-    assert s.enable_kv_cache_reuse is expected
+    assert s.predictor.self_test is expected
+    assert s.kv_cache.enable_reuse is expected
 
 
 def test_empty_variable_means_unset(clean_env: pytest.MonkeyPatch) -> None:
     clean_env.setenv("COG_TRITON_SELF_TEST", "")
     clean_env.setenv("COG_TRITON_TRITON_MAX_BATCH_SIZE", "")
     s = Settings.from_env()
-    assert s.self_test is True
-    assert s.triton_max_batch_size is None
+    assert s.predictor.self_test is True
+    assert s.repository.max_batch_size is None
 
 
 @pytest.mark.parametrize("raw", ["maybe", "2", "ja"])
@@ -124,7 +126,7 @@ def test_bad_boolean(clean_env: pytest.MonkeyPatch, raw: str) -> None:
 
 def test_optional_boolean(clean_env: pytest.MonkeyPatch) -> None:
     clean_env.setenv("COG_TRITON_ADD_SPECIAL_TOKENS", "no")
-    assert Settings.from_env().add_special_tokens is False
+    assert Settings.from_env().tokenizer.add_special_tokens is False
     message = config_error(clean_env, "COG_TRITON_ADD_SPECIAL_TOKENS", "perhaps")
     assert "COG_TRITON_ADD_SPECIAL_TOKENS='perhaps'" in message
 
@@ -141,7 +143,7 @@ def test_port_bounds_accepted(clean_env: pytest.MonkeyPatch) -> None:
     clean_env.setenv("COG_TRITON_HTTP_PORT", "1")
     clean_env.setenv("COG_TRITON_GRPC_PORT", "65535")
     s = Settings.from_env()
-    assert (s.http_port, s.grpc_port) == (1, 65535)
+    assert (s.triton.http_port, s.triton.grpc_port) == (1, 65535)
 
 
 def test_not_a_number(clean_env: pytest.MonkeyPatch) -> None:
@@ -177,8 +179,8 @@ def test_unknown_variable_lists_known_names(clean_env: pytest.MonkeyPatch) -> No
     assert "COG_TRITON_FOO" in message
     known = message.split("known:", 1)[1]
     assert "COG_TRITON_FOO" not in known
-    for name in Settings.model_fields:
-        assert ENV_PREFIX + name.upper() in known
+    for variable in variables():
+        assert variable in known
     assert "COG_TRITON_HTTP_PORT" in known
 
 
@@ -190,16 +192,16 @@ def test_unknown_variable_typo(clean_env: pytest.MonkeyPatch) -> None:
 def test_unrelated_variables_ignored(clean_env: pytest.MonkeyPatch) -> None:
     clean_env.setenv("COG_TRITONX", "1")
     clean_env.setenv("COG_MAX_CONCURRENCY", "8")
-    assert Settings.from_env().http_port == 8000
+    assert Settings.from_env().triton.http_port == 8000
 
 
 def test_weights_sha256(clean_env: pytest.MonkeyPatch) -> None:
     clean_env.setenv("COG_TRITON_WEIGHTS_SHA256", GOOD_SHA.upper())
-    assert Settings.from_env().weights_sha256 == GOOD_SHA
+    assert Settings.from_env().weights.sha256 == GOOD_SHA
     clean_env.setenv("COG_TRITON_WEIGHTS_SHA256", f"  {GOOD_SHA}\n")
-    assert Settings.from_env().weights_sha256 == GOOD_SHA
+    assert Settings.from_env().weights.sha256 == GOOD_SHA
     clean_env.setenv("COG_TRITON_WEIGHTS_SHA256", "")
-    assert Settings.from_env().weights_sha256 is None
+    assert Settings.from_env().weights.sha256 is None
 
 
 @pytest.mark.parametrize("raw", ["xyz", GOOD_SHA[:-1], GOOD_SHA + "0", "g" * 64])
@@ -211,16 +213,16 @@ def test_bad_weights_sha256(clean_env: pytest.MonkeyPatch, raw: str) -> None:
 
 def test_default_weights_falls_back_to_cog_weights(clean_env: pytest.MonkeyPatch) -> None:
     clean_env.setenv("COG_WEIGHTS", "https://example.com/cog.tar")
-    assert Settings.from_env().default_weights() == "https://example.com/cog.tar"
+    assert Settings.from_env().weights.default_source() == "https://example.com/cog.tar"
     clean_env.setenv("COG_TRITON_WEIGHTS", "")
     s = Settings.from_env()
-    assert s.weights is None
-    assert s.default_weights() == "https://example.com/cog.tar"
+    assert s.weights.source is None
+    assert s.weights.default_source() == "https://example.com/cog.tar"
     clean_env.setenv("COG_TRITON_WEIGHTS", "/data/own.tar")
-    assert Settings.from_env().default_weights() == "/data/own.tar"
+    assert Settings.from_env().weights.default_source() == "/data/own.tar"
     clean_env.delenv("COG_TRITON_WEIGHTS")
     clean_env.setenv("COG_WEIGHTS", "")
-    assert Settings.from_env().default_weights() is None
+    assert Settings.from_env().weights.default_source() is None
 
 
 def test_relative_paths_resolve_against_repo_root(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -228,10 +230,10 @@ def test_relative_paths_resolve_against_repo_root(clean_env: pytest.MonkeyPatch,
     clean_env.setenv("COG_TRITON_WEIGHTS_DIR", "some/weights")
     clean_env.setenv("COG_TRITON_MODEL_REPO_DIR", "out/repo")
     s = Settings.from_env()
-    assert s.weights_path == REPO_ROOT / "some" / "weights"
-    assert s.model_repo_path == REPO_ROOT / "out" / "repo"
-    assert s.template_path == REPO_ROOT / "triton_model_repo"
-    assert s.weights_path.is_absolute()
+    assert s.weights.path == REPO_ROOT / "some" / "weights"
+    assert s.repository.path == REPO_ROOT / "out" / "repo"
+    assert s.repository.template_path == REPO_ROOT / "triton_model_repo"
+    assert s.weights.path.is_absolute()
 
 
 def test_absolute_paths_kept(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -239,15 +241,15 @@ def test_absolute_paths_kept(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> N
     clean_env.setenv("COG_TRITON_MODEL_REPO_DIR", str(tmp_path / "r"))
     clean_env.setenv("COG_TRITON_TEMPLATE_DIR", str(tmp_path / "t"))
     s = Settings.from_env()
-    assert s.weights_path == tmp_path / "w"
-    assert s.model_repo_path == tmp_path / "r"
-    assert s.template_path == tmp_path / "t"
+    assert s.weights.path == tmp_path / "w"
+    assert s.repository.path == tmp_path / "r"
+    assert s.repository.template_path == tmp_path / "t"
 
 
 def test_default_paths_resolve_into_repo() -> None:
     s = Settings.from_env()
-    assert s.weights_path == REPO_ROOT / "triton_model_repo" / "tensorrt_llm" / "1"
-    assert s.model_repo_path == REPO_ROOT / "build" / "model_repository"
+    assert s.weights.path == REPO_ROOT / "triton_model_repo" / "tensorrt_llm" / "1"
+    assert s.repository.path == REPO_ROOT / "build" / "model_repository"
 
 
 @pytest.mark.parametrize(
@@ -272,11 +274,11 @@ def test_weights_hardening_defaults_match_fetch_weights() -> None:
 
     s = Settings.from_env()
     defaults = {k: p.default for k, p in inspect.signature(fetch_weights).parameters.items()}
-    assert s.download_deadline_s == defaults["deadline_s"] == 21600
-    assert s.download_min_rate_bytes_s == defaults["min_rate_bytes_s"] == 100_000
-    assert s.download_rate_grace_s == defaults["rate_grace_s"] == 60
-    assert s.max_extracted_bytes is defaults["max_extracted_bytes"] is None
-    assert s.verify_weights is VerifyMode.FAST
+    assert s.download.deadline_s == defaults["deadline_s"] == 21600
+    assert s.download.min_rate_bytes_s == defaults["min_rate_bytes_s"] == 100_000
+    assert s.download.rate_grace_s == defaults["rate_grace_s"] == 60
+    assert s.weights.max_extracted_bytes is defaults["max_extracted_bytes"] is None
+    assert s.weights.verify is VerifyMode.FAST
 
 
 def test_weights_hardening_settings_from_env(clean_env: pytest.MonkeyPatch) -> None:
@@ -288,9 +290,9 @@ def test_weights_hardening_settings_from_env(clean_env: pytest.MonkeyPatch) -> N
     clean_env.setenv("COG_TRITON_MAX_EXTRACTED_BYTES", "5000000000")
     clean_env.setenv("COG_TRITON_VERIFY_WEIGHTS", "full")
     s = Settings.from_env()
-    assert (s.download_deadline_s, s.download_min_rate_bytes_s, s.download_rate_grace_s) == (0, 1_000_000, 30)
-    assert s.max_extracted_bytes == 5_000_000_000
-    assert s.verify_weights is VerifyMode.FULL
+    assert (s.download.deadline_s, s.download.min_rate_bytes_s, s.download.rate_grace_s) == (0, 1_000_000, 30)
+    assert s.weights.max_extracted_bytes == 5_000_000_000
+    assert s.weights.verify is VerifyMode.FULL
 
 
 @pytest.mark.parametrize(
@@ -314,9 +316,9 @@ def test_weights_hardening_settings_are_validated(
 def test_concurrency_follows_cogs_own_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     """One source: coglet's COG_MAX_CONCURRENCY unless COG_TRITON_MAX_CONCURRENCY is set."""
     monkeypatch.setenv("COG_MAX_CONCURRENCY", "12")
-    assert Settings.from_env().max_concurrency == 12
+    assert Settings.from_env().predictor.max_concurrency == 12
     monkeypatch.setenv("COG_TRITON_MAX_CONCURRENCY", "5")
-    assert Settings.from_env().max_concurrency == 5
+    assert Settings.from_env().predictor.max_concurrency == 5
 
 
 def test_the_lora_gpu_fraction_is_a_share_of_the_memory_free_before_the_kv_cache() -> None:
@@ -325,7 +327,7 @@ def test_the_lora_gpu_fraction_is_a_share_of_the_memory_free_before_the_kv_cache
     cache from the memory free after that (trtGptModelInflightBatching.cpp @ b35ac1b6, TensorRT-LLM 1.2.0rc2, and
     @ 00825c4e; kvCacheManager.cpp calculateFreeMemBytes @ b35ac1b6). Upstream's docs/lora.md, and our page until
     now, say "left after the KV cache"."""
-    text = Settings.model_fields["lora_cache_gpu_memory_fraction"].description or ""
+    text = LoraCacheSettings.model_fields["gpu_memory_fraction"].description or ""
     assert "free when the engine's LoRA cache is made, before the KV cache is sized" in text
     assert "the KV cache's fraction applies to what is left after it" in text
     assert "left after the KV cache" not in text
@@ -336,11 +338,12 @@ def test_the_lora_gpu_fraction_is_a_share_of_the_memory_free_before_the_kv_cache
 
 def test_the_prometheus_endpoint_settings(clean_env: pytest.MonkeyPatch) -> None:
     s = Settings.from_env()
-    assert (s.prometheus_address, s.prometheus_port) == ("0.0.0.0", 9464)  # on by default: docs/operations.md
+    # on by default: docs/operations.md
+    assert (s.metrics.prometheus_address, s.metrics.prometheus_port) == ("0.0.0.0", 9464)
     clean_env.setenv("COG_TRITON_PROMETHEUS_PORT", "0")
     clean_env.setenv("COG_TRITON_PROMETHEUS_ADDRESS", "127.0.0.1")
     s = Settings.from_env()
-    assert (s.prometheus_address, s.prometheus_port) == ("127.0.0.1", 0)  # 0: off
+    assert (s.metrics.prometheus_address, s.metrics.prometheus_port) == ("127.0.0.1", 0)  # 0: off
     message = config_error(clean_env, "COG_TRITON_PROMETHEUS_PORT", "70000")
     assert "COG_TRITON_PROMETHEUS_PORT='70000'" in message and "65535" in message
 
@@ -352,7 +355,7 @@ def test_the_prometheus_port_cannot_be_one_of_tritons(clean_env: pytest.MonkeyPa
     assert f"COG_TRITON_PROMETHEUS_PORT=9100 is also {triton}" in message and "or 0 to turn it off" in message
     assert "COG_TRITON_=" not in message  # a check of two settings names them, not an empty field
     clean_env.setenv("COG_TRITON_PROMETHEUS_PORT", "0")
-    assert Settings.from_env().prometheus_port == 0  # off: no conflict
+    assert Settings.from_env().metrics.prometheus_port == 0  # off: no conflict
 
 
 def test_stream_processes_zero_is_refused_with_what_to_set_instead(clean_env: pytest.MonkeyPatch) -> None:
@@ -364,6 +367,7 @@ def test_stream_processes_zero_is_refused_with_what_to_set_instead(clean_env: py
     assert "Value error" not in message  # pydantic's prefix is dropped
     assert "greater than or equal to 1" in config_error(clean_env, "COG_TRITON_STREAM_PROCESSES", "-1")
     clean_env.setenv("COG_TRITON_STREAM_PROCESSES", "1")
-    assert Settings.from_env().stream_process_count() == 1
+    assert Settings.from_env().stream.process_count() == 1
     clean_env.delenv("COG_TRITON_STREAM_PROCESSES")
-    assert Settings.from_env().stream_process_count() >= 1
+    assert Settings.from_env().stream.process_count() >= 1
+
