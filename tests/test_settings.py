@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import os
+from enum import Enum
 from pathlib import Path
+from typing import get_args
 
 import pytest
+from pydantic import BaseModel, ValidationError
 
 from common.errors import ConfigError
 from cog_triton.settings import (
-    ENV_PREFIX, REPO_ROOT, BatchingStrategy, LoraCacheSettings, SchedulerPolicy, Settings, variables
+    ENV_PREFIX, REPO_ROOT, BatchingStrategy, LoraCacheSettings, SchedulerPolicy, Settings, WeightsSettings,
+    variables,
 )
 
 GOOD_SHA = "0123456789abcdef" * 4
@@ -371,3 +375,98 @@ def test_stream_processes_zero_is_refused_with_what_to_set_instead(clean_env: py
     clean_env.delenv("COG_TRITON_STREAM_PROCESSES")
     assert Settings.from_env().stream.process_count() >= 1
 
+
+# --- the groups (issue 33): each flat variable reaches its one nested field ----------------------------------------
+
+def _groups() -> dict[str, type[BaseModel]]:
+    return {group: field.annotation for group, field in Settings.model_fields.items()}  # type: ignore[misc]
+
+
+def _sample(group: type[BaseModel], name: str) -> str:
+    """A text of ``name``'s variable that validates and differs from its default."""
+    kinds = get_args(group.model_fields[name].annotation) or (group.model_fields[name].annotation,)
+    members = [member.value for kind in kinds if isinstance(kind, type) and issubclass(kind, Enum) for member in kind]
+    candidates = ["true", "false", "2", "3", "0.5", "/elsewhere", "example.com", "10.1.2.0/24", '{"a": 1}', GOOD_SHA]
+    for raw in candidates + members:
+        try:
+            value = getattr(group.model_validate({name: raw}), name)
+        except ValidationError:
+            continue
+        if value != getattr(group(), name):
+            return raw
+    raise AssertionError(f"no sample for {group.__name__}.{name}")
+
+
+def test_every_field_has_its_own_variable() -> None:
+    assert len(variables()) == sum(len(group.model_fields) for group in _groups().values()) == 81
+    assert all(variable.startswith(ENV_PREFIX) and variable.isupper() for variable in variables())
+
+
+@pytest.mark.parametrize("variable", list(variables()))
+def test_each_variable_reaches_its_field_and_no_other(clean_env: pytest.MonkeyPatch, variable: str) -> None:
+    """By the environment and by its flat keyword alike; the field counts as set explicitly, no other does."""
+    group, name = variables()[variable]
+    raw = _sample(_groups()[group], name)
+    default = Settings.from_env().model_dump()
+    clean_env.setenv(variable, raw)
+    from_env = Settings.from_env()
+    clean_env.delenv(variable)
+    from_keyword = Settings(**{variable[len(ENV_PREFIX):].lower(): raw})
+    for s in (from_env, from_keyword):
+        changed = {(g, n) for g, fields in s.model_dump().items() for n, v in fields.items() if v != default[g][n]}
+        assert changed == {(group, name)}
+        assert {g: getattr(s, g).model_fields_set for g in _groups() if getattr(s, g).model_fields_set} == {
+            group: {name}}
+    assert from_env == from_keyword
+
+
+def test_unset_settings_are_not_explicit_and_a_default_value_set_is(clean_env: pytest.MonkeyPatch) -> None:
+    """worker.planning.reference_limits lets a variable set, even to the default, win over the archive's limits."""
+    assert all(not getattr(Settings.from_env(), group).model_fields_set for group in _groups())
+    clean_env.setenv("COG_TRITON_REFERENCE_MAX_BATCH_SIZE", "8")
+    assert Settings.from_env().reference.model_fields_set == {"max_batch_size"}
+
+
+def test_keywords_win_over_the_environment_field_by_field(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv("COG_TRITON_HTTP_PORT", "9000")
+    clean_env.setenv("COG_TRITON_GRPC_PORT", "9001")
+    triton = Settings.from_env(grpc_port=9101, metrics_port=9102).triton
+    assert (triton.http_port, triton.grpc_port, triton.metrics_port) == (9000, 9101, 9102)
+    assert Settings(triton={"grpc_port": 9201}).triton.http_port == 9000  # a group given as a dict, too
+    assert Settings(triton={"http_port": 9200}, http_port=9300).triton.http_port == 9300  # the flat name last
+
+
+def test_weights_is_a_group_and_a_variable(clean_env: pytest.MonkeyPatch) -> None:
+    """``weights`` names the group and COG_TRITON_WEIGHTS: a dict or a model is the group, a text the variable."""
+    clean_env.setenv("COG_TRITON_WEIGHTS_SHA256", GOOD_SHA)
+    s = Settings(weights="/data/w.tar")
+    assert (s.weights.source, s.weights.sha256) == ("/data/w.tar", GOOD_SHA)
+    assert Settings(weights={"dir": "/w"}).weights.path == Path("/w")
+    assert Settings(weights=WeightsSettings(source="x")).weights.source == "x"
+
+
+def test_a_grouped_field_error_names_the_flat_variable(clean_env: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env(download={"timeout_s": 0}, fetch_allow_networks="nonsense")
+    assert "COG_TRITON_DOWNLOAD_TIMEOUT_S=0: Input should be greater than 0" in str(info.value)
+    assert "COG_TRITON_FETCH_ALLOW_NETWORKS='nonsense'" in str(info.value)
+
+
+def test_variable_names_match_in_any_case(clean_env: pytest.MonkeyPatch) -> None:
+    """As pydantic-settings' own environment source (case_sensitive off) matched them."""
+    clean_env.setenv("cog_triton_http_port", "9000")
+    assert Settings.from_env().triton.http_port == 9000
+
+
+#: Fields whose name is not the end of their variable's name (the rest are: COG_TRITON_DOWNLOAD_TIMEOUT_S is
+#: settings.download.timeout_s), so that a reader finds a variable's field, and two fields' variables cannot swap.
+RENAMED = {"COG_TRITON_WEIGHTS": "weights.source", "COG_TRITON_VERIFY_WEIGHTS": "weights.verify",
+           "COG_TRITON_MAX_TOKENS_IN_PAGED_KV_CACHE": "kv_cache.max_tokens",
+           "COG_TRITON_ENABLE_KV_CACHE_REUSE": "kv_cache.enable_reuse", "COG_TRITON_LORA_ADAPTERS": "adapters.enabled",
+           "COG_TRITON_TIMING_METRICS": "metrics.timing"}
+
+
+def test_a_fields_name_ends_its_variables_name_unless_renamed() -> None:
+    renamed = {variable: f"{group}.{name}" for variable, (group, name) in variables().items()
+               if not variable.lower().endswith(name)}
+    assert renamed == RENAMED
