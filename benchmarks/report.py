@@ -287,10 +287,13 @@ def plot(doc: dict[str, Any], target: Path) -> Optional[Path]:
 
 
 def _setting(name: str) -> Any:
-    """A predictor setting as the stack will see it (COG_TRITON_* in this environment)."""
+    """A predictor setting as the stack will see it (COG_TRITON_* in this environment); ``name``: its attribute path
+    (``stream.interval_ms``), or a method's (``stream.process_count``), which is called."""
     from cog_triton.settings import Settings  # noqa: PLC0415
 
-    value = getattr(Settings.from_env(), name)
+    value: Any = Settings.from_env()
+    for part in name.split("."):
+        value = getattr(value, part)
     return value() if callable(value) else value
 
 

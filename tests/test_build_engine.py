@@ -472,10 +472,10 @@ def test_setup_launches_the_tp4_engine_as_four_mpirun_ranks(tp4_build: dict[str,
     assert argv.count("tritonserver") == 0  # the binary is a full path
     ranks = [i for i, a in enumerate(argv) if a.endswith("/tritonserver")]
     assert len(ranks) == 4 and argv.count(":") == 3
-    config = (settings.model_repo_path / "tensorrt_llm" / "config.pbtxt").read_text()
+    config = (settings.repository.path / "tensorrt_llm" / "config.pbtxt").read_text()
     assert 'backend: "tensorrtllm"' in config
     # guided decoding on: the tokenizer info file from the archive (scripts/build_engine made it)
-    info = settings.weights_path / "tokenizer" / "xgrammar_tokenizer_info.json"
+    info = settings.weights.path / "tokenizer" / "xgrammar_tokenizer_info.json"
     assert info.is_file()
     assert 'key: "guided_decoding_backend"\n  value {\n    string_value: "xgrammar"' in config
     assert f'string_value: "{info}"' in config
@@ -554,7 +554,7 @@ def test_tampered_reference_weights_fail_setup_before_triton(reference_archive: 
     with pytest.raises(ManifestError) as info:
         service.setup(str(unpacked))
     assert "model.safetensors has sha256" in str(info.value)
-    assert service.server is None and not pids_mentioning("tritonserver", str(settings.model_repo_path))
+    assert service.server is None and not pids_mentioning("tritonserver", str(settings.repository.path))
     (unpacked / MANIFEST_NAME).unlink()
     (unpacked / "model.safetensors").unlink()
     with pytest.raises(ManifestError, match="no manifest.json in .* and COG_TRITON_REQUIRE_MANIFEST is set"):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from cog_triton.settings import REPO_ROOT, Settings, settings_markdown
+from cog_triton.settings import REPO_ROOT, settings_markdown, variables
 
 DOCS = REPO_ROOT / "docs"
 README = REPO_ROOT / "README.md"
@@ -88,7 +88,7 @@ def test_every_documented_script_and_module_exists(page: Path) -> None:
 
 @pytest.mark.parametrize("page", PAGES, ids=_rel)
 def test_every_setting_name_is_a_setting(page: Path) -> None:
-    fields = {f"COG_TRITON_{name.upper()}" for name in Settings.model_fields}
+    fields = set(variables())
     unknown = []
     for name, star in re.findall(r"(COG_TRITON_[A-Z0-9_]*[A-Z0-9])(_?\*)?", page.read_text()):
         if star:  # a family: COG_TRITON_ADAPTER_*
@@ -102,7 +102,7 @@ def test_every_setting_name_is_a_setting(page: Path) -> None:
 def test_the_settings_page_is_generated_from_the_settings_object() -> None:
     page = (DOCS / "settings.md").read_text()
     assert page == settings_markdown(), "regenerate: .venv/bin/python -m cog_triton.settings > docs/settings.md"
-    missing = [f"COG_TRITON_{n.upper()}" for n in Settings.model_fields if f"`COG_TRITON_{n.upper()}`" not in page]
+    missing = [variable for variable in variables() if f"`{variable}`" not in page]
     assert missing == []
 
 

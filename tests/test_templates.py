@@ -745,7 +745,7 @@ def test_no_request_input_without_the_outputs_it_makes_the_backend_write(folder:
 def test_kv_cache_reuse_defaults_on_and_can_be_turned_off(tmp_path: Path) -> None:
     from cog_triton.settings import Settings
 
-    assert Settings().enable_kv_cache_reuse is True and RenderOptions(Path("/t"), Path("/r")).enable_kv_cache_reuse
+    assert Settings().kv_cache.enable_reuse is True and RenderOptions(Path("/t"), Path("/r")).enable_kv_cache_reuse
     opts = options(tmp_path, enable_kv_cache_reuse=False)
     render_model_repository(opts, engine_info(tmp_path))
     assert params(read_rendered(opts.model_repo_dir)["tensorrt_llm"])["enable_kv_cache_reuse"] == "false"

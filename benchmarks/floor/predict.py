@@ -26,7 +26,7 @@ from cog import BasePredictor, ConcatenateIterator, Input
 
 from cog_triton.worker import cog_bridge
 from cog_triton.streaming.coalesce import IntervalFlusher, StreamLoad
-from cog_triton.settings import Settings
+from cog_triton.settings import StreamSettings
 from cog_triton.worker.metrics import record_time_to_first_token
 
 cog_bridge.install_cancel_hook()
@@ -93,10 +93,10 @@ class _Clock:
 
 class Predictor(BasePredictor):
     def setup(self) -> None:
-        defaults = Settings.model_fields
-        value = lambda name: float(os.environ.get(f"COG_TRITON_{name.upper()}", defaults[name].default))  # noqa: E731
-        self.load = StreamLoad(value("stream_interval_ms") / 1e3, value("stream_interval_max_ms") / 1e3,
-                               value("stream_interval_streams"))
+        fields = StreamSettings.model_fields  # a field's variable: COG_TRITON_ + its alias (stream_interval_ms)
+        value = lambda name: float(os.environ.get(f"COG_TRITON_{fields[name].validation_alias.upper()}",  # noqa: E731
+                                                  fields[name].default))
+        self.load = StreamLoad(value("interval_ms") / 1e3, value("interval_max_ms") / 1e3, value("interval_streams"))
         self.clock: Optional[_Clock] = None
 
     @cog.streaming

@@ -248,13 +248,13 @@ class FetchRules:
 
     @classmethod
     def from_settings(cls, settings: Any) -> "FetchRules":
-        """The rules of a :class:`cog_triton.settings.Settings` (its values are validated there)."""
+        """The rules of a :class:`cog_triton.settings.Settings` (its ``fetch`` group, validated there)."""
         return cls(
-            allow_private=settings.fetch_allow_private,
-            allow_networks=parse_networks(settings.fetch_allow_networks),
-            allow_http=settings.fetch_allow_http,
-            allow_hosts=parse_hosts(settings.fetch_allow_hosts),
-            allow_hf_owners=parse_owners(settings.fetch_allow_hf_owners),
+            allow_private=settings.fetch.allow_private,
+            allow_networks=parse_networks(settings.fetch.allow_networks),
+            allow_http=settings.fetch.allow_http,
+            allow_hosts=parse_hosts(settings.fetch.allow_hosts),
+            allow_hf_owners=parse_owners(settings.fetch.allow_hf_owners),
         )
 
     @classmethod

@@ -40,14 +40,14 @@ def reference_limits(settings: Settings, manifest: Optional[Manifest]) -> dict[s
         :func:`tensorrtllm_backend.engine.inspect_weights` takes them.
     """
     packed = manifest.build_config.get("limits", {}) if manifest and manifest.backend == "reference" else {}
-    explicit = settings.model_fields_set
-    batch = settings.reference_max_batch_size
-    if "reference_max_batch_size" not in explicit and isinstance(packed.get("max_batch_size"), int):
+    reference = settings.reference
+    batch = reference.max_batch_size
+    if "max_batch_size" not in reference.model_fields_set and isinstance(packed.get("max_batch_size"), int):
         batch = packed["max_batch_size"]
     return {
         "reference_max_batch_size": batch,
-        "reference_max_seq_len": settings.reference_max_seq_len or packed.get("max_seq_len"),
-        "reference_max_input_len": settings.reference_max_input_len or packed.get("max_input_len"),
+        "reference_max_seq_len": reference.max_seq_len or packed.get("max_seq_len"),
+        "reference_max_input_len": reference.max_input_len or packed.get("max_input_len"),
     }
 
 
@@ -114,49 +114,50 @@ class ServingPlan:
 def adapter_limits(settings: Settings) -> Optional[StoreLimits]:
     """The LoRA adapter disk cache, its download bounds and fetch rules (COG_TRITON_ADAPTER_*,
     COG_TRITON_DOWNLOAD_*, COG_TRITON_FETCH_*); None when adapters are off (COG_TRITON_LORA_ADAPTERS)."""
-    s = settings
-    if not s.lora_adapters:
+    adapters, download = settings.adapters, settings.download
+    if not adapters.enabled:
         return None
     return StoreLimits(
-        root=s.path(s.adapter_cache_dir),
-        budget_bytes=s.adapter_cache_bytes,
-        max_adapter_bytes=s.adapter_max_bytes,
-        timeout_s=s.download_timeout_s,
-        retries=s.download_retries,
-        deadline_s=s.adapter_download_deadline_s,
-        min_rate_bytes_s=s.download_min_rate_bytes_s,
-        rate_grace_s=s.download_rate_grace_s,
-        rules=FetchRules.from_settings(s),
-        fetches=s.max_concurrency,
+        root=settings.path(adapters.cache_dir),
+        budget_bytes=adapters.cache_bytes,
+        max_adapter_bytes=adapters.max_bytes,
+        timeout_s=download.timeout_s,
+        retries=download.retries,
+        deadline_s=adapters.download_deadline_s,
+        min_rate_bytes_s=download.min_rate_bytes_s,
+        rate_grace_s=download.rate_grace_s,
+        rules=FetchRules.from_settings(settings),
+        fetches=settings.predictor.max_concurrency,
     )
 
 
 def render_options(settings: Settings, llm_args: Optional[dict] = None) -> RenderOptions:
     """The model repository's values from the settings (``llm_args``: the PyTorch backend's LLM arguments)."""
-    s = settings
+    repo, kv, lora = settings.repository, settings.kv_cache, settings.lora_cache
+    add_special_tokens = settings.tokenizer.add_special_tokens
     return RenderOptions(
-        template_dir=s.template_path,
-        model_repo_dir=s.model_repo_path,
-        triton_max_batch_size=s.triton_max_batch_size,
+        template_dir=repo.template_path,
+        model_repo_dir=repo.path,
+        triton_max_batch_size=repo.max_batch_size,
         decoupled=True,
-        max_queue_delay_microseconds=s.max_queue_delay_microseconds,
-        batching_strategy=s.batching_strategy.value,
-        batch_scheduler_policy=s.batch_scheduler_policy.value,
-        kv_cache_free_gpu_mem_fraction=s.kv_cache_free_gpu_mem_fraction,
-        max_tokens_in_paged_kv_cache=s.max_tokens_in_paged_kv_cache,
-        enable_kv_cache_reuse=s.enable_kv_cache_reuse,
-        enable_chunked_context=s.enable_chunked_context,
-        gpu_device_ids=s.gpu_device_ids,
-        preprocessing_instance_count=s.preprocessing_instance_count,
+        max_queue_delay_microseconds=repo.max_queue_delay_microseconds,
+        batching_strategy=repo.batching_strategy.value,
+        batch_scheduler_policy=repo.batch_scheduler_policy.value,
+        kv_cache_free_gpu_mem_fraction=kv.free_gpu_mem_fraction,
+        max_tokens_in_paged_kv_cache=kv.max_tokens,
+        enable_kv_cache_reuse=kv.enable_reuse,
+        enable_chunked_context=kv.enable_chunked_context,
+        gpu_device_ids=repo.gpu_device_ids,
+        preprocessing_instance_count=repo.preprocessing_instance_count,
         # for text_input sent to the ensemble by other clients; the predictor sends token ids
-        add_special_tokens=s.add_special_tokens if s.add_special_tokens is not None else True,
-        reference_torch_threads=s.reference_torch_threads,
-        tensorrt_llm_parameters=s.tensorrt_llm_parameters,
+        add_special_tokens=add_special_tokens if add_special_tokens is not None else True,
+        reference_torch_threads=settings.reference.torch_threads,
+        tensorrt_llm_parameters=repo.tensorrt_llm_parameters,
         guided_decoding=importlib.util.find_spec("xgrammar") is not None,
-        lora_cache_optimal_adapter_size=s.lora_cache_optimal_adapter_size,
-        lora_cache_max_adapter_size=s.lora_cache_max_adapter_size,
-        lora_cache_gpu_memory_fraction=s.lora_cache_gpu_memory_fraction,
-        lora_cache_host_memory_bytes=s.lora_cache_host_memory_bytes,
+        lora_cache_optimal_adapter_size=lora.optimal_adapter_size,
+        lora_cache_max_adapter_size=lora.max_adapter_size,
+        lora_cache_gpu_memory_fraction=lora.gpu_memory_fraction,
+        lora_cache_host_memory_bytes=lora.host_memory_bytes,
         llm_args=llm_args,
     )
 
@@ -183,34 +184,34 @@ def plan_serving(settings: Settings, info: WeightsInfo, manifest: Optional[Manif
     backend: Backend = "engine" if info.kind == "engine" else "reference"
     # A checkpoint is served by TensorRT-LLM's PyTorch backend (the LLM API) on a GPU, else by the CPU reference
     # model (COG_TRITON_CHECKPOINT_BACKEND); its arguments are checked here, before Triton starts.
-    if info.kind != "engine" and choose_checkpoint_backend(settings.checkpoint_backend.value, gpus) == "pytorch":
+    if info.kind != "engine" and choose_checkpoint_backend(settings.llm.checkpoint_backend.value, gpus) == "pytorch":
         pytorch = plan_pytorch_serving(info, settings.llm_api_options(), gpus, base_model)
         info = dataclasses.replace(info, limits=pytorch.limits, lora=pytorch.lora, world_size=pytorch.world_size)
         backend = "pytorch"
     warnings = []
-    if info.limits.max_batch_size < settings.max_concurrency:
+    if info.limits.max_batch_size < settings.predictor.max_concurrency:
         warnings.append(
-            f"Cog serves up to {settings.max_concurrency} predictions at once (COG_MAX_CONCURRENCY, predict.py's "
-            f"@cog.concurrent), but the engine batches at most {info.limits.max_batch_size} requests (max_batch_size): "
+            f"Cog serves up to {settings.predictor.max_concurrency} predictions at once (COG_MAX_CONCURRENCY, "
+            f"predict.py's @cog.concurrent), but the engine batches at most {info.limits.max_batch_size} requests (max_batch_size): "
             f"the others wait in the engine's queue; rebuild the engine with limits.max_batch_size >= "
-            f"{settings.max_concurrency}, or lower the concurrency")
+            f"{settings.predictor.max_concurrency}, or lower the concurrency")
     # Chunked context changes the longest prompt the executor takes (ModelLimits.executor_max_input_len); only the
     # C++ backend reads the setting (the reference template has no such parameter). The PyTorch backend's limits
     # already follow its own rule (llmapi_args.pytorch_limits).
     limits = info.limits if pytorch is not None else dataclasses.replace(
-        info.limits, enable_chunked_context=settings.enable_chunked_context and info.kind == "engine")
+        info.limits, enable_chunked_context=settings.kv_cache.enable_chunked_context and info.kind == "engine")
     launch = LaunchConfig(
-        model_repo=settings.model_repo_path,
-        http_port=settings.http_port,
-        grpc_port=settings.grpc_port,
-        metrics_port=settings.metrics_port,
+        model_repo=settings.repository.path,
+        http_port=settings.triton.http_port,
+        grpc_port=settings.triton.grpc_port,
+        metrics_port=settings.triton.metrics_port,
         # An engine's tensor/pipeline parallelism: one server per rank under mpirun (check_weights_match made sure
         # the manifest's world size, when there is one, equals the engine's). A checkpoint's: one server under
         # mpirun -n 1, whose LLM spawns its ranks (tensorrtllm_backend.server's docstring).
         world_size=1 if pytorch else info.world_size if not manifest else manifest.world_size,
         single_rank_mpirun=pytorch is not None and pytorch.world_size > 1,
-        log_verbose=settings.log_verbose,
-        mpirun=settings.mpirun,
+        log_verbose=settings.triton.log_verbose,
+        mpirun=settings.triton.mpirun,
     )
     return ServingPlan(
         info=info,
@@ -219,10 +220,10 @@ def plan_serving(settings: Settings, info: WeightsInfo, manifest: Optional[Manif
         limits=limits,
         render=render_options(settings, pytorch.args if pytorch else None),
         launch=launch,
-        stream_processes=settings.stream_process_count(),
-        interval_s=settings.stream_interval_ms / 1e3,
-        interval_max_s=settings.stream_interval_max_ms / 1e3,
-        interval_streams=settings.stream_interval_streams,
+        stream_processes=settings.stream.process_count(),
+        interval_s=settings.stream.interval_ms / 1e3,
+        interval_max_s=settings.stream.interval_max_ms / 1e3,
+        interval_streams=settings.stream.interval_streams,
         adapter_limits=adapter_limits(settings),
         warnings=tuple(warnings),
     )

@@ -107,7 +107,7 @@ class LLMService:
     @property
     def interval_s(self) -> float:
         """The stream interval, seconds (COG_TRITON_STREAM_INTERVAL_MS)."""
-        return self.settings.stream_interval_ms / 1e3
+        return self.settings.stream.interval_ms / 1e3
 
     # ----------------------------------------------------------------- setup
     def setup(self, weights: Union[str, Path, None] = None) -> None:
@@ -130,7 +130,7 @@ class LLMService:
         """
         started = time.monotonic()
         settings = self.settings
-        source = str(weights) if weights not in (None, "") else settings.default_weights()
+        source = str(weights) if weights not in (None, "") else settings.weights.default_source()
         if not source:
             raise ConfigError(
                 "no weights given: pass setup(weights=...), or set COG_WEIGHTS or COG_TRITON_WEIGHTS to a URL or path "
@@ -138,25 +138,26 @@ class LLMService:
             )
         self.shutdown()
         # First: a port in use fails setup before a download of many GB.
-        self.metrics_server = serve_metrics(self.metrics, settings.prometheus_address, settings.prometheus_port,
-                                            triton_metrics_port=settings.metrics_port)
+        self.metrics_server = serve_metrics(self.metrics, settings.metrics.prometheus_address,
+                                            settings.metrics.prometheus_port,
+                                            triton_metrics_port=settings.triton.metrics_port)
         fetched = fetch_weights(
             source,
-            settings.weights_path,
-            sha256=settings.weights_sha256,
-            timeout_s=settings.download_timeout_s,
-            retries=settings.download_retries,
-            deadline_s=settings.download_deadline_s,
-            min_rate_bytes_s=settings.download_min_rate_bytes_s,
-            rate_grace_s=settings.download_rate_grace_s,
-            max_extracted_bytes=settings.max_extracted_bytes,
-            hub_code=settings.llm_trust_remote_code,
+            settings.weights.path,
+            sha256=settings.weights.sha256,
+            timeout_s=settings.download.timeout_s,
+            retries=settings.download.retries,
+            deadline_s=settings.download.deadline_s,
+            min_rate_bytes_s=settings.download.min_rate_bytes_s,
+            rate_grace_s=settings.download.rate_grace_s,
+            max_extracted_bytes=settings.weights.max_extracted_bytes,
+            hub_code=settings.llm.trust_remote_code,
         )
         log.info("weights ready in %s (%s)", fetched.path, "reused" if fetched.skipped else "fetched")
-        manifest = self._verify(find_model_root(settings.weights_path), reused=fetched.skipped)
+        manifest = self._verify(find_model_root(settings.weights.path), reused=fetched.skipped)
         info = inspect_weights(
-            settings.weights_path,
-            tokenizer_dir=settings.path(settings.tokenizer_dir) if settings.tokenizer_dir else None,
+            settings.weights.path,
+            tokenizer_dir=settings.path(settings.tokenizer.dir) if settings.tokenizer.dir else None,
             **reference_limits(settings, manifest),
             **reference_lora(manifest),
         )
@@ -166,7 +167,7 @@ class LLMService:
             log.warning("%s", warning)
         log.info("%s", plan.describe())
         self._launch(plan)
-        if settings.self_test:
+        if settings.predictor.self_test:
             self._self_test()
         log.info("setup finished in %.1f s", time.monotonic() - started)
 
@@ -181,20 +182,20 @@ class LLMService:
         rendered = render_model_repository(plan.render, plan.info)
         guided, off_reason = self._guided_decoding(guided_decoding_of(rendered["tensorrt_llm"]), plan.info)
         installation = locate_tritonserver(
-            settings.path(settings.tritonserver) if settings.tritonserver else None,
-            settings.path(settings.backend_dir) if settings.backend_dir else None,
+            settings.path(settings.triton.tritonserver) if settings.triton.tritonserver else None,
+            settings.path(settings.triton.backend_dir) if settings.triton.backend_dir else None,
             work_dir=settings.path(Path("build")),
         )
-        self.server = TritonServer(installation, plan.launch, log_file=settings.path(settings.triton_log_file),
-                                   stop_timeout_s=settings.stop_timeout_s)
+        self.server = TritonServer(installation, plan.launch, log_file=settings.path(settings.triton.log_file),
+                                   stop_timeout_s=settings.triton.stop_timeout_s)
         self.info = plan.info
         self.generator_config = GeneratorConfig(
             tokenizer_dir=plan.info.tokenizer_dir,
             limits=plan.limits,
             grpc_address=self.server.grpc_address,
-            token_timeout_s=settings.request_timeout_s,
-            add_special_tokens=settings.add_special_tokens,
-            special_tokens_in_user_text=settings.special_tokens_in_user_text,
+            token_timeout_s=settings.stream.request_timeout_s,
+            add_special_tokens=settings.tokenizer.add_special_tokens,
+            special_tokens_in_user_text=settings.tokenizer.special_tokens_in_user_text,
             guided=guided,
             guided_off_reason=off_reason,
             lora=plan.info.lora,
@@ -209,21 +210,21 @@ class LLMService:
             self.generator_config,
             plan.stream_processes,
             interval_s=plan.interval_s,
-            start_timeout_s=settings.startup_timeout_s,
+            start_timeout_s=settings.triton.startup_timeout_s,
             on_transport_error=self._died_or,
             metrics=self.metrics,
-            timing=settings.timing_metrics,
+            timing=settings.metrics.timing,
             interval_max_s=plan.interval_max_s,
             interval_streams=plan.interval_streams,
         )
         self.pool.launch()
         self.server.start()
-        ready_s = self.server.wait_ready(settings.startup_timeout_s)
+        ready_s = self.server.wait_ready(settings.triton.startup_timeout_s)
         log.info("Triton ready in %.1f s", ready_s)
         self.supervisor = Supervisor(
             self.server,
             ["ensemble", "preprocessing", "tensorrt_llm"],
-            startup_timeout_s=settings.startup_timeout_s,
+            startup_timeout_s=settings.triton.startup_timeout_s,
             on_restart=self._triton_restarted,
         )
         self.supervisor.start()
@@ -245,10 +246,10 @@ class LLMService:
             IncompatibleWeightsError: other TensorRT-LLM version, too few GPUs, other compute capability.
         """
         self._gpus = visible_gpus()
-        trust = reused and self.settings.verify_weights is VerifyMode.FAST
+        trust = reused and self.settings.weights.verify is VerifyMode.FAST
         verification = verify_weights(root, self._gpus, trust_record=trust)
         if verification is None:
-            if self.settings.require_manifest:
+            if self.settings.weights.require_manifest:
                 raise ManifestError(
                     f"no {MANIFEST_NAME} in {root} and COG_TRITON_REQUIRE_MANIFEST is set: package the weights "
                     "with scripts/build_engine, or unset COG_TRITON_REQUIRE_MANIFEST"
@@ -392,7 +393,8 @@ class LLMService:
         output token and token counts, once each.
         """
         if inputs.lora is not None:  # adapters off, or refused by the fetch rules: here, before a stream process
-            check_adapter_allowed(inputs.lora, FetchRules.from_settings(self.settings), self.settings.lora_adapters)
+            check_adapter_allowed(inputs.lora, FetchRules.from_settings(self.settings),
+                                  self.settings.adapters.enabled)
         started = time.monotonic()
         tracker = self.metrics.track(metric, started) if track else None
         sink: Optional[MetricSink] = tracker if tracker is not None else metric
