@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -76,6 +77,16 @@ def wait_for_end(runs: list[dict[str, Any]], bound_s: float, what: str) -> None:
     while time.monotonic() < deadline and not any("final" in run for run in runs):
         time.sleep(0.05)
     assert any("final" in run for run in runs), f"{what} within {bound_s:.1f} s"
+
+
+def shm_regions_owned_by(pids: set[int]) -> set[str]:
+    """The names of our /dev/shm regions (``cogtriton<owner pid>x<n>r<rank>_...``) whose owner is in ``pids``."""
+    owned = set()
+    for path in SHM_DIR.glob(f"{SHM_PREFIX}*"):
+        match = re.match(rf"{SHM_PREFIX}(\d+)x", path.name)
+        if match and int(match.group(1)) in pids:
+            owned.add(path.name)
+    return owned
 
 
 def stream_pids(cog: CogServer) -> list[int]:
@@ -311,13 +322,15 @@ def test_shutdown_leaves_no_process_and_no_shared_memory(tmp_path, default_archi
     """Before: every Cog shutdown left Triton's /dev/shm regions behind (the service's shutdown never
     ran under coglet). Now the regions are removed by the server's stop, by its guardian when the
     predictor dies (here: SIGTERM to coglet and its worker, then SIGKILL), and at the next start."""
-    before = {p.name for p in SHM_DIR.glob(f"{SHM_PREFIX}*")}
     with WeightsHTTPServer(default_archive.parent) as weights:
         env = serving_env(f"{weights.url}/{default_archive.name}", work=tmp_path, COG_TRITON_SELF_TEST="false")
         with CogServer(env, log_file=tmp_path / "cog.log") as cog:
             cog.wait_ready(timeout_s=400)
             assert cog.predict(SHORT)["status"] == "succeeded"
-            ours = {p.name for p in SHM_DIR.glob(f"{SHM_PREFIX}*")} - before
+            # Other tests' stacks run beside this one (pytest-xdist) and keep their own regions, so "ours"
+            # is the regions whose owner (cogtriton<pid>x..., the process that launched Triton) is a
+            # process of this Cog server, not whatever appeared meanwhile.
+            ours = shm_regions_owned_by(descendants_of(cog.proc.pid))
             assert ours, "the Python backend keeps its regions in /dev/shm"
             streamers = stream_pids(cog)
             assert streamers, "the predictor runs stream processes"
