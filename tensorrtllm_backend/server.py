@@ -22,9 +22,12 @@ Replaces the upstream ``scripts/launch_triton_server.py`` of tensorrtllm_backend
 * The Python backend keeps one shared-memory region per model instance in ``/dev/shm``, named
   ``<shm-region-prefix-name><uuid>`` (python_backend src/python_be.cc; the default prefix is
   ``triton_python_backend_shm_region_``), and removes it only on a clean unload: a killed Triton
-  leaves it behind. Our prefix is unique per server (``cogtriton<owner pid>x<n>r<rank>_``), so
+  leaves it behind. Our prefix is unique per server (``cogtriton<pid namespace>p<owner pid>x<n>r<rank>_``), so
   :meth:`TritonServer.stop`, the guardian process (when our process dies) and the next start
-  (regions of owners that no longer exist) remove exactly what was ours.
+  (regions of owners that no longer exist) remove exactly what was ours. A pid means something only in its
+  own PID namespace, and /dev/shm can be shared across them (``docker run --ipc=host``, which NVIDIA's
+  container guides suggest, or ``unshare --pid`` as tests/test_init.py does): the next start judges only
+  regions of its own namespace, so another container's live Triton never loses its regions to us.
 
 Every endpoint binds 127.0.0.1 only.
 
@@ -67,7 +70,7 @@ STARTUP_ABORT_GRACE_S = 2.0  # grace period when stopping a Triton that never be
 LOG_LINE_MAX_CHARS = 1200
 SHM_DIR = Path("/dev/shm")
 SHM_PREFIX = "cogtriton"
-_SHM_OWNER_RE = re.compile(rf"^{SHM_PREFIX}(\d+)x\d+r\d+_")
+_SHM_OWNER_RE = re.compile(rf"^{SHM_PREFIX}(\d+)p(\d+)x\d+r\d+_")
 _instances = itertools.count(1)
 
 
@@ -195,10 +198,18 @@ def locate_tritonserver(
     )
 
 
+def pid_namespace() -> int:
+    """The inode of this process's PID namespace (``/proc/self/ns/pid``), or 0 where it cannot be read."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
 def unique_shm_prefix() -> str:
-    """A shared-memory region prefix for one server of this process: ``cogtriton<pid>x<n>r`` (the
-    launch appends ``<rank>_``)."""
-    return f"{SHM_PREFIX}{os.getpid()}x{next(_instances)}r"
+    """A shared-memory region prefix for one server of this process: ``cogtriton<ns>p<pid>x<n>r``, where
+    ``<ns>`` is :func:`pid_namespace` (the launch appends ``<rank>_``)."""
+    return f"{SHM_PREFIX}{pid_namespace()}p{os.getpid()}x{next(_instances)}r"
 
 
 def remove_shm_regions(prefix: str, shm_dir: Path = SHM_DIR) -> list[str]:
@@ -214,11 +225,17 @@ def remove_shm_regions(prefix: str, shm_dir: Path = SHM_DIR) -> list[str]:
 
 
 def remove_stale_shm_regions(shm_dir: Path = SHM_DIR) -> list[str]:
-    """Delete our regions (``cogtriton<pid>x...``) whose owner process no longer exists; return their names."""
+    """Delete our regions (``cogtriton<ns>p<pid>x...``) of this PID namespace whose owner process no longer
+    exists; return their names. Regions of another namespace are left alone: their owner's pid cannot be
+    looked up from here, and taking it for dead would delete a live server's regions. Without a readable
+    namespace (:func:`pid_namespace` is 0) nothing is judged stale."""
+    namespace = pid_namespace()
+    if not namespace:
+        return []
     removed = []
     for path in shm_dir.glob(f"{SHM_PREFIX}*"):
         match = _SHM_OWNER_RE.match(path.name)
-        if match and not _pid_alive(int(match.group(1))):
+        if match and int(match.group(1)) == namespace and not _pid_alive(int(match.group(2))):
             try:
                 path.unlink()
                 removed.append(path.name)

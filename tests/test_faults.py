@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from cog_triton.local import CogServer, WeightsHTTPServer, serving_env
-from tensorrtllm_backend.server import SHM_DIR, SHM_PREFIX
+from tensorrtllm_backend.server import SHM_DIR, SHM_PREFIX, pid_namespace
 from tests.proc import descendants_of, pids_mentioning, wait_for_pids_gone
 
 pytestmark = pytest.mark.integration
@@ -80,10 +80,11 @@ def wait_for_end(runs: list[dict[str, Any]], bound_s: float, what: str) -> None:
 
 
 def shm_regions_owned_by(pids: set[int]) -> set[str]:
-    """The names of our /dev/shm regions (``cogtriton<owner pid>x<n>r<rank>_...``) whose owner is in ``pids``."""
+    """The names of our /dev/shm regions (``cogtriton<pid namespace>p<owner pid>x<n>r<rank>_...``) of this PID
+    namespace whose owner is in ``pids``."""
     owned = set()
-    for path in SHM_DIR.glob(f"{SHM_PREFIX}*"):
-        match = re.match(rf"{SHM_PREFIX}(\d+)x", path.name)
+    for path in SHM_DIR.glob(f"{SHM_PREFIX}{pid_namespace()}p*"):
+        match = re.match(rf"{SHM_PREFIX}\d+p(\d+)x", path.name)
         if match and int(match.group(1)) in pids:
             owned.add(path.name)
     return owned
@@ -328,10 +329,12 @@ def test_shutdown_leaves_no_process_and_no_shared_memory(tmp_path, default_archi
             cog.wait_ready(timeout_s=400)
             assert cog.predict(SHORT)["status"] == "succeeded"
             # Other tests' stacks run beside this one (pytest-xdist) and keep their own regions, so "ours"
-            # is the regions whose owner (cogtriton<pid>x..., the process that launched Triton) is a
+            # is the regions whose owner (the process that launched Triton, named in the region) is a
             # process of this Cog server, not whatever appeared meanwhile.
-            ours = shm_regions_owned_by(descendants_of(cog.proc.pid))
-            assert ours, "the Python backend keeps its regions in /dev/shm"
+            below = descendants_of(cog.proc.pid)
+            ours = shm_regions_owned_by(below)
+            assert ours, ("the Python backend keeps its regions in /dev/shm",
+                          sorted(p.name for p in SHM_DIR.glob(f"{SHM_PREFIX}*")), sorted(below))
             streamers = stream_pids(cog)
             assert streamers, "the predictor runs stream processes"
     deadline = time.monotonic() + 15

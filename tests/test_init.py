@@ -16,6 +16,7 @@ zombie: that control shows the check bites.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -26,11 +27,13 @@ from pathlib import Path
 import pytest
 
 from cog_triton.settings import REPO_ROOT
+from tensorrtllm_backend.server import SHM_DIR, SHM_PREFIX, pid_namespace
 from tests.test_packaging import dockerfile_instructions
 from tests.test_server import ECHO_MODEL, launch_config, write_repo
 
 pytestmark = pytest.mark.integration
 NGC_ENTRYPOINT = "/opt/nvidia/nvidia_entrypoint.sh"
+_probes = itertools.count(900_000)
 
 OWNER = """\
 import json, os, signal, sys, time
@@ -99,8 +102,16 @@ def run_as_pid1(prefix: list[str], tmp_path: Path) -> dict:
     command = ["unshare", "--pid", "--fork", "--mount-proc", *prefix, sys.executable, "-c", OWNER, str(repo),
                str(tmp_path / "work"), str(tmp_path / "triton.log"), str(cfg.http_port), str(cfg.grpc_port),
                str(cfg.metrics_port)]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO_ROOT,
-                            env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)))
+    # A live region of a server of this namespace (owner: this process, which the new namespace cannot see).
+    # /dev/shm is shared with the new namespace; the Triton starts in there must leave it alone.
+    live = SHM_DIR / f"{SHM_PREFIX}{pid_namespace()}p{os.getpid()}x{next(_probes)}r0_live-region-probe"
+    live.write_bytes(b"")
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO_ROOT,
+                                env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)))
+        assert live.exists(), "a Triton started in another PID namespace removed a live region of this one"
+    finally:
+        live.unlink(missing_ok=True)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 

@@ -27,6 +27,8 @@ from tensorrtllm_backend.server import (
     _merged_env,
     build_command,
     locate_tritonserver,
+    pid_namespace,
+    remove_stale_shm_regions,
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -118,8 +120,35 @@ def test_every_launch_gets_its_own_shm_prefix() -> None:
     the benchmark, a restart) must never share one; upstream's fixed ``prefix`` would."""
     first, second = LaunchConfig(model_repo=Path("/r")), LaunchConfig(model_repo=Path("/r"))
     assert first.shm_prefix != second.shm_prefix
-    assert first.shm_prefix.startswith(f"cogtriton{os.getpid()}x")
+    assert first.shm_prefix.startswith(f"cogtriton{os.stat('/proc/self/ns/pid').st_ino}p{os.getpid()}x")
     assert f"--backend-config=python,shm-region-prefix-name={first.shm_prefix}0_" in build_command(FIXED, first)
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen(["true"])  # noqa: S607
+    child.wait()
+    return child.pid
+
+
+def test_stale_regions_are_only_those_of_dead_owners_of_this_pid_namespace(tmp_path: Path) -> None:
+    """A pid names a process only in its own PID namespace, and /dev/shm can be shared across namespaces
+    (``docker run --ipc=host``; tests/test_init.py's ``unshare --pid``). A region of another namespace is never
+    stale to us, whatever its pid is here: before, a Triton started under ``unshare --pid`` removed every live
+    region of the host's servers, whose owners it could not see."""
+    here, dead, alive = pid_namespace(), _dead_pid(), os.getpid()
+    assert here == os.stat("/proc/self/ns/pid").st_ino
+    names = {
+        "ours, dead owner": f"cogtriton{here}p{dead}x1r0_a",
+        "ours, live owner": f"cogtriton{here}p{alive}x1r0_b",
+        "other namespace, pid dead here": f"cogtriton{here + 1}p{dead}x1r0_c",
+        "other namespace, pid alive here": f"cogtriton{here + 1}p{alive}x1r0_d",
+        "old naming": f"cogtriton{dead}x1r0_e",
+        "not ours": "triton_python_backend_shm_region_f",
+    }
+    for name in names.values():
+        (tmp_path / name).write_bytes(b"")
+    assert remove_stale_shm_regions(tmp_path) == [names["ours, dead owner"]]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(v for k, v in names.items() if k != "ours, dead owner")
 
 
 @pytest.mark.parametrize("world_size", [0, -1])
