@@ -246,3 +246,14 @@ def test_setup_fails_with_the_deadline_when_the_weights_server_drips(tmp_path: P
     assert "SETUP_FAILED" in message
     assert (f"the download of {server.url}/weights.tar.gz did not finish within the deadline of 2 s "
             "(COG_TRITON_DOWNLOAD_DEADLINE_S)") in message, message[-2000:]
+
+
+def test_a_body_stream_closed_after_the_deadline_closes_without_an_error() -> None:
+    """httpcore traces ``receive_response_body.failed`` with GeneratorExit when a response body's generator is
+    closed or collected; after the deadline that used to raise inside the close (pytest reported it as an
+    unraisable exception in test_weights' deadline test). An error step after the deadline still becomes the
+    deadline's error."""
+    deadline = FetchDeadline(0.01, at=time.monotonic() - 1, what="the download of x")
+    deadline.trace("http11.receive_response_body.failed", {"exception": GeneratorExit()})
+    with pytest.raises(FetchDeadlineError, match="the download of x did not finish within the deadline"):
+        deadline.trace("http11.receive_response_body.failed", {"exception": OSError("connection reset")})

@@ -173,7 +173,10 @@ class FetchDeadline:
                     if self.passed():
                         stream.close()
                         raise self.error()
-        if phase == "failed" and self.passed():
+        if phase == "failed" and self.passed() and isinstance(info.get("exception"), Exception):
+            # Only errors become the deadline's: a body stream that is closed or collected (GeneratorExit, a
+            # BaseException) ends its step "failed" too, inside the generator's close, where raising would be
+            # "Exception ignored" and the close would not finish.
             raise self.error() from info.get("exception")
         if phase == "started" and step in ("connect_tcp", "start_tls", "send_request_headers") and self.passed():
             raise self.error()
