@@ -435,7 +435,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         help="streams@step_ms pairs, e.g. 64@5,128@10,256@20 (the stack restarts for each step); "
                         "instead of --concurrency and --step-ms")
     parser.add_argument("--engine-instances", type=int, default=None,
-                        help="stand-in model instances (processes; default: one per 4 CPUs, 1 to 4), so that the "
+                        help="stand-in model instances (processes; default: one per 4 CPUs, 1 to 4; --engine standin only), so that the "
                         "Python stand-in is not what limits the direct path on a many-core host")
     parser.add_argument("--paths", type=_paths, default=None,
                         help="comma-separated, of " + ",".join(ALL_PATHS) + f" (default {','.join(PATHS)}; "
@@ -518,6 +518,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         args.engine_instances = 1 if args.engine == "pytorch" else max(1, min(4, _cpus() // 4))
     if args.engine_instances < 1:
         parser.error("--engine-instances must be positive")
+    if args.engine == "pytorch" and args.engine_instances != 1:
+        # the PyTorch-backend wrapper's config.pbtxt has one instance (one LLM): more was silently ignored before
+        parser.error("--engine-instances applies to the stand-in engine only; --engine pytorch runs one LLM instance")
     if args.tokens is None:
         args.tokens = 32 if args.smoke else 64 if reference else 256
     if args.rounds is None:

@@ -528,7 +528,8 @@ def test_the_pytorch_engine_runs_the_paced_paths_only() -> None:
     args = harness.parse_args(["--engine", "pytorch"])
     assert args.paths == ["tensorrt_llm", "ensemble", "cog", "floor"] and args.engine_instances == 1
     assert args.tokens == 256 and args.concurrency == [1, 8, 32, 64, 128]
-    for bad in (["--engine", "pytorch", "--paths", "cog,cog_json"], ["--engine", "pytorch", "--paths", "cog_lora"]):
+    for bad in (["--engine", "pytorch", "--paths", "cog,cog_json"], ["--engine", "pytorch", "--paths", "cog_lora"],
+                ["--engine", "pytorch", "--engine-instances", "2"]):
         with pytest.raises(SystemExit):
             harness.parse_args(bad)
 
