@@ -633,6 +633,22 @@ def test_finalize_aborts_running_requests_and_shuts_the_llm_down(model_module, p
     assert late.sender.errors() and "not serving" in late.sender.errors()[0]
 
 
+def test_the_stub_process_switches_threads_every_half_millisecond_while_the_model_is_loaded(model_module):
+    """The model's process (Triton's stub) runs its threads with a 0.5 ms switch interval (GIL_SWITCH_INTERVAL_S:
+    CPython's 5 ms kept a thread back from a send waiting for the GIL, measured on the device), set before the LLM
+    starts and put back by finalize()."""
+    import sys
+
+    before = sys.getswitchinterval()
+    assert before != model_module.GIL_SWITCH_INTERVAL_S
+    model = make(model_module)
+    try:
+        assert sys.getswitchinterval() == pytest.approx(0.0005)
+    finally:
+        model.finalize()
+    assert sys.getswitchinterval() == before
+
+
 def test_requests_are_sent_from_several_threads_each_request_from_one(model, prompt, greedy):
     """Sends are round trips to Triton's process, so several threads send; a request's sends and is_cancelled()
     calls stay on one thread (one sender used from two threads crashed Triton 2.51)."""

@@ -90,6 +90,7 @@ import itertools
 import json
 import os
 import queue
+import sys
 import threading
 import time
 import traceback
@@ -314,6 +315,9 @@ class TritonPythonModel:
         # sends and is_cancelled() calls stay on one thread, in order.
         self._queues: List["queue.SimpleQueue[Any]"] = [queue.SimpleQueue() for _ in range(RESPONSE_THREADS)]
         self._closing = False
+        # Set before the LLM starts its threads (see GIL_SWITCH_INTERVAL_S); finalize() puts the previous one back.
+        self._previous_switch_interval = sys.getswitchinterval()
+        sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
         self.llm = self._start_engine()
         self._response_threads = [
             threading.Thread(target=self._response_loop, args=(i,), name=f"trtllm-pytorch-responses-{i}", daemon=True)
@@ -754,6 +758,7 @@ class TritonPythonModel:
                 pass
         self._loop_thread.join(FINALIZE_DRAIN_S)
         self.serving = False
+        sys.setswitchinterval(getattr(self, "_previous_switch_interval", sys.getswitchinterval()))
         self._log("info", "finalized")
 
 
@@ -762,5 +767,16 @@ _SHUTDOWN = object()
 #: of scripts/benchmark sends from 4 threads too). Sends of one request are never made from two threads: with
 #: Triton 2.51's Python backend, a request's sender used from two threads made tritonserver die of SIGSEGV.
 RESPONSE_THREADS = 4
+#: The interpreter's thread switch interval in this model's stub process, seconds (CPython's default: 0.005). The
+#: stub runs the event loop that hosts the LLM, the response threads and the LLM API's own threads; each ``send`` is
+#: a round trip to Triton's process made without the GIL, and a thread coming back from it waits for the GIL until
+#: the thread holding it is forced to switch, up to this interval. Timestamps inside the model (H200, 256 streams at
+#: a 10 ms step, the LLM's stream_interval 8, benchmarks/results/2026-11-28-h200-i32-si) put the time to first token
+#: there: a request's coroutine started 6-18 ms (p50) after execute() had it, and its first response waited 38 ms
+#: (p50) in its response thread's queue. With 0.5 ms: direct time to first token p50 79-113 ms in four runs against
+#: 119-148 ms in three with 5 ms, p99 and tokens/s unchanged (0.94-0.95 of the engine's rate either way); 2 ms gave
+#: half of that, 0.2 ms no more. The same interval in the Cog worker made its time to first token worse (two runs):
+#: only this process sets it.
+GIL_SWITCH_INTERVAL_S = 0.0005
 #: The most queued items a response thread takes at once (each request's among them become one response).
 MAX_MERGED_ITEMS = 4096
