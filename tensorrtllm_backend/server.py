@@ -224,6 +224,13 @@ def remove_shm_regions(prefix: str, shm_dir: Path = SHM_DIR) -> list[str]:
     return sorted(removed)
 
 
+def shm_region_owner(name: str) -> Optional[tuple[int, int]]:
+    """The (PID namespace inode, owner pid) named in one of our region names (``cogtriton<ns>p<pid>x<n>r<rank>_...``,
+    see :func:`unique_shm_prefix`); None for any other name, a region of an older format included."""
+    match = _SHM_OWNER_RE.match(name)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
 def remove_stale_shm_regions(shm_dir: Path = SHM_DIR) -> list[str]:
     """Delete our regions (``cogtriton<ns>p<pid>x...``) of this PID namespace whose owner process no longer
     exists; return their names. Regions of another namespace are left alone: their owner's pid cannot be
@@ -234,8 +241,8 @@ def remove_stale_shm_regions(shm_dir: Path = SHM_DIR) -> list[str]:
         return []
     removed = []
     for path in shm_dir.glob(f"{SHM_PREFIX}*"):
-        match = _SHM_OWNER_RE.match(path.name)
-        if match and int(match.group(1)) == namespace and not _pid_alive(int(match.group(2))):
+        owner = shm_region_owner(path.name)
+        if owner is not None and owner[0] == namespace and not _pid_alive(owner[1]):
             try:
                 path.unlink()
                 removed.append(path.name)

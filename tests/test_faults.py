@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import threading
 import time
@@ -22,7 +21,7 @@ import httpx
 import pytest
 
 from cog_triton.local import CogServer, WeightsHTTPServer, serving_env
-from tensorrtllm_backend.server import SHM_DIR, SHM_PREFIX, pid_namespace
+from tensorrtllm_backend.server import SHM_DIR, SHM_PREFIX, pid_namespace, shm_region_owner
 from tests.proc import descendants_of, pids_mentioning, wait_for_pids_gone
 
 pytestmark = pytest.mark.integration
@@ -82,10 +81,11 @@ def wait_for_end(runs: list[dict[str, Any]], bound_s: float, what: str) -> None:
 def shm_regions_owned_by(pids: set[int]) -> set[str]:
     """The names of our /dev/shm regions (``cogtriton<pid namespace>p<owner pid>x<n>r<rank>_...``) of this PID
     namespace whose owner is in ``pids``."""
+    namespace = pid_namespace()
     owned = set()
-    for path in SHM_DIR.glob(f"{SHM_PREFIX}{pid_namespace()}p*"):
-        match = re.match(rf"{SHM_PREFIX}\d+p(\d+)x", path.name)
-        if match and int(match.group(1)) in pids:
+    for path in SHM_DIR.glob(f"{SHM_PREFIX}*"):
+        owner = shm_region_owner(path.name)
+        if owner is not None and owner[0] == namespace and owner[1] in pids:
             owned.add(path.name)
     return owned
 

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 import pytest
-import requests
 
 from common.errors import FetchDeadlineError, LoraAdapterError
 from cog_triton.fetch.deadline import FetchDeadline

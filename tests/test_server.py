@@ -29,6 +29,8 @@ from tensorrtllm_backend.server import (
     locate_tritonserver,
     pid_namespace,
     remove_stale_shm_regions,
+    shm_region_owner,
+    unique_shm_prefix,
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -149,6 +151,13 @@ def test_stale_regions_are_only_those_of_dead_owners_of_this_pid_namespace(tmp_p
         (tmp_path / name).write_bytes(b"")
     assert remove_stale_shm_regions(tmp_path) == [names["ours, dead owner"]]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(v for k, v in names.items() if k != "ours, dead owner")
+
+
+def test_a_region_name_gives_back_the_namespace_and_owner_its_prefix_was_made_with() -> None:
+    name = f"{unique_shm_prefix()}0_triton_python_backend_shm_region_abc"
+    assert shm_region_owner(name) == (pid_namespace(), os.getpid())
+    assert shm_region_owner(f"cogtriton{os.getpid()}x1r0_old") is None  # the format before PID namespaces
+    assert shm_region_owner("triton_python_backend_shm_region_1") is None
 
 
 @pytest.mark.parametrize("world_size", [0, -1])
