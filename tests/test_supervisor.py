@@ -9,7 +9,7 @@ to hang or to exit at startup on demand); what it does is read from a ``mode`` f
 at each start, so a test changes its behaviour while the supervisor watches:
 
 * ``ok``: 200 to every GET;
-* ``hang``: the connection is accepted and never answered;
+* ``hang``: the connection is accepted and never answered (its path is written to the ``held`` file);
 * ``503 <path>``: HTTP 503 for that path, 200 for the others;
 * ``exit``: the process exits with status 1 at once when it starts.
 """
@@ -54,6 +54,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         now = mode()
         if now[0] == "hang":
+            with open(HERE / "held", "a") as held:
+                held.write(self.path + "\\n")
             time.sleep(3600)  # accepted, never answered
         status = 503 if now[0] == "503" and self.path == now[1] else 200
         self.send_response(status)
@@ -156,6 +158,29 @@ def test_a_triton_that_stops_answering_its_probes_is_hung_unhealthy_and_restarte
         assert wait_for(lambda: supervisor.state is State.READY)
         assert supervisor.counters.restarts == 1 and supervisor.counters.faults == 1
         assert restarted == [standin.server.pid] and supervisor.health().healthy
+    finally:
+        supervisor.stop()
+
+
+def test_a_triton_stopped_while_a_probe_waits_for_its_answer_is_a_fault_at_once(standin: StandIn) -> None:
+    """The process checks do not wait behind a readiness probe: a Triton stopped (SIGSTOP) while a probe waits for
+    an answer fails the running predictions within a round, not after the probe's timeout (600 s here; before, the
+    probe and the checks ran in turn on one thread, so the stop was seen only after that timeout)."""
+    import os
+    import signal
+
+    supervisor = supervise(standin, probe_timeout_s=600.0, hung_after=1000)
+    try:
+        stream = Recorder()
+        supervisor.register(stream)
+        standin.set("hang")
+        assert wait_for(lambda: (standin.root / "held").exists()), "no probe reached the stand-in"
+        assert not stream.errors  # a probe waits for its answer; nothing is a fault yet
+        os.kill(standin.server.pid, signal.SIGSTOP)
+        assert stream.failed.wait(NOT_HUNG_S), "a Triton stopped during a probe was not a fault before the probe's timeout"
+        [error] = stream.errors
+        assert "Triton is stopped (state T" in error.message, error.message
+        standin.set("ok")  # the restarted stand-in answers
     finally:
         supervisor.stop()
 

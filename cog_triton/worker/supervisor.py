@@ -9,7 +9,8 @@ One :class:`Supervisor` thread per service polls, every ``interval_s`` seconds:
   ``/v2/models/<m>/ready`` and ``/v2/health/ready`` still answer 200 then (r26.02 reports the
   model unready, the server health only from r26.04), so stub processes are watched directly;
 * ``/v2/health/ready`` and each model's ``/v2/models/<m>/ready``, with a short timeout: a Triton
-  that stops answering (hung) is a fault after ``hung_after`` failed probes in a row.
+  that stops answering (hung) is a fault after ``hung_after`` failed probes in a row. The probes run
+  on a thread of their own, so a probe waiting for its answer never delays the process checks.
 
 On a fault every registered stream is failed at once (within about ``interval_s`` of the fault,
 not at the 120 s no-token timeout) with an error that names it, and Triton is restarted in the
@@ -27,6 +28,7 @@ that receives nothing for ``COG_TRITON_REQUEST_TIMEOUT_S`` is failed where it ru
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import enum
 import logging
 import threading
@@ -202,20 +204,40 @@ class Supervisor:
         self._stubs = {stub.pid: stub.model for stub in self.server.stub_processes()}
 
     def _run(self) -> None:
-        with httpx.Client(base_url=self.server.url, timeout=self.probe_timeout_s) as client:
+        # The readiness probes run on a thread of their own: a probe waits up to probe_timeout_s for an answer, and
+        # the checks of the process (exited, stopped, a stub gone) must not wait behind it. A Triton stopped while a
+        # probe was on its way (SIGSTOP) was found only after that probe's timeout and one more round: 2.5 s, where
+        # the module promises about interval_s (tests/test_faults.py's stopped-Triton test failed so, once).
+        with httpx.Client(base_url=self.server.url, timeout=self.probe_timeout_s) as client, \
+                concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="triton-probe") as probes:
+            probe: Optional[concurrent.futures.Future] = None
             while not self._stop.is_set():
                 self._wake.wait(self.interval_s)
                 self._wake.clear()
                 if self._stop.is_set():
                     return
                 if self.state is not State.READY:
+                    probe = None  # a probe of the Triton before the restart: its answer is not looked at
                     continue
-                fault = self.check(client)
+                fault = self.check_process()
+                if fault is None:
+                    if probe is None:
+                        probe = probes.submit(self._probe, client)
+                        concurrent.futures.wait([probe], timeout=self.interval_s)  # a healthy answer: this round
+                    if probe.done():
+                        fault = self._probe_verdict(probe.result())
+                        probe = None
                 if fault is not None and not self._stop.is_set():
+                    probe = None
                     self._handle_fault(fault)
 
     def check(self, client: httpx.Client) -> Optional[Fault]:
-        """One round of checks; the fault found, or None."""
+        """One round of checks, the readiness probes waited for; the fault found, or None."""
+        return self.check_process() or self._probe_verdict(self._probe(client))
+
+    def check_process(self) -> Optional[Fault]:
+        """The checks of Triton's processes (from /proc, no request): exited, stopped, a stub gone; the fault, or
+        None."""
         server = self.server
         if not server.is_alive():
             return Fault(f"Triton {server.exit_description()}")
@@ -229,24 +251,35 @@ class Supervisor:
                     f"the Python backend stub of model '{model}' (pid {pid}) exited; Triton does not restart it, and "
                     "every request to the model would fail with 'Stub process is not healthy'"
                 )
+        return None
+
+    def _probe(self, client: httpx.Client) -> "Optional[Fault] | httpx.HTTPError":
+        """Triton's readiness endpoints, each within probe_timeout_s (the probe thread): None when all answer 200, the
+        fault of a non-200 answer, or the error of a request that got no answer."""
         try:
             for path in ["/v2/health/ready", *(f"/v2/models/{m}/ready" for m in self.models)]:
                 response = client.get(path)
                 if response.status_code != 200:
-                    self._failed_probes = 0
                     return Fault(f"Triton answered HTTP {response.status_code} to GET {path}: the model is not ready")
-            self._failed_probes = 0
             return None
         except httpx.HTTPError as exc:
-            self._failed_probes += 1
-            self.counters.last_fault = f"{type(exc).__name__} on a readiness probe ({self._failed_probes} in a row)"
-            if self._failed_probes >= self.hung_after:
-                return Fault(
-                    f"Triton has not answered {self._failed_probes} readiness probes in a row ({type(exc).__name__}): "
-                    "it is hung",
-                    hang=True,
-                )
-            return None
+            return exc
+
+    def _probe_verdict(self, outcome: "Optional[Fault] | httpx.HTTPError") -> Optional[Fault]:
+        """Count a probe's outcome (the supervisor thread): an answered probe resets the count of failed ones in a
+        row; ``hung_after`` failed in a row make a hang."""
+        if not isinstance(outcome, httpx.HTTPError):
+            self._failed_probes = 0
+            return outcome
+        self._failed_probes += 1
+        self.counters.last_fault = f"{type(outcome).__name__} on a readiness probe ({self._failed_probes} in a row)"
+        if self._failed_probes >= self.hung_after:
+            return Fault(
+                f"Triton has not answered {self._failed_probes} readiness probes in a row ({type(outcome).__name__}): "
+                "it is hung",
+                hang=True,
+            )
+        return None
 
     def _handle_fault(self, found: Fault) -> None:
         fault = found.message
