@@ -614,8 +614,10 @@ def test_tensor_parallelism_is_the_llms_to_spawn(model_module, trtllm, monkeypat
     instance = model_module.TritonPythonModel()
     instance.load_llm_args = lambda params: {"model": str(checkpoint_dir), "tensor_parallel_size": 2}
     config = {"model_transaction_policy": {"decoupled": True}, "parameters": {}}
+    before = sys.getswitchinterval()
     with pytest.raises(RuntimeError, match="but 2 are required"):
         instance.initialize({"model_config": json.dumps(config)})
+    assert sys.getswitchinterval() == before  # the failed load put the switch interval back
     (kwargs,) = spy.built
     assert kwargs["tensor_parallel_size"] == 2 and "_mpi_session" not in kwargs
 
@@ -637,16 +639,17 @@ def test_the_stub_process_switches_threads_every_half_millisecond_while_the_mode
     """The model's process (Triton's stub) runs its threads with a 0.5 ms switch interval (GIL_SWITCH_INTERVAL_S:
     CPython's 5 ms kept a thread back from a send waiting for the GIL, measured on the device), set before the LLM
     starts and put back by finalize()."""
-    import sys
-
-    before = sys.getswitchinterval()
-    assert before != model_module.GIL_SWITCH_INTERVAL_S
-    model = make(model_module)
+    original = sys.getswitchinterval()  # another test's model, left loaded, may have set it in this process
+    sys.setswitchinterval(0.005)
     try:
-        assert sys.getswitchinterval() == pytest.approx(0.0005)
+        model = make(model_module)
+        try:
+            assert sys.getswitchinterval() == pytest.approx(0.0005)
+        finally:
+            model.finalize()
+        assert sys.getswitchinterval() == pytest.approx(0.005)
     finally:
-        model.finalize()
-    assert sys.getswitchinterval() == before
+        sys.setswitchinterval(original)
 
 
 def test_requests_are_sent_from_several_threads_each_request_from_one(model, prompt, greedy):

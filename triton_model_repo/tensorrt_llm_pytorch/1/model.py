@@ -318,7 +318,11 @@ class TritonPythonModel:
         # Set before the LLM starts its threads (see GIL_SWITCH_INTERVAL_S); finalize() puts the previous one back.
         self._previous_switch_interval = sys.getswitchinterval()
         sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-        self.llm = self._start_engine()
+        try:
+            self.llm = self._start_engine()
+        except BaseException:
+            sys.setswitchinterval(self._previous_switch_interval)  # a failed load leaves the process as it was
+            raise
         self._response_threads = [
             threading.Thread(target=self._response_loop, args=(i,), name=f"trtllm-pytorch-responses-{i}", daemon=True)
             for i in range(RESPONSE_THREADS)
