@@ -211,9 +211,12 @@ class Supervisor:
         with httpx.Client(base_url=self.server.url, timeout=self.probe_timeout_s) as client, \
                 concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="triton-probe") as probes:
             probe: Optional[concurrent.futures.Future] = None
+            slept = False  # this round's interval was spent waiting for a probe
             while not self._stop.is_set():
-                self._wake.wait(self.interval_s)
-                self._wake.clear()
+                if not slept:
+                    self._wake.wait(self.interval_s)
+                    self._wake.clear()
+                slept = False
                 if self._stop.is_set():
                     return
                 if self.state is not State.READY:
@@ -223,7 +226,9 @@ class Supervisor:
                 if fault is None:
                     if probe is None:
                         probe = probes.submit(self._probe, client)
-                        concurrent.futures.wait([probe], timeout=self.interval_s)  # a healthy answer: this round
+                        # A healthy answer comes within this round; one that does not, took the round's interval,
+                        # and the next round's process checks come without another.
+                        slept = not concurrent.futures.wait([probe], timeout=self.interval_s).done
                     if probe.done():
                         fault = self._probe_verdict(probe.result())
                         probe = None
