@@ -435,8 +435,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         help="streams@step_ms pairs, e.g. 64@5,128@10,256@20 (the stack restarts for each step); "
                         "instead of --concurrency and --step-ms")
     parser.add_argument("--engine-instances", type=int, default=None,
-                        help="stand-in model instances (processes; default: one per 4 CPUs, 1 to 4; --engine standin only), so that the "
-                        "Python stand-in is not what limits the direct path on a many-core host")
+                        help="stand-in model instances (processes; default: one per 4 CPUs, 1 to 4; --engine standin "
+                        "only), so that the Python stand-in is not what limits the direct path on a many-core host")
     parser.add_argument("--paths", type=_paths, default=None,
                         help="comma-separated, of " + ",".join(ALL_PATHS) + f" (default {','.join(PATHS)}; "
                         f"--engine reference adds {GUIDED_PATH}, Cog with a json_schema)")
