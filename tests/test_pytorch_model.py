@@ -288,66 +288,26 @@ def test_stream_interval_joins_a_requests_tokens_the_first_at_once(model, prompt
     assert sender.errors() == ["stream_interval_ms must be 0 (every step's tokens) to 10000 milliseconds, got -5"]
 
 
-def send_all(model, model_module, items):
-    """What one response thread does with ``items`` waiting together: send them, one request at a time."""
-    outbox = model_module.Outbox()
-    for item in items:
-        outbox.add(item)
-    while outbox:
-        model._send_waiting(outbox.take())
-
-
-class Recording(FakeSender):
-    """A sender that writes its name into ``order`` at each send."""
-
-    def __init__(self, name, order, gate=None):
-        super().__init__(gate=gate)
-        self.name, self.order, self.started = name, order, threading.Event()
-
-    def send(self, response=None, flags=0):
-        self.started.set()
-        super().send(response, flags)
-        self.order.append(self.name)
-
-
 def test_a_requests_first_response_is_sent_before_the_others_waiting(model, model_module):
     """The response thread sends what waits for it one request after another; a request's first response (its time
     to first token) goes before other requests' later ones, each request's own responses in order."""
     order: list[str] = []
-    running = model_module.InFlightRequest(1, "running", Recording("running", order), object(), answered=True)
-    new = model_module.InFlightRequest(2, "new", Recording("new", order), object())
+
+    class Recording(FakeSender):
+        def __init__(self, name):
+            super().__init__()
+            self.name = name
+
+        def send(self, response=None, flags=0):
+            order.append(self.name)
+            super().send(response, flags)
+
+    running = model_module.InFlightRequest(1, "running", Recording("running"), object(), answered=True)
+    new = model_module.InFlightRequest(2, "new", Recording("new"), object())
     queued = model_module.QueuedTokens
-    send_all(model, model_module, [queued(running, [5], None, None, False), queued(new, [7], None, None, False),
-                                   queued(running, [6], None, None, False)])
+    model._send_merged([queued(running, [5], None, None, False), queued(new, [7], None, None, False),
+                        queued(running, [6], None, None, False)])
     assert order == ["new", "running"] and running.sender.tokens() == [5, 6] and new.answered
-
-
-def test_a_first_response_queued_during_a_send_goes_next(model, model_module):
-    """A request's first response that comes while the thread sends waits for that one send, not for the other
-    requests' responses that were already waiting (the thread takes its queue before each request's send)."""
-    order: list[str] = []
-    gates = {name: threading.Event() for name in ("a", "b")}
-    same_thread = [model_module.RESPONSE_THREADS * k for k in (1001, 1002, 1003, 1004)]  # one partition
-    a, b, c = (model_module.InFlightRequest(number, name, Recording(name, order, gates.get(name)), object(),
-                                            answered=True) for number, name in zip(same_thread, "abc"))
-    new = model_module.InFlightRequest(same_thread[3], "new", Recording("new", order), object())
-    queue = model._queues[0]
-    queued = model_module.QueuedTokens
-    queue.put(queued(a, [1], None, None, False))
-    assert a.sender.started.wait(60)  # the thread is in a's send
-    queue.put(queued(b, [2], None, None, False))
-    queue.put(queued(c, [3], None, None, False))
-    gates["a"].set()
-    assert b.sender.started.wait(60)  # ... then in b's, with c's response waiting
-    queue.put(queued(new, [4], None, None, True))
-    queue.put(queued(b, [5], None, None, False))
-    gates["b"].set()
-    assert new.sender.final.wait(60)
-    deadline = time.monotonic() + 60  # only "not hung"
-    while len(order) < 5 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert order == ["a", "b", "new", "c", "b"]
-    assert b.sender.tokens() == [2, 5] and c.sender.tokens() == [3]
 
 
 def test_a_requests_waiting_responses_join_and_its_error_follows_its_tokens(model, model_module):
@@ -357,10 +317,9 @@ def test_a_requests_waiting_responses_join_and_its_error_follows_its_tokens(mode
     streamed = model_module.InFlightRequest(1, "streamed", FakeSender(), object(), answered=True)
     failed = model_module.InFlightRequest(2, "failed", FakeSender(), object(), answered=True)
     tokens, error = model_module.QueuedTokens, model_module.QueuedError
-    send_all(model, model_module, [
-        tokens(streamed, [5], [-0.5], -0.5, False), tokens(failed, [7], None, None, False),
-        tokens(streamed, [6], [-0.25], -0.75, False), error(failed, model_module.error_response("boom")),
-        tokens(streamed, [], [], -0.75, True)])
+    model._send_merged([tokens(streamed, [5], [-0.5], -0.5, False), tokens(failed, [7], None, None, False),
+                        tokens(streamed, [6], [-0.25], -0.75, False), error(failed, model_module.error_response("boom")),
+                        tokens(streamed, [], [], -0.75, True)])
     (first, flags, _), (last, last_flags, _) = streamed.sender.sent
     assert first.tensor("output_ids").tolist() == [[[5, 6]]] and flags == 0
     assert first.tensor("output_log_probs").tolist() == [[[-0.5, -0.25]]]

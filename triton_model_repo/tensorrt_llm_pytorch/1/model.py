@@ -94,7 +94,6 @@ import sys
 import threading
 import time
 import traceback
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
@@ -236,49 +235,6 @@ class QueuedError:
 
     request: InFlightRequest
     response: Any
-
-
-class Outbox:
-    """The responses waiting for one response thread, per request in order (that thread's alone).
-
-    A request's non-final :class:`QueuedTokens` waiting together join into one (tokens and log-probs in order, the
-    latest cumulative log-prob); a final response stays as the LLM made it (the C++ backend's shapes: a request
-    ending on the end token, or stopped, ends with a response of no new tokens), and an error goes after the tokens
-    queued before it. :meth:`take` gives the requests with no response sent yet first (time to first token), then
-    the others, each in the order its first waiting response came."""
-
-    __slots__ = ("_first", "_later")
-
-    def __init__(self) -> None:
-        # request number -> its waiting items; an OrderedDict pops its oldest entry in O(1) (a dict used as a FIFO
-        # scans the slots its earlier pops left)
-        self._first: "OrderedDict[int, List[Any]]" = OrderedDict()  # requests not answered yet
-        self._later: "OrderedDict[int, List[Any]]" = OrderedDict()
-
-    def __bool__(self) -> bool:
-        return bool(self._first) or bool(self._later)
-
-    def add(self, item: Any) -> None:
-        """Add a :class:`QueuedTokens` or :class:`QueuedError` taken from the thread's queue."""
-        inflight = item.request
-        # a request's items are in one of the two: it is answered only by sending what take() gave
-        box = self._later if inflight.answered else self._first
-        waiting = box.get(inflight.number)
-        if waiting is None:
-            box[inflight.number] = [item]
-            return
-        last = waiting[-1]
-        if type(item) is QueuedTokens and type(last) is QueuedTokens and not last.final and not item.final:
-            last.tokens.extend(item.tokens)
-            if item.log_probs is not None:
-                last.log_probs = (last.log_probs or []) + item.log_probs
-            last.cum_log_prob = item.cum_log_prob
-        else:
-            waiting.append(item)
-
-    def take(self) -> List[Any]:
-        """The next request's waiting items, removed (the outbox must not be empty)."""
-        return (self._first or self._later).popitem(last=False)[1]
 
 
 class TritonPythonModel:
@@ -673,55 +629,69 @@ class TritonPythonModel:
         """Send what the event loop queued for partition ``index`` of the requests, in order per request, and check
         their cancellation. Each ``send`` is a round trip to Triton's process (about 140 us on an H200 host: one
         thread sent at most ~7,000 responses/s, measured with scripts/benchmark --engine pytorch at 128 x 100
-        tokens/s: 0.56 of the engine's rate), so :data:`RESPONSE_THREADS` threads send at once.
-
-        The thread sends one request's waiting responses at a time (:class:`Outbox`), and takes what the event
-        loop queued meanwhile before each: what waits for one request goes as one response (the new tokens of
-        several steps together, as a streamed response of the C++ backend also carries all tokens since its last
-        one), and a request's first response goes next, before other requests' later ones, so its wait is one send,
-        not a round of them. An idle thread sends each step's tokens at once."""
+        tokens/s: 0.56 of the engine's rate), so :data:`RESPONSE_THREADS` threads send at once. Whatever is
+        waiting when the thread comes round is sent as one response per request: the new tokens of several
+        steps together, as a streamed response of the C++ backend also carries all tokens since its last one;
+        the final response is sent as made (it may hold no new tokens, as the C++ backend's may). An idle thread
+        sends each step's tokens at once (time to first token unchanged)."""
         responses = self._queues[index]
-        outbox = Outbox()
         last_check = time.monotonic()
-        closing = False
         while True:
-            if not outbox:
-                if closing:
-                    return
-                try:
-                    item = responses.get(timeout=self.cancel_period_s)
-                except queue.Empty:
-                    item = None
-                if item is _SHUTDOWN:
-                    return
-                if item is not None:
-                    outbox.add(item)
-            # what else waits (a microsecond or two an item, against the ~140 us of a send)
-            taken = 0
-            while not closing and taken < MAX_MERGED_ITEMS:
+            try:
+                item = responses.get(timeout=self.cancel_period_s)
+            except queue.Empty:
+                item = None
+            now = time.monotonic()
+            if now - last_check >= self.cancel_period_s:
+                last_check = now
+                self._check_cancelled(index)
+            if item is None:
+                continue
+            if item is _SHUTDOWN:
+                return
+            batch = [item]
+            while len(batch) < MAX_MERGED_ITEMS:
                 try:
                     more = responses.get_nowait()
                 except queue.Empty:
                     break
                 if more is _SHUTDOWN:
-                    closing = True  # send what is here, then stop
-                    break
-                outbox.add(more)
-                taken += 1
-            now = time.monotonic()
-            if now - last_check >= self.cancel_period_s:
-                last_check = now
-                self._check_cancelled(index)
-            if outbox:
-                self._send_waiting(outbox.take())
+                    self._send_merged(batch)
+                    return
+                batch.append(more)
+            self._send_merged(batch)
 
-    def _send_waiting(self, waiting: List[Any]) -> None:
-        """Send one request's waiting responses (:meth:`Outbox.take`) in order."""
-        for item in waiting:
-            if type(item) is QueuedError:
-                self._send(item.request, item.response, True)
+    def _send_merged(self, batch: List[Any]) -> None:
+        """Send ``batch`` (:class:`QueuedTokens` and :class:`QueuedError` items in queue order), the tokens of each
+        request joined into one response."""
+        merged: Dict[int, QueuedTokens] = {}  # request number -> the item its later ones join, in order
+        order: List[QueuedTokens] = []
+        for item in batch:
+            inflight = item.request
+            if type(item) is QueuedError:  # after the tokens queued before it
+                pending = merged.pop(inflight.number, None)
+                if pending is not None:
+                    order = [entry for entry in order if entry is not pending]
+                    self._send(inflight, token_response(pending.tokens, pending.log_probs, pending.cum_log_prob),
+                               pending.final)
+                self._send(inflight, item.response, True)
+                continue
+            entry = merged.get(inflight.number)
+            if entry is None or entry.final or item.final:
+                # The final response stays as the LLM made it (the C++ backend's shapes: a request ending on the
+                # end token, or stopped, ends with a response of no new tokens).
+                merged[inflight.number] = item
+                order.append(item)
             else:
-                self._send(item.request, token_response(item.tokens, item.log_probs, item.cum_log_prob), item.final)
+                entry.tokens.extend(item.tokens)
+                if item.log_probs is not None:
+                    entry.log_probs = (entry.log_probs or []) + item.log_probs
+                entry.cum_log_prob = item.cum_log_prob
+        # A request's first response goes before the others waiting here (time to first token; each request's own
+        # responses stay in order).
+        order.sort(key=lambda entry: entry.request.answered)
+        for entry in order:
+            self._send(entry.request, token_response(entry.tokens, entry.log_probs, entry.cum_log_prob), entry.final)
 
     def _send(self, inflight: InFlightRequest, response, final: bool) -> None:
         if inflight.final_sent:
@@ -812,6 +782,5 @@ RESPONSE_THREADS = 4
 #: half of that, 0.2 ms no more. The same interval in the Cog worker made its time to first token worse (two runs):
 #: only this process sets it.
 GIL_SWITCH_INTERVAL_S = 0.0005
-#: The most queued items a response thread takes between two sends (each request's among them join its waiting
-#: response: :class:`Outbox`).
+#: The most queued items a response thread takes at once (each request's among them become one response).
 MAX_MERGED_ITEMS = 4096
