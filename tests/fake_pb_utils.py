@@ -67,8 +67,12 @@ class Logger:
 
 
 def get_input_tensor_by_name(request, name: str) -> Optional[Tensor]:
-    value = request.tensors.get(name)
-    return None if value is None else Tensor(name, value)
+    """As upstream's (python_backend ``triton_python_backend_utils.py``): ``inputs()`` again, then the names in
+    turn."""
+    for tensor in request.inputs():
+        if tensor.name() == name:
+            return tensor
+    return None
 
 
 def using_decoupled_model_transaction_policy(config: dict) -> bool:
@@ -128,7 +132,13 @@ class FakeRequest:
             self.tensors[name] = arr[None, ...] if arr.ndim else arr.reshape(1, 1)
         self._id = request_id
         self._requested = requested
+        self.inputs_calls = 0
         self.sender = FakeSender()
+
+    def inputs(self) -> list:
+        """A new list of new :class:`Tensor` objects at each call, as the stub's ``InferenceRequest.inputs()``."""
+        self.inputs_calls += 1
+        return [Tensor(name, value) for name, value in self.tensors.items()]
 
     def get_response_sender(self) -> FakeSender:
         return self.sender

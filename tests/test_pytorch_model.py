@@ -154,6 +154,14 @@ def test_streaming_sends_each_new_id_from_the_response_thread_with_streaming_as_
     assert (params.top_k, params.end_id, params.max_tokens, params.seed, params.detokenize) == (1, -1, 5, None, False)
 
 
+def test_a_request_reads_its_inputs_once(model, prompt, greedy):
+    """Every input the model asks for (some 30 names) comes from one read of the request's inputs: in Triton each
+    ``get_input_tensor_by_name`` reads them all again (tests/fake_pb_utils.py does as upstream)."""
+    request = FakeRequest(**body(prompt, 2, streaming=[True], end_id=[-1], temperature=[0.5], runtime_top_p=[0.9]))
+    assert run(model, request).tokens() == greedy[:2]
+    assert request.inputs_calls == 1
+
+
 def test_the_llm_is_built_from_llm_args_json(model_module, trtllm, monkeypatch, checkpoint_dir):
     spy = Spy(trtllm, monkeypatch)
     model = make(model_module)

@@ -75,6 +75,16 @@ def test_a_models_folder_becomes_a_package_once(tmp_path: Path) -> None:
             del sys.modules[module]
 
 
+def test_a_requests_inputs_are_read_once_and_got_by_name() -> None:
+    """The stub's ``get_input_tensor_by_name`` reads all of a request's inputs at each call; the models read them
+    once per request and look names up in what they read."""
+    request = FakeRequest(input_ids=[5, 6], stop=[False])
+    get = glue.input_arrays(request)
+    assert get("input_ids").tolist() == [[5, 6]] and get("stop").tolist() == [[False]]
+    assert get("request_output_len") is None and get("input_ids").tolist() == [[5, 6]]
+    assert request.inputs_calls == 1
+
+
 def test_the_client_must_ask_for_output_ids_and_sequence_length() -> None:
     assert glue.missing_output_error(FakeRequest(requested=None)) is None  # none named: Triton sends all
     assert glue.missing_output_error(FakeRequest(requested=["sequence_length", "output_ids", "cum_log_probs"])) is None

@@ -403,7 +403,7 @@ class TritonPythonModel:
             pass
 
     def _accept(self, request, sender) -> None:
-        get = lambda name, r=request: glue.input_array(r, name)  # noqa: E731
+        get = glue.input_arrays(request)
         request_id = request.request_id() if hasattr(request, "request_id") else ""
         if not getattr(self, "serving", False) or self._closing:
             self._send_now(sender, error_response("the model is not serving (it is unloading)"))

@@ -412,7 +412,7 @@ class TritonPythonModel:
 
     def _enqueue(self, request) -> None:
         sender = request.get_response_sender()
-        get = lambda name, r=request: glue.input_array(r, name)  # noqa: E731
+        get = glue.input_arrays(request)
         request_id = request.request_id() if hasattr(request, "request_id") else ""
         try:
             is_stop = is_stop_request(get)

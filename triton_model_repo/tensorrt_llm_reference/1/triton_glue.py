@@ -9,11 +9,11 @@ state: a model.py loaded twice (under two names, as the tests and the benchmark'
 
 What it does with Triton (upstream sources, read, not copied):
 
-* the names of ``triton_python_backend_utils`` (``pb_utils``) it uses: ``get_input_tensor_by_name`` and
-  ``TRITONSERVER_RESPONSE_COMPLETE_FINAL`` (triton-inference-server/python_backend
-  ``src/resources/triton_python_backend_utils.py``, r24.10: Triton 2.51, the one this project runs), ``Tensor``,
-  ``InferenceResponse``, ``TritonError`` (with its error codes), ``Logger`` and
-  ``InferenceRequest.requested_output_names`` (bound by the stub into that module, ``src/pb_stub.cc``);
+* the names of ``triton_python_backend_utils`` (``pb_utils``) it uses: ``TRITONSERVER_RESPONSE_COMPLETE_FINAL``
+  (triton-inference-server/python_backend ``src/resources/triton_python_backend_utils.py``, r24.10: Triton 2.51,
+  the one this project runs), ``Tensor`` (``name()``, ``as_numpy()``), ``InferenceResponse``, ``TritonError``
+  (with its error codes), ``Logger``, and ``InferenceRequest.inputs`` and ``requested_output_names`` (bound by
+  the stub into that module, ``src/pb_stub.cc``);
 * every request error is ``TRITONSERVER_ERROR_INTERNAL``, as the C++ backend sends it (NVIDIA/TensorRT-LLM
   ``triton_backend/inflight_batcher_llm/src/model_instance_state.cc`` ``fillTritonResponse`` /
   ``sendEnqueueResponse``, @c8c6df08), and a response's tensors are the backend's: ``output_ids`` [1, 1, n],
@@ -70,10 +70,22 @@ def sibling_package(name: str, model_file: str) -> str:
 # ------------------------------------------------------------------------------------------------
 
 
-def input_array(request, name: str) -> Optional[np.ndarray]:
-    """The request's input tensor ``name`` as a numpy array, or None when the request has none."""
-    tensor = pb_utils.get_input_tensor_by_name(request, name)
-    return None if tensor is None else tensor.as_numpy()
+def input_arrays(request) -> Callable[[str], Optional[np.ndarray]]:
+    """A getter of the request's input tensors by name: the tensor as a numpy array, or None when the request has
+    none by that name.
+
+    The request's inputs are read once (``InferenceRequest.inputs()``). ``pb_utils.get_input_tensor_by_name``
+    reads them again at each call and compares their names one by one (python_backend r24.10
+    ``src/resources/triton_python_backend_utils.py``): each ``inputs()`` makes a Python object for every input the
+    request has, and the models ask for some 30 names, most of them absent, in the stub's main thread, where
+    Triton's batches of new requests wait on one another (benchmarks/results/2026-11-28-h200-i32-si, call 9)."""
+    tensors = {tensor.name(): tensor for tensor in request.inputs()}
+
+    def get(name: str) -> Optional[np.ndarray]:
+        tensor = tensors.get(name)
+        return None if tensor is None else tensor.as_numpy()
+
+    return get
 
 
 def requested_outputs(request) -> Optional[set]:
