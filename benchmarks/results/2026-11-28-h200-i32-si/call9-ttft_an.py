@@ -1,9 +1,11 @@
 import sys, collections, statistics
 model, loadgen, conc = sys.argv[1], sys.argv[2], int(sys.argv[3])
-ev = collections.defaultdict(dict); xs = []
+ev = collections.defaultdict(dict); xs = []; acc = []; last = None
 for line in open(model):
     k, t, n, _ = line.split(); t = float(t)
-    if k == "x": xs += [t] * int(n)
+    if k == "x": xs += [t] * int(n); last = t
+    elif k == "a":
+        acc.append(t - last); last = t
     else: ev[int(n)].setdefault(k, t)
 nums = sorted(ev)
 xt = dict(zip(nums, xs)) if len(xs) == len(nums) else {}
@@ -11,6 +13,8 @@ blocks = open(loadgen).read().split("# run\n")
 lg = sorted((float(s), float(s) + float(f)) for _, s, f in (l.split() for l in blocks[-1].splitlines() if l.strip()))
 t0 = lg[0][0] - 0.05
 sel = [n for n in nums if xt.get(n, 0) >= t0 and all(k in ev[n] for k in "crse")]
+if acc:
+    a = sorted(acc); print("execute(): one request taken in (us) p50 %.0f p90 %.0f mean %.0f" % (1e6 * a[len(a) // 2], 1e6 * a[int(len(a) * .9)], 1e6 * sum(a) / len(a)))
 print(f"model requests in window {len(sel)}, loadgen {len(lg)}, x/numbers {len(xs)}/{len(nums)}")
 starts = [s for s, _ in lg]; firsts = sorted(f for _, f in lg)
 xsel = sorted(xt[n] for n in sel); esel = sorted(ev[n]["e"] for n in sel)
