@@ -236,10 +236,6 @@ class Supervisor:
                     probe = None
                     self._handle_fault(fault)
 
-    def check(self, client: httpx.Client) -> Optional[Fault]:
-        """One round of checks, the readiness probes waited for; the fault found, or None."""
-        return self.check_process() or self._probe_verdict(self._probe(client))
-
     def check_process(self) -> Optional[Fault]:
         """The checks of Triton's processes (from /proc, no request): exited, stopped, a stub gone; the fault, or
         None."""
