@@ -24,7 +24,7 @@ import pytest
 from cog_triton.streaming.prompt import PromptTokenizer
 from cog_triton.local import CogServer, WeightsHTTPServer, serving_env
 from tests.proc import pids_mentioning
-from tests.stacks import STACK_SETTINGS
+from tests.stacks import STACK_SETTINGS, stack_processes
 
 pytestmark = pytest.mark.integration
 
@@ -277,6 +277,24 @@ def test_ensemble_serves_text_and_token_ids_directly(stack, hf_model, hf_tokeniz
         assert hf_tokenizer.decode(ids, skip_special_tokens=True) == expected, source
     bad = _ensemble_events(stack, {"text_input": "x", "input_ids": [1, 2], "max_tokens": 4, "stream": True})
     assert "give exactly one of text_input" in bad[-1]["error"]
+
+
+def _maps_torch(pid: int) -> bool:
+    """Whether process ``pid`` has torch's C++ library mapped (torch imported)."""
+    return "libtorch_cpu" in Path(f"/proc/{pid}/maps").read_text()
+
+
+def test_the_preprocessing_stub_tokenizes_without_importing_torch(stack):
+    """The preprocessing model only tokenizes, so its stub hides torch from transformers: torch's library is not
+    mapped in it, while the reference model's stub, which runs the model, has it (the check can see it). Its
+    tokenizing is checked by test_ensemble_serves_text_and_token_ids_directly; transformers' advice that models are
+    unavailable without torch is not in Triton's log."""
+    stubs = {pid: Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") for pid in stack_processes(stack)["stubs"]}
+    by_model = {Path(args[1].decode()).parent.parent.name: pid for pid, args in stubs.items() if len(args) > 1}
+    assert {"preprocessing", "tensorrt_llm"} <= set(by_model), stubs
+    assert _maps_torch(by_model["tensorrt_llm"])
+    assert not _maps_torch(by_model["preprocessing"])
+    assert "Models won't be available" not in (stack["work"] / "triton.log").read_text(errors="replace")
 
 
 ONE_WORD = "Answer with one word: is water wet?"
