@@ -25,8 +25,8 @@ transformers (a None entry in ``sys.modules``, for which ``importlib.util.find_s
 "not installed" by ``is_torch_available()`` of transformers 5 and of the image's 4.57.1). Otherwise transformers 5
 imports torch with its configuration modules and 4.57.1 when AutoTokenizer loads. Measured on the 2-core development
 machine (scripts/serve, the stub's CPU time and RSS once ready): 3.1 CPU-s and 122 MB per instance, against 7.5 CPU-s
-and 361 MB with torch imported. transformers' advice that models are
-unavailable without torch is true of this process and is not logged.
+and 361 MB with torch imported. transformers' advice that models are unavailable without torch is true of this
+process and is not logged.
 """
 
 import json
