@@ -144,8 +144,8 @@ NUM_TOKENS_ENGINE_MAX_INPUT_LEN = 100
 MAX_NUM_TOKENS = 150
 #: A third model of each server has guided decoding and LoRA on (the first one has both off).
 FEATURES_MODEL = "tensorrt_llm_features"
-#: A fourth: the PyTorch-backend model whose LLM samples with TRTLLMSampler (sampler_type; the first one has 1.2.1's
-#: default, TorchSampler); on the reference server the same reference model (the C++ backend has one sampler).
+#: A fourth, on the PyTorch-backend server only: the model whose LLM samples with TRTLLMSampler (sampler_type; the first
+#: one has 1.2.1's default, TorchSampler). The C++ backend has one sampler, so the reference server has no such model.
 SAMPLER_MODEL = "tensorrt_llm_trtllm_sampler"
 LORA_MODULES = ["attn_q", "attn_k", "attn_v", "attn_dense", "mlp_h_to_4h", "mlp_4h_to_h"]
 IMPLEMENTATIONS = ("reference", "pytorch")
@@ -236,8 +236,9 @@ def write_model(target: Path, source: Path, config: str, llm_args: dict | None =
 @pytest.fixture(scope="module", params=IMPLEMENTATIONS)
 def server(request, tmp_path_factory):
     """One tritonserver per implementation (see the module docstring), serving it as ``tensorrt_llm`` (guided
-    decoding and LoRA off), ``tensorrt_llm_num_tokens`` (the prompt-limit tests) and ``tensorrt_llm_features``
-    (guided decoding and LoRA on)."""
+    decoding and LoRA off), ``tensorrt_llm_num_tokens`` (the prompt-limit tests), ``tensorrt_llm_features`` (guided
+    decoding and LoRA on), ``tensorrt_llm_queue`` (the waiting-queue tests: a longer max_seq_len) and, on the
+    PyTorch-backend server, ``tensorrt_llm_trtllm_sampler`` (TRTLLMSampler)."""
     from tensorrtllm_backend.server import LaunchConfig, TritonServer, locate_tritonserver
     from tests.llmapi_overlay import overlay_venv, standin_installation
 
@@ -251,7 +252,6 @@ def server(request, tmp_path_factory):
             NUM_TOKENS_MODEL, NUM_TOKENS_ENGINE_MAX_INPUT_LEN, max_num_tokens=MAX_NUM_TOKENS))
         write_model(repo / FEATURES_MODEL, MODEL_DIR, render_config(FEATURES_MODEL, values=features_values()))
         write_model(repo / QUEUE_MODEL, MODEL_DIR, render_config(QUEUE_MODEL, values={"max_seq_len": QUEUE_MAX_SEQ_LEN}))
-        write_model(repo / SAMPLER_MODEL, MODEL_DIR, render_config(SAMPLER_MODEL))
     else:
         base = {"model": str(CHECKPOINT), "max_batch_size": MAX_ACTIVE, "max_seq_len": MAX_SEQ_LEN}
         write_model(repo / "tensorrt_llm", PYTORCH_DIR, render_pytorch_config("tensorrt_llm"), base)
@@ -917,9 +917,9 @@ def test_a_cancelled_request_stops_generating(server, prompts):
 # ------------------------------------------------------------------------------------------------
 
 #: Per server, the models a sampling test runs on, and whether each applies every sampling input (else it refuses
-#: the ones its sampler would ignore): the reference (the C++ backend's sampling) twice; the PyTorch-backend model
-#: with TorchSampler (1.2.1's default) and with TRTLLMSampler.
-SAMPLING_MODELS = {"reference": (("tensorrt_llm", True), (SAMPLER_MODEL, True)),
+#: the ones its sampler would ignore): the reference (the C++ backend's sampling); the PyTorch-backend model with
+#: TorchSampler (1.2.1's default) and with TRTLLMSampler.
+SAMPLING_MODELS = {"reference": (("tensorrt_llm", True),),
                    "pytorch": (("tensorrt_llm", False), (SAMPLER_MODEL, True))}
 SAMPLED = {"runtime_top_k": [0], "runtime_top_p": [1.0], "temperature": [1.0]}
 
