@@ -30,6 +30,7 @@ from typing import Any, Iterator, Mapping, Optional
 
 import httpx
 
+from common.http import default_ssl_context
 from cog_triton.worker.schema import install_for_coglet
 from cog_triton.settings import REPO_ROOT
 
@@ -188,7 +189,7 @@ class CogServer:
 
     def health(self) -> dict[str, Any]:
         """The JSON of ``GET /health-check``."""
-        return httpx.get(f"{self.url}/health-check", timeout=5).json()
+        return httpx.get(f"{self.url}/health-check", timeout=5, verify=default_ssl_context()).json()
 
     def wait_ready(self, timeout_s: float = 600.0) -> dict[str, Any]:
         """Wait for status READY; return the health document.
@@ -216,7 +217,8 @@ class CogServer:
 
     def predict(self, inputs: Mapping[str, Any], timeout_s: float = 300.0) -> dict[str, Any]:
         """``POST /predictions`` synchronously; return the prediction document."""
-        response = httpx.post(f"{self.url}/predictions", json={"input": dict(inputs)}, timeout=timeout_s)
+        response = httpx.post(f"{self.url}/predictions", json={"input": dict(inputs)}, timeout=timeout_s,
+                              verify=default_ssl_context())
         return response.json()
 
     def stream(self, inputs: Mapping[str, Any], timeout_s: float = 300.0) -> Iterator[tuple[str, Any]]:
@@ -229,7 +231,8 @@ class CogServer:
         """
         headers = {"Accept": "text/event-stream"}
         with httpx.stream(
-            "POST", f"{self.url}/predictions", json={"input": dict(inputs)}, headers=headers, timeout=timeout_s
+            "POST", f"{self.url}/predictions", json={"input": dict(inputs)}, headers=headers, timeout=timeout_s,
+            verify=default_ssl_context(),
         ) as response:
             if response.status_code != 200:
                 response.read()

@@ -6,4 +6,5 @@ Layers point one way (``tests/test_layers.py`` enforces it)::
 
 * :mod:`common.errors`: the error tree (codes and messages) of every layer.
 * :mod:`common.files`: sha256 hashing of files and the names the weights folder reserves.
+* :mod:`common.http`: one SSL context for a process's one-shot httpx requests (each would otherwise load the CA bundle).
 """

@@ -25,6 +25,7 @@ from typing import Any, AsyncIterator, Iterator
 import httpx
 import pytest
 
+from common.http import default_ssl_context
 from cog_triton.worker import cog_bridge
 from cog_triton.local import free_port
 from cog_triton.settings import REPO_ROOT
@@ -132,7 +133,7 @@ class ToyServer:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
-                if httpx.get(f"{self.url}/health-check", timeout=2).json()["status"] == "READY":
+                if httpx.get(f"{self.url}/health-check", timeout=2, verify=default_ssl_context()).json()["status"] == "READY":
                     return
             except httpx.TransportError:
                 pass

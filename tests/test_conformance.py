@@ -121,6 +121,7 @@ import pytest
 import torch
 from httpx_sse import connect_sse
 
+from common.http import default_ssl_context
 from tests.proc import stop_at_once
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -326,7 +327,7 @@ def _ids(value) -> list[int]:
 def stream(url: str, payload: dict, timeout: float = 120.0, model: str = "tensorrt_llm") -> tuple[int, list[dict]]:
     """POST generate_stream; returns (HTTP status, events)."""
     events = []
-    with httpx.Client(timeout=timeout) as client:
+    with httpx.Client(timeout=timeout, verify=default_ssl_context()) as client:
         with connect_sse(client, "POST", f"{url}/v2/models/{model}/generate_stream", json=payload) as source:
             status = source.response.status_code
             for sse in source.iter_sse():
@@ -336,7 +337,7 @@ def stream(url: str, payload: dict, timeout: float = 120.0, model: str = "tensor
 
 def generate(url: str, payload: dict, timeout: float = 120.0, model: str = "tensorrt_llm") -> tuple[int, dict]:
     """POST generate (exactly one response expected); returns (HTTP status, body)."""
-    answer = httpx.post(f"{url}/v2/models/{model}/generate", json=payload, timeout=timeout)
+    answer = httpx.post(f"{url}/v2/models/{model}/generate", json=payload, timeout=timeout, verify=default_ssl_context())
     return answer.status_code, answer.json()
 
 
@@ -375,7 +376,7 @@ class Stream(threading.Thread):
 
     def run(self) -> None:
         try:
-            with httpx.Client(timeout=120) as client:
+            with httpx.Client(timeout=120, verify=default_ssl_context()) as client:
                 with connect_sse(client, "POST", f"{self.url}/v2/models/{self.model}/generate_stream",
                                  json=self.payload) as source:
                     self.status = source.response.status_code

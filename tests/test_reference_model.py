@@ -21,6 +21,7 @@ import pytest
 import torch
 from httpx_sse import connect_sse
 
+from common.http import default_ssl_context
 from tests.modules import load_file
 from tests.proc import stop_at_once
 
@@ -619,7 +620,7 @@ def triton_url(tmp_path_factory):
 def _stream(url: str, payload: dict, timeout: float = 120.0):
     """POST generate_stream; returns (HTTP status, [(monotonic time, event dict)])."""
     events = []
-    with httpx.Client(timeout=timeout) as client:
+    with httpx.Client(timeout=timeout, verify=default_ssl_context()) as client:
         with connect_sse(client, "POST", f"{url}/v2/models/tensorrt_llm/generate_stream", json=payload) as source:
             status = source.response.status_code
             for sse in source.iter_sse():

@@ -49,6 +49,7 @@ import httpx
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 
 from common.errors import CogTritonError, ConfigError
+from common.http import default_ssl_context
 from cog_triton.worker.metrics import INPUT_TOKEN_COUNT, OUTPUT_TOKEN_COUNT, TIME_TO_FIRST_TOKEN_NAMES, MetricSink
 
 log = logging.getLogger(__name__)
@@ -500,7 +501,8 @@ class MetricsServer:
         if not url:
             return None
         try:
-            response = httpx.get(url, timeout=self.triton_timeout_s, trust_env=False)  # loopback: never a proxy
+            # loopback: never a proxy; one SSL context per process, not one per scrape (common.http says why)
+            response = httpx.get(url, timeout=self.triton_timeout_s, trust_env=False, verify=default_ssl_context())
         except httpx.HTTPError as exc:
             log.debug("Triton's metrics could not be read from %s: %s", url, exc)
             return None
