@@ -24,13 +24,17 @@ from cog_triton.worker.exporter import MetricsServer, ServiceMetrics
 
 @pytest.fixture
 def ssl_contexts_made(monkeypatch) -> list[type]:
-    """The classes of the SSL contexts built from here on (ssl.SSLContext.__new__, counted; nothing else changed)."""
+    """The classes of the SSL contexts this test's thread builds from here on (ssl.SSLContext.__new__, counted;
+    nothing else changed). The requests under test run on that thread; other threads of this pytest process
+    are not counted."""
     default_ssl_context()  # the process's one context exists before counting starts
     made: list[type] = []
     original = ssl.SSLContext.__new__
+    thread = threading.get_ident()
 
     def counting(cls, *args: Any, **kwargs: Any):
-        made.append(cls)
+        if threading.get_ident() == thread:
+            made.append(cls)
         return original(cls, *args, **kwargs)
 
     monkeypatch.setattr(ssl.SSLContext, "__new__", staticmethod(counting))
