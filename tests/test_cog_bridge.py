@@ -133,7 +133,8 @@ class ToyServer:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
-                if httpx.get(f"{self.url}/health-check", timeout=2, verify=default_ssl_context()).json()["status"] == "READY":
+                health = httpx.get(f"{self.url}/health-check", timeout=2, verify=default_ssl_context())
+                if health.json()["status"] == "READY":
                     return
             except httpx.TransportError:
                 pass

@@ -337,7 +337,8 @@ def stream(url: str, payload: dict, timeout: float = 120.0, model: str = "tensor
 
 def generate(url: str, payload: dict, timeout: float = 120.0, model: str = "tensorrt_llm") -> tuple[int, dict]:
     """POST generate (exactly one response expected); returns (HTTP status, body)."""
-    answer = httpx.post(f"{url}/v2/models/{model}/generate", json=payload, timeout=timeout, verify=default_ssl_context())
+    answer = httpx.post(f"{url}/v2/models/{model}/generate", json=payload, timeout=timeout,
+                        verify=default_ssl_context())
     return answer.status_code, answer.json()
 
 
