@@ -508,8 +508,16 @@ class TritonServer:
                 raise TritonStartupError(f"could not execute {self.command[0]}: {self._spawn_error}")
 
     def is_alive(self) -> bool:
-        """True while the Triton process runs (also when it is stopped or hung: see :meth:`is_stopped`)."""
-        return self._proc is not None and self._proc.poll() is None
+        """True while the Triton process runs (also when it is stopped or hung: see :meth:`is_stopped`).
+
+        ``Popen.poll()`` alone is not enough: it answers None ("running") whenever another thread is inside
+        ``waitpid`` for the same child, giving up at once on the lock that thread holds (CPython
+        Lib/subprocess.py, ``Popen._internal_poll``: "Something else is busy calling waitpid"). The supervisor's
+        round and a prediction's ``wait_ready`` both ask, and the one that lost sent its request to a Triton that had
+        exited. So None is checked in /proc: a zombie, or a pid already reaped, has exited.
+        """
+        proc = self._proc
+        return proc is not None and proc.poll() is None and _pid_alive(proc.pid)
 
     def is_stopped(self) -> bool:
         """True when the Triton process is stopped (state T, e.g. SIGSTOP): alive, but serving nothing."""
@@ -546,8 +554,20 @@ class TritonServer:
 
     @property
     def returncode(self) -> Optional[int]:
-        """Exit status once exited (negative: killed by that signal), else None."""
-        return self._proc.poll() if self._proc else None
+        """Exit status once exited (negative: killed by that signal), else None.
+
+        When another thread is collecting the status (see :meth:`is_alive`), waits its turn for up to 1 s.
+        """
+        proc = self._proc
+        if proc is None:
+            return None
+        code = proc.poll()
+        if code is None and not _pid_alive(proc.pid):
+            try:
+                code = proc.wait(timeout=1.0)  # waits at the lock the other thread holds for a moment
+            except subprocess.TimeoutExpired:
+                pass
+        return code
 
     def log_tail(self, lines: int = LOG_TAIL_LINES, max_chars: int = LOG_TAIL_MAX_CHARS) -> str:
         """The last ``lines`` lines Triton printed, at most ``max_chars`` characters in all.

@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Iterator, Optional
@@ -554,6 +555,50 @@ def test_killed_triton_is_detected_and_restarts(
     # The stubs of the killed Triton do not linger next to the new one.
     assert wait_for_pids_gone(old_children, timeout_s=5), f"leftover stubs {old_children}"
     assert server.is_alive() and not server.is_stopped()
+
+
+def test_an_exited_triton_is_not_alive_while_another_thread_waits_for_it(
+    tmp_path: Path, servers: list[TritonServer]
+) -> None:
+    """``Popen.poll()`` answers None ("running") while another thread is inside ``waitpid`` for the same child
+    (CPython Lib/subprocess.py, ``Popen._internal_poll``). The supervisor's round and a prediction's ``wait_ready``
+    both ask: before, the prediction that asked in that moment was sent to the exited Triton and failed
+    (tests/test_faults.py's restart test failed so, once in a fresh clone). The "tritonserver" here is a shell
+    script that sleeps (only the process matters), with a child that keeps its output pipe open as Triton's backend
+    stubs do. The other thread is simulated by holding the lock that CPython's ``wait`` holds (``_waitpid_lock``,
+    private to CPython)."""
+    binary = tmp_path / "bin" / "tritonserver"
+    binary.parent.mkdir()
+    binary.write_text("#!/bin/sh\nsleep 600 &\nexec sleep 600\n")
+    binary.chmod(0o755)
+    server = make_server(TritonInstallation(binary=binary, backend_dir=tmp_path), tmp_path, tmp_path / "t.log",
+                         servers)
+    server.start()
+    pid = server.pid
+    assert pid is not None and server.is_alive()
+    proc = server._proc
+    assert proc is not None
+    os.kill(pid, signal.SIGKILL)
+    assert wait_for_pids_gone([pid], 10)  # a zombie, not yet reaped: nobody has asked
+    held, release = threading.Event(), threading.Event()
+
+    def another_waiter() -> None:
+        with proc._waitpid_lock:  # type: ignore[attr-defined]
+            held.set()
+            release.wait(10)
+
+    waiter = threading.Thread(target=another_waiter)
+    waiter.start()
+    try:
+        assert held.wait(10)
+        assert proc.poll() is None  # the premise: poll() alone still calls it running
+        assert not server.is_alive()
+        threading.Timer(0.2, release.set).start()  # the other thread is done in a moment; the status is then taken
+        assert server.exit_description() == "was killed by SIGKILL"
+        assert server.returncode == -signal.SIGKILL
+    finally:
+        release.set()
+        waiter.join(10)
 
 
 OWNER_SCRIPT = """\
