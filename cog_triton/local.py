@@ -36,6 +36,16 @@ from cog_triton.settings import REPO_ROOT
 
 log = logging.getLogger(__name__)
 
+#: coglet 0.23.1 answers ``409 At capacity`` to a prediction that arrives while another is taking a slot, even with
+#: slots free: ``PermitPool::try_acquire`` gives up when ``try_lock`` of the pool's receiver fails (replicate/cog
+#: 6110c912, ``crates/coglet/src/permit/pool.rs``; ``service.rs`` maps that to ``AtCapacity``, ``routes.rs`` to 409).
+#: It also gives a slot back only once the worker reports it idle, a moment after ``completed``, so a prediction sent
+#: right after another ended finds that slot taken. Nothing ran either way. docs/operations.md tells clients to retry
+#: it; :class:`CogServer` does, up to this many times, :data:`AT_CAPACITY_RETRY_S` apart, and counts the retries. All
+#: slots busy for longer than that still comes back as the 409.
+AT_CAPACITY_RETRIES = 50
+AT_CAPACITY_RETRY_S = 0.005
+
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
@@ -146,6 +156,9 @@ class CogServer:
         self.extra_env = dict(env)
         self.work_dir = work_dir
         self.proc: Optional[subprocess.Popen[bytes]] = None
+        #: ``409 At capacity`` answers retried by :meth:`predict` and :meth:`stream` (see :data:`AT_CAPACITY_RETRIES`).
+        self.retried_409 = 0
+        self._retried_lock = threading.Lock()
 
     @property
     def url(self) -> str:
@@ -215,10 +228,23 @@ class CogServer:
             time.sleep(0.1)  # a GET to coglet's health check: cheap; setup ends at any moment
         raise RuntimeError(f"Cog server not ready after {timeout_s:.0f} s; see {self.log_file}")
 
+    def _at_capacity(self, response: httpx.Response, attempt: int) -> bool:
+        """Whether ``response`` is a 409 to retry (then counted, after a short wait)."""
+        if response.status_code != 409 or attempt >= AT_CAPACITY_RETRIES:
+            return False
+        with self._retried_lock:
+            self.retried_409 += 1
+        time.sleep(AT_CAPACITY_RETRY_S)
+        return True
+
     def predict(self, inputs: Mapping[str, Any], timeout_s: float = 300.0) -> dict[str, Any]:
-        """``POST /predictions`` synchronously; return the prediction document."""
-        response = httpx.post(f"{self.url}/predictions", json={"input": dict(inputs)}, timeout=timeout_s,
-                              verify=default_ssl_context())
+        """``POST /predictions`` synchronously; return the prediction document (a ``409 At capacity`` retried:
+        :data:`AT_CAPACITY_RETRIES`)."""
+        for attempt in range(AT_CAPACITY_RETRIES + 1):
+            response = httpx.post(f"{self.url}/predictions", json={"input": dict(inputs)}, timeout=timeout_s,
+                                  verify=default_ssl_context())
+            if not self._at_capacity(response, attempt):
+                break
         return response.json()
 
     def stream(self, inputs: Mapping[str, Any], timeout_s: float = 300.0) -> Iterator[tuple[str, Any]]:
@@ -226,24 +252,28 @@ class CogServer:
 
         Events (coglet 0.23.1, crates/coglet/src/prediction.rs): ``start``, ``output`` (data
         ``{"chunk": text, "index": n}``), ``log``, ``metric``, and last ``completed`` with the whole
-        prediction. A non-200 answer (422 for an invalid input, 406 without the schema) raises
-        httpx.HTTPStatusError with the body.
+        prediction. A ``409 At capacity`` is retried (:data:`AT_CAPACITY_RETRIES`); another non-200 answer (422 for
+        an invalid input, 406 without the schema) raises httpx.HTTPStatusError with the body.
         """
         headers = {"Accept": "text/event-stream"}
-        with httpx.stream(
-            "POST", f"{self.url}/predictions", json={"input": dict(inputs)}, headers=headers, timeout=timeout_s,
-            verify=default_ssl_context(),
-        ) as response:
-            if response.status_code != 200:
-                response.read()
-                response.raise_for_status()
-            event = "message"
-            for line in response.iter_lines():
-                if line.startswith("event:"):
-                    event = line[6:].strip()
-                elif line.startswith("data:"):
-                    yield event, json.loads(line[5:].strip())
-                    event = "message"
+        for attempt in range(AT_CAPACITY_RETRIES + 1):
+            with httpx.stream(
+                "POST", f"{self.url}/predictions", json={"input": dict(inputs)}, headers=headers, timeout=timeout_s,
+                verify=default_ssl_context(),
+            ) as response:
+                if response.status_code != 200:
+                    response.read()
+                    if self._at_capacity(response, attempt):
+                        continue
+                    response.raise_for_status()
+                event = "message"
+                for line in response.iter_lines():
+                    if line.startswith("event:"):
+                        event = line[6:].strip()
+                    elif line.startswith("data:"):
+                        yield event, json.loads(line[5:].strip())
+                        event = "message"
+                return
 
     def stop(self, timeout_s: float = 20.0) -> None:
         """SIGTERM the server's process group, then SIGKILL it after ``timeout_s`` seconds."""
