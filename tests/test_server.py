@@ -557,8 +557,9 @@ def test_killed_triton_is_detected_and_restarts(
     assert server.is_alive() and not server.is_stopped()
 
 
+@pytest.mark.parametrize("reaped", [False, True], ids=["zombie", "reaped"])
 def test_an_exited_triton_is_not_alive_while_another_thread_waits_for_it(
-    tmp_path: Path, servers: list[TritonServer]
+    tmp_path: Path, servers: list[TritonServer], reaped: bool
 ) -> None:
     """``Popen.poll()`` answers None ("running") while another thread is inside ``waitpid`` for the same child
     (CPython Lib/subprocess.py, ``Popen._internal_poll``). The supervisor's round and a prediction's ``wait_ready``
@@ -566,7 +567,8 @@ def test_an_exited_triton_is_not_alive_while_another_thread_waits_for_it(
     (tests/test_faults.py's restart test failed so, once in a fresh clone). The "tritonserver" here is a shell
     script that sleeps (only the process matters), with a child that keeps its output pipe open as Triton's backend
     stubs do. The other thread is simulated by holding the lock that CPython's ``wait`` holds (``_waitpid_lock``,
-    private to CPython)."""
+    private to CPython), before it has reaped the process (a zombie) or after (``reaped``: the pid is gone, and the
+    status is recorded just before the lock is let go, as ``wait`` does)."""
     binary = tmp_path / "bin" / "tritonserver"
     binary.parent.mkdir()
     binary.write_text("#!/bin/sh\nsleep 600 &\nexec sleep 600\n")
@@ -584,14 +586,18 @@ def test_an_exited_triton_is_not_alive_while_another_thread_waits_for_it(
 
     def another_waiter() -> None:
         with proc._waitpid_lock:  # type: ignore[attr-defined]
+            status = os.waitpid(pid, 0)[1] if reaped else None
             held.set()
             release.wait(10)
+            if status is not None:
+                proc.returncode = os.waitstatus_to_exitcode(status)
 
     waiter = threading.Thread(target=another_waiter)
     waiter.start()
     try:
         assert held.wait(10)
         assert proc.poll() is None  # the premise: poll() alone still calls it running
+        assert os.path.exists(f"/proc/{pid}") is not reaped
         assert not server.is_alive()
         threading.Timer(0.2, release.set).start()  # the other thread is done in a moment; the status is then taken
         assert server.exit_description() == "was killed by SIGKILL"
