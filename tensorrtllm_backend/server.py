@@ -545,7 +545,7 @@ class TritonServer:
 
     @staticmethod
     def process_alive(pid: int) -> bool:
-        """Whether process ``pid`` exists and is neither a zombie nor dead (from /proc/<pid>/stat)."""
+        """Whether process ``pid`` exists and has not exited (a zombie whose threads have all exited has; /proc)."""
         return _pid_alive(pid)
 
     def remove_shm_regions(self) -> list[str]:
@@ -710,9 +710,23 @@ def _child_exited(pid: int) -> bool:
 
 
 def _pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs: it exists and has not exited (from /proc).
+
+    A thread-group leader shows state Z as soon as its own thread has exited, while the process's other threads may
+    still be running or exiting (the many threads of a SIGKILLed Triton take a moment): the process has exited only
+    once the leader is the only task left in /proc/<pid>/task (proc(5)). Until then the kernel does not report it to
+    ``waitpid`` either.
+    """
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
             state = fh.read().rsplit(b")", 1)[1].split()[0]
-        return state not in (b"Z", b"X")
     except (FileNotFoundError, IndexError):
+        return False
+    if state == b"X":
+        return False
+    if state != b"Z":
+        return True
+    try:
+        return any(task != str(pid) for task in os.listdir(f"/proc/{pid}/task"))
+    except FileNotFoundError:
         return False

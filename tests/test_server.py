@@ -26,6 +26,7 @@ from tensorrtllm_backend.server import (
     TritonServer,
     _check_embedded_libpython,
     _merged_env,
+    _proc_state,
     build_command,
     locate_tritonserver,
     pid_namespace,
@@ -580,6 +581,9 @@ def test_an_exited_triton_is_not_alive_while_another_thread_waits_for_it(
     assert pid is not None and server.is_alive()
     proc = server._proc
     assert proc is not None
+    deadline = time.monotonic() + 30  # the script has run its child and exec'd sleep: the pipe stays open
+    while not Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"sleep") and time.monotonic() < deadline:
+        time.sleep(0.01)
     os.kill(pid, signal.SIGKILL)
     assert wait_for_pids_gone([pid], 10)  # a zombie, not yet reaped: nobody has asked
     held, release = threading.Event(), threading.Event()
@@ -693,6 +697,31 @@ def test_wait_for_pids_gone_counts_zombies_as_gone() -> None:
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_a_process_whose_leader_thread_exited_is_not_gone_while_another_thread_runs() -> None:
+    """/proc shows a thread-group leader as Z once its own thread has exited, while the process's other threads still
+    run (or are exiting, as a SIGKILLed Triton's many threads are for a moment). tests/test_faults.py's restart test
+    took that Z for an exited Triton, and sent its prediction to a Triton that was still exiting (it failed so in a
+    fresh clone). The process here ends its main thread with ``pthread_exit`` while a thread waits for stdin."""
+    script = ("import ctypes, sys, threading\n"
+              "threading.Thread(target=sys.stdin.read).start()\n"
+              "ctypes.CDLL(None).pthread_exit(None)\n")
+    child = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while _proc_state(child.pid) != b"Z" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert _proc_state(child.pid) == b"Z" and len(os.listdir(f"/proc/{child.pid}/task")) == 2
+        assert not wait_for_pids_gone([child.pid], timeout_s=0.3)
+        assert TritonServer.process_alive(child.pid)
+        assert child.stdin is not None
+        child.stdin.close()  # the thread returns: the process exits
+        assert wait_for_pids_gone([child.pid], timeout_s=10)
+        assert not TritonServer.process_alive(child.pid)
+    finally:
+        child.kill()
+        child.wait()
 
 
 
