@@ -13,6 +13,7 @@ import http.server
 import socket
 import threading
 import time
+from pathlib import Path
 from typing import Any, Iterator, Optional
 
 import httpx
@@ -364,12 +365,17 @@ def test_a_client_that_does_not_read_the_answer_is_closed_at_the_request_timeout
     """A scrape whose client never reads: the answer waits in the socket's buffers, and the connection is closed
     once the request timeout passes, not held."""
     server, _, handler = endpoint
-    handler.text = "x" * 4_000_000 + "\n"  # Triton's part: more than the socket buffers take
+    # Triton's part: more than the endpoint's socket can ever buffer (tcp(7): tcp_wmem's maximum bounds the send
+    # buffer's autotuning), with a small receive window offered from the start. With 4 MB, the send buffer could
+    # take it all at once: the connection then ended within milliseconds, and the test failed when no poll fell in it.
+    wmem_max = int(Path("/proc/sys/net/ipv4/tcp_wmem").read_text().split()[2])
+    handler.text = "x" * (2 * wmem_max) + "\n"
     quick = MetricsServer(server.metrics, "127.0.0.1", 0, triton_url=server.triton_url, request_timeout_s=0.5)
     quick.start()
     try:
-        with socket.create_connection(("127.0.0.1", quick.port)) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting: the window stays small
+            sock.connect(("127.0.0.1", quick.port))
             sock.sendall(REQUEST)
             assert _eventually(lambda: quick.connections == 1)
             assert _eventually(lambda: quick.connections == 0, 30), "the connection is still held"
