@@ -564,8 +564,9 @@ def test_an_exited_triton_is_not_alive_while_another_thread_waits_for_it(
 ) -> None:
     """``Popen.poll()`` answers None ("running") while another thread is inside ``waitpid`` for the same child
     (CPython Lib/subprocess.py, ``Popen._internal_poll``). The supervisor's round and a prediction's ``wait_ready``
-    both ask: before, the prediction that asked in that moment was sent to the exited Triton and failed
-    (tests/test_faults.py's restart test failed so, once in a fresh clone). The "tritonserver" here is a shell
+    both ask: before, a prediction that asked in that moment would have been sent to the exited Triton. (Found while
+    looking into tests/test_faults.py's restart flake, whose cause was another: the leader-thread test below.)
+    The "tritonserver" here is a shell
     script that sleeps (only the process matters), with a child that keeps its output pipe open as Triton's backend
     stubs do. The other thread is simulated by holding the lock that CPython's ``wait`` holds (``_waitpid_lock``,
     private to CPython), before it has reaped the process (a zombie) or after (``reaped``: the pid is gone, and the
