@@ -204,7 +204,6 @@ class Predictor(BaseRunner):
             min_new_tokens=min_new_tokens,
             lora_weights=lora_weights,
         )
-        log.info("%s", self.service.seed_note(inputs))
         # The prediction's metric scope, taken here (coglet finds it through a context variable): the
         # metrics are recorded later from another thread. cog.emit_metric is a deprecated alias in cog 0.23.
         scope = cog.current_scope()

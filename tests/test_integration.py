@@ -145,7 +145,10 @@ def test_stop_sequence_cuts_output_exactly(stack):
 
 def test_seeded_sampling_is_reproducible(stack):
     base = {"prompt": "Name a colour.", "max_tokens": 16, "temperature": 1.0, "top_p": 0.95, "seed": 1234}
-    first = _output(stack["cog"].predict(base))
+    doc = stack["cog"].predict(base)
+    first = _output(doc)
+    # The prediction's own logs name its Triton request id and its seed, in one line.
+    assert len(re.findall(r"Triton request id cog-triton-[0-9a-f]{32}, seed 1234\n", doc["logs"])) == 1, doc["logs"]
     second = _output(stack["cog"].predict(base))
     assert first == second
     others = {_output(stack["cog"].predict({**base, "seed": seed})) for seed in (1, 2, 3)}
@@ -178,9 +181,14 @@ MODEL_INVALID = [
 ]
 
 
+#: What coglet logs as it hands a prediction to the worker's predict() (coglet 0.23.1, crates/coglet/src/orchestrator.rs:
+#: a prediction registered with a worker slot).
+STARTING = '"message":"Starting prediction"'
+
+
 def _predict_calls(stack) -> int:
-    """How many times predict() has started (it logs the seed first)."""
-    return (stack["work"] / "cog.log").read_text(errors="replace").count("predict: seed ")
+    """How many predictions coglet has handed to predict()."""
+    return (stack["work"] / "cog.log").read_text(errors="replace").count(STARTING)
 
 
 @pytest.mark.parametrize("inputs,field", SCHEMA_INVALID, ids=[str(i) for i in range(len(SCHEMA_INVALID))])
@@ -195,7 +203,7 @@ def test_schema_invalid_input_gets_422_before_predict_runs(stack, inputs, field)
     # The good prediction's predict() call is logged after any the refused input could have caused: once its line
     # is in, the count says whether predict() ran for the refused one too.
     log = stack["work"] / "cog.log"
-    assert _wait_count(log, "predict: seed ", calls) == calls + 1, "predict() ran for an input coglet refused"
+    assert _wait_count(log, STARTING, calls) == calls + 1, "predict() ran for an input coglet refused"
 
 
 @pytest.mark.parametrize("inputs,expected", MODEL_INVALID, ids=[str(i) for i in range(len(MODEL_INVALID))])

@@ -549,9 +549,6 @@ def test_predictor_uses_run_and_predict_still_works() -> None:
 
             return validate_inputs(**inputs)
 
-        def seed_note(self, inputs):
-            return f"seed {inputs.seed}"
-
         async def predict(self, inputs, metric=None):
             seen.append(inputs)
             return iter(["ok"])

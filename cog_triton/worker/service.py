@@ -431,8 +431,14 @@ class LLMService:
             with queued():  # Triton is being restarted: the prediction waits for it
                 await supervisor.wait_ready()
         request_id = f"cog-triton-{uuid.uuid4().hex}"
-        log.info("Triton request id %s", request_id)  # in the prediction's logs: ties it to Triton's log lines
-        return await pool.open(inputs, request_id, started, metric, queued)
+        try:
+            return await pool.open(inputs, request_id, started, metric, queued)
+        finally:
+            # One line in the prediction's logs (coglet routes it by the task's context): the request id ties it to
+            # Triton's log lines; the seed note says what was sent. Written once the Start has left, not before:
+            # the worker's event loop runs the starts of a burst of predictions one after another, about 0.3 ms
+            # each on a 16-core GPU host, a log line ~65 us of that (benchmarks/results/2026-11-29-h200-i32).
+            log.info("Triton request id %s, %s", request_id, self.seed_note(inputs))
 
     async def generate(self, inputs: PredictInputs, metric: Optional[MetricSink] = None, *,
                        track: bool = True) -> AsyncIterator[str]:
