@@ -1,4 +1,4 @@
-import sys, glob, statistics as st
+import sys, glob
 for f in sorted(glob.glob(sys.argv[1] + "/burst-trace-*.txt")):
     runs = []; lags = []
     for line in open(f):
