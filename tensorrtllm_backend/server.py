@@ -717,12 +717,8 @@ def _pid_alive(pid: int) -> bool:
     once the leader is the only task left in /proc/<pid>/task (proc(5)). Until then the kernel does not report it to
     ``waitpid`` either.
     """
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            state = fh.read().rsplit(b")", 1)[1].split()[0]
-    except (FileNotFoundError, IndexError):
-        return False
-    if state == b"X":
+    state = _proc_state(pid)
+    if state is None or state == b"X":
         return False
     if state != b"Z":
         return True

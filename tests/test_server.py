@@ -566,9 +566,8 @@ def test_an_exited_triton_is_not_alive_while_another_thread_waits_for_it(
     (CPython Lib/subprocess.py, ``Popen._internal_poll``). The supervisor's round and a prediction's ``wait_ready``
     both ask: before, a prediction that asked in that moment would have been sent to the exited Triton. (Found while
     looking into tests/test_faults.py's restart flake, whose cause was another: the leader-thread test below.)
-    The "tritonserver" here is a shell
-    script that sleeps (only the process matters), with a child that keeps its output pipe open as Triton's backend
-    stubs do. The other thread is simulated by holding the lock that CPython's ``wait`` holds (``_waitpid_lock``,
+    The "tritonserver" here is a shell script that sleeps (only the process matters), with a child that keeps its
+    output pipe open as Triton's backend stubs do. The other thread is simulated by holding the lock that CPython's ``wait`` holds (``_waitpid_lock``,
     private to CPython), before it has reaped the process (a zombie) or after (``reaped``: the pid is gone, and the
     status is recorded just before the lock is let go, as ``wait`` does)."""
     binary = tmp_path / "bin" / "tritonserver"
@@ -723,7 +722,6 @@ def test_a_process_whose_leader_thread_exited_is_not_gone_while_another_thread_r
     finally:
         child.kill()
         child.wait()
-
 
 
 def test_log_tail_is_bounded_and_keeps_the_end_of_long_lines(tmp_path: Path) -> None:
