@@ -46,6 +46,13 @@ Interface facts, each read in NVIDIA/TensorRT-LLM (not copied):
   ``LoraCache::determineNumPages`` @ c85e8726). The optimal and maximum adapter sizes are capped at the
   engine's max_lora_rank (``PeftCacheManager``'s constructor); their defaults are 8 and 64
   (``executor.h`` ``PeftCacheConfig``), the host cache's 1 GiB (``peftCacheManagerConfig.h``).
+
+**The largest adapter a model serves** (:meth:`LoraSpec.largest_adapter_file_bytes`) follows from these limits: a
+rank of at most max_lora_rank (``loraUtils.cpp`` ``loraValidateRequestTensors``), on the modules the engine applies,
+at the model's module sizes, in every layer; an adapter of more values cannot be served, so a request's adapter is
+never allowed more bytes than that (the stream process refuses a larger download or file before reading it).
+Its file is counted at :data:`ADAPTER_FILE_VALUE_BYTES` per value (float32; see there) plus a safetensors header of
+at most :data:`SAFETENSORS_HEADER_BYTES_PER_TENSOR` per tensor and :data:`SAFETENSORS_HEADER_BASE_BYTES`.
 """
 
 from __future__ import annotations
@@ -111,6 +118,19 @@ _IN_SPLIT_MODULES = ("attn_dense", "mlp_4h_to_h")
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 TRITON_DATATYPES = {"float16": "TYPE_FP16", "bfloat16": "TYPE_BF16", "float32": "TYPE_FP32"}
 WIRE_DATATYPES = {"float16": "FP16", "bfloat16": "BF16", "float32": "FP32"}
+#: Bytes per value an adapter file is counted at when bounding its size: float32's. PEFT saves LoRA weights in the
+#: dtype they were trained in (``save_pretrained`` writes the adapter's state dict as it is), which is float32 even on
+#: a float16 or bfloat16 model: peft upcasts an adapter's float16 and bfloat16 parameters to float32 unless told not
+#: to (``peft/tuners/tuners_utils.py`` ``cast_adapter_dtype``, ``autocast_adapter_dtype=True`` by default, peft
+#: 0.21.2); float16 and bfloat16 files take half of it.
+ADAPTER_FILE_VALUE_BYTES = 4
+#: A safetensors file starts with 8 bytes (the header's length, a little-endian u64), then its JSON header
+#: (huggingface/safetensors ``safetensors/src/tensor.rs`` ``SafeTensors::read_metadata``). A PEFT LoRA tensor's entry
+#: (its key, dtype, shape and data offsets) takes about 130-160 bytes (132 for SmolLM2-135M's keys, as peft 0.21
+#: writes them); an adapter's header may take this many bytes per tensor ...
+SAFETENSORS_HEADER_BYTES_PER_TENSOR = 512
+#: ... and this many more (``__metadata__`` and padding).
+SAFETENSORS_HEADER_BASE_BYTES = 64 << 10
 #: Columns of a lora_config row: [module_id, layer_idx, adapter_size] (the tensorrt_llm config.pbtxt's
 #: ``dims: [ -1, 3 ]``; loraUtils.cpp also accepts a fourth, is_dora, column that the template does not declare).
 LORA_CONFIG_COLUMNS = 3
@@ -285,6 +305,40 @@ class LoraSpec:
         rank = self.max_rank if rank is None else rank
         per_layer = sum(sum(self.shape.module_dims(m)) for m in self.target_modules if m in SUPPORTED_MODULES)
         return rank * per_layer * self.shape.num_layers
+
+    def largest_adapter_tensors(self) -> int:
+        """Tensors in the largest adapter served: lora_A and lora_B of every applied module in every layer (0 when LoRA
+        is off)."""
+        if not self.enabled or self.shape is None:
+            return 0
+        return 2 * len([m for m in self.applied_modules if m in SUPPORTED_MODULES]) * self.shape.num_layers
+
+    def largest_adapter_values(self) -> int:
+        """Values in the largest adapter served: rank ``max_rank`` on every applied module of every layer (0 when LoRA
+        is off). An adapter with more cannot be served (each of its modules has at most that rank and those sizes)."""
+        if not self.enabled or self.shape is None:
+            return 0
+        per_layer = sum(sum(self.shape.module_dims(m)) for m in self.applied_modules if m in SUPPORTED_MODULES)
+        return self.max_rank * per_layer * self.shape.num_layers
+
+    def largest_header_bytes(self) -> int:
+        """Most bytes of safetensors header (its JSON, without the 8-byte length) an adapter of this model may have."""
+        return SAFETENSORS_HEADER_BASE_BYTES + SAFETENSORS_HEADER_BYTES_PER_TENSOR * self.largest_adapter_tensors()
+
+    def largest_adapter_file_bytes(self) -> int:
+        """Bytes of the largest ``adapter_model.safetensors`` this model serves (0 when LoRA is off): the 8-byte length,
+        :meth:`largest_header_bytes` and :meth:`largest_adapter_values` at :data:`ADAPTER_FILE_VALUE_BYTES` each."""
+        if not self.enabled or self.shape is None:
+            return 0
+        return 8 + self.largest_header_bytes() + ADAPTER_FILE_VALUE_BYTES * self.largest_adapter_values()
+
+    def describe_largest_adapter(self) -> str:
+        """The largest adapter served, in words, for messages ("rank 64 on q_proj, ... of 30 layers: 78,207,144 bytes
+        ...")."""
+        modules = ", ".join(TRTLLM_TO_HF[m] for m in self.applied_modules if m in SUPPORTED_MODULES)
+        layers = self.shape.num_layers if self.shape is not None else 0
+        return (f"rank {self.max_rank} on {modules} of {layers} layers: {self.largest_adapter_file_bytes()} bytes as a "
+                f"float32 adapter_model.safetensors")
 
     def cache_pages(self, optimal_adapter_size: Optional[int] = None,
                     max_adapter_size: Optional[int] = None) -> LoraCachePages:
@@ -477,7 +531,8 @@ def fused_pair_problem(modules: Iterable[str]) -> str:
 
 
 __all__ = (
-    "DEFAULT_MAX_LORA_RANK", "DEFAULT_MAX_LORAS", "FUSED_MLP_PAIR", "HF_TO_TRTLLM", "LORA_MODULE_IDS", "LoraCachePages",
-    "LoraSpec", "ModelShape", "SUPPORTED_MODULES", "TRTLLM_TO_HF", "checkpoint_lora_spec", "engine_lora_spec",
-    "fused_pair_problem", "pages_for_rows", "shape_of",
+    "ADAPTER_FILE_VALUE_BYTES", "DEFAULT_MAX_LORA_RANK", "DEFAULT_MAX_LORAS", "FUSED_MLP_PAIR", "HF_TO_TRTLLM",
+    "LORA_MODULE_IDS", "LoraCachePages", "LoraSpec", "ModelShape", "SAFETENSORS_HEADER_BASE_BYTES",
+    "SAFETENSORS_HEADER_BYTES_PER_TENSOR", "SUPPORTED_MODULES", "TRTLLM_TO_HF", "checkpoint_lora_spec",
+    "engine_lora_spec", "fused_pair_problem", "pages_for_rows", "shape_of",
 )

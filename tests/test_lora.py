@@ -25,6 +25,7 @@ import pytest
 
 from tensorrtllm_backend.lora import (
     SUPPORTED_MODULES,
+    TRTLLM_TO_HF,
     LoraSpec,
     ModelShape,
     checkpoint_lora_spec,
@@ -255,3 +256,58 @@ def test_the_fused_pair_problem_names_both_modules_and_why() -> None:
     assert text.startswith("mlp_gate (up_proj) without mlp_h_to_4h (gate_proj)")
     assert "tensorrt_llm/layers/mlp.py fc_gate_lora" in text and "ignore adapters' up_proj weights" in text
     assert fused_pair_problem(["attn_q"]) == "" and fused_pair_problem(["mlp_gate", "mlp_h_to_4h"]) == ""
+
+
+# --- the largest adapter a model serves (what one adapter may cost a stream process) ------------------------------
+
+def upstream_largest_values(shape: ModelShape, modules, rank: int) -> int:
+    """Values of an adapter of ``rank`` on every one of ``modules`` in every layer, from createLoraModules' sizes
+    (loraModule.cpp @ 2a9abd95, written out in :func:`upstream_modules` for one rank: tp 1)."""
+    return rank * sum(size for _, size in upstream_modules(shape, modules, 1)) * shape.num_layers
+
+
+@pytest.mark.parametrize("shape,rank,modules,file_bytes", [
+    # the issue's figures: SmolLM2-135M at rank 64 on every module, 78 MB of float32 weights; an 8B Llama at rank 64
+    # on all seven, 0.34 GB in bfloat16 and so 0.67 GB as the float32 file peft saves by default
+    (SMOLLM2, 64, SUPPORTED_MODULES, 78_151_680),
+    (LLAMA3_8B, 64, SUPPORTED_MODULES, 671_088_640),
+    (LLAMA3_8B, 16, ("attn_q", "attn_v"), 16 * (8192 + 5120) * 32 * 4),
+])
+def test_the_largest_adapter_is_max_lora_rank_on_every_applied_module(shape, rank, modules, file_bytes) -> None:
+    spec = engine_spec(shape, rank, modules, dtype="bfloat16")
+    assert spec.largest_adapter_values() == upstream_largest_values(shape, modules, rank)
+    assert 4 * spec.largest_adapter_values() == file_bytes
+    tensors = 2 * len(modules) * shape.num_layers
+    assert spec.largest_adapter_tensors() == tensors
+    assert spec.largest_header_bytes() == (64 << 10) + 512 * tensors
+    assert spec.largest_adapter_file_bytes() == 8 + spec.largest_header_bytes() + file_bytes
+    assert spec.describe_largest_adapter().startswith(f"rank {rank} on {', '.join(TRTLLM_TO_HF[m] for m in modules)} "
+                                                      f"of {shape.num_layers} layers: ")
+
+
+def test_a_module_the_engine_does_not_apply_adds_nothing_and_no_lora_means_no_adapter() -> None:
+    """An engine with a fused gated MLP and gate_proj alone ignores gate_proj adapters (they are refused), so they do
+    not count; a model without LoRA serves no adapter at all."""
+    fused = LoraSpec(True, dtype="float16", max_rank=8, target_modules=("attn_q", "mlp_h_to_4h"), shape=SMOLLM2,
+                     fused_mlp=True)
+    assert fused.applied_modules == ("attn_q",)
+    assert fused.largest_adapter_values() == upstream_largest_values(SMOLLM2, ("attn_q",), 8)
+    off = LoraSpec(False, "no plugin")
+    assert (off.largest_adapter_values(), off.largest_adapter_tensors(), off.largest_adapter_file_bytes()) == (0, 0, 0)
+
+
+def test_the_header_bound_holds_a_real_peft_header_with_room(tmp_path, checkpoint_dir) -> None:
+    """peft's own file for SmolLM2 at rank 2 on every module: its header is within the bound (and the file within
+    the largest adapter's bytes at that rank), with more than twice the room the keys need."""
+    import json
+    import struct
+
+    from tests.lora_adapters import make_adapter
+
+    folder = make_adapter(checkpoint_dir, tmp_path / "a", r=2, alpha=4, seed=0, targets=[TRTLLM_TO_HF[m] for m in
+                                                                                          SUPPORTED_MODULES])
+    data = (folder / "adapter_model.safetensors").read_bytes()
+    (header,) = struct.unpack("<Q", data[:8])
+    spec = checkpoint_lora_spec(json.loads((checkpoint_dir / "config.json").read_text()), {"max_lora_rank": 2}, True)
+    assert len(data) <= spec.largest_adapter_file_bytes()
+    assert 2 * header < spec.largest_header_bytes() - (64 << 10)
