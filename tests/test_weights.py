@@ -1110,3 +1110,145 @@ def test_the_download_cap(server: WeightsServer, target: Path, tmp_path: Path, a
     assert seen == len(body) if announce else 100_000 < seen < len(body)
     assert server.hits["/w.tar.gz"] == 1  # not retried
     assert_contents(target, OLD_FILES)
+
+
+# --- an API caller's archive (an adapter): a member limit counted before anything is written, the tar stream held
+# --- to what its members can take, unpacking within the fetch's deadline (issue 47); setup's weights keep neither
+
+from cog_triton.fetch.deadline import FetchDeadline  # noqa: E402
+from cog_triton.weights.archive import TAR_MEMBER_OVERHEAD_BYTES, extract_archive  # noqa: E402
+from common.errors import FetchDeadlineError  # noqa: E402
+
+
+def _empties(n: int) -> dict[str, bytes]:
+    return {f"d/f{i}": b"" for i in range(n)}
+
+
+@pytest.mark.parametrize("kind", ["tar.gz", "zip"])
+def test_the_member_limit_is_counted_before_anything_is_written(tmp_path: Path, kind: str) -> None:
+    """51 empty files against a limit of 50: refused naming the limit and its setting, with the staging folder still
+    empty (the members were counted before the first was written); 50 unpack."""
+    make = (lambda p, f: good_tar(p, f)) if kind == "tar.gz" else make_zip
+    over, fits = make(tmp_path / f"over.{kind}", _empties(51)), make(tmp_path / f"fits.{kind}", _empties(50))
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    with pytest.raises(ArchiveError) as info:
+        extract_archive(over, staging, "over", 1 << 20, allow_zip=True, max_members=50,
+                        members_setting="COG_TRITON_ADAPTER_MAX_MEMBERS")
+    assert str(info.value).endswith("has more than the 50 members allowed (COG_TRITON_ADAPTER_MAX_MEMBERS); "
+                                    "refusing to unpack it (nothing was written)")
+    assert list(staging.iterdir()) == []
+    extract_archive(fits, staging, "fits", 1 << 20, allow_zip=True, max_members=50)
+    assert len(list((staging / "d").iterdir())) == 50
+
+
+def test_members_declaring_more_than_the_budget_are_refused_before_anything_is_written(tmp_path: Path) -> None:
+    archive = good_tar(tmp_path / "w.tar.gz", {"a.txt": b"x" * 1000, "b.bin": b"\0" * 2_000_000})
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    with pytest.raises(ArchiveError) as info:
+        extract_archive(archive, staging, "w", 1_000_000, max_members=10, limit_reason="the adapter's cap")
+    assert ("unpacks to more than allowed: its members declare 2001000 bytes (up to and including 'b.bin'); nothing "
+            "was written, over the limit of 1000000 bytes (the adapter's cap); refusing to unpack it") in str(info.value)
+    assert list(staging.iterdir()) == []
+
+
+def test_without_a_member_limit_setup_unpacks_any_number_of_members(tmp_path: Path, target: Path) -> None:
+    files = _empties(2000)
+    fetch_weights(good_tar(tmp_path / "many.tar.gz", files), target)
+    assert len(list((target / "d").iterdir())) == 2000
+
+
+def _zip_end_record(path: Path, **fields: int) -> Path:
+    """Rewrite the zip's end-of-central-directory record's ``entries`` (this disk and total) or ``directory`` size
+    (APPNOTE.TXT 4.3.16), leaving the central directory itself as it was."""
+    import struct
+
+    data = bytearray(path.read_bytes())
+    at = data.rfind(b"PK\x05\x06")
+    if "entries" in fields:
+        struct.pack_into("<HH", data, at + 8, fields["entries"], fields["entries"])
+    if "directory" in fields:
+        struct.pack_into("<L", data, at + 12, fields["directory"])
+    path.write_bytes(bytes(data))
+    return path
+
+
+def test_a_zip_whose_end_record_understates_its_members_is_counted_by_its_directory(tmp_path: Path) -> None:
+    """zipfile ignores the end record's entry count and parses the whole central directory: 60 entries stated as 3
+    are refused once counted (before anything is written)."""
+    archive = _zip_end_record(make_zip(tmp_path / "lie.zip", _empties(60)), entries=3)
+    assert len(zipfile.ZipFile(archive).infolist()) == 60
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    with pytest.raises(ArchiveError, match="has more than the 50 members allowed"):
+        extract_archive(archive, staging, "lie", 1 << 20, allow_zip=True, max_members=50)
+    assert list(staging.iterdir()) == []
+
+
+def test_a_zip_stating_a_central_directory_too_large_for_its_members_is_refused_before_zipfile_reads_it(
+        tmp_path: Path) -> None:
+    """The directory's size is what zipfile reads and parses first; one larger than 50 members can take is refused
+    from the end record alone (zipfile itself would call it corrupt only after reading it)."""
+    archive = _zip_end_record(make_zip(tmp_path / "big.zip", _empties(3)), directory=50_000_000)
+    with pytest.raises(ArchiveError, match="has more than the 50 members allowed"):
+        extract_archive(archive, tmp_path, "big", 1 << 20, allow_zip=True, max_members=50)
+    with pytest.raises(ArchiveError, match="corrupt or truncated"):  # without the limit, zipfile's own refusal
+        extract_archive(archive, tmp_path, "big", 1 << 20, allow_zip=True)
+
+
+def test_an_extended_header_longer_than_members_can_be_is_refused_as_it_is_read(tmp_path: Path) -> None:
+    """A GNU long name declaring 8 MB, which tarfile reads into memory whole (Lib/tarfile.py _proc_gnulong): with a
+    member limit the tar stream may not go past the budget plus what its members' headers can take, so it is
+    refused before tarfile reads it. Without one (setup's weights), the member rules refuse its path afterwards."""
+    info = tarfile.TarInfo("a" * 8_000_000)
+    archive = tmp_path / "longname.tar.gz"
+    with tarfile.open(archive, "w:gz", format=tarfile.GNU_FORMAT) as tar:
+        tar.addfile(info, io.BytesIO(b""))
+    assert archive.stat().st_size < 100_000
+    limit = 1_000_000 + 10 * TAR_MEMBER_OVERHEAD_BYTES
+    with pytest.raises(ArchiveError) as refused:
+        extract_archive(archive, tmp_path / "s1", "longname", 1_000_000, max_members=10)
+    assert "is longer than its members can be: its tar stream goes on past byte" in str(refused.value)
+    assert f"past byte {limit + (20 << 10)} (1000000 bytes of files" in str(refused.value)
+    (tmp_path / "s2").mkdir()
+    with pytest.raises(ArchiveError, match="has a path 8000000 bytes long"):
+        extract_archive(archive, tmp_path / "s2", "longname", 1_000_000)
+
+
+@pytest.mark.parametrize("kind", ["tar.gz", "zip"])
+def test_unpacking_counts_against_the_deadline_when_asked(tmp_path: Path, target: Path, kind: str) -> None:
+    """An adapter's fetch: unpacking is part of its deadline, so one that passed ends it with the deadline's words
+    (the previous contents kept). Setup's weights (unpack_in_deadline off) unpack whatever the deadline says."""
+    make = (lambda p, f: good_tar(p, f)) if kind == "tar.gz" else make_zip
+    archive = make(tmp_path / f"w.{kind}", _empties(20))
+    with pytest.raises(FetchDeadlineError) as info:
+        fetch_weights(archive, target, allow_zip=True, deadline_s=3, deadline_at=time.monotonic() - 1, max_members=50,
+                      unpack_in_deadline=True)
+    assert str(info.value) == (f"[download_deadline] the download of {archive} did not finish within the deadline of "
+                               "3 s (COG_TRITON_DOWNLOAD_DEADLINE_S): it passed while the archive was being unpacked")
+    assert_contents(target, OLD_FILES)
+    fetch_weights(archive, target, allow_zip=True, deadline_s=3, deadline_at=time.monotonic() - 1)
+    assert len(list((target / "d").iterdir())) == 20
+
+
+def test_a_deadline_passing_while_members_are_written_stops_the_unpacking(tmp_path: Path) -> None:
+    """The deadline is checked as each member is written, not only before: one that passes after the first 10 of
+    200 members (a deadline object whose end is moved as the 10th file appears) stops at the next."""
+    archive = good_tar(tmp_path / "w.tar.gz", _empties(200))
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    deadline = FetchDeadline(60, what="the download of w", setting="S")
+    real_check = deadline.check
+
+    def check() -> None:
+        folder = staging / "d"
+        if folder.is_dir() and len(list(folder.iterdir())) >= 10:
+            deadline.at = time.monotonic() - 1
+        real_check()
+
+    deadline.check = check  # type: ignore[method-assign]
+    with pytest.raises(FetchDeadlineError, match=r"the download of w did not finish within the deadline of 60 s \(S\): "
+                                                 "it passed while the archive was being unpacked"):
+        extract_archive(archive, staging, "w", 1 << 20, max_members=500, deadline=deadline)
+    assert 10 <= len(list((staging / "d").iterdir())) <= 11

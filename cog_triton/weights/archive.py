@@ -1,11 +1,17 @@
 """Unpacking archives safely: tar (and, where allowed, zip) under the rules of tarfile's "data" filter,
-checked member by member, within a byte budget and the free disk space.
+checked member by member, within a byte budget and the free disk space; for an archive an API caller gave (an
+adapter), also within a member limit counted before anything is written, and within the fetch's deadline.
+
+Why one module (about 640 lines): one concern, unpacking an archive within its bounds: tar and zip share the member
+rules (:func:`_member_problem`), the byte budget (:class:`_Budget`) and the member limit's refusal, which would
+otherwise be public names of the package for two modules' sake.
 
 Part of :mod:`cog_triton.weights` (its public face is the package).
 """
 
 from __future__ import annotations
 
+import bz2
 import gzip
 import json
 import logging
@@ -13,6 +19,7 @@ import lzma
 import os
 import posixpath
 import stat
+import struct
 import tarfile
 import zipfile
 import zlib
@@ -20,9 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import BinaryIO, Iterator, Optional
 
+from cog_triton.fetch.deadline import FetchDeadline
 from cog_triton.fetch.folders import check_free_space
 from cog_triton.weights.sources import SUPPORTED_KINDS
-from common.errors import ArchiveError, ManifestError, WeightsError
+from common.errors import ArchiveError, FetchDeadlineError, ManifestError, WeightsError
 from common.files import CHUNK_BYTES, VERIFIED_NAME
 from tensorrtllm_backend.manifest import MANIFEST_NAME, Manifest
 
@@ -57,6 +65,25 @@ MAX_MEMBER_PATH_BYTES = 4096
 
 #: Member names in error messages are cut to this many characters.
 SHOWN_NAME_CHARS = 120
+
+
+#: With a member limit (an archive an API caller gave), the tar stream itself (decompressed) may be longer than the
+#: bytes it unpacks to by this many bytes per member: its 512-byte header, up to 511 bytes padding its data, and the
+#: extended headers a long name needs (a GNU long name or long link, or a pax header: each a 512-byte header and the
+#: name, up to :data:`MAX_MEMBER_PATH_BYTES`), with room to spare; and by :data:`TAR_END_BYTES` more for the end of
+#: the archive (two zero blocks, padded to GNU tar's 10240-byte record). Beyond it the archive is refused as it is
+#: read: this bounds what tarfile reads into memory for an extended header (it reads a header's whole declared size,
+#: CPython ``Lib/tarfile.py`` ``TarInfo._proc_gnulong`` / ``_proc_pax``) and how long counting the members can take.
+TAR_MEMBER_OVERHEAD_BYTES = 16 << 10
+TAR_END_BYTES = 20 << 10
+
+
+#: With a member limit, a zip archive's central directory may take this many bytes per member allowed: a 46-byte
+#: entry, its name up to :data:`MAX_MEMBER_PATH_BYTES`, and 1 KiB of extra fields and comment (PKWARE's APPNOTE.TXT
+#: 4.3.12). zipfile reads and parses the whole central directory before anything else (CPython ``Lib/zipfile.py``
+#: ``ZipFile._RealGetContents``, which ignores the entry count the end record states), so its size is checked
+#: first, from the end record (:func:`_zip_directory`).
+ZIP_DIRECTORY_BYTES_PER_MEMBER = 46 + MAX_MEMBER_PATH_BYTES + 1024
 
 
 _HAS_DATA_FILTER = hasattr(tarfile, "data_filter")
@@ -109,9 +136,14 @@ class _Budget:
     written: int = 0
     manifest_seen: bool = False
 
+    fix: str = "If the archive is genuine, set COG_TRITON_MAX_EXTRACTED_BYTES to a larger number of bytes"
+
     @classmethod
-    def for_archive(cls, display: str, staging: Path, archive_size: int, explicit: Optional[int]) -> "_Budget":
+    def for_archive(cls, display: str, staging: Path, archive_size: int, explicit: Optional[int],
+                    explicit_reason: Optional[str] = None) -> "_Budget":
         if explicit is not None:
+            if explicit_reason is not None:  # the caller's words (its settings, and how to raise them)
+                return cls(display, staging, explicit, explicit_reason, True, fix="")
             return cls(display, staging, explicit, f"COG_TRITON_MAX_EXTRACTED_BYTES={explicit}", True)
         limit = max(EXTRACT_RATIO * archive_size, EXTRACT_FLOOR_BYTES)
         reason = (f"{EXTRACT_RATIO} times the archive's {archive_size} bytes, at least {EXTRACT_FLOOR_BYTES} bytes, "
@@ -121,8 +153,7 @@ class _Budget:
     def _over(self, what: str) -> ArchiveError:
         return ArchiveError(
             f"the weights archive {self.display} unpacks to more than allowed: {what}, over the limit of {self.limit} "
-            f"bytes ({self.reason}); refusing to unpack it. If the archive is genuine, set "
-            "COG_TRITON_MAX_EXTRACTED_BYTES to a larger number of bytes"
+            f"bytes ({self.reason}); refusing to unpack it" + (f". {self.fix}" if self.fix else "")
         )
 
     def declare(self, member: tarfile.TarInfo) -> None:
@@ -187,6 +218,7 @@ class _SafeTarFile(tarfile.TarFile):
     """
 
     budget: Optional[_Budget] = None
+    deadline: Optional[FetchDeadline] = None
 
     def chown(self, tarinfo: tarfile.TarInfo, targetpath: str, numeric_owner: bool) -> None:
         """Never change owners: the archive's uid/gid/uname/gname are ignored."""
@@ -224,12 +256,74 @@ class _SafeTarFile(tarfile.TarFile):
                     raise tarfile.ReadError("unexpected end of data")
                 if self.budget is not None:
                     self.budget.wrote(len(chunk), tarinfo.name)
+                if self.deadline is not None:
+                    self.deadline.check()
                 target.write(chunk)
                 remaining -= len(chunk)
 
 
+class _Stream:
+    """The tar stream as tarfile reads it (decompressed), no longer than ``limit`` bytes (None: any length), checking
+    ``deadline`` at each read: with an API caller's archive, the limits hold while tarfile reads, before it keeps
+    anything in memory (see :data:`TAR_MEMBER_OVERHEAD_BYTES`).
+
+    Raises (from read and seek):
+        ArchiveError: the stream goes on past ``limit``.
+        FetchDeadlineError: the deadline passed.
+    """
+
+    def __init__(self, raw: BinaryIO, display: str, limit: Optional[int], deadline: Optional[FetchDeadline],
+                 why: str) -> None:
+        self.raw = raw
+        self.name = getattr(raw, "name", None) if isinstance(getattr(raw, "name", None), str) else None
+        self.mode = "rb"
+        self.display = display
+        self.limit = limit
+        self.deadline = deadline
+        self.why = why
+
+    def _long(self, at: int) -> ArchiveError:
+        return ArchiveError(f"the weights archive {self.display} is longer than its members can be: its tar stream "
+                            f"goes on past byte {self.limit} ({self.why}); refusing to unpack it")
+
+    def read(self, size: int = -1) -> bytes:
+        if self.deadline is not None:
+            self.deadline.check()
+        if self.limit is None:
+            return self.raw.read(size)
+        left = self.limit - self.raw.tell()
+        if size is None or size < 0 or size > left:  # read no more than allowed, then see whether there is more
+            data = self.raw.read(max(left, 0))
+            if self.raw.read(1):
+                raise self._long(self.raw.tell())
+            return data
+        return self.raw.read(size)
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        if self.deadline is not None:
+            self.deadline.check()
+        if self.limit is not None and whence == os.SEEK_SET and offset > self.limit:
+            raise self._long(offset)
+        return self.raw.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self.raw.tell()
+
+
+def _decompressed(archive: Path, compression: Optional[str]) -> BinaryIO:
+    """``archive`` opened for reading through its decompressor (none for a plain tar)."""
+    if compression == "gzip":
+        return gzip.GzipFile(archive, "rb")
+    if compression == "bzip2":
+        return bz2.BZ2File(archive, "rb")
+    if compression == "xz":
+        return lzma.LZMAFile(archive, "rb")
+    return open(archive, "rb")
+
+
 def extract_archive(archive: Path, staging: Path, display: str, max_extracted_bytes: Optional[int] = None,
-                    *, allow_zip: bool = False) -> None:
+                    *, allow_zip: bool = False, max_members: Optional[int] = None, members_setting: str = "",
+                    limit_reason: Optional[str] = None, deadline: Optional[FetchDeadline] = None) -> None:
     """Unpack the tar archive ``archive`` (or, with ``allow_zip``, zip archive) into the empty folder ``staging``
     under the member rules and byte budget of the package docstring (:mod:`cog_triton.weights`).
 
@@ -237,29 +331,68 @@ def extract_archive(archive: Path, staging: Path, display: str, max_extracted_by
         display: the archive as shown in messages.
         max_extracted_bytes: most bytes it may unpack to; None: automatic (:data:`EXTRACT_RATIO` times its size, at
             least :data:`EXTRACT_FLOOR_BYTES`, tightened by its own manifest.json).
+        max_members: most members (files, folders, links) it may have, counted before anything is written (an
+            archive an API caller gave); its tar stream is then held to the bytes those members can take
+            (:data:`TAR_MEMBER_OVERHEAD_BYTES`), its zip central directory to :data:`ZIP_DIRECTORY_BYTES_PER_MEMBER`
+            per member. None: no limit (the operator's own weights). ``members_setting`` names it in messages.
+        limit_reason: why ``max_extracted_bytes`` is what it is, and how to raise it, for the message refusing an
+            archive over it (default: COG_TRITON_MAX_EXTRACTED_BYTES).
+        deadline: the fetch's deadline, checked as the archive is read and each member written (None: unpacking is
+            bounded by the byte limits only).
 
     Raises:
-        ArchiveError: not a supported archive, corrupt or truncated, over the byte budget, or a member is unsafe.
+        ArchiveError: not a supported archive, corrupt or truncated, over the byte budget or the member limit, or a
+            member is unsafe.
+        FetchDeadlineError: the deadline passed while unpacking (a WeightsError).
         WeightsError: not enough free disk space, or the files could not be written.
     """
     with open(archive, "rb") as fh:
         head = fh.read(tarfile.BLOCKSIZE)
     if not head:
         raise ArchiveError(f"the weights archive {display} is empty (0 bytes); expected a {SUPPORTED_KINDS}")
-    if allow_zip and head.startswith((b"PK\x03\x04", b"PK\x05\x06")):
-        size = archive.stat().st_size
-        _extract_zip(archive, staging, display, _Budget.for_archive(display, staging, size, max_extracted_bytes))
-        return
+    size = archive.stat().st_size
+    budget = _Budget.for_archive(display, staging, size, max_extracted_bytes, limit_reason)
+    try:
+        if allow_zip and head.startswith((b"PK\x03\x04", b"PK\x05\x06")):
+            _extract_zip(archive, staging, display, budget, max_members, members_setting, deadline)
+        else:
+            _extract_tar_archive(archive, head, size, staging, display, budget, max_members, members_setting,
+                                 deadline)
+    except FetchDeadlineError as exc:
+        raise FetchDeadlineError(f"{exc.message}: it passed while the archive was being unpacked") from None
+
+
+def _extract_tar_archive(archive: Path, head: bytes, size: int, staging: Path, display: str, budget: _Budget,
+                         max_members: Optional[int], members_setting: str, deadline: Optional[FetchDeadline]) -> None:
+    """:func:`extract_archive` of anything but a zip archive: checked for its kind, then unpacked as a tar archive
+    through its decompressor."""
     for magic, what in _UNSUPPORTED_MAGIC:
         if head.startswith(magic):
             raise ArchiveError(f"the weights file {display} is {what}, not a tar archive; supported: {SUPPORTED_KINDS}")
     compression = next((name for magic, name in _COMPRESSION_MAGIC if head.startswith(magic)), None)
-    size = archive.stat().st_size
-    budget = _Budget.for_archive(display, staging, size, max_extracted_bytes)
     # the unpacked files take at least about the archive's size (less its tar headers)
     check_free_space(staging, min(size - size // 100, budget.limit), f"unpacking {display} ({size} bytes)")
+    limit = None
+    if max_members is not None:
+        limit = budget.limit + max_members * TAR_MEMBER_OVERHEAD_BYTES + TAR_END_BYTES
+    why = (f"{budget.limit} bytes of files ({budget.reason}) in at most {max_members} members "
+           f"({members_setting or 'the member limit'})")
     try:
-        tar = _SafeTarFile.open(archive, "r:*")
+        raw = _decompressed(archive, compression)
+    except OSError as exc:
+        raise WeightsError(f"could not read {display}: {exc}") from exc
+    with raw:
+        _extract_tar(_Stream(raw, display, limit, deadline, why), staging, display, budget, compression, max_members,
+                     members_setting, deadline)
+
+
+def _extract_tar(stream: _Stream, staging: Path, display: str, budget: _Budget, compression: Optional[str],
+                 max_members: Optional[int], members_setting: str, deadline: Optional[FetchDeadline]) -> None:
+    """:func:`extract_archive` of a tar archive read from ``stream`` (decompressed)."""
+    try:
+        tar = _SafeTarFile.open(fileobj=stream, mode="r:")  # type: ignore[arg-type]
+    except WeightsError:
+        raise
     except (tarfile.ReadError, tarfile.CompressionError, EOFError, zlib.error, lzma.LZMAError, OSError) as exc:
         if compression is not None:
             raise _corrupt(display, f"{compression} data without a readable tar archive inside") from exc
@@ -272,7 +405,10 @@ def extract_archive(archive: Path, staging: Path, display: str, max_extracted_by
         with tar:
             tar.errorlevel = 1
             tar.budget = budget
-            members = _checked_members(tar, dest, display, budget)
+            tar.deadline = deadline
+            if max_members is not None:
+                _count_tar_members(tar, display, budget, max_members, members_setting, deadline)
+            members = _checked_members(tar, dest, display, budget, deadline)
             if _HAS_DATA_FILTER:  # the same rules as _SafeTarFile's, checked twice where Python has them
                 tar.extractall(staging, members=members, filter="data")
             else:  # Python < 3.10.12 / 3.11.4: _checked_members and _SafeTarFile are the guards
@@ -296,12 +432,83 @@ def extract_archive(archive: Path, staging: Path, display: str, max_extracted_by
         raise WeightsError(f"could not unpack {display} into {staging}: {exc}") from exc
 
 
-def _extract_zip(archive: Path, staging: Path, display: str, budget: _Budget) -> None:
-    """Unpack a zip archive by the rules of :func:`_member_problem` (paths, depth, no links), counting bytes."""
+def _too_many(display: str, max_members: int, members_setting: str) -> ArchiveError:
+    setting = f" ({members_setting})" if members_setting else ""
+    return ArchiveError(f"the weights archive {display} has more than the {max_members} members allowed{setting}; "
+                        "refusing to unpack it (nothing was written)")
+
+
+def _count_tar_members(tar: tarfile.TarFile, display: str, budget: _Budget, max_members: int,
+                       members_setting: str, deadline: Optional[FetchDeadline]) -> None:
+    """Read every member's header (tarfile keeps them for the extraction that follows) before anything is written:
+    refuse more than ``max_members``, or regular members declaring more bytes than the budget, at the first member
+    beyond either.
+
+    Raises:
+        ArchiveError: too many members, or too many bytes declared.
+        FetchDeadlineError: the deadline passed.
+    """
+    count, declared = 0, 0
+    while True:
+        if deadline is not None:
+            deadline.check()
+        member = tar.next()
+        if member is None:
+            return
+        count += 1
+        if count > max_members:
+            raise _too_many(display, max_members, members_setting)
+        if member.isreg():
+            declared += member.size
+            if declared > budget.limit:
+                raise budget._over(f"its members declare {declared} bytes (up to and including "
+                                   f"{_show(member.name)}); nothing was written")
+def _zip_directory(archive: Path) -> Optional[tuple[int, int]]:
+    """(entries, bytes) of the zip archive's central directory as its end record states them (PKWARE's APPNOTE.TXT
+    4.3.16, and 4.3.14-4.3.15 for zip64), or None where there is no end record (zipfile then refuses the archive).
+    Read before zipfile parses the directory, so that a huge one is refused first."""
+    with open(archive, "rb") as fh:
+        size = fh.seek(0, os.SEEK_END)
+        tail_start = max(0, size - (22 + 0xFFFF))
+        fh.seek(tail_start)
+        tail = fh.read()
+        at = tail.rfind(b"PK\x05\x06")
+        if at < 0 or len(tail) - at < 22:
+            return None
+        entries, directory = struct.unpack_from("<HL", tail, at + 10)
+        locator = at - 20
+        if locator >= 0 and tail[locator:locator + 4] == b"PK\x06\x07":  # zip64: the counts are in its end record
+            (record,) = struct.unpack_from("<Q", tail, locator + 8)
+            fh.seek(record)
+            zip64 = fh.read(56)
+            if len(zip64) == 56 and zip64[:4] == b"PK\x06\x06":
+                entries, directory = struct.unpack_from("<QQ", zip64, 32)
+        return entries, directory
+
+
+def _extract_zip(archive: Path, staging: Path, display: str, budget: _Budget, max_members: Optional[int],
+                 members_setting: str, deadline: Optional[FetchDeadline]) -> None:
+    """Unpack a zip archive by the rules of :func:`_member_problem` (paths, depth, no links), counting bytes; with
+    ``max_members``, its central directory's stated size and then its entries are counted before anything is read
+    or written."""
     dest = os.path.realpath(staging)
+    if max_members is not None:
+        stated = _zip_directory(archive)
+        if stated is not None and (stated[0] > max_members
+                                   or stated[1] > max_members * ZIP_DIRECTORY_BYTES_PER_MEMBER):
+            raise _too_many(display, max_members, members_setting)
     try:
         with zipfile.ZipFile(archive) as zf:
-            for info in zf.infolist():
+            infos = zf.infolist()
+            if max_members is not None and len(infos) > max_members:
+                raise _too_many(display, max_members, members_setting)
+            if max_members is not None:
+                declared = sum(info.file_size for info in infos if not info.is_dir())
+                if declared > budget.limit:
+                    raise budget._over(f"its members declare {declared} bytes; nothing was written")
+            for info in infos:
+                if deadline is not None:
+                    deadline.check()
                 name = info.filename
                 mode = info.external_attr >> 16
                 problem = _member_problem(_zip_as_tar(info), dest)
@@ -322,6 +529,8 @@ def _extract_zip(archive: Path, staging: Path, display: str, budget: _Budget) ->
                 target.parent.mkdir(parents=True, exist_ok=True)
                 with zf.open(info) as source, open(target, "wb") as out:
                     while chunk := source.read(CHUNK_BYTES):
+                        if deadline is not None:
+                            deadline.check()
                         budget.wrote(len(chunk), name)
                         out.write(chunk)
                 os.chmod(target, 0o644)
@@ -342,15 +551,17 @@ def _zip_as_tar(info: zipfile.ZipInfo) -> tarfile.TarInfo:
 
 
 def _checked_members(
-    tar: tarfile.TarFile, dest: str, display: str, budget: _Budget
+    tar: tarfile.TarFile, dest: str, display: str, budget: _Budget, deadline: Optional[FetchDeadline] = None
 ) -> Iterator[tarfile.TarInfo]:
-    """Yield the members of ``tar`` one by one, each checked just before it is extracted.
+    """Yield the members of ``tar`` one by one, each checked just before it is extracted (and ``deadline`` with it).
 
     A generator: extractall unpacks each member before asking for the next, so a manifest.json
     yielded here has been written when the loop comes back, and can tighten ``budget``.
     """
     manifest: Optional[tarfile.TarInfo] = None
     for member in tar:
+        if deadline is not None:
+            deadline.check()
         if manifest is not None:
             budget.apply_manifest(manifest)
             manifest = None

@@ -69,6 +69,10 @@ class FetchLimits:
         rules: for a source an API caller gave; None: the operator's own weights.
         what: names what is fetched in the fetch rules' messages.
         deadline_at: the ``time.monotonic()`` instant the deadline ends, when it began before the call.
+        max_members / members_setting: the archive's member limit and the setting that sets it (None: no limit).
+        limit_reason: why the byte caps are what they are, and how to raise them, for the messages refusing a
+            download or an archive over them (None: the weights' settings).
+        unpack_in_deadline: unpacking the archive counts against the deadline too.
     """
 
     timeout_s: float
@@ -82,6 +86,10 @@ class FetchLimits:
     rules: Optional[FetchRules] = None
     what: str = "weights"
     deadline_at: Optional[float] = None
+    max_members: Optional[int] = None
+    members_setting: str = ""
+    limit_reason: Optional[str] = None
+    unpack_in_deadline: bool = False
 
 
 class _TransientDownloadError(DownloadError):
@@ -415,7 +423,8 @@ def _content_length(response: httpx.Response) -> Optional[int]:
 
 
 def _too_big(display: str, size: Optional[int], limits: FetchLimits) -> str:
-    return (f"{display} has more than the {limits.max_download_bytes} bytes allowed to download "
+    reason = f" ({limits.limit_reason})" if limits.limit_reason else ""
+    return (f"{display} has more than the {limits.max_download_bytes} bytes allowed to download{reason} "
             f"({size} bytes or more); refusing it")
 
 

@@ -6,6 +6,7 @@ Part of :mod:`cog_triton.weights` (its public face is the package).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import secrets
@@ -96,6 +97,10 @@ def fetch_weights(
     rules: Optional[FetchRules] = None,
     what: str = "weights",
     deadline_at: Optional[float] = None,
+    max_members: Optional[int] = None,
+    members_setting: str = "",
+    limit_reason: Optional[str] = None,
+    unpack_in_deadline: bool = False,
 ) -> WeightsResult:
     """Fetch weights from ``source`` into ``target_dir`` and return what was done.
 
@@ -119,7 +124,8 @@ def fetch_weights(
             TLS handshakes, response headers, bodies, redirects, attempts and the waits between them (an
             ``hf://`` source's Hub calls too). It is enforced from outside the reads
             (:mod:`cog_triton.fetch.deadline`): when it passes, the fetch ends with the deadline's message,
-            whatever the server is doing; it is not retried. Unpacking is not counted (the byte limits bound it).
+            whatever the server is doing; it is not retried. Unpacking is not counted (the byte limits bound it)
+            unless ``unpack_in_deadline``.
         min_rate_bytes_s: an attempt fails when fewer than this many bytes per second arrive over
             a window of ``rate_grace_s`` seconds (0: no minimum).
         rate_grace_s: length of that window in seconds; the first starts with each attempt.
@@ -142,6 +148,14 @@ def fetch_weights(
         deadline_at: the ``time.monotonic()`` instant the deadline ends, when the caller's clock started before
             this call (an adapter's: it waited for another fetch of the same adapter); ``deadline_s`` is then what
             the message says.
+        max_members: for an archive an API caller gave (an adapter): most members it may have, counted before
+            anything is written; the archive's stream and central directory are held to what that many members can
+            take (:func:`cog_triton.weights.archive.extract_archive`). ``members_setting`` names the setting in
+            messages. None (the operator's own weights): no limit.
+        limit_reason: why ``max_extracted_bytes`` and ``max_download_bytes`` are what they are, and how to raise
+            them, for the messages refusing a download or an archive over them (None: the weights' settings).
+        unpack_in_deadline: unpacking an archive counts against the deadline too (an adapter's fetch); False (the
+            operator's weights): the byte limits bound it.
 
     Returns:
         A :class:`WeightsResult`; ``skipped`` is True when the marker left by an earlier fetch of
@@ -158,8 +172,8 @@ def fetch_weights(
         FetchRefusedError: ``rules`` refuse the URL, a redirect or an address it resolves to; nothing was sent
             there.
         ArchiveError: the archive is not a tar archive, is corrupt or truncated, unpacks to more
-            than the limit, or has a member that would land outside ``target_dir``, is nested too
-            deep, or is a device file, FIFO or sparse file.
+            than the limit, has more members than ``max_members``, or has a member that would land outside
+            ``target_dir``, is nested too deep, or is a device file, FIFO or sparse file.
         ValueError: a timeout, rate or limit argument is out of range.
 
     On any error the previous contents of ``target_dir`` are left untouched.
@@ -169,6 +183,10 @@ def fetch_weights(
         rate_grace_s=rate_grace_s, max_extracted_bytes=max_extracted_bytes, max_download_bytes=max_download_bytes,
         allow_zip=allow_zip, rules=rules, what=what, deadline_at=deadline_at,
     )  # fmt: skip
+    if max_members is not None and not max_members > 0:
+        raise ValueError(f"max_members must be > 0 members, or None for no limit, got {max_members!r}")
+    limits = dataclasses.replace(limits, max_members=max_members, members_setting=members_setting,
+                                 limit_reason=limit_reason, unpack_in_deadline=unpack_in_deadline)
     src = parse_source(source)
     if rules is not None and src.url is not None:  # the URL itself (scheme, host, an IP literal) before anything
         refusal = rules.url_refusal(src.url, what)
@@ -380,7 +398,14 @@ def _fetch(
                     f"the file is corrupt or the expected checksum is wrong. The previous contents of {target} "
                     "were kept"
                 )
-            extract_archive(archive, staging, src.display, limits.max_extracted_bytes, allow_zip=limits.allow_zip)
+            unpacking = None
+            if limits.unpack_in_deadline and limits.deadline_at is not None:
+                unpacking = FetchDeadline(limits.deadline_s, at=limits.deadline_at,
+                                          what=f"the download of {src.display}",
+                                          setting="COG_TRITON_DOWNLOAD_DEADLINE_S")
+            extract_archive(archive, staging, src.display, limits.max_extracted_bytes, allow_zip=limits.allow_zip,
+                            max_members=limits.max_members, members_setting=limits.members_setting,
+                            limit_reason=limits.limit_reason, deadline=unpacking)
         files = inventory(staging)
         if not files:
             raise (WeightsError if kind == "directory" else ArchiveError)(
