@@ -24,7 +24,12 @@ class StoreLimits:
     Attributes:
         root: the cache folder (created when missing).
         budget_bytes: most bytes the cached adapters may take together (LRU eviction above it).
-        max_adapter_bytes: most bytes one adapter may download and unpack to.
+        max_adapter_bytes: most bytes one adapter may download and unpack to (COG_TRITON_ADAPTER_MAX_BYTES); the
+            store holds adapters to the smaller of this and the largest one the model serves plus ``extra_bytes``
+            (:func:`cog_triton.streaming.lora.store.adapter_cap`).
+        extra_bytes: bytes an adapter's files may take beyond the largest adapter_model.safetensors the model serves
+            (COG_TRITON_ADAPTER_EXTRA_BYTES).
+        max_members: most members an adapter archive may have (COG_TRITON_ADAPTER_MAX_MEMBERS).
         timeout_s / retries / deadline_s / min_rate_bytes_s / rate_grace_s: the download's bounds, as
             :func:`cog_triton.weights.fetch_weights` takes them (seconds, bytes/s). ``deadline_s`` bounds one
             adapter's whole fetch from the moment it is asked for: the wait for another fetch of the same adapter
@@ -39,6 +44,8 @@ class StoreLimits:
     root: Path
     budget_bytes: int = 20 << 30
     max_adapter_bytes: int = 4 << 30
+    extra_bytes: int = 16 << 20
+    max_members: int = 1000
     timeout_s: float = 60.0
     retries: int = 3
     deadline_s: float = 600.0

@@ -22,7 +22,7 @@ without its group (several groups' errors are no longer reported together); regr
 ``model_validator(mode="before")`` comes after the merge, where ``weights``, both a group and COG_TRITON_WEIGHTS,
 is one key: the weights from one source would replace the other source's whole group, or the other way round.
 
-Why one module (about 890 lines): one concern, the operator's settings: the fields (about 520 lines: 81, each
+Why one module (about 890 lines): one concern, the operator's settings: the fields (about 530 lines: 83, each
 with the description docs/settings.md is generated from, in 14 groups), the source that fills the groups from the
 flat variables, their validation, and the typed views other modules take of them (``llm_api_options``, paths, the
 stream process count).
@@ -305,11 +305,25 @@ class AdapterSettings(Group):
     )
     max_bytes: int = Field(
         default=4 << 30, ge=1, validation_alias="adapter_max_bytes",
-        description="Most bytes one adapter may download and unpack to."
+        description="Most bytes one adapter may download and unpack to. The limit applied is the smaller of this and "
+        "the largest adapter the model serves (rank max_lora_rank on its LoRA modules at its sizes, as a float32 "
+        "adapter_model.safetensors) plus COG_TRITON_ADAPTER_EXTRA_BYTES; a larger adapter is refused before it is "
+        "read."
+    )
+    extra_bytes: int = Field(
+        default=16 << 20, ge=0, validation_alias="adapter_extra_bytes",
+        description="Bytes an adapter's files may take beyond the largest adapter_model.safetensors the model serves "
+        "(adapter_config.json, a README.md, tokenizer files of the archive)."
+    )
+    max_members: int = Field(
+        default=1000, ge=2, validation_alias="adapter_max_members",
+        description="Most members (files, folders, links) an adapter archive may have; counted before anything is "
+        "unpacked."
     )
     download_deadline_s: float = Field(default=600.0, gt=0, validation_alias="adapter_download_deadline_s",
         description="Deadline of one adapter's whole "
-        "fetch from its request, waits for other fetches of it included; enforced from outside the reads (seconds).")
+        "fetch from its request, waits for other fetches of it and unpacking its archive included; enforced from "
+        "outside the reads (seconds).")
 
 
 class LoraCacheSettings(Group):

@@ -882,8 +882,7 @@ def test_a_lora_adapter_gives_peft_s_output(server, prompts, adapter):
         from tests.lora_adapters import adapter_config
 
         spec = inspect_weights(CHECKPOINT, reference_lora={"max_lora_rank": 8, "lora_target_modules": LORA_MODULES}).lora
-        tensors = convert(adapter_config(folder), (folder / "adapter_model.safetensors").read_bytes(), spec,
-                          "a").tensors
+        tensors = convert(adapter_config(folder), folder / "adapter_model.safetensors", spec, "a").tensors
         task["lora_weights"] = np.frombuffer(tensors.weights, np.float32).reshape(1, tensors.rows, tensors.width)
         task["lora_config"] = np.frombuffer(tensors.config, np.int32).reshape(1, tensors.rows, 3)
     else:
@@ -1062,7 +1061,7 @@ def test_a_known_lora_task_id_with_another_adapter(server, prompts, adapter, tmp
         from tests.lora_adapters import adapter_config
 
         spec = inspect_weights(CHECKPOINT, reference_lora={"max_lora_rank": 8, "lora_target_modules": LORA_MODULES}).lora
-        converted = convert(adapter_config(path), (path / "adapter_model.safetensors").read_bytes(), spec, "a").tensors
+        converted = convert(adapter_config(path), path / "adapter_model.safetensors", spec, "a").tensors
         return {"lora_weights": np.frombuffer(converted.weights, np.float32).reshape(1, converted.rows, converted.width),
                 "lora_config": np.frombuffer(converted.config, np.int32).reshape(1, converted.rows, 3)}
 

@@ -308,14 +308,16 @@ def test_the_checkpoint_backend_follows_the_gpus():
         choose_checkpoint_backend("trt", [H100])
 
 
-def _adapter(r: int, shape) -> bytes:
+def _adapter(r: int, shape, folder: Path) -> Path:
     prefix = "base_model.model.model.layers.0.self_attn.q_proj"
     out = shape.num_heads * shape.head_size
-    return save({f"{prefix}.lora_A.weight": torch.ones(r, shape.hidden_size),
-                 f"{prefix}.lora_B.weight": torch.ones(out, r)})
+    path = folder / f"r{r}.safetensors"
+    path.write_bytes(save({f"{prefix}.lora_A.weight": torch.ones(r, shape.hidden_size),
+                           f"{prefix}.lora_B.weight": torch.ones(out, r)}))
+    return path
 
 
-def test_an_adapter_above_the_max_lora_rank_is_refused_per_request(monkeypatch, smollm2):
+def test_an_adapter_above_the_max_lora_rank_is_refused_per_request(monkeypatch, smollm2, tmp_path):
     off = pytorch_lora_spec(smollm2, build_llm_args(env_settings(monkeypatch).llm_api_options(), smollm2))
     assert not off.enabled and "COG_TRITON_LLM_ENABLE_LORA=true" in off.off_reason
     args = build_llm_args(env_settings(monkeypatch, LLM_ENABLE_LORA="true", LLM_MAX_LORA_RANK="8").llm_api_options(),
@@ -323,9 +325,9 @@ def test_an_adapter_above_the_max_lora_rank_is_refused_per_request(monkeypatch, 
     spec = pytorch_lora_spec(smollm2, args)
     assert (spec.enabled, spec.max_rank, spec.dtype, spec.shape.num_layers) == (True, 8, "float32", 30)
     config = {"peft_type": "LORA", "lora_alpha": 8}
-    convert(config, _adapter(8, spec.shape), spec, "hf://me/r8")
+    convert(config, _adapter(8, spec.shape, tmp_path), spec, "hf://me/r8")
     with pytest.raises(LoraAdapterError) as refused:
-        convert(config, _adapter(16, spec.shape), spec, "hf://me/r16")
+        convert(config, _adapter(16, spec.shape, tmp_path), spec, "hf://me/r16")
     assert ("its rank r=16 (layer 0 q_proj) is above the max_lora_rank (COG_TRITON_LLM_MAX_LORA_RANK) of 8; use an "
             "adapter of rank <= 8, or raise COG_TRITON_LLM_MAX_LORA_RANK") in refused.value.message
 

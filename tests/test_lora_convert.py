@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -58,7 +59,23 @@ def pattern_tensor(rows: int, cols: int, seed: int) -> torch.Tensor:
     return (torch.sin(i * 0.37 + j * 0.011 + seed) * 0.5 + 0.75).to(torch.float32)
 
 
-def llama_shaped_adapter(layers=(0, 31), r: int = 16) -> bytes:
+@pytest.fixture(autouse=True)
+def _files_here(tmp_path: Path) -> None:
+    """Adapter files of a test go into its own temporary folder (:func:`adapter_file`)."""
+    _FOLDER[:] = [tmp_path]
+
+
+_FOLDER: list[Path] = []
+
+
+def adapter_file(data: bytes) -> Path:
+    """``data`` as an adapter_model.safetensors file of this test (convert reads a file, never bytes)."""
+    path = _FOLDER[0] / f"adapter-{len(list(_FOLDER[0].iterdir()))}.safetensors"
+    path.write_bytes(data)
+    return path
+
+
+def llama_shaped_adapter(layers=(0, 31), r: int = 16) -> Path:
     tensors = {}
     for layer in layers:
         for seed, hf in enumerate(BLOCK):
@@ -66,7 +83,7 @@ def llama_shaped_adapter(layers=(0, 31), r: int = 16) -> bytes:
             prefix = f"base_model.model.model.layers.{layer}.{BLOCK[hf]}.{hf}"
             tensors[f"{prefix}.lora_A.weight"] = pattern_tensor(r, in_dim, seed + layer)
             tensors[f"{prefix}.lora_B.weight"] = pattern_tensor(out_dim, r, 100 + seed + layer)
-    return save(tensors)
+    return adapter_file(save(tensors))
 
 
 def rows_of(tensors) -> list[tuple[int, int, int]]:
@@ -156,7 +173,7 @@ def test_each_row_gives_back_peft_delta(tmp_path, checkpoint_dir, smollm, kwargs
     from transformers import AutoModelForCausalLM
 
     folder = make_adapter(checkpoint_dir, tmp_path / "a", seed=3, **kwargs)
-    converted = convert(adapter_config(folder), (folder / "adapter_model.safetensors").read_bytes(), smollm, "a")
+    converted = convert(adapter_config(folder), folder / "adapter_model.safetensors", smollm, "a")
     values = values_of(converted.tensors)
     model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(str(checkpoint_dir)), str(folder))
     names = {v: k for k, v in LORA_MODULE_IDS.items()}
@@ -179,8 +196,8 @@ def test_rslora_scales_by_the_square_root_of_the_rank():
     assert math.isclose(converted.scale, 32 / math.sqrt(16))
 
 
-def _adapter_bytes(tensors: dict) -> bytes:
-    return save({k: v.contiguous() for k, v in tensors.items()})
+def _adapter_bytes(tensors: dict) -> Path:
+    return adapter_file(save({k: v.contiguous() for k, v in tensors.items()}))
 
 
 def _small(shape=ModelShape(4, 8, 16, 2, 1, 4), **kw):
@@ -261,7 +278,7 @@ def test_gate_and_up_adapters_are_served_by_an_engine_that_applies_both():
 
 def test_not_safetensors_and_a_model_without_lora_are_refused():
     with pytest.raises(LoraAdapterError, match="not a readable safetensors file"):
-        convert({"peft_type": "LORA"}, b"\x00\x01pickle?", _small(), "x")
+        convert({"peft_type": "LORA"}, adapter_file(b"\x00\x01pickle?\x00\x00"), _small(), "x")
     off = engine_lora_spec({"pretrained_config": {"dtype": "float16"}, "build_config": {"plugin_config": {}}})
     with pytest.raises(LoraAdapterError, match="built without the LoRA plugin"):
         convert({"peft_type": "LORA"}, _adapter_bytes(_ab(0, "q_proj", 2, 8, 8)), off, "x")
@@ -274,3 +291,98 @@ def test_another_base_model_name_with_the_same_sizes_is_served_and_logged(caplog
     with caplog.at_level("WARNING"):
         convert(config, _adapter_bytes(_ab(0, "q_proj", 2, 8, 8)), _small(), "x")
     assert "made from someone/llama-copy, this model from meta-llama/Meta-Llama-3-8B-Instruct" in caplog.text
+
+
+# --- what reading an adapter may cost (issue 47): its size and header checked before any data is read -------------
+
+def test_a_file_larger_than_the_largest_adapter_served_is_refused_before_it_is_opened():
+    """Bytes that are not even safetensors, one byte over the largest adapter the model serves: refused by their
+    size (never opened, so never called unreadable), naming the largest adapter and what could be wrong."""
+    small = _small(max_rank=2)
+    with pytest.raises(LoraAdapterError) as info:
+        convert({"peft_type": "LORA"}, adapter_file(b"\xff" * (small.largest_adapter_file_bytes() + 1)), small, "x")
+    message = info.value.message
+    assert message.startswith(f"lora_weights x: adapter_model.safetensors has {small.largest_adapter_file_bytes() + 1}"
+                              " bytes, more than the largest adapter this model serves (rank 2 on q_proj, k_proj, "
+                              "v_proj, o_proj, gate_proj, up_proj, down_proj of 4 layers: ")
+    assert "a larger rank than 2" in message
+
+
+def test_a_header_longer_than_such_an_adapters_is_refused_before_it_is_parsed():
+    data = save({**_ab(0, "q_proj", 2, 8, 8)}, metadata={"padding": "x" * 200_000})
+    small = _small()
+    with pytest.raises(LoraAdapterError) as info:
+        convert({"peft_type": "LORA"}, adapter_file(data), small, "x")
+    assert "more than the 94208 bytes an adapter of this model needs (at most 56 tensors)" in info.value.message
+    (header,) = struct.unpack("<Q", data[:8])
+    assert f"has a header of {header} bytes" in info.value.message
+
+
+def test_a_header_length_beyond_the_file_is_unreadable():
+    with pytest.raises(LoraAdapterError, match=r"not a readable safetensors file \(its first 8 bytes give a header "
+                                               r"of 1000 bytes, longer than the file\)"):
+        convert({"peft_type": "LORA"}, adapter_file(struct.pack("<Q", 1000) + b"{}"), _small(), "x")
+
+
+def test_the_same_weight_twice_is_refused_naming_both_keys():
+    """Two adapter names for one module (peft's ``lora_A.<name>.weight``) would otherwise overwrite each other."""
+    tensors = {**_ab(0, "q_proj", 2, 8, 8),
+               "base_model.model.model.layers.0.self_attn.q_proj.lora_A.other.weight": torch.ones(2, 8)}
+    with pytest.raises(LoraAdapterError) as info:
+        convert({"peft_type": "LORA"}, _adapter_bytes(tensors), _small(), "x")
+    assert "holds two lora_A weights for layer 0 q_proj (" in info.value.message
+    assert "q_proj.lora_A.other.weight" in info.value.message
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int32, torch.bool])
+def test_weights_that_are_not_floats_are_refused(dtype):
+    tensors = _ab(0, "q_proj", 2, 8, 8)
+    tensors = {k: v.to(dtype) for k, v in tensors.items()}
+    with pytest.raises(LoraAdapterError, match="layer 0 q_proj lora_A is stored as .*; LoRA weights are floats"):
+        convert({"peft_type": "LORA"}, _adapter_bytes(tensors), _small(), "x")
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16])
+def test_every_float_dtype_converts_to_the_same_rows(dtype):
+    tensors = _ab(1, "v_proj", 2, 8, 4)
+    as_f32 = convert({"peft_type": "LORA"}, _adapter_bytes(tensors), _small(), "x").tensors
+    other = convert({"peft_type": "LORA"}, _adapter_bytes({k: v.to(dtype) for k, v in tensors.items()}), _small(),
+                    "x").tensors
+    assert other.weights == as_f32.weights and other.config == as_f32.config
+
+
+@pytest.mark.parametrize("bad,alpha,dtype,fragment", [
+    (float("nan"), 4, "float32", "holds values that are not finite in float32 once lora_B is scaled by 2"),
+    (float("inf"), 4, "bfloat16", "not finite in bfloat16"),
+    (100.0, 65536, "float16", "not finite in float16 once lora_B is scaled by 32768 (lora_alpha 65536 / r, r=2)"),
+])
+def test_values_not_finite_in_the_models_dtype_are_refused(bad, alpha, dtype, fragment):
+    """A NaN in the file, or a lora_alpha that pushes lora_B beyond float16's range: the engine would get non-finite
+    weights and the prediction an empty output (issue 47), so the adapter is refused naming the layer and module."""
+    tensors = {**_ab(0, "q_proj", 2, 8, 8), **_ab(3, "o_proj", 2, 8, 8)}
+    tensors["base_model.model.model.layers.3.self_attn.o_proj.lora_B.weight"][-1, -1] = bad
+    spec = dataclasses.replace(_small(), dtype=dtype)
+    with pytest.raises(LoraAdapterError) as info:
+        convert({"peft_type": "LORA", "lora_alpha": alpha}, _adapter_bytes(tensors), spec, "x")
+    assert info.value.message.startswith("lora_weights x: layer 3 o_proj holds values that are not finite")
+    assert fragment in info.value.message
+
+
+def test_the_adapter_is_read_a_module_at_a_time_with_the_file_mapped_again(monkeypatch):
+    """With a small remap size, every module is read from a fresh mapping, and the rows are the same."""
+    import cog_triton.streaming.lora.convert as converter
+
+    path = llama_shaped_adapter(layers=(0, 1))
+    whole = convert(CONFIG, path, spec(dtype="float32"), "x").tensors
+    opened = []
+    real = converter._batches
+
+    def batches(modules):
+        for batch in real(modules):
+            opened.append(len(batch))
+            yield batch
+
+    monkeypatch.setattr(converter, "REMAP_BYTES", 1)
+    monkeypatch.setattr(converter, "_batches", batches)
+    again = convert(CONFIG, path, spec(dtype="float32"), "x").tensors
+    assert again.weights == whole.weights and opened == [1] * 14

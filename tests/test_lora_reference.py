@@ -62,7 +62,7 @@ def lora_env(tmp_path_factory, checkpoint_dir: Path, hf_tokenizer):
     adapters, converted, expected = {}, {}, {None: factory.greedy(None, prompt, N, EOS)}
     for name, spec in ADAPTERS.items():
         adapters[name] = factory.make(tmp / name, **spec)
-        weights = (adapters[name] / "adapter_model.safetensors").read_bytes()
+        weights = adapters[name] / "adapter_model.safetensors"
         converted[name] = convert(adapter_config(adapters[name]), weights, info.lora, name).tensors
         expected[name] = factory.greedy(adapters[name], prompt, N, EOS)
     del factory

@@ -36,6 +36,7 @@ IMPORT_TO_DISTRIBUTION = {
     "transformers": "transformers",
     "huggingface_hub": "huggingface-hub",
     "tenacity": "tenacity",
+    "numpy": "numpy",
     "cog": "cog",
     "torch": "torch",
     "safetensors": "safetensors",

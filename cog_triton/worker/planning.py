@@ -121,6 +121,8 @@ def adapter_limits(settings: Settings) -> Optional[StoreLimits]:
         root=settings.path(adapters.cache_dir),
         budget_bytes=adapters.cache_bytes,
         max_adapter_bytes=adapters.max_bytes,
+        extra_bytes=adapters.extra_bytes,
+        max_members=adapters.max_members,
         timeout_s=download.timeout_s,
         retries=download.retries,
         deadline_s=adapters.download_deadline_s,

@@ -16,10 +16,26 @@ checked first (scheme, host and Hub owner allow-lists, an IP-literal host), then
 download and its redirects (the address actually connected to); a refusal is a :class:`LoraAdapterError`
 naming the rule, and nothing is sent to a refused address.
 
-The cache is bounded by ``budget_bytes`` (LRU): after each fetch, the folders used least recently (the
-folder's mtime, set on every use) are removed until the rest fits, except the one just used and any being
-fetched (their lock is held). Removal renames the folder away first, so a reader never sees half a folder;
-a reader whose folder vanished fetches it again (once).
+**What one adapter may cost** (:func:`adapter_cap`): its download and everything its archive unpacks to are held
+to the smaller of ``max_adapter_bytes`` and the largest adapter the model serves
+(:meth:`tensorrtllm_backend.lora.LoraSpec.largest_adapter_file_bytes`: rank max_lora_rank on the engine's modules at
+its sizes, as a float32 file) plus ``extra_bytes`` for its other files, refused before anything beyond it is read;
+an archive may have at most ``max_members`` members, counted before anything is written, and unpacking it counts
+against the fetch's deadline (:func:`cog_triton.weights.fetch_weights`). adapter_config.json is read as data
+(:mod:`cog_triton.streaming.lora.peft_config`) and adapter_model.safetensors is hashed a chunk at a time, never held
+whole (the converter reads it a module at a time: :mod:`cog_triton.streaming.lora.convert`).
+
+**A refused adapter leaves nothing in the cache**: a folder that is not a PEFT adapter, or whose adapter is refused
+(:meth:`AdapterStore.get`, and :meth:`AdapterStore.discard` after a conversion refused it), is removed at once.
+
+**Eviction.** The cache is bounded by ``budget_bytes`` (LRU): after each fetch, the folders used least recently
+(the folder's mtime, set on every use) are removed until the rest fits. Each folder's size is counted once, when it
+is put in place, and kept in it (:data:`SIZE_RECORD`), so that eviction reads one small file per cached adapter,
+whatever the adapters' archives held (an eviction used to walk every file of every folder). The candidates, oldest
+first, are skipped when they are the folder just used (``keep``) or being fetched (their lock is held):
+:meth:`AdapterStore._evictable` is the one place that decides, where a folder in use by a running request can be
+kept too (its id pinned while live). Removal renames the folder away first (:meth:`AdapterStore._remove`), so a
+reader never sees half a folder; a reader whose folder vanished fetches it again (once).
 
 Every adapter read from the cache is identified by its content: the sha256 of ``adapter_config.json`` and
 ``adapter_model.safetensors`` (:attr:`LocalAdapter.sha256`), whatever URL it came from.
@@ -42,13 +58,16 @@ from pathlib import Path
 from typing import Optional
 
 from common.errors import FetchDeadlineError, FetchRefusedError, LoraAdapterError, WeightsError
+from common.files import CHUNK_BYTES
 from cog_triton.fetch.deadline import FetchDeadline
 from cog_triton.fetch.folders import target_lock
 from cog_triton.fetch.guard import hub_guard
 from cog_triton.plan import StoreLimits
 from cog_triton.fetch.hub_errors import HubFailure, classify_hub_error
 from cog_triton.fetch.adapter_refs import WHAT, AdapterRef, check_adapter_allowed
+from cog_triton.streaming.lora.peft_config import CONFIG_MAX_BYTES, parse_config
 from cog_triton.weights import fetch_weights
+from tensorrtllm_backend.lora import LoraSpec
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +78,22 @@ ADAPTER_FILES = (ADAPTER_CONFIG, ADAPTER_WEIGHTS)
 HF_MARKER = ".cog-triton-hf.json"
 #: The setting of an adapter's deadline (its messages name it).
 DEADLINE_SETTING = "COG_TRITON_ADAPTER_DOWNLOAD_DEADLINE_S"
+#: Written into each cached folder once it is read: the bytes of its files (a decimal number), for eviction.
+SIZE_RECORD = ".cog-triton-bytes"
+
+
+def adapter_cap(limits: StoreLimits, spec: Optional[LoraSpec]) -> tuple[int, str]:
+    """The most bytes one adapter may download and unpack to, and why (for messages: the settings that set it and
+    how to raise it): the smaller of ``limits.max_adapter_bytes`` and, when ``spec`` serves LoRA, the largest
+    adapter it serves plus ``limits.extra_bytes``."""
+    setting = f"COG_TRITON_ADAPTER_MAX_BYTES={limits.max_adapter_bytes}"
+    if spec is None or not spec.enabled or spec.shape is None:
+        return limits.max_adapter_bytes, setting
+    servable = spec.largest_adapter_file_bytes() + limits.extra_bytes
+    if servable >= limits.max_adapter_bytes:
+        return limits.max_adapter_bytes, setting
+    return servable, (f"the largest adapter this model serves, {spec.describe_largest_adapter()}, plus "
+                      f"{limits.extra_bytes} bytes for its other files (COG_TRITON_ADAPTER_EXTRA_BYTES)")
 
 
 def _adapter_words(exc: WeightsError) -> str:
@@ -73,24 +108,34 @@ class LocalAdapter:
 
     Attributes:
         ref: what the request named.
-        config: the parsed adapter_config.json.
-        weights: the bytes of adapter_model.safetensors.
+        config: the parsed adapter_config.json, its values checked (:func:`cog_triton.streaming.lora.peft_config.
+            parse_config`).
+        weights_path: adapter_model.safetensors in the cache (read by the converter a module at a time).
+        weights_bytes: its size.
         sha256: hex sha256 over adapter_config.json's bytes then adapter_model.safetensors' bytes.
         folder: the cached folder holding the two files (the PyTorch backend's LLM API loads it as it is).
     """
 
     ref: AdapterRef
     config: dict
-    weights: bytes
+    weights_path: Path
+    weights_bytes: int
     sha256: str
     folder: Optional[Path] = None
 
 
 class AdapterStore:
-    """Fetches adapters into the disk cache and reads them (thread- and process-safe; blocking)."""
+    """Fetches adapters into the disk cache and reads them (thread- and process-safe; blocking).
 
-    def __init__(self, limits: StoreLimits) -> None:
+    Args:
+        limits: the cache and download bounds.
+        spec: what the served model accepts, which bounds what one adapter may cost (:func:`adapter_cap`); None: only
+            the settings do.
+    """
+
+    def __init__(self, limits: StoreLimits, spec: Optional[LoraSpec] = None) -> None:
         self.limits = limits
+        self.cap_bytes, self.cap_reason = adapter_cap(limits, spec)
         self.folder = limits.root / "adapters"
         # Since the last take_counts(): "disk_hits" (found in the cache), "fetches" (downloaded into it).
         self._counts: Counter[str] = Counter()
@@ -111,8 +156,10 @@ class AdapterStore:
 
         Raises:
             LoraAdapterError: the fetch rules refuse it (its URL, Hub owner, a redirect or an address it resolves
-                to), it could not be fetched (unreachable, HTTP error, too large, corrupt archive), or it is not a
-                PEFT LoRA adapter (no adapter_config.json / adapter_model.safetensors).
+                to), it could not be fetched (unreachable, HTTP error, over :attr:`cap_bytes` or the member limit,
+                corrupt archive, the deadline passed while downloading or unpacking it), or it is not a PEFT LoRA
+                adapter (no adapter_config.json / adapter_model.safetensors, or a config value of the wrong type or
+                out of range); a refused adapter's folder is removed.
         """
         check_adapter_allowed(ref, self.limits.rules)
         if deadline_at is None:
@@ -133,14 +180,18 @@ class AdapterStore:
             try:
                 os.utime(target)  # last use, for the LRU
                 adapter = self._read(ref, target)
+                _folder_bytes(target)  # counted once, here, for eviction
             except FileNotFoundError:
                 if attempt == 2:
                     raise LoraAdapterError(f"lora_weights {ref.display}: the cached adapter vanished twice while "
                                            "being read (the adapter cache is smaller than one adapter?)") from None
                 log.info("adapter %s was evicted while being read; fetching it again", ref.display)
                 continue
+            except LoraAdapterError:
+                self.discard(ref)
+                raise
             log.info("adapter %s ready (sha256 %s, %d bytes) in %.2f s", ref.display, adapter.sha256[:12],
-                     len(adapter.weights), time.monotonic() - started)
+                     adapter.weights_bytes, time.monotonic() - started)
             self.evict(keep=target)
             return adapter
         raise AssertionError("unreachable")
@@ -153,6 +204,12 @@ class AdapterStore:
         """
         os.utime(self.folder / ref.key)
 
+    def discard(self, ref: AdapterRef) -> None:
+        """Remove ``ref``'s folder from the cache: its adapter was refused (a refused adapter leaves nothing behind).
+        Left alone while another process fetches into it (that fetch ends the same way)."""
+        if self._remove(self.folder / ref.key):
+            log.info("adapter %s was refused: removed from the adapter cache", ref.display)
+
     # ------------------------------------------------------------------ fetching
     def _fetch_url(self, ref: AdapterRef, target: Path, deadline_at: float) -> bool:
         """Fetch ``ref`` into ``target`` unless it is there; True when it was downloaded."""
@@ -161,8 +218,9 @@ class AdapterStore:
             result = fetch_weights(
                 ref.source, target, timeout_s=limits.timeout_s, retries=limits.retries, deadline_s=limits.deadline_s,
                 min_rate_bytes_s=limits.min_rate_bytes_s, rate_grace_s=limits.rate_grace_s,
-                max_extracted_bytes=limits.max_adapter_bytes, max_download_bytes=limits.max_adapter_bytes,
-                allow_zip=True, rules=limits.rules, what=WHAT, deadline_at=deadline_at,
+                max_extracted_bytes=self.cap_bytes, max_download_bytes=self.cap_bytes, limit_reason=self.cap_reason,
+                max_members=limits.max_members, members_setting="COG_TRITON_ADAPTER_MAX_MEMBERS",
+                unpack_in_deadline=True, allow_zip=True, rules=limits.rules, what=WHAT, deadline_at=deadline_at,
             )
         except FetchRefusedError as exc:
             raise LoraAdapterError(f"lora_weights {ref.display} is refused: {exc.message}") from None
@@ -195,7 +253,7 @@ class AdapterStore:
         staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.staging-", dir=target.parent))
         try:
             with deadline, hub_guard(self.limits.rules, WHAT, deadline):
-                commit = _hf_download(ref, staging, self.limits)
+                commit = _hf_download(ref, staging, self.limits, self.cap_bytes, self.cap_reason)
             (staging / HF_MARKER).write_text(json.dumps({"source": ref.source, "commit": commit}) + "\n")
             if target.exists():
                 old = target.parent / f".{target.name}.old-{secrets.token_hex(4)}"
@@ -232,34 +290,48 @@ class AdapterStore:
                 f"{ADAPTER_WEIGHTS} at its top level (or in its only folder){bin_hint}; found: "
                 f"{', '.join(found) or 'no files'}"
             )
-        config_bytes = config_path.read_bytes()
-        weights = weights_path.read_bytes()
-        try:
-            config = json.loads(config_bytes)
-        except ValueError as exc:
-            raise LoraAdapterError(f"lora_weights {ref.display}: {ADAPTER_CONFIG} is not valid JSON ({exc})") from None
-        if not isinstance(config, dict):
-            raise LoraAdapterError(f"lora_weights {ref.display}: {ADAPTER_CONFIG} must hold a JSON object")
+        size = config_path.stat().st_size
+        if size > CONFIG_MAX_BYTES:
+            raise LoraAdapterError(f"lora_weights {ref.display}: {ADAPTER_CONFIG} has {size} bytes; at most "
+                                   f"{CONFIG_MAX_BYTES} are allowed")
+        with open(config_path, "rb") as fh:
+            config_bytes = fh.read(CONFIG_MAX_BYTES + 1)
+        config = parse_config(config_bytes, ref.display)
         digest = hashlib.sha256(config_bytes)
-        digest.update(weights)
-        return LocalAdapter(ref=ref, config=config, weights=weights, sha256=digest.hexdigest(), folder=root)
+        buffer = bytearray(CHUNK_BYTES)
+        view = memoryview(buffer)
+        weights_bytes = 0
+        with open(weights_path, "rb") as fh:  # a chunk at a time: never the whole file in memory
+            while count := fh.readinto(buffer):
+                digest.update(view[:count])
+                weights_bytes += count
+        return LocalAdapter(ref=ref, config=config, weights_path=weights_path, weights_bytes=weights_bytes,
+                            sha256=digest.hexdigest(), folder=root)
 
     # ------------------------------------------------------------------ eviction
     def entries(self) -> list[tuple[float, int, Path]]:
-        """(last use as mtime, bytes, folder) of every cached adapter."""
+        """(last use as mtime, bytes, folder) of every cached adapter: one ``stat`` and one small read per adapter
+        (its :data:`SIZE_RECORD`), whatever its folder holds."""
         out = []
         if not self.folder.is_dir():
             return out
         for entry in self.folder.iterdir():
-            if entry.name.startswith(".") or not entry.is_dir():
+            if entry.name.startswith("."):  # locks, staging and folders being removed
                 continue
             try:
+                if not entry.is_dir():
+                    continue
                 used = entry.stat().st_mtime
-                size = sum(f.stat().st_size for f in entry.rglob("*") if f.is_file())
+                size = _folder_bytes(entry)
             except OSError:
                 continue
             out.append((used, size, entry))
         return out
+
+    def _evictable(self, folder: Path, keep: Optional[Path]) -> bool:
+        """Whether eviction may take ``folder``, beyond its lock (:meth:`_remove` leaves a folder being fetched): not
+        the folder just used. The one place that says which cached adapters stay whatever their age."""
+        return keep is None or folder != keep
 
     def evict(self, keep: Optional[Path] = None) -> list[Path]:
         """Remove the least recently used adapters until the cache fits ``budget_bytes``; never ``keep``, nor
@@ -273,30 +345,66 @@ class AdapterStore:
             for _, size, folder in entries:
                 if total <= self.limits.budget_bytes:
                     break
-                if keep is not None and folder == keep:
+                if not self._evictable(folder, keep) or not self._remove(folder):
                     continue
-                with target_lock(folder, wait=False) as free:
-                    if not free:
-                        continue
-                    old = folder.parent / f".{folder.name}.old-{secrets.token_hex(4)}"
-                    try:
-                        os.rename(folder, old)
-                    except OSError:
-                        continue
-                shutil.rmtree(old, ignore_errors=True)
                 total -= size
                 removed.append(folder)
                 log.info("adapter cache over its budget of %d bytes: evicted %s (%d bytes)",
                          self.limits.budget_bytes, folder.name, size)
         return removed
 
+    def _remove(self, folder: Path) -> bool:
+        """Remove ``folder`` (renamed away under its lock first, so no reader sees half of it); False when another
+        process is fetching into it, or it is gone."""
+        with target_lock(folder, wait=False) as free:
+            if not free:
+                return False
+            old = folder.parent / f".{folder.name}.old-{secrets.token_hex(4)}"
+            try:
+                os.rename(folder, old)
+            except OSError:
+                return False
+        shutil.rmtree(old, ignore_errors=True)
+        return True
 
-def _hf_download(ref: AdapterRef, staging: Path, limits: StoreLimits) -> str:
+
+def _folder_bytes(folder: Path) -> int:
+    """The bytes of the files in ``folder``: its :data:`SIZE_RECORD`, else counted (every file under it, links not
+    followed) and recorded there. A cached folder holds what one adapter archive unpacked to, at most
+    ``max_members`` files, so counting it once is bounded.
+
+    Raises:
+        OSError: the folder is gone.
+    """
+    record = folder / SIZE_RECORD
+    try:
+        return int(record.read_text())
+    except (OSError, ValueError):
+        pass
+    total, pending = 0, [str(folder)]
+    while pending:
+        with os.scandir(pending.pop()) as scan:
+            for entry in scan:
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append(entry.path)
+                elif entry.is_file(follow_symlinks=False):
+                    total += entry.stat(follow_symlinks=False).st_size
+    try:
+        partial = folder / f".{SIZE_RECORD}.{secrets.token_hex(4)}"
+        partial.write_text(str(total))
+        os.replace(partial, record)
+    except OSError:
+        pass  # counted again next time
+    return total
+
+
+def _hf_download(ref: AdapterRef, staging: Path, limits: StoreLimits, cap_bytes: int, cap_reason: str) -> str:
     """Download the adapter's two files from the Hub into ``staging``; return the commit.
 
     Each file's size and commit come first from its ``HEAD`` (``get_hf_file_metadata`` of its ``hf_hub_url``: the
     same call in huggingface_hub 0.x, 1.x and 2.x; 2.x's ``hf_hub_download(dry_run=True)`` does that too, but 0.x
-    has no ``dry_run``), so an adapter over the size limit is refused before any body is downloaded.
+    has no ``dry_run``), so an adapter over ``cap_bytes`` (why: ``cap_reason``) is refused before any body is
+    downloaded.
 
     Raises:
         LoraAdapterError: refused by the fetch rules, no such repository, revision or file, too large, or the
@@ -311,10 +419,10 @@ def _hf_download(ref: AdapterRef, staging: Path, limits: StoreLimits) -> str:
             url = huggingface_hub.hf_hub_url(ref.repo_id, current, revision=ref.revision)
             infos.append(huggingface_hub.get_hf_file_metadata(url, timeout=limits.timeout_s))
         size = sum(info.size or 0 for info in infos)
-        if size > limits.max_adapter_bytes:
+        if size > cap_bytes:
             raise LoraAdapterError(
-                f"lora_weights {ref.display} has {size} bytes of adapter files, more than the "
-                f"{limits.max_adapter_bytes} allowed (COG_TRITON_ADAPTER_MAX_BYTES)"
+                f"lora_weights {ref.display} has {size} bytes of adapter files, more than the {cap_bytes} allowed "
+                f"({cap_reason})"
             )
         for current in ADAPTER_FILES:
             huggingface_hub.hf_hub_download(ref.repo_id, current, revision=ref.revision, local_dir=staging,
@@ -354,4 +462,5 @@ def _hf_failure(ref: AdapterRef, failure: HubFailure, filename: str) -> LoraAdap
                             + (f"{reason} ({detail})" if reason else detail))
 
 
-__all__ = ("ADAPTER_CONFIG", "ADAPTER_FILES", "ADAPTER_WEIGHTS", "AdapterStore", "LocalAdapter", "StoreLimits")
+__all__ = ("ADAPTER_CONFIG", "ADAPTER_FILES", "ADAPTER_WEIGHTS", "SIZE_RECORD", "AdapterStore", "LocalAdapter",
+           "StoreLimits", "adapter_cap")

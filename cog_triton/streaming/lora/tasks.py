@@ -134,7 +134,7 @@ class Adapters:
             raise ValueError(f"backend must be 'engine' or 'pytorch', got {backend!r}")
         self.backend = backend
         self.spec = spec
-        self.store = AdapterStore(limits)
+        self.store = AdapterStore(limits, spec)
         self.memory_bytes = memory_bytes
         self.held = HeldTasks()
         self._by_content: OrderedDict[str, Adapter] = OrderedDict()
@@ -195,7 +195,11 @@ class Adapters:
             elif known is not None and self.backend == "pytorch" and (known.path is None or not known.path.is_dir()):
                 known = Adapter(known.task_id, None, known.display, known.sha256, None, path=local.folder)
             if known is None:
-                converted = convert(local.config, local.weights, self.spec, ref.display)
+                try:
+                    converted = convert(local.config, local.weights_path, self.spec, ref.display)
+                except LoraAdapterError:
+                    self.store.discard(ref)  # a refused adapter leaves nothing in the disk cache
+                    raise
                 known = Adapter(task_id_of(local.sha256), converted.tensors, ref.display, local.sha256, converted)
                 log.info(
                     "adapter %s: lora_task_id %d, rank %d, %d layers x %s, %d rows (%.1f MB), ready in %.2f s",
