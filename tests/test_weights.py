@@ -1149,7 +1149,8 @@ def test_members_declaring_more_than_the_budget_are_refused_before_anything_is_w
     with pytest.raises(ArchiveError) as info:
         extract_archive(archive, staging, "w", 1_000_000, max_members=10, limit_reason="the adapter's cap")
     assert ("unpacks to more than allowed: its members declare 2001000 bytes (up to and including 'b.bin'); nothing "
-            "was written, over the limit of 1000000 bytes (the adapter's cap); refusing to unpack it") in str(info.value)
+            "was written, over the limit of 1000000 bytes (the adapter's cap); refusing to unpack it"
+            ) in str(info.value)
     assert list(staging.iterdir()) == []
 
 
