@@ -240,7 +240,7 @@ class TestLimits:
         assert _cache(stack) == before
 
     def test_the_largest_adapter_served_costs_at_most_three_times_its_size(self, stack) -> None:
-        """78 MB of float32 weights (72 MB gzipped) downloaded, unpacked, hashed, read and converted whole: the NaN
+        """78 MB of float32 weights (zeros: 80 KB gzipped) unpacked, hashed, read and converted whole: the NaN
         in its very last value refuses it only after the last row was converted, before anything goes to Triton.
         The stream process's peak over its baseline stays within 3x the adapter (it was 8x for a served one: the
         file read whole, safetensors.torch.load's copy, the rows and their padded copies); the refused adapter is

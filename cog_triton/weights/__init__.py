@@ -30,6 +30,9 @@ its contents in ``target_dir``:
 * The unpacked size is bounded (see :func:`fetch_weights`, ``max_extracted_bytes``): every
   member's declared size and every byte written count, and free disk space is checked before the
   extraction and before each file (:func:`cog_triton.fetch.folders.check_free_space`).
+* An archive an API caller gave (an adapter) is also held to a member limit (``max_members``), counted before
+  anything is written, its tar stream to what that many members can take, and its unpacking to the fetch's
+  deadline (``unpack_in_deadline``); the operator's own weights keep neither.
 * Everything is unpacked (or copied) into a staging folder beside ``target_dir`` which then
   replaces ``target_dir`` by rename, so a failed fetch leaves the previous weights in place.
 * A marker file (:data:`MARKER_NAME`) records what was fetched; the next identical fetch whose

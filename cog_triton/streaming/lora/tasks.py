@@ -135,6 +135,9 @@ class Adapters:
         self.backend = backend
         self.spec = spec
         self.store = AdapterStore(limits, spec)
+        if spec.enabled:
+            log.info("LoRA adapters: at most %d bytes each (%s), archives of at most %d members", self.store.cap_bytes,
+                     self.store.cap_reason, limits.max_members)
         self.memory_bytes = memory_bytes
         self.held = HeldTasks()
         self._by_content: OrderedDict[str, Adapter] = OrderedDict()
