@@ -49,7 +49,7 @@ from typing import Any, Iterator
 
 from common.errors import LoraAdapterError
 from cog_triton.streaming.client import LoraTensors
-from cog_triton.streaming.lora.peft_config import check_values, shown
+from cog_triton.streaming.lora.peft_config import check_values, cut, shown
 from tensorrtllm_backend.lora import (
     DTYPE_BYTES,
     FUSED_MLP_PAIR,
@@ -177,12 +177,12 @@ def check_base_model(config: dict[str, Any], spec: LoraSpec, display: str) -> No
     mapping = config.get("auto_mapping") or {}
     made_for = mapping.get("base_model_class") if isinstance(mapping, dict) else None
     if made_for and spec.architecture and made_for != spec.architecture:
-        raise _fail(display, f"it was made for a {shown(made_for)[1:-1]} (adapter_config.json "
+        raise _fail(display, f"it was made for a {cut(str(made_for))} (adapter_config.json "
                     f"auto_mapping.base_model_class), but this model is a {spec.architecture}")
     name = str(config.get("base_model_name_or_path") or "")
     if name and spec.base_model and name != spec.base_model and "/" in name and not name.startswith(("/", ".")):
         log.warning("adapter %s was made from %s, this model from %s: serving it (its sizes match)", display,
-                    shown(name)[1:-1], spec.base_model)
+                    cut(name), spec.base_model)
 
 
 def _unreadable(display: str, detail: object) -> LoraAdapterError:
@@ -222,7 +222,7 @@ def read_header(path: Path, spec: LoraSpec, display: str) -> list[_Module]:
             infos = {key: (handle.get_slice(key).get_dtype(), list(handle.get_slice(key).get_shape()))
                      for key in handle.keys()}
     except (SafetensorError, ValueError, RuntimeError, OSError) as exc:
-        raise _unreadable(display, shown(str(exc))[1:-1]) from None
+        raise _unreadable(display, cut(str(exc))) from None
     pairs: dict[tuple[int, str], dict[str, str]] = {}
     for key in sorted(infos):
         match = _KEY_RE.match(key)
@@ -291,7 +291,7 @@ def _checked_module(layer: int, hf_module: str, keys: dict[str, str], infos: dic
         raise _fail(display, f"layer {layer} {hf_module} has rank 0")
     for which, dtype in (("A", a_dtype), ("B", b_dtype)):
         if dtype not in FLOAT_DTYPES:
-            raise _fail(display, f"layer {layer} {hf_module} lora_{which} is stored as {shown(dtype)[1:-1]}; LoRA "
+            raise _fail(display, f"layer {layer} {hf_module} lora_{which} is stored as {cut(str(dtype))}; LoRA "
                         f"weights are floats ({', '.join(FLOAT_DTYPES)})")
     item = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2}
     nbytes = rank * want_in * item[a_dtype] + want_out * rank * item[b_dtype]
@@ -406,7 +406,7 @@ def _rows(path: Path, modules: list[_Module], width: int, dtype: str, alpha: flo
                               torch.from_numpy(row).to(wire).view(torch.uint8).numpy())
                     out.write(zeros[: (width - module.values) * item])
     except (SafetensorError, RuntimeError, OSError) as exc:
-        raise _unreadable(display, shown(str(exc))[1:-1]) from None
+        raise _unreadable(display, cut(str(exc))) from None
     return out.getvalue()  # the buffer itself, not a copy (CPython's BytesIO hands it over when no view holds it)
 
 

@@ -59,6 +59,11 @@ def shown(value: Any) -> str:
     return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS]}..."
 
 
+def cut(text: str) -> str:
+    """``text`` for a message, cut to :data:`SHOWN_CHARS` characters (no quotes)."""
+    return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS]}..."
+
+
 def _fail(display: str, what: str) -> LoraAdapterError:
     return LoraAdapterError(f"lora_weights {display}: adapter_config.json {what}")
 
@@ -164,4 +169,4 @@ def check_values(config: dict[str, Any], display: str) -> None:
 
 
 __all__ = ("CONFIG_MAX_ALPHA", "CONFIG_MAX_BYTES", "CONFIG_MAX_DEPTH", "CONFIG_MAX_INT_DIGITS", "CONFIG_MAX_RANK",
-           "check_values", "parse_config", "shown")
+           "check_values", "cut", "parse_config", "shown")

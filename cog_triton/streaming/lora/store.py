@@ -30,7 +30,7 @@ whole (the converter reads it a module at a time: :mod:`cog_triton.streaming.lor
 
 **Eviction.** The cache is bounded by ``budget_bytes`` (LRU): after each fetch, the folders used least recently
 (the folder's mtime, set on every use) are removed until the rest fits. Each folder's size is counted once, when it
-is put in place, and kept in it (:data:`SIZE_RECORD`), so that eviction reads one small file per cached adapter,
+is first read, and kept in it (:data:`SIZE_RECORD`), so that eviction reads one small file per cached adapter,
 whatever the adapters' archives held (an eviction used to walk every file of every folder). The candidates, oldest
 first, are skipped when they are the folder just used (``keep``) or being fetched (their lock is held):
 :meth:`AdapterStore._evictable` is the one place that decides, where a folder in use by a running request can be
