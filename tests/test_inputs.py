@@ -17,7 +17,7 @@ from cog_triton.ipc import Guide
 from cog_triton.worker.inputs import FLOAT32_TINY, check_text
 from cog_triton.ipc import PredictInputs
 from cog_triton.worker.inputs import validate_inputs
-from cog_triton.worker.schema import input_specs  # noqa: E402
+from cog_triton.schema import input_specs  # noqa: E402
 from cog_triton.worker.stop_sequences import MAX_STOP_SEQUENCE_LENGTH, MAX_STOP_SEQUENCES
 
 CHECKPOINT = Path(__file__).resolve().parents[1] / "build" / "default_model" / "checkpoint"

@@ -21,7 +21,7 @@ from common.errors import InputError
 from cog_triton.ipc import PredictInputs
 from cog_triton.worker.guides import select_guide
 from cog_triton.fetch.adapter_refs import parse_adapter_ref
-from cog_triton.worker.schema import InputSpec, input_specs
+from cog_triton.schema import InputSpec, input_specs
 from cog_triton.worker.stop_sequences import parse_stop_sequences
 
 #: Smallest positive normal float32: a smaller non-zero value would reach the engine as 0 or a
