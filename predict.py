@@ -179,31 +179,9 @@ class Predictor(BaseRunner):
         Input errors (bad values, a prompt too long for the model) are raised here, before any
         output; the returned generator is what coglet iterates to stream (see cog_triton.worker.cog_bridge).
         """
-        inputs = self.service.validate(  # PredictInputs.validate; a refusal is counted in the service's metrics
-            prompt=prompt,
-            messages=messages,
-            system_prompt=system_prompt,
-            prompt_template=prompt_template,
-            max_tokens=max_tokens,
-            min_tokens=min_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            repetition_penalty=repetition_penalty,
-            presence_penalty=presence_penalty,
-            frequency_penalty=frequency_penalty,
-            stop_sequences=stop_sequences,
-            seed=seed,
-            json_schema=json_schema,
-            response_format=response_format,
-            regex=regex,
-            grammar=grammar,
-            length_penalty=length_penalty,
-            log_performance_metrics=log_performance_metrics,
-            max_new_tokens=max_new_tokens,
-            min_new_tokens=min_new_tokens,
-            lora_weights=lora_weights,
-        )
+        # Every input, by name (the signature above is their one list): validated against the schema made from it.
+        values = locals()
+        inputs = self.service.validate(**{name: value for name, value in values.items() if name != "self"})
         # The prediction's metric scope, taken here (coglet finds it through a context variable): the
         # metrics are recorded later from another thread. cog.emit_metric is a deprecated alias in cog 0.23.
         scope = cog.current_scope()

@@ -628,3 +628,74 @@ def test_the_token_budget_messages_name_the_conversation_and_the_limit() -> None
     with pytest.raises(InputError) as info:
         chat.token_budget(prompt_tokens=100, max_input_len=100, max_seq_len=100)
     assert info.value.message.startswith("the conversation has 100 tokens, which leaves no room")
+
+
+# --- the schema drives validation and PredictInputs (issue 50, step 0) ------------------------------------------
+
+
+def _with_input(**prop: Any) -> dict:
+    """The committed schema with one more input, ``widgets``, declared last (as predict.py would add it)."""
+    import copy
+    import json
+
+    from cog_triton.schema import SCHEMA_PATH
+
+    schema = json.loads(SCHEMA_PATH.read_text())
+    body = copy.deepcopy(schema)
+    props = body["components"]["schemas"]["Input"]["properties"]
+    props["widgets"] = {"x-order": max(p["x-order"] for p in props.values()) + 1, "title": "Widgets", **prop}
+    return body
+
+
+def test_predict_inputs_has_a_field_per_input_with_its_schema_default() -> None:
+    import dataclasses
+
+    from cog_triton.ipc import CARRIED_AS, DERIVED_FIELDS, FOLDED_INPUTS, PredictInputs as Carried
+
+    fields = {f.name: f for f in dataclasses.fields(Carried)}
+    specs = input_specs()
+    assert list(fields) == [n for n in specs if n not in FOLDED_INPUTS] + [n for n, _, _ in DERIVED_FIELDS]
+    bare = Carried()
+    for name, spec in specs.items():
+        if name not in FOLDED_INPUTS and name not in CARRIED_AS:
+            assert getattr(bare, name) == spec.default, name
+    assert (bare.messages, bare.prompt_template, bare.stop_sequences) == (None, None, [])
+    assert type(bare.temperature) is float and type(bare.repetition_penalty) is float  # a number is a float
+
+
+def test_every_folded_input_is_taken_by_a_rule() -> None:
+    """An input without a field of its own must be read by a rule, or its value would be lost."""
+    from cog_triton.ipc import FOLDED_INPUTS
+    from cog_triton.worker.inputs import RULE_INPUTS
+
+    assert set(FOLDED_INPUTS) <= RULE_INPUTS
+    assert set(FOLDED_INPUTS) <= set(input_specs())
+
+
+@pytest.mark.parametrize(
+    ("prop", "good", "bad", "message"),
+    [
+        ({"type": "integer", "default": 2, "minimum": 0, "maximum": 5}, 3, 9,
+         "widgets=9 is out of range; allowed: 0 to 5"),
+        ({"type": "number", "default": 0.5, "minimum": 0, "maximum": 1}, 1, 1.5,
+         "widgets=1.5 is out of range; allowed: 0 to 1"),
+        ({"type": "boolean", "default": True}, False, "no", "widgets must be true or false, got 'no'"),
+        ({"type": "string", "default": "", "maxLength": 3}, "abc", "abcd",
+         "widgets has 4 characters; at most 3 are allowed"),
+    ],
+    ids=["integer", "number", "boolean", "string"],
+)
+def test_an_input_declared_only_in_the_schema_is_checked_by_its_type_and_carried(monkeypatch, prop, good, bad,
+                                                                                  message) -> None:
+    """What adding an Input(...) to predict.py (and regenerating the schema) gives without code: its check by type,
+    bounds and length, with the same messages as every other input, and a field of its name in PredictInputs."""
+    from cog_triton.ipc import predict_inputs_class
+    from cog_triton.schema import parse_input_specs
+    from cog_triton.worker import inputs as module
+
+    specs = parse_input_specs(_with_input(**prop))
+    monkeypatch.setattr(module, "input_specs", lambda: specs)
+    monkeypatch.setattr(module, "PredictInputs", predict_inputs_class(specs))
+    assert validate(widgets=good).widgets == good
+    assert validate().widgets == prop["default"]
+    assert rejected_message(widgets=bad) == message

@@ -2,12 +2,18 @@
 :mod:`cog_triton.streaming.prompt`, in the stream processes).
 
 Every input's type, default and bounds come from the predictor's Cog schema
-(:mod:`cog_triton.worker.schema`, generated from ``predict.py``'s literal ``Input(...)`` declarations), so
+(:mod:`cog_triton.schema`, generated from ``predict.py``'s literal ``Input(...)`` declarations), so
 our validation and coglet's (HTTP 422, when the schema is bundled) apply the same values. This
 module validates them again because ``predict()`` can be reached without coglet's validation (no
 schema bundled, or a direct call), and adds what the schema cannot say: float32 representability
 (the dtype of TensorRT-LLM's sampling tensors), min_tokens <= max_tokens, and the limits that
 depend on the engine (max input/sequence length, :meth:`PredictInputs.token_budget`).
+
+:func:`validate_inputs` is driven by the schema: every input it declares is checked by its schema type, bounds,
+length and choices (:func:`check_input`), unless it has a parser of its own (:data:`PARSERS`) or a rule that spans
+several inputs takes it (:data:`RULES`), and lands in the :class:`cog_triton.ipc.PredictInputs` field of its name,
+which is made from the same schema. Adding an input is its ``Input(...)`` in predict.py (and the schema regenerated);
+its handling is a parser here only when its value needs more than its schema type says.
 """
 
 from __future__ import annotations
@@ -190,7 +196,7 @@ def default_of(name: str) -> Any:
 Getter = Callable[[str], Any]
 
 
-def _prompt_inputs(get: Getter) -> tuple[str, Optional[list[dict[str, str]]], str, Optional[str]]:
+def _prompt_inputs(get: Getter) -> dict[str, Any]:
     """``prompt``, ``messages`` (parsed), ``system_prompt`` and ``prompt_template`` (None when empty), checked in that
     order: exactly one of prompt and messages, and a template only with a prompt, containing ``{prompt}``."""
     prompt = check_text("prompt", get("prompt"), expected="a string (or empty when messages is given)")
@@ -224,10 +230,10 @@ def _prompt_inputs(get: Getter) -> tuple[str, Optional[list[dict[str, str]]], st
             f"prompt_template={prompt_template[:80]!r} must contain {{prompt}} "  # type: ignore[index]
             "(and may contain {system_prompt}); leave it empty to use the model's chat template"
         )
-    return prompt, messages, system_prompt, prompt_template
+    return {"prompt": prompt, "messages": messages, "system_prompt": system_prompt, "prompt_template": prompt_template}
 
 
-def _token_counts(get: Getter) -> tuple[int, int]:
+def _token_counts(get: Getter) -> dict[str, Any]:
     """``max_tokens`` and ``min_tokens`` (their replicate/cog-triton aliases resolved; -1 is "off" for min_tokens, as
     replicate/cog-triton's predict.py ``_process_args`` has it), min_tokens at most max_tokens."""
     max_tokens = check_integer("max_tokens", get("max_tokens"))
@@ -237,74 +243,122 @@ def _token_counts(get: Getter) -> tuple[int, int]:
     min_tokens = max(min_tokens, 0)
     if min_tokens > max_tokens:
         raise InputError(f"min_tokens={min_tokens} is greater than max_tokens={max_tokens}; allowed: 0 to max_tokens")
-    return max_tokens, min_tokens
+    return {"max_tokens": max_tokens, "min_tokens": min_tokens}
 
 
-def _seed(get: Getter) -> tuple[int, bool]:
+def _seed(get: Getter) -> dict[str, Any]:
     """The seed and whether the user gave it (none given: one drawn, 0 to 2**31 - 1)."""
     seed = get("seed")
     if seed is None or seed == "":
-        return random.SystemRandom().randint(0, 2**31 - 1), False
+        return {"seed": random.SystemRandom().randint(0, 2**31 - 1), "seed_given": False}
     try:
-        return check_integer("seed", seed), True
+        return {"seed": check_integer("seed", seed), "seed_given": True}
     except InputError as exc:
         raise InputError(f"{exc.message}, or empty for a random seed") from None
+
+
+def _stop_sequences_size(get: Getter) -> dict[str, Any]:
+    """stop_sequences given as text is bounded before anything else is done with it (it is parsed in its turn)."""
+    value = get("stop_sequences")
+    if isinstance(value, str):
+        check_text("stop_sequences", value)
+    return {}
+
+
+def _guide(get: Getter) -> dict[str, Any]:
+    """The structured-output inputs -> one guide (:func:`cog_triton.worker.guides.select_guide`)."""
+    return {"guide": select_guide(
+        json_schema=check_text("json_schema", get("json_schema"), expected="a JSON Schema as a string (or empty)"),
+        response_format=_choice("response_format", get("response_format")),
+        regex=check_text("regex", get("regex"), expected="a regular expression as a string (or empty)"),
+        grammar=check_text("grammar", get("grammar"), expected="an EBNF grammar as a string (or empty)"),
+    )}
+
+
+def _lora(get: Getter) -> dict[str, Any]:
+    """lora_weights -> the adapter it names (None: the base model)."""
+    return {"lora": parse_adapter_ref(
+        check_text("lora_weights", get("lora_weights"), expected="a URL or hf:// reference (or empty)")
+    )}
+
+
+#: Rules over several inputs, run first and in this order (so the first error a request with several bad inputs gets
+#: is the same as before the schema drove validation): (the inputs it takes, the rule). Each returns the fields it
+#: made; the inputs it takes get no check of their own (``stop_sequences``' size check takes none: it is parsed in
+#: its turn, below).
+RULES: tuple[tuple[tuple[str, ...], Callable[[Getter], dict[str, Any]]], ...] = (
+    (("prompt", "messages", "system_prompt", "prompt_template"), _prompt_inputs),
+    (("max_tokens", "max_new_tokens", "min_tokens", "min_new_tokens"), _token_counts),
+    (("seed",), _seed),
+    ((), _stop_sequences_size),
+    (("json_schema", "response_format", "regex", "grammar"), _guide),
+    (("lora_weights",), _lora),
+)
+#: The inputs the rules take.
+RULE_INPUTS = frozenset(name for names, _ in RULES for name in names)
+
+#: Inputs whose value needs more than their schema type says: name -> parser of the value as given (it checks it).
+PARSERS: dict[str, Callable[[Any], Any]] = {
+    # -1 means "off" like 0 (replicate/cog-triton predict.py: "if top_k < 0: top_k = 0")
+    "top_k": lambda value: max(check_integer("top_k", value), 0),
+    # text or a list (a direct call); its size was checked first
+    "stop_sequences": parse_stop_sequences,
+}
+
+
+def check_input(spec: InputSpec, value: Any) -> Any:
+    """Check one input's value by its schema type, bounds, length and choices (what coglet's schema check does);
+    return it typed (a number as a float, null as None where the input is nullable).
+
+    Raises:
+        InputError: the value is not of the input's type, or outside its bounds, length or choices.
+        ValueError: the schema gives the input a type this function does not check (a new kind of input).
+    """
+    if value is None and spec.nullable:
+        return None
+    if spec.choices is not None:
+        return _choice(spec.name, value)
+    if spec.type == "string":
+        return check_text(spec.name, value)
+    if spec.type == "integer":
+        return check_integer(spec.name, value)
+    if spec.type == "number":
+        return check_number(spec.name, value)
+    if spec.type == "boolean":
+        return check_boolean(spec.name, value)
+    raise ValueError(f"input {spec.name} has schema type {spec.type!r}, which validation does not check")
 
 
 def validate_inputs(**values: Any) -> PredictInputs:
     """Check every input; return the validated, typed inputs.
 
+    First the :data:`RULES` over several inputs, in their order; then every other input the schema declares, in
+    declaration order, by its parser (:data:`PARSERS`) or its schema type (:func:`check_input`).
+
     Args:
         values: the predict() inputs by name; a missing one takes the schema default.
 
     Raises:
-        InputError: an unknown input, or the first invalid one (in the order of the steps below), naming it, its
-            value and the allowed values.
+        InputError: an unknown input, or the first invalid one (in the order above), naming it, its value and the
+            allowed values.
     """
     specs = input_specs()
     unknown = sorted(set(values) - set(specs))
     if unknown:
         raise InputError(f"unknown input(s) {', '.join(unknown)}; the inputs are: {', '.join(specs)}")
     get: Getter = lambda name: values.get(name, specs[name].default)  # noqa: E731
-    prompt, messages, system_prompt, prompt_template = _prompt_inputs(get)
-    max_tokens, min_tokens = _token_counts(get)
-    seed, seed_given = _seed(get)
-    stop_value = get("stop_sequences")
-    if isinstance(stop_value, str):  # its size is bounded before it is parsed
-        check_text("stop_sequences", stop_value)
-    guide = select_guide(
-        json_schema=check_text("json_schema", get("json_schema"), expected="a JSON Schema as a string (or empty)"),
-        response_format=_choice("response_format", get("response_format")),
-        regex=check_text("regex", get("regex"), expected="a regular expression as a string (or empty)"),
-        grammar=check_text("grammar", get("grammar"), expected="an EBNF grammar as a string (or empty)"),
-    )
-    lora = parse_adapter_ref(
-        check_text("lora_weights", get("lora_weights"), expected="a URL or hf:// reference (or empty)")
-    )
-    return PredictInputs(
-        prompt=prompt,
-        messages=messages,
-        system_prompt=system_prompt,
-        prompt_template=prompt_template,
-        max_tokens=max_tokens,
-        min_tokens=min_tokens,
-        temperature=check_number("temperature", get("temperature")),
-        top_p=check_number("top_p", get("top_p")),
-        # -1 means "off" like 0 (replicate/cog-triton predict.py: "if top_k < 0: top_k = 0")
-        top_k=max(check_integer("top_k", get("top_k")), 0),
-        repetition_penalty=check_number("repetition_penalty", get("repetition_penalty")),
-        presence_penalty=check_number("presence_penalty", get("presence_penalty")),
-        frequency_penalty=check_number("frequency_penalty", get("frequency_penalty")),
-        stop_sequences=parse_stop_sequences(stop_value),
-        seed=seed,
-        seed_given=seed_given,
-        guide=guide,
-        length_penalty=check_number("length_penalty", get("length_penalty")),
-        log_performance_metrics=check_boolean("log_performance_metrics", get("log_performance_metrics")),
-        lora=lora,
-    )
+    fields: dict[str, Any] = {}
+    for _, rule in RULES:
+        fields.update(rule(get))
+    for name, spec in specs.items():
+        if name in RULE_INPUTS:
+            continue
+        parse = PARSERS.get(name)
+        fields[name] = parse(get(name)) if parse is not None else check_input(spec, get(name))
+    return PredictInputs(**fields)
 
 
 __all__: Sequence[str] = (
-    "check_boolean", "check_number", "check_integer", "check_text", "parse_messages", "validate_inputs"
+    "PARSERS", "RULES", "RULE_INPUTS", "check_boolean", "check_input", "check_number", "check_integer", "check_text",
+    "parse_messages", "validate_inputs",
 )
