@@ -71,16 +71,18 @@ def test_long_modules_say_why_they_are_one_module() -> None:
 
 #: cog_triton's parts -> the other parts each may import. ``worker`` runs in the Cog worker, ``streaming`` in the
 #: stream processes; they share ``ipc`` (the messages and the request they carry), ``schema`` (the Cog input schema
-#: the request's fields are made from) and ``plan`` (what setup decided);
+#: the request's fields are made from), ``reasoning`` (what a chat template says about thinking, found in a stream
+#: process, and the levels mapped onto it in the worker) and ``plan`` (what setup decided);
 #: both fetch (setup's weights in the worker, LoRA adapters in the stream processes) through ``fetch`` and
 #: ``weights``, which import neither side; ``settings`` is read in the worker only; ``local`` is a development tool.
 PARTS: dict[str, set[str]] = {
-    "cog_triton.worker": {"cog_triton.ipc", "cog_triton.schema", "cog_triton.plan", "cog_triton.fetch",
-                          "cog_triton.weights", "cog_triton.settings"},
-    "cog_triton.streaming": {"cog_triton.ipc", "cog_triton.schema", "cog_triton.plan", "cog_triton.fetch",
-                             "cog_triton.weights"},
-    "cog_triton.ipc": {"cog_triton.fetch", "cog_triton.plan", "cog_triton.schema"},
+    "cog_triton.worker": {"cog_triton.ipc", "cog_triton.schema", "cog_triton.reasoning", "cog_triton.plan",
+                          "cog_triton.fetch", "cog_triton.weights", "cog_triton.settings"},
+    "cog_triton.streaming": {"cog_triton.ipc", "cog_triton.schema", "cog_triton.reasoning", "cog_triton.plan",
+                             "cog_triton.fetch", "cog_triton.weights"},
+    "cog_triton.ipc": {"cog_triton.fetch", "cog_triton.plan", "cog_triton.schema", "cog_triton.reasoning"},
     "cog_triton.schema": set(),
+    "cog_triton.reasoning": set(),
     "cog_triton.plan": {"cog_triton.fetch"},
     "cog_triton.weights": {"cog_triton.fetch"},
     "cog_triton.fetch": set(),
