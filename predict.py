@@ -61,7 +61,7 @@ class Predictor(BaseRunner):
             raise RuntimeError(health.reason)  # coglet: "Healthcheck failed: <reason>"
         return True
 
-    # Why one function (about 140 lines): its parameters are the Cog inputs' literal Input(...) declarations, which
+    # Why one function (about 165 lines): its parameters are the Cog inputs' literal Input(...) declarations, which
     # Cog's static schema generator reads from this signature (cog build runs no code); the body hands them over.
     @cog.streaming  # x-cog-streaming in the schema: coglet then streams the output over SSE
     @cog.concurrent(max=64)  # predictions at once (cog 0.23, #3089); COG_MAX_CONCURRENCY overrides it at run time
@@ -172,6 +172,26 @@ class Predictor(BaseRunner):
             description="A LoRA adapter (a fine-tune of this model) to apply: the https URL of a .tar, .tar.gz or .zip archive of a Hugging Face PEFT adapter (adapter_config.json + adapter_model.safetensors), or hf://owner/repo[@revision]. Empty: the base model.",  # noqa: E501 - one literal
             default="",
             max_length=4096,
+        ),
+        reasoning_effort: str = Input(
+            description="How much the model thinks before it answers: none, low, medium or high, mapped onto what its chat template reads (enable_thinking or thinking: none turns thinking off, low, medium and high turn it on; reasoning_effort: the level itself). Empty: the model's default. A level the template cannot express is refused, naming those it can. Whatever the model's format, the stream is its thinking between <think> and </think>, then the answer.",  # noqa: E501 - one literal
+            default="",
+            choices=["", "none", "low", "medium", "high"],
+        ),
+        include_reasoning: bool = Input(
+            description="Stream the model's thinking before its answer, between <think> and </think> (the same for every model family); false: the answer alone. The thinking counts against max_tokens either way.",  # noqa: E501 - one literal
+            default=True,
+        ),
+        chat_template_kwargs: str = Input(
+            description='Further variables for the chat template of the model, as a JSON object (e.g. {"date_string": "26 Jul 2024"}): only variables the template reads, and none that other inputs set (reasoning_effort sets enable_thinking, thinking and reasoning_effort). Empty: none.',  # noqa: E501 - one literal
+            default="",
+            max_length=100000,
+        ),
+        thinking_budget_tokens: int = Input(
+            description="Most tokens the model may spend thinking before its answer; 0 = no budget (max_tokens bounds the thinking and the answer together). Not applied yet: only 0 is accepted.",  # noqa: E501 - one literal
+            default=0,
+            ge=0,
+            le=2147483647,
         ),
     ) -> ConcatenateIterator[str]:
         """Stream the model's answer as text deltas.

@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, Optional, Union
 
 from common.errors import InputError
 from cog_triton.fetch.adapter_refs import AdapterRef
+from cog_triton.reasoning import TemplateInfo
 from cog_triton.schema import InputSpec, input_specs
 
 if TYPE_CHECKING:
@@ -148,7 +149,8 @@ FOLDED_INPUTS: dict[str, str] = {
     "lora_weights": "lora",
 }
 
-#: Inputs carried in another type than the schema's (name -> (type, default)): what validation parses them into.
+#: Inputs carried in another type than the schema's (name -> (type, default or field)): what validation parses them
+#: into.
 CARRIED_AS: dict[str, tuple[Any, Any]] = {
     # a JSON array of {"role", "content"} objects -> the list (None: no conversation, the prompt is used)
     "messages": (Optional[list[dict[str, Any]]], None),
@@ -158,6 +160,8 @@ CARRIED_AS: dict[str, tuple[Any, Any]] = {
     "stop_sequences": (list[str], field(default_factory=list)),
     # none given -> one drawn (``seed_given`` says which)
     "seed": (int, 0),
+    # a JSON object -> the dict
+    "chat_template_kwargs": (dict[str, Any], field(default_factory=dict)),
 }
 
 #: Fields that are no input: what validation derives from the inputs (name, type, default).
@@ -165,6 +169,11 @@ DERIVED_FIELDS: tuple[tuple[str, Any, Any], ...] = (
     ("seed_given", bool, True),
     ("guide", Optional[Guide], None),
     ("lora", Optional[AdapterRef], None),
+    # reasoning_effort and chat_template_kwargs resolved against the model's chat template (the service, in the
+    # worker: cog_triton.reasoning.resolve): the template's keyword arguments, the level applied and its log note
+    ("template_kwargs", dict[str, Any], field(default_factory=dict)),
+    ("reasoning_applied", str, ""),
+    ("reasoning_note", str, ""),
 )
 
 
@@ -181,15 +190,13 @@ def predict_inputs_fields(specs: Mapping[str, InputSpec]) -> list[tuple[str, Any
         if name in FOLDED_INPUTS:
             continue
         if name in CARRIED_AS:
-            kind, default = CARRIED_AS[name]
-        else:
-            if spec.type not in _SCHEMA_TYPES:
-                raise ValueError(f"input {name} has schema type {spec.type!r}, which PredictInputs cannot carry")
-            kind = _SCHEMA_TYPES[spec.type]
-            kind = Optional[kind] if spec.nullable else kind
-            default = float(spec.default) if spec.type == "number" and spec.default is not None else spec.default
-        fields.append((name, kind, default if not isinstance(default, (list, dict)) else field(
-            default_factory=lambda value=default: type(value)(value))))
+            fields.append((name, *CARRIED_AS[name]))
+            continue
+        if spec.type not in _SCHEMA_TYPES:
+            raise ValueError(f"input {name} has schema type {spec.type!r}, which PredictInputs cannot carry")
+        kind = Optional[_SCHEMA_TYPES[spec.type]] if spec.nullable else _SCHEMA_TYPES[spec.type]
+        default = float(spec.default) if spec.type == "number" and spec.default is not None else spec.default
+        fields.append((name, kind, default))
     return fields + list(DERIVED_FIELDS)
 
 
@@ -201,8 +208,8 @@ def predict_inputs_class(specs: Mapping[str, InputSpec]) -> type:
     )
 
 
-_PREDICT_INPUTS_DOC = """Validated prediction inputs (made by :func:`cog_triton.worker.inputs.validate_inputs` in the Cog worker,
-carried to a stream process by :class:`Start`).
+_PREDICT_INPUTS_DOC = """Validated prediction inputs (made by :func:`cog_triton.worker.inputs.validate_inputs` in the
+Cog worker, carried to a stream process by :class:`Start`).
 
 Made from the committed Cog schema (:mod:`cog_triton.schema`, generated from predict.py's ``Input(...)`` list): one
 field per input, with its schema default, less the inputs another field carries (:data:`FOLDED_INPUTS`), typed as
@@ -273,11 +280,14 @@ Command = Union[Config, Start, Cancel, StopRequest, Reconnect]
 
 # -------------------------------------------------------------------- events (stream process -> worker)
 class Ready(NamedTuple):
-    """The process is ready (``load_s``: seconds to load its tokenizer), or could not start (``error``)."""
+    """The process is ready (``load_s``: seconds to load its tokenizer), or could not start (``error``); ``template``:
+    what its tokenizer's chat template says about reasoning (the worker maps each prediction's reasoning inputs onto
+    it: :func:`cog_triton.reasoning.resolve`)."""
 
     pid: int
     load_s: float = 0.0
     error: str = ""
+    template: Optional[TemplateInfo] = None
 
 
 class Accepted(NamedTuple):
@@ -302,25 +312,30 @@ class FirstToken(NamedTuple):
 
 
 class End(NamedTuple):
-    """Stream ``sid`` ended normally after ``output_tokens`` tokens (finished, or cut by a stop sequence)."""
+    """Stream ``sid`` ended normally after ``output_tokens`` tokens (finished, or cut by a stop sequence), the first
+    ``reasoning_tokens`` of them its thinking (:mod:`cog_triton.streaming.thinking`; 0 for a model that does not
+    think)."""
 
     sid: int
     output_tokens: int
+    reasoning_tokens: int = 0
 
 
 class Failed(NamedTuple):
-    """Stream ``sid`` failed with ``error`` after ``output_tokens`` tokens."""
+    """Stream ``sid`` failed with ``error`` after ``output_tokens`` tokens (``reasoning_tokens`` of thinking)."""
 
     sid: int
     error: BaseException
     output_tokens: int
+    reasoning_tokens: int = 0
 
 
 class Cancelled(NamedTuple):
-    """A :class:`Cancel` stopped stream ``sid`` after ``output_tokens`` tokens."""
+    """A :class:`Cancel` stopped stream ``sid`` after ``output_tokens`` tokens (``reasoning_tokens`` of thinking)."""
 
     sid: int
     output_tokens: int
+    reasoning_tokens: int = 0
 
 
 class Stats(NamedTuple):

@@ -198,6 +198,7 @@ def test_defaults_are_valid_and_come_from_the_schema() -> None:
         "length_penalty": 1.0,
         "max_new_tokens": None,  # deprecated aliases: not given
         "min_new_tokens": None,
+        "thinking_budget_tokens": 0,
     }
     for name, value in defaults.items():
         if name not in ("max_new_tokens", "min_new_tokens"):
@@ -327,6 +328,8 @@ def test_schema_bounds_are_the_enforced_bounds(name: str, spec) -> None:
     for ok in (spec.minimum, spec.maximum):
         if name == "max_tokens" and ok < 1:
             continue
+        if name == "thinking_budget_tokens" and ok > 0:
+            continue  # in bounds, and refused while it is not applied (test_thinking_budget_tokens_is_declared...)
         validate(**{name: ok, **extra})
     for bad in (spec.minimum - step, spec.maximum + step):
         message = rejected(**{name: bad, **extra})
@@ -473,10 +476,12 @@ def test_messages_are_parsed_in_order_and_kept_as_given() -> None:
         ('[{"role": " ", "content": "a"}]', "messages[0].role must be a non-empty string, got ' '"),
         ('[{"content": "a"}]', "messages[0].role must be a non-empty string, got None"),
         ('[{"role": 1, "content": "a"}]', "messages[0].role must be a non-empty string, got 1"),
-        ('[{"role": "user"}]', "messages[0].content must be a string, got None"),
-        ('[{"role": "user", "content": ["a"]}]', "messages[0].content must be a string, got ['a']"),
+        ('[{"role": "user"}]', "messages[0].content must be a string or a list of content parts, got None"),
+        ('[{"role": "user", "content": ["a"]}]',
+         "messages[0].content[0] must be an object with a type (text), got 'a'"),
         ('[{"role": "user", "content": "a"}, {"role": "user", "content": "b", "name": "x", "id": 1}]',
-         "messages[1] has unknown key(s) id, name; each message has role and content"),
+         "messages[1] has unknown key(s) id, name; each message has role and content (and an assistant message may "
+         "have reasoning_content)"),
     ],
     ids=["not-json", "object", "empty", "string", "item-not-object", "empty-role", "blank-role", "no-role",
          "role-not-string", "no-content", "content-not-string", "unknown-keys"],
@@ -699,3 +704,86 @@ def test_an_input_declared_only_in_the_schema_is_checked_by_its_type_and_carried
     assert validate(widgets=good).widgets == good
     assert validate().widgets == prop["default"]
     assert rejected_message(widgets=bad) == message
+
+
+# --- reasoning inputs, content parts, earlier thinking (issue 50) -----------------------------------------------
+
+
+def test_reasoning_inputs_reach_predict_inputs_with_their_defaults() -> None:
+    inputs = validate()
+    assert (inputs.reasoning_effort, inputs.include_reasoning, inputs.chat_template_kwargs,
+            inputs.thinking_budget_tokens) == ("", True, {}, 0)
+    assert (inputs.template_kwargs, inputs.reasoning_applied, inputs.reasoning_note) == ({}, "", "")
+    given = validate(reasoning_effort="high", include_reasoning=False, chat_template_kwargs=' {"date_string": "x"} ')
+    assert (given.reasoning_effort, given.include_reasoning, given.chat_template_kwargs) == (
+        "high", False, {"date_string": "x"})
+
+
+@pytest.mark.parametrize(("given", "message"), [
+    ({"reasoning_effort": "max"}, "reasoning_effort='max' is not allowed; allowed: one of '', 'none', 'low', 'medium', "
+                                  "'high'"),
+    ({"reasoning_effort": None}, "reasoning_effort=None is not allowed; allowed: one of '', 'none', 'low', 'medium', "
+                                 "'high'"),
+    ({"include_reasoning": "no"}, "include_reasoning must be true or false, got 'no'"),
+    ({"chat_template_kwargs": "[1]"}, "chat_template_kwargs must be a JSON object of template variables, got [1]"),
+    ({"chat_template_kwargs": "{x"}, 'chat_template_kwargs is not valid JSON (Expecting property name enclosed in '
+                                     'double quotes at line 1 column 2); give a JSON object such as {"date_string": '
+                                     '"26 Jul 2024"}'),
+    ({"chat_template_kwargs": 5}, 'chat_template_kwargs must be a JSON object as a string, e.g. {"x": 1} (or empty), '
+                                  "got 5 (int)"),
+    ({"thinking_budget_tokens": -1}, "thinking_budget_tokens=-1 is out of range; allowed: 0 to 2147483647"),
+])
+def test_bad_reasoning_inputs_are_refused_saying_what_is_allowed(given: dict, message: str) -> None:
+    assert rejected_message(**given) == message
+
+
+def test_thinking_budget_tokens_is_declared_and_refused_unless_0_until_it_is_applied() -> None:
+    assert validate(thinking_budget_tokens=0).thinking_budget_tokens == 0
+    assert rejected_message(thinking_budget_tokens=256) == (
+        "thinking_budget_tokens=256 is not applied yet: give 0 (no budget); max_tokens bounds the thinking and the "
+        "answer together, and reasoning_effort=none (where the model can) turns the thinking off")
+
+
+def test_content_may_be_a_list_of_text_parts() -> None:
+    """OpenAI-style content parts: text parts are joined with a line break (as vLLM does for a template that renders
+    content as a string); another part type is refused, naming the types taken."""
+    import json as _json
+
+    messages = [{"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
+                {"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "there"}]}]
+    assert validate(prompt="", messages=_json.dumps(messages)).messages == [
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi\nthere"}]
+    image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://x/y.png"}}]}]
+    assert rejected_message(prompt="", messages=_json.dumps(image)) == (
+        "messages[0].content[0] has type 'image_url'; the content part types taken: text")
+    bad = [{"role": "user", "content": [{"type": "text", "text": 3}]}]
+    assert rejected_message(prompt="", messages=_json.dumps(bad)) == (
+        "messages[0].content[0].text must be a string, got 3")
+    extra = [{"role": "user", "content": [{"type": "text", "text": "a", "cache": 1}]}]
+    assert rejected_message(prompt="", messages=_json.dumps(extra)) == (
+        "messages[0].content[0] has unknown key(s) cache; a text part has type and text")
+
+
+def test_an_assistant_turns_thinking_is_taken_as_reasoning_content_or_as_the_stream_gave_it() -> None:
+    """The stream's own convention can be sent back as it came: a leading <think>...</think> in an assistant
+    message's content is its thinking; reasoning_content (vLLM's and DeepSeek's name) says the same."""
+    import json as _json
+
+    def parsed(*messages: dict) -> list:
+        return validate(prompt="", messages=_json.dumps([{"role": "user", "content": "2+2?"}, *messages,
+                                                         {"role": "user", "content": "And 3+3?"}])).messages[1:-1]
+
+    streamed = {"role": "assistant", "content": "<think>Add them.</think>\n\nIt is 4."}
+    assert parsed(streamed) == [{"role": "assistant", "content": "It is 4.", "reasoning_content": "Add them."}]
+    given = {"role": "assistant", "content": "It is 4.", "reasoning_content": "Add them."}
+    assert parsed(given) == [given]
+    plain = {"role": "assistant", "content": "I use <think> tags."}  # no closing tag: just text
+    assert parsed(plain) == [plain]
+    both = {"role": "assistant", "content": "<think>a</think>b", "reasoning_content": "a"}
+    assert rejected_message(prompt="", messages=_json.dumps([both])) == (
+        "messages[0] has both reasoning_content and a <think> block in its content; give the thinking once")
+    user = {"role": "user", "content": "x", "reasoning_content": "y"}
+    assert rejected_message(prompt="", messages=_json.dumps([user])) == (
+        "messages[0] has reasoning_content, which only an assistant message carries (its thinking before the answer)")
+    user_tags = {"role": "user", "content": "<think>mine</think> x"}  # user text: left as it is
+    assert validate(prompt="", messages=_json.dumps([user_tags])).messages == [user_tags]

@@ -145,7 +145,8 @@ def test_the_worker_loads_no_grpc_tritonclient_tokenizer_or_model_libraries() ->
     import json
 
     assert json.loads(out.stdout.strip().splitlines()[-1]) == [
-        "cog_triton", "cog_triton.ipc", "cog_triton.plan", "cog_triton.schema", "cog_triton.settings",
+        "cog_triton", "cog_triton.ipc", "cog_triton.plan", "cog_triton.reasoning", "cog_triton.schema",
+        "cog_triton.settings",
         "tritonclient.grpc.model_config_pb2"]  # the ModelConfig protobuf alone (tensorrtllm_backend.templates)
 
 

@@ -34,6 +34,7 @@ IMPORT_TO_DISTRIBUTION = {
     "tritonclient": "tritonclient",
     "google": "protobuf",  # google.protobuf
     "transformers": "transformers",
+    "jinja2": "jinja2",
     "huggingface_hub": "huggingface-hub",
     "tenacity": "tenacity",
     "cog": "cog",
@@ -66,6 +67,10 @@ PREDICT_INPUTS = [
     "max_new_tokens",
     "min_new_tokens",
     "lora_weights",
+    "reasoning_effort",
+    "include_reasoning",
+    "chat_template_kwargs",
+    "thinking_budget_tokens",
 ]
 
 

@@ -4,10 +4,18 @@
 client, the guide checker) and nothing about how its text reaches Cog. It runs in the stream processes
 (:mod:`cog_triton.streaming.streamer`).
 
-Per request: :meth:`Generator.prepare` renders and tokenizes the prompt once, compiles the guide
+Per request: :meth:`Generator.prepare` renders and tokenizes the prompt once (with the chat template's keyword
+arguments the worker resolved: the reasoning switches and ``chat_template_kwargs``), compiles the guide
 and sizes the request (input errors are raised here, before Triton). Per token:
 :meth:`Generator.text_deltas` reads the ensemble's gRPC stream, detokenizes incrementally once, cuts
 stop sequences, and yields text deltas; nothing in it waits on a lock, a future or another thread.
+
+Reasoning: for a checkpoint whose tokenizer has a thinking format (:attr:`Generator.template`, found once by
+:func:`cog_triton.streaming.template_info.inspect_chat_template`), each prediction's ids are decoded by the stream
+parser of :mod:`cog_triton.streaming.thinking` instead of a bare detokenizer: the thinking between ``<think>`` and
+``</think>``, then the answer, whatever the model's format; it starts where the prompt leaves the thinking (the
+template's generation prompt for the request's keyword arguments, :meth:`Generator.prompt_start`). A checkpoint
+without one streams exactly as before: the same detokenizer, the same per-token loop.
 
 LoRA: a request with ``lora_weights`` carries its adapter's ``lora_task_id``, and its tensors unless this
 process has already had that task served (:mod:`cog_triton.streaming.lora.tasks`); when the backend answers that the
@@ -26,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -41,6 +50,7 @@ from common.errors import (
 )
 from cog_triton.plan import GeneratorConfig
 from cog_triton.streaming.client import GenerateChunk, GenerateRequest, TritonClient
+from cog_triton.reasoning import TemplateInfo
 from cog_triton.streaming.detokenizer import IncrementalDetokenizer, find_noop_ids
 from cog_triton.streaming.guided import GuideChecker
 from cog_triton.ipc import Guide
@@ -49,6 +59,8 @@ from cog_triton.fetch.adapter_refs import AdapterRef
 from cog_triton.streaming.lora.tasks import Adapter, Adapters, is_cache_full, is_cache_miss
 from cog_triton.streaming.prompt import PromptTokenizer
 from cog_triton.streaming.stop import StopSequenceMatcher
+from cog_triton.streaming.template_info import generation_prompt_ids, inspect_chat_template
+from cog_triton.streaming.thinking import harmony_prompt_channel, prompt_state, thinking_decoder
 from cog_triton.streaming.token_floor import TokenFloor
 from tensorrtllm_backend.engine import ModelLimits
 from tensorrtllm_backend.samplers import takes_seed
@@ -61,11 +73,15 @@ WATCHDOG_PERIOD_S = 0.5
 
 @dataclass(frozen=True)
 class Prepared:
-    """A request ready to send: the gRPC request, the prompt's length in tokens, and its LoRA adapter (or None)."""
+    """A request ready to send: the gRPC request, the prompt's length in tokens, its LoRA adapter (or None), and,
+    for a model that thinks, where the prompt leaves the thinking (``thinking``: True; ``thinking_start``: a
+    :data:`~cog_triton.reasoning.PromptState` for tags, the channel of a message the prompt left open for harmony)."""
 
     request: GenerateRequest
     prompt_tokens: int
     adapter: Optional[Adapter] = None
+    thinking: bool = False
+    thinking_start: Any = None
 
 
 @dataclass(eq=False, slots=True)  # identity: kept in a set
@@ -74,6 +90,7 @@ class RequestState:
 
     Attributes:
         output_tokens: tokens generated so far (the end token is never counted).
+        reasoning_tokens: of them, the thinking's (:mod:`cog_triton.streaming.thinking`; set when the stream ends).
         first_token_at: ``time.monotonic()`` when the first token arrived, or None.
         cut_by_stop_sequence: the output was cut by a stop sequence.
         finished: the engine sent its final response and the output is complete (not cancelled,
@@ -85,6 +102,7 @@ class RequestState:
     """
 
     output_tokens: int = 0
+    reasoning_tokens: int = 0
     first_token_at: Optional[float] = None
     cut_by_stop_sequence: bool = False
     finished: bool = False
@@ -118,10 +136,12 @@ def build_generator(config: GeneratorConfig, tokenizer: Any = None) -> "Generato
         from transformers import AutoTokenizer  # noqa: PLC0415 - heavy import
 
         tokenizer = AutoTokenizer.from_pretrained(str(config.tokenizer_dir), local_files_only=True)
+    template = inspect_chat_template(tokenizer)
     prompts = PromptTokenizer(
         tokenizer,
         add_special_tokens=config.add_special_tokens,
         special_tokens_in_user_text=config.special_tokens_in_user_text,
+        reasoning_key=template.message_reasoning_key,
     )
     return Generator(
         tokenizer,
@@ -136,6 +156,7 @@ def build_generator(config: GeneratorConfig, tokenizer: Any = None) -> "Generato
         lora_off_reason=config.lora.off_reason if config.lora else "no LoRA support was configured",
         send_seed=takes_seed(config.sampler),
         model_interval_ms=config.model_interval_ms,
+        template=template,
     )
 
 
@@ -154,6 +175,8 @@ class Generator:
         send_seed: send each request's seed (False: the engine's sampler takes none, so none is sent; the worker
             refused a prediction whose given seed would have mattered).
         model_interval_ms: each request's ``stream_interval_ms`` (None: not sent; :class:`GeneratorConfig`).
+        template: what the tokenizer's chat template says about reasoning
+            (:func:`cog_triton.streaming.template_info.inspect_chat_template`); None: a model that does not think.
     """
 
     def __init__(
@@ -170,6 +193,7 @@ class Generator:
         lora_off_reason: str = "",
         send_seed: bool = True,
         model_interval_ms: Optional[int] = None,
+        template: Optional[TemplateInfo] = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.prompts = prompts
@@ -182,6 +206,8 @@ class Generator:
         self.lora_off_reason = lora_off_reason
         self.send_seed = send_seed
         self.model_interval_ms = model_interval_ms
+        self.template = template if template is not None else TemplateInfo()
+        self._prompt_starts: dict[str, Any] = {}  # where the generation prompt leaves the thinking, by its kwargs
         self._running: set[RequestState] = set()
         self._background: set[asyncio.Task[None]] = set()
         self.floor = TokenFloor.of(tokenizer)
@@ -228,10 +254,11 @@ class Generator:
         """
         limits = self.limits
         self._refuse_far_too_long(inputs, limits)
+        kwargs = inputs.template_kwargs
         if inputs.messages is not None:
-            prompt = self.prompts.encode_messages(inputs.messages, inputs.system_prompt)
+            prompt = self.prompts.encode_messages(inputs.messages, inputs.system_prompt, kwargs)
         else:
-            prompt = self.prompts.encode(inputs.prompt, inputs.system_prompt, inputs.prompt_template)
+            prompt = self.prompts.encode(inputs.prompt, inputs.system_prompt, inputs.prompt_template, kwargs)
         prompt_tokens = len(prompt.ids)
         budget = inputs.token_budget(
             prompt_tokens, limits.executor_max_input_len(), limits.max_seq_len, limits.input_limit_reason()
@@ -268,7 +295,36 @@ class Generator:
             **guided,
             **lora,  # type: ignore[arg-type]
         )
-        return Prepared(request, prompt_tokens, adapter)
+        if self.template.thinking is None:
+            return Prepared(request, prompt_tokens, adapter)
+        chat = inputs.prompt_template is None and self.prompts.has_chat_template
+        return Prepared(request, prompt_tokens, adapter, thinking=True,
+                        thinking_start=self.prompt_start(inputs, prompt.ids, chat=chat))
+
+    def prompt_start(self, inputs: PredictInputs, ids: list[int], *, chat: bool) -> Any:
+        """Where a prompt leaves a thinking model's thinking (:mod:`cog_triton.streaming.thinking`). For the chat
+        template, where its generation prompt leaves it with the request's keyword arguments (rendered once for each
+        set of them: only the generation prompt's own tokens are read, never a marker in a system prompt or an
+        earlier turn); for a ``prompt_template`` or a plain prompt, the prompt's last tokens.
+
+        Raises:
+            InputError: the chat template refuses to render with the request's keyword arguments.
+        """
+        fmt = self.template.thinking
+        assert fmt is not None
+        if chat:
+            key = json.dumps(inputs.template_kwargs, sort_keys=True, default=str)
+            if key not in self._prompt_starts:
+                try:
+                    ids = generation_prompt_ids(self.tokenizer, inputs.template_kwargs)
+                except Exception as exc:  # noqa: BLE001 - the template's own error
+                    raise InputError(f"the model's chat template rejected chat_template_kwargs: {exc}") from None
+                if len(self._prompt_starts) >= 64:
+                    self._prompt_starts.clear()  # a handful of keyword sets in practice; bounded all the same
+                self._prompt_starts[key] = (harmony_prompt_channel(ids, fmt, self.tokenizer) if fmt.kind == "harmony"
+                                            else prompt_state(ids, fmt))
+            return self._prompt_starts[key]
+        return harmony_prompt_channel(ids, fmt, self.tokenizer) if fmt.kind == "harmony" else prompt_state(ids, fmt)
 
     def _refuse_far_too_long(self, inputs: PredictInputs, limits: ModelLimits) -> None:
         """Refuse, before rendering and tokenizing it, a prompt whose text alone is more tokens than the
@@ -278,6 +334,7 @@ class Generator:
         Raises:
             InputError: the text's token floor exceeds ``executor_max_input_len()``.
         """
+        # Content only: an earlier turn's thinking is left out by most templates, and the floor must stay a floor.
         texts = [message["content"] for message in inputs.messages] if inputs.messages is not None else [inputs.prompt]
         floor = self.floor.at_least(inputs.system_prompt, *texts)
         limit = limits.executor_max_input_len()
@@ -358,7 +415,13 @@ class Generator:
             state.task = task
         state.last_response_at = time.monotonic()
         self._running.add(state)
-        detok = IncrementalDetokenizer(self.tokenizer, skip_special_tokens=True, noop_ids=self.noop_ids)
+        if prepared.thinking:  # a model that thinks: the one stream convention (cog_triton.streaming.thinking)
+            fmt = self.template.thinking
+            assert fmt is not None
+            detok: Any = thinking_decoder(self.tokenizer, fmt, prepared.thinking_start, inputs.include_reasoning,
+                                          self.noop_ids)
+        else:
+            detok = IncrementalDetokenizer(self.tokenizer, skip_special_tokens=True, noop_ids=self.noop_ids)
         stops = StopSequenceMatcher(inputs.stop_sequences)
         guided_ids: Optional[list[int]] = [] if inputs.guide is not None else None  # to check the document
         engine_done = False  # the engine sent its final response: nothing to stop
@@ -406,6 +469,8 @@ class Generator:
         finally:
             self._running.discard(state)
             state.output_tokens = detok.num_tokens
+            if prepared.thinking:
+                state.reasoning_tokens = detok.reasoning_tokens
             if not engine_done and state.send_stop_request:
                 # Cancelled, cut by a stop sequence, or failed: make Triton stop generating too.
                 self.send_stop_request_in_background(request.request_id)

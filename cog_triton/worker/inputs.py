@@ -18,17 +18,23 @@ its handling is a parser here only when its value needs more than its schema typ
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from common.errors import InputError
 from cog_triton.ipc import PredictInputs
+from cog_triton.reasoning import THINK_CLOSE, THINK_OPEN, TemplateInfo, resolve
 from cog_triton.worker.guides import select_guide
 from cog_triton.fetch.adapter_refs import parse_adapter_ref
 from cog_triton.schema import InputSpec, input_specs
 from cog_triton.worker.stop_sequences import parse_stop_sequences
+
+#: The key of an assistant message's earlier thinking, as :func:`parse_messages` returns it (and as the input takes it:
+#: vLLM's and DeepSeek's API name; :mod:`cog_triton.streaming.prompt` hands it to the template under the template's).
+REASONING_KEY = "reasoning_content"
 
 #: Smallest positive normal float32: a smaller non-zero value would reach the engine as 0 or a
 #: denormal (TensorRT-LLM's temperature, top_p and penalties are FP32 tensors).
@@ -107,15 +113,83 @@ def check_text(name: str, value: Any, *, empty_ok: bool = True, expected: str = 
     return value
 
 
+def _text_part(where: str, part: Mapping[str, Any]) -> str:
+    """A ``{"type": "text", "text": ...}`` content part: its text."""
+    extra = sorted(set(part) - {"type", "text"})
+    if extra:
+        raise InputError(f"{where} has unknown key(s) {', '.join(extra)}; a text part has type and text")
+    text = part.get("text")
+    if not isinstance(text, str):
+        raise InputError(f"{where}.text must be a string, got {_show(text)}")
+    return text
+
+
+#: The content parts a message's ``content`` may list, by their OpenAI ``type``: type -> the part's parser, which
+#: checks it (``where`` names it in errors, e.g. ``messages[2].content[0]``) and returns its text. vLLM and
+#: trtllm-serve take the same parts, and join a message's text parts with a line break for a template that renders
+#: content as a string (vllm-project/vllm ``vllm/entrypoints/chat_utils.py``, ``_parse_chat_message_content_parts``),
+#: as :func:`parse_messages` does. The place for other kinds of parts (images: issue 52) is here: a parser for its
+#: type, and :func:`_content` keeping a message's parts as a list when they are not all text.
+CONTENT_PARTS: dict[str, Callable[[str, Mapping[str, Any]], str]] = {"text": _text_part}
+#: The keys a message may have (``reasoning_content``: an assistant turn's earlier thinking).
+MESSAGE_KEYS = ("role", "content", REASONING_KEY)
+
+
+def _content(where: str, content: Any) -> str:
+    """A message's ``content``: a string, or a list of content parts (:data:`CONTENT_PARTS`), joined."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise InputError(f"{where} must be a string or a list of content parts, got {_show(content)}")
+    texts: list[str] = []
+    for index, part in enumerate(content):
+        at = f"{where}[{index}]"
+        kind = part.get("type") if isinstance(part, dict) else None
+        if not isinstance(part, dict) or not isinstance(kind, str):
+            raise InputError(f"{at} must be an object with a type ({', '.join(CONTENT_PARTS)}), got {_show(part)}")
+        if kind not in CONTENT_PARTS:
+            raise InputError(f"{at} has type {kind!r}; the content part types taken: {', '.join(CONTENT_PARTS)}")
+        texts.append(CONTENT_PARTS[kind](at, part))
+    return "\n".join(texts)
+
+
+def _earlier_thinking(where: str, role: str, content: str, reasoning: Any) -> tuple[str, Optional[str]]:
+    """An assistant message's (answer, thinking): ``reasoning_content``, or the content's leading
+    ``<think>...</think>`` block (the stream convention, so that a streamed answer can be sent back as it came)."""
+    if reasoning is not None:
+        if role != "assistant":
+            raise InputError(f"{where} has reasoning_content, which only an assistant message carries (its "
+                             "thinking before the answer)")
+        if not isinstance(reasoning, str):
+            raise InputError(f"{where}.reasoning_content must be a string, got {_show(reasoning)}")
+    if role != "assistant":
+        return content, None
+    stripped = content.lstrip()
+    if stripped.startswith(THINK_OPEN) and THINK_CLOSE in stripped:
+        if reasoning is not None:
+            raise InputError(f"{where} has both reasoning_content and a {THINK_OPEN} block in its content; give the "
+                             "thinking once")
+        thought, _, answer = stripped[len(THINK_OPEN):].partition(THINK_CLOSE)
+        return answer.lstrip(), thought
+    return content, reasoning
+
+
 def parse_messages(text: str) -> list[dict[str, str]]:
-    """Parse the ``messages`` input: a JSON array of ``{"role": str, "content": str}`` objects.
+    """Parse the ``messages`` input: a JSON array of ``{"role": str, "content": str or [content parts]}`` objects;
+    an assistant message may carry its earlier thinking, as ``reasoning_content`` or as a leading
+    ``<think>...</think>`` in its content (how the output streams it).
+
+    Returns:
+        The messages as ``{"role", "content"}`` dicts (the content one string, its text parts joined with a line
+        break), with ``reasoning_content`` where an assistant message carried thinking (the chat template decides
+        what to render of it: :mod:`cog_triton.streaming.prompt`).
 
     Only the structure is checked here; which roles the model's chat template accepts is checked by
     :class:`cog_triton.streaming.prompt.PromptTokenizer`.
 
     Raises:
         InputError: not JSON, not a non-empty array, or an item without a string role and content
-            (the message names the item's index).
+            (the message names the item's index and, for a content part, the part's).
     """
     try:
         value = json.loads(text)
@@ -132,17 +206,21 @@ def parse_messages(text: str) -> list[dict[str, str]]:
     for index, item in enumerate(value):
         if not isinstance(item, dict):
             raise InputError(f"messages[{index}] must be an object with role and content, got {_show(item)}")
-        role, content = item.get("role"), item.get("content")
+        role = item.get("role")
         if not isinstance(role, str) or not role.strip():
             raise InputError(f"messages[{index}].role must be a non-empty string, got {_show(role)}")
-        if not isinstance(content, str):
-            raise InputError(f"messages[{index}].content must be a string, got {_show(content)}")
-        extra = sorted(set(item) - {"role", "content"})
+        extra = sorted(set(item) - set(MESSAGE_KEYS))
         if extra:
             raise InputError(
-                f"messages[{index}] has unknown key(s) {', '.join(extra)}; each message has role and content"
+                f"messages[{index}] has unknown key(s) {', '.join(extra)}; each message has role and content (and an "
+                "assistant message may have reasoning_content)"
             )
-        messages.append({"role": role, "content": content})
+        content = _content(f"messages[{index}].content", item.get("content"))
+        content, reasoning = _earlier_thinking(f"messages[{index}]", role, content, item.get(REASONING_KEY))
+        message = {"role": role, "content": content}
+        if reasoning is not None:
+            message[REASONING_KEY] = reasoning
+        messages.append(message)
     return messages
 
 
@@ -297,12 +375,50 @@ RULES: tuple[tuple[tuple[str, ...], Callable[[Getter], dict[str, Any]]], ...] = 
 #: The inputs the rules take.
 RULE_INPUTS = frozenset(name for names, _ in RULES for name in names)
 
+def parse_template_kwargs(value: Any) -> dict[str, Any]:
+    """The ``chat_template_kwargs`` input: a JSON object as text ("" or blank: none) -> the dict. Which keys the
+    model's chat template takes is checked against it (:func:`cog_triton.reasoning.resolve`, in the service).
+
+    Raises:
+        InputError: not a string, too long, not JSON, or not an object.
+    """
+    text = check_text("chat_template_kwargs", value, expected='a JSON object as a string, e.g. {"x": 1} (or empty)')
+    if not text.strip():
+        return {}
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"chat_template_kwargs is not valid JSON ({exc.msg} at line {exc.lineno} column "
+                         f"{exc.colno}); give a JSON object such as {{\"date_string\": \"26 Jul 2024\"}}") from None
+    if not isinstance(parsed, dict):
+        raise InputError(f"chat_template_kwargs must be a JSON object of template variables, got {_show(parsed)}")
+    return parsed
+
+
+def check_thinking_budget(value: Any) -> int:
+    """``thinking_budget_tokens``: declared, not applied yet (issue 51), so anything but 0 is refused rather than
+    ignored.
+
+    Raises:
+        InputError: not an integer in its bounds, or not 0.
+    """
+    budget = check_integer("thinking_budget_tokens", value)
+    if budget:
+        raise InputError(
+            f"thinking_budget_tokens={budget} is not applied yet: give 0 (no budget); max_tokens bounds the thinking "
+            "and the answer together, and reasoning_effort=none (where the model can) turns the thinking off"
+        )
+    return budget
+
+
 #: Inputs whose value needs more than their schema type says: name -> parser of the value as given (it checks it).
 PARSERS: dict[str, Callable[[Any], Any]] = {
     # -1 means "off" like 0 (replicate/cog-triton predict.py: "if top_k < 0: top_k = 0")
     "top_k": lambda value: max(check_integer("top_k", value), 0),
     # text or a list (a direct call); its size was checked first
     "stop_sequences": parse_stop_sequences,
+    "chat_template_kwargs": parse_template_kwargs,
+    "thinking_budget_tokens": check_thinking_budget,
 }
 
 
@@ -358,7 +474,21 @@ def validate_inputs(**values: Any) -> PredictInputs:
     return PredictInputs(**fields)
 
 
+def resolve_reasoning(inputs: PredictInputs, template: TemplateInfo) -> PredictInputs:
+    """``inputs`` with their reasoning resolved against the model's chat template (:func:`cog_triton.reasoning.resolve`,
+    the template as a stream process found it): the template's keyword arguments and the level applied.
+
+    Raises:
+        InputError: see :func:`cog_triton.reasoning.resolve`.
+    """
+    resolved = resolve(template, inputs.reasoning_effort, inputs.chat_template_kwargs,
+                       prompt_template=inputs.prompt_template is not None)
+    return dataclasses.replace(inputs, template_kwargs=resolved.template_kwargs, reasoning_applied=resolved.applied,
+                               reasoning_note=resolved.note)
+
+
 __all__: Sequence[str] = (
-    "PARSERS", "RULES", "RULE_INPUTS", "check_boolean", "check_input", "check_number", "check_integer", "check_text",
-    "parse_messages", "validate_inputs",
+    "CONTENT_PARTS", "PARSERS", "RULES", "RULE_INPUTS", "check_boolean", "check_input", "check_number",
+    "check_integer", "check_text", "check_thinking_budget", "parse_messages", "parse_template_kwargs",
+    "resolve_reasoning", "validate_inputs",
 )
