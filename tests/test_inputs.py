@@ -787,3 +787,15 @@ def test_an_assistant_turns_thinking_is_taken_as_reasoning_content_or_as_the_str
         "messages[0] has reasoning_content, which only an assistant message carries (its thinking before the answer)")
     user_tags = {"role": "user", "content": "<think>mine</think> x"}  # user text: left as it is
     assert validate(prompt="", messages=_json.dumps([user_tags])).messages == [user_tags]
+
+
+@pytest.mark.parametrize(("name", "value", "message"), [
+    ("log_performance_metrics", 0, "log_performance_metrics must be true or false, got 0"),
+    ("include_reasoning", 1, "include_reasoning must be true or false, got 1"),
+    ("frequency_penalty", False, "frequency_penalty must be a number from -2 to 2, got False"),
+])
+def test_a_value_equal_to_the_default_but_of_another_type_is_still_checked(name: str, value: Any, message: str) -> None:
+    """Validation takes an input at its schema default without checking it again (it is valid): only the default
+    itself, not a value of another type that compares equal to it."""
+    assert rejected_message(**{name: value}) == message
+    assert getattr(validate(), name) == input_specs()[name].default
