@@ -172,3 +172,65 @@ def test_a_template_jinja_cannot_parse_reads_nothing_and_refuses_the_inputs() ->
         resolve(info, "", {"x": 1})
     with pytest.raises(InputError):
         resolve(info, "high", {})
+
+
+# --- the stream process's Generator: where a request's prompt leaves the thinking, and guides -----------------
+
+
+def _generator(name: str = ""):
+    """The Generator of fixture ``name`` (""): the default model's)."""
+    from cog_triton.plan import GeneratorConfig
+    from cog_triton.streaming.generation import build_generator
+    from tensorrtllm_backend.engine import ModelLimits
+
+    limits = ModelLimits(4, max_input_len=512, max_seq_len=1024)
+    folder = rf.tokenizer_dir(name) if name else CHECKPOINT
+    return build_generator(GeneratorConfig(tokenizer_dir=folder, limits=limits, grpc_address="127.0.0.1:9"),
+                           tokenizer=rf.tokenizer(name) if name else smollm2())
+
+
+def _inputs(**given):
+    import dataclasses
+
+    from cog_triton.worker.inputs import validate_inputs
+
+    template = given.pop("template", None)
+    inputs = validate_inputs(prompt="Q", seed=1, **given)
+    if template is not None:
+        resolved = resolve(template, inputs.reasoning_effort, inputs.chat_template_kwargs,
+                           prompt_template=inputs.prompt_template is not None)
+        inputs = dataclasses.replace(inputs, template_kwargs=resolved.template_kwargs)
+    return inputs
+
+
+def test_prepare_finds_where_each_requests_prompt_leaves_the_thinking() -> None:
+    """No request is sent (the address is never dialled): prepare() renders, tokenizes and reads the prompt."""
+    qwen = _generator("qwen3")
+    assert qwen.prepare(_inputs(), "a").thinking_start == "none"  # the model may open a block
+    off = qwen.prepare(_inputs(reasoning_effort="none", template=qwen.template), "b")
+    assert (off.thinking, off.thinking_start) == (True, "closed")
+    by_hand = qwen.prepare(_inputs(prompt_template="User: {prompt}\nAssistant: <think>\n"), "c")
+    assert by_hand.thinking_start == "open"  # a prompt_template's own tail
+    assert _generator("deepseek_r1").prepare(_inputs(), "d").thinking_start == "open"
+    assert _generator("gpt_oss").prepare(_inputs(), "e").thinking_start is None  # harmony: the model's header first
+    assert _generator().prepare(_inputs(), "f").thinking is False  # a model that does not think: as before
+
+
+@pytest.mark.parametrize(("name", "phrase"), [
+    ("deepseek_r1", "this model's prompt opens its thinking (<think>), so the guide would constrain the thinking"),
+    ("gpt_oss", "this model writes harmony channels (its thinking first), which no guide allows"),
+])
+def test_a_guide_that_would_constrain_the_thinking_is_refused(name: str, phrase: str) -> None:
+    with pytest.raises(InputError) as error:
+        _generator(name).prepare(_inputs(response_format="json_object"), "g")
+    assert phrase in error.value.message and "leave response_format empty" in error.value.message
+
+
+def test_a_guide_on_a_model_that_may_open_a_block_is_prepared_as_before() -> None:
+    """Qwen3-style: the guide keeps the model from opening a block; with thinking off the prompt closed it. Neither
+    is refused for reasoning's sake (here guided decoding is off, so the guide fails on that, as it always did)."""
+    qwen = _generator("qwen3")
+    for given in ({}, {"reasoning_effort": "none", "template": qwen.template}):
+        with pytest.raises(InputError) as error:
+            qwen.prepare(_inputs(response_format="json_object", **given), "h")
+        assert "guided decoding is off for this model" in error.value.message

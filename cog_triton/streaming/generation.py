@@ -263,6 +263,13 @@ class Generator:
         budget = inputs.token_budget(
             prompt_tokens, limits.executor_max_input_len(), limits.max_seq_len, limits.input_limit_reason()
         )
+        thinking = self.template.thinking is not None
+        start: Any = None
+        if thinking:
+            chat = inputs.prompt_template is None and self.prompts.has_chat_template
+            start = self.prompt_start(inputs, prompt.ids, chat=chat)
+            if inputs.guide is not None:
+                self._refuse_guided_thinking(inputs, start)
         guided = self._guide_fields(inputs.guide)
         lora: dict[str, object] = {}
         if inputs.lora is not None:
@@ -295,11 +302,37 @@ class Generator:
             **guided,
             **lora,  # type: ignore[arg-type]
         )
-        if self.template.thinking is None:
+        if not thinking:
             return Prepared(request, prompt_tokens, adapter)
-        chat = inputs.prompt_template is None and self.prompts.has_chat_template
-        return Prepared(request, prompt_tokens, adapter, thinking=True,
-                        thinking_start=self.prompt_start(inputs, prompt.ids, chat=chat))
+        return Prepared(request, prompt_tokens, adapter, thinking=True, thinking_start=start)
+
+    def _refuse_guided_thinking(self, inputs: PredictInputs, start: Any) -> None:
+        """A guide constrains the output from its first token (both backends), so it would constrain the thinking
+        where the model must think first: refused there, not served wrong (making guides apply to the answer alone
+        is issue 51). Harmony's output begins with its channel tokens, which no guide allows; a prompt that opened
+        the thinking (DeepSeek-R1's) would put the guided document inside the thinking. A model that may open a
+        block itself can be guided: the guide keeps it from opening one, so the output is the answer.
+
+        Raises:
+            InputError: the combination, naming the guide's input and what to do instead.
+        """
+        fmt = self.template.thinking
+        assert fmt is not None and inputs.guide is not None
+        if fmt.kind == "harmony":
+            why = "this model writes harmony channels (its thinking first), which no guide allows"
+        elif start == "open":
+            why = (f"this model's prompt opens its thinking ({fmt.open_text}), so the guide would constrain the "
+                   "thinking, not the answer")
+        else:
+            return
+        levels = self.template.levels()
+        instead = ("use reasoning_effort=none to turn the thinking off, or leave " if "none" in levels
+                   else "leave ")
+        raise InputError(
+            f"{inputs.guide.source} asks for structured output, and guides constrain the output from its first "
+            f"token: {why}; {instead}{inputs.guide.source} empty (guides that apply to the answer alone are not "
+            "built yet)"
+        )
 
     def prompt_start(self, inputs: PredictInputs, ids: list[int], *, chat: bool) -> Any:
         """Where a prompt leaves a thinking model's thinking (:mod:`cog_triton.streaming.thinking`). For the chat
