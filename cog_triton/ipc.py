@@ -28,11 +28,13 @@ streams' text (``texts``) and events (``events``). The worker handles a frame's 
 a stream's :class:`End` or :class:`Failed` is its last message, so its text, in this frame or an earlier
 one, is always queued before its end.
 
-* :class:`Ready` once: the process has loaded its tokenizer (or could not: ``error``).
+* :class:`Ready` once: the process has loaded its tokenizer (or could not: ``error``), with what its chat template says
+  about reasoning (the worker maps each prediction's reasoning inputs onto it).
 * :class:`Accepted` / :class:`Rejected`: the prediction was prepared and sent to Triton, or refused (an
   input error, which predict() raises).
 * :class:`FirstToken`: time from the prediction's start to its first token.
-* :class:`End` / :class:`Failed`: the stream ended normally (finished or cut by a stop sequence), or failed.
+* :class:`End` / :class:`Failed`: the stream ended normally (finished or cut by a stop sequence), or failed, with its
+  token counts (for a model that thinks, the thinking's among them).
 * :class:`Cancelled`: a :class:`Cancel` stopped the stream after ``output_tokens`` tokens (the worker has
   forgotten the stream by then; it only counts them, :mod:`cog_triton.worker.exporter`).
 * :class:`Stats`: LoRA adapter counts since the last report; after a request with an adapter, never per token.

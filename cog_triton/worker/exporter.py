@@ -8,7 +8,8 @@ Prometheus endpoint; this module gives the predictor one:
 * :class:`ServiceMetrics`: the service's metrics in their own ``prometheus_client`` registry, named
   ``cog_triton_*`` (running and queued predictions, outcomes, errors by code, time to first token and time
   per output token, prompt and generated tokens, Triton and stream-process restarts, LoRA adapter cache
-  counts). The names follow vLLM's (``num_requests_running``/``waiting``, ``prompt_tokens_total``,
+  counts, and for a model that thinks its reasoning and answer tokens and the reasoning levels applied). The names
+  follow vLLM's (``num_requests_running``/``waiting``, ``prompt_tokens_total``,
   ``generation_tokens_total``, ``time_to_first_token_seconds``, ``time_per_output_token_seconds``:
   vllm-project/vllm ``vllm/engine/metrics.py`` @f0afa0c2).
 * :class:`PredictionTracker`: one prediction's part, recorded once per prediction (never per token: the time
