@@ -234,3 +234,27 @@ def test_a_guide_on_a_model_that_may_open_a_block_is_prepared_as_before() -> Non
         with pytest.raises(InputError) as error:
             qwen.prepare(_inputs(response_format="json_object", **given), "h")
         assert "guided decoding is off for this model" in error.value.message
+
+
+def test_a_generation_prompt_that_depends_on_the_conversation_is_read_from_the_request() -> None:
+    """SmolLM3's template reads /think and /no_think in the system prompt: the one-turn probe's generation prompt is
+    not this request's, so the request's own is taken off its prompt and read."""
+    import copy
+
+    from cog_triton.plan import GeneratorConfig
+    from cog_triton.streaming.generation import build_generator
+    from tensorrtllm_backend.engine import ModelLimits
+
+    tok = copy.deepcopy(rf.tokenizer("qwen3"))
+    tok.chat_template = (
+        "{%- set flags = messages[0].content if messages[0].role == 'system' else '' %}"
+        "{%- for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endfor %}"
+        "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+        "{%- if '/no_think' in flags %}{{ '<think>\\n\\n</think>\\n' }}{%- elif '/open' in flags %}{{ '<think>\\n' }}"
+        "{%- endif %}{%- endif %}")
+    generator = build_generator(GeneratorConfig(tokenizer_dir=rf.tokenizer_dir("qwen3"), grpc_address="127.0.0.1:9",
+                                                limits=ModelLimits(4, max_input_len=512, max_seq_len=1024)),
+                                tokenizer=tok)
+    assert generator.prepare(_inputs(), "a").thinking_start == "none"
+    assert generator.prepare(_inputs(system_prompt="Be brief. /no_think"), "b").thinking_start == "closed"
+    assert generator.prepare(_inputs(system_prompt="/open"), "c").thinking_start == "open"

@@ -57,9 +57,9 @@ from cog_triton.ipc import Guide
 from cog_triton.ipc import PredictInputs
 from cog_triton.fetch.adapter_refs import AdapterRef
 from cog_triton.streaming.lora.tasks import Adapter, Adapters, is_cache_full, is_cache_miss
-from cog_triton.streaming.prompt import PromptTokenizer
+from cog_triton.streaming.prompt import Prompt, PromptTokenizer
 from cog_triton.streaming.stop import StopSequenceMatcher
-from cog_triton.streaming.template_info import generation_prompt_ids, inspect_chat_template
+from cog_triton.streaming.template_info import generation_prompt_text, inspect_chat_template
 from cog_triton.streaming.thinking import harmony_prompt_channel, prompt_state, thinking_decoder
 from cog_triton.streaming.token_floor import TokenFloor
 from tensorrtllm_backend.engine import ModelLimits
@@ -267,7 +267,7 @@ class Generator:
         start: Any = None
         if thinking:
             chat = inputs.prompt_template is None and self.prompts.has_chat_template
-            start = self.prompt_start(inputs, prompt.ids, chat=chat)
+            start = self.prompt_start(inputs, prompt, chat=chat)
             if inputs.guide is not None:
                 self._refuse_guided_thinking(inputs, start)
         guided = self._guide_fields(inputs.guide)
@@ -334,29 +334,44 @@ class Generator:
             "built yet)"
         )
 
-    def prompt_start(self, inputs: PredictInputs, ids: list[int], *, chat: bool) -> Any:
-        """Where a prompt leaves a thinking model's thinking (:mod:`cog_triton.streaming.thinking`). For the chat
-        template, where its generation prompt leaves it with the request's keyword arguments (rendered once for each
-        set of them: only the generation prompt's own tokens are read, never a marker in a system prompt or an
-        earlier turn); for a ``prompt_template`` or a plain prompt, the prompt's last tokens.
+    def prompt_start(self, inputs: PredictInputs, prompt: Prompt, *, chat: bool) -> Any:
+        """Where a prompt leaves a thinking model's thinking (:mod:`cog_triton.streaming.thinking`).
+
+        For the chat template, where its generation prompt leaves it: only the generation prompt's own tokens are
+        read, never a marker in a system prompt or an earlier turn. The template's generation prompt for the
+        request's keyword arguments is rendered once for each set of them (with a one-turn conversation); a prompt
+        that does not end with it (a template whose generation prompt depends on the conversation: SmolLM3's reads
+        ``/think`` and ``/no_think`` in the system prompt) has its own taken off it (one more render). For a
+        ``prompt_template`` or a plain prompt, the prompt's last tokens.
 
         Raises:
             InputError: the chat template refuses to render with the request's keyword arguments.
         """
         fmt = self.template.thinking
         assert fmt is not None
-        if chat:
-            key = json.dumps(inputs.template_kwargs, sort_keys=True, default=str)
-            if key not in self._prompt_starts:
-                try:
-                    ids = generation_prompt_ids(self.tokenizer, inputs.template_kwargs)
-                except Exception as exc:  # noqa: BLE001 - the template's own error
-                    raise InputError(f"the model's chat template rejected chat_template_kwargs: {exc}") from None
-                if len(self._prompt_starts) >= 64:
-                    self._prompt_starts.clear()  # a handful of keyword sets in practice; bounded all the same
-                self._prompt_starts[key] = (harmony_prompt_channel(ids, fmt, self.tokenizer) if fmt.kind == "harmony"
-                                            else prompt_state(ids, fmt))
-            return self._prompt_starts[key]
+        if not chat:
+            return self._start_of(prompt.ids)
+        key = json.dumps(inputs.template_kwargs, sort_keys=True, default=str)
+        cached = self._prompt_starts.get(key)
+        if cached is None:
+            try:
+                suffix = generation_prompt_text(self.tokenizer, inputs.template_kwargs)
+            except Exception as exc:  # noqa: BLE001 - the template's own error
+                raise InputError(f"the model's chat template rejected chat_template_kwargs: {exc}") from None
+            if len(self._prompt_starts) >= 64:
+                self._prompt_starts.clear()  # a handful of keyword sets in practice; bounded all the same
+            cached = self._prompt_starts[key] = (suffix, self._start_of(self._ids_of(suffix)))
+        suffix, start = cached
+        if prompt.text.endswith(suffix):
+            return start
+        return self._start_of(self._ids_of(self.prompts.generation_prompt(prompt, inputs.template_kwargs)))
+
+    def _ids_of(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
+
+    def _start_of(self, ids: list[int]) -> Any:
+        fmt = self.template.thinking
+        assert fmt is not None
         return harmony_prompt_channel(ids, fmt, self.tokenizer) if fmt.kind == "harmony" else prompt_state(ids, fmt)
 
     def _refuse_far_too_long(self, inputs: PredictInputs, limits: ModelLimits) -> None:

@@ -90,12 +90,14 @@ class Prompt:
         ids: the token ids sent to the engine (INT32 values).
         add_special_tokens: whether the tokenizer's special tokens (BOS) were added.
         escaped: whether some user text was tokenized with its special-token strings kept as text.
+        conversation: the messages the chat template rendered (as it read them); empty when it was not used.
     """
 
     text: str
     ids: list[int]
     add_special_tokens: bool
     escaped: bool = False
+    conversation: Sequence[Mapping[str, Any]] = ()
 
 
 class PromptTokenizer:
@@ -293,10 +295,28 @@ class PromptTokenizer:
             and any(self._special_re.search(t) for t in user_texts)
         )
         if not risky:
-            return Prompt(text=text, ids=self._ids(text, add), add_special_tokens=add)
+            return Prompt(text=text, ids=self._ids(text, add), add_special_tokens=add, conversation=conversation)
         if spans is None:
             spans = self._template_spans(text, conversation, template_kwargs)
-        return Prompt(text=text, ids=self._segmented(text, spans, add), add_special_tokens=add, escaped=True)
+        return Prompt(text=text, ids=self._segmented(text, spans, add), add_special_tokens=add, escaped=True,
+                      conversation=conversation)
+
+    def generation_prompt(self, prompt: Prompt, template_kwargs: Optional[Mapping[str, Any]] = None) -> str:
+        """What the chat template's generation prompt added to ``prompt`` (rendered from its conversation with
+        ``template_kwargs``): the conversation rendered without it, taken off the prompt's text; "" when the
+        template renders the conversation otherwise without it (or was not used).
+
+        Raises:
+            InputError: the chat template refuses the conversation without a generation prompt.
+        """
+        if not prompt.conversation:
+            return ""
+        try:
+            without = str(self.tokenizer.apply_chat_template(list(prompt.conversation), tokenize=False,
+                                                             add_generation_prompt=False, **(template_kwargs or {})))
+        except Exception as exc:  # jinja errors raised by the template itself
+            raise InputError(f"the model's chat template rejected the messages: {exc}") from None
+        return prompt.text[len(without):] if prompt.text.startswith(without) else ""
 
     def _ids(self, text: str, add: bool, split_special: bool = False) -> list[int]:
         kwargs: dict[str, Any] = {"add_special_tokens": add}

@@ -170,9 +170,9 @@ def thinking_format(tokenizer: Any) -> Optional[ThinkingFormat]:
     return None
 
 
-def generation_prompt_ids(tokenizer: Any, template_kwargs: Mapping[str, Any]) -> list[int]:
-    """The token ids of the template's generation prompt with ``template_kwargs``: what rendering a one-turn
-    conversation (:data:`PROBE`) with the generation prompt adds to rendering it without.
+def generation_prompt_text(tokenizer: Any, template_kwargs: Mapping[str, Any]) -> str:
+    """The template's generation prompt with ``template_kwargs``: what rendering a one-turn conversation
+    (:data:`PROBE`) with the generation prompt adds to rendering it without.
 
     Raises:
         Exception: whatever the template raises for the probe.
@@ -182,8 +182,16 @@ def generation_prompt_ids(tokenizer: Any, template_kwargs: Mapping[str, Any]) ->
                                                     **template_kwargs))
     without = str(tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=False,
                                                 **template_kwargs))
-    suffix = with_prompt[len(without):] if with_prompt.startswith(without) else with_prompt
-    return list(tokenizer(suffix, add_special_tokens=False)["input_ids"])
+    return with_prompt[len(without):] if with_prompt.startswith(without) else with_prompt
+
+
+def generation_prompt_ids(tokenizer: Any, template_kwargs: Mapping[str, Any]) -> list[int]:
+    """The token ids of :func:`generation_prompt_text`.
+
+    Raises:
+        Exception: whatever the template raises for the probe.
+    """
+    return list(tokenizer(generation_prompt_text(tokenizer, template_kwargs), add_special_tokens=False)["input_ids"])
 
 
 def generation_prompt_state(tokenizer: Any, thinking: ThinkingFormat,
@@ -241,4 +249,4 @@ def inspect_chat_template(tokenizer: Any) -> TemplateInfo:
 
 
 __all__ = ("HARMONY_TOKENS", "MARKER_PAIRS", "generation_prompt_ids", "generation_prompt_state",
-           "inspect_chat_template", "single_token_id", "template_source", "thinking_format")
+           "generation_prompt_text", "inspect_chat_template", "single_token_id", "template_source", "thinking_format")
