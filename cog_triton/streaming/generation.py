@@ -14,8 +14,9 @@ Reasoning: for a checkpoint whose tokenizer has a thinking format (:attr:`Genera
 :func:`cog_triton.streaming.template_info.inspect_chat_template`), each prediction's ids are decoded by the stream
 parser of :mod:`cog_triton.streaming.thinking` instead of a bare detokenizer: the thinking between ``<think>`` and
 ``</think>``, then the answer, whatever the model's format; it starts where the prompt leaves the thinking (the
-template's generation prompt for the request's keyword arguments, :meth:`Generator.prompt_start`). A checkpoint
-without one streams exactly as before: the same detokenizer, the same per-token loop.
+template's generation prompt for the request's keyword arguments:
+:class:`cog_triton.streaming.template_info.PromptStarts`). A checkpoint without one streams exactly as before: the
+same detokenizer, the same per-token loop.
 
 LoRA: a request with ``lora_weights`` carries its adapter's ``lora_task_id``, and its tensors unless this
 process has already had that task served (:mod:`cog_triton.streaming.lora.tasks`); when the backend answers that the
@@ -34,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -57,10 +57,10 @@ from cog_triton.ipc import Guide
 from cog_triton.ipc import PredictInputs
 from cog_triton.fetch.adapter_refs import AdapterRef
 from cog_triton.streaming.lora.tasks import Adapter, Adapters, is_cache_full, is_cache_miss
-from cog_triton.streaming.prompt import Prompt, PromptTokenizer
+from cog_triton.streaming.prompt import PromptTokenizer
 from cog_triton.streaming.stop import StopSequenceMatcher
-from cog_triton.streaming.template_info import generation_prompt_text, inspect_chat_template
-from cog_triton.streaming.thinking import harmony_prompt_channel, prompt_state, thinking_decoder
+from cog_triton.streaming.template_info import PromptStarts, inspect_chat_template
+from cog_triton.streaming.thinking import thinking_decoder
 from cog_triton.streaming.token_floor import TokenFloor
 from tensorrtllm_backend.engine import ModelLimits
 from tensorrtllm_backend.samplers import takes_seed
@@ -207,7 +207,7 @@ class Generator:
         self.send_seed = send_seed
         self.model_interval_ms = model_interval_ms
         self.template = template if template is not None else TemplateInfo()
-        self._prompt_starts: dict[str, Any] = {}  # where the generation prompt leaves the thinking, by its kwargs
+        self.starts = PromptStarts(tokenizer, prompts, self.template.thinking)
         self._running: set[RequestState] = set()
         self._background: set[asyncio.Task[None]] = set()
         self.floor = TokenFloor.of(tokenizer)
@@ -267,7 +267,7 @@ class Generator:
         start: Any = None
         if thinking:
             chat = inputs.prompt_template is None and self.prompts.has_chat_template
-            start = self.prompt_start(inputs, prompt, chat=chat)
+            start = self.starts.start(prompt, inputs.template_kwargs, chat=chat)
             if inputs.guide is not None:
                 self._refuse_guided_thinking(inputs, start)
         guided = self._guide_fields(inputs.guide)
@@ -333,46 +333,6 @@ class Generator:
             f"token: {why}; {instead}{inputs.guide.source} empty (guides that apply to the answer alone are not "
             "built yet)"
         )
-
-    def prompt_start(self, inputs: PredictInputs, prompt: Prompt, *, chat: bool) -> Any:
-        """Where a prompt leaves a thinking model's thinking (:mod:`cog_triton.streaming.thinking`).
-
-        For the chat template, where its generation prompt leaves it: only the generation prompt's own tokens are
-        read, never a marker in a system prompt or an earlier turn. The template's generation prompt for the
-        request's keyword arguments is rendered once for each set of them (with a one-turn conversation); a prompt
-        that does not end with it (a template whose generation prompt depends on the conversation: SmolLM3's reads
-        ``/think`` and ``/no_think`` in the system prompt) has its own taken off it (one more render). For a
-        ``prompt_template`` or a plain prompt, the prompt's last tokens.
-
-        Raises:
-            InputError: the chat template refuses to render with the request's keyword arguments.
-        """
-        fmt = self.template.thinking
-        assert fmt is not None
-        if not chat:
-            return self._start_of(prompt.ids)
-        key = json.dumps(inputs.template_kwargs, sort_keys=True, default=str)
-        cached = self._prompt_starts.get(key)
-        if cached is None:
-            try:
-                suffix = generation_prompt_text(self.tokenizer, inputs.template_kwargs)
-            except Exception as exc:  # noqa: BLE001 - the template's own error
-                raise InputError(f"the model's chat template rejected chat_template_kwargs: {exc}") from None
-            if len(self._prompt_starts) >= 64:
-                self._prompt_starts.clear()  # a handful of keyword sets in practice; bounded all the same
-            cached = self._prompt_starts[key] = (suffix, self._start_of(self._ids_of(suffix)))
-        suffix, start = cached
-        if prompt.text.endswith(suffix):
-            return start
-        return self._start_of(self._ids_of(self.prompts.generation_prompt(prompt, inputs.template_kwargs)))
-
-    def _ids_of(self, text: str) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
-
-    def _start_of(self, ids: list[int]) -> Any:
-        fmt = self.template.thinking
-        assert fmt is not None
-        return harmony_prompt_channel(ids, fmt, self.tokenizer) if fmt.kind == "harmony" else prompt_state(ids, fmt)
 
     def _refuse_far_too_long(self, inputs: PredictInputs, limits: ModelLimits) -> None:
         """Refuse, before rendering and tokenizing it, a prompt whose text alone is more tokens than the

@@ -27,6 +27,7 @@ reading nothing: a caller's ``reasoning_effort`` and ``chat_template_kwargs`` ar
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any, Iterator, Mapping, Optional
 
@@ -40,7 +41,8 @@ from cog_triton.reasoning import (
     TemplateInfo,
     ThinkingFormat,
 )
-from cog_triton.streaming.thinking import prompt_state
+from common.errors import InputError
+from cog_triton.streaming.thinking import harmony_prompt_channel, prompt_state
 
 log = logging.getLogger(__name__)
 
@@ -208,6 +210,67 @@ def generation_prompt_state(tokenizer: Any, thinking: ThinkingFormat,
     return prompt_state(ids, thinking)
 
 
+class PromptStarts:
+    """Where a request's prompt leaves a thinking model's thinking (:mod:`cog_triton.streaming.thinking`), for the
+    stream process's :class:`cog_triton.streaming.generation.Generator`.
+
+    For the chat template, where its generation prompt leaves it: only the generation prompt's own tokens are read,
+    never a marker in a system prompt or an earlier turn. The template's generation prompt for a request's keyword
+    arguments is rendered once for each set of them (:func:`generation_prompt_text`); a prompt that does not end with
+    it (a template whose generation prompt depends on the conversation: SmolLM3's reads ``/think`` and ``/no_think``
+    in the system prompt) has its own taken off it, one more render
+    (:meth:`cog_triton.streaming.prompt.PromptTokenizer.generation_prompt`). For a ``prompt_template`` or a plain
+    prompt, the prompt's last tokens.
+
+    Args:
+        tokenizer: the model's tokenizer.
+        prompts: the request renderer on it.
+        thinking: the model's thinking format (None: it does not think; :meth:`start` is not called then).
+    """
+
+    #: Keyword-argument sets remembered (a handful in practice; bounded all the same).
+    MAX_KWARGS_SETS = 64
+
+    def __init__(self, tokenizer: Any, prompts: Any, thinking: Optional[ThinkingFormat]) -> None:
+        self.tokenizer = tokenizer
+        self.prompts = prompts
+        self.thinking = thinking
+        self._by_kwargs: dict[str, tuple[str, Any]] = {}  # the generation prompt and where it leaves the thinking
+
+    def start(self, prompt: Any, template_kwargs: Mapping[str, Any], *, chat: bool) -> Any:
+        """Where ``prompt`` (a :class:`cog_triton.streaming.prompt.Prompt`, rendered with ``template_kwargs``;
+        ``chat``: by the chat template) leaves the thinking: a :data:`~cog_triton.reasoning.PromptState` for tags,
+        the channel of a message it left open (or None) for harmony.
+
+        Raises:
+            InputError: the chat template refuses to render with the request's keyword arguments.
+        """
+        if not chat:
+            return self._start_of(prompt.ids)
+        key = json.dumps(template_kwargs, sort_keys=True, default=str)
+        known = self._by_kwargs.get(key)
+        if known is None:
+            try:
+                suffix = generation_prompt_text(self.tokenizer, template_kwargs)
+            except Exception as exc:  # noqa: BLE001 - the template's own error
+                raise InputError(f"the model's chat template rejected chat_template_kwargs: {exc}") from None
+            if len(self._by_kwargs) >= self.MAX_KWARGS_SETS:
+                self._by_kwargs.clear()
+            known = self._by_kwargs[key] = (suffix, self._start_of(self._ids_of(suffix)))
+        suffix, start = known
+        if prompt.text.endswith(suffix):
+            return start
+        return self._start_of(self._ids_of(self.prompts.generation_prompt(prompt, template_kwargs)))
+
+    def _ids_of(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
+
+    def _start_of(self, ids: list[int]) -> Any:
+        fmt = self.thinking
+        assert fmt is not None
+        return harmony_prompt_channel(ids, fmt, self.tokenizer) if fmt.kind == "harmony" else prompt_state(ids, fmt)
+
+
 def inspect_chat_template(tokenizer: Any) -> TemplateInfo:
     """:class:`cog_triton.reasoning.TemplateInfo` of ``tokenizer`` (see the module docstring); never raises."""
     thinking = thinking_format(tokenizer)
@@ -248,5 +311,5 @@ def inspect_chat_template(tokenizer: Any) -> TemplateInfo:
     return info
 
 
-__all__ = ("HARMONY_TOKENS", "MARKER_PAIRS", "generation_prompt_ids", "generation_prompt_state",
+__all__ = ("HARMONY_TOKENS", "MARKER_PAIRS", "PromptStarts", "generation_prompt_ids", "generation_prompt_state",
            "generation_prompt_text", "inspect_chat_template", "single_token_id", "template_source", "thinking_format")

@@ -52,7 +52,7 @@ def performance_lines(output_tokens: int, seconds: float, time_to_first_token: O
 
 
 __all__ = (
-    "ANSWER_TOKEN_COUNT", "INPUT_TOKEN_COUNT", "OUTPUT_TOKEN_COUNT", "REASONING_EFFORT_APPLIED", "REASONING_TOKEN_COUNT",
-    "TIME_TO_FIRST_TOKEN_NAMES", "performance_lines",
+    "ANSWER_TOKEN_COUNT", "INPUT_TOKEN_COUNT", "OUTPUT_TOKEN_COUNT", "REASONING_EFFORT_APPLIED",
+    "REASONING_TOKEN_COUNT", "TIME_TO_FIRST_TOKEN_NAMES", "performance_lines",
     "record_time_to_first_token",
 )
