@@ -61,7 +61,7 @@ class Predictor(BaseRunner):
             raise RuntimeError(health.reason)  # coglet: "Healthcheck failed: <reason>"
         return True
 
-    # Why one function (about 140 lines): its parameters are the Cog inputs' literal Input(...) declarations, which
+    # Why one function (about 165 lines): its parameters are the Cog inputs' literal Input(...) declarations, which
     # Cog's static schema generator reads from this signature (cog build runs no code); the body hands them over.
     @cog.streaming  # x-cog-streaming in the schema: coglet then streams the output over SSE
     @cog.concurrent(max=64)  # predictions at once (cog 0.23, #3089); COG_MAX_CONCURRENCY overrides it at run time
@@ -173,37 +173,35 @@ class Predictor(BaseRunner):
             default="",
             max_length=4096,
         ),
+        reasoning_effort: str = Input(
+            description="How much the model thinks before it answers: none, low, medium or high, mapped onto what its chat template reads (enable_thinking or thinking: none turns thinking off, low, medium and high turn it on; reasoning_effort: the level itself). Empty: the model's default. A level the template cannot express is refused, naming those it can. Whatever the model's format, the stream is its thinking between <think> and </think>, then the answer.",  # noqa: E501 - one literal
+            default="",
+            choices=["", "none", "low", "medium", "high"],
+        ),
+        include_reasoning: bool = Input(
+            description="Stream the model's thinking before its answer, between <think> and </think> (the same for every model family); false: the answer alone. The thinking counts against max_tokens either way.",  # noqa: E501 - one literal
+            default=True,
+        ),
+        chat_template_kwargs: str = Input(
+            description='Further variables for the chat template of the model, as a JSON object (e.g. {"date_string": "26 Jul 2024"}): only variables the template reads, and none that other inputs set (reasoning_effort sets enable_thinking, thinking and reasoning_effort). Empty: none.',  # noqa: E501 - one literal
+            default="",
+            max_length=100000,
+        ),
+        thinking_budget_tokens: int = Input(
+            description="Most tokens the model may spend thinking before its answer; 0 = no budget (max_tokens bounds the thinking and the answer together). Not applied yet: only 0 is accepted.",  # noqa: E501 - one literal
+            default=0,
+            ge=0,
+            le=2147483647,
+        ),
     ) -> ConcatenateIterator[str]:
         """Stream the model's answer as text deltas.
 
         Input errors (bad values, a prompt too long for the model) are raised here, before any
         output; the returned generator is what coglet iterates to stream (see cog_triton.worker.cog_bridge).
         """
-        inputs = self.service.validate(  # PredictInputs.validate; a refusal is counted in the service's metrics
-            prompt=prompt,
-            messages=messages,
-            system_prompt=system_prompt,
-            prompt_template=prompt_template,
-            max_tokens=max_tokens,
-            min_tokens=min_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            repetition_penalty=repetition_penalty,
-            presence_penalty=presence_penalty,
-            frequency_penalty=frequency_penalty,
-            stop_sequences=stop_sequences,
-            seed=seed,
-            json_schema=json_schema,
-            response_format=response_format,
-            regex=regex,
-            grammar=grammar,
-            length_penalty=length_penalty,
-            log_performance_metrics=log_performance_metrics,
-            max_new_tokens=max_new_tokens,
-            min_new_tokens=min_new_tokens,
-            lora_weights=lora_weights,
-        )
+        # Every input, by name (the signature above is their one list): validated against the schema made from it.
+        values = locals()
+        inputs = self.service.validate(**{name: value for name, value in values.items() if name != "self"})
         # The prediction's metric scope, taken here (coglet finds it through a context variable): the
         # metrics are recorded later from another thread. cog.emit_metric is a deprecated alias in cog 0.23.
         scope = cog.current_scope()

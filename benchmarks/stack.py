@@ -55,10 +55,11 @@ def fill_standin_template(text: str, values: dict[str, object]) -> str:
 def write_standin_templates(target: Path, *, step_ms: float, sender_threads: int, end_id_after: int = 0,
                             instances: int = 1,
                             cancellation_check_period_ms: float = 100.0, text_file: Path = STANDIN_TEXT,
-                            reference_model: Path = REFERENCE_MODEL) -> Path:
+                            reference_model: Path = REFERENCE_MODEL, script_file: Optional[Path] = None) -> Path:
     """A model-repository template folder (for COG_TRITON_TEMPLATE_DIR): the product's templates, with
     the stand-in as ``tensorrt_llm_reference`` (the folder setup() renders for a Hugging Face
-    checkpoint as ``tensorrt_llm``)."""
+    checkpoint as ``tensorrt_llm``). ``script_file``: the stand-in's scripted mode (tests only;
+    ``benchmarks/standin/1/model.py``)."""
     shutil.rmtree(target, ignore_errors=True)
     source = REPO_ROOT / "triton_model_repo"
     for folder in ("ensemble", "preprocessing", "tensorrt_llm"):
@@ -76,6 +77,7 @@ def write_standin_templates(target: Path, *, step_ms: float, sender_threads: int
             "cancellation_check_period_ms": cancellation_check_period_ms,
             "end_id_after": end_id_after,
             "instances": instances,
+            "script_file": script_file.resolve() if script_file is not None else "",
         },
     )
     (llm / "config.pbtxt").write_text(config)

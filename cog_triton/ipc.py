@@ -28,11 +28,13 @@ streams' text (``texts``) and events (``events``). The worker handles a frame's 
 a stream's :class:`End` or :class:`Failed` is its last message, so its text, in this frame or an earlier
 one, is always queued before its end.
 
-* :class:`Ready` once: the process has loaded its tokenizer (or could not: ``error``).
+* :class:`Ready` once: the process has loaded its tokenizer (or could not: ``error``), with what its chat template says
+  about reasoning (the worker maps each prediction's reasoning inputs onto it).
 * :class:`Accepted` / :class:`Rejected`: the prediction was prepared and sent to Triton, or refused (an
   input error, which predict() raises).
 * :class:`FirstToken`: time from the prediction's start to its first token.
-* :class:`End` / :class:`Failed`: the stream ended normally (finished or cut by a stop sequence), or failed.
+* :class:`End` / :class:`Failed`: the stream ended normally (finished or cut by a stop sequence), or failed, with its
+  token counts (for a model that thinks, the thinking's among them).
 * :class:`Cancelled`: a :class:`Cancel` stopped the stream after ``output_tokens`` tokens (the worker has
   forgotten the stream by then; it only counts them, :mod:`cog_triton.worker.exporter`).
 * :class:`Stats`: LoRA adapter counts since the last report; after a request with an adapter, never per token.
@@ -44,11 +46,13 @@ from __future__ import annotations
 import pickle
 import socket
 import struct
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Union
+from dataclasses import dataclass, field, make_dataclass
+from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, Optional, Union
 
 from common.errors import InputError
 from cog_triton.fetch.adapter_refs import AdapterRef
+from cog_triton.reasoning import TemplateInfo
+from cog_triton.schema import InputSpec, input_specs
 
 if TYPE_CHECKING:
     from cog_triton.plan import GeneratorConfig
@@ -59,7 +63,6 @@ if TYPE_CHECKING:
 GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar")
 #: response_format choices (OpenAI's response_format.type names; json_schema has its own input).
 RESPONSE_FORMATS = ("text", "json_object")
-
 
 
 @dataclass(frozen=True)
@@ -87,38 +90,16 @@ class Guide:
         }[self.guide_type]
 
 
-@dataclass(frozen=True)
-class PredictInputs:
-    """Validated prediction inputs (made by :func:`cog_triton.worker.inputs.validate_inputs` in the Cog worker, carried to
-    a stream process by :class:`Start`).
+class _PredictInputsMethods:
+    """What :class:`PredictInputs` does besides carrying the inputs (its base class)."""
 
-    Token counts are in tokens; ``seed`` is the user's, or one drawn when the user gave none (``seed_given``
-    False): the engine uses it unless its sampler takes no seed (TensorRT-LLM 1.2.1's TorchSampler: then a drawn
-    seed is not sent, and a given one is refused unless decoding is greedy; tensorrtllm_backend.samplers).
-    The inputs of replicate/cog-triton's predictor are resolved here: ``max_new_tokens`` and
-    ``min_new_tokens`` are folded into ``max_tokens``/``min_tokens``, and ``-1`` ("off") for ``top_k``
-    and ``min_tokens`` is stored as 0. ``length_penalty`` is sent to the engine (``len_penalty``).
-    """
-
-    prompt: str = ""
-    messages: Optional[list[dict[str, str]]] = None
-    system_prompt: str = ""
-    prompt_template: Optional[str] = None
-    max_tokens: int = 512
-    min_tokens: int = 0
-    temperature: float = 0.7
-    top_p: float = 0.95
-    top_k: int = 0
-    repetition_penalty: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    stop_sequences: list[str] = field(default_factory=list)
-    seed: int = 0
-    seed_given: bool = True
-    guide: Optional[Guide] = None
-    length_penalty: float = 1.0
-    log_performance_metrics: bool = False
-    lora: Optional[AdapterRef] = None
+    __slots__ = ()
+    messages: Optional[list[dict[str, Any]]]
+    max_tokens: int
+    min_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int
 
     @property
     def greedy(self) -> bool:
@@ -156,6 +137,98 @@ class PredictInputs:
                 f"maximum sequence length is {max_seq_len}, so at most {room} tokens can be generated"
             )
         return min(self.max_tokens, room)
+
+
+#: The Python type of each JSON Schema type of a Cog input.
+_SCHEMA_TYPES: dict[str, Any] = {"string": str, "integer": int, "number": float, "boolean": bool}
+
+#: Inputs whose validated value another field carries, so they have no field of their own: replicate/cog-triton's
+#: deprecated aliases are folded into ``max_tokens``/``min_tokens``, the structured-output inputs into ``guide``,
+#: ``lora_weights`` into ``lora`` (:func:`cog_triton.worker.inputs.validate_inputs`).
+FOLDED_INPUTS: dict[str, str] = {
+    "max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens",
+    "json_schema": "guide", "response_format": "guide", "regex": "guide", "grammar": "guide",
+    "lora_weights": "lora",
+}
+
+#: Inputs carried in another type than the schema's (name -> (type, default or field)): what validation parses them
+#: into.
+CARRIED_AS: dict[str, tuple[Any, Any]] = {
+    # a JSON array of {"role", "content"} objects -> the list (None: no conversation, the prompt is used)
+    "messages": (Optional[list[dict[str, Any]]], None),
+    # "" (the chat template) -> None
+    "prompt_template": (Optional[str], None),
+    # comma-separated or a JSON array -> the list
+    "stop_sequences": (list[str], field(default_factory=list)),
+    # none given -> one drawn (``seed_given`` says which)
+    "seed": (int, 0),
+    # a JSON object -> the dict
+    "chat_template_kwargs": (dict[str, Any], field(default_factory=dict)),
+}
+
+#: Fields that are no input: what validation derives from the inputs (name, type, default).
+DERIVED_FIELDS: tuple[tuple[str, Any, Any], ...] = (
+    ("seed_given", bool, True),
+    ("guide", Optional[Guide], None),
+    ("lora", Optional[AdapterRef], None),
+    # reasoning_effort and chat_template_kwargs resolved against the model's chat template (the service, in the
+    # worker: cog_triton.reasoning.resolve): the template's keyword arguments, the level applied and its log note
+    ("template_kwargs", dict[str, Any], field(default_factory=dict)),
+    ("reasoning_applied", str, ""),
+    ("reasoning_note", str, ""),
+)
+
+
+def predict_inputs_fields(specs: Mapping[str, InputSpec]) -> list[tuple[str, Any, Any]]:
+    """The fields of :class:`PredictInputs` for the inputs ``specs`` declares, in declaration order: one per input
+    (less :data:`FOLDED_INPUTS`), typed as the schema types it (or as :data:`CARRIED_AS` says) and defaulting to
+    its schema default, then :data:`DERIVED_FIELDS`.
+
+    Raises:
+        ValueError: an input's schema type has no Python type here (a new kind of input needs one).
+    """
+    fields: list[tuple[str, Any, Any]] = []
+    for name, spec in specs.items():
+        if name in FOLDED_INPUTS:
+            continue
+        if name in CARRIED_AS:
+            fields.append((name, *CARRIED_AS[name]))
+            continue
+        if spec.type not in _SCHEMA_TYPES:
+            raise ValueError(f"input {name} has schema type {spec.type!r}, which PredictInputs cannot carry")
+        kind = Optional[_SCHEMA_TYPES[spec.type]] if spec.nullable else _SCHEMA_TYPES[spec.type]
+        default = float(spec.default) if spec.type == "number" and spec.default is not None else spec.default
+        fields.append((name, kind, default))
+    return fields + list(DERIVED_FIELDS)
+
+
+def predict_inputs_class(specs: Mapping[str, InputSpec]) -> type:
+    """A frozen dataclass with :func:`predict_inputs_fields` ``(specs)`` and :class:`_PredictInputsMethods`."""
+    return make_dataclass(
+        "PredictInputs", predict_inputs_fields(specs), bases=(_PredictInputsMethods,), frozen=True,
+        namespace={"__module__": __name__, "__doc__": _PREDICT_INPUTS_DOC},
+    )
+
+
+_PREDICT_INPUTS_DOC = """Validated prediction inputs (made by :func:`cog_triton.worker.inputs.validate_inputs` in the
+Cog worker, carried to a stream process by :class:`Start`).
+
+Made from the committed Cog schema (:mod:`cog_triton.schema`, generated from predict.py's ``Input(...)`` list): one
+field per input, with its schema default, less the inputs another field carries (:data:`FOLDED_INPUTS`), typed as
+validation leaves them (:data:`CARRIED_AS`), then the fields derived from several inputs (:data:`DERIVED_FIELDS`).
+So an input declared in predict.py is a field here without code, and the stream process reads it by its name.
+
+Token counts are in tokens; ``seed`` is the user's, or one drawn when the user gave none (``seed_given``
+False): the engine uses it unless its sampler takes no seed (TensorRT-LLM 1.2.1's TorchSampler: then a drawn
+seed is not sent, and a given one is refused unless decoding is greedy; tensorrtllm_backend.samplers).
+The inputs of replicate/cog-triton's predictor are resolved here: ``max_new_tokens`` and
+``min_new_tokens`` are folded into ``max_tokens``/``min_tokens``, and ``-1`` ("off") for ``top_k``
+and ``min_tokens`` is stored as 0. ``length_penalty`` is sent to the engine (``len_penalty``).
+"""
+
+#: The validated inputs of one prediction (see :func:`predict_inputs_class`); pickled by name, so both processes
+#: build it from the same committed schema.
+PredictInputs = predict_inputs_class(input_specs())
 
 
 HEADER = struct.Struct("<I")
@@ -209,11 +282,14 @@ Command = Union[Config, Start, Cancel, StopRequest, Reconnect]
 
 # -------------------------------------------------------------------- events (stream process -> worker)
 class Ready(NamedTuple):
-    """The process is ready (``load_s``: seconds to load its tokenizer), or could not start (``error``)."""
+    """The process is ready (``load_s``: seconds to load its tokenizer), or could not start (``error``); ``template``:
+    what its tokenizer's chat template says about reasoning (the worker maps each prediction's reasoning inputs onto
+    it: :func:`cog_triton.reasoning.resolve`)."""
 
     pid: int
     load_s: float = 0.0
     error: str = ""
+    template: Optional[TemplateInfo] = None
 
 
 class Accepted(NamedTuple):
@@ -238,25 +314,30 @@ class FirstToken(NamedTuple):
 
 
 class End(NamedTuple):
-    """Stream ``sid`` ended normally after ``output_tokens`` tokens (finished, or cut by a stop sequence)."""
+    """Stream ``sid`` ended normally after ``output_tokens`` tokens (finished, or cut by a stop sequence), the first
+    ``reasoning_tokens`` of them its thinking (:mod:`cog_triton.streaming.thinking`; 0 for a model that does not
+    think)."""
 
     sid: int
     output_tokens: int
+    reasoning_tokens: int = 0
 
 
 class Failed(NamedTuple):
-    """Stream ``sid`` failed with ``error`` after ``output_tokens`` tokens."""
+    """Stream ``sid`` failed with ``error`` after ``output_tokens`` tokens (``reasoning_tokens`` of thinking)."""
 
     sid: int
     error: BaseException
     output_tokens: int
+    reasoning_tokens: int = 0
 
 
 class Cancelled(NamedTuple):
-    """A :class:`Cancel` stopped stream ``sid`` after ``output_tokens`` tokens."""
+    """A :class:`Cancel` stopped stream ``sid`` after ``output_tokens`` tokens (``reasoning_tokens`` of thinking)."""
 
     sid: int
     output_tokens: int
+    reasoning_tokens: int = 0
 
 
 class Stats(NamedTuple):

@@ -631,3 +631,31 @@ def test_error_messages():
         det.push([1])
     with pytest.raises(ValueError, match="^max_window must be at least 8 tokens, got 7$"):
         IncrementalDetokenizer(tok, max_window=7)
+
+
+def test_the_special_ids_that_decode_to_nothing_are_found_once_and_given(tokenizer) -> None:
+    """A stream process finds them once per tokenizer (cog_triton.streaming.generation.Generator.noop_ids) rather than
+    once per prediction: given, they are used as they are, and the text is the same as when a detokenizer finds them."""
+    from cog_triton.streaming.detokenizer import find_noop_ids
+
+    noop = find_noop_ids(tokenizer)
+    assert tokenizer.convert_tokens_to_ids("<|im_end|>") in noop and noop <= set(tokenizer.added_tokens_decoder)
+    ids = tokenizer("Hello <|im_end|> world é", add_special_tokens=False)["input_ids"]
+    for given in (noop, None):
+        detok = IncrementalDetokenizer(tokenizer, noop_ids=given)
+        text = "".join(detok.push([i]) for i in ids) + detok.finish()
+        assert text == tokenizer.decode(ids, skip_special_tokens=True)
+    calls = []
+
+    class Counting:
+        def __getattr__(self, name):
+            return getattr(tokenizer, name)
+
+        def decode(self, ids, **kwargs):
+            calls.append(ids)
+            return tokenizer.decode(ids, **kwargs)
+
+    IncrementalDetokenizer(Counting(), noop_ids=noop)
+    assert calls == []  # given: no decode at construction
+    IncrementalDetokenizer(Counting())
+    assert len(calls) >= len(noop)

@@ -126,6 +126,28 @@ def test_stream_process_counts_add_up() -> None:
     assert value(m, "cog_triton_generation_tokens_total") == 6
 
 
+def test_a_thinking_models_tokens_count_apart_also_for_cancelled_streams() -> None:
+    """The tracker counts what the stream pool records for a model that thinks; a cancelled stream's tokens count
+    too, split the same way (a model that does not think counts none of them)."""
+    from cog_triton.worker.metrics import ANSWER_TOKEN_COUNT, REASONING_EFFORT_APPLIED, REASONING_TOKEN_COUNT
+
+    m = ServiceMetrics()
+    seen: dict = {}
+    tracker = m.track(lambda name, v: seen.__setitem__(name, v), time.monotonic())
+    tracker(REASONING_EFFORT_APPLIED, "on")
+    tracker(OUTPUT_TOKEN_COUNT, 10)
+    tracker(REASONING_TOKEN_COUNT, 7)
+    tracker(ANSWER_TOKEN_COUNT, 3)
+    tracker.finish()
+    m.cancelled_stream(5, 2)
+    m.cancelled_stream(4, None)
+    assert value(m, "cog_triton_reasoning_tokens_total") == 9 and value(m, "cog_triton_answer_tokens_total") == 6
+    assert value(m, "cog_triton_generation_tokens_total") == 19
+    assert value(m, "cog_triton_reasoning_effort_applied_total", level="on") == 1
+    assert seen == {REASONING_EFFORT_APPLIED: "on", OUTPUT_TOKEN_COUNT: 10, REASONING_TOKEN_COUNT: 7,
+                    ANSWER_TOKEN_COUNT: 3}  # passed on to Cog unchanged
+
+
 def test_every_metric_is_named_for_the_service() -> None:
     metrics = ServiceMetrics()
     names = [family.name for family in metrics.registry.collect()]

@@ -17,7 +17,7 @@ from cog_triton.ipc import Guide
 from cog_triton.worker.inputs import FLOAT32_TINY, check_text
 from cog_triton.ipc import PredictInputs
 from cog_triton.worker.inputs import validate_inputs
-from cog_triton.worker.schema import input_specs  # noqa: E402
+from cog_triton.schema import input_specs  # noqa: E402
 from cog_triton.worker.stop_sequences import MAX_STOP_SEQUENCE_LENGTH, MAX_STOP_SEQUENCES
 
 CHECKPOINT = Path(__file__).resolve().parents[1] / "build" / "default_model" / "checkpoint"
@@ -198,6 +198,7 @@ def test_defaults_are_valid_and_come_from_the_schema() -> None:
         "length_penalty": 1.0,
         "max_new_tokens": None,  # deprecated aliases: not given
         "min_new_tokens": None,
+        "thinking_budget_tokens": 0,
     }
     for name, value in defaults.items():
         if name not in ("max_new_tokens", "min_new_tokens"):
@@ -327,6 +328,8 @@ def test_schema_bounds_are_the_enforced_bounds(name: str, spec) -> None:
     for ok in (spec.minimum, spec.maximum):
         if name == "max_tokens" and ok < 1:
             continue
+        if name == "thinking_budget_tokens" and ok > 0:
+            continue  # in bounds, and refused while it is not applied (test_thinking_budget_tokens_is_declared...)
         validate(**{name: ok, **extra})
     for bad in (spec.minimum - step, spec.maximum + step):
         message = rejected(**{name: bad, **extra})
@@ -473,10 +476,12 @@ def test_messages_are_parsed_in_order_and_kept_as_given() -> None:
         ('[{"role": " ", "content": "a"}]', "messages[0].role must be a non-empty string, got ' '"),
         ('[{"content": "a"}]', "messages[0].role must be a non-empty string, got None"),
         ('[{"role": 1, "content": "a"}]', "messages[0].role must be a non-empty string, got 1"),
-        ('[{"role": "user"}]', "messages[0].content must be a string, got None"),
-        ('[{"role": "user", "content": ["a"]}]', "messages[0].content must be a string, got ['a']"),
+        ('[{"role": "user"}]', "messages[0].content must be a string or a list of content parts, got None"),
+        ('[{"role": "user", "content": ["a"]}]',
+         "messages[0].content[0] must be an object with a type (text), got 'a'"),
         ('[{"role": "user", "content": "a"}, {"role": "user", "content": "b", "name": "x", "id": 1}]',
-         "messages[1] has unknown key(s) id, name; each message has role and content"),
+         "messages[1] has unknown key(s) id, name; each message has role and content (and an assistant message may "
+         "have reasoning_content)"),
     ],
     ids=["not-json", "object", "empty", "string", "item-not-object", "empty-role", "blank-role", "no-role",
          "role-not-string", "no-content", "content-not-string", "unknown-keys"],
@@ -628,3 +633,169 @@ def test_the_token_budget_messages_name_the_conversation_and_the_limit() -> None
     with pytest.raises(InputError) as info:
         chat.token_budget(prompt_tokens=100, max_input_len=100, max_seq_len=100)
     assert info.value.message.startswith("the conversation has 100 tokens, which leaves no room")
+
+
+# --- the schema drives validation and PredictInputs (issue 50, step 0) ------------------------------------------
+
+
+def _with_input(**prop: Any) -> dict:
+    """The committed schema with one more input, ``widgets``, declared last (as predict.py would add it)."""
+    import copy
+    import json
+
+    from cog_triton.schema import SCHEMA_PATH
+
+    schema = json.loads(SCHEMA_PATH.read_text())
+    body = copy.deepcopy(schema)
+    props = body["components"]["schemas"]["Input"]["properties"]
+    props["widgets"] = {"x-order": max(p["x-order"] for p in props.values()) + 1, "title": "Widgets", **prop}
+    return body
+
+
+def test_predict_inputs_has_a_field_per_input_with_its_schema_default() -> None:
+    import dataclasses
+
+    from cog_triton.ipc import CARRIED_AS, DERIVED_FIELDS, FOLDED_INPUTS, PredictInputs as Carried
+
+    fields = {f.name: f for f in dataclasses.fields(Carried)}
+    specs = input_specs()
+    assert list(fields) == [n for n in specs if n not in FOLDED_INPUTS] + [n for n, _, _ in DERIVED_FIELDS]
+    bare = Carried()
+    for name, spec in specs.items():
+        if name not in FOLDED_INPUTS and name not in CARRIED_AS:
+            assert getattr(bare, name) == spec.default, name
+    assert (bare.messages, bare.prompt_template, bare.stop_sequences) == (None, None, [])
+    assert type(bare.temperature) is float and type(bare.repetition_penalty) is float  # a number is a float
+
+
+def test_every_folded_input_is_taken_by_a_rule() -> None:
+    """An input without a field of its own must be read by a rule, or its value would be lost."""
+    from cog_triton.ipc import FOLDED_INPUTS
+    from cog_triton.worker.inputs import RULE_INPUTS
+
+    assert set(FOLDED_INPUTS) <= RULE_INPUTS
+    assert set(FOLDED_INPUTS) <= set(input_specs())
+
+
+@pytest.mark.parametrize(
+    ("prop", "good", "bad", "message"),
+    [
+        ({"type": "integer", "default": 2, "minimum": 0, "maximum": 5}, 3, 9,
+         "widgets=9 is out of range; allowed: 0 to 5"),
+        ({"type": "number", "default": 0.5, "minimum": 0, "maximum": 1}, 1, 1.5,
+         "widgets=1.5 is out of range; allowed: 0 to 1"),
+        ({"type": "boolean", "default": True}, False, "no", "widgets must be true or false, got 'no'"),
+        ({"type": "string", "default": "", "maxLength": 3}, "abc", "abcd",
+         "widgets has 4 characters; at most 3 are allowed"),
+    ],
+    ids=["integer", "number", "boolean", "string"],
+)
+def test_an_input_declared_only_in_the_schema_is_checked_by_its_type_and_carried(monkeypatch, prop, good, bad,
+                                                                                  message) -> None:
+    """What adding an Input(...) to predict.py (and regenerating the schema) gives without code: its check by type,
+    bounds and length, with the same messages as every other input, and a field of its name in PredictInputs."""
+    from cog_triton.ipc import predict_inputs_class
+    from cog_triton.schema import parse_input_specs
+    from cog_triton.worker import inputs as module
+
+    specs = parse_input_specs(_with_input(**prop))
+    monkeypatch.setattr(module, "input_specs", lambda: specs)
+    monkeypatch.setattr(module, "PredictInputs", predict_inputs_class(specs))
+    assert validate(widgets=good).widgets == good
+    assert validate().widgets == prop["default"]
+    assert rejected_message(widgets=bad) == message
+
+
+# --- reasoning inputs, content parts, earlier thinking (issue 50) -----------------------------------------------
+
+
+def test_reasoning_inputs_reach_predict_inputs_with_their_defaults() -> None:
+    inputs = validate()
+    assert (inputs.reasoning_effort, inputs.include_reasoning, inputs.chat_template_kwargs,
+            inputs.thinking_budget_tokens) == ("", True, {}, 0)
+    assert (inputs.template_kwargs, inputs.reasoning_applied, inputs.reasoning_note) == ({}, "", "")
+    given = validate(reasoning_effort="high", include_reasoning=False, chat_template_kwargs=' {"date_string": "x"} ')
+    assert (given.reasoning_effort, given.include_reasoning, given.chat_template_kwargs) == (
+        "high", False, {"date_string": "x"})
+
+
+@pytest.mark.parametrize(("given", "message"), [
+    ({"reasoning_effort": "max"}, "reasoning_effort='max' is not allowed; allowed: one of '', 'none', 'low', 'medium', "
+                                  "'high'"),
+    ({"reasoning_effort": None}, "reasoning_effort=None is not allowed; allowed: one of '', 'none', 'low', 'medium', "
+                                 "'high'"),
+    ({"include_reasoning": "no"}, "include_reasoning must be true or false, got 'no'"),
+    ({"chat_template_kwargs": "[1]"}, "chat_template_kwargs must be a JSON object of template variables, got [1]"),
+    ({"chat_template_kwargs": "{x"}, 'chat_template_kwargs is not valid JSON (Expecting property name enclosed in '
+                                     'double quotes at line 1 column 2); give a JSON object such as {"date_string": '
+                                     '"26 Jul 2024"}'),
+    ({"chat_template_kwargs": 5}, 'chat_template_kwargs must be a JSON object as a string, e.g. {"x": 1} (or empty), '
+                                  "got 5 (int)"),
+    ({"thinking_budget_tokens": -1}, "thinking_budget_tokens=-1 is out of range; allowed: 0 to 2147483647"),
+])
+def test_bad_reasoning_inputs_are_refused_saying_what_is_allowed(given: dict, message: str) -> None:
+    assert rejected_message(**given) == message
+
+
+def test_thinking_budget_tokens_is_declared_and_refused_unless_0_until_it_is_applied() -> None:
+    assert validate(thinking_budget_tokens=0).thinking_budget_tokens == 0
+    assert rejected_message(thinking_budget_tokens=256) == (
+        "thinking_budget_tokens=256 is not applied yet: give 0 (no budget); max_tokens bounds the thinking and the "
+        "answer together, and reasoning_effort=none (where the model can) turns the thinking off")
+
+
+def test_content_may_be_a_list_of_text_parts() -> None:
+    """OpenAI-style content parts: text parts are joined with a line break (as vLLM does for a template that renders
+    content as a string); another part type is refused, naming the types taken."""
+    import json as _json
+
+    messages = [{"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
+                {"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "there"}]}]
+    assert validate(prompt="", messages=_json.dumps(messages)).messages == [
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi\nthere"}]
+    image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://x/y.png"}}]}]
+    assert rejected_message(prompt="", messages=_json.dumps(image)) == (
+        "messages[0].content[0] has type 'image_url'; the content part types taken: text")
+    bad = [{"role": "user", "content": [{"type": "text", "text": 3}]}]
+    assert rejected_message(prompt="", messages=_json.dumps(bad)) == (
+        "messages[0].content[0].text must be a string, got 3")
+    extra = [{"role": "user", "content": [{"type": "text", "text": "a", "cache": 1}]}]
+    assert rejected_message(prompt="", messages=_json.dumps(extra)) == (
+        "messages[0].content[0] has unknown key(s) cache; a text part has type and text")
+
+
+def test_an_assistant_turns_thinking_is_taken_as_reasoning_content_or_as_the_stream_gave_it() -> None:
+    """The stream's own convention can be sent back as it came: a leading <think>...</think> in an assistant
+    message's content is its thinking; reasoning_content (vLLM's and DeepSeek's name) says the same."""
+    import json as _json
+
+    def parsed(*messages: dict) -> list:
+        return validate(prompt="", messages=_json.dumps([{"role": "user", "content": "2+2?"}, *messages,
+                                                         {"role": "user", "content": "And 3+3?"}])).messages[1:-1]
+
+    streamed = {"role": "assistant", "content": "<think>Add them.</think>\n\nIt is 4."}
+    assert parsed(streamed) == [{"role": "assistant", "content": "It is 4.", "reasoning_content": "Add them."}]
+    given = {"role": "assistant", "content": "It is 4.", "reasoning_content": "Add them."}
+    assert parsed(given) == [given]
+    plain = {"role": "assistant", "content": "I use <think> tags."}  # no closing tag: just text
+    assert parsed(plain) == [plain]
+    both = {"role": "assistant", "content": "<think>a</think>b", "reasoning_content": "a"}
+    assert rejected_message(prompt="", messages=_json.dumps([both])) == (
+        "messages[0] has both reasoning_content and a <think> block in its content; give the thinking once")
+    user = {"role": "user", "content": "x", "reasoning_content": "y"}
+    assert rejected_message(prompt="", messages=_json.dumps([user])) == (
+        "messages[0] has reasoning_content, which only an assistant message carries (its thinking before the answer)")
+    user_tags = {"role": "user", "content": "<think>mine</think> x"}  # user text: left as it is
+    assert validate(prompt="", messages=_json.dumps([user_tags])).messages == [user_tags]
+
+
+@pytest.mark.parametrize(("name", "value", "message"), [
+    ("log_performance_metrics", 0, "log_performance_metrics must be true or false, got 0"),
+    ("include_reasoning", 1, "include_reasoning must be true or false, got 1"),
+    ("frequency_penalty", False, "frequency_penalty must be a number from -2 to 2, got False"),
+])
+def test_a_value_equal_to_the_default_but_of_another_type_is_still_checked(name: str, value: Any, message: str) -> None:
+    """Validation takes an input at its schema default without checking it again (it is valid): only the default
+    itself, not a value of another type that compares equal to it."""
+    assert rejected_message(**{name: value}) == message
+    assert getattr(validate(), name) == input_specs()[name].default

@@ -70,14 +70,19 @@ def test_long_modules_say_why_they_are_one_module() -> None:
 # --- cog_triton by process (issue 33): the Cog worker's package and the stream processes' never import each other ---
 
 #: cog_triton's parts -> the other parts each may import. ``worker`` runs in the Cog worker, ``streaming`` in the
-#: stream processes; they share ``ipc`` (the messages and the request they carry) and ``plan`` (what setup decided);
+#: stream processes; they share ``ipc`` (the messages and the request they carry), ``schema`` (the Cog input schema
+#: the request's fields are made from), ``reasoning`` (what a chat template says about thinking, found in a stream
+#: process, and the levels mapped onto it in the worker) and ``plan`` (what setup decided);
 #: both fetch (setup's weights in the worker, LoRA adapters in the stream processes) through ``fetch`` and
 #: ``weights``, which import neither side; ``settings`` is read in the worker only; ``local`` is a development tool.
 PARTS: dict[str, set[str]] = {
-    "cog_triton.worker": {"cog_triton.ipc", "cog_triton.plan", "cog_triton.fetch", "cog_triton.weights",
-                          "cog_triton.settings"},
-    "cog_triton.streaming": {"cog_triton.ipc", "cog_triton.plan", "cog_triton.fetch", "cog_triton.weights"},
-    "cog_triton.ipc": {"cog_triton.fetch", "cog_triton.plan"},
+    "cog_triton.worker": {"cog_triton.ipc", "cog_triton.schema", "cog_triton.reasoning", "cog_triton.plan",
+                          "cog_triton.fetch", "cog_triton.weights", "cog_triton.settings"},
+    "cog_triton.streaming": {"cog_triton.ipc", "cog_triton.schema", "cog_triton.reasoning", "cog_triton.plan",
+                             "cog_triton.fetch", "cog_triton.weights"},
+    "cog_triton.ipc": {"cog_triton.fetch", "cog_triton.plan", "cog_triton.schema", "cog_triton.reasoning"},
+    "cog_triton.schema": set(),
+    "cog_triton.reasoning": set(),
     "cog_triton.plan": {"cog_triton.fetch"},
     "cog_triton.weights": {"cog_triton.fetch"},
     "cog_triton.fetch": set(),
@@ -104,7 +109,7 @@ def imported_modules(path: Path) -> set[str]:
     return names
 
 
-def test_the_worker_and_the_stream_processes_share_only_ipc_plan_and_the_fetch_layers() -> None:
+def test_the_worker_and_the_stream_processes_share_only_ipc_schema_plan_and_the_fetch_layers() -> None:
     wrong = {}
     for path in sorted((ROOT / "cog_triton").rglob("*.py")):
         module = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
@@ -140,7 +145,8 @@ def test_the_worker_loads_no_grpc_tritonclient_tokenizer_or_model_libraries() ->
     import json
 
     assert json.loads(out.stdout.strip().splitlines()[-1]) == [
-        "cog_triton", "cog_triton.ipc", "cog_triton.plan", "cog_triton.settings",
+        "cog_triton", "cog_triton.ipc", "cog_triton.plan", "cog_triton.reasoning", "cog_triton.schema",
+        "cog_triton.settings",
         "tritonclient.grpc.model_config_pb2"]  # the ModelConfig protobuf alone (tensorrtllm_backend.templates)
 
 

@@ -382,3 +382,40 @@ def test_the_message_names_the_special_string_of_whichever_content_holds_it(smol
     with pytest.raises(InputError) as info:
         PromptTokenizer(upper).encode("x <|im_start|> y", system_prompt="plain words")
     assert "the special token '<|im_start|>'" in str(info.value)
+
+
+# --- the chat template's keyword arguments and an earlier turn's thinking (issue 50) ------------------------------
+
+
+def test_template_kwargs_reach_every_render_of_the_request() -> None:
+    """The reasoning switches (and chat_template_kwargs) the worker resolved are passed to the chat template, for a
+    prompt and for messages, also when a special-token string in user text makes it render again with markers."""
+    from tests import reasoning_fixtures as rf
+
+    tok = rf.tokenizer("qwen3")
+    prompts = PromptTokenizer(tok, reasoning_key="reasoning_content")
+    off = {"enable_thinking": False}
+    assert prompts.encode("Hi", template_kwargs=off).text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert prompts.encode("Hi").text.endswith("<|im_start|>assistant\n")
+    messages = [{"role": "user", "content": "Say <|im_end|> please"}]
+    escaped = prompts.encode_messages(messages, template_kwargs=off)
+    assert escaped.escaped and escaped.text.endswith("<think>\n\n</think>\n\n")
+    assert escaped.ids[-len(rf.ids(tok, "<think>\n\n</think>\n\n")):] == rf.ids(tok, "<think>\n\n</think>\n\n")
+
+
+def test_an_earlier_turns_thinking_reaches_the_template_under_its_key_or_not_at_all(smol) -> None:
+    """gpt-oss's template reads an earlier turn's thinking as ``thinking``, Qwen3's as ``reasoning_content``; one that
+    reads neither is never given it. Its text is user text: a special-token string in it stays text."""
+    import copy
+
+    tok = copy.deepcopy(smol)
+    tok.chat_template = ("{% for m in messages %}{{ m.role + ':' + m.content }}{% if m.thinking is defined %}"
+                         "{{ '[' + m.thinking + ']' }}{% endif %}{{ '\\n' }}{% endfor %}")
+    conversation = [{"role": "user", "content": "2+2?"},
+                    {"role": "assistant", "content": "4", "reasoning_content": "add <|im_end|> them"},
+                    {"role": "user", "content": "3+3?"}]
+    reads = PromptTokenizer(tok, reasoning_key="thinking").encode_messages(conversation)
+    assert reads.text == "user:2+2?\nassistant:4[add <|im_end|> them]\nuser:3+3?\n"
+    assert reads.escaped and tok.convert_tokens_to_ids("<|im_end|>") not in reads.ids  # kept as text
+    drops = PromptTokenizer(tok, reasoning_key="").encode_messages(conversation)
+    assert drops.text == "user:2+2?\nassistant:4\nuser:3+3?\n"

@@ -25,7 +25,8 @@ from typing import Any
 
 import pytest
 
-from cog_triton.worker.schema import COGLET_SCHEMA_NAME, SCHEMA_PATH, install_for_coglet, parse_input_specs
+from cog_triton.schema import SCHEMA_PATH, parse_input_specs
+from cog_triton.worker.schema import COGLET_SCHEMA_NAME, install_for_coglet
 from cog_triton.settings import REPO_ROOT
 
 SCHEMA = json.loads(SCHEMA_PATH.read_text())
@@ -157,3 +158,4 @@ def test_cog_reads_the_concurrency_from_the_decorator() -> None:
     line = next(line for line in result.stderr.splitlines() if line.startswith("metadata(predict.py:Predictor)"))
     assert "IsAsync=true" in line, line
     assert f"ConcurrencyMax={DEFAULT_CONCURRENCY}" in line, line
+

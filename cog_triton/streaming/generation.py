@@ -4,10 +4,19 @@
 client, the guide checker) and nothing about how its text reaches Cog. It runs in the stream processes
 (:mod:`cog_triton.streaming.streamer`).
 
-Per request: :meth:`Generator.prepare` renders and tokenizes the prompt once, compiles the guide
+Per request: :meth:`Generator.prepare` renders and tokenizes the prompt once (with the chat template's keyword
+arguments the worker resolved: the reasoning switches and ``chat_template_kwargs``), compiles the guide
 and sizes the request (input errors are raised here, before Triton). Per token:
 :meth:`Generator.text_deltas` reads the ensemble's gRPC stream, detokenizes incrementally once, cuts
 stop sequences, and yields text deltas; nothing in it waits on a lock, a future or another thread.
+
+Reasoning: for a checkpoint whose tokenizer has a thinking format (:attr:`Generator.template`, found once by
+:func:`cog_triton.streaming.template_info.inspect_chat_template`), each prediction's ids are decoded by the stream
+parser of :mod:`cog_triton.streaming.thinking` instead of a bare detokenizer: the thinking between ``<think>`` and
+``</think>``, then the answer, whatever the model's format; it starts where the prompt leaves the thinking (the
+template's generation prompt for the request's keyword arguments:
+:class:`cog_triton.streaming.template_info.PromptStarts`). A checkpoint without one streams exactly as before: the
+same detokenizer, the same per-token loop.
 
 LoRA: a request with ``lora_weights`` carries its adapter's ``lora_task_id``, and its tensors unless this
 process has already had that task served (:mod:`cog_triton.streaming.lora.tasks`); when the backend answers that the
@@ -41,7 +50,8 @@ from common.errors import (
 )
 from cog_triton.plan import GeneratorConfig
 from cog_triton.streaming.client import GenerateChunk, GenerateRequest, TritonClient
-from cog_triton.streaming.detokenizer import IncrementalDetokenizer
+from cog_triton.reasoning import TemplateInfo
+from cog_triton.streaming.detokenizer import IncrementalDetokenizer, find_noop_ids
 from cog_triton.streaming.guided import GuideChecker
 from cog_triton.ipc import Guide
 from cog_triton.ipc import PredictInputs
@@ -49,6 +59,8 @@ from cog_triton.fetch.adapter_refs import AdapterRef
 from cog_triton.streaming.lora.tasks import Adapter, Adapters, is_cache_full, is_cache_miss
 from cog_triton.streaming.prompt import PromptTokenizer
 from cog_triton.streaming.stop import StopSequenceMatcher
+from cog_triton.streaming.template_info import PromptStarts, inspect_chat_template
+from cog_triton.streaming.thinking import thinking_decoder
 from cog_triton.streaming.token_floor import TokenFloor
 from tensorrtllm_backend.engine import ModelLimits
 from tensorrtllm_backend.samplers import takes_seed
@@ -61,11 +73,15 @@ WATCHDOG_PERIOD_S = 0.5
 
 @dataclass(frozen=True)
 class Prepared:
-    """A request ready to send: the gRPC request, the prompt's length in tokens, and its LoRA adapter (or None)."""
+    """A request ready to send: the gRPC request, the prompt's length in tokens, its LoRA adapter (or None), and,
+    for a model that thinks, where the prompt leaves the thinking (``thinking``: True; ``thinking_start``: a
+    :data:`~cog_triton.reasoning.PromptState` for tags, the channel of a message the prompt left open for harmony)."""
 
     request: GenerateRequest
     prompt_tokens: int
     adapter: Optional[Adapter] = None
+    thinking: bool = False
+    thinking_start: Any = None
 
 
 @dataclass(eq=False, slots=True)  # identity: kept in a set
@@ -74,6 +90,7 @@ class RequestState:
 
     Attributes:
         output_tokens: tokens generated so far (the end token is never counted).
+        reasoning_tokens: of them, the thinking's (:mod:`cog_triton.streaming.thinking`; set when the stream ends).
         first_token_at: ``time.monotonic()`` when the first token arrived, or None.
         cut_by_stop_sequence: the output was cut by a stop sequence.
         finished: the engine sent its final response and the output is complete (not cancelled,
@@ -85,6 +102,7 @@ class RequestState:
     """
 
     output_tokens: int = 0
+    reasoning_tokens: int = 0
     first_token_at: Optional[float] = None
     cut_by_stop_sequence: bool = False
     finished: bool = False
@@ -118,10 +136,12 @@ def build_generator(config: GeneratorConfig, tokenizer: Any = None) -> "Generato
         from transformers import AutoTokenizer  # noqa: PLC0415 - heavy import
 
         tokenizer = AutoTokenizer.from_pretrained(str(config.tokenizer_dir), local_files_only=True)
+    template = inspect_chat_template(tokenizer)
     prompts = PromptTokenizer(
         tokenizer,
         add_special_tokens=config.add_special_tokens,
         special_tokens_in_user_text=config.special_tokens_in_user_text,
+        reasoning_key=template.message_reasoning_key,
     )
     return Generator(
         tokenizer,
@@ -136,6 +156,7 @@ def build_generator(config: GeneratorConfig, tokenizer: Any = None) -> "Generato
         lora_off_reason=config.lora.off_reason if config.lora else "no LoRA support was configured",
         send_seed=takes_seed(config.sampler),
         model_interval_ms=config.model_interval_ms,
+        template=template,
     )
 
 
@@ -154,6 +175,8 @@ class Generator:
         send_seed: send each request's seed (False: the engine's sampler takes none, so none is sent; the worker
             refused a prediction whose given seed would have mattered).
         model_interval_ms: each request's ``stream_interval_ms`` (None: not sent; :class:`GeneratorConfig`).
+        template: what the tokenizer's chat template says about reasoning
+            (:func:`cog_triton.streaming.template_info.inspect_chat_template`); None: a model that does not think.
     """
 
     def __init__(
@@ -170,6 +193,7 @@ class Generator:
         lora_off_reason: str = "",
         send_seed: bool = True,
         model_interval_ms: Optional[int] = None,
+        template: Optional[TemplateInfo] = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.prompts = prompts
@@ -182,9 +206,14 @@ class Generator:
         self.lora_off_reason = lora_off_reason
         self.send_seed = send_seed
         self.model_interval_ms = model_interval_ms
+        self.template = template if template is not None else TemplateInfo()
+        self.starts = PromptStarts(tokenizer, prompts, self.template.thinking)
         self._running: set[RequestState] = set()
         self._background: set[asyncio.Task[None]] = set()
         self.floor = TokenFloor.of(tokenizer)
+        # Found once: a detokenizer finding them itself decodes every special token, per prediction (about 0.2 ms
+        # of this process for SmolLM2's 17 on the 2-core development machine; more for larger special vocabularies).
+        self.noop_ids = find_noop_ids(tokenizer)
         if not self.floor.max_token_chars:
             log.info("every prompt is tokenized before its length is checked: the tokenizer gives no floor (%s)",
                      self.floor.reason)
@@ -225,14 +254,22 @@ class Generator:
         """
         limits = self.limits
         self._refuse_far_too_long(inputs, limits)
+        kwargs = inputs.template_kwargs
         if inputs.messages is not None:
-            prompt = self.prompts.encode_messages(inputs.messages, inputs.system_prompt)
+            prompt = self.prompts.encode_messages(inputs.messages, inputs.system_prompt, kwargs)
         else:
-            prompt = self.prompts.encode(inputs.prompt, inputs.system_prompt, inputs.prompt_template)
+            prompt = self.prompts.encode(inputs.prompt, inputs.system_prompt, inputs.prompt_template, kwargs)
         prompt_tokens = len(prompt.ids)
         budget = inputs.token_budget(
             prompt_tokens, limits.executor_max_input_len(), limits.max_seq_len, limits.input_limit_reason()
         )
+        thinking = self.template.thinking is not None
+        start: Any = None
+        if thinking:
+            chat = inputs.prompt_template is None and self.prompts.has_chat_template
+            start = self.starts.start(prompt, inputs.template_kwargs, chat=chat)
+            if inputs.guide is not None:
+                self._refuse_guided_thinking(inputs, start)
         guided = self._guide_fields(inputs.guide)
         lora: dict[str, object] = {}
         if inputs.lora is not None:
@@ -265,7 +302,37 @@ class Generator:
             **guided,
             **lora,  # type: ignore[arg-type]
         )
-        return Prepared(request, prompt_tokens, adapter)
+        if not thinking:
+            return Prepared(request, prompt_tokens, adapter)
+        return Prepared(request, prompt_tokens, adapter, thinking=True, thinking_start=start)
+
+    def _refuse_guided_thinking(self, inputs: PredictInputs, start: Any) -> None:
+        """A guide constrains the output from its first token (both backends), so it would constrain the thinking
+        where the model must think first: refused there, not served wrong (making guides apply to the answer alone
+        is issue 51). Harmony's output begins with its channel tokens, which no guide allows; a prompt that opened
+        the thinking (DeepSeek-R1's) would put the guided document inside the thinking. A model that may open a
+        block itself can be guided: the guide keeps it from opening one, so the output is the answer.
+
+        Raises:
+            InputError: the combination, naming the guide's input and what to do instead.
+        """
+        fmt = self.template.thinking
+        assert fmt is not None and inputs.guide is not None
+        if fmt.kind == "harmony":
+            why = "this model writes harmony channels (its thinking first), which no guide allows"
+        elif start == "open":
+            why = (f"this model's prompt opens its thinking ({fmt.open_text}), so the guide would constrain the "
+                   "thinking, not the answer")
+        else:
+            return
+        levels = self.template.levels()
+        instead = ("use reasoning_effort=none to turn the thinking off, or leave " if "none" in levels
+                   else "leave ")
+        raise InputError(
+            f"{inputs.guide.source} asks for structured output, and guides constrain the output from its first "
+            f"token: {why}; {instead}{inputs.guide.source} empty (guides that apply to the answer alone are not "
+            "built yet)"
+        )
 
     def _refuse_far_too_long(self, inputs: PredictInputs, limits: ModelLimits) -> None:
         """Refuse, before rendering and tokenizing it, a prompt whose text alone is more tokens than the
@@ -275,6 +342,7 @@ class Generator:
         Raises:
             InputError: the text's token floor exceeds ``executor_max_input_len()``.
         """
+        # Content only: an earlier turn's thinking is left out by most templates, and the floor must stay a floor.
         texts = [message["content"] for message in inputs.messages] if inputs.messages is not None else [inputs.prompt]
         floor = self.floor.at_least(inputs.system_prompt, *texts)
         limit = limits.executor_max_input_len()
@@ -355,7 +423,13 @@ class Generator:
             state.task = task
         state.last_response_at = time.monotonic()
         self._running.add(state)
-        detok = IncrementalDetokenizer(self.tokenizer, skip_special_tokens=True)
+        if prepared.thinking:  # a model that thinks: the one stream convention (cog_triton.streaming.thinking)
+            fmt = self.template.thinking
+            assert fmt is not None
+            detok: Any = thinking_decoder(self.tokenizer, fmt, prepared.thinking_start, inputs.include_reasoning,
+                                          self.noop_ids)
+        else:
+            detok = IncrementalDetokenizer(self.tokenizer, skip_special_tokens=True, noop_ids=self.noop_ids)
         stops = StopSequenceMatcher(inputs.stop_sequences)
         guided_ids: Optional[list[int]] = [] if inputs.guide is not None else None  # to check the document
         engine_done = False  # the engine sent its final response: nothing to stop
@@ -403,6 +477,8 @@ class Generator:
         finally:
             self._running.discard(state)
             state.output_tokens = detok.num_tokens
+            if prepared.thinking:
+                state.reasoning_tokens = detok.reasoning_tokens
             if not engine_done and state.send_stop_request:
                 # Cancelled, cut by a stop sequence, or failed: make Triton stop generating too.
                 self.send_stop_request_in_background(request.request_id)

@@ -26,6 +26,19 @@ template accepts (:attr:`PromptTokenizer.roles`): the conventional ``system``/``
 compares ``role`` with (``tool``, ``ipython``, ...). Whatever else the template enforces (alternation,
 a first user turn) it reports itself, by raising, and that message is passed on.
 
+**Earlier thinking.** An assistant message may carry the thinking that preceded it
+(``reasoning_content``, :func:`cog_triton.worker.inputs.parse_messages`). It reaches the template under the key
+the template reads (:attr:`cog_triton.reasoning.TemplateInfo.message_reasoning_key`: Qwen3's and GLM-4.5's read
+``reasoning_content``, gpt-oss's ``thinking``), and the template decides what to render (most drop it from
+earlier turns); a template that reads no such key never sees it. Its text is user text like the content.
+(transformers 5 fills ``reasoning_content`` and ``thinking`` from each other itself,
+``utils/chat_template_utils.py`` ``_alias_reasoning_fields``; 4.57.1, the image's, does not: there this mapping
+is what lets gpt-oss's template see it.)
+
+**Template variables.** Every render of a request passes its keyword arguments
+(:attr:`cog_triton.ipc.PredictInputs.template_kwargs`: the reasoning switches and the caller's
+``chat_template_kwargs``, resolved in the worker) to ``apply_chat_template``.
+
 Raises :class:`common.errors.InputError` for what the user can fix.
 """
 
@@ -39,6 +52,10 @@ from common.errors import InputError
 
 #: Roles of Hugging Face's chat format that chat templates are written for.
 CONVENTIONAL_ROLES = ("system", "user", "assistant")
+#: The message key that carries an assistant turn's earlier thinking into the renderer (the parsed ``messages``).
+REASONING_KEY = "reasoning_content"
+#: The texts of a message that are user text (kept as text when they hold special-token strings).
+USER_TEXT_KEYS = ("content", REASONING_KEY)
 # role literals in a template's source: message['role'] == 'tool', message.role != "system", 'user' == m['role']
 _ROLE_NAME = r"""['"]([A-Za-z_][\w-]{0,31})['"]"""
 _ROLE_REF = r"""(?:\[\s*['"]role['"]\s*\]|\.role\b|\brole\b)"""
@@ -48,8 +65,8 @@ _ROLE_LITERALS = (
 )
 
 
-# A message's content while locating it in the rendered conversation: private-use characters no tokenizer
-# or template writes, around the message's index (PromptTokenizer._template_spans).
+# A message's text while locating it in the rendered conversation: private-use characters no tokenizer
+# or template writes, around the text's index (PromptTokenizer._template_spans).
 _MARK = "\ue000{}\ue001"
 _MARK_RE = re.compile("\ue000([0-9]+)\ue001")
 
@@ -73,12 +90,14 @@ class Prompt:
         ids: the token ids sent to the engine (INT32 values).
         add_special_tokens: whether the tokenizer's special tokens (BOS) were added.
         escaped: whether some user text was tokenized with its special-token strings kept as text.
+        conversation: the messages the chat template rendered (as it read them); empty when it was not used.
     """
 
     text: str
     ids: list[int]
     add_special_tokens: bool
     escaped: bool = False
+    conversation: Sequence[Mapping[str, Any]] = ()
 
 
 class PromptTokenizer:
@@ -89,14 +108,19 @@ class PromptTokenizer:
         add_special_tokens: force adding (True) or not adding (False) the tokenizer's special tokens
             for every request; None decides per request.
         special_tokens_in_user_text: True parses special-token strings in user text as control tokens.
+        reasoning_key: the message key the chat template reads an earlier turn's thinking from
+            (:attr:`cog_triton.reasoning.TemplateInfo.message_reasoning_key`); "": it reads none, and the
+            thinking is left out of the conversation it renders.
     """
 
     def __init__(
-        self, tokenizer: Any, *, add_special_tokens: Optional[bool] = None, special_tokens_in_user_text: bool = False
+        self, tokenizer: Any, *, add_special_tokens: Optional[bool] = None, special_tokens_in_user_text: bool = False,
+        reasoning_key: str = "",
     ) -> None:
         self.tokenizer = tokenizer
         self.forced_special = add_special_tokens
         self.parse_user_special = special_tokens_in_user_text
+        self.reasoning_key = reasoning_key
         self.has_chat_template = bool(getattr(tokenizer, "chat_template", None))
         self.bos_text: str = getattr(tokenizer, "bos_token", None) or ""
         names: set[str] = set(getattr(tokenizer, "all_special_tokens", ()) or ())
@@ -116,8 +140,18 @@ class PromptTokenizer:
                 self.system_refused = str(exc)
             self.roles = frozenset(roles)
 
-    def _apply_template(self, messages: Sequence[Mapping[str, str]]) -> str:
-        return str(self.tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True))
+    def _apply_template(self, messages: Sequence[Mapping[str, Any]], kwargs: Optional[Mapping[str, Any]] = None) -> str:
+        return str(self.tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True,
+                                                      **(kwargs or {})))
+
+    def _for_template(self, message: Mapping[str, Any]) -> dict[str, Any]:
+        """``message`` as the chat template reads it: its earlier thinking under the template's key, or left out."""
+        if REASONING_KEY not in message:
+            return dict(message)
+        out = {key: value for key, value in message.items() if key != REASONING_KEY}
+        if self.reasoning_key:
+            out[self.reasoning_key] = message[REASONING_KEY]
+        return out
 
     @staticmethod
     def _one_turn(prompt: str, system_prompt: str) -> list[dict[str, str]]:
@@ -126,11 +160,13 @@ class PromptTokenizer:
         return [*messages, {"role": "user", "content": prompt}]
 
     # ------------------------------------------------------------------------------- rendering
-    def render(self, prompt: str, system_prompt: str = "", template: Optional[str] = None) -> tuple[str, bool, list[tuple[int, int]]]:
+    def render(self, prompt: str, system_prompt: str = "", template: Optional[str] = None,
+               template_kwargs: Optional[Mapping[str, Any]] = None) -> tuple[str, bool, list[tuple[int, int]]]:
         """(text, whether the chat template was used, spans of user text in it as (start, end) characters).
 
         The spans are exact for ``template`` and plain prompts; for the chat template they are found
         only when needed (see :meth:`encode` and :meth:`_template_spans`), so here they are empty.
+        ``template_kwargs``: the chat template's keyword arguments.
 
         Raises:
             InputError: the chat template fails to render (e.g. it rejects a system message).
@@ -154,7 +190,7 @@ class PromptTokenizer:
             return "".join(parts), False, spans
         if self.has_chat_template:
             try:
-                text = self._apply_template(self._one_turn(prompt, system_prompt))
+                text = self._apply_template(self._one_turn(prompt, system_prompt), template_kwargs)
             except Exception as exc:  # jinja errors raised by the template itself
                 raise InputError(f"the model's chat template rejected the messages: {exc}") from None
             return text, True, []
@@ -163,10 +199,12 @@ class PromptTokenizer:
         return prompt, False, [(0, len(prompt))]
 
     def render_messages(
-        self, messages: Sequence[Mapping[str, str]], system_prompt: str = ""
-    ) -> tuple[str, list[dict[str, str]]]:
+        self, messages: Sequence[Mapping[str, Any]], system_prompt: str = "",
+        template_kwargs: Optional[Mapping[str, Any]] = None,
+    ) -> tuple[str, list[dict[str, Any]]]:
         """(text, the conversation rendered): ``messages`` with ``system_prompt`` as a first system
-        message when given, through the chat template with the generation prompt added.
+        message when given, through the chat template with the generation prompt added (and ``template_kwargs``);
+        an earlier turn's thinking under the template's key (:meth:`_for_template`).
 
         Raises:
             InputError: the tokenizer has no chat template; system_prompt given while messages start
@@ -178,7 +216,7 @@ class PromptTokenizer:
                 "messages need a chat template, and this model's tokenizer has none; send prompt instead "
                 "(with prompt_template to format it)"
             )
-        conversation = [dict(m) for m in messages]
+        conversation = [self._for_template(m) for m in messages]
         if system_prompt:
             if conversation and conversation[0].get("role") == "system":
                 raise InputError(
@@ -197,34 +235,41 @@ class PromptTokenizer:
                     f"allowed roles: {', '.join(sorted(self.roles))}"
                 )
         try:
-            text = self._apply_template(conversation)
+            text = self._apply_template(conversation, template_kwargs)
         except Exception as exc:  # jinja errors raised by the template itself (alternation, ...)
             raise InputError(f"the model's chat template rejected the messages: {exc}") from None
         return text, conversation
 
-    def encode_messages(self, messages: Sequence[Mapping[str, str]], system_prompt: str = "") -> Prompt:
+    def encode_messages(self, messages: Sequence[Mapping[str, Any]], system_prompt: str = "",
+                        template_kwargs: Optional[Mapping[str, Any]] = None) -> Prompt:
         """Render and tokenize a conversation (see :meth:`render_messages`).
 
         The ids are those of ``apply_chat_template(conversation, add_generation_prompt=True,
-        tokenize=True)``, except that special-token strings inside any message's content stay text.
+        tokenize=True)``, except that special-token strings inside any message's texts stay text.
 
         Raises:
             InputError: see :meth:`render_messages`; or content with special-token strings that
                 cannot be located in the rendered text.
         """
-        text, conversation = self.render_messages(messages, system_prompt)
+        text, conversation = self.render_messages(messages, system_prompt, template_kwargs)
         add = self.forced_special if self.forced_special is not None else False
-        return self._encode_rendered(text, add, [m["content"] for m in conversation], conversation=conversation)
+        texts = [str(m[key]) for m in conversation for key in self._text_keys() if key in m]
+        return self._encode_rendered(text, add, texts, conversation=conversation, template_kwargs=template_kwargs)
+
+    def _text_keys(self) -> tuple[str, ...]:
+        """The keys of a message (as the template reads it) whose values are user text."""
+        return ("content", self.reasoning_key) if self.reasoning_key else ("content",)
 
     # ------------------------------------------------------------------------------ tokenizing
-    def encode(self, prompt: str, system_prompt: str = "", template: Optional[str] = None) -> Prompt:
-        """Render and tokenize one request's prompt.
+    def encode(self, prompt: str, system_prompt: str = "", template: Optional[str] = None,
+               template_kwargs: Optional[Mapping[str, Any]] = None) -> Prompt:
+        """Render and tokenize one request's prompt (``template_kwargs``: the chat template's keyword arguments).
 
         Raises:
             InputError: the chat template fails, or user text with special-token strings cannot be
                 located in what the chat template rendered (so it cannot be kept as text).
         """
-        text, chat, spans = self.render(prompt, system_prompt, template)
+        text, chat, spans = self.render(prompt, system_prompt, template, template_kwargs)
         if self.forced_special is not None:
             add = self.forced_special
         elif chat:
@@ -233,25 +278,45 @@ class PromptTokenizer:
             add = not (self.bos_text and text.startswith(self.bos_text))
         if chat:
             conversation = self._one_turn(prompt, system_prompt)
-            return self._encode_rendered(text, add, [system_prompt, prompt], conversation=conversation)
+            return self._encode_rendered(text, add, [system_prompt, prompt], conversation=conversation,
+                                         template_kwargs=template_kwargs)
         return self._encode_rendered(text, add, [system_prompt, prompt], spans=spans)
 
     def _encode_rendered(
         self, text: str, add: bool, user_texts: list[str], spans: Optional[list[tuple[int, int]]] = None,
-        conversation: Sequence[Mapping[str, str]] = (),
+        conversation: Sequence[Mapping[str, Any]] = (), template_kwargs: Optional[Mapping[str, Any]] = None,
     ) -> Prompt:
         """Tokenize rendered ``text``; ``user_texts`` keep special-token strings as text. ``spans``: where
-        they are in ``text``; or ``conversation``, the messages the chat template rendered ``text`` from."""
+        they are in ``text``; or ``conversation``, the messages the chat template rendered ``text`` from (with
+        ``template_kwargs``)."""
         risky = (
             not self.parse_user_special
             and self._special_re is not None
             and any(self._special_re.search(t) for t in user_texts)
         )
         if not risky:
-            return Prompt(text=text, ids=self._ids(text, add), add_special_tokens=add)
+            return Prompt(text=text, ids=self._ids(text, add), add_special_tokens=add, conversation=conversation)
         if spans is None:
-            spans = self._template_spans(text, conversation)
-        return Prompt(text=text, ids=self._segmented(text, spans, add), add_special_tokens=add, escaped=True)
+            spans = self._template_spans(text, conversation, template_kwargs)
+        return Prompt(text=text, ids=self._segmented(text, spans, add), add_special_tokens=add, escaped=True,
+                      conversation=conversation)
+
+    def generation_prompt(self, prompt: Prompt, template_kwargs: Optional[Mapping[str, Any]] = None) -> str:
+        """What the chat template's generation prompt added to ``prompt`` (rendered from its conversation with
+        ``template_kwargs``): the conversation rendered without it, taken off the prompt's text; "" when the
+        template renders the conversation otherwise without it (or was not used).
+
+        Raises:
+            InputError: the chat template refuses the conversation without a generation prompt.
+        """
+        if not prompt.conversation:
+            return ""
+        try:
+            without = str(self.tokenizer.apply_chat_template(list(prompt.conversation), tokenize=False,
+                                                             add_generation_prompt=False, **(template_kwargs or {})))
+        except Exception as exc:  # jinja errors raised by the template itself
+            raise InputError(f"the model's chat template rejected the messages: {exc}") from None
+        return prompt.text[len(without):] if prompt.text.startswith(without) else ""
 
     def _ids(self, text: str, add: bool, split_special: bool = False) -> list[int]:
         kwargs: dict[str, Any] = {"add_special_tokens": add}
@@ -259,23 +324,34 @@ class PromptTokenizer:
             kwargs["split_special_tokens"] = True
         return list(self.tokenizer(text, **kwargs)["input_ids"])
 
-    def _template_spans(self, text: str, conversation: Sequence[Mapping[str, str]]) -> list[tuple[int, int]]:
-        """Where each message's content is in ``text``, the chat template's rendering of ``conversation``,
-        as (start, end) characters.
+    def _template_spans(self, text: str, conversation: Sequence[Mapping[str, Any]],
+                        template_kwargs: Optional[Mapping[str, Any]] = None) -> list[tuple[int, int]]:
+        """Where each message's texts (its content, and the earlier thinking the template reads) are in ``text``, the
+        chat template's rendering of ``conversation`` (with ``template_kwargs``), as (start, end) characters.
 
-        The template renders the conversation again with every content replaced by a marker (private-use
-        characters and the message's index); putting the contents back in the markers' places must give
-        ``text`` exactly, with the contents as given or as the template trims them. That places each
-        content where the template put it, not at an equal string the template writes itself (SmolLM2's
-        default system turn ends with ``<|im_end|>``: a user's ``<|im_end|>`` is not that one).
+        The template renders the conversation again with every text replaced by a marker (private-use
+        characters and the text's index); putting the texts back in the markers' places must give
+        ``text`` exactly, with the texts as given or as the template trims them. That places each
+        text where the template put it, not at an equal string the template writes itself (SmolLM2's
+        default system turn ends with ``<|im_end|>``: a user's ``<|im_end|>`` is not that one). A text the template
+        leaves out (an earlier turn's thinking, for most) has no marker in the rendering and no span.
 
         Raises:
-            InputError: the template changes a content in another way (upper-cases it, or renders
+            InputError: the template changes a text in another way (upper-cases it, or renders
                 something else for it), so its special-token strings cannot be kept as text.
         """
-        marked = [{**message, "content": _MARK.format(index)} for index, message in enumerate(conversation)]
+        keys = self._text_keys()
+        texts: list[str] = []
+        marked: list[dict[str, Any]] = []
+        for message in conversation:
+            copy = dict(message)
+            for key in keys:
+                if key in copy:
+                    copy[key] = _MARK.format(len(texts))
+                    texts.append(str(message[key]))
+            marked.append(copy)
         try:
-            rendered = self._apply_template(marked)
+            rendered = self._apply_template(marked, template_kwargs)
         except Exception:  # noqa: BLE001 - a template that refuses markers cannot place the contents
             raise self._unplaceable(conversation) from None
         for trimmed in (False, True):
@@ -283,7 +359,7 @@ class PromptTokenizer:
             spans: list[tuple[int, int]] = []
             length = pos = 0
             for match in _MARK_RE.finditer(rendered):
-                content = str(conversation[int(match.group(1))]["content"])
+                content = texts[int(match.group(1))]
                 if trimmed:
                     content = content.strip()
                 parts += [rendered[pos : match.start()], content]
@@ -296,10 +372,11 @@ class PromptTokenizer:
                 return spans
         raise self._unplaceable(conversation)
 
-    def _unplaceable(self, conversation: Sequence[Mapping[str, str]]) -> InputError:
-        """The error for contents the chat template does not render as given (see :meth:`_template_spans`)."""
-        # Only risky contents get here, so one of them holds a special string (and the pattern exists).
-        found = next(filter(None, (self._special_re.search(str(m["content"])) for m in conversation)))
+    def _unplaceable(self, conversation: Sequence[Mapping[str, Any]]) -> InputError:
+        """The error for texts the chat template does not render as given (see :meth:`_template_spans`)."""
+        # Only risky texts get here, so one of them holds a special string (and the pattern exists).
+        texts = (str(m[key]) for m in conversation for key in self._text_keys() if key in m)
+        found = next(filter(None, (self._special_re.search(text) for text in texts)))
         return InputError(
             f"the input contains the special token {found.group(0)!r}, and the chat template changes the text "
             "around it, so it cannot be kept as plain text; remove it, or set "

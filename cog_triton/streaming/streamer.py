@@ -60,7 +60,7 @@ def _inline(inputs: PredictInputs) -> bool:
         return False
     size = len(inputs.prompt) + len(inputs.system_prompt) + len(inputs.prompt_template or "")
     for message in inputs.messages or ():
-        size += len(message["content"]) + len(message["role"])
+        size += len(message["content"]) + len(message["role"]) + len(message.get("reasoning_content", ""))
     return size <= INLINE_PREPARE_CHARS
 
 
@@ -148,7 +148,8 @@ class PredictionRunner:
             await self._writer.drain()
             return
         watchdog = asyncio.create_task(self.generator.watchdog())
-        self._send(ipc.Ready(os.getpid(), load_s=round(time.monotonic() - started, 3)))
+        self._send(ipc.Ready(os.getpid(), load_s=round(time.monotonic() - started, 3),
+                             template=self.generator.template))
         log.info("%s ready (pid %d) in %.1f s", self.name, os.getpid(), time.monotonic() - started)
         try:
             while True:
@@ -258,23 +259,24 @@ class PredictionRunner:
                 push(text)
         except asyncio.CancelledError:
             # The worker cancelled it and no longer listens for its text; it counts the tokens made.
-            send(ipc.Cancelled(sid, state.output_tokens))
+            send(ipc.Cancelled(sid, state.output_tokens, state.reasoning_tokens))
             return
         except Exception as exc:  # noqa: BLE001 - reported to the worker, which fails the prediction with it
             flusher.close()  # what was generated before the failure still reaches the user
-            send(ipc.Failed(sid, _portable(exc), state.output_tokens))
+            send(ipc.Failed(sid, _portable(exc), state.output_tokens, state.reasoning_tokens))
             return
         finally:
             self.load.ended()
             log.info(
-                "generated %d tokens for a %d-token prompt in %.2f s%s",
-                state.output_tokens, prepared.prompt_tokens, time.monotonic() - started_at,
+                "generated %d tokens%s for a %d-token prompt in %.2f s%s",
+                state.output_tokens, f" ({state.reasoning_tokens} thinking)" if prepared.thinking else "",
+                prepared.prompt_tokens, time.monotonic() - started_at,
                 " (stop sequence)" if state.cut_by_stop_sequence else "",
             )
             if inputs.lora is not None:
                 self._report_lora()  # a request sent again after the engine's cache miss counts there
         flusher.close()
-        send(ipc.End(sid, state.output_tokens))
+        send(ipc.End(sid, state.output_tokens, state.reasoning_tokens))
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -8,7 +8,8 @@ Prometheus endpoint; this module gives the predictor one:
 * :class:`ServiceMetrics`: the service's metrics in their own ``prometheus_client`` registry, named
   ``cog_triton_*`` (running and queued predictions, outcomes, errors by code, time to first token and time
   per output token, prompt and generated tokens, Triton and stream-process restarts, LoRA adapter cache
-  counts). The names follow vLLM's (``num_requests_running``/``waiting``, ``prompt_tokens_total``,
+  counts, and for a model that thinks its reasoning and answer tokens and the reasoning levels applied). The names
+  follow vLLM's (``num_requests_running``/``waiting``, ``prompt_tokens_total``,
   ``generation_tokens_total``, ``time_to_first_token_seconds``, ``time_per_output_token_seconds``:
   vllm-project/vllm ``vllm/engine/metrics.py`` @f0afa0c2).
 * :class:`PredictionTracker`: one prediction's part, recorded once per prediction (never per token: the time
@@ -50,7 +51,15 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 
 from common.errors import CogTritonError, ConfigError
 from common.http import default_ssl_context
-from cog_triton.worker.metrics import INPUT_TOKEN_COUNT, OUTPUT_TOKEN_COUNT, TIME_TO_FIRST_TOKEN_NAMES, MetricSink
+from cog_triton.worker.metrics import (
+    ANSWER_TOKEN_COUNT,
+    INPUT_TOKEN_COUNT,
+    OUTPUT_TOKEN_COUNT,
+    REASONING_EFFORT_APPLIED,
+    REASONING_TOKEN_COUNT,
+    TIME_TO_FIRST_TOKEN_NAMES,
+    MetricSink,
+)
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +129,19 @@ class ServiceMetrics:
             "cog_triton_generation_tokens",
             "Tokens generated: each prediction's output_token_count; for a stream stopped early (a cancel, a "
             "Triton fault), the tokens it had generated.", registry=r)
+        self.reasoning_tokens = Counter(
+            "cog_triton_reasoning_tokens",
+            "Of the generated tokens, the thinking's (through the token that ends it), for a model that thinks; also "
+            "for a stream stopped early.", registry=r)
+        self.answer_tokens = Counter(
+            "cog_triton_answer_tokens",
+            "Of the generated tokens, the answer's (after the thinking), for a model that thinks; also for a stream "
+            "stopped early.", registry=r)
+        self.reasoning_levels = Counter(
+            "cog_triton_reasoning_effort_applied",
+            "Predictions on a model that thinks (or given reasoning_effort), by the level applied: default (the chat "
+            "template's), none, low, medium, high, or on (a level on a template that only turns thinking on or off, "
+            "or always thinks).", ["level"], registry=r)
         self.triton_restarts = Counter(
             "cog_triton_triton_restarts", "Times the supervisor restarted Triton after a fault.", registry=r)
         self.stream_process_restarts = Counter(
@@ -154,11 +176,15 @@ class ServiceMetrics:
         self.predictions.labels("failed").inc()
         self.errors.labels(error_code(error)).inc()
 
-    def cancelled_stream(self, output_tokens: int) -> None:
+    def cancelled_stream(self, output_tokens: int, reasoning_tokens: Optional[int] = None) -> None:
         """A stream process stopped a cancelled stream after generating ``output_tokens`` (the prediction's own
-        output_token_count is not recorded then)."""
+        output_token_count is not recorded then), ``reasoning_tokens`` of them thinking (None: a model that does not
+        think)."""
         if output_tokens > 0:
             self.generation_tokens.inc(output_tokens)
+        if reasoning_tokens is not None:
+            self.reasoning_tokens.inc(reasoning_tokens)
+            self.answer_tokens.inc(max(output_tokens - reasoning_tokens, 0))
 
     def lora(self, counts: Mapping[str, int]) -> None:
         """Add LoRA adapter counts (increments since the last report; keys: :data:`LORA_COUNTS`)."""
@@ -218,7 +244,7 @@ class PredictionTracker:
         self._lock = threading.Lock()
         metrics.running.inc()
 
-    def __call__(self, name: str, value: Union[int, float]) -> None:
+    def __call__(self, name: str, value: Union[int, float, str]) -> None:
         m = self.metrics
         if name == _TTFT_NAME:
             m.ttft.observe(value)
@@ -231,6 +257,12 @@ class PredictionTracker:
                 self._tpot = max(0.0, time.monotonic() - self._first_at) / (tokens - 1)
         elif name == INPUT_TOKEN_COUNT:
             m.prompt_tokens.inc(int(value))
+        elif name == REASONING_TOKEN_COUNT:
+            m.reasoning_tokens.inc(int(value))
+        elif name == ANSWER_TOKEN_COUNT:
+            m.answer_tokens.inc(int(value))
+        elif name == REASONING_EFFORT_APPLIED:
+            m.reasoning_levels.labels(str(value)).inc()
         if self.sink is not None:
             self.sink(name, value)
 

@@ -2,27 +2,39 @@
 :mod:`cog_triton.streaming.prompt`, in the stream processes).
 
 Every input's type, default and bounds come from the predictor's Cog schema
-(:mod:`cog_triton.worker.schema`, generated from ``predict.py``'s literal ``Input(...)`` declarations), so
+(:mod:`cog_triton.schema`, generated from ``predict.py``'s literal ``Input(...)`` declarations), so
 our validation and coglet's (HTTP 422, when the schema is bundled) apply the same values. This
 module validates them again because ``predict()`` can be reached without coglet's validation (no
 schema bundled, or a direct call), and adds what the schema cannot say: float32 representability
 (the dtype of TensorRT-LLM's sampling tensors), min_tokens <= max_tokens, and the limits that
 depend on the engine (max input/sequence length, :meth:`PredictInputs.token_budget`).
+
+:func:`validate_inputs` is driven by the schema: every input it declares is checked by its schema type, bounds,
+length and choices (:func:`check_input`), unless it has a parser of its own (:data:`PARSERS`) or a rule that spans
+several inputs takes it (:data:`RULES`), and lands in the :class:`cog_triton.ipc.PredictInputs` field of its name,
+which is made from the same schema. Adding an input is its ``Input(...)`` in predict.py (and the schema regenerated);
+its handling is a parser here only when its value needs more than its schema type says.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from common.errors import InputError
 from cog_triton.ipc import PredictInputs
+from cog_triton.reasoning import THINK_CLOSE, THINK_OPEN, TemplateInfo, resolve
 from cog_triton.worker.guides import select_guide
 from cog_triton.fetch.adapter_refs import parse_adapter_ref
-from cog_triton.worker.schema import InputSpec, input_specs
+from cog_triton.schema import InputSpec, input_specs
 from cog_triton.worker.stop_sequences import parse_stop_sequences
+
+#: The key of an assistant message's earlier thinking, as :func:`parse_messages` returns it (and as the input takes it:
+#: vLLM's and DeepSeek's API name; :mod:`cog_triton.streaming.prompt` hands it to the template under the template's).
+REASONING_KEY = "reasoning_content"
 
 #: Smallest positive normal float32: a smaller non-zero value would reach the engine as 0 or a
 #: denormal (TensorRT-LLM's temperature, top_p and penalties are FP32 tensors).
@@ -101,15 +113,83 @@ def check_text(name: str, value: Any, *, empty_ok: bool = True, expected: str = 
     return value
 
 
+def _text_part(where: str, part: Mapping[str, Any]) -> str:
+    """A ``{"type": "text", "text": ...}`` content part: its text."""
+    extra = sorted(set(part) - {"type", "text"})
+    if extra:
+        raise InputError(f"{where} has unknown key(s) {', '.join(extra)}; a text part has type and text")
+    text = part.get("text")
+    if not isinstance(text, str):
+        raise InputError(f"{where}.text must be a string, got {_show(text)}")
+    return text
+
+
+#: The content parts a message's ``content`` may list, by their OpenAI ``type``: type -> the part's parser, which
+#: checks it (``where`` names it in errors, e.g. ``messages[2].content[0]``) and returns its text. vLLM and
+#: trtllm-serve take the same parts, and join a message's text parts with a line break for a template that renders
+#: content as a string (vllm-project/vllm ``vllm/entrypoints/chat_utils.py``, ``_parse_chat_message_content_parts``),
+#: as :func:`parse_messages` does. The place for other kinds of parts (images: issue 52) is here: a parser for its
+#: type, and :func:`_content` keeping a message's parts as a list when they are not all text.
+CONTENT_PARTS: dict[str, Callable[[str, Mapping[str, Any]], str]] = {"text": _text_part}
+#: The keys a message may have (``reasoning_content``: an assistant turn's earlier thinking).
+MESSAGE_KEYS = ("role", "content", REASONING_KEY)
+
+
+def _content(where: str, content: Any) -> str:
+    """A message's ``content``: a string, or a list of content parts (:data:`CONTENT_PARTS`), joined."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise InputError(f"{where} must be a string or a list of content parts, got {_show(content)}")
+    texts: list[str] = []
+    for index, part in enumerate(content):
+        at = f"{where}[{index}]"
+        kind = part.get("type") if isinstance(part, dict) else None
+        if not isinstance(part, dict) or not isinstance(kind, str):
+            raise InputError(f"{at} must be an object with a type ({', '.join(CONTENT_PARTS)}), got {_show(part)}")
+        if kind not in CONTENT_PARTS:
+            raise InputError(f"{at} has type {kind!r}; the content part types taken: {', '.join(CONTENT_PARTS)}")
+        texts.append(CONTENT_PARTS[kind](at, part))
+    return "\n".join(texts)
+
+
+def _earlier_thinking(where: str, role: str, content: str, reasoning: Any) -> tuple[str, Optional[str]]:
+    """An assistant message's (answer, thinking): ``reasoning_content``, or the content's leading
+    ``<think>...</think>`` block (the stream convention, so that a streamed answer can be sent back as it came)."""
+    if reasoning is not None:
+        if role != "assistant":
+            raise InputError(f"{where} has reasoning_content, which only an assistant message carries (its "
+                             "thinking before the answer)")
+        if not isinstance(reasoning, str):
+            raise InputError(f"{where}.reasoning_content must be a string, got {_show(reasoning)}")
+    if role != "assistant":
+        return content, None
+    stripped = content.lstrip()
+    if stripped.startswith(THINK_OPEN) and THINK_CLOSE in stripped:
+        if reasoning is not None:
+            raise InputError(f"{where} has both reasoning_content and a {THINK_OPEN} block in its content; give the "
+                             "thinking once")
+        thought, _, answer = stripped[len(THINK_OPEN):].partition(THINK_CLOSE)
+        return answer.lstrip(), thought
+    return content, reasoning
+
+
 def parse_messages(text: str) -> list[dict[str, str]]:
-    """Parse the ``messages`` input: a JSON array of ``{"role": str, "content": str}`` objects.
+    """Parse the ``messages`` input: a JSON array of ``{"role": str, "content": str or [content parts]}`` objects;
+    an assistant message may carry its earlier thinking, as ``reasoning_content`` or as a leading
+    ``<think>...</think>`` in its content (how the output streams it).
+
+    Returns:
+        The messages as ``{"role", "content"}`` dicts (the content one string, its text parts joined with a line
+        break), with ``reasoning_content`` where an assistant message carried thinking (the chat template decides
+        what to render of it: :mod:`cog_triton.streaming.prompt`).
 
     Only the structure is checked here; which roles the model's chat template accepts is checked by
     :class:`cog_triton.streaming.prompt.PromptTokenizer`.
 
     Raises:
         InputError: not JSON, not a non-empty array, or an item without a string role and content
-            (the message names the item's index).
+            (the message names the item's index and, for a content part, the part's).
     """
     try:
         value = json.loads(text)
@@ -126,17 +206,21 @@ def parse_messages(text: str) -> list[dict[str, str]]:
     for index, item in enumerate(value):
         if not isinstance(item, dict):
             raise InputError(f"messages[{index}] must be an object with role and content, got {_show(item)}")
-        role, content = item.get("role"), item.get("content")
+        role = item.get("role")
         if not isinstance(role, str) or not role.strip():
             raise InputError(f"messages[{index}].role must be a non-empty string, got {_show(role)}")
-        if not isinstance(content, str):
-            raise InputError(f"messages[{index}].content must be a string, got {_show(content)}")
-        extra = sorted(set(item) - {"role", "content"})
+        extra = sorted(set(item) - set(MESSAGE_KEYS))
         if extra:
             raise InputError(
-                f"messages[{index}] has unknown key(s) {', '.join(extra)}; each message has role and content"
+                f"messages[{index}] has unknown key(s) {', '.join(extra)}; each message has role and content (and an "
+                "assistant message may have reasoning_content)"
             )
-        messages.append({"role": role, "content": content})
+        content = _content(f"messages[{index}].content", item.get("content"))
+        content, reasoning = _earlier_thinking(f"messages[{index}]", role, content, item.get(REASONING_KEY))
+        message = {"role": role, "content": content}
+        if reasoning is not None:
+            message[REASONING_KEY] = reasoning
+        messages.append(message)
     return messages
 
 
@@ -190,7 +274,7 @@ def default_of(name: str) -> Any:
 Getter = Callable[[str], Any]
 
 
-def _prompt_inputs(get: Getter) -> tuple[str, Optional[list[dict[str, str]]], str, Optional[str]]:
+def _prompt_inputs(get: Getter) -> dict[str, Any]:
     """``prompt``, ``messages`` (parsed), ``system_prompt`` and ``prompt_template`` (None when empty), checked in that
     order: exactly one of prompt and messages, and a template only with a prompt, containing ``{prompt}``."""
     prompt = check_text("prompt", get("prompt"), expected="a string (or empty when messages is given)")
@@ -224,10 +308,10 @@ def _prompt_inputs(get: Getter) -> tuple[str, Optional[list[dict[str, str]]], st
             f"prompt_template={prompt_template[:80]!r} must contain {{prompt}} "  # type: ignore[index]
             "(and may contain {system_prompt}); leave it empty to use the model's chat template"
         )
-    return prompt, messages, system_prompt, prompt_template
+    return {"prompt": prompt, "messages": messages, "system_prompt": system_prompt, "prompt_template": prompt_template}
 
 
-def _token_counts(get: Getter) -> tuple[int, int]:
+def _token_counts(get: Getter) -> dict[str, Any]:
     """``max_tokens`` and ``min_tokens`` (their replicate/cog-triton aliases resolved; -1 is "off" for min_tokens, as
     replicate/cog-triton's predict.py ``_process_args`` has it), min_tokens at most max_tokens."""
     max_tokens = check_integer("max_tokens", get("max_tokens"))
@@ -237,74 +321,192 @@ def _token_counts(get: Getter) -> tuple[int, int]:
     min_tokens = max(min_tokens, 0)
     if min_tokens > max_tokens:
         raise InputError(f"min_tokens={min_tokens} is greater than max_tokens={max_tokens}; allowed: 0 to max_tokens")
-    return max_tokens, min_tokens
+    return {"max_tokens": max_tokens, "min_tokens": min_tokens}
 
 
-def _seed(get: Getter) -> tuple[int, bool]:
+def _seed(get: Getter) -> dict[str, Any]:
     """The seed and whether the user gave it (none given: one drawn, 0 to 2**31 - 1)."""
     seed = get("seed")
     if seed is None or seed == "":
-        return random.SystemRandom().randint(0, 2**31 - 1), False
+        return {"seed": random.SystemRandom().randint(0, 2**31 - 1), "seed_given": False}
     try:
-        return check_integer("seed", seed), True
+        return {"seed": check_integer("seed", seed), "seed_given": True}
     except InputError as exc:
         raise InputError(f"{exc.message}, or empty for a random seed") from None
+
+
+def _stop_sequences_size(get: Getter) -> dict[str, Any]:
+    """stop_sequences given as text is bounded before anything else is done with it (it is parsed in its turn)."""
+    value = get("stop_sequences")
+    if isinstance(value, str):
+        check_text("stop_sequences", value)
+    return {}
+
+
+def _guide(get: Getter) -> dict[str, Any]:
+    """The structured-output inputs -> one guide (:func:`cog_triton.worker.guides.select_guide`)."""
+    return {"guide": select_guide(
+        json_schema=check_text("json_schema", get("json_schema"), expected="a JSON Schema as a string (or empty)"),
+        response_format=_choice("response_format", get("response_format")),
+        regex=check_text("regex", get("regex"), expected="a regular expression as a string (or empty)"),
+        grammar=check_text("grammar", get("grammar"), expected="an EBNF grammar as a string (or empty)"),
+    )}
+
+
+def _lora(get: Getter) -> dict[str, Any]:
+    """lora_weights -> the adapter it names (None: the base model)."""
+    return {"lora": parse_adapter_ref(
+        check_text("lora_weights", get("lora_weights"), expected="a URL or hf:// reference (or empty)")
+    )}
+
+
+#: Rules over several inputs, run first and in this order (so the first error a request with several bad inputs gets
+#: is the same as before the schema drove validation): (the inputs it takes, the rule). Each returns the fields it
+#: made; the inputs it takes get no check of their own (``stop_sequences``' size check takes none: it is parsed in
+#: its turn, below).
+RULES: tuple[tuple[tuple[str, ...], Callable[[Getter], dict[str, Any]]], ...] = (
+    (("prompt", "messages", "system_prompt", "prompt_template"), _prompt_inputs),
+    (("max_tokens", "max_new_tokens", "min_tokens", "min_new_tokens"), _token_counts),
+    (("seed",), _seed),
+    ((), _stop_sequences_size),
+    (("json_schema", "response_format", "regex", "grammar"), _guide),
+    (("lora_weights",), _lora),
+)
+#: The inputs the rules take.
+RULE_INPUTS = frozenset(name for names, _ in RULES for name in names)
+
+def parse_template_kwargs(value: Any) -> dict[str, Any]:
+    """The ``chat_template_kwargs`` input: a JSON object as text ("" or blank: none) -> the dict. Which keys the
+    model's chat template takes is checked against it (:func:`cog_triton.reasoning.resolve`, in the service).
+
+    Raises:
+        InputError: not a string, too long, not JSON, or not an object.
+    """
+    text = check_text("chat_template_kwargs", value, expected='a JSON object as a string, e.g. {"x": 1} (or empty)')
+    if not text.strip():
+        return {}
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"chat_template_kwargs is not valid JSON ({exc.msg} at line {exc.lineno} column "
+                         f"{exc.colno}); give a JSON object such as {{\"date_string\": \"26 Jul 2024\"}}") from None
+    if not isinstance(parsed, dict):
+        raise InputError(f"chat_template_kwargs must be a JSON object of template variables, got {_show(parsed)}")
+    return parsed
+
+
+def check_thinking_budget(value: Any) -> int:
+    """``thinking_budget_tokens``: declared, not applied yet (issue 51), so anything but 0 is refused rather than
+    ignored.
+
+    Raises:
+        InputError: not an integer in its bounds, or not 0.
+    """
+    budget = check_integer("thinking_budget_tokens", value)
+    if budget:
+        raise InputError(
+            f"thinking_budget_tokens={budget} is not applied yet: give 0 (no budget); max_tokens bounds the thinking "
+            "and the answer together, and reasoning_effort=none (where the model can) turns the thinking off"
+        )
+    return budget
+
+
+#: Inputs whose value needs more than their schema type says: name -> parser of the value as given (it checks it).
+PARSERS: dict[str, Callable[[Any], Any]] = {
+    # -1 means "off" like 0 (replicate/cog-triton predict.py: "if top_k < 0: top_k = 0")
+    "top_k": lambda value: max(check_integer("top_k", value), 0),
+    # text or a list (a direct call); its size was checked first
+    "stop_sequences": parse_stop_sequences,
+    "chat_template_kwargs": parse_template_kwargs,
+    "thinking_budget_tokens": check_thinking_budget,
+}
+
+
+def check_input(spec: InputSpec, value: Any) -> Any:
+    """Check one input's value by its schema type, bounds, length and choices (what coglet's schema check does);
+    return it typed (a number as a float, null as None where the input is nullable).
+
+    Raises:
+        InputError: the value is not of the input's type, or outside its bounds, length or choices.
+        ValueError: the schema gives the input a type this function does not check (a new kind of input).
+    """
+    if value is None and spec.nullable:
+        return None
+    if spec.choices is not None:
+        return _choice(spec.name, value)
+    if spec.type == "string":
+        return check_text(spec.name, value)
+    if spec.type == "integer":
+        return check_integer(spec.name, value)
+    if spec.type == "number":
+        return check_number(spec.name, value)
+    if spec.type == "boolean":
+        return check_boolean(spec.name, value)
+    raise ValueError(f"input {spec.name} has schema type {spec.type!r}, which validation does not check")
 
 
 def validate_inputs(**values: Any) -> PredictInputs:
     """Check every input; return the validated, typed inputs.
 
+    First the :data:`RULES` over several inputs, in their order; then every other input the schema declares, in
+    declaration order, by its parser (:data:`PARSERS`) or its schema type (:func:`check_input`).
+
     Args:
         values: the predict() inputs by name; a missing one takes the schema default.
 
     Raises:
-        InputError: an unknown input, or the first invalid one (in the order of the steps below), naming it, its
-            value and the allowed values.
+        InputError: an unknown input, or the first invalid one (in the order above), naming it, its value and the
+            allowed values.
     """
     specs = input_specs()
     unknown = sorted(set(values) - set(specs))
     if unknown:
         raise InputError(f"unknown input(s) {', '.join(unknown)}; the inputs are: {', '.join(specs)}")
     get: Getter = lambda name: values.get(name, specs[name].default)  # noqa: E731
-    prompt, messages, system_prompt, prompt_template = _prompt_inputs(get)
-    max_tokens, min_tokens = _token_counts(get)
-    seed, seed_given = _seed(get)
-    stop_value = get("stop_sequences")
-    if isinstance(stop_value, str):  # its size is bounded before it is parsed
-        check_text("stop_sequences", stop_value)
-    guide = select_guide(
-        json_schema=check_text("json_schema", get("json_schema"), expected="a JSON Schema as a string (or empty)"),
-        response_format=_choice("response_format", get("response_format")),
-        regex=check_text("regex", get("regex"), expected="a regular expression as a string (or empty)"),
-        grammar=check_text("grammar", get("grammar"), expected="an EBNF grammar as a string (or empty)"),
-    )
-    lora = parse_adapter_ref(
-        check_text("lora_weights", get("lora_weights"), expected="a URL or hf:// reference (or empty)")
-    )
-    return PredictInputs(
-        prompt=prompt,
-        messages=messages,
-        system_prompt=system_prompt,
-        prompt_template=prompt_template,
-        max_tokens=max_tokens,
-        min_tokens=min_tokens,
-        temperature=check_number("temperature", get("temperature")),
-        top_p=check_number("top_p", get("top_p")),
-        # -1 means "off" like 0 (replicate/cog-triton predict.py: "if top_k < 0: top_k = 0")
-        top_k=max(check_integer("top_k", get("top_k")), 0),
-        repetition_penalty=check_number("repetition_penalty", get("repetition_penalty")),
-        presence_penalty=check_number("presence_penalty", get("presence_penalty")),
-        frequency_penalty=check_number("frequency_penalty", get("frequency_penalty")),
-        stop_sequences=parse_stop_sequences(stop_value),
-        seed=seed,
-        seed_given=seed_given,
-        guide=guide,
-        length_penalty=check_number("length_penalty", get("length_penalty")),
-        log_performance_metrics=check_boolean("log_performance_metrics", get("log_performance_metrics")),
-        lora=lora,
-    )
+    fields: dict[str, Any] = {}
+    for _, rule in RULES:
+        fields.update(rule(get))
+    for name, default, parse, spec in _checks(specs):
+        value = values.get(name, default)
+        if parse is not None:
+            fields[name] = parse(value)
+        elif value == default and type(value) is type(default):
+            # The schema's default, as coglet fills it in for every input a request leaves out: valid as it is, and
+            # what checking it would return.
+            fields[name] = value
+        else:
+            fields[name] = check_input(spec, value)
+    return PredictInputs(**fields)
+
+
+_plan: tuple[Any, tuple[tuple[str, Any, Optional[Callable[[Any], Any]], InputSpec], ...]] = (None, ())
+
+
+def _checks(specs: Mapping[str, InputSpec]) -> tuple[tuple[str, Any, Optional[Callable[[Any], Any]], InputSpec], ...]:
+    """The inputs :func:`validate_inputs` checks one by one, in declaration order: (name, default, parser or None,
+    spec) for each input no rule takes (worked out once per schema: it is on every prediction's path)."""
+    global _plan
+    if _plan[0] is not specs:
+        _plan = (specs, tuple((name, spec.default, PARSERS.get(name), spec) for name, spec in specs.items()
+                              if name not in RULE_INPUTS))
+    return _plan[1]
+
+
+def resolve_reasoning(inputs: PredictInputs, template: TemplateInfo) -> PredictInputs:
+    """``inputs`` with their reasoning resolved against the model's chat template (:func:`cog_triton.reasoning.resolve`,
+    the template as a stream process found it): the template's keyword arguments and the level applied.
+
+    Raises:
+        InputError: see :func:`cog_triton.reasoning.resolve`.
+    """
+    resolved = resolve(template, inputs.reasoning_effort, inputs.chat_template_kwargs,
+                       prompt_template=inputs.prompt_template is not None)
+    return dataclasses.replace(inputs, template_kwargs=resolved.template_kwargs, reasoning_applied=resolved.applied,
+                               reasoning_note=resolved.note)
 
 
 __all__: Sequence[str] = (
-    "check_boolean", "check_number", "check_integer", "check_text", "parse_messages", "validate_inputs"
+    "CONTENT_PARTS", "PARSERS", "RULES", "RULE_INPUTS", "check_boolean", "check_input", "check_number",
+    "check_integer", "check_text", "check_thinking_budget", "parse_messages", "parse_template_kwargs",
+    "resolve_reasoning", "validate_inputs",
 )

@@ -15,10 +15,18 @@ from typing import Callable, Optional, Union
 
 INPUT_TOKEN_COUNT = "input_token_count"
 OUTPUT_TOKEN_COUNT = "output_token_count"
+#: Of ``output_token_count``, the thinking's tokens (through the one that ends it) and the answer's, for a model that
+#: thinks (a tokenizer with a thinking format: :mod:`cog_triton.streaming.thinking`); recorded for no other model.
+#: OpenAI's API reports the first as ``usage.completion_tokens_details.reasoning_tokens``.
+REASONING_TOKEN_COUNT = "reasoning_token_count"
+ANSWER_TOKEN_COUNT = "answer_token_count"
+#: The reasoning level applied (:attr:`cog_triton.reasoning.Resolved.applied`: default, none, low, medium, high, or
+#: on), a string, for a prediction on a model that thinks or that was given reasoning_effort.
+REASONING_EFFORT_APPLIED = "reasoning_effort_applied"
 #: Both names of the time to first token (seconds, from predict() to the first token).
 TIME_TO_FIRST_TOKEN_NAMES = ("time_to_first_token", "time_to_first_token_s")
 
-MetricSink = Callable[[str, Union[int, float]], None]
+MetricSink = Callable[[str, Union[int, float, str]], None]
 
 
 def record_time_to_first_token(record: MetricSink, seconds: float) -> None:
@@ -44,6 +52,7 @@ def performance_lines(output_tokens: int, seconds: float, time_to_first_token: O
 
 
 __all__ = (
-    "INPUT_TOKEN_COUNT", "OUTPUT_TOKEN_COUNT", "TIME_TO_FIRST_TOKEN_NAMES", "performance_lines",
+    "ANSWER_TOKEN_COUNT", "INPUT_TOKEN_COUNT", "OUTPUT_TOKEN_COUNT", "REASONING_EFFORT_APPLIED",
+    "REASONING_TOKEN_COUNT", "TIME_TO_FIRST_TOKEN_NAMES", "performance_lines",
     "record_time_to_first_token",
 )

@@ -32,8 +32,8 @@ from cog_triton.settings import Settings, VerifyMode
 from cog_triton.weights import fetch_weights
 from cog_triton.worker.cog_bridge import on_end, then
 from cog_triton.worker.exporter import MetricsServer, ServiceMetrics, serve_metrics
-from cog_triton.worker.inputs import validate_inputs
-from cog_triton.worker.metrics import OUTPUT_TOKEN_COUNT, MetricSink, performance_lines
+from cog_triton.worker.inputs import resolve_reasoning, validate_inputs
+from cog_triton.worker.metrics import OUTPUT_TOKEN_COUNT, REASONING_EFFORT_APPLIED, MetricSink, performance_lines
 from cog_triton.worker.planning import ServingPlan, plan_serving, reference_limits
 from cog_triton.worker.stream_pool import StreamPool
 from cog_triton.worker.supervisor import Health, State, Supervisor
@@ -330,16 +330,23 @@ class LLMService:
 
     # ------------------------------------------------------------ generation
     def validate(self, **inputs: Any) -> PredictInputs:
-        """:meth:`cog_triton.worker.inputs.PredictInputs.validate`, then the refusal of an input the engine's sampler would
-        ignore (:func:`tensorrtllm_backend.samplers.refusal`; the PyTorch backend's TorchSampler), counting a refused
+        """:func:`cog_triton.worker.inputs.validate_inputs`, then the reasoning inputs mapped onto the model's chat
+        template (:func:`cog_triton.worker.inputs.resolve_reasoning`, for a model that thinks or a prediction that gave
+        them), then the refusal of an input the engine's sampler would ignore
+        (:func:`tensorrtllm_backend.samplers.refusal`; the PyTorch backend's TorchSampler), counting a refused
         prediction in :attr:`metrics` (predict() calls it first).
 
         Raises:
-            InputError: as ``PredictInputs.validate``, or an input the sampler would ignore (naming the input, the
-                sampler and the setting that applies it).
+            InputError: as ``validate_inputs``; a reasoning level the template cannot express or a
+                ``chat_template_kwargs`` key it does not take (:func:`cog_triton.reasoning.resolve`); or an input the
+                sampler would ignore (naming the input, the sampler and the setting that applies it).
         """
         try:
             checked = validate_inputs(**inputs)
+            template = self.pool.template if self.pool is not None else None
+            if template is not None and (checked.reasoning_effort or checked.chat_template_kwargs
+                                         or template.thinking is not None or template.switches):
+                checked = resolve_reasoning(checked, template)
             config = self.generator_config
             sampler = config.sampler if config is not None else None
             problem = refusal(sampler, SamplingInputs(
@@ -398,6 +405,8 @@ class LLMService:
         started = time.monotonic()
         tracker = self.metrics.track(metric, started) if track else None
         sink: Optional[MetricSink] = tracker if tracker is not None else metric
+        if inputs.reasoning_applied and sink is not None:
+            sink(REASONING_EFFORT_APPLIED, inputs.reasoning_applied)
         seen: dict[str, Union[int, float]] = {}
         if inputs.log_performance_metrics:
             outer = sink
@@ -438,7 +447,8 @@ class LLMService:
             # Triton's log lines; the seed note says what was sent. Written once the Start has left, not before:
             # the worker's event loop runs the starts of a burst of predictions one after another, about 0.3 ms
             # each on a 16-core GPU host, a log line ~65 us of that (benchmarks/results/2026-11-29-h200-i32).
-            log.info("Triton request id %s, %s", request_id, self.seed_note(inputs))
+            note = f", {inputs.reasoning_note}" if inputs.reasoning_note else ""
+            log.info("Triton request id %s, %s%s", request_id, self.seed_note(inputs), note)
 
     async def generate(self, inputs: PredictInputs, metric: Optional[MetricSink] = None, *,
                        track: bool = True) -> AsyncIterator[str]:

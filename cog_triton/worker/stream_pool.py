@@ -43,7 +43,15 @@ from cog_triton import ipc
 from cog_triton.worker.cog_bridge import PredictionOutput, output_generator
 from cog_triton.plan import GeneratorConfig
 from cog_triton.ipc import PredictInputs
-from cog_triton.worker.metrics import INPUT_TOKEN_COUNT, OUTPUT_TOKEN_COUNT, MetricSink, record_time_to_first_token
+from cog_triton.reasoning import TemplateInfo
+from cog_triton.worker.metrics import (
+    ANSWER_TOKEN_COUNT,
+    INPUT_TOKEN_COUNT,
+    OUTPUT_TOKEN_COUNT,
+    REASONING_TOKEN_COUNT,
+    MetricSink,
+    record_time_to_first_token,
+)
 from cog_triton.settings import REPO_ROOT
 from cog_triton.worker.supervisor import Health
 from cog_triton.worker.timing import OFF, StartTiming, TimingOff
@@ -220,6 +228,9 @@ class StreamPool:
         self.interval_max_s = interval_max_s
         self.interval_streams = interval_streams
         self.processes = [StreamProcess(i) for i in range(processes)]
+        #: What the model's chat template says about reasoning, as the stream processes found it (their Ready; the same
+        #: tokenizer in each); None until one is ready.
+        self.template: Optional[TemplateInfo] = None
         self._sids = itertools.count(1)
         self._lock = threading.Lock()
         self._any_ready = threading.Condition(self._lock)
@@ -428,20 +439,23 @@ class StreamPool:
 
     def _event(self, process: StreamProcess, event: ipc.Event) -> None:
         match event:
-            case ipc.Ready(load_s=load_s, error=error):
+            case ipc.Ready(load_s=load_s, error=error, template=template):
                 process.load_s = load_s
                 if error:
                     process.start_error = error
                 else:
+                    if template is not None:
+                        self.template = template
                     with self._any_ready:
                         process.alive = True
                         process.start_failures = 0
                         self._any_ready.notify_all()
                 process.ready.set()
                 return
-            case ipc.Cancelled(output_tokens=tokens):  # one the worker cancelled (and forgot): its tokens count
+            case ipc.Cancelled(output_tokens=tokens, reasoning_tokens=reasoning):
+                # one the worker cancelled (and forgot): its tokens count
                 if self.metrics is not None:
-                    self.metrics.cancelled_stream(tokens)
+                    self.metrics.cancelled_stream(tokens, reasoning if self._thinks() else None)
                 return
             case ipc.Stats(counts):
                 if self.metrics is not None:
@@ -458,18 +472,30 @@ class StreamPool:
             case ipc.Accepted(prompt_tokens=prompt_tokens):
                 prediction.record(INPUT_TOKEN_COUNT, prompt_tokens)
                 prediction.settle_open(prompt_tokens)
-            case ipc.End(output_tokens=output_tokens):
+            case ipc.End(output_tokens=output_tokens, reasoning_tokens=reasoning_tokens):
                 if self.forget(prediction):
-                    prediction.record(OUTPUT_TOKEN_COUNT, output_tokens)
+                    self._record_tokens(prediction, output_tokens, reasoning_tokens)
                     prediction.output.end()
             case ipc.Rejected(error=error):
                 if self.forget(prediction):
                     prediction.settle_open(error)
                     prediction.output.end()
-            case ipc.Failed(error=error, output_tokens=output_tokens):
+            case ipc.Failed(error=error, output_tokens=output_tokens, reasoning_tokens=reasoning_tokens):
                 if self.forget(prediction):
-                    prediction.record(OUTPUT_TOKEN_COUNT, output_tokens)
+                    self._record_tokens(prediction, output_tokens, reasoning_tokens)
                     self._failed(prediction, error)
+
+    def _thinks(self) -> bool:
+        """The model thinks (its tokenizer has a thinking format): its predictions count thinking and answer apart."""
+        template = self.template
+        return template is not None and template.thinking is not None
+
+    def _record_tokens(self, prediction: RoutedPrediction, output_tokens: int, reasoning_tokens: int) -> None:
+        """A prediction's output_token_count, and for a model that thinks its reasoning and answer token counts."""
+        prediction.record(OUTPUT_TOKEN_COUNT, output_tokens)
+        if self._thinks():
+            prediction.record(REASONING_TOKEN_COUNT, reasoning_tokens)
+            prediction.record(ANSWER_TOKEN_COUNT, output_tokens - reasoning_tokens)
 
     def _failed(self, prediction: RoutedPrediction, error: BaseException) -> None:
         """A prediction failed in its process: a bare TritonError (the connection broke) may mean Triton is

@@ -45,6 +45,11 @@ Behaviour:
 * **LoRA** (``lora_task_id``, ``lora_weights``, ``lora_config``): parsed, checked and cached as by the
   reference model (the same errors, cache misses and evictions), and otherwise ignored: the tokens are
   the text's whatever the adapter, so the benchmark measures what carrying adapters costs the serving path.
+* **Scripted mode** (tests only: the ``script_file`` parameter, :func:`load_scripts`): instead of the text, a request
+  emits the token ids of the first script whose ``when`` text is in its decoded prompt, one per step, then ends as
+  on the end token (at the script's end, or at an id equal to the request's ``end_id``, which is not returned), or
+  at ``request_output_len`` tokens; a prompt no script matches fails with an error response. It makes a given token
+  sequence (a reasoning model's markers, say) come out of the real Triton path without a model that writes it.
 * **Cancellation checks** are cached for ``cancellation_check_period_ms`` (default 100, upstream's
   ``cancellation_check_period_ms`` default read in the same constructor; its ``WaitForCancel``
   thread polls at that period) instead of one IPC round trip per request per step.
@@ -52,7 +57,8 @@ Behaviour:
 Model parameters (string values; the reference model's own are read as there): ``reference_model``
 and ``text_file`` (required: paths of the reference model.py and of the text), ``step_ms``,
 ``sender_threads``, ``cancellation_check_period_ms``, ``end_id_after``, ``tokenizer_dir`` (default:
-``hf_model_dir``/tokenizer if present, else ``hf_model_dir``), plus the reference's
+``hf_model_dir``/tokenizer if present, else ``hf_model_dir``), ``script_file`` (scripted mode; empty: off), plus
+the reference's
 ``hf_model_dir`` (read for config.json and the tokenizer only), ``max_input_len``, ``max_seq_len``,
 ``max_active_requests`` and ``exclude_input_in_output``. ``torch_threads`` is accepted and unused.
 
@@ -156,15 +162,43 @@ class StepClock:
         return self.tick
 
 
+def load_scripts(path: str) -> List[tuple[str, List[int]]]:
+    """Scripted mode's scripts (tests only): a JSON file ``{"scripts": [{"when": TEXT, "ids": [TOKEN_ID, ...]},
+    ...]}``, as (when, ids) pairs in order.
+
+    Raises:
+        ValueError: the file is not such a document.
+    """
+    document = json.loads(Path(path).read_text(encoding="utf-8"))
+    scripts = document.get("scripts") if isinstance(document, dict) else None
+    if not isinstance(scripts, list) or not all(
+            isinstance(s, dict) and isinstance(s.get("when"), str) and isinstance(s.get("ids"), list) for s in scripts):
+        raise ValueError(f"script_file {path}: expected {{\"scripts\": [{{\"when\": text, \"ids\": [ids]}}, ...]}}")
+    return [(s["when"], [int(i) for i in s["ids"]]) for s in scripts]
+
+
+def pick_script(scripts: Sequence[tuple[str, List[int]]], prompt_text: str) -> List[int]:
+    """The ids of the first script whose ``when`` is in ``prompt_text``.
+
+    Raises:
+        ValueError: none is.
+    """
+    for when, ids in scripts:
+        if when in prompt_text:
+            return ids
+    raise ValueError(f"stand-in scripted mode: no script's 'when' is in the prompt {prompt_text[-200:]!r}")
+
+
 class StandinGeneration:
     """One request's token stream (the reference's ``TokenGenerator`` protocol).
 
-    ``step()`` waits for the clock's next step and accepts one token of the cycled text, or ends
-    on the end token (see the module docstring); ``finished``/``finish_reason`` as the reference.
+    ``step()`` waits for the clock's next step and accepts one token of the cycled text (or of ``script``, scripted
+    mode), or ends on the end token (see the module docstring); ``finished``/``finish_reason`` as the reference.
     """
 
     def __init__(self, prompt_ids: Sequence[int], params: Any, clock: StepClock, cycle: Sequence[int],
-                 end_id_after: int = 0, stop_word_end: Optional[Callable[..., Optional[int]]] = None) -> None:
+                 end_id_after: int = 0, stop_word_end: Optional[Callable[..., Optional[int]]] = None,
+                 script: Optional[Sequence[int]] = None) -> None:
         self.prompt_ids: List[int] = [int(t) for t in prompt_ids]
         self.params = params
         self.tokens: List[int] = []
@@ -173,6 +207,7 @@ class StandinGeneration:
         self.finish_reason: Optional[str] = None
         self._clock = clock
         self._cycle = cycle
+        self._script = None if script is None else [int(t) for t in script]
         self._start = int(params.seed) % len(cycle)
         self._end_id_after = int(end_id_after)
         self._stop_word_end = stop_word_end
@@ -201,10 +236,16 @@ class StandinGeneration:
         self._last_tick = self._clock.await_step(self._last_tick)
         p = self.params
         n = len(self.tokens)
-        if p.end_id is not None and self._end_id_after > 0 and n >= max(self._end_id_after, p.min_tokens):
+        if self._script is not None:
+            if n >= len(self._script) or (p.end_id is not None and self._script[n] == p.end_id):
+                self.finish("end_id")  # the script's end, as the end token: never returned
+                return []
+            token = self._script[n]
+        elif p.end_id is not None and self._end_id_after > 0 and n >= max(self._end_id_after, p.min_tokens):
             self.finish("end_id")  # the end token is never returned
             return []
-        token = int(self._cycle[(self._start + n) % len(self._cycle)])
+        else:
+            token = int(self._cycle[(self._start + n) % len(self._cycle)])
         self.tokens.append(token)
         if p.return_log_probs:
             self.log_probs.append(0.0)
@@ -370,6 +411,9 @@ def standin_class(ref):
 
             tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
             self.cycle = text_token_ids(tokenizer, Path(text_file).read_text(encoding="utf-8"))
+            self.tokenizer = tokenizer
+            script_file = param(params, "script_file", "", str)
+            self.scripts = load_scripts(script_file) if script_file else None
             step_ms = param(params, "step_ms", DEFAULT_STEP_MS, float)
             threads = param(params, "sender_threads", DEFAULT_SENDER_THREADS, int)
             period_ms = param(params, "cancellation_check_period_ms", DEFAULT_CANCELLATION_CHECK_PERIOD_MS, float)
@@ -380,14 +424,18 @@ def standin_class(ref):
             self.engine_name = (
                 f"token-rate stand-in (step {step_ms:g} ms, {threads} sender thread(s), cancellation check every "
                 f"{period_ms:g} ms, {len(self.cycle)}-token text {text_file}, end_id_after {self.end_id_after})"
+                + (f"; scripted from {script_file} (tests only)" if self.scripts is not None else "")
             )
             vocab = int(config.get("vocab_size") or len(tokenizer))
             n_pos = int(config.get("max_position_embeddings") or 0) or 2048
             return vocab, n_pos
 
         def create_generation(self, parsed) -> StandinGeneration:
+            script = None
+            if self.scripts is not None:
+                script = pick_script(self.scripts, self.tokenizer.decode(list(parsed.prompt_ids)))
             return StandinGeneration(parsed.prompt_ids, parsed.params, self.clock, self.cycle,
-                                     end_id_after=self.end_id_after, stop_word_end=self.stop_word_end)
+                                     end_id_after=self.end_id_after, stop_word_end=self.stop_word_end, script=script)
 
         def create_sink(self, sender) -> ThreadedSink:
             return self.senders.sink(ref.TritonSink(sender))

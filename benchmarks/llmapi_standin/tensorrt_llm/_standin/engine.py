@@ -142,6 +142,42 @@ class PacedState:
         return token, ({token: 0.0} if request.params.logprobs else None)
 
 
+class ScriptedState:
+    """A request's tokens in scripted mode (tests only: ``LLMAPI_STANDIN_SCRIPT``): the ids of the first script whose
+    ``when`` text is in its decoded prompt, then the end token (the request's ``end_id``; as any token equal to it,
+    it ends the request with finish reason 'stop', as the sampler's end-token check does)."""
+
+    def __init__(self, request: ActiveRequest, scripts: Sequence[tuple], tokenizer: Any) -> None:
+        text = tokenizer.decode(list(request.prompt))
+        for when, ids in scripts:
+            if when in text:
+                self.ids = list(ids)
+                break
+        else:
+            raise ValueError(f"stand-in scripted mode: no script's 'when' is in the prompt {text[-200:]!r}")
+
+    def next_token(self, request: ActiveRequest) -> tuple[int, Optional[Dict[int, float]]]:
+        n = len(request.tokens)
+        end = request.params.end_id
+        token = self.ids[n] if n < len(self.ids) else (end if end is not None else self.ids[-1])
+        return int(token), ({int(token): 0.0} if request.params.logprobs else None)
+
+
+def load_scripts(path: str) -> List[tuple]:
+    """Scripted mode's scripts: a JSON file ``{"scripts": [{"when": TEXT, "ids": [TOKEN_ID, ...]}, ...]}`` (the format
+    of ``benchmarks/standin``'s scripted mode), as (when, ids) pairs.
+
+    Raises:
+        ValueError: the file is not such a document.
+    """
+    document = json.loads(Path(path).read_text(encoding="utf-8"))
+    scripts = document.get("scripts") if isinstance(document, dict) else None
+    if not isinstance(scripts, list) or not all(
+            isinstance(s, dict) and isinstance(s.get("when"), str) and isinstance(s.get("ids"), list) for s in scripts):
+        raise ValueError(f"stand-in: {path}: expected {{\"scripts\": [{{\"when\": text, \"ids\": [ids]}}, ...]}}")
+    return [(s["when"], [int(i) for i in s["ids"]]) for s in scripts]
+
+
 class LoraStore:
     """Adapters loaded with peft into the model, by ``lora_int_id`` (least recently used evicted beyond
     ``max_cpu_loras``); used on the engine thread only."""
@@ -318,7 +354,8 @@ class Engine:
     def __init__(self, *, max_batch_size: int, vocab_size: int, model: Any = None, lora: Optional[LoraStore] = None,
                  grammar_compiler: Any = None, paced_step_s: Optional[float] = None,
                  cycle: Sequence[int] = (), log: Callable[[str], None] = lambda message: None,
-                 sampler: str = TORCH_SAMPLER, stream_interval: int = 1) -> None:
+                 sampler: str = TORCH_SAMPLER, stream_interval: int = 1, scripts: Optional[Sequence[tuple]] = None,
+                 tokenizer: Any = None) -> None:
         self.max_batch_size = max_batch_size
         self.sampler = sampler
         self.stream_interval = max(1, int(stream_interval))
@@ -329,6 +366,8 @@ class Engine:
         self.grammar_compiler = grammar_compiler
         self.clock = StepClock(paced_step_s) if paced_step_s else None
         self.cycle = list(cycle)
+        self.scripts = scripts  # scripted mode (tests only), with the tokenizer that decodes prompts for it
+        self.tokenizer = tokenizer
         self.log = log
         self._cond = threading.Condition()
         self._waiting: Deque[ActiveRequest] = deque()
@@ -457,7 +496,12 @@ class Engine:
                     error = "[TensorRT-LLM][ERROR] Assertion failed: mMaxNewTokens > 0 (requestImpl.h, stand-in)"
                 if error is not None:
                     raise ValueError(error)
-                request.state = PacedState(request, self.cycle) if self.clock is not None else TorchState(self, request)
+                if self.scripts is not None:
+                    request.state = ScriptedState(request, self.scripts, self.tokenizer)
+                elif self.clock is not None:
+                    request.state = PacedState(request, self.cycle)
+                else:
+                    request.state = TorchState(self, request)
             if isinstance(request.state, TorchState):
                 token, log_prob = request.state.next_token(self, request)
             else:

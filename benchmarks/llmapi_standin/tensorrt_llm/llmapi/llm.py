@@ -46,6 +46,8 @@ logger = logging.getLogger("tensorrt_llm")
 #: The stand-in's paced mode (environment of the process that builds the LLM).
 STEP_MS_ENV = "LLMAPI_STANDIN_STEP_MS"
 TEXT_ENV = "LLMAPI_STANDIN_TEXT"
+#: Its scripted mode, within the paced mode (tests only: ``_standin/engine.py`` ``ScriptedState``).
+SCRIPT_ENV = "LLMAPI_STANDIN_SCRIPT"
 #: BuildConfig's default max_batch_size, which the PyTorch backend falls back to (unverified at 1.2.1).
 DEFAULT_MAX_BATCH_SIZE = 2048
 
@@ -96,7 +98,7 @@ class LLM:
     def _build(self) -> None:
         from transformers import AutoConfig, AutoTokenizer  # noqa: PLC0415
 
-        from .._standin.engine import Engine, LoraStore, instantiate_sampler, text_token_ids  # noqa: PLC0415
+        from .._standin.engine import Engine, LoraStore, instantiate_sampler, load_scripts, text_token_ids  # noqa: PLC0415
 
         args = self.args
         model_dir = str(args.model)
@@ -120,8 +122,11 @@ class LLM:
             step_s = float(step_ms) / 1e3
             if step_s <= 0:
                 raise ValueError(f"stand-in: {STEP_MS_ENV} must be positive, got {step_ms}")
+            script = os.environ.get(SCRIPT_ENV, "").strip()
+            scripts = load_scripts(script) if script else None
         else:
             step_s = None
+            scripts = None
             import torch  # noqa: PLC0415
             from transformers import AutoModelForCausalLM  # noqa: PLC0415
 
@@ -146,7 +151,7 @@ class LLM:
         self._executor = Engine(
             max_batch_size=int(args.max_batch_size or DEFAULT_MAX_BATCH_SIZE), vocab_size=vocab, model=model,
             lora=lora, grammar_compiler=compiler, paced_step_s=step_s, cycle=cycle, log=logger.warning,
-            sampler=self.sampler, stream_interval=args.stream_interval)
+            sampler=self.sampler, stream_interval=args.stream_interval, scripts=scripts, tokenizer=self.tokenizer)
 
     # -- generation -------------------------------------------------------------------------------
     def generate_async(self, inputs: Any, sampling_params: Optional[SamplingParams] = None,
