@@ -211,13 +211,16 @@ def features_values() -> dict:
             **lora, "lora_cache_host_memory_bytes": 50_000_000}
 
 
-def render_pytorch_config(name: str) -> str:
-    """The PyTorch-backend template, filled as the renderer fills it, exclude_input_in_output left out."""
+def render_pytorch_config(name: str, **values: object) -> str:
+    """The PyTorch-backend template, filled as the renderer fills it (``values`` replacing its values),
+    exclude_input_in_output left out."""
     text = (PYTORCH_DIR / "config.pbtxt").read_text()
     text = "\n".join(line for line in text.splitlines() if '"exclude_input_in_output" value' not in line)
-    text = string.Template(text).substitute(
-        triton_max_batch_size=MAX_ACTIVE, decoupled_mode="true", max_queue_delay_microseconds=0,
-        lora_weights_datatype="TYPE_FP32", cancellation_check_period_ms="", guided_decoding_backend="")
+    text = string.Template(text).substitute({
+        **dict(triton_max_batch_size=MAX_ACTIVE, decoupled_mode="true", max_queue_delay_microseconds=0,
+               lora_weights_datatype="TYPE_FP32", cancellation_check_period_ms="", guided_decoding_backend="",
+               unanswered_stop_timeout_ms="", max_adapters_per_llm="", adapter_snapshot_dir=""),
+        **values})
     text, count = re.subn(r'^name: "tensorrt_llm"$', f'name: "{name}"', text, flags=re.M)
     assert count == 1
     return text

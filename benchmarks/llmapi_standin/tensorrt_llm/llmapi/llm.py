@@ -144,9 +144,8 @@ class LLM:
             if args.lora_config is not None:
                 lora = LoraStore(model, args.lora_config.max_lora_rank, args.lora_config.max_cpu_loras)
                 budget = os.environ.get(LORA_DEVICE_BYTES_ENV, "").strip()
-                lora_worker = LoraWorker(_dtype_bytes(getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
-                                                      or "bfloat16"),
-                                         int(budget) if budget else None)
+                dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or "bfloat16"
+                lora_worker = LoraWorker(_dtype_bytes(dtype), int(budget) if budget else None)
             if args.guided_decoding_backend == "xgrammar":
                 import xgrammar  # noqa: PLC0415
 
