@@ -339,17 +339,9 @@ class TritonPythonModel:
         if unanswered_ms <= 0:
             raise ValueError(f"parameter unanswered_stop_timeout_ms must be > 0, got {unanswered_ms}")
         self.unanswered_s = unanswered_ms / 1e3
-        self.max_adapters_per_llm = glue.param(params, "max_adapters_per_llm", 0, int)
-        if self.max_adapters_per_llm < 0:
-            raise ValueError("parameter max_adapters_per_llm must be >= 0 (0: no bound), got "
-                             f"{self.max_adapters_per_llm}")
-        snapshot_root = glue.param(params, "adapter_snapshot_dir", "", str)
         llm_args = self.load_llm_args(params)
         self.guided_decoding = llm_args.get("guided_decoding_backend") is not None
         self.lora_enabled = llm_args.get("lora_config") is not None
-        lora_config = llm_args.get("lora_config") if isinstance(llm_args.get("lora_config"), dict) else {}
-        #: LoraConfig.max_lora_rank, default 64 (lora_helper.py @585c7565)
-        self.max_lora_rank = int(lora_config.get("max_lora_rank") or DEFAULT_MAX_LORA_RANK)
         self.vocab_size = self._vocab_size(llm_args)
         self.sampler = _samplers.effective_sampler(llm_args)
         if _CLEARED_MPI_VARIABLES:
@@ -367,20 +359,11 @@ class TritonPythonModel:
         self._lock = threading.Lock()
         self._in_flight: Dict[int, InFlightRequest] = {}
         self._by_request_id: Dict[str, InFlightRequest] = {}  # the latest request with each Triton request id
-        self._lora_paths: Dict[int, str] = {}  # id -> the folder the current LLM was given for it
-        self._verified = _adapters.VerifiedFolders()  # event loop only
         self._submitted: set = set()  # requests given to the LLM and not ended by it (event loop)
         self._recycling: Optional[asyncio.Event] = None  # set while the LLM is recycled (event loop)
         self._broken: Optional[str] = None  # why the LLM is gone for good (a failed rebuild)
         self.recycles = 0
-        self._life_number = 0
-        self._snapshot_root = Path(snapshot_root) if snapshot_root else Path(tempfile.mkdtemp(prefix="trtllm-lora-"))
-        self._snapshot_root.mkdir(parents=True, exist_ok=True)
-        stale = _adapters.remove_stale_lives(self._snapshot_root)
-        if stale:
-            self._log("info", f"removed adapter snapshots of processes that are gone: {', '.join(stale)}")
-        self._life = AdapterLife(life_folder(self._snapshot_root, 0), self.max_adapters_per_llm)
-        self._adapters_gauge, self._recycles_metric = self._metrics(args)
+        self._init_adapters(params, llm_args, args)
         # One queue and thread per partition of the requests (request number % RESPONSE_THREADS): each request's
         # sends and is_cancelled() calls stay on one thread, in order.
         self._queues: List["queue.SimpleQueue[Any]"] = [queue.SimpleQueue() for _ in range(RESPONSE_THREADS)]
@@ -408,6 +391,32 @@ class TritonPythonModel:
                           f"lora={'on' if self.lora_enabled else 'off'} sampler={self.sampler} "
                           f"max_adapters_per_llm={self.max_adapters_per_llm or 'unbounded'} "
                           f"unanswered_stop_timeout_ms={unanswered_ms:g}")
+
+    def _init_adapters(self, params: dict, llm_args: Dict[str, Any], args: dict) -> None:
+        """The LoRA adapters' state (parameters ``max_adapters_per_llm``, ``adapter_snapshot_dir``; the LLM's
+        ``lora_config.max_lora_rank``, default 64 as ``LoraConfig``'s, lora_helper.py @585c7565), the first LLM life
+        and the metrics.
+
+        Raises:
+            ValueError: a parameter out of range.
+        """
+        self.max_adapters_per_llm = glue.param(params, "max_adapters_per_llm", 0, int)
+        if self.max_adapters_per_llm < 0:
+            raise ValueError("parameter max_adapters_per_llm must be >= 0 (0: no bound), got "
+                             f"{self.max_adapters_per_llm}")
+        lora_config = llm_args.get("lora_config") if isinstance(llm_args.get("lora_config"), dict) else {}
+        self.max_lora_rank = int(lora_config.get("max_lora_rank") or DEFAULT_MAX_LORA_RANK)
+        self._lora_paths: Dict[int, str] = {}  # id -> the folder the current LLM was given for it
+        self._verified = _adapters.VerifiedFolders()  # event loop only
+        self._life_number = 0
+        root = glue.param(params, "adapter_snapshot_dir", "", str)
+        self._snapshot_root = Path(root) if root else Path(tempfile.mkdtemp(prefix="trtllm-lora-"))
+        self._snapshot_root.mkdir(parents=True, exist_ok=True)
+        stale = _adapters.remove_stale_lives(self._snapshot_root)
+        if stale:
+            self._log("info", f"removed adapter snapshots of processes that are gone: {', '.join(stale)}")
+        self._life = AdapterLife(life_folder(self._snapshot_root, 0), self.max_adapters_per_llm)
+        self._adapters_gauge, self._recycles_metric = self._metrics(args)
 
     def _metrics(self, args) -> tuple:
         """The model's Prometheus metrics in Triton's (python_backend's custom metrics, ``pb_utils.MetricFamily``):

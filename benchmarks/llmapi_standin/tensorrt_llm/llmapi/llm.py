@@ -99,15 +99,13 @@ class LLM:
     def _build(self) -> None:
         from transformers import AutoConfig, AutoTokenizer  # noqa: PLC0415
 
-        from .._standin.engine import (  # noqa: PLC0415
+        from .._standin.engine import Engine, instantiate_sampler, text_token_ids  # noqa: PLC0415
+        from .._standin.lora import (  # noqa: PLC0415
             ABORT_DELAY_MS_ENV,
             LORA_DEVICE_BYTES_ENV,
-            Engine,
             LoraStore,
             LoraWorker,
-            _dtype_bytes,
-            instantiate_sampler,
-            text_token_ids,
+            dtype_bytes,
         )
 
         args = self.args
@@ -145,7 +143,7 @@ class LLM:
                 lora = LoraStore(model, args.lora_config.max_lora_rank, args.lora_config.max_cpu_loras)
                 budget = os.environ.get(LORA_DEVICE_BYTES_ENV, "").strip()
                 dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or "bfloat16"
-                lora_worker = LoraWorker(_dtype_bytes(dtype), int(budget) if budget else None)
+                lora_worker = LoraWorker(dtype_bytes(dtype), int(budget) if budget else None)
             if args.guided_decoding_backend == "xgrammar":
                 import xgrammar  # noqa: PLC0415
 
