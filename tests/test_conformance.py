@@ -940,14 +940,16 @@ def _outcome(url: str, model: str, payload: dict) -> tuple[list[int], str]:
 @pytest.mark.parametrize("case", ["repetition_penalty", "presence_penalty", "frequency_penalty", "bad_words",
                                   "min_tokens", "seed"])
 def test_a_sampling_input_takes_effect_or_is_refused(server, url, prompts, greedy, case):
-    """14. Every sampling input a client sends either takes effect (as on the C++ backend) or is refused naming the
-    input, the sampler and the setting that applies it. TensorRT-LLM 1.2.1's TorchSampler (sampler_type auto)
+    """14. Every sampling input a client sends either takes effect (as on the C++ backend) or is refused: the error
+    leads with what the caller can do (leave the input out), and the setting that would apply it is logged for the
+    operator. TensorRT-LLM 1.2.1's TorchSampler (sampler_type auto)
     ignores the penalties, bad words and the request's seed and counts the prompt towards min_tokens
     (_torch/pyexecutor/sampler.py @00026bd1; the stand-in does the same): the PyTorch-backend model refuses those
     there; with TRTLLMSampler (the C++ decoder) they apply. "Effect": greedy output changed by a penalty, the banned
     first token avoided, the end token held back for min_tokens, the same seed reproducing and another changing a
     sample."""
     haiku = prompts["haiku"]
+    remedies = server["log"].read_text(errors="replace").count("COG_TRITON_LLM_SAMPLER=TRTLLMSampler")
     for model, applies in SAMPLING_MODELS[server["impl"]]:
         if case in ("repetition_penalty", "presence_penalty", "frequency_penalty"):
             tokens, error = _outcome(url, model, request(haiku, 8, streaming=[True], **{case: [2.0]}))
@@ -968,9 +970,12 @@ def test_a_sampling_input_takes_effect_or_is_refused(server, url, prompts, greed
             effect = one == again and one != other
         if applies:
             assert not error and effect, (model, case, error)
-        else:
+        else:  # the caller's error leads with what the caller can do; the operator's remedy is in the server's log
             name = "bad_words_list" if case == "bad_words" else case
-            assert name in error and "TorchSampler" in error and "sampler_type TRTLLMSampler" in error, (model, error)
+            assert error.startswith(name) and "cannot be applied here: leave" in error, (model, error)
+            assert "TorchSampler" in error and "COG_TRITON_LLM_SAMPLER" not in error, (model, error)
+            log = server["log"].read_text(errors="replace")
+            assert log.count("COG_TRITON_LLM_SAMPLER=TRTLLMSampler") > remedies, "the remedy was logged"
 
 
 def test_log_probs_are_the_generated_tokens_or_refused(server, url, prompts, hf_model):

@@ -101,16 +101,20 @@ def test_the_prompt_limit_is_the_pytorch_backends(stack: dict[str, Any]) -> None
 
 def test_inputs_the_default_sampler_would_ignore_are_refused_and_a_drawn_seed_is_not_sent(stack: dict[str, Any]) -> None:
     """TensorRT-LLM 1.2.1's TorchSampler (the default, sampler_type auto) ignores penalties, min_tokens (as asked)
-    and a request's seed (tensorrtllm_backend/samplers.py): such a prediction fails with an input error naming the
-    input, the sampler and the setting; a sampled prediction without a seed is served, the drawn seed not sent."""
+    and a request's seed (tensorrtllm_backend/samplers.py): such a prediction fails with an input error that leads
+    with what the caller can do, the operator's remedy (the sampler setting) in the server's log; a sampled prediction
+    without a seed is served, the drawn seed not sent."""
     cog = stack["cog"]
-    for inputs, phrase in (({"repetition_penalty": 1.3}, "repetition_penalty=1.3 would have no effect"),
-                           ({"min_tokens": 2}, "min_tokens=2 would not be applied as asked"),
-                           ({"seed": 7}, "seed=7 would have no effect")):
-        doc = cog.predict({"prompt": PROMPT, "max_tokens": 4, **inputs})
-        assert doc["status"] == "failed" and phrase in doc["error"], doc
-        assert "TorchSampler" in doc["error"] and "COG_TRITON_LLM_SAMPLER=TRTLLMSampler" in doc["error"]
     log = stack["work"] / "cog.log"
+    for inputs, phrase in (({"repetition_penalty": 1.3}, "repetition_penalty=1.3 cannot be applied here: leave "
+                                                         "repetition_penalty out"),
+                           ({"min_tokens": 2}, "min_tokens=2 cannot be applied here: leave min_tokens out"),
+                           ({"seed": 7}, "seed=7 cannot be applied here: leave seed out, or set temperature to 0")):
+        remedies = log.read_text(errors="replace").count("COG_TRITON_LLM_SAMPLER=TRTLLMSampler")
+        doc = cog.predict({"prompt": PROMPT, "max_tokens": 4, **inputs})
+        assert doc["status"] == "failed" and doc["error"].startswith(f"[invalid_input] {phrase}"), doc
+        assert "TorchSampler" in doc["error"] and "COG_TRITON_LLM_SAMPLER" not in doc["error"]
+        assert log.read_text(errors="replace").count("COG_TRITON_LLM_SAMPLER=TRTLLMSampler") > remedies
     before = log.read_text(errors="replace").count("no seed sent: the PyTorch backend's TorchSampler takes none")
     doc = cog.predict({"prompt": PROMPT, "max_tokens": 4, "temperature": 0.8})
     assert doc["status"] == "succeeded" and doc["output"], doc

@@ -509,24 +509,30 @@ SAMPLING = {"runtime_top_k": [0], "runtime_top_p": [0.9], "temperature": [0.8]}
 
 
 @pytest.mark.parametrize("extra, phrase", [
-    ({"repetition_penalty": [1.3]}, "repetition_penalty=1.3 would have no effect"),
-    ({"presence_penalty": [0.5]}, "presence_penalty=0.5 would have no effect"),
-    ({"frequency_penalty": [-0.5]}, "frequency_penalty=-0.5 would have no effect"),
-    ({"min_tokens": [4], "end_id": [EOS]}, "min_tokens=4 would not be applied as asked"),
-    ({"bad_words_list": [[5], [1]]}, "bad_words_list would have no effect"),
-    ({"seed": [11], **SAMPLING}, "seed=11 would have no effect"),
-    ({"return_log_probs": [True], **SAMPLING}, "return_log_probs with sampling would report another token's"),
+    ({"repetition_penalty": [1.3]}, "repetition_penalty=1.3 cannot be applied here: leave repetition_penalty out"),
+    ({"presence_penalty": [0.5]}, "presence_penalty=0.5 cannot be applied here: leave presence_penalty out"),
+    ({"frequency_penalty": [-0.5]}, "frequency_penalty=-0.5 cannot be applied here: leave frequency_penalty out"),
+    ({"min_tokens": [4], "end_id": [EOS]}, "min_tokens=4 cannot be applied here: leave min_tokens out"),
+    ({"bad_words_list": [[5], [1]]}, "bad_words_list cannot be applied here: leave it out"),
+    ({"seed": [11], **SAMPLING}, "seed=11 cannot be applied here: leave seed out, or set temperature to 0"),
+    ({"return_log_probs": [True], **SAMPLING}, "return_log_probs with sampling cannot be applied here: set "
+                                               "temperature to 0"),
 ])
-def test_inputs_torch_sampler_would_ignore_are_refused_naming_sampler_and_setting(model, trtllm, monkeypatch,
-                                                                                prompt, extra, phrase):
+def test_inputs_torch_sampler_would_ignore_are_refused_saying_what_the_caller_can_do(model, trtllm, monkeypatch,
+                                                                                   prompt, extra, phrase):
     """TensorRT-LLM 1.2.1's TorchSampler (sampler_type auto) ignores them (tensorrtllm_backend/samplers.py has the
-    sources): the request is refused before the LLM sees it, naming the input, the sampler and the setting."""
+    sources): the request is refused before the LLM sees it. The error leads with what the caller can do (leave the
+    input out; temperature 0 for a seed or log-probs), then why; the operator's remedy (the sampler setting) is in
+    the model's log, not in the caller's error."""
     assert model.sampler == "TorchSampler"
     spy = Spy(trtllm, monkeypatch, model)
-    sender = run(model, FakeRequest(**{**body(prompt, 2, streaming=[True]), **extra}))
+    fake_pb_utils.Logger.lines.clear()
+    sender = run(model, FakeRequest("refused", **{**body(prompt, 2, streaming=[True]), **extra}))
     (error,) = sender.errors()
-    assert phrase in error and "TorchSampler" in error and "sampler_type TRTLLMSampler" in error, error
-    assert "COG_TRITON_LLM_SAMPLER=TRTLLMSampler" in error
+    assert error.startswith(phrase) and "TorchSampler" in error, error
+    assert "COG_TRITON_LLM_SAMPLER" not in error and "PR #" not in error
+    (line,) = [line for _, line in fake_pb_utils.Logger.lines if "request 'refused'" in line]
+    assert "COG_TRITON_LLM_SAMPLER=TRTLLMSampler" in line and phrase.split("=")[0].split(" ")[0] in line, line
     assert spy.calls == []
 
 

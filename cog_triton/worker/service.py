@@ -335,8 +335,9 @@ class LLMService:
         prediction in :attr:`metrics` (predict() calls it first).
 
         Raises:
-            InputError: as ``PredictInputs.validate``, or an input the sampler would ignore (naming the input, the
-                sampler and the setting that applies it).
+            InputError: as ``PredictInputs.validate``, or an input the sampler would ignore (naming the input and
+                what the caller can do: leave it out, or decode greedily for a seed; the setting that would apply it
+                is logged for the operator).
         """
         try:
             checked = validate_inputs(**inputs)
@@ -347,7 +348,8 @@ class LLMService:
                 presence_penalty=checked.presence_penalty, frequency_penalty=checked.frequency_penalty,
                 min_tokens=checked.min_tokens, seed=checked.seed if checked.seed_given else None))
             if problem is not None:
-                raise InputError(problem)
+                log.warning("%s", problem.log_line())  # the operator's remedy; the caller's error says what they can do
+                raise InputError(problem.message)
             return checked
         except Exception as exc:
             self.metrics.refused(exc)

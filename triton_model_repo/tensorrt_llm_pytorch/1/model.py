@@ -527,6 +527,8 @@ class TritonPythonModel:
                                        guided_decoding=self.guided_decoding, lora_enabled=self.lora_enabled,
                                        known_paths=known, sampler=self.sampler, request_number=number)
         except RequestError as exc:
+            if isinstance(exc, _translate.SamplerRefusal):
+                self._log("warn", f"request {request_id!r}: {exc.refusal.log_line()}")  # the operator's remedy
             self._send_now(sender, error_response(str(exc)))
             return
         for warning in submission.warnings:

@@ -20,8 +20,8 @@ How the C++ semantics become ``SamplingParams`` (TensorRT-LLM 1.2.1's LLM API; s
 * the LLM's sampler (``samplers.py`` beside this file, a link to ``tensorrtllm_backend/samplers.py``, has the
   facts and sources) decides what else can pass: a request whose input that sampler would ignore is refused
   (``samplers.refusal``: under TorchSampler, the default of ``sampler_type`` auto, any penalty, ``min_tokens``,
-  bad words, a seed when sampling, and log-probs when sampling), naming the input, the sampler and the setting
-  that applies it; otherwise the penalties and ``min_tokens`` (when > 0) pass as they are, and ``seed`` when
+  bad words, a seed when sampling, and log-probs when sampling), the caller's error leading with what the caller
+  can do and the operator's remedy (the setting that applies it) logged; otherwise the penalties and ``min_tokens`` (when > 0) pass as they are, and ``seed`` when
   the request gives one (unset, the C++ decoder uses 0, as the C++ backend); ``len_penalty`` is checked and not
   sent (beam search only);
 * stop words are matched by the model itself, over prompt and output as ``stopWordsCriterion`` does (the
@@ -55,7 +55,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from .parsing import ModelLimits, RequestError, _scalar, parse_request
-from .samplers import SamplingInputs, refusal, takes_seed
+from .samplers import Refusal, SamplingInputs, refusal, takes_seed
 
 #: Limits the C++ executor would apply and the LLM applies instead (never reached here).
 NO_LIMIT = 2**62
@@ -101,6 +101,15 @@ class Submission:
         drops an aborted request still waiting for a slot without any answer (the model's docstring), and a
         non-streaming request answers only when it ends. A non-streaming client still gets one response."""
         return True
+
+
+class SamplerRefusal(RequestError):
+    """A request refused because the LLM's sampler would not apply one of its inputs: its message is the caller's
+    (``samplers.Refusal.message``), :attr:`refusal` also has the operator's remedy, which the model logs."""
+
+    def __init__(self, refusal: Refusal) -> None:
+        super().__init__(refusal.message)
+        self.refusal = refusal
 
 
 def _string(get: Callable[[str], Optional[np.ndarray]], name: str) -> Optional[str]:
@@ -160,8 +169,8 @@ def to_submission(get: Callable[[str], Optional[np.ndarray]], *, vocab_size: int
         request_number: used in executor-style error texts.
 
     Raises:
-        RequestError: the first problem found, with the C++ backend's text where it has one, or an input the
-            sampler would ignore (``samplers.refusal``).
+        RequestError: the first problem found, with the C++ backend's text where it has one, or (a
+            :class:`SamplerRefusal`) an input the sampler would ignore (``samplers.refusal``).
     """
     limits = ModelLimits(max_input_len=NO_LIMIT, max_seq_len=NO_LIMIT, vocab_size=vocab_size,
                          exclude_input_in_output=exclude_input_in_output, guided_decoding=guided_decoding, lora=None)
@@ -174,7 +183,7 @@ def to_submission(get: Callable[[str], Optional[np.ndarray]], *, vocab_size: int
         frequency_penalty=p.frequency_penalty, min_tokens=p.min_tokens, seed=p.seed if seed_given else None,
         bad_words=bool(p.bad_words), return_log_probs=p.return_log_probs))
     if problem is not None:
-        raise RequestError(problem)
+        raise SamplerRefusal(problem)
     sampling: Dict[str, Any] = {
         "max_tokens": p.max_new_tokens,
         "end_id": -1 if p.end_id is None else p.end_id,
@@ -395,5 +404,5 @@ def stop_word_end(context: List[int], n_new: int, stop_words: List[List[int]]) -
     return None
 
 
-__all__ = ["ADAPTER_FILES", "GUIDE_KEYS", "MAX_STREAM_INTERVAL_MS", "NO_LIMIT", "AdapterFacts", "Submission",
+__all__ = ["ADAPTER_FILES", "GUIDE_KEYS", "MAX_STREAM_INTERVAL_MS", "NO_LIMIT", "AdapterFacts", "SamplerRefusal", "Submission",
            "adapter_signature", "check_adapter", "stop_word_end", "to_submission"]
