@@ -228,7 +228,7 @@ class LLMService:
             on_restart=self._triton_restarted,
         )
         self.supervisor.start()
-        self.pool.set_watcher(self.supervisor.register, self.supervisor.unregister)
+        self.pool.set_watcher(self.supervisor.register, self.supervisor.unregister, self.supervisor.wait_ready)
         self.pool.wait_ready()
         log.info(
             "streaming: %d stream process(es), stream interval %g ms (COG_TRITON_STREAM_PROCESSES, "
@@ -385,7 +385,9 @@ class LLMService:
             TritonError: setup() has not completed, or Triton could not be restarted in time.
             StreamProcessError: no stream process could take the prediction.
 
-        The generator raises: TritonDiedError (Triton exited or faulted; detected within ~0.5 s),
+        The generator raises: TritonDiedError (Triton exited or faulted, detected within ~0.5 s, after the prediction
+        had a token; one that had none waits for the restart and is sent once more:
+        :meth:`cog_triton.worker.stream_pool.StreamPool.resend_later`),
         InferenceError (Triton rejected the request or sent nothing for COG_TRITON_REQUEST_TIMEOUT_S),
         TritonError (the connection broke), IncompleteOutputError (a guided output reached the token
         limit before its document closed), StreamProcessError (its stream process died).
