@@ -113,7 +113,8 @@ def test_inputs_the_default_sampler_would_ignore_are_refused_and_a_drawn_seed_is
                            ({"seed": 7}, "seed=7 cannot be applied here: leave seed out, or set temperature to 0")):
         remedies = log.read_text(errors="replace").count("COG_TRITON_LLM_SAMPLER=TRTLLMSampler")
         doc = cog.predict({"prompt": PROMPT, "max_tokens": 4, **inputs})
-        assert doc["status"] == "failed" and f"InputError: [invalid_input] {phrase}" in doc["error"], doc  # coglet's prefix, then ours
+        # coglet's prefix, then the error's code and its message
+        assert doc["status"] == "failed" and f"InputError: [invalid_input] {phrase}" in doc["error"], doc
         assert "TorchSampler" in doc["error"] and "COG_TRITON_LLM_SAMPLER" not in doc["error"]
         assert log.read_text(errors="replace").count("COG_TRITON_LLM_SAMPLER=TRTLLMSampler") > remedies
     before = log.read_text(errors="replace").count("no seed sent: the PyTorch backend's TorchSampler takes none")
@@ -123,7 +124,8 @@ def test_inputs_the_default_sampler_would_ignore_are_refused_and_a_drawn_seed_is
         before + 1
 
 
-def test_a_prediction_waiting_in_the_llm_when_triton_dies_is_sent_again_after_the_restart(stack: dict[str, Any]) -> None:
+def test_a_prediction_waiting_in_the_llm_when_triton_dies_is_sent_again_after_the_restart(
+        stack: dict[str, Any]) -> None:
     """The PyTorch path (COG_TRITON_LLM_MAX_BATCH_SIZE=1: a second prediction waits in the LLM's queue, no token,
     while the first generates): Triton killed, the one with tokens fails naming it, the waiting one is sent once more
     after the restart and gets its whole text once (tests/test_faults.py has the C++ path's). Last in the module: it

@@ -656,6 +656,13 @@ def two_adapters(checkpoint_dir, tmp_path_factory, prompt):
     return made, expected
 
 
+def lbody(prompt, task, path=None, **extra):
+    """A streamed greedy 6-token request with adapter ``task`` (and its folder ``path``, when given)."""
+    if path is not None:
+        extra["lora_path"] = [str(path)]
+    return body(prompt, 6, end_id=[EOS], streaming=[True], lora_task_id=[task], **extra)
+
+
 def _damaged(kind, good, tmp_path):
     """A copy of adapter folder ``good`` damaged as ``kind`` says; its path (as a string)."""
     folder = tmp_path / kind
@@ -721,11 +728,11 @@ def test_a_bad_adapter_folder_is_the_requests_error_and_the_next_request_is_serv
                 {"exclude_input_in_output": "false", "adapter_snapshot_dir": str(tmp_path / "snapshots")})
     try:
         path = _damaged(kind, made["b"], tmp_path)
-        sender = run(lora, FakeRequest(**body(prompt, 6, end_id=[EOS], streaming=[True], lora_task_id=[5], lora_path=[path])))
+        sender = run(lora, FakeRequest(**lbody(prompt, 5, path)))
         (error,) = sender.errors()
         assert DAMAGE[kind] in error and path in error, error
         assert spy.calls == [], "the LLM never saw the folder"
-        sender = run(lora, FakeRequest(**body(prompt, 6, end_id=[EOS], streaming=[True], lora_task_id=[6], lora_path=[str(made["a"])])))
+        sender = run(lora, FakeRequest(**lbody(prompt, 6, made["a"])))
         assert sender.errors() == [] and sender.tokens() == expected["a"]
         assert lora.llm._executor.error is None
     finally:
@@ -747,11 +754,11 @@ def test_an_adapter_folder_removed_while_its_id_is_live_is_still_what_the_llm_re
                 {"exclude_input_in_output": "false", "adapter_snapshot_dir": str(tmp_path / "snapshots")})
     try:
         for task, path in ((10, first), (11, made["b"])):
-            sender = run(lora, FakeRequest(**body(prompt, 6, end_id=[EOS], streaming=[True], lora_task_id=[task], lora_path=[str(path)])))
+            sender = run(lora, FakeRequest(**lbody(prompt, task, str(path))))
             assert sender.errors() == []
         shutil.rmtree(first)  # evicted from the adapter disk cache
         for extra in ({"lora_path": [str(again)]}, {}):
-            sender = run(lora, FakeRequest(**body(prompt, 6, end_id=[EOS], streaming=[True], lora_task_id=[10], **extra)))
+            sender = run(lora, FakeRequest(**lbody(prompt, 10, **extra)))
             assert sender.errors() == [] and sender.tokens() == expected["a"], extra
         assert lora.llm._executor.error is None
     finally:
@@ -787,15 +794,15 @@ def test_past_max_adapters_per_llm_the_llm_is_recycled_without_cutting_a_request
                                             lora_path=[str(made["a"])]))
         lora.execute([long_a])
         assert long_a.sender.first.wait(60)
-        sender = run(lora, FakeRequest(**body(prompt, 6, end_id=[EOS], streaming=[True], lora_task_id=[2], lora_path=[str(made["b"])])))
+        sender = run(lora, FakeRequest(**lbody(prompt, 2, made["b"])))
         assert sender.errors() == [] and sender.tokens() == expected["b"] and gauge.value() == 2
         old_life = Path(lora._lora_paths[1]).parent
-        third = run(lora, FakeRequest(**body(prompt, 6, end_id=[EOS], streaming=[True], lora_task_id=[3], lora_path=[str(made["c"])])))
+        third = run(lora, FakeRequest(**lbody(prompt, 3, made["c"])))
         assert long_a.sender.final.is_set() and long_a.sender.errors() == [] and len(long_a.sender.tokens()) == 60
         assert third.errors() == [] and third.tokens() == expected["c"]
         assert lora.recycles == 1 and lora.llm is not first_llm and first_llm._executor is None
         assert gauge.value() == 1 and counter.value() == 1 and not old_life.exists()
-        again = run(lora, FakeRequest(**body(prompt, 6, end_id=[EOS], streaming=[True], lora_task_id=[1], lora_path=[str(made["a"])])))
+        again = run(lora, FakeRequest(**lbody(prompt, 1, made["a"])))
         assert again.errors() == [] and again.tokens() == expected["a"] and gauge.value() == 2
     finally:
         lora.finalize()
