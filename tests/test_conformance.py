@@ -94,6 +94,9 @@ are under NVIDIA/TensorRT-LLM ``cpp/tensorrt_llm``.
                                                                  ``terminateCancelledRequests``
 17  a known LoRA task id with another adapter                     ``base_worker.py`` @7b437aaa
                                                                  ``_load_lora_adapter``; reference ``lora.py``
+18  a bad adapter is that request's error; the next request is   ``base_worker.py`` @7b437aaa ``_enqueue_request``,
+    served (the PyTorch-backend model checks every folder        ``worker.py`` @cc4777e9 ``worker_main``;
+    first: 1.2.1 would stop its worker)                          reference ``lora.py``
 === ============================================================ ==================================================
 
 What a client sees of a FINAL response through HTTP ``generate_stream`` (measured on Triton 2.51):
@@ -1081,3 +1084,44 @@ def test_a_known_lora_task_id_with_another_adapter(server, prompts, adapter, tmp
         assert tokens == [] and len(errors) == 1 and "lora_task_id 5151 was first served with the adapter in" in errors[0]
     else:
         assert errors == [] and tokens == expected  # the cached task's weights: the first adapter's output
+
+
+def test_a_bad_adapter_is_that_requests_error_and_the_next_request_is_served(server, prompts, adapter, tmp_path):
+    """18. An adapter the backend cannot load fails only its request: the next one (with a good adapter) is served.
+    The C++ backend checks a request's LoRA tensors and answers an error for that request (the reference model's
+    lora.py, as the C++ LoraCache's validation). TensorRT-LLM 1.2.1's LLM API loads an adapter folder outside its
+    RequestError path, and a folder it cannot read stops its executor worker, for every request (base_worker.py
+    @7b437aaa _enqueue_request, worker.py @cc4777e9 worker_main; the stand-in does so): the PyTorch-backend model
+    checks every lora_path first (complete, readable), so the request gets an error naming the folder."""
+    import numpy as np
+
+    folder, expected = adapter
+    if server["impl"] == "pytorch":
+        bad = shutil.copytree(folder, tmp_path / "truncated")
+        weights = bad / "adapter_model.safetensors"
+        weights.write_bytes(weights.read_bytes()[:-100])
+        task = {"lora_task_id": np.array([[6161]], np.uint64),
+                "lora_path": np.array([[str(bad).encode()]], dtype=np.object_)}
+        phrase = f"lora_path {bad}: adapter_model.safetensors is damaged or incomplete"
+    else:
+        task = {"lora_task_id": np.array([[6161]], np.uint64),
+                "lora_weights": np.zeros((1, 2, 7), np.float32),  # rows of no module's width
+                "lora_config": np.array([[[0, 0, 4], [1, 0, 4]]], np.int32)}
+        phrase = ""
+    tokens, errors = grpc_call(server, FEATURES_MODEL, scalars(prompts["haiku"], 8, **task))
+    assert tokens == [] and len(errors) == 1 and phrase in errors[0], errors
+    good = {"lora_task_id": np.array([[4242]], np.uint64)}
+    if server["impl"] == "pytorch":
+        good["lora_path"] = np.array([[str(folder).encode()]], dtype=np.object_)
+    else:
+        from cog_triton.streaming.lora.convert import convert
+        from tensorrtllm_backend.engine import inspect_weights
+        from tests.lora_adapters import adapter_config
+
+        spec = inspect_weights(CHECKPOINT, reference_lora={"max_lora_rank": 8, "lora_target_modules": LORA_MODULES}).lora
+        tensors = convert(adapter_config(folder), (folder / "adapter_model.safetensors").read_bytes(), spec,
+                          "a").tensors
+        good["lora_weights"] = np.frombuffer(tensors.weights, np.float32).reshape(1, tensors.rows, tensors.width)
+        good["lora_config"] = np.frombuffer(tensors.config, np.int32).reshape(1, tensors.rows, 3)
+    tokens, errors = grpc_call(server, FEATURES_MODEL, scalars(prompts["haiku"], 8, **good))
+    assert errors == [] and tokens == expected

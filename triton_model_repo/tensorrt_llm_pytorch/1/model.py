@@ -426,12 +426,13 @@ class TritonPythonModel:
         if family is None:
             return None, None
         labels = {"model": str(args.get("model_name", "tensorrt_llm")), "version": str(args.get("model_version", "1"))}
-        adapters = family(name=ADAPTERS_METRIC, description="Distinct LoRA adapters the current LLM has been given "
-                          "(TensorRT-LLM 1.2.1 keeps each one's tensors until the LLM is recycled)",
-                          kind=family.GAUGE).Metric(labels=labels)
-        recycles = family(name=RECYCLES_METRIC, description="Times the LLM was replaced by a new one after "
-                          "max_adapters_per_llm distinct LoRA adapters", kind=family.COUNTER).Metric(labels=labels)
-        return adapters, recycles
+        # The families are kept: python_backend removes a family's metrics when the family object is deleted.
+        self._metric_families = (
+            family(name=ADAPTERS_METRIC, description="Distinct LoRA adapters the current LLM has been given "
+                   "(TensorRT-LLM 1.2.1 keeps each one's tensors until the LLM is recycled)", kind=family.GAUGE),
+            family(name=RECYCLES_METRIC, description="Times the LLM was replaced by a new one after "
+                   "max_adapters_per_llm distinct LoRA adapters", kind=family.COUNTER))
+        return tuple(f.Metric(labels=labels) for f in self._metric_families)
 
     @staticmethod
     def _vocab_size(llm_args: Dict[str, Any]) -> int:
@@ -992,6 +993,8 @@ class TritonPythonModel:
                 pass
         self._loop_thread.join(FINALIZE_DRAIN_S)
         self._life.close()
+        self._adapters_gauge = self._recycles_metric = None  # the metrics before their families (python_backend)
+        self._metric_families = ()
         if self._snapshot_root.name.startswith("trtllm-lora-"):  # our own temporary folder
             shutil.rmtree(self._snapshot_root, ignore_errors=True)
         self.serving = False
