@@ -765,6 +765,27 @@ def test_an_adapter_folder_removed_while_its_id_is_live_is_still_what_the_llm_re
         lora.finalize()
 
 
+def test_an_llm_whose_worker_stopped_anyway_stops_the_models_process(model_module, checkpoint_dir, prompt):
+    """Should 1.2.1's executor worker stop all the same (a load failing after the checks, an OOM: the stand-in's
+    worker stops here as 1.2.1's does), the next request gets its error and the one after "LLM is shutting down":
+    nothing in the process can bring the LLM back, so the model stops its process (the predictor's supervisor then
+    restarts Triton); the requests it was running would never end otherwise."""
+    fake_pb_utils.Logger.lines.clear()
+    instance = make(model_module, {"model": str(checkpoint_dir)})
+    gave_up = []
+    instance._give_up = lambda: gave_up.append(True)
+    try:
+        instance.llm._executor._die(OSError("adapter_model.safetensors: Input/output error"))
+        first = run(instance, FakeRequest(**body(prompt, 2, streaming=[True])))
+        assert "Input/output error" in " ".join(first.errors()) and gave_up == []
+        second = run(instance, FakeRequest(**body(prompt, 2, streaming=[True])))
+        assert "LLM is shutting down" in " ".join(second.errors()) and gave_up == [True]
+        third = run(instance, FakeRequest(**body(prompt, 2, streaming=[True])))
+        assert "the LLM's executor stopped" in " ".join(third.errors()) and gave_up == [True]
+    finally:
+        instance.finalize()
+
+
 def _device_bytes(folder) -> int:
     """What the stand-in keeps on the device for an adapter of this checkpoint (float32: 4 bytes a value)."""
     from safetensors.torch import load_file

@@ -176,6 +176,9 @@ FINALIZE_DRAIN_S = 10.0
 DEFAULT_UNANSWERED_STOP_TIMEOUT_MS = 1000.0
 #: ``LoraConfig.max_lora_rank``'s default (``lora_helper.py`` @585c7565).
 DEFAULT_MAX_LORA_RANK = 64
+#: What ``generate_async`` raises once the LLM is shut down (``llmapi/llm.py`` @4c05a748), also after its executor
+#: worker stopped (the proxy's ``_handle_background_error`` shuts it down).
+LLM_SHUT_DOWN = "LLM is shutting down"
 #: The model's metrics (Triton's /metrics, and the predictor's Prometheus endpoint after its own).
 ADAPTERS_METRIC = "cog_triton_llm_lora_adapters"
 RECYCLES_METRIC = "cog_triton_llm_recycles"
@@ -584,8 +587,9 @@ class TritonPythonModel:
             if inflight.final_queued:
                 return
             output = inflight.output
-            if output is None:
-                return  # _generate sees abort_requested before it gives the request to the LLM
+            if output is None:  # not given to the LLM (held while it is recycled, or its adapter being checked):
+                self._queue_final(inflight)  # it ends now, and _generate does not give it to the LLM
+                return
             if inflight.responded:
                 if not output.finished and not output.aborted():
                     output.abort()
@@ -642,8 +646,13 @@ class TritonPythonModel:
                 if not inflight.final_queued:
                     self._queue_final(inflight)
                 return
-            output = self.llm.generate_async(s.prompt_ids, sampling_params=SamplingParams(**kwargs),
-                                             lora_request=lora_request, streaming=s.llm_streaming)
+            try:
+                output = self.llm.generate_async(s.prompt_ids, sampling_params=SamplingParams(**kwargs),
+                                                 lora_request=lora_request, streaming=s.llm_streaming)
+            except RuntimeError as exc:
+                if str(exc) == LLM_SHUT_DOWN and not self._closing and self._broken is None:
+                    self._llm_died()
+                raise
             inflight.output = output
             self._submitted.add(inflight)
             submitted = True
@@ -800,6 +809,16 @@ class TritonPythonModel:
         finally:
             self._recycling = None
             event.set()
+
+    def _llm_died(self) -> None:
+        """The LLM says it is shutting down, and nobody shut it down: its executor worker stopped (1.2.1 stops it on
+        a failure outside its RequestError path, and then every later request fails; the requests it was running
+        never end). Nothing in this process can bring it back: the model's process stops, so that the predictor's
+        supervisor restarts Triton, which fails the running predictions (or sends again those without a token)."""
+        self._broken = ("the LLM's executor stopped (TensorRT-LLM 1.2.1 stops it on an error outside a request's "
+                        "error path); the model's process stops so that the server is restarted")
+        self._log("error", self._broken)
+        self._give_up()
 
     def _give_up(self) -> None:
         """Stop this process a moment after a failed rebuild (the errors already queued are sent first)."""
