@@ -120,7 +120,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
 #: Per-rank variables of an ``mpirun``-started process that a Triton Python backend stub inherits, removed before
 #: ``tensorrt_llm`` starts MPI here (upstream llmapi model.py @044a90d2, at import; not in 1.2.1's model): MPI then
