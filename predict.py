@@ -94,7 +94,7 @@ class Predictor(BaseRunner):
             le=2147483647,
         ),
         min_tokens: int = Input(
-            description="Minimum tokens to generate before the end token; 0 or -1 = none.",
+            description="Minimum tokens to generate before the end token; 0 or -1 = none. Some deployments cannot apply it (the PyTorch backend's default sampler): there a prediction that sets it fails, saying so; leave it out.",  # noqa: E501 - one literal
             default=0,
             ge=-1,
             le=2147483647,
@@ -110,13 +110,16 @@ class Predictor(BaseRunner):
             le=1024,
         ),
         repetition_penalty: float = Input(
-            description="Penalty for repeated tokens; 1 = none.", default=1.0, ge=0.01, le=10
+            description="Penalty for repeated tokens; 1 = none. Some deployments cannot apply it (the PyTorch backend's default sampler): there a prediction that sets it fails, saying so; leave it out.",  # noqa: E501 - one literal
+            default=1.0, ge=0.01, le=10
         ),
         presence_penalty: float = Input(
-            description="Additive penalty for tokens already generated.", default=0.0, ge=-2, le=2
+            description="Additive penalty for tokens already generated; 0 = none. Some deployments cannot apply it (the PyTorch backend's default sampler): there a prediction that sets it fails, saying so; leave it out.",  # noqa: E501 - one literal
+            default=0.0, ge=-2, le=2
         ),
         frequency_penalty: float = Input(
-            description="Additive penalty per occurrence of a generated token.", default=0.0, ge=-2, le=2
+            description="Additive penalty per occurrence of a generated token; 0 = none. Some deployments cannot apply it (the PyTorch backend's default sampler): there a prediction that sets it fails, saying so; leave it out.",  # noqa: E501 - one literal
+            default=0.0, ge=-2, le=2
         ),
         stop_sequences: str = Input(
             description='Comma-separated stop sequences (or a JSON array, e.g. ["a,b", "c"]); never emitted.',
@@ -124,7 +127,8 @@ class Predictor(BaseRunner):
             max_length=8192,
         ),
         seed: Optional[int] = Input(
-            description="Random seed; leave empty for a random one.", default=None, ge=0, le=9007199254740991
+            description="Random seed; leave empty for a random one. Some deployments cannot apply a seed when sampling (the PyTorch backend's default sampler): there a prediction that sets one fails, saying so; leave it out, or set temperature to 0 (greedy decoding gives the same output every time).",  # noqa: E501 - one literal
+            default=None, ge=0, le=9007199254740991
         ),
         json_schema: str = Input(
             description='A JSON Schema (as text): the output is then a JSON document valid against it (guided decoding). The json_schema object of an OpenAI response_format ({"name", "schema", "strict"}) is accepted too. Empty: off.',  # noqa: E501 - one literal

@@ -101,7 +101,9 @@ def pytorch_standin_config(*, step_ms: float, text_file: Path = STANDIN_TEXT,
 
     product = (PYTORCH_MODEL_DIR / "config.pbtxt").read_text()
     reference = placeholders((REFERENCE_MODEL.parent.parent / "config.pbtxt").read_text())
-    own = {"cancellation_check_period_ms": cancellation_check_period_ms}
+    # the model's own defaults for the rest (empty parameters are dropped when rendered); the benchmark sends no adapter
+    own = {"cancellation_check_period_ms": cancellation_check_period_ms, "unanswered_stop_timeout_ms": "",
+           "max_adapters_per_llm": "", "adapter_snapshot_dir": ""}
     unknown = placeholders(product) - reference - set(own)
     if unknown:
         raise ValueError(f"tensorrt_llm_pytorch/config.pbtxt has placeholders the benchmark does not fill: {unknown}")

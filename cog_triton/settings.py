@@ -22,7 +22,7 @@ without its group (several groups' errors are no longer reported together); regr
 ``model_validator(mode="before")`` comes after the merge, where ``weights``, both a group and COG_TRITON_WEIGHTS,
 is one key: the weights from one source would replace the other source's whole group, or the other way round.
 
-Why one module (about 890 lines): one concern, the operator's settings: the fields (about 530 lines: 83, each
+Why one module (about 890 lines): one concern, the operator's settings: the fields (about 540 lines: 84, each
 with the description docs/settings.md is generated from, in 14 groups), the source that fills the groups from the
 flat variables, their validation, and the typed views other modules take of them (``llm_api_options``, paths, the
 stream process count).
@@ -428,6 +428,14 @@ class LlmSettings(Group):
         default="attn_q,attn_k,attn_v,attn_dense,mlp_h_to_4h,mlp_4h_to_h,mlp_gate",
         validation_alias="llm_lora_target_modules",
         description="PyTorch backend: comma-separated TensorRT-LLM modules adapters may adapt.",
+    )
+    max_adapters_per_llm: int = Field(
+        default=8, ge=0, validation_alias="llm_max_adapters_per_llm",
+        description="PyTorch backend: distinct LoRA adapters one LLM is given over its life; the next new one first "
+        "recycles the LLM (running requests finish, new ones wait, a new LLM is built). TensorRT-LLM 1.2.1 keeps every "
+        "distinct adapter's GPU tensors until then; 8 adapters of rank 64 on all seven modules of an 8B model are "
+        "2.7 GB, what an 80 GB GPU has left after the KV cache and the runtime (docs/deploy.md: LoRA adapters on the "
+        "PyTorch backend). 0: no bound.",
     )
     trust_remote_code: bool = Field(
         default=False,

@@ -94,45 +94,72 @@ class SamplingInputs:
     return_log_probs: bool = False
 
 
-def _fix(name: str, neutral: str) -> str:
-    return (f"serve with sampler_type {TRTLLM_SAMPLER} ({SETTING}={TRTLLM_SAMPLER}), which applies it, or leave "
-            f"{name} {neutral}")
+@dataclass(frozen=True)
+class Refusal:
+    """Why a request is refused, told twice.
+
+    Attributes:
+        name: the input refused (the C++ backend's tensor name; Cog's input of the same name).
+        message: for the caller, leading with what the caller can do (leave the input out, or decode greedily for a
+            seed), then why: the caller cannot change the server's sampler.
+        remedy: for the operator's log: the setting that applies the input, and the upstream changes behind it.
+    """
+
+    name: str
+    message: str
+    remedy: str
+
+    def log_line(self) -> str:
+        """The line the server logs for the operator."""
+        return f"refused {self.name} ({TORCH_SAMPLER} would not apply it): {self.remedy}"
 
 
-def refusal(sampler: str, inputs: SamplingInputs) -> Optional[str]:
+def _remedy(name: str, after: str) -> str:
+    return (f"to serve {name}, set sampler_type {TRTLLM_SAMPLER} ({SETTING}={TRTLLM_SAMPLER}; deprecated after 1.2, "
+            f"NVIDIA/TensorRT-LLM PR #11938) or move to a TensorRT-LLM where {TORCH_SAMPLER} applies it ({after}); "
+            "docs/deploy.md: Samplers")
+
+
+def refusal(sampler: str, inputs: SamplingInputs) -> Optional[Refusal]:
     """Why ``sampler`` cannot take ``inputs`` as asked (the first such input), or None when it can.
 
-    The message names the input and its value, the sampler, what it does instead (with the upstream change
-    that altered it after 1.2.1), and the setting that makes it work. :data:`TRTLLM_SAMPLER` takes every input
-    here; :data:`TORCH_SAMPLER` ignores penalties, bad words and (unless decoding is greedy, where it changes
-    nothing) seeds, does not apply ``min_tokens`` as asked, and reports the arg-max token's log-probability
-    (the sampled token's only under greedy decoding).
+    The caller's message names the input and its value and leads with what the caller can do (leave the input out;
+    for a seed, or log-probabilities, decode greedily with temperature 0), then says what this deployment's sampler
+    would do instead; the operator's remedy (the setting, the upstream pull requests) is :attr:`Refusal.remedy`, for
+    the log. :data:`TRTLLM_SAMPLER` takes every input here; :data:`TORCH_SAMPLER` ignores penalties, bad words and
+    (unless decoding is greedy, where it changes nothing) seeds, does not apply ``min_tokens`` as asked, and reports
+    the arg-max token's log-probability (the sampled token's only under greedy decoding).
     """
     if sampler != TORCH_SAMPLER:
         return None
-    what = f"{RELEASE}'s {TORCH_SAMPLER}, the PyTorch backend's sampler for this model,"
+    why = f"this deployment's sampler ({RELEASE}'s {TORCH_SAMPLER})"
     for name, value, neutral in (("repetition_penalty", inputs.repetition_penalty, 1.0),
                                  ("presence_penalty", inputs.presence_penalty, 0.0),
                                  ("frequency_penalty", inputs.frequency_penalty, 0.0)):
         if value != neutral:
-            return (f"{name}={value:g} would have no effect: {what} ignores repetition, presence and frequency "
-                    f"penalties (they came to it after 1.2.1, NVIDIA/TensorRT-LLM PR #16485); "
-                    f"{_fix(name, f'at {neutral:g}')}")
+            return Refusal(name, f"{name}={value:g} cannot be applied here: leave {name} out (or set it to "
+                                 f"{neutral:g}); {why} ignores repetition, presence and frequency penalties",
+                           _remedy(name, "PR #16485"))
     if inputs.min_tokens > 0:
-        return (f"min_tokens={inputs.min_tokens} would not be applied as asked: {what} counts the prompt's tokens "
-                "towards min_tokens, so it holds the end token back for no generated token once the prompt is that "
-                f"long (fixed after 1.2.1, PR #12166); {_fix('min_tokens', 'at 0')}")
+        return Refusal("min_tokens", f"min_tokens={inputs.min_tokens} cannot be applied here: leave min_tokens out (or "
+                                     f"set it to 0); {why} counts the prompt's tokens towards min_tokens, so it would "
+                                     "not hold the end token back as asked",
+                       _remedy("min_tokens", "PR #12166"))
     if inputs.bad_words:
-        return (f"bad_words_list would have no effect: {what} ignores bad words (PR #16052 added them after 1.2.1); "
-                f"{_fix('bad_words_list', 'empty')}")
+        return Refusal("bad_words_list", f"bad_words_list cannot be applied here: leave it out; {why} ignores bad words",
+                       _remedy("bad_words_list", "PR #16052"))
     if inputs.seed is not None and not inputs.greedy:
-        return (f"seed={inputs.seed} would have no effect: {what} samples every request from one generator seeded "
-                f"once, so a request's seed reproduces nothing (per-request seeds came after 1.2.1, PR #17172); "
-                f"{_fix('seed', 'out')}")
+        return Refusal("seed", f"seed={inputs.seed} cannot be applied here: leave seed out, or set temperature to 0 "
+                               f"(greedy decoding gives the same output every time, without a seed); {why} draws "
+                               "every request from one shared generator, so a seed would reproduce nothing",
+                       _remedy("seed", "PR #17172"))
     if inputs.return_log_probs and not inputs.greedy:
-        return (f"return_log_probs with sampling would report another token's log-probability: {what} reports the "
-                "most likely token's log-probability from the logits before sampling, not the sampled token's; "
-                f"{_fix('return_log_probs', 'off, or decode greedily (temperature 0)')}")
+        return Refusal("return_log_probs", "return_log_probs with sampling cannot be applied here: set temperature to "
+                                           f"0 (greedy decoding), or leave return_log_probs out; {why} reports the "
+                                           "most likely token's log-probability, taken before sampling, not the "
+                                           "sampled token's",
+                       f"to serve log-probabilities with sampling, set sampler_type {TRTLLM_SAMPLER} "
+                       f"({SETTING}={TRTLLM_SAMPLER}); docs/deploy.md: Samplers")
     return None
 
 
@@ -141,5 +168,5 @@ def takes_seed(sampler: Optional[str]) -> bool:
     return sampler != TORCH_SAMPLER
 
 
-__all__ = ["AUTO", "RELEASE", "SAMPLER_TYPES", "SETTING", "SamplingInputs", "TORCH_SAMPLER", "TRTLLM_SAMPLER",
-           "effective_sampler", "refusal", "takes_seed"]
+__all__ = ["AUTO", "RELEASE", "Refusal", "SAMPLER_TYPES", "SETTING", "SamplingInputs", "TORCH_SAMPLER",
+           "TRTLLM_SAMPLER", "effective_sampler", "refusal", "takes_seed"]

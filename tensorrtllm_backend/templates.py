@@ -287,6 +287,10 @@ class RenderOptions:
     #: checkpoint, ``tensorrt_llm`` is then the PyTorch-backend model (``tensorrt_llm_pytorch``) and this dict its
     #: ``1/llm_args.json`` (:func:`write_llm_args`). None: the CPU reference model serves a checkpoint.
     llm_args: Optional[Mapping[str, Any]] = None
+    #: The PyTorch-backend model's bound on the distinct LoRA adapters one LLM is given (0 or None: none), and the
+    #: folder of its adapter snapshots (None: a temporary folder of the model's); see its ``adapters.py``.
+    max_adapters_per_llm: Optional[int] = None
+    adapter_snapshot_dir: Optional[str] = None
 
 
 def lora_cache_values(options: RenderOptions, info: WeightsInfo) -> dict[str, object]:
@@ -608,6 +612,9 @@ def pytorch_values(options: RenderOptions, common: Mapping[str, object], lora_dt
         "lora_weights_datatype": lora_dtype,
         "exclude_input_in_output": True,
         "cancellation_check_period_ms": None,
+        "unanswered_stop_timeout_ms": None,
+        "max_adapters_per_llm": options.max_adapters_per_llm,
+        "adapter_snapshot_dir": options.adapter_snapshot_dir,
         "guided_decoding_backend": llm_args.get("guided_decoding_backend"),
     }
 

@@ -66,6 +66,43 @@ class Logger:
         cls.lines.append(("error", message))
 
 
+class MetricFamily:
+    """python_backend's custom metrics (``pb_utils.MetricFamily(name, description, kind)``, ``.Metric(labels)`` with
+    ``set`` / ``increment`` / ``value``; a counter only increments). Every family made is kept in :attr:`made`."""
+
+    COUNTER = "COUNTER"
+    GAUGE = "GAUGE"
+    made: dict = {}
+
+    def __init__(self, name: str, description: str, kind: str) -> None:
+        self.name, self.description, self.kind = name, description, kind
+        self.metrics: list = []
+        MetricFamily.made[name] = self
+
+    def Metric(self, labels: Optional[dict] = None) -> "_Metric":  # noqa: N802 - upstream's name
+        metric = _Metric(self.kind, dict(labels or {}))
+        self.metrics.append(metric)
+        return metric
+
+
+class _Metric:
+    def __init__(self, kind: str, labels: dict) -> None:
+        self.kind, self.labels, self._value = kind, labels, 0.0
+
+    def set(self, value: float) -> None:
+        if self.kind == MetricFamily.COUNTER:
+            raise RuntimeError("a counter cannot be set")
+        self._value = float(value)
+
+    def increment(self, value: float) -> None:
+        if self.kind == MetricFamily.COUNTER and value < 0:
+            raise RuntimeError("a counter only increments")
+        self._value += float(value)
+
+    def value(self) -> float:
+        return self._value
+
+
 def get_input_tensor_by_name(request, name: str) -> Optional[Tensor]:
     """As upstream's (python_backend ``triton_python_backend_utils.py``): ``inputs()`` again, then the names in
     turn."""

@@ -94,6 +94,9 @@ are under NVIDIA/TensorRT-LLM ``cpp/tensorrt_llm``.
                                                                  ``terminateCancelledRequests``
 17  a known LoRA task id with another adapter                     ``base_worker.py`` @7b437aaa
                                                                  ``_load_lora_adapter``; reference ``lora.py``
+18  a bad adapter is that request's error; the next request is   ``base_worker.py`` @7b437aaa ``_enqueue_request``,
+    served (the PyTorch-backend model checks every folder        ``worker.py`` @cc4777e9 ``worker_main``;
+    first: 1.2.1 would stop its worker)                          reference ``lora.py``
 === ============================================================ ==================================================
 
 What a client sees of a FINAL response through HTTP ``generate_stream`` (measured on Triton 2.51):
@@ -211,13 +214,16 @@ def features_values() -> dict:
             **lora, "lora_cache_host_memory_bytes": 50_000_000}
 
 
-def render_pytorch_config(name: str) -> str:
-    """The PyTorch-backend template, filled as the renderer fills it, exclude_input_in_output left out."""
+def render_pytorch_config(name: str, **values: object) -> str:
+    """The PyTorch-backend template, filled as the renderer fills it (``values`` replacing its values),
+    exclude_input_in_output left out."""
     text = (PYTORCH_DIR / "config.pbtxt").read_text()
     text = "\n".join(line for line in text.splitlines() if '"exclude_input_in_output" value' not in line)
-    text = string.Template(text).substitute(
-        triton_max_batch_size=MAX_ACTIVE, decoupled_mode="true", max_queue_delay_microseconds=0,
-        lora_weights_datatype="TYPE_FP32", cancellation_check_period_ms="", guided_decoding_backend="")
+    text = string.Template(text).substitute({
+        **dict(triton_max_batch_size=MAX_ACTIVE, decoupled_mode="true", max_queue_delay_microseconds=0,
+               lora_weights_datatype="TYPE_FP32", cancellation_check_period_ms="", guided_decoding_backend="",
+               unanswered_stop_timeout_ms="", max_adapters_per_llm="", adapter_snapshot_dir=""),
+        **values})
     text, count = re.subn(r'^name: "tensorrt_llm"$', f'name: "{name}"', text, flags=re.M)
     assert count == 1
     return text
@@ -936,14 +942,16 @@ def _outcome(url: str, model: str, payload: dict) -> tuple[list[int], str]:
 @pytest.mark.parametrize("case", ["repetition_penalty", "presence_penalty", "frequency_penalty", "bad_words",
                                   "min_tokens", "seed"])
 def test_a_sampling_input_takes_effect_or_is_refused(server, url, prompts, greedy, case):
-    """14. Every sampling input a client sends either takes effect (as on the C++ backend) or is refused naming the
-    input, the sampler and the setting that applies it. TensorRT-LLM 1.2.1's TorchSampler (sampler_type auto)
+    """14. Every sampling input a client sends either takes effect (as on the C++ backend) or is refused: the error
+    leads with what the caller can do (leave the input out), and the setting that would apply it is logged for the
+    operator. TensorRT-LLM 1.2.1's TorchSampler (sampler_type auto)
     ignores the penalties, bad words and the request's seed and counts the prompt towards min_tokens
     (_torch/pyexecutor/sampler.py @00026bd1; the stand-in does the same): the PyTorch-backend model refuses those
     there; with TRTLLMSampler (the C++ decoder) they apply. "Effect": greedy output changed by a penalty, the banned
     first token avoided, the end token held back for min_tokens, the same seed reproducing and another changing a
     sample."""
     haiku = prompts["haiku"]
+    remedies = server["log"].read_text(errors="replace").count("COG_TRITON_LLM_SAMPLER=TRTLLMSampler")
     for model, applies in SAMPLING_MODELS[server["impl"]]:
         if case in ("repetition_penalty", "presence_penalty", "frequency_penalty"):
             tokens, error = _outcome(url, model, request(haiku, 8, streaming=[True], **{case: [2.0]}))
@@ -964,9 +972,12 @@ def test_a_sampling_input_takes_effect_or_is_refused(server, url, prompts, greed
             effect = one == again and one != other
         if applies:
             assert not error and effect, (model, case, error)
-        else:
+        else:  # the caller's error leads with what the caller can do; the operator's remedy is in the server's log
             name = "bad_words_list" if case == "bad_words" else case
-            assert name in error and "TorchSampler" in error and "sampler_type TRTLLMSampler" in error, (model, error)
+            assert error.startswith(name) and "cannot be applied here: leave" in error, (model, error)
+            assert "TorchSampler" in error and "COG_TRITON_LLM_SAMPLER" not in error, (model, error)
+            log = server["log"].read_text(errors="replace")
+            assert log.count("COG_TRITON_LLM_SAMPLER=TRTLLMSampler") > remedies, "the remedy was logged"
 
 
 def test_log_probs_are_the_generated_tokens_or_refused(server, url, prompts, hf_model):
@@ -1072,3 +1083,44 @@ def test_a_known_lora_task_id_with_another_adapter(server, prompts, adapter, tmp
         assert tokens == [] and len(errors) == 1 and "lora_task_id 5151 was first served with the adapter in" in errors[0]
     else:
         assert errors == [] and tokens == expected  # the cached task's weights: the first adapter's output
+
+
+def test_a_bad_adapter_is_that_requests_error_and_the_next_request_is_served(server, prompts, adapter, tmp_path):
+    """18. An adapter the backend cannot load fails only its request: the next one (with a good adapter) is served.
+    The C++ backend checks a request's LoRA tensors and answers an error for that request (the reference model's
+    lora.py, as the C++ LoraCache's validation). TensorRT-LLM 1.2.1's LLM API loads an adapter folder outside its
+    RequestError path, and a folder it cannot read stops its executor worker, for every request (base_worker.py
+    @7b437aaa _enqueue_request, worker.py @cc4777e9 worker_main; the stand-in does so): the PyTorch-backend model
+    checks every lora_path first (complete, readable), so the request gets an error naming the folder."""
+    import numpy as np
+
+    folder, expected = adapter
+    if server["impl"] == "pytorch":
+        bad = shutil.copytree(folder, tmp_path / "truncated")
+        weights = bad / "adapter_model.safetensors"
+        weights.write_bytes(weights.read_bytes()[:-100])
+        task = {"lora_task_id": np.array([[6161]], np.uint64),
+                "lora_path": np.array([[str(bad).encode()]], dtype=np.object_)}
+        phrase = f"lora_path {bad}: adapter_model.safetensors is damaged or incomplete"
+    else:
+        task = {"lora_task_id": np.array([[6161]], np.uint64),
+                "lora_weights": np.zeros((1, 2, 7), np.float32),  # rows of no module's width
+                "lora_config": np.array([[[0, 0, 4], [1, 0, 4]]], np.int32)}
+        phrase = ""
+    tokens, errors = grpc_call(server, FEATURES_MODEL, scalars(prompts["haiku"], 8, **task))
+    assert tokens == [] and len(errors) == 1 and phrase in errors[0], errors
+    good = {"lora_task_id": np.array([[4242]], np.uint64)}
+    if server["impl"] == "pytorch":
+        good["lora_path"] = np.array([[str(folder).encode()]], dtype=np.object_)
+    else:
+        from cog_triton.streaming.lora.convert import convert
+        from tensorrtllm_backend.engine import inspect_weights
+        from tests.lora_adapters import adapter_config
+
+        spec = inspect_weights(CHECKPOINT, reference_lora={"max_lora_rank": 8, "lora_target_modules": LORA_MODULES}).lora
+        tensors = convert(adapter_config(folder), (folder / "adapter_model.safetensors").read_bytes(), spec,
+                          "a").tensors
+        good["lora_weights"] = np.frombuffer(tensors.weights, np.float32).reshape(1, tensors.rows, tensors.width)
+        good["lora_config"] = np.frombuffer(tensors.config, np.int32).reshape(1, tensors.rows, 3)
+    tokens, errors = grpc_call(server, FEATURES_MODEL, scalars(prompts["haiku"], 8, **good))
+    assert errors == [] and tokens == expected

@@ -243,6 +243,66 @@ def test_a_prediction_sent_while_triton_restarts_waits_for_it(stack) -> None:
     assert triton_pid(stack) != pid
 
 
+def handed_to(stack, model: str = "tensorrt_llm") -> int:
+    """How many requests Triton has handed to ``model``'s execute() (its statistics' inference_count: a decoupled
+    Python model counts a request once execute() returned it queued or running)."""
+    stats = httpx.get(f"{stack['triton']}/v2/models/{model}/stats", timeout=30).json()
+    return int(stats["model_stats"][0]["inference_count"])
+
+
+def resend_after_triton_died(stack, short: dict[str, Any], long: dict[str, Any]) -> None:
+    """One batch slot (the stack's model takes one request at a time): ``long`` holds it, generating; ``short``
+    waits in Triton for it, with no token; Triton is killed. The prediction that had tokens fails naming Triton's
+    death, as before; the one that had none waits for the restart and is sent once more: it succeeds with the same
+    text as alone (greedy), each part of it once."""
+    alone = stack["cog"].predict(short, timeout_s=400)
+    assert alone["status"] == "succeeded" and alone["output"], alone
+    log = stack["work"] / "cog.log"
+    offset = log.stat().st_size
+    before = handed_to(stack)
+    running, running_result, first = start_stream(stack, long)
+    assert first.wait(120) and running_result["chunks"], running_result
+    waiting, waiting_result, _ = start_stream(stack, short)
+    deadline = time.monotonic() + 120  # only "not hung": the request reaches the model and waits for the slot
+    while handed_to(stack) < before + 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert handed_to(stack) == before + 2, "the second prediction never reached the model"
+    assert not waiting_result["chunks"], "it had a token before Triton died: the test tells nothing"
+    pid = triton_pid(stack)
+    os.kill(pid, signal.SIGKILL)
+    running.join(timeout=120)
+    waiting.join(timeout=600)  # the restart, then the whole short generation: only "not hung"
+    assert not running.is_alive() and not waiting.is_alive()
+    failed = running_result["final"]
+    assert failed["status"] == "failed" and "SIGKILL" in failed["error"], failed
+    served = waiting_result["final"]
+    assert served["status"] == "succeeded", served
+    assert "".join(waiting_result["chunks"]) == "".join(alone["output"]), (waiting_result["chunks"], alone["output"])
+    with log.open("rb") as fh:  # only what was logged since the test began
+        fh.seek(offset)
+        new = fh.read().decode("utf-8", "replace")
+    assert new.count("before any token: sending it once more when Triton is back") == 1, new[-3000:]
+    assert triton_pid(stack) != pid
+    serves_again(stack)
+
+
+@pytest.fixture(scope="module")
+def one_slot_stack(tmp_path_factory, default_archive: Path):
+    """A stack whose reference model runs one request at a time (COG_TRITON_REFERENCE_MAX_BATCH_SIZE=1): a second
+    prediction waits in Triton without a token while the first generates."""
+    from tests.stacks import STACK_SETTINGS, cog_stack
+
+    settings = {**STACK_SETTINGS, "COG_TRITON_REFERENCE_MAX_BATCH_SIZE": "1"}
+    with cog_stack(tmp_path_factory, default_archive, "one_slot_stack", slots=2, **settings) as stack:
+        yield stack
+
+
+def test_a_prediction_waiting_in_triton_when_it_dies_is_sent_again_after_the_restart(one_slot_stack) -> None:
+    """The C++ path (the reference model stands for the C++ backend): before, the waiting prediction failed with
+    Triton's death though nothing of it had been generated."""
+    resend_after_triton_died(one_slot_stack, SHORT, LONG)
+
+
 def _gaps(stamps: list[float], start: float, end: float) -> list[float]:
     """The gaps between consecutive arrivals whose later arrival lies in [start, end]."""
     return [b - a for a, b in zip(stamps, stamps[1:]) if start <= b <= end]

@@ -469,15 +469,24 @@ def test_triton_death_fails_prediction_fast_then_recovers(fault_stack):
     pids = _triton_pids(repo)
     assert len(pids) == 1, pids
     result: dict[str, Any] = {}
+    first = threading.Event()
 
     def long_prediction() -> None:
-        result["doc"] = cog.predict({"prompt": "Write a long story about a robot.", "max_tokens": 400, "min_tokens": 400, "temperature": 0})
+        inputs = {"prompt": "Write a long story about a robot.", "max_tokens": 400, "min_tokens": 400, "temperature": 0}
+        for event, data in cog.stream(inputs, timeout_s=600):
+            if event == "output":
+                first.set()
+            elif event == "completed":
+                result["doc"] = data
         result["done"] = time.monotonic()
+        first.set()
 
     started = time.monotonic()
     thread = threading.Thread(target=long_prediction)
     thread.start()
-    time.sleep(3.0)
+    # Killed once it has a token: a prediction that has none when Triton dies is sent again after the restart
+    # (tests/test_faults.py); one that has tokens fails fast, naming the death.
+    assert first.wait(120) and "doc" not in result, result
     killed = time.monotonic()
     os.kill(pids[0], signal.SIGKILL)
     thread.join(timeout=600)  # only "not hung"

@@ -7,6 +7,7 @@ recorded upstream facts (cited in the modules) on real checkpoint folders and th
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -524,10 +525,11 @@ def test_beam_search_or_a_speculative_decoder_decide_the_sampler_as_1_2_1_does()
         "TorchSampler")  # the speculative decoder's sampler replaces the choice; nothing more assumed of it
 
 
-def test_the_worker_refuses_what_the_sampler_would_ignore(tmp_path):
+def test_the_worker_refuses_what_the_sampler_would_ignore(tmp_path, caplog):
     """LLMService.validate: under TorchSampler a prediction with a penalty, min_tokens or a seed (when sampling) is
-    refused before it leaves the Cog worker, naming the input, the sampler and the setting; a drawn seed is not a
-    refusal (it is not sent); the C++ backend and TRTLLMSampler take everything."""
+    refused before it leaves the Cog worker, its error leading with what the caller can do (the operator's remedy,
+    the sampler setting, logged); a drawn seed is not a refusal (it is not sent); the C++ backend and TRTLLMSampler
+    take everything."""
     from cog_triton.plan import GeneratorConfig
     from cog_triton.worker.service import LLMService
     from tensorrtllm_backend.engine import ModelLimits
@@ -538,15 +540,21 @@ def test_the_worker_refuses_what_the_sampler_would_ignore(tmp_path):
         service.generator_config = GeneratorConfig(tokenizer_dir=tmp_path, limits=limits, grpc_address="x:1",
                                                    backend="engine" if sampler is None else "pytorch", sampler=sampler)
         refused = sampler == "TorchSampler"
-        for inputs, phrase in (({"repetition_penalty": 1.3}, "repetition_penalty=1.3 would have no effect"),
-                               ({"presence_penalty": 0.5}, "presence_penalty=0.5"),
-                               ({"frequency_penalty": 0.5}, "frequency_penalty=0.5"),
-                               ({"min_tokens": 3}, "min_tokens=3 would not be applied as asked"),
-                               ({"seed": 5}, "seed=5 would have no effect")):
+        for inputs, phrase in (({"repetition_penalty": 1.3}, "repetition_penalty=1.3 cannot be applied here: leave "
+                                                             "repetition_penalty out"),
+                               ({"presence_penalty": 0.5}, "presence_penalty=0.5 cannot be applied here"),
+                               ({"frequency_penalty": 0.5}, "frequency_penalty=0.5 cannot be applied here"),
+                               ({"min_tokens": 3}, "min_tokens=3 cannot be applied here: leave min_tokens out"),
+                               ({"seed": 5}, "seed=5 cannot be applied here: leave seed out, or set temperature to 0")):
             if refused:
-                with pytest.raises(InputError, match=phrase) as info:
-                    service.validate(prompt="hi", **inputs)
-                assert "TorchSampler" in str(info.value) and "COG_TRITON_LLM_SAMPLER=TRTLLMSampler" in str(info.value)
+                with caplog.at_level(logging.WARNING, logger="cog_triton.worker.service"):
+                    caplog.clear()
+                    with pytest.raises(InputError) as info:
+                        service.validate(prompt="hi", **inputs)
+                message = info.value.message
+                assert message.startswith(phrase) and "TorchSampler" in message, message
+                assert "COG_TRITON_LLM_SAMPLER" not in message and "PR #" not in message
+                assert "COG_TRITON_LLM_SAMPLER=TRTLLMSampler" in caplog.text  # the operator's remedy, logged
             else:
                 service.validate(prompt="hi", **inputs)
         drawn = service.validate(prompt="hi")

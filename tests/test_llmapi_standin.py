@@ -491,6 +491,150 @@ def test_lora_requests_are_ignored_without_lora_config(trtllm, llm, prompt, adap
     assert _lora_tokens(llm, prompt, LoRARequest("a", 1, str(adapters["a"]))) == adapters["expected"]["base"]
 
 
+def _lora_values(folder) -> int:
+    from safetensors.torch import load_file
+
+    return sum(t.numel() for name, t in load_file(str(folder / "adapter_model.safetensors")).items() if "lora_" in name)
+
+
+def test_every_distinct_adapter_stays_on_the_device_for_the_llms_life(trtllm, checkpoint_dir, prompt, adapters):
+    """lora_manager.py @30e6fb55 and @007e181b load_from_hf: each new uid's device tensors are appended to
+    _lora_weights, which never shrinks, whatever the C++ cache evicts (max_cpu_loras 1 here); a uid loaded before is
+    skipped (PR #12815's _retain_device_tensors came after 1.2.1). The tensors take the model's dtype (this
+    checkpoint's config.json: float32, 4 bytes a value)."""
+    from tensorrt_llm.executor.request import LoRARequest
+
+    config = json.loads((checkpoint_dir / "config.json").read_text())
+    assert (config.get("dtype") or config.get("torch_dtype")) == "float32"
+    llm = trtllm.LLM(str(checkpoint_dir), lora_config={"max_lora_rank": 8, "max_cpu_loras": 1})
+    worker = llm._executor.lora_worker
+    a, b = 4 * _lora_values(adapters["a"]), 4 * _lora_values(adapters["b"])
+    try:
+        seen = []
+        for name, uid in (("a", 1), ("b", 2), ("a", 1), ("b", 3), ("a", 1)):
+            assert _lora_tokens(llm, prompt, LoRARequest(name, uid, str(adapters[name]))) == adapters["expected"][name]
+            seen.append(worker.retained_device_bytes)
+        assert seen == [a, a + b, a + b, a + 2 * b, a + 2 * b]
+        assert sorted(worker.loaded) == [1, 2, 3] and len(llm._executor.lora._names) == 1
+    finally:
+        llm.shutdown()
+
+
+def _start(llm, prompt, n, lora=None):
+    from tensorrt_llm import SamplingParams
+
+    return llm.generate_async(prompt, sampling_params=SamplingParams(end_id=-1, max_tokens=n, top_k=1),
+                              lora_request=lora, streaming=True)
+
+
+@pytest.mark.parametrize("failure", ["truncated", "no_config", "out_of_memory"])
+def test_a_lora_load_failure_stops_the_worker(trtllm, checkpoint_dir, prompt, adapters, tmp_path, monkeypatch,
+                                              failure):
+    """base_worker.py @7b437aaa _enqueue_request loads the adapter before its try (RequestError), and worker_main
+    (worker.py @cc4777e9) treats anything else as critical: the proxy's dispatch thread quits, so a request in flight
+    gets no further response; the next generate_async raises the failure and shuts the executor down
+    (executor.py _handle_background_error), and the one after that "LLM is shutting down". Damaged folders, and a
+    load beyond the device memory left (LLMAPI_STANDIN_LORA_DEVICE_BYTES: room for adapter "a" only)."""
+    import shutil
+
+    from tensorrt_llm.executor.request import LoRARequest
+
+    bad = tmp_path / "bad"
+    shutil.copytree(adapters["b"], bad)
+    if failure == "truncated":
+        weights = bad / "adapter_model.safetensors"
+        weights.write_bytes(weights.read_bytes()[:-100])
+    elif failure == "no_config":
+        (bad / "adapter_config.json").unlink()
+        bad.joinpath("adapter_config.json").mkdir()  # exists (LoRARequest takes it) but cannot be read as a file
+    else:
+        monkeypatch.setenv("LLMAPI_STANDIN_LORA_DEVICE_BYTES", str(4 * _lora_values(adapters["a"])))
+    llm = trtllm.LLM(str(checkpoint_dir), max_batch_size=2, lora_config={"max_lora_rank": 8})
+
+    async def main():
+        good = _start(llm, prompt, 200, LoRARequest("a", 1, str(adapters["a"])))
+        steps = 0
+        async for _ in good:
+            steps += 1
+            if steps == 2:
+                _start(llm, prompt, 4, LoRARequest("bad", 2, str(bad)))
+                break
+        deadline = asyncio.get_running_loop().time() + 30  # only "not hung": the worker stops at its next loop
+        while llm._executor.error is None and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.01)
+        at_death = (llm._executor.steps, good._aqueue.qsize())
+        await asyncio.sleep(0.5)  # a step takes about 0.1 s here: several would have run
+        return good, at_death
+
+    try:
+        good, at_death = asyncio.run(main())
+        assert llm._executor.error is not None
+        assert (llm._executor.steps, good._aqueue.qsize()) == at_death, "nothing ran or answered after the stop"
+        assert not good.finished
+        expected = {"truncated": Exception, "no_config": OSError, "out_of_memory": RuntimeError}[failure]
+        with pytest.raises(expected) as raised:
+            collect(llm, prompt, end_id=-1, max_tokens=2)
+        assert not isinstance(raised.value, trtllm.executor.utils.RequestError)
+        if failure == "out_of_memory":
+            assert "CUDA out of memory" in str(raised.value)
+        with pytest.raises(RuntimeError, match="LLM is shutting down"):
+            collect(llm, prompt, end_id=-1, max_tokens=2)
+    finally:
+        llm.shutdown()
+
+
+def test_a_slow_abort_lets_an_active_request_run_until_the_executor_sees_it(trtllm, checkpoint_dir, prompt,
+                                                                            monkeypatch):
+    """An abort travels from RequestOutput.abort() through the proxy's request queue to the worker and the executor
+    loop's next iteration (LLMAPI_STANDIN_ABORT_DELAY_MS stands for that under load): the request keeps generating
+    until then and ends 'cancelled' with every token it made."""
+    from tensorrt_llm import SamplingParams
+
+    monkeypatch.setenv("LLMAPI_STANDIN_ABORT_DELAY_MS", "400")
+    llm = trtllm.LLM(str(checkpoint_dir), max_batch_size=2, max_seq_len=512)
+
+    async def main():
+        out = llm.generate_async(prompt, sampling_params=SamplingParams(end_id=-1, max_tokens=400, top_k=1),
+                                 streaming=True)
+        steps, after = [], 0
+        async for result in out:
+            steps.append(list(result.outputs[0].token_ids_diff))
+            if len(steps) == 2:
+                out.abort()
+            elif len(steps) > 2:
+                after += 1
+        return out, steps, after
+
+    try:
+        out, steps, after = asyncio.run(main())
+        assert out.outputs[0].finish_reason == "cancelled" and after >= 2, (after, len(steps))
+        assert sum(len(s) for s in steps) == len(out.outputs[0].token_ids) < 400
+    finally:
+        llm.shutdown()
+
+
+def test_the_workers_results_entry_of_a_dropped_waiting_request_stays(trtllm, checkpoint_dir, prompt):
+    """base_worker.py @7b437aaa: _results[client_id] is removed when the request's final response or error is
+    handled (handle_for_worker); an aborted request dropped while waiting gets neither, so its entry stays."""
+    llm = trtllm.LLM(str(checkpoint_dir), max_batch_size=1, max_seq_len=256)
+
+    async def main():
+        active = _start(llm, prompt, 6)
+        waiting = _start(llm, prompt, 6)
+        steps = 0
+        async for _ in active:
+            steps += 1
+            if steps == 2:
+                waiting.abort()
+        return active, waiting
+
+    try:
+        active, waiting = asyncio.run(main())
+        assert active.finished and list(llm._executor.results) == [waiting.request_id]
+    finally:
+        llm.shutdown()
+
+
 # ------------------------------------------------------------------------------------------------
 # paced mode (the benchmark's)
 # ------------------------------------------------------------------------------------------------

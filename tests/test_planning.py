@@ -78,3 +78,25 @@ def test_the_plan_is_plain_data() -> None:
     import dataclasses
 
     assert dataclasses.is_dataclass(ServingPlan) and ServingPlan.__dataclass_params__.frozen
+
+
+def test_lora_on_the_pytorch_backend_bounds_the_adapters_per_llm_and_snapshots_beside_the_adapter_cache(
+        checkpoint, tmp_path: Path) -> None:
+    """COG_TRITON_LLM_MAX_ADAPTERS_PER_LLM reaches the PyTorch-backend model, with its snapshot folder beside the
+    adapter disk cache's own folder (same file system: hard links); the plan's line says what the bound keeps on the
+    GPU at most: bound x (rank x the sum of each module's in + out sizes x layers) x the dtype's bytes."""
+    import json
+
+    plan = plan_serving(Settings(llm_enable_lora=True, adapter_cache_dir=tmp_path / "cache"), checkpoint, None, [H100])
+    assert plan.render.max_adapters_per_llm == 8
+    assert plan.render.adapter_snapshot_dir == str(tmp_path / "cache" / "llm-snapshots")
+    c = json.loads((CHECKPOINT / "config.json").read_text())
+    h, m = c["hidden_size"], c["intermediate_size"]
+    kv = c["num_key_value_heads"] * h // c["num_attention_heads"]  # the k and v projections' width
+    per_layer = (h + h) + 2 * (h + kv) + (h + h) + 3 * (h + m)  # q, k and v, dense, and the three MLP modules
+    kept = 8 * 64 * per_layer * c["num_hidden_layers"] * 4  # float32
+    assert "recycled after 8 distinct LoRA adapters" in plan.describe()
+    assert f"at most {kept / 1e9:.2f} GB at rank 64 on every module" in plan.describe()
+    never = plan_serving(Settings(llm_enable_lora=True, llm_max_adapters_per_llm=0), checkpoint, None, [H100])
+    assert never.render.max_adapters_per_llm == 0 and "never recycled for LoRA adapters" in never.describe()
+    assert "recycled" not in plan_serving(Settings(), checkpoint, None, [H100]).describe()  # LoRA off

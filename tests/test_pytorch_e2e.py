@@ -40,14 +40,15 @@ def stack(tmp_path_factory, checkpoint_dir: Path):
         hub.add_folder("me/smollm2", checkpoint_dir)
         env = serving_env(
             "hf://me/smollm2", work=work, COG_TRITON_LLM_MAX_SEQ_LEN="512", COG_TRITON_LLM_MAX_NUM_TOKENS="384",
-            COG_TRITON_STOP_TIMEOUT_S="5", **hub.env(),
+            COG_TRITON_STOP_TIMEOUT_S="5", COG_TRITON_LLM_MAX_BATCH_SIZE="1", **hub.env(),
             PATH=os.pathsep.join([str(smi), str(overlay / "bin"), str(Path(sys.executable).parent), os.environ["PATH"]]),
         )
         cog = CogServer(env, log_file=work / "cog.log", max_concurrency=2)
         cog.start()
         try:
             cog.wait_ready(timeout_s=400)
-            yield {"cog": cog, "work": work, "hub": hub}
+            yield {"cog": cog, "work": work, "hub": hub, "repo": work / "model_repository",
+                   "triton": f"http://127.0.0.1:{env['COG_TRITON_HTTP_PORT']}"}
         finally:
             cog.stop()
 
@@ -101,18 +102,35 @@ def test_the_prompt_limit_is_the_pytorch_backends(stack: dict[str, Any]) -> None
 
 def test_inputs_the_default_sampler_would_ignore_are_refused_and_a_drawn_seed_is_not_sent(stack: dict[str, Any]) -> None:
     """TensorRT-LLM 1.2.1's TorchSampler (the default, sampler_type auto) ignores penalties, min_tokens (as asked)
-    and a request's seed (tensorrtllm_backend/samplers.py): such a prediction fails with an input error naming the
-    input, the sampler and the setting; a sampled prediction without a seed is served, the drawn seed not sent."""
+    and a request's seed (tensorrtllm_backend/samplers.py): such a prediction fails with an input error that leads
+    with what the caller can do, the operator's remedy (the sampler setting) in the server's log; a sampled prediction
+    without a seed is served, the drawn seed not sent."""
     cog = stack["cog"]
-    for inputs, phrase in (({"repetition_penalty": 1.3}, "repetition_penalty=1.3 would have no effect"),
-                           ({"min_tokens": 2}, "min_tokens=2 would not be applied as asked"),
-                           ({"seed": 7}, "seed=7 would have no effect")):
-        doc = cog.predict({"prompt": PROMPT, "max_tokens": 4, **inputs})
-        assert doc["status"] == "failed" and phrase in doc["error"], doc
-        assert "TorchSampler" in doc["error"] and "COG_TRITON_LLM_SAMPLER=TRTLLMSampler" in doc["error"]
     log = stack["work"] / "cog.log"
+    for inputs, phrase in (({"repetition_penalty": 1.3}, "repetition_penalty=1.3 cannot be applied here: leave "
+                                                         "repetition_penalty out"),
+                           ({"min_tokens": 2}, "min_tokens=2 cannot be applied here: leave min_tokens out"),
+                           ({"seed": 7}, "seed=7 cannot be applied here: leave seed out, or set temperature to 0")):
+        remedies = log.read_text(errors="replace").count("COG_TRITON_LLM_SAMPLER=TRTLLMSampler")
+        doc = cog.predict({"prompt": PROMPT, "max_tokens": 4, **inputs})
+        # coglet's prefix, then the error's code and its message
+        assert doc["status"] == "failed" and f"InputError: [invalid_input] {phrase}" in doc["error"], doc
+        assert "TorchSampler" in doc["error"] and "COG_TRITON_LLM_SAMPLER" not in doc["error"]
+        assert log.read_text(errors="replace").count("COG_TRITON_LLM_SAMPLER=TRTLLMSampler") > remedies
     before = log.read_text(errors="replace").count("no seed sent: the PyTorch backend's TorchSampler takes none")
     doc = cog.predict({"prompt": PROMPT, "max_tokens": 4, "temperature": 0.8})
     assert doc["status"] == "succeeded" and doc["output"], doc
     assert log.read_text(errors="replace").count("no seed sent: the PyTorch backend's TorchSampler takes none") == \
         before + 1
+
+
+def test_a_prediction_waiting_in_the_llm_when_triton_dies_is_sent_again_after_the_restart(
+        stack: dict[str, Any]) -> None:
+    """The PyTorch path (COG_TRITON_LLM_MAX_BATCH_SIZE=1: a second prediction waits in the LLM's queue, no token,
+    while the first generates): Triton killed, the one with tokens fails naming it, the waiting one is sent once more
+    after the restart and gets its whole text once (tests/test_faults.py has the C++ path's). Last in the module: it
+    restarts Triton."""
+    from tests.test_faults import resend_after_triton_died
+
+    resend_after_triton_died(stack, {"prompt": PROMPT, "max_tokens": 8, "temperature": 0},
+                             {"prompt": "Write a very long story about a robot.", "max_tokens": 400, "temperature": 0})

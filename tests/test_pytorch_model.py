@@ -337,34 +337,95 @@ def test_a_requests_waiting_responses_join_and_its_error_follows_its_tokens(mode
     assert failed.sender.tokens() == [7] and failed.sender.errors() == ["boom"]
 
 
+def _stop(instance, request, how):
+    if how == "stop":
+        instance.execute([FakeRequest(request.request_id(), input_lengths=[1], request_output_len=[1], stop=[True])])
+    else:
+        request.sender.cancelled = True
+
+
+def _logged(phrase):
+    return sum(phrase in line for _, line in fake_pb_utils.Logger.lines)
+
+
 @pytest.mark.parametrize("how", ["stop", "cancel"])
-def test_an_aborted_request_still_waiting_ends_within_a_cancellation_period(model_module, checkpoint_dir, prompt, how):
-    """TensorRT-LLM 1.2.1 drops an aborted request that waits for a batch slot without any response (the stand-in
-    does the same: tests/test_llmapi_standin.py); the model ends it one cancellation period after the abort, while
-    the active request runs on."""
+def test_a_stopped_request_still_waiting_ends_after_the_unanswered_bound_and_leaves_no_worker_entry(
+        model_module, checkpoint_dir, prompt, how):
+    """TensorRT-LLM 1.2.1 drops an aborted request that waits for a batch slot without any response, and its entry in
+    the worker's _results stays for the LLM's life (the stand-in does both: tests/test_llmapi_standin.py). The model
+    does not abort a request the LLM has not answered: it ends it for the client (a stopped request's final response,
+    no tokens) once unanswered_stop_timeout_ms passed, while the slot's holder runs on, and aborts it in the LLM when
+    it gets a slot, so that the LLM answers it and the worker's entry goes."""
     fake_pb_utils.Logger.lines.clear()
     instance = make(model_module, {"model": str(checkpoint_dir), "max_batch_size": 1},
-                    {"exclude_input_in_output": "false", "cancellation_check_period_ms": "50"})
+                    {"exclude_input_in_output": "false", "cancellation_check_period_ms": "50",
+                     "unanswered_stop_timeout_ms": "200"})
+    results = instance.llm._executor.results
     try:
         active = FakeRequest("active", **body(prompt, 400, streaming=[True], end_id=[-1]))
         waiting = FakeRequest("waiting", **body(prompt, 400, streaming=[True], end_id=[-1]))
         instance.execute([active])
         assert active.sender.first.wait(60)
         instance.execute([waiting])
-        if how == "stop":
-            instance.execute([FakeRequest("waiting", input_lengths=[1], request_output_len=[1], stop=[True])])
-        else:
-            waiting.sender.cancelled = True
+        deadline = time.monotonic() + 30  # only "not hung": the model hands it to the LLM at once
+        while len(results) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(results) == 2, "the waiting request never reached the LLM"
+        _stop(instance, waiting, how)
         assert waiting.sender.final.wait(60), "the waiting request never ended"
         assert not active.sender.final.is_set()  # it ended while the slot's holder still generated
         assert waiting.sender.errors() == [] and waiting.sender.tokens() == []
         last = waiting.sender.sent[-1]
         assert last[1] == 1 and last[0].tensor("output_ids").shape == (1, 1, 0)  # a stopped request's final
-        assert any("request 'waiting' was aborted and the LLM sent no final response" in line
-                   for _, line in fake_pb_utils.Logger.lines)
+        assert _logged("request 'waiting' was stopped while waiting for a batch slot") == 1
+        assert len(results) == 2, "not aborted in the LLM while it waits (1.2.1 would drop it and keep its entry)"
+        _stop(instance, active, how)
+        assert active.sender.final.wait(60)
+        deadline = time.monotonic() + 60  # only "not hung": the waiting request gets the slot, answers, is aborted
+        while results and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not results, f"worker entries left: {list(results)}"
+        assert not instance._submitted
     finally:
         instance.finalize()
-    assert active.sender.final.is_set()
+
+
+@pytest.mark.parametrize("how", ["stop", "cancel"])
+def test_a_slow_abort_never_cuts_an_active_request_short(model_module, trtllm, checkpoint_dir, prompt, monkeypatch,
+                                                         how):
+    """An abort reaches 1.2.1's executor at its next iteration, through the proxy and the worker: under load that
+    takes longer than a cancellation period (LLMAPI_STANDIN_ABORT_DELAY_MS: 700 ms here, against a 50 ms period and a
+    100 ms unanswered bound). A request the LLM has answered is never ended by the model: its final response is
+    the LLM's 'cancelled' one, and the client gets every token the LLM made, the ones after the stop included."""
+    fake_pb_utils.Logger.lines.clear()
+    monkeypatch.setenv("LLMAPI_STANDIN_ABORT_DELAY_MS", "700")
+    outputs = []
+    original = trtllm.LLM.generate_async
+
+    def record(self, *args, **kwargs):
+        outputs.append(original(self, *args, **kwargs))
+        return outputs[-1]
+
+    monkeypatch.setattr(trtllm.LLM, "generate_async", record)
+    instance = make(model_module, {"model": str(checkpoint_dir), "max_batch_size": 2, "max_seq_len": 512},
+                    {"exclude_input_in_output": "false", "cancellation_check_period_ms": "50",
+                     "unanswered_stop_timeout_ms": "100"})
+    try:
+        active = FakeRequest("active", **body(prompt, 400, streaming=[True], end_id=[-1]))
+        instance.execute([active])
+        assert active.sender.first.wait(60)
+        at_stop = len(active.sender.tokens())
+        _stop(instance, active, how)
+        assert active.sender.final.wait(60)
+        (output,) = outputs
+        assert output.finished and output.outputs[0].finish_reason == "cancelled"
+        got = active.sender.tokens()
+        assert got == list(output.outputs[0].token_ids) and at_stop < len(got) < 400, (at_stop, len(got))
+        assert active.sender.errors() == []
+        assert _logged("was stopped while waiting for a batch slot") == 0
+        assert not instance.llm._executor.results
+    finally:
+        instance.finalize()
 
 
 def test_a_known_lora_id_with_another_adapter_is_refused(model_module, trtllm, monkeypatch, checkpoint_dir, prompt,
@@ -448,24 +509,30 @@ SAMPLING = {"runtime_top_k": [0], "runtime_top_p": [0.9], "temperature": [0.8]}
 
 
 @pytest.mark.parametrize("extra, phrase", [
-    ({"repetition_penalty": [1.3]}, "repetition_penalty=1.3 would have no effect"),
-    ({"presence_penalty": [0.5]}, "presence_penalty=0.5 would have no effect"),
-    ({"frequency_penalty": [-0.5]}, "frequency_penalty=-0.5 would have no effect"),
-    ({"min_tokens": [4], "end_id": [EOS]}, "min_tokens=4 would not be applied as asked"),
-    ({"bad_words_list": [[5], [1]]}, "bad_words_list would have no effect"),
-    ({"seed": [11], **SAMPLING}, "seed=11 would have no effect"),
-    ({"return_log_probs": [True], **SAMPLING}, "return_log_probs with sampling would report another token's"),
+    ({"repetition_penalty": [1.3]}, "repetition_penalty=1.3 cannot be applied here: leave repetition_penalty out"),
+    ({"presence_penalty": [0.5]}, "presence_penalty=0.5 cannot be applied here: leave presence_penalty out"),
+    ({"frequency_penalty": [-0.5]}, "frequency_penalty=-0.5 cannot be applied here: leave frequency_penalty out"),
+    ({"min_tokens": [4], "end_id": [EOS]}, "min_tokens=4 cannot be applied here: leave min_tokens out"),
+    ({"bad_words_list": [[5], [1]]}, "bad_words_list cannot be applied here: leave it out"),
+    ({"seed": [11], **SAMPLING}, "seed=11 cannot be applied here: leave seed out, or set temperature to 0"),
+    ({"return_log_probs": [True], **SAMPLING}, "return_log_probs with sampling cannot be applied here: set "
+                                               "temperature to 0"),
 ])
-def test_inputs_torch_sampler_would_ignore_are_refused_naming_sampler_and_setting(model, trtllm, monkeypatch,
-                                                                                prompt, extra, phrase):
+def test_inputs_torch_sampler_would_ignore_are_refused_saying_what_the_caller_can_do(model, trtllm, monkeypatch,
+                                                                                   prompt, extra, phrase):
     """TensorRT-LLM 1.2.1's TorchSampler (sampler_type auto) ignores them (tensorrtllm_backend/samplers.py has the
-    sources): the request is refused before the LLM sees it, naming the input, the sampler and the setting."""
+    sources): the request is refused before the LLM sees it. The error leads with what the caller can do (leave the
+    input out; temperature 0 for a seed or log-probs), then why; the operator's remedy (the sampler setting) is in
+    the model's log, not in the caller's error."""
     assert model.sampler == "TorchSampler"
     spy = Spy(trtllm, monkeypatch, model)
-    sender = run(model, FakeRequest(**{**body(prompt, 2, streaming=[True]), **extra}))
+    fake_pb_utils.Logger.lines.clear()
+    sender = run(model, FakeRequest("refused", **{**body(prompt, 2, streaming=[True]), **extra}))
     (error,) = sender.errors()
-    assert phrase in error and "TorchSampler" in error and "sampler_type TRTLLMSampler" in error, error
-    assert "COG_TRITON_LLM_SAMPLER=TRTLLMSampler" in error
+    assert error.startswith(phrase) and "TorchSampler" in error, error
+    assert "COG_TRITON_LLM_SAMPLER" not in error and "PR #" not in error
+    (line,) = [line for _, line in fake_pb_utils.Logger.lines if "request 'refused'" in line]
+    assert "COG_TRITON_LLM_SAMPLER=TRTLLMSampler" in line and phrase.split("=")[0].split(" ")[0] in line, line
     assert spy.calls == []
 
 
@@ -546,13 +613,19 @@ def test_lora_path_and_id_become_a_lora_request(model_module, trtllm, monkeypatc
     from tests.lora_adapters import make_adapter
 
     adapter = make_adapter(checkpoint_dir, tmp_path / "adapter", r=4, alpha=8, targets=["q_proj"], seed=3)
-    lora = make(model_module, {"model": str(checkpoint_dir), "lora_config": {"max_lora_rank": 8}})
+    lora = make(model_module, {"model": str(checkpoint_dir), "lora_config": {"max_lora_rank": 8}},
+                {"exclude_input_in_output": "false", "adapter_snapshot_dir": str(tmp_path / "snapshots")})
     try:
         run(lora, FakeRequest(**body(prompt, 2, lora_task_id=[77], lora_path=[str(adapter)])))
         request = spy.calls[-1][1]["lora_request"]
-        assert (request.lora_int_id, request.lora_path, request.lora_name) == (77, str(adapter), "lora_77")
+        assert (request.lora_int_id, request.lora_name) == (77, "lora_77")
+        # the LLM reads the model's snapshot of the folder: the same files (hard links), in a folder nobody else removes
+        snapshot = Path(request.lora_path)
+        assert snapshot.parent.parent == tmp_path / "snapshots"
+        for name in ("adapter_config.json", "adapter_model.safetensors"):
+            assert (snapshot / name).stat().st_ino == (adapter / name).stat().st_ino
         run(lora, FakeRequest(**body(prompt, 2, lora_task_id=[77])))  # the id alone: the folder it was sent with
-        assert spy.calls[-1][1]["lora_request"].lora_path == str(adapter)
+        assert spy.calls[-1][1]["lora_request"].lora_path == str(snapshot)
         cases = [
             ({"lora_task_id": [78]}, "LoRA task 78 not found in cache. Please send lora_path with the request"),
             ({"lora_path": [str(adapter)]}, "lora_path was given without lora_task_id"),
@@ -564,6 +637,194 @@ def test_lora_path_and_id_become_a_lora_request(model_module, trtllm, monkeypatc
         for extra, text in cases:
             sender = run(lora, FakeRequest(**body(prompt, 2, **extra)))
             assert text in " ".join(sender.errors()), extra
+    finally:
+        lora.finalize()
+    assert not snapshot.exists(), "unloading removes the snapshots"
+
+
+@pytest.fixture(scope="module")
+def two_adapters(checkpoint_dir, tmp_path_factory, prompt):
+    """Three small adapters (a, b, c) and transformers + peft's greedy tokens with each."""
+    from tests.lora_adapters import AdapterFactory
+
+    tmp = tmp_path_factory.mktemp("model_lora")
+    factory = AdapterFactory(checkpoint_dir)
+    made = {name: factory.make(tmp / name, r=4, alpha=8, targets=["q_proj", "v_proj"], seed=seed)
+            for name, seed in (("a", 41), ("b", 42), ("c", 43))}
+    expected = {name: factory.greedy(path, prompt, 6, EOS) for name, path in made.items()}
+    assert len({tuple(v) for v in expected.values()}) == 3
+    return made, expected
+
+
+def lbody(prompt, task, path=None, **extra):
+    """A streamed greedy 6-token request with adapter ``task`` (and its folder ``path``, when given)."""
+    if path is not None:
+        extra["lora_path"] = [str(path)]
+    return body(prompt, 6, end_id=[EOS], streaming=[True], lora_task_id=[task], **extra)
+
+
+def _damaged(kind, good, tmp_path):
+    """A copy of adapter folder ``good`` damaged as ``kind`` says; its path (as a string)."""
+    folder = tmp_path / kind
+    if kind == "missing":
+        return str(folder)
+    if kind == "a file":
+        folder.write_text("not a folder")
+        return str(folder)
+    shutil.copytree(good, folder)
+    config, weights = folder / "adapter_config.json", folder / "adapter_model.safetensors"
+    data = json.loads(config.read_text())
+    if kind == "unreadable config":
+        config.unlink()
+        config.symlink_to(tmp_path / "nowhere")
+    elif kind == "bad json":
+        config.write_text("{not json")
+    elif kind == "no rank":
+        data.pop("r")
+        config.write_text(json.dumps(data))
+    elif kind == "no lora_alpha":
+        data.pop("lora_alpha")
+        config.write_text(json.dumps(data))
+    elif kind == "rank above the limit":
+        data["r"] = 16
+        config.write_text(json.dumps(data))
+    elif kind == "no weights":
+        weights.unlink()
+    elif kind == "truncated weights":
+        weights.write_bytes(weights.read_bytes()[:-64])
+    elif kind == "padded weights":
+        weights.write_bytes(weights.read_bytes() + b"\0" * 64)
+    elif kind == "bad header":
+        raw = weights.read_bytes()
+        weights.write_bytes((len(raw) * 2).to_bytes(8, "little") + raw[8:])  # a header length past the end
+    return str(folder)
+
+
+DAMAGE = {
+    "missing": "does not exist.",
+    "a file": "is not a folder",
+    "unreadable config": "adapter_config.json cannot be read",
+    "bad json": "adapter_config.json is not valid JSON",
+    "no rank": "needs the adapter's rank r",
+    "no lora_alpha": "needs lora_alpha",
+    "rank above the limit": "has rank 16, above the LLM's max_lora_rank 8",
+    "no weights": "holds neither adapter_model.safetensors nor adapter_model.bin",
+    "truncated weights": "adapter_model.safetensors is damaged or incomplete",
+    "padded weights": "adapter_model.safetensors is damaged or incomplete",
+    "bad header": "adapter_model.safetensors is damaged or incomplete",
+}
+
+
+@pytest.mark.parametrize("kind", list(DAMAGE))
+def test_a_bad_adapter_folder_is_the_requests_error_and_the_next_request_is_served(
+        model_module, trtllm, monkeypatch, checkpoint_dir, prompt, two_adapters, tmp_path, kind):
+    """TensorRT-LLM 1.2.1 loads a new adapter's folder outside its RequestError path, so a folder it cannot read stops
+    its worker, the LLM with it (base_worker.py @7b437aaa, worker.py @cc4777e9; the stand-in does the same). The model
+    checks every folder first (it exists, is complete, is readable, its rank fits): the request gets an error naming
+    the folder and what is wrong, the LLM never sees the folder, and the next request is served."""
+    made, expected = two_adapters
+    spy = Spy(trtllm, monkeypatch)
+    lora = make(model_module, {"model": str(checkpoint_dir), "lora_config": {"max_lora_rank": 8}},
+                {"exclude_input_in_output": "false", "adapter_snapshot_dir": str(tmp_path / "snapshots")})
+    try:
+        path = _damaged(kind, made["b"], tmp_path)
+        sender = run(lora, FakeRequest(**lbody(prompt, 5, path)))
+        (error,) = sender.errors()
+        assert DAMAGE[kind] in error and path in error, error
+        assert spy.calls == [], "the LLM never saw the folder"
+        sender = run(lora, FakeRequest(**lbody(prompt, 6, made["a"])))
+        assert sender.errors() == [] and sender.tokens() == expected["a"]
+        assert lora.llm._executor.error is None
+    finally:
+        lora.finalize()
+
+
+def test_an_adapter_folder_removed_while_its_id_is_live_is_still_what_the_llm_reads(
+        model_module, trtllm, checkpoint_dir, prompt, two_adapters, tmp_path):
+    """1.2.1 reads an id's folder again when its adapter cache evicted it (resource_manager.py @d2a5560a
+    add_request_peft; the stand-in with max_cpu_loras 1 does so), and a failed read stops its worker. The adapter disk
+    cache may evict the folder a request named (or a client remove it) while the id is live in the LLM: the LLM reads
+    the model's snapshot, which stays until the LLM is recycled. Here the folder is removed after its first request,
+    another adapter evicts it from the LLM's cache, and the id comes again with another copy of the same adapter (as
+    the predictor sends a refetched folder), then alone."""
+    made, expected = two_adapters
+    first = shutil.copytree(made["a"], tmp_path / "fetched-once")
+    again = shutil.copytree(made["a"], tmp_path / "fetched-again")
+    lora = make(model_module, {"model": str(checkpoint_dir), "lora_config": {"max_lora_rank": 8, "max_cpu_loras": 1}},
+                {"exclude_input_in_output": "false", "adapter_snapshot_dir": str(tmp_path / "snapshots")})
+    try:
+        for task, path in ((10, first), (11, made["b"])):
+            sender = run(lora, FakeRequest(**lbody(prompt, task, str(path))))
+            assert sender.errors() == []
+        shutil.rmtree(first)  # evicted from the adapter disk cache
+        for extra in ({"lora_path": [str(again)]}, {}):
+            sender = run(lora, FakeRequest(**lbody(prompt, 10, **extra)))
+            assert sender.errors() == [] and sender.tokens() == expected["a"], extra
+        assert lora.llm._executor.error is None
+    finally:
+        lora.finalize()
+
+
+def test_an_llm_whose_worker_stopped_anyway_stops_the_models_process(model_module, checkpoint_dir, prompt):
+    """Should 1.2.1's executor worker stop all the same (a load failing after the checks, an OOM: the stand-in's
+    worker stops here as 1.2.1's does), the next request gets its error and the one after "LLM is shutting down":
+    nothing in the process can bring the LLM back, so the model stops its process (the predictor's supervisor then
+    restarts Triton); the requests it was running would never end otherwise."""
+    fake_pb_utils.Logger.lines.clear()
+    instance = make(model_module, {"model": str(checkpoint_dir)})
+    gave_up = []
+    instance._give_up = lambda: gave_up.append(True)
+    try:
+        instance.llm._executor._die(OSError("adapter_model.safetensors: Input/output error"))
+        first = run(instance, FakeRequest(**body(prompt, 2, streaming=[True])))
+        assert "Input/output error" in " ".join(first.errors()) and gave_up == []
+        second = run(instance, FakeRequest(**body(prompt, 2, streaming=[True])))
+        assert "LLM is shutting down" in " ".join(second.errors()) and gave_up == [True]
+        third = run(instance, FakeRequest(**body(prompt, 2, streaming=[True])))
+        assert "the LLM's executor stopped" in " ".join(third.errors()) and gave_up == [True]
+    finally:
+        instance.finalize()
+
+
+def _device_bytes(folder) -> int:
+    """What the stand-in keeps on the device for an adapter of this checkpoint (float32: 4 bytes a value)."""
+    from safetensors.torch import load_file
+
+    return 4 * sum(t.numel() for n, t in load_file(str(folder / "adapter_model.safetensors")).items() if "lora_" in n)
+
+
+def test_past_max_adapters_per_llm_the_llm_is_recycled_without_cutting_a_request(
+        model_module, trtllm, monkeypatch, checkpoint_dir, prompt, two_adapters, tmp_path):
+    """1.2.1 keeps every distinct adapter's device tensors for the LLM's life (lora_manager.py @30e6fb55; the stand-in
+    with LLMAPI_STANDIN_LORA_DEVICE_BYTES = room for two adapters fails the third load as CUDA does, stopping the
+    worker). With max_adapters_per_llm 2, the third distinct adapter recycles the LLM: it waits while the running
+    request (adapter a, 60 tokens) runs to its end, then a new LLM serves it; the old LLM's snapshots go, the
+    adapter count (a gauge) starts again and the recycles counter counts one."""
+    made, expected = two_adapters
+    monkeypatch.setenv("LLMAPI_STANDIN_LORA_DEVICE_BYTES", str(2 * _device_bytes(made["a"])))
+    fake_pb_utils.MetricFamily.made.clear()
+    lora = make(model_module, {"model": str(checkpoint_dir), "max_batch_size": 4, "lora_config": {"max_lora_rank": 8}},
+                {"exclude_input_in_output": "false", "adapter_snapshot_dir": str(tmp_path / "snapshots"),
+                 "max_adapters_per_llm": "2"})
+    families = fake_pb_utils.MetricFamily.made
+    gauge = families["cog_triton_llm_lora_adapters"].metrics[0]
+    counter = families["cog_triton_llm_recycles"].metrics[0]
+    first_llm = lora.llm
+    try:
+        long_a = FakeRequest("long", **body(prompt, 60, streaming=[True], end_id=[-1], lora_task_id=[1],
+                                            lora_path=[str(made["a"])]))
+        lora.execute([long_a])
+        assert long_a.sender.first.wait(60)
+        sender = run(lora, FakeRequest(**lbody(prompt, 2, made["b"])))
+        assert sender.errors() == [] and sender.tokens() == expected["b"] and gauge.value() == 2
+        old_life = Path(lora._lora_paths[1]).parent
+        third = run(lora, FakeRequest(**lbody(prompt, 3, made["c"])))
+        assert long_a.sender.final.is_set() and long_a.sender.errors() == [] and len(long_a.sender.tokens()) == 60
+        assert third.errors() == [] and third.tokens() == expected["c"]
+        assert lora.recycles == 1 and lora.llm is not first_llm and first_llm._executor is None
+        assert gauge.value() == 1 and counter.value() == 1 and not old_life.exists()
+        again = run(lora, FakeRequest(**lbody(prompt, 1, made["a"])))
+        assert again.errors() == [] and again.tokens() == expected["a"] and gauge.value() == 2
     finally:
         lora.finalize()
 

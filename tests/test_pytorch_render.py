@@ -33,7 +33,7 @@ def test_a_checkpoint_with_llm_args_is_served_by_the_pytorch_model(tmp_path: Pat
     returned = render_model_repository(opts, checkpoint_info(tmp_path))
     live = opts.model_repo_dir / "tensorrt_llm" / "1"
     assert json.loads((live / LLM_ARGS_FILE).read_text()) == ARGS
-    assert sorted(p.name for p in live.iterdir()) == ["llm_args.json", "lora.py", "model.py", "parsing.py",
+    assert sorted(p.name for p in live.iterdir()) == ["adapters.py", "llm_args.json", "lora.py", "model.py", "parsing.py",
                                                       "samplers.py", "translate.py", "triton_glue.py"]
     for module in ("parsing.py", "lora.py", "triton_glue.py"):  # links in the template, files in the live repository
         assert not (live / module).is_symlink()

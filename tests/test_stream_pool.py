@@ -353,6 +353,146 @@ def test_a_broken_connection_is_decided_by_the_service(pool, triton: Running) ->
     assert isinstance(failure, TritonDiedError) and "decided by the service" in failure.message
 
 
+class Restart:
+    """Stands in for the supervisor's wait_ready: returns once :meth:`done` is called (Triton serves again), or raises
+    TritonError when told Triton could not be restarted; counts its callers."""
+
+    def __init__(self, then=None) -> None:
+        self.event = threading.Event()
+        self.waiters = 0
+        self.error: Optional[TritonError] = None
+        self.then = then
+
+    async def wait_ready(self) -> None:
+        self.waiters += 1
+        await asyncio.get_running_loop().run_in_executor(None, self.event.wait, 60)
+        if self.then is not None:
+            self.then()
+        if self.error is not None:
+            raise self.error
+
+    def done(self, error: Optional[TritonError] = None) -> None:
+        self.error = error
+        self.event.set()
+
+
+def _in_background(p: StreamPool, request_id: str) -> tuple[threading.Thread, dict[str, Any]]:
+    result: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: result.update(out=stream(p, inputs(), request_id)), daemon=True)
+    thread.start()
+    return thread, result
+
+
+def _attempts(triton: Running, request_id: str) -> int:
+    return sum(1 for r in triton.state.requests if r.id == request_id and not is_stop(r))
+
+
+@pytest.mark.parametrize("restarted", [True, False])
+def test_a_prediction_that_meets_a_dying_triton_before_any_token_is_sent_again_after_the_restart(
+        pool, triton: Running, tokenizer: Any, restarted: bool) -> None:
+    """Triton has the request but has generated nothing when the supervisor finds it dead: the prediction waits for
+    the restart (the supervisor's wait_ready) and is sent once more, under its request id, into the same generator:
+    the user gets the whole text once. Triton not back within its deadline: it fails with Triton's death."""
+    p, watcher, _ = pool
+    ids = tokenizer.encode(" Sent again, whole.", add_special_tokens=False)
+    request_id = f"pool-resend-{restarted}"
+
+    async def scenario(request):
+        if is_stop(request):
+            yield response([], final=True, request_id=request.id)
+            return
+        if _attempts(triton, request.id) == 1:
+            await asyncio.sleep(3600)  # Triton has it and dies before a token
+        for i, token in enumerate(ids):
+            yield response([token], final=i == len(ids) - 1, request_id=request.id)
+
+    triton.state.scenario = scenario
+    restart = Restart()
+    resent = sample(p, "cog_triton_resent_predictions_total")
+    p.set_watcher(watcher.register, watcher.unregister, restart.wait_ready)
+    try:
+        thread, result = _in_background(p, request_id)
+        assert wait_for(lambda: _attempts(triton, request_id) == 1 and watcher.running, 60)
+        watcher.running[0].fail(TritonDiedError("Triton exited with signal 9; the prediction was stopped"))
+        assert wait_for(lambda: restart.waiters == 1)
+        assert thread.is_alive(), "it waits for the restart"
+        restart.done(None if restarted else TritonError("Triton is not serving after waiting 600 s for it"))
+        thread.join(60)
+    finally:
+        p.set_watcher(watcher.register, watcher.unregister)
+    chunks, failure, metrics, _ = result["out"]
+    if restarted:
+        assert failure is None and "".join(chunks) == tokenizer.decode(ids, skip_special_tokens=True)
+        assert _attempts(triton, request_id) == 2 and metrics["output_token_count"] == len(ids)
+        assert sample(p, "cog_triton_resent_predictions_total") == resent + 1
+    else:
+        assert isinstance(failure, TritonDiedError) and chunks == [] and _attempts(triton, request_id) == 1
+        assert "signal 9" in failure.message and "not serving after waiting 600 s" in failure.message
+    assert wait_for(lambda: p.running_predictions == 0 and not watcher.running)
+
+
+def test_a_prediction_that_had_tokens_still_fails_and_one_is_sent_again_only_once(pool, triton: Running,
+                                                                                  tokenizer: Any) -> None:
+    """A token reached the prediction before Triton died: it fails with Triton's death (its text so far delivered),
+    it is not sent again. A prediction sent again that meets a dying Triton once more (before a token) fails."""
+    p, watcher, _ = pool
+    hi = tokenizer.encode(" Hi", add_special_tokens=False)
+
+    async def scenario(request):
+        if is_stop(request):
+            yield response([], final=True, request_id=request.id)
+            return
+        if request.id == "pool-had-tokens":
+            yield response(hi, request_id=request.id)
+        await asyncio.sleep(3600)
+
+    triton.state.scenario = scenario
+    restart = Restart()
+    restart.done()
+    p.set_watcher(watcher.register, watcher.unregister, restart.wait_ready)
+    try:
+        thread, result = _in_background(p, "pool-had-tokens")
+        assert wait_for(lambda: any(s.tokens_seen for s in watcher.running), 60)
+        watcher.running[0].fail(TritonDiedError("Triton exited with signal 9; the prediction was stopped"))
+        thread.join(60)
+        chunks, failure, _, _ = result["out"]
+        assert isinstance(failure, TritonDiedError) and "".join(chunks) == " Hi"
+        assert _attempts(triton, "pool-had-tokens") == 1 and restart.waiters == 0
+        thread, result = _in_background(p, "pool-twice")
+        for attempt in (1, 2):
+            assert wait_for(lambda: _attempts(triton, "pool-twice") == attempt and watcher.running, 60)
+            watcher.running[0].fail(TritonDiedError(f"Triton died ({attempt}); the prediction was stopped"))
+        thread.join(60)
+        chunks, failure, _, _ = result["out"]
+        assert isinstance(failure, TritonDiedError) and "Triton died (2)" in failure.message and chunks == []
+        assert restart.waiters == 1
+    finally:
+        p.set_watcher(watcher.register, watcher.unregister)
+    assert wait_for(lambda: p.running_predictions == 0 and not watcher.running)
+
+
+def test_a_broken_connection_before_any_token_that_is_triton_dying_is_sent_again(pool, triton: Running,
+                                                                                 tokenizer: Any) -> None:
+    """The transport path: the stream breaks (UNAVAILABLE) before a token, the service decides Triton is dying
+    (TritonDiedError): the prediction waits for the restart and is sent once more."""
+    p, watcher, transport_errors = pool
+    ids = tokenizer.encode(" After the break.", add_special_tokens=False)
+    triton.state.scenario = paced(ids)
+    transport_errors.clear()
+    restart = Restart(then=lambda: setattr(triton.state, "abort", None))
+    restart.done()
+    triton.state.abort = grpc.StatusCode.UNAVAILABLE
+    p.set_watcher(watcher.register, watcher.unregister, restart.wait_ready)
+    try:
+        chunks, failure, _, _ = stream(p, inputs(), "pool-transport-resend")
+    finally:
+        triton.state.abort = None
+        p.set_watcher(watcher.register, watcher.unregister)
+    assert len(transport_errors) == 1 and restart.waiters == 1
+    assert failure is None and "".join(chunks) == tokenizer.decode(ids, skip_special_tokens=True)
+    assert _attempts(triton, "pool-transport-resend") == 2
+
+
 def test_a_killed_stream_process_fails_only_its_streams_and_is_restarted(pool, triton: Running,
                                                                         tokenizer: Any) -> None:
     p, watcher, _ = pool

@@ -81,6 +81,11 @@ class PredictionOutput:
         self.ended = True
         self.queue.put(error)
 
+    def rebind_cancel(self, on_cancel: Optional[Callable[[], None]]) -> None:
+        """Have a later cancel call ``on_cancel`` instead (the prediction was sent again: its new producer); None: a
+        cancel only ends the generator (no producer right now)."""
+        self._on_cancel = on_cancel
+
     def cancel(self) -> None:
         """Cancel the stream from any thread: the producer is stopped and the generator ends."""
         if self.cancelled.is_set():

@@ -147,6 +147,10 @@ class ServiceMetrics:
         self.stream_process_restarts = Counter(
             "cog_triton_stream_process_restarts", "Times a stream process was restarted after it exited.",
             registry=r)
+        self.resent_predictions = Counter(
+            "cog_triton_resent_predictions",
+            "Predictions sent to Triton once more after it died before their first token (they waited for the "
+            "restart).", registry=r)
         self.lora_hits = Counter(
             "cog_triton_lora_cache_hits",
             "LoRA adapters served from a cache: memory (converted, in the stream process), disk (the adapter "

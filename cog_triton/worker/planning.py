@@ -22,6 +22,7 @@ from cog_triton.plan import StoreLimits
 from cog_triton.settings import Settings
 from tensorrtllm_backend.engine import ModelLimits, WeightsInfo
 from tensorrtllm_backend.gpus import GPU
+from tensorrtllm_backend.lora import DTYPE_BYTES
 from tensorrtllm_backend.llmapi_args import PyTorchServing, choose_checkpoint_backend, plan_pytorch_serving
 from tensorrtllm_backend.manifest import Manifest, base_model_of
 from tensorrtllm_backend.server import LaunchConfig
@@ -106,6 +107,14 @@ class ServingPlan:
         launch = self.launch
         ranks = (f"{launch.world_size} Triton ranks under mpirun" if launch.world_size > 1
                  else "one Triton under mpirun -n 1" if launch.single_rank_mpirun else "one Triton")
+        if self.pytorch is not None and info.lora.enabled:
+            bound = self.render.max_adapters_per_llm
+            kept = bound * info.lora.adapter_values() * DTYPE_BYTES.get(info.lora.dtype, 2)
+            held += (f"; the LLM is recycled after {bound} distinct LoRA adapters (COG_TRITON_LLM_MAX_ADAPTERS_PER_LLM; "
+                     f"TensorRT-LLM 1.2.1 keeps each one's GPU tensors until then: at most {kept / 1e9:.2f} GB at "
+                     f"rank {info.lora.max_rank} on every module)" if bound else
+                     "; the LLM is never recycled for LoRA adapters (COG_TRITON_LLM_MAX_ADAPTERS_PER_LLM=0): "
+                     "TensorRT-LLM 1.2.1 keeps every distinct adapter's GPU tensors for the LLM's life")
         return (f"plan: {served}{held}; {ranks}; {self.stream_processes} stream process(es), stream interval "
                 f"{self.interval_s * 1e3:g} ms (up to {self.interval_max_s * 1e3:g} ms beyond {self.interval_streams} "
                 f"running predictions); LoRA adapters {'on' if self.adapter_limits else 'off'}")
@@ -161,6 +170,10 @@ def render_options(settings: Settings, llm_args: Optional[dict] = None) -> Rende
         lora_cache_gpu_memory_fraction=lora.gpu_memory_fraction,
         lora_cache_host_memory_bytes=lora.host_memory_bytes,
         llm_args=llm_args,
+        max_adapters_per_llm=settings.llm.max_adapters_per_llm,
+        # beside the adapter disk cache's own folder (<cache>/adapters, which it evicts from), on its file system:
+        # the model's snapshots are hard links to the cached files
+        adapter_snapshot_dir=str(settings.path(settings.adapters.cache_dir) / "llm-snapshots"),
     )
 
 

@@ -228,7 +228,7 @@ class LLMService:
             on_restart=self._triton_restarted,
         )
         self.supervisor.start()
-        self.pool.set_watcher(self.supervisor.register, self.supervisor.unregister)
+        self.pool.set_watcher(self.supervisor.register, self.supervisor.unregister, self.supervisor.wait_ready)
         self.pool.wait_ready()
         log.info(
             "streaming: %d stream process(es), stream interval %g ms (COG_TRITON_STREAM_PROCESSES, "
@@ -339,7 +339,8 @@ class LLMService:
         Raises:
             InputError: as ``validate_inputs``; a reasoning level the template cannot express or a
                 ``chat_template_kwargs`` key it does not take (:func:`cog_triton.reasoning.resolve`); or an input the
-                sampler would ignore (naming the input, the sampler and the setting that applies it).
+                sampler would ignore (naming the input and what the caller can do: leave it out, or decode greedily
+                for a seed; the setting that would apply it is logged for the operator).
         """
         try:
             checked = validate_inputs(**inputs)
@@ -354,7 +355,8 @@ class LLMService:
                 presence_penalty=checked.presence_penalty, frequency_penalty=checked.frequency_penalty,
                 min_tokens=checked.min_tokens, seed=checked.seed if checked.seed_given else None))
             if problem is not None:
-                raise InputError(problem)
+                log.warning("%s", problem.log_line())  # the operator's remedy; the caller's error says what they can do
+                raise InputError(problem.message)
             return checked
         except Exception as exc:
             self.metrics.refused(exc)
@@ -390,7 +392,9 @@ class LLMService:
             TritonError: setup() has not completed, or Triton could not be restarted in time.
             StreamProcessError: no stream process could take the prediction.
 
-        The generator raises: TritonDiedError (Triton exited or faulted; detected within ~0.5 s),
+        The generator raises: TritonDiedError (Triton exited or faulted, detected within ~0.5 s, after the prediction
+        had a token; one that had none waits for the restart and is sent once more:
+        :meth:`cog_triton.worker.stream_pool.StreamPool.resend_later`),
         InferenceError (Triton rejected the request or sent nothing for COG_TRITON_REQUEST_TIMEOUT_S),
         TritonError (the connection broke), IncompleteOutputError (a guided output reached the token
         limit before its document closed), StreamProcessError (its stream process died).

@@ -21,6 +21,16 @@ Faults:
   :meth:`RoutedPrediction.fail` (the supervisor holds them while they run).
 * A transport error a stream process reports (the gRPC stream broke) is handed to
   ``on_transport_error``, which decides on the worker's loop whether Triton is dying.
+* A prediction that meets a dying Triton before any token (a :class:`common.errors.TritonDiedError` from either
+  path, no token generated, none of its text relayed) is sent once more instead of failing
+  (:meth:`StreamPool.resend_later`): it waits for the restart (``wait_ready``, the supervisor's, within the usual
+  startup deadline) and goes to a stream process again, under the same request id, into the same output, so
+  coglet's generator never knows; nothing of the first attempt reached the user, so no token is duplicated. A
+  prediction that had tokens, or was sent once more already, fails with the error as before.
+
+Why one module (about 660 lines): one concern, a prediction's life between the Cog worker and a stream process
+(routed, relayed, ended, failed or sent again) and the processes that carry it; the routing, the receiver thread
+and the fault paths share the same per-prediction state and locks, which a split would spread over modules.
 """
 
 from __future__ import annotations
@@ -38,7 +48,7 @@ import time
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Awaitable, Callable, Iterator, Optional, Union
 
-from common.errors import ConfigError, StreamProcessError, TritonError
+from common.errors import ConfigError, StreamProcessError, TritonDiedError, TritonError
 from cog_triton import ipc
 from cog_triton.worker.cog_bridge import PredictionOutput, output_generator
 from cog_triton.plan import GeneratorConfig
@@ -74,21 +84,36 @@ class RoutedPrediction:
     """
 
     __slots__ = ("sid", "request_id", "process", "output", "metric", "loop", "accepted", "pool", "stop_request_on_cancel",
-                 "timing", "__weakref__")
+                 "timing", "inputs", "started_at", "queued", "tokens_seen", "resending", "resent", "__weakref__")
 
     def __init__(self, pool: "StreamPool", sid: int, request_id: str, process: "StreamProcess",
-                 metric: Optional[MetricSink], loop: asyncio.AbstractEventLoop) -> None:
+                 metric: Optional[MetricSink], loop: asyncio.AbstractEventLoop, *,
+                 inputs: Optional[PredictInputs] = None, started_at: float = 0.0,
+                 queued: Optional[Callable[[], AbstractContextManager[None]]] = None,
+                 output: Optional[PredictionOutput] = None, accepted: "Optional[asyncio.Future[int]]" = None,
+                 resent: bool = False) -> None:
         self.pool = pool
         self.sid = sid
         self.request_id = request_id
         self.process = process
         self.metric = metric
         self.loop = loop
-        self.accepted: "asyncio.Future[int]" = loop.create_future()
-        self.output = PredictionOutput(self._cancelled)
+        self.accepted: "asyncio.Future[int]" = accepted if accepted is not None else loop.create_future()
+        if output is None:
+            output = PredictionOutput(self._cancelled)
+        else:
+            output.rebind_cancel(self._cancelled)
+        self.output = output
         #: Set once the prediction is cancelled or failed here: whether its process sends Triton the stop request.
         self.stop_request_on_cancel: Optional[bool] = None
         self.timing: Union[StartTiming, TimingOff] = OFF  # the timing metric's steps (cog_triton.worker.timing)
+        self.inputs, self.started_at, self.queued = inputs, started_at, queued  # what a resend sends again
+        #: A token was generated or text relayed (the receiver thread sets it first, then reads ``resending``) ...
+        self.tokens_seen = False
+        #: ... and a resend is being decided (the deciding thread sets it first, then reads ``tokens_seen``): under the
+        #: GIL one of the two sees the other's write, so text is never both relayed and sent again.
+        self.resending = False
+        self.resent = resent  # this is the prediction sent once more: it is not sent again
 
     def _cancelled(self) -> None:
         """coglet cancelled the prediction (or its generator was closed): stop the prediction there, and its request
@@ -96,9 +121,15 @@ class RoutedPrediction:
         self._cancel(asyncio.CancelledError(), send_stop_request=True)
 
     def fail(self, error: BaseException) -> None:
-        """End the prediction with ``error`` (from any thread); the stream process drops the prediction
-        without sending Triton a stop request (Triton is being restarted)."""
-        self._cancel(error, send_stop_request=False)
+        """End the prediction with ``error`` (from any thread; the supervisor's fault path); the stream process drops
+        the prediction without sending Triton a stop request (Triton is being restarted). A prediction without a
+        token is sent once more instead when :meth:`StreamPool.resend_later` takes it."""
+        self.stop_request_on_cancel = False
+        if self.pool.forget(self):
+            self.process.send(ipc.Cancel(self.sid, False))
+            if self.pool.resend_later(self, error):
+                return
+        self.settle_open(error)
         self.output.fail(error)
 
     def _cancel(self, reason: BaseException, *, send_stop_request: bool) -> None:
@@ -231,6 +262,7 @@ class StreamPool:
         #: What the model's chat template says about reasoning, as the stream processes found it (their Ready; the same
         #: tokenizer in each); None until one is ready.
         self.template: Optional[TemplateInfo] = None
+        self._wait_ready: Optional[Callable[[], Awaitable[None]]] = None  # Triton's restart (set_watcher)
         self._sids = itertools.count(1)
         self._lock = threading.Lock()
         self._any_ready = threading.Condition(self._lock)
@@ -248,10 +280,14 @@ class StreamPool:
             self._spawn(process)
 
     def set_watcher(self, register: Callable[[RoutedPrediction], None],
-                    unregister: Callable[[RoutedPrediction], None]) -> None:
+                    unregister: Callable[[RoutedPrediction], None],
+                    wait_ready: Optional[Callable[[], Awaitable[None]]] = None) -> None:
         """Hand every running prediction to ``register`` (and back to ``unregister`` when it ends): the
-        supervisor, which fails them on a Triton fault."""
+        supervisor, which fails them on a Triton fault. ``wait_ready``: returns once Triton serves again after a
+        restart (raising :class:`common.errors.TritonError` when it does not within its deadline); with it, a
+        prediction that meets a dying Triton before any token is sent once more (:meth:`resend_later`)."""
         self._register, self._unregister = register, unregister
+        self._wait_ready = wait_ready
 
     def wait_ready(self) -> None:
         """Wait until every process is ready.
@@ -336,17 +372,38 @@ class StreamPool:
             StreamProcessError: no stream process could take it within ``start_timeout_s``, or the
                 one that had it died before accepting it.
         """
+        prediction = await self._start(inputs, request_id, started_at, metric, queued)
+        try:
+            await prediction.accepted
+        except asyncio.CancelledError:
+            prediction.output.cancel()
+            raise
+        return output_generator(prediction.output)
+
+    async def _start(self, inputs: PredictInputs, request_id: str, started_at: float, metric: Optional[MetricSink],
+                     queued: Optional[Callable[[], AbstractContextManager[None]]],
+                     resend_of: Optional[RoutedPrediction] = None) -> RoutedPrediction:
+        """Route ``inputs`` to a stream process and send it the Start (waiting inside ``queued()`` while none runs);
+        return the routed prediction. ``resend_of``: the prediction this one sends again (its output and its
+        accepted future are reused, so that whoever waits for them gets this one's).
+
+        Raises:
+            StreamProcessError: see :meth:`open`.
+        """
         loop = asyncio.get_running_loop()
         for attempt in range(2):
             process = self._pick()
             if process is None:
                 with queued() if queued is not None else contextlib.nullcontext():
                     process = await loop.run_in_executor(None, self._wait_for_process)
-            prediction = RoutedPrediction(self, next(self._sids), request_id, process, metric, loop)
+            prediction = RoutedPrediction(
+                self, next(self._sids), request_id, process, metric, loop, inputs=inputs, started_at=started_at,
+                queued=queued, output=resend_of.output if resend_of is not None else None,
+                accepted=resend_of.accepted if resend_of is not None else None, resent=resend_of is not None)
             with self._lock:
                 process.predictions[prediction.sid] = prediction
             self._register(prediction)
-            if self.timing:  # before the send: the stream process's Timings may come back before send() returns
+            if self.timing and resend_of is None:  # before the send: the process's Timings may come back first
                 prediction.timing = StartTiming(started_at, prediction.record)
                 prediction.output.on_first = prediction.timing.yielded
             prediction.timing.start_sent()
@@ -355,16 +412,57 @@ class StreamPool:
                     # Failed (the supervisor) or cancelled between its registration and this Start: that Cancel
                     # may have reached the process first, where it found nothing to cancel. Once more, after Start.
                     process.send(ipc.Cancel(prediction.sid, prediction.stop_request_on_cancel))
-                break
+                return prediction
             self.forget(prediction)  # its process died a moment ago: try another
-        else:
-            raise StreamProcessError("no stream process could take the prediction (each died as it was sent)")
+        raise StreamProcessError("no stream process could take the prediction (each died as it was sent)")
+
+    def resend_later(self, prediction: RoutedPrediction, error: BaseException) -> bool:
+        """Take ``prediction``, already forgotten here, to send it once more after Triton's restart (from any
+        thread), when ``error`` is Triton dying (:class:`common.errors.TritonDiedError`), it had no token (none
+        generated, none of its text relayed), it was not sent again before, it was not cancelled, and the pool
+        knows how to wait for Triton. True: it will be sent again (:meth:`_resend`; the caller must not fail it);
+        False: the caller fails it with ``error``."""
+        if (not isinstance(error, TritonDiedError) or self._wait_ready is None or prediction.inputs is None
+                or prediction.resent or self._closing or prediction.output.cancelled.is_set()):
+            return False
+        prediction.resending = True  # first: the receiver thread reads it after it sets tokens_seen
+        if prediction.tokens_seen:
+            prediction.resending = False
+            return False
         try:
-            await prediction.accepted
-        except asyncio.CancelledError:
-            prediction.output.cancel()
-            raise
-        return output_generator(prediction.output)
+            asyncio.run_coroutine_threadsafe(self._resend(prediction, error), prediction.loop)
+        except RuntimeError:  # the loop is closed
+            return False
+        return True
+
+    async def _resend(self, prediction: RoutedPrediction, error: BaseException) -> None:
+        """Wait for Triton to serve again, then send ``prediction``'s inputs once more (the prediction's loop); fail
+        it with ``error`` when Triton is not back within its deadline."""
+        log.warning("Triton request %s: %s, before any token: sending it once more when Triton is back",
+                    prediction.request_id, getattr(error, "message", error))
+        output = prediction.output
+        output.rebind_cancel(None)  # cancelled while it waits: the generator ends, nothing runs to stop
+        try:
+            with prediction.queued() if prediction.queued is not None else contextlib.nullcontext():
+                await self._wait_ready()  # type: ignore[misc]
+        except TritonError as exc:
+            prediction.settle_open(error)
+            output.fail(TritonDiedError(f"{getattr(error, 'message', error)}; it was to be sent again once Triton was "
+                                        f"back, but {exc.message}"))
+            return
+        if output.cancelled.is_set():
+            prediction.settle_open(asyncio.CancelledError())
+            return
+        if self.metrics is not None:
+            self.metrics.resent_predictions.inc()
+        try:
+            again = await self._start(prediction.inputs, prediction.request_id, prediction.started_at,  # type: ignore
+                                      prediction.metric, prediction.queued, resend_of=prediction)
+        except StreamProcessError as exc:
+            prediction.settle_open(exc)
+            output.fail(exc)
+            return
+        log.info("Triton request %s sent again (stream process %s)", prediction.request_id, again.process.name)
 
     def _pick(self) -> Optional[StreamProcess]:
         """The running process with the fewest predictions, or None."""
@@ -425,6 +523,10 @@ class StreamPool:
                 for sid, text in frame.texts:
                     prediction = predictions.get(sid)
                     if prediction is not None:
+                        if not prediction.tokens_seen:
+                            prediction.tokens_seen = True  # first, then resending (see RoutedPrediction)
+                            if prediction.resending:
+                                continue  # being sent again: this attempt's text never reaches the user
                         if timing:
                             prediction.timing.relayed()
                         prediction.output.queue.put(text)
@@ -466,7 +568,9 @@ class StreamPool:
             return  # cancelled or failed here already
         match event:
             case ipc.FirstToken(seconds=seconds):
-                record_time_to_first_token(prediction.record, seconds)
+                prediction.tokens_seen = True  # first, then resending (see RoutedPrediction)
+                if not prediction.resending:
+                    record_time_to_first_token(prediction.record, seconds)
             case ipc.Timings(received_at=received, prepared_at=prepared, first_text_at=first_text):
                 prediction.timing.stream_process(received, prepared, first_text)
             case ipc.Accepted(prompt_tokens=prompt_tokens):
@@ -483,6 +587,8 @@ class StreamPool:
             case ipc.Failed(error=error, output_tokens=output_tokens, reasoning_tokens=reasoning_tokens):
                 if self.forget(prediction):
                     self._record_tokens(prediction, output_tokens, reasoning_tokens)
+                    if output_tokens:
+                        prediction.tokens_seen = True
                     self._failed(prediction, error)
 
     def _thinks(self) -> bool:
@@ -499,13 +605,16 @@ class StreamPool:
 
     def _failed(self, prediction: RoutedPrediction, error: BaseException) -> None:
         """A prediction failed in its process: a bare TritonError (the connection broke) may mean Triton is
-        dying, which ``on_transport_error`` decides on the prediction's loop; anything else fails it now."""
+        dying, which ``on_transport_error`` decides on the prediction's loop (a prediction without a token is then
+        sent once more: :meth:`resend_later`); anything else fails it now."""
         if type(error) is TritonError and self.on_transport_error is not None:
             check = self.on_transport_error
 
             async def decide() -> None:
                 try:
-                    prediction.output.fail(await check(error))  # type: ignore[arg-type]
+                    decided = await check(error)  # type: ignore[arg-type]
+                    if not self.resend_later(prediction, decided):
+                        prediction.output.fail(decided)
                 except BaseException as exc:  # noqa: BLE001 - the prediction must end either way
                     prediction.output.fail(exc)
 

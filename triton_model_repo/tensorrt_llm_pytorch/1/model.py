@@ -36,17 +36,39 @@ workers. Unlike that model:
   ``src/python_be.cc`` ``ResponseSendDecoupled``; racing it crashed Triton 2.51 in this project's benchmark,
   see benchmarks/standin);
 * a ``finalize`` that never waits without a bound (upstream waits for every ongoing request, polling each second);
-* every stopped or cancelled request ends within one cancellation period of its abort: TensorRT-LLM 1.2.1
-  drops an aborted request that is still waiting for a batch slot without any response
-  (``_torch/pyexecutor/executor_request_queue.py`` @007a7508 ``update_waiting_queue``; ``py_executor.py``
-  ``_handle_canceled_requests`` finishes active requests only; ``executor/base_worker.py`` @7b437aaa
-  ``abort_request`` sends nothing), so its ``async for`` would never end; the model then ends it itself
-  (:meth:`TritonPythonModel._end_unanswered`), with the final response a stopped request gets;
+* a stopped or cancelled request is never cut short, and none is left behind in the LLM
+  (:meth:`TritonPythonModel._abort`). TensorRT-LLM 1.2.1 drops an aborted request that is still waiting for a batch
+  slot without any response (``_torch/pyexecutor/executor_request_queue.py`` @007a7508 ``update_waiting_queue``;
+  ``py_executor.py`` ``_handle_canceled_requests`` finishes active requests only; ``executor/base_worker.py``
+  @7b437aaa ``abort_request`` sends nothing), so its result never ends and its entry in the worker's ``_results``
+  stays for the LLM's life (removed only with a final response, ``AwaitResponseHelper.handle_for_worker``); and an
+  abort reaches the executor only at its next iteration, through the proxy's request queue and the worker
+  (``worker_main`` @cc4777e9), which under load takes longer than a cancellation period. So the LLM always streams
+  (the model sees a request's first answer: it has a slot), a request the LLM has answered is aborted there and
+  ends with the LLM's own final response (every token it made, however long the abort travels), and a request it
+  has not answered is aborted only at its first answer, the client getting a stopped request's final response (no
+  tokens) if none comes within ``unanswered_stop_timeout_ms`` (1000 ms by default;
+  :data:`DEFAULT_UNANSWERED_STOP_TIMEOUT_MS` has the arithmetic);
+* every ``lora_path`` is checked before the LLM sees it (``translate.check_adapter``: it exists, is complete and
+  readable, its rank fits), and the LLM reads the model's snapshot of it (``adapters.py``), kept while the id is live
+  in the LLM. TensorRT-LLM 1.2.1 loads a new adapter in the executor worker before the ``try`` that turns errors
+  into ``RequestError`` (``executor/base_worker.py`` @7b437aaa ``_enqueue_request``), and ``worker_main``
+  (``executor/worker.py`` @cc4777e9) treats anything else as critical: the worker stops, and the LLM with it, for
+  every request (wrapped after 1.2.1, PR #13517); it may read an id's folder again when its own cache dropped the
+  adapter (``_torch/pyexecutor/resource_manager.py`` @d2a5560a ``add_request_peft``), so the folder must stay
+  readable while the id is live, whatever the adapter disk cache evicts;
+* the LLM is recycled after ``max_adapters_per_llm`` distinct adapters (:meth:`TritonPythonModel._recycle`: running
+  requests finish, new ones wait, a new LLM is built): 1.2.1's ``LoraManager.load_from_hf`` appends every new
+  adapter's GPU tensors to ``_lora_weights``, a list that never shrinks and that the PyTorch backend never reads
+  (``lora_manager.py`` @30e6fb55 and @007e181b; PR #12815, opened on main 2026-04-07 after the release branch was
+  cut, adds ``_retain_device_tensors``; no version of the file at 1.2.1's commit 376f7e1b can be read, so it is
+  taken to leak: docs/deploy.md has the arithmetic). The count is a metric (:data:`ADAPTERS_METRIC`, with
+  :data:`RECYCLES_METRIC`);
 * a sampling input the LLM's sampler would ignore is refused (``translate.py``, ``samplers.py``), and the
   log-probabilities returned are always the generated tokens' (a response whose log-prob is keyed by another
   token fails the request);
 * a known ``lora_task_id`` sent with a folder that holds another adapter is refused (the LLM API would serve the
-  adapter cached under the id).
+  adapter cached under the id); the same adapter in another folder is served under the id's snapshot.
 
 What a client sees, as from the C++ backend (the conformance tests run each against both models:
 tests/test_conformance.py):
@@ -68,16 +90,16 @@ prompt limits and the ``max_seq_len`` reduction are the LLM's (its texts: ``llma
 ``executor/base_worker.py`` ``_deduce_max_tokens``); there is no queue limit (``TorchLlmArgs`` has no
 ``max_queue_size``); LoRA adapters come as folders (``lora_path``), not converted tensors.
 
-Modules beside this file: ``translate.py`` (tensors -> LLM request), ``parsing.py`` and ``lora.py`` (links to
-the CPU reference model's, whose checks and texts ``translate.py`` reuses), ``triton_glue.py`` (a link to the
-reference model's too: parameters, input tensors, responses, errors and logging, as the two models share them),
-``samplers.py`` (a link to ``tensorrtllm_backend/samplers.py``: what each sampler applies). Triton loads this file
-by its path, so it loads ``triton_glue.py`` by its path as well, which makes the folder the package
-:data:`PACKAGE` to import the others.
+Modules beside this file: ``translate.py`` (tensors -> LLM request, and the adapter folder's check), ``adapters.py``
+(the adapters of one LLM's life: snapshots and the bound), ``parsing.py`` and ``lora.py`` (links to the CPU reference
+model's, whose checks and texts ``translate.py`` reuses), ``triton_glue.py`` (a link to the reference model's too:
+parameters, input tensors, responses, errors and logging, as the two models share them), ``samplers.py`` (a link to
+``tensorrtllm_backend/samplers.py``: what each sampler applies). Triton loads this file by its path, so it loads
+``triton_glue.py`` by its path as well, which makes the folder the package :data:`PACKAGE` to import the others.
 
-Why one module (about 770 lines): one concern, hosting the LLM in Triton's Python backend: the three threads,
-a request's life from ``execute`` to its final response, and the responses; the request's meaning is
-``translate.py``'s.
+Why one module (about 1,000 lines): one concern, hosting the LLM in Triton's Python backend: the three threads,
+a request's life from ``execute`` to its final response, the responses, and the LLM's own life (its adapters and its
+recycling); the request's meaning is ``translate.py``'s, the adapter folders' bookkeeping ``adapters.py``'s.
 """
 
 from __future__ import annotations
@@ -90,13 +112,15 @@ import itertools
 import json
 import os
 import queue
+import shutil
 import sys
+import tempfile
 import threading
 import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
 #: Per-rank variables of an ``mpirun``-started process that a Triton Python backend stub inherits, removed before
 #: ``tensorrt_llm`` starts MPI here (upstream llmapi model.py @044a90d2, at import; not in 1.2.1's model): MPI then
@@ -140,6 +164,24 @@ LLM_ARGS_FILE = "llm_args.json"
 DEFAULT_CANCELLATION_CHECK_PERIOD_MS = 100.0
 #: How long finalize waits for aborted requests' last responses, seconds.
 FINALIZE_DRAIN_S = 10.0
+#: How long a stopped request the LLM has never answered waits for its first answer before the model ends it with no
+#: tokens, milliseconds (parameter ``unanswered_stop_timeout_ms``). A request with a batch slot answers at the end of
+#: its first executor iteration: the LLM API streams each step's response (``_handle_responses``), and with the
+#: overlap scheduler (1.2.1's default) a step's responses leave during the next step, so the first answer comes
+#: within two iterations of the request getting its slot, plus the proxy's ZMQ hops (milliseconds). One iteration is
+#: at most one forward pass over ``max_num_tokens`` tokens (8192 by default): about 0.3 s for an 8B model on an H100
+#: (2 x 8e9 x 8192 = 1.3e14 FLOP at ~5e14 FLOP/s). Silent for 1 s after the stop, a request most likely never had a
+#: slot; ending it then loses no token, and nothing is dropped in the LLM (the model aborts it there only at its
+#: first answer: :meth:`TritonPythonModel._abort`).
+DEFAULT_UNANSWERED_STOP_TIMEOUT_MS = 1000.0
+#: ``LoraConfig.max_lora_rank``'s default (``lora_helper.py`` @585c7565).
+DEFAULT_MAX_LORA_RANK = 64
+#: What ``generate_async`` raises once the LLM is shut down (``llmapi/llm.py`` @4c05a748), also after its executor
+#: worker stopped (the proxy's ``_handle_background_error`` shuts it down).
+LLM_SHUT_DOWN = "LLM is shutting down"
+#: The model's metrics (Triton's /metrics, and the predictor's Prometheus endpoint after its own).
+ADAPTERS_METRIC = "cog_triton_llm_lora_adapters"
+RECYCLES_METRIC = "cog_triton_llm_recycles"
 
 
 # Triton loads this file by its path: the glue beside it is loaded so too, then makes this folder the package PACKAGE.
@@ -151,6 +193,7 @@ _package = glue.sibling_package(PACKAGE, __file__)
 _translate = importlib.import_module(f"{_package}.translate")
 _parsing = importlib.import_module(f"{_package}.parsing")
 _samplers = importlib.import_module(f"{_package}.samplers")
+_adapters = importlib.import_module(f"{_package}.adapters")
 
 RequestError = _parsing.RequestError
 Submission = _translate.Submission
@@ -158,6 +201,10 @@ to_submission = _translate.to_submission
 is_stop_request = _parsing.is_stop_request
 stop_word_end = _translate.stop_word_end
 
+
+AdapterFacts = _translate.AdapterFacts
+AdapterLife = _adapters.AdapterLife
+life_folder = _adapters.life_folder
 
 error_response = glue.error_response
 token_response = glue.token_response
@@ -211,6 +258,8 @@ class InFlightRequest:
     queued: int = 0  # tokens queued for sending so far (event loop)
     next_at: float = 0.0  # stream_interval_ms: when held tokens may leave (event loop; monotonic seconds)
     answered: bool = False  # a response was sent (the response thread's: first responses go first)
+    responded: bool = False  # the LLM answered it at least once: it has a batch slot (event loop)
+    abort_on_response: bool = False  # aborted before the LLM answered: abort it in the LLM at its first answer
 
 
 @dataclass(slots=True, eq=False)
@@ -241,8 +290,10 @@ class TritonPythonModel:
     """The PyTorch-backend ``tensorrt_llm`` model (decoupled; see the module docstring).
 
     Model parameters (string values): ``exclude_input_in_output`` (default false, with the C++ backend's
-    warning when absent), ``cancellation_check_period_ms`` (default 100). The LLM's arguments:
-    ``llm_args.json`` beside this file (:meth:`load_llm_args`).
+    warning when absent), ``cancellation_check_period_ms`` (default 100), ``unanswered_stop_timeout_ms`` (default
+    1000: :data:`DEFAULT_UNANSWERED_STOP_TIMEOUT_MS`), ``max_adapters_per_llm`` (default 0: no bound),
+    ``adapter_snapshot_dir`` (default: a temporary folder). The LLM's arguments: ``llm_args.json`` beside this file
+    (:meth:`load_llm_args`).
     """
 
     # -- hooks (a stand-in or a test may override them) ---------------------------------------------
@@ -287,6 +338,10 @@ class TritonPythonModel:
         if period_ms <= 0:
             raise ValueError(f"parameter cancellation_check_period_ms must be > 0, got {period_ms}")
         self.cancel_period_s = period_ms / 1e3
+        unanswered_ms = glue.param(params, "unanswered_stop_timeout_ms", DEFAULT_UNANSWERED_STOP_TIMEOUT_MS, float)
+        if unanswered_ms <= 0:
+            raise ValueError(f"parameter unanswered_stop_timeout_ms must be > 0, got {unanswered_ms}")
+        self.unanswered_s = unanswered_ms / 1e3
         llm_args = self.load_llm_args(params)
         self.guided_decoding = llm_args.get("guided_decoding_backend") is not None
         self.lora_enabled = llm_args.get("lora_config") is not None
@@ -307,10 +362,11 @@ class TritonPythonModel:
         self._lock = threading.Lock()
         self._in_flight: Dict[int, InFlightRequest] = {}
         self._by_request_id: Dict[str, InFlightRequest] = {}  # the latest request with each Triton request id
-        self._lora_paths: Dict[int, str] = {}
-        # id -> (folder, adapter_digest) of the adapter first served under it; folder -> digest (event loop only)
-        self._lora_identity: Dict[int, Tuple[str, Optional[str]]] = {}
-        self._lora_digests: Dict[str, Optional[str]] = {}
+        self._submitted: set = set()  # requests given to the LLM and not ended by it (event loop)
+        self._recycling: Optional[asyncio.Event] = None  # set while the LLM is recycled (event loop)
+        self._broken: Optional[str] = None  # why the LLM is gone for good (a failed rebuild)
+        self.recycles = 0
+        self._init_adapters(params, llm_args, args)
         # One queue and thread per partition of the requests (request number % RESPONSE_THREADS): each request's
         # sends and is_cancelled() calls stay on one thread, in order.
         self._queues: List["queue.SimpleQueue[Any]"] = [queue.SimpleQueue() for _ in range(RESPONSE_THREADS)]
@@ -322,7 +378,9 @@ class TritonPythonModel:
             self.llm = self._start_engine()
         except BaseException:
             sys.setswitchinterval(self._previous_switch_interval)  # a failed load leaves the process as it was
+            self._life.close()
             raise
+        self._drained = asyncio.Event()  # set when the last request given to the LLM ends (bound to the loop on use)
         self._response_threads = [
             threading.Thread(target=self._response_loop, args=(i,), name=f"trtllm-pytorch-responses-{i}", daemon=True)
             for i in range(RESPONSE_THREADS)
@@ -333,7 +391,51 @@ class TritonPythonModel:
         self._log("info", f"LLM ready in {time.monotonic() - started:.1f} s with {json.dumps(llm_args, default=str)}; "
                           f"exclude_input_in_output={exclude} cancellation check every {period_ms:g} ms "
                           f"guided_decoding={'on' if self.guided_decoding else 'off'} "
-                          f"lora={'on' if self.lora_enabled else 'off'} sampler={self.sampler}")
+                          f"lora={'on' if self.lora_enabled else 'off'} sampler={self.sampler} "
+                          f"max_adapters_per_llm={self.max_adapters_per_llm or 'unbounded'} "
+                          f"unanswered_stop_timeout_ms={unanswered_ms:g}")
+
+    def _init_adapters(self, params: dict, llm_args: Dict[str, Any], args: dict) -> None:
+        """The LoRA adapters' state (parameters ``max_adapters_per_llm``, ``adapter_snapshot_dir``; the LLM's
+        ``lora_config.max_lora_rank``, default 64 as ``LoraConfig``'s, lora_helper.py @585c7565), the first LLM life
+        and the metrics.
+
+        Raises:
+            ValueError: a parameter out of range.
+        """
+        self.max_adapters_per_llm = glue.param(params, "max_adapters_per_llm", 0, int)
+        if self.max_adapters_per_llm < 0:
+            raise ValueError("parameter max_adapters_per_llm must be >= 0 (0: no bound), got "
+                             f"{self.max_adapters_per_llm}")
+        lora_config = llm_args.get("lora_config") if isinstance(llm_args.get("lora_config"), dict) else {}
+        self.max_lora_rank = int(lora_config.get("max_lora_rank") or DEFAULT_MAX_LORA_RANK)
+        self._lora_paths: Dict[int, str] = {}  # id -> the folder the current LLM was given for it
+        self._verified = _adapters.VerifiedFolders()  # event loop only
+        self._life_number = 0
+        root = glue.param(params, "adapter_snapshot_dir", "", str)
+        self._snapshot_root = Path(root) if root else Path(tempfile.mkdtemp(prefix="trtllm-lora-"))
+        self._snapshot_root.mkdir(parents=True, exist_ok=True)
+        stale = _adapters.remove_stale_lives(self._snapshot_root)
+        if stale:
+            self._log("info", f"removed adapter snapshots of processes that are gone: {', '.join(stale)}")
+        self._life = AdapterLife(life_folder(self._snapshot_root, 0), self.max_adapters_per_llm)
+        self._adapters_gauge, self._recycles_metric = self._metrics(args)
+
+    def _metrics(self, args) -> tuple:
+        """The model's Prometheus metrics in Triton's (python_backend's custom metrics, ``pb_utils.MetricFamily``):
+        the distinct LoRA adapters the current LLM has been given (a gauge) and the LLM's recycles (a counter),
+        labelled with the model's name and version; (None, None) where the Python backend has no custom metrics."""
+        family = getattr(pb_utils, "MetricFamily", None)
+        if family is None:
+            return None, None
+        labels = {"model": str(args.get("model_name", "tensorrt_llm")), "version": str(args.get("model_version", "1"))}
+        # The families are kept: python_backend removes a family's metrics when the family object is deleted.
+        self._metric_families = (
+            family(name=ADAPTERS_METRIC, description="Distinct LoRA adapters the current LLM has been given "
+                   "(TensorRT-LLM 1.2.1 keeps each one's tensors until the LLM is recycled)", kind=family.GAUGE),
+            family(name=RECYCLES_METRIC, description="Times the LLM was replaced by a new one after "
+                   "max_adapters_per_llm distinct LoRA adapters", kind=family.COUNTER))
+        return tuple(f.Metric(labels=labels) for f in self._metric_families)
 
     @staticmethod
     def _vocab_size(llm_args: Dict[str, Any]) -> int:
@@ -429,6 +531,8 @@ class TritonPythonModel:
                                        guided_decoding=self.guided_decoding, lora_enabled=self.lora_enabled,
                                        known_paths=known, sampler=self.sampler, request_number=number)
         except RequestError as exc:
+            if isinstance(exc, _translate.SamplerRefusal):
+                self._log("warn", f"request {request_id!r}: {exc.refusal.log_line()}")  # the operator's remedy
             self._send_now(sender, error_response(str(exc)))
             return
         for warning in submission.warnings:
@@ -460,8 +564,18 @@ class TritonPythonModel:
             self._log("warn", f"could not answer a stop request: {exc}")
 
     def _abort(self, inflight: InFlightRequest) -> None:
-        """Abort ``inflight``'s generation (from any thread): ``RequestOutput.abort()`` on the event loop, and
-        :meth:`_end_unanswered` one cancellation period later."""
+        """Stop ``inflight`` (from any thread; a stop request, Triton's cancellation, finalize). On the event loop:
+
+        * the LLM has answered it (it has a batch slot): ``RequestOutput.abort()``; the LLM ends it 'cancelled' at the
+          executor's next iteration and its final response carries every token made until then, however long the
+          abort takes to travel (no timer: an active request is never cut short);
+        * the LLM has not answered it yet: it may be waiting for a slot, which TensorRT-LLM 1.2.1 drops on an abort
+          without any answer, leaving its entry in the worker's ``_results`` for the LLM's life (see the module
+          docstring). So it is not aborted in the LLM now but at its first answer (when it has a slot, whose abort the
+          executor answers), and the client gets the final response of a stopped request (its tokens: none) if the
+          LLM sends nothing within ``unanswered_stop_timeout_ms`` (:meth:`_end_unanswered`);
+        * not given to the LLM yet (held while the LLM is recycled): it ends at once, with no tokens.
+        """
         if inflight.abort_requested:
             return
         inflight.abort_requested = True
@@ -470,9 +584,18 @@ class TritonPythonModel:
             return
 
         def abort() -> None:
-            if inflight.output is not None and not inflight.output.finished and not inflight.output.aborted():
-                inflight.output.abort()
-            loop.call_later(self.cancel_period_s, self._end_unanswered, inflight)
+            if inflight.final_queued:
+                return
+            output = inflight.output
+            if output is None:  # not given to the LLM (held while it is recycled, or its adapter being checked):
+                self._queue_final(inflight)  # it ends now, and _generate does not give it to the LLM
+                return
+            if inflight.responded:
+                if not output.finished and not output.aborted():
+                    output.abort()
+                return
+            inflight.abort_on_response = True
+            loop.call_later(self.unanswered_s, self._end_unanswered, inflight)
 
         try:
             loop.call_soon_threadsafe(abort)
@@ -480,17 +603,19 @@ class TritonPythonModel:
             pass
 
     def _end_unanswered(self, inflight: InFlightRequest) -> None:
-        """End an aborted request the LLM has not answered one cancellation period after its abort (event loop):
-        TensorRT-LLM 1.2.1 answers an aborted request that was still waiting for a batch slot never (see the module
-        docstring). Its coroutine is cancelled and it gets the final response of a stopped request (its tokens so
-        far: none while it waited)."""
-        if inflight.final_queued:
+        """End, for the client, an aborted request the LLM has not answered within ``unanswered_stop_timeout_ms``
+        of its abort (event loop): it never got a batch slot, so it has no tokens; it gets the final response of a
+        stopped request. Its coroutine stays: when the LLM gives it a slot and answers, it is aborted there and its
+        last response removes its worker entry (:meth:`_abort`)."""
+        if inflight.final_queued or inflight.responded:
             return
-        self._log("warn", f"request {inflight.request_id!r} was aborted and the LLM sent no final response within "
-                          f"{self.cancel_period_s * 1e3:g} ms (TensorRT-LLM 1.2.1 drops an aborted request still waiting "
-                          "for a batch slot without one): ended here")
-        if inflight.task is not None:
-            inflight.task.cancel()
+        self._log("info", f"request {inflight.request_id!r} was stopped while waiting for a batch slot: the LLM "
+                          f"sent nothing within {self.unanswered_s * 1e3:g} ms of the stop, so it ends now with no "
+                          "tokens (it is aborted in the LLM when it gets a slot)")
+        self._queue_final(inflight)
+
+    def _queue_final(self, inflight: InFlightRequest) -> None:
+        """Queue the final response of a stopped request: its tokens not sent yet (streaming), or prompt and tokens."""
         s = inflight.submission
         if s.streaming:
             self._queue_new(inflight, final=True)
@@ -502,7 +627,10 @@ class TritonPythonModel:
     async def _generate(self, inflight: InFlightRequest) -> None:
         s = inflight.submission
         inflight.task = asyncio.current_task()
+        submitted = False
         try:
+            while self._recycling is not None:  # held while the LLM is recycled
+                await self._recycling.wait()
             SamplingParams, LoRARequest, GuidedDecodingParams = self._api  # noqa: N806 - the LLM API's classes
             kwargs = dict(s.sampling)
             if "guided_decoding" in kwargs:
@@ -510,19 +638,31 @@ class TritonPythonModel:
             lora_request = None
             if s.lora is not None:
                 task_id, path = s.lora
-                await self._check_adapter_identity(task_id, path)
-                lora_request = LoRARequest(f"lora_{task_id}", task_id, path)
-            output = self.llm.generate_async(s.prompt_ids, sampling_params=SamplingParams(**kwargs),
-                                             lora_request=lora_request, streaming=s.llm_streaming)
-            if s.lora is not None:
-                with self._lock:
-                    self._lora_paths[s.lora[0]] = s.lora[1]
+                snapshot = await self._adapter_for_llm(task_id, path)
+                lora_request = LoRARequest(f"lora_{task_id}", task_id, snapshot)
+            if self._broken is not None:
+                raise RequestError(self._broken)
+            if inflight.abort_requested:  # stopped before it reached the LLM: nothing to stop there
+                if not inflight.final_queued:
+                    self._queue_final(inflight)
+                return
+            try:
+                output = self.llm.generate_async(s.prompt_ids, sampling_params=SamplingParams(**kwargs),
+                                                 lora_request=lora_request, streaming=s.llm_streaming)
+            except RuntimeError as exc:
+                if str(exc) == LLM_SHUT_DOWN and not self._closing and self._broken is None:
+                    self._llm_died()
+                raise
             inflight.output = output
-            if inflight.abort_requested:  # stopped or cancelled before the LLM had it
-                output.abort()
+            self._submitted.add(inflight)
+            submitted = True
             ended = False
             interval = s.interval_s
             async for result in output:
+                if not inflight.responded:
+                    inflight.responded = True  # it has a batch slot: an abort now is answered by the LLM
+                    if inflight.abort_on_response:
+                        output.abort()  # stopped while it waited for the slot
                 new, ended = self._new_tokens(inflight, result)
                 if s.streaming:
                     final = result.finished or ended
@@ -550,33 +690,143 @@ class TritonPythonModel:
             inflight.final_queued = True
             self._log("warn", f"request {inflight.request_id!r} failed: {type(exc).__name__}: {exc}")
             self._queue_of(inflight).put(QueuedError(inflight, error_response(str(exc))))
+        finally:
+            if submitted:
+                self._submitted.discard(inflight)
+                if not self._submitted:
+                    self._drained.set()
 
-    async def _digest(self, path: str) -> Optional[str]:
-        """``adapter_digest(path)``, computed once per folder, off the event loop."""
-        if path not in self._lora_digests:
-            digest = await asyncio.get_running_loop().run_in_executor(None, _translate.adapter_digest, path)
-            self._lora_digests.setdefault(path, digest)
-        return self._lora_digests[path]
-
-    async def _check_adapter_identity(self, task_id: int, path: str) -> None:
-        """Refuse ``task_id`` with a folder holding another adapter than the one first served under that id (event
-        loop). The LLM API caches adapters by id and silently serves the cached one (``base_worker.py`` @7b437aaa
-        ``_load_lora_adapter``; ``lora_manager.py`` @30e6fb55): one id must mean one adapter. The same adapter in
-        another folder (same :func:`adapter_digest`) is served.
+    # -- LoRA adapters and the LLM's life ------------------------------------------------------------
+    async def _verify(self, path: str) -> AdapterFacts:
+        """:func:`translate.check_adapter` of ``path`` (read off the event loop), or its remembered result while the
+        folder's files are unchanged.
 
         Raises:
-            RequestError: naming the id, both folders and the fix.
+            RequestError: the folder is missing, incomplete or unreadable, or its rank is above the LLM's limit.
         """
-        digest = await self._digest(path)
-        if digest is None:
-            return  # not a folder: LoRARequest refuses it with upstream's text
-        first_path, first_digest = self._lora_identity.setdefault(task_id, (path, digest))
-        if first_path == path or first_digest == digest:
-            return
-        raise RequestError(
-            f"lora_task_id {task_id} was first served with the adapter in {first_path}, and {path} holds another "
-            "adapter: the LLM caches adapters by their id (LoRARequest.lora_int_id) and would serve the first one; "
-            "give each adapter its own lora_task_id")
+        facts = self._verified.cached(path)
+        if facts is None:
+            facts = await asyncio.get_running_loop().run_in_executor(
+                None, _translate.check_adapter, path, self.max_lora_rank)
+            self._verified.remember(path, facts)
+        return facts
+
+    async def _adapter_for_llm(self, task_id: int, path: str) -> str:
+        """The folder the LLM is given for ``task_id`` sent with ``path`` (event loop): the id's snapshot in this LLM's
+        life (:mod:`adapters`), made when the id is new to it, after the folder is checked; the LLM is recycled first
+        when a new id would pass ``max_adapters_per_llm``.
+
+        Raises:
+            RequestError: the folder fails its check (:meth:`_verify`); the id was first served with another adapter
+                (the LLM API caches adapters by id, ``base_worker.py`` @7b437aaa ``_load_lora_adapter``, and would
+                serve the first one); the snapshot cannot be made; the LLM could not be rebuilt.
+        """
+        facts = await self._verify(path)
+        loop = asyncio.get_running_loop()
+        while True:
+            if self._broken is not None:
+                raise RequestError(self._broken)
+            life = self._life
+            live = life.live.get(task_id)
+            if live is not None:
+                if live.digest != facts.digest:
+                    raise RequestError(
+                        f"lora_task_id {task_id} was first served with the adapter in {live.source}, and {path} holds "
+                        "another adapter: the LLM caches adapters by their id (LoRARequest.lora_int_id) and would "
+                        "serve the first one; give each adapter its own lora_task_id")
+                return live.snapshot
+            pending = life.pending.get(task_id)
+            if pending is not None:
+                await asyncio.shield(pending)
+                continue
+            if life.full():
+                if self._recycling is not None:
+                    await self._recycling.wait()
+                else:
+                    await self._recycle(f"adapter {task_id} would be the LLM's distinct adapter number "
+                                        f"{len(life.live) + 1}, above max_adapters_per_llm {life.limit}")
+                continue
+            made: "asyncio.Future[None]" = loop.create_future()
+            life.pending[task_id] = made
+            try:
+                snapshot = await loop.run_in_executor(None, life.snapshot, task_id, path, facts)
+                life.add(task_id, snapshot, facts, path)
+                with self._lock:
+                    self._lora_paths[task_id] = snapshot
+                self._adapters_metric(len(life.live))
+                self._log("info", f"LoRA adapter {task_id} from {path} given to the LLM as {snapshot} "
+                                  f"({len(life.live)} distinct adapter(s) in this LLM's life"
+                                  f"{f' of at most {life.limit}' if life.limit else ''})")
+                return snapshot
+            finally:
+                del life.pending[task_id]
+                made.set_result(None)
+
+    async def _recycle(self, reason: str) -> None:
+        """Replace the LLM with a new one, without cutting a request short (event loop): requests not given to the
+        LLM yet wait (:attr:`_recycling`); the ones it has run to their end (drain); then the LLM is shut down, which
+        releases what it kept of every adapter (TensorRT-LLM 1.2.1 keeps each distinct adapter's device tensors for
+        the LLM's life: the module docstring), its snapshots are removed, and a new LLM is built from the same
+        arguments; the waiting requests go on. A new LLM that cannot be built fails the waiting requests and stops
+        this model's process, so that the server restarts (the predictor's supervisor restarts Triton on a dead
+        stub)."""
+        event = self._recycling = asyncio.Event()
+        started = time.monotonic()
+        try:
+            self._log("info", f"recycling the LLM: {reason}; new requests wait while {len(self._submitted)} running "
+                              "request(s) finish")
+            while self._submitted:
+                self._drained.clear()
+                await self._drained.wait()
+            drained = time.monotonic()
+            old, self.llm = self.llm, None
+            try:
+                old.shutdown()
+            except Exception as exc:  # noqa: BLE001 - the new LLM is what matters
+                self._log("warn", f"LLM.shutdown() failed while recycling: {exc}")
+            del old
+            self._life.close()
+            with self._lock:
+                self._lora_paths.clear()
+            self._life_number += 1
+            self._life = AdapterLife(life_folder(self._snapshot_root, self._life_number), self.max_adapters_per_llm)
+            self._adapters_metric(0)
+            from tensorrt_llm import LLM  # noqa: PLC0415
+
+            try:
+                self.llm = LLM(**self.llm_args)
+            except Exception as exc:  # noqa: BLE001
+                self._broken = (f"the LLM could not be rebuilt after recycling ({type(exc).__name__}: {exc}); the "
+                                "model's process stops so that the server is restarted")
+                self._log("error", self._broken)
+                self._give_up()
+                return
+            self.recycles += 1
+            if self._recycles_metric is not None:
+                self._recycles_metric.increment(1)
+            self._log("info", f"LLM recycled in {time.monotonic() - started:.1f} s (drained in "
+                              f"{drained - started:.1f} s); {self.recycles} recycle(s) so far")
+        finally:
+            self._recycling = None
+            event.set()
+
+    def _llm_died(self) -> None:
+        """The LLM says it is shutting down, and nobody shut it down: its executor worker stopped (1.2.1 stops it on
+        a failure outside its RequestError path, and then every later request fails; the requests it was running
+        never end). Nothing in this process can bring it back: the model's process stops, so that the predictor's
+        supervisor restarts Triton, which fails the running predictions (or sends again those without a token)."""
+        self._broken = ("the LLM's executor stopped (TensorRT-LLM 1.2.1 stops it on an error outside a request's "
+                        "error path); the model's process stops so that the server is restarted")
+        self._log("error", self._broken)
+        self._give_up()
+
+    def _give_up(self) -> None:
+        """Stop this process a moment after a failed rebuild (the errors already queued are sent first)."""
+        threading.Timer(2.0, os._exit, args=(1,)).start()
+
+    def _adapters_metric(self, count: int) -> None:
+        if self._adapters_gauge is not None:
+            self._adapters_gauge.set(count)
 
     def _new_tokens(self, inflight: InFlightRequest, result) -> tuple[List[int], bool]:
         """The ids this response adds (the end token dropped, cut after a stop word), and whether a stop word
@@ -761,6 +1011,11 @@ class TritonPythonModel:
             except RuntimeError:
                 pass
         self._loop_thread.join(FINALIZE_DRAIN_S)
+        self._life.close()
+        self._adapters_gauge = self._recycles_metric = None  # the metrics before their families (python_backend)
+        self._metric_families = ()
+        if self._snapshot_root.name.startswith("trtllm-lora-"):  # our own temporary folder
+            shutil.rmtree(self._snapshot_root, ignore_errors=True)
         self.serving = False
         sys.setswitchinterval(getattr(self, "_previous_switch_interval", sys.getswitchinterval()))
         self._log("info", "finalized")

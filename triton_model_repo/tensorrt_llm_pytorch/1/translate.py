@@ -20,8 +20,8 @@ How the C++ semantics become ``SamplingParams`` (TensorRT-LLM 1.2.1's LLM API; s
 * the LLM's sampler (``samplers.py`` beside this file, a link to ``tensorrtllm_backend/samplers.py``, has the
   facts and sources) decides what else can pass: a request whose input that sampler would ignore is refused
   (``samplers.refusal``: under TorchSampler, the default of ``sampler_type`` auto, any penalty, ``min_tokens``,
-  bad words, a seed when sampling, and log-probs when sampling), naming the input, the sampler and the setting
-  that applies it; otherwise the penalties and ``min_tokens`` (when > 0) pass as they are, and ``seed`` when
+  bad words, a seed when sampling, and log-probs when sampling), the caller's error leading with what the caller
+  can do and the operator's remedy (the setting that applies it) logged; otherwise the penalties and ``min_tokens`` (when > 0) pass as they are, and ``seed`` when
   the request gives one (unset, the C++ decoder uses 0, as the C++ backend); ``len_penalty`` is checked and not
   sent (beam search only);
 * stop words are matched by the model itself, over prompt and output as ``stopWordsCriterion`` does (the
@@ -38,13 +38,16 @@ How the C++ semantics become ``SamplingParams`` (TensorRT-LLM 1.2.1's LLM API; s
   the id is the LLM's adapter cache key (``base_worker.py`` @7b437aaa ``_load_lora_adapter`` returns False for
   a loaded id, ``lora_manager.py`` @30e6fb55 keeps the weights first loaded), so a known id sent with another
   folder would silently get the cached adapter: the model refuses an id whose folder holds another adapter
-  than the one first served under it (:func:`adapter_digest`). ``lora_weights`` / ``lora_config`` (the C++
-  backend's converted tensors) are refused: the LLM API loads adapters from folders only.
+  than the one first served under it (:class:`AdapterFacts` digest). Every folder is checked first
+  (:func:`check_adapter`: it exists, is complete and readable): 1.2.1 loads it outside its ``RequestError`` path,
+  so a folder it cannot read would stop the LLM. ``lora_weights`` / ``lora_config`` (the C++ backend's converted
+  tensors) are refused: the LLM API loads adapters from folders only.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -52,7 +55,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from .parsing import ModelLimits, RequestError, _scalar, parse_request
-from .samplers import SamplingInputs, refusal, takes_seed
+from .samplers import Refusal, SamplingInputs, refusal, takes_seed
 
 #: Limits the C++ executor would apply and the LLM applies instead (never reached here).
 NO_LIMIT = 2**62
@@ -93,8 +96,20 @@ class Submission:
 
     @property
     def llm_streaming(self) -> bool:
-        """Whether the LLM streams: as the client asked, or always when the model matches stop words."""
-        return self.streaming or bool(self.stop_words)
+        """Whether the LLM streams: always. The model matches stop words on the tokens as they come, and it must
+        know whether the LLM has a request in a batch slot (its first response came) before it aborts it: 1.2.1
+        drops an aborted request still waiting for a slot without any answer (the model's docstring), and a
+        non-streaming request answers only when it ends. A non-streaming client still gets one response."""
+        return True
+
+
+class SamplerRefusal(RequestError):
+    """A request refused because the LLM's sampler would not apply one of its inputs: its message is the caller's
+    (``samplers.Refusal.message``), :attr:`refusal` also has the operator's remedy, which the model logs."""
+
+    def __init__(self, refusal: Refusal) -> None:
+        super().__init__(refusal.message)
+        self.refusal = refusal
 
 
 def _string(get: Callable[[str], Optional[np.ndarray]], name: str) -> Optional[str]:
@@ -154,8 +169,8 @@ def to_submission(get: Callable[[str], Optional[np.ndarray]], *, vocab_size: int
         request_number: used in executor-style error texts.
 
     Raises:
-        RequestError: the first problem found, with the C++ backend's text where it has one, or an input the
-            sampler would ignore (``samplers.refusal``).
+        RequestError: the first problem found, with the C++ backend's text where it has one, or (a
+            :class:`SamplerRefusal`) an input the sampler would ignore (``samplers.refusal``).
     """
     limits = ModelLimits(max_input_len=NO_LIMIT, max_seq_len=NO_LIMIT, vocab_size=vocab_size,
                          exclude_input_in_output=exclude_input_in_output, guided_decoding=guided_decoding, lora=None)
@@ -168,7 +183,7 @@ def to_submission(get: Callable[[str], Optional[np.ndarray]], *, vocab_size: int
         frequency_penalty=p.frequency_penalty, min_tokens=p.min_tokens, seed=p.seed if seed_given else None,
         bad_words=bool(p.bad_words), return_log_probs=p.return_log_probs))
     if problem is not None:
-        raise RequestError(problem)
+        raise SamplerRefusal(problem)
     sampling: Dict[str, Any] = {
         "max_tokens": p.max_new_tokens,
         "end_id": -1 if p.end_id is None else p.end_id,
@@ -215,25 +230,165 @@ def to_submission(get: Callable[[str], Optional[np.ndarray]], *, vocab_size: int
     )
 
 
-#: The files of an adapter folder the LLM API loads (``lora_manager.py`` @30e6fb55 ``HfLoraLoader``).
+#: The files of an adapter folder the LLM API loads (``lora_manager.py`` @30e6fb55 ``HfLoraLoader``; ``load_from_hf``
+#: opens ``adapter_config.json`` and loads ``adapter_model.safetensors``, else ``adapter_model.bin``).
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")
+#: safetensors' dtypes and their bytes per value (the format's ``Dtype``; safetensors ``tensor.rs``).
+SAFETENSORS_DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2,
+                           "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
 
 
-def adapter_digest(path: str) -> Optional[str]:
-    """sha256 (hex) over the adapter files of folder ``path`` (:data:`ADAPTER_FILES`, each name and bytes, in that
-    order), or None when ``path`` is not a folder (``LoRARequest`` then refuses it with upstream's text). Reads
-    the files (blocking; adapters are MB to a few hundred MB)."""
+@dataclass(frozen=True)
+class AdapterFacts:
+    """What :func:`check_adapter` found in an adapter folder.
+
+    Attributes:
+        digest: sha256 (hex) over the adapter files present (each name and its bytes, in :data:`ADAPTER_FILES`
+            order): two folders holding the same adapter have the same digest.
+        rank: the largest rank of the adapter (``r`` and its ``rank_pattern``).
+        signature: :func:`adapter_signature` of the folder when it was read.
+    """
+
+    digest: str
+    rank: int
+    signature: Tuple[Tuple[str, int, int, int], ...]
+
+
+def adapter_signature(path: str) -> Optional[Tuple[Tuple[str, int, int, int], ...]]:
+    """(name, bytes, mtime in ns, inode) of each adapter file in folder ``path``, or None when ``path`` is not a
+    folder: unchanged while nobody replaces or rewrites the files (a few ``stat`` calls, no read)."""
     if not os.path.isdir(path):
         return None
-    digest = hashlib.sha256()
+    out = []
     for name in ADAPTER_FILES:
-        file = os.path.join(path, name)
-        if os.path.isfile(file):
-            digest.update(name.encode())
-            with open(file, "rb") as handle:
-                for block in iter(lambda: handle.read(1 << 20), b""):
-                    digest.update(block)
-    return digest.hexdigest()
+        try:
+            st = os.stat(os.path.join(path, name))
+        except OSError:
+            continue
+        out.append((name, st.st_size, st.st_mtime_ns, st.st_ino))
+    return tuple(out)
+
+
+def _positive_int(value: Any) -> Optional[int]:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def check_adapter(path: str, max_rank: Optional[int] = None) -> AdapterFacts:
+    """Check that folder ``path`` holds an adapter the LLM API can load, reading every byte of it once: it exists,
+    is complete and is readable. TensorRT-LLM 1.2.1 loads a new adapter in the executor worker before the ``try``
+    that turns errors into ``RequestError`` (``executor/base_worker.py`` @7b437aaa ``_enqueue_request``), so a
+    folder it cannot read stops the worker, and the LLM with it, for every request (``executor/worker.py``
+    @cc4777e9 ``worker_main``): every folder is checked here first, and a failure is the request's error.
+
+    What ``LoraManager.load_from_hf`` reads (``lora_manager.py`` @30e6fb55): ``adapter_config.json``, a JSON object
+    whose ``r`` it takes as an int and ``lora_alpha`` as a float; ``adapter_model.safetensors``, else
+    ``adapter_model.bin``. A safetensors file must be whole: its header's tensors lie within the file and end
+    exactly at its end (what safetensors' own validation requires), each as many bytes as its shape and dtype
+    say. A ``.bin`` (a torch zip archive) must pass the archive's CRC check. ``max_rank``: the LLM's
+    ``lora_config.max_lora_rank`` (a larger rank is refused here, naming both).
+
+    Raises:
+        RequestError: what is wrong, naming the folder and the file (never the LLM's error).
+    """
+    if not os.path.exists(path):
+        raise RequestError(f"lora_path ({path}) does not exist.")
+    if not os.path.isdir(path):
+        raise RequestError(f"lora_path {path} is not a folder: the LLM API loads an adapter's PEFT folder "
+                           "(adapter_config.json and adapter_model.safetensors)")
+    signature = adapter_signature(path) or ()
+    digest = hashlib.sha256()
+    config_file = os.path.join(path, ADAPTER_FILES[0])
+    try:
+        with open(config_file, "rb") as handle:
+            raw = handle.read()
+    except OSError as exc:
+        raise RequestError(f"lora_path {path}: adapter_config.json cannot be read ({exc.strerror or exc})") from None
+    digest.update(ADAPTER_FILES[0].encode())
+    digest.update(raw)
+    try:
+        config = json.loads(raw)
+    except ValueError as exc:
+        raise RequestError(f"lora_path {path}: adapter_config.json is not valid JSON ({exc})") from None
+    if not isinstance(config, dict):
+        raise RequestError(f"lora_path {path}: adapter_config.json must hold a JSON object")
+    rank = _positive_int(config.get("r"))
+    if rank is None:
+        raise RequestError(f"lora_path {path}: adapter_config.json needs the adapter's rank r, a positive integer "
+                           f"(got {config.get('r')!r})")
+    alpha = config.get("lora_alpha")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
+        raise RequestError(f"lora_path {path}: adapter_config.json needs lora_alpha, a number (got {alpha!r})")
+    pattern = config.get("rank_pattern") or {}
+    ranks = [rank] + [v for v in (pattern.values() if isinstance(pattern, dict) else []) if _positive_int(v)]
+    if max_rank is not None and max(ranks) > max_rank:
+        raise RequestError(f"lora_path {path}: the adapter has rank {max(ranks)}, above the LLM's max_lora_rank "
+                           f"{max_rank} (lora_config)")
+    weights = next((name for name in ADAPTER_FILES[1:] if os.path.isfile(os.path.join(path, name))), None)
+    if weights is None:
+        raise RequestError(f"lora_path {path} holds neither adapter_model.safetensors nor adapter_model.bin")
+    file = os.path.join(path, weights)
+    try:
+        with open(file, "rb") as handle:
+            data = handle.read()
+    except OSError as exc:
+        raise RequestError(f"lora_path {path}: {weights} cannot be read ({exc.strerror or exc})") from None
+    problem = _safetensors_problem(data) if weights.endswith(".safetensors") else _zip_problem(file)
+    if problem:
+        raise RequestError(f"lora_path {path}: {weights} is damaged or incomplete: {problem}")
+    digest.update(weights.encode())
+    digest.update(data)
+    return AdapterFacts(digest.hexdigest(), max(ranks), signature)
+
+
+def _safetensors_problem(data: bytes) -> str:
+    """What makes ``data`` not a whole safetensors file, or "" (8-byte little-endian header length, a JSON header of
+    ``{name: {dtype, shape, data_offsets}}``, the tensors' bytes filling the rest exactly)."""
+    if len(data) < 8:
+        return f"{len(data)} bytes, shorter than its 8-byte header length"
+    size = int.from_bytes(data[:8], "little")
+    if size > len(data) - 8:
+        return f"its header says {size} bytes of header, but {len(data) - 8} bytes follow"
+    try:
+        header = json.loads(data[8:8 + size])
+    except ValueError as exc:
+        return f"its header is not valid JSON ({exc})"
+    if not isinstance(header, dict):
+        return "its header is not a JSON object"
+    body = len(data) - 8 - size
+    end = 0
+    tensors = 0
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            start, stop = (int(v) for v in entry["data_offsets"])
+            count = 1
+            for dim in entry["shape"]:
+                count *= int(dim)
+            width = SAFETENSORS_DTYPE_BYTES[entry["dtype"]]
+        except (KeyError, TypeError, ValueError):
+            return f"tensor {name!r} has no valid dtype, shape and data_offsets"
+        if not 0 <= start <= stop <= body or stop - start != count * width:
+            return f"tensor {name!r} lies outside the file's {body} bytes of data, or its size does not match its shape"
+        end = max(end, stop)
+        tensors += 1
+    if not tensors:
+        return "it holds no tensor"
+    if end != body:
+        return f"its tensors end at byte {end} of the data, but the file has {body} (a truncated or padded file)"
+    return ""
+
+
+def _zip_problem(file: str) -> str:
+    """What makes ``file`` not a whole zip archive (torch.save's format), or ""."""
+    import zipfile  # noqa: PLC0415 - .bin adapters only
+
+    try:
+        with zipfile.ZipFile(file) as archive:
+            bad = archive.testzip()
+    except (OSError, zipfile.BadZipFile) as exc:
+        return f"not a readable torch archive ({exc})"
+    return f"member {bad} fails its CRC check" if bad is not None else ""
 
 
 def stop_word_end(context: List[int], n_new: int, stop_words: List[List[int]]) -> Optional[int]:
@@ -249,4 +404,5 @@ def stop_word_end(context: List[int], n_new: int, stop_words: List[List[int]]) -
     return None
 
 
-__all__ = ["ADAPTER_FILES", "GUIDE_KEYS", "MAX_STREAM_INTERVAL_MS", "NO_LIMIT", "Submission", "adapter_digest", "stop_word_end", "to_submission"]
+__all__ = ["ADAPTER_FILES", "GUIDE_KEYS", "MAX_STREAM_INTERVAL_MS", "NO_LIMIT", "AdapterFacts", "SamplerRefusal", "Submission",
+           "adapter_signature", "check_adapter", "stop_word_end", "to_submission"]

@@ -20,10 +20,40 @@ docstrings, with sources):
   finish reason 'cancelled', its final response carrying what it had not sent; an aborted request **still
   waiting is dropped without any response**, so its result never finishes (no 1.2-era path answers it; the worker
   sends nothing either: ``base_worker.py`` @7b437aaa ``abort_request``);
-* LoRA (``lora_config`` set): the adapter folder of a ``LoRARequest`` is loaded on the request's first step
-  and cached by ``lora_int_id`` (``executor/base_worker.py`` @7b437aaa: loaded by id, weights sent only when
-  not in the CPU cache; another path under a cached id gets the cached weights); without ``lora_config`` the
-  LoRA request is ignored (the worker makes a LoRA manager only when ``lora_config`` is set);
+* LoRA (``lora_config`` set), in two places as in 1.2.1:
+
+  - the worker's LoRA manager (:class:`LoraWorker`): the executor worker loads a request's adapter folder when it
+    takes the request from the proxy, before the request is enqueued (``executor/base_worker.py`` @7b437aaa
+    ``_enqueue_request`` calls ``_load_lora_adapter`` *before* its ``try``, which is what turns errors into
+    ``RequestError``), once per ``lora_int_id`` for the LLM's life (``LoraManager.load_from_hf``,
+    ``lora_manager.py`` @30e6fb55 and @007e181b: a uid already in ``_lora_uid_to_low_ranks`` is skipped, and no
+    uid is ever removed), and every loaded adapter's device tensors are appended to ``_lora_weights``, a list
+    that never shrinks (the same versions: "prevent torch free this buffer"; PR #12815, 2026-04-07 on main, added
+    ``_retain_device_tensors`` after release 1.2.1 was cut, and no version of ``lora_manager.py`` at 1.2.1's
+    commit 376f7e1b can be read: see docs/deploy.md). So every distinct adapter's device bytes stay for the
+    LLM's life (:attr:`LoraWorker.retained_device_bytes`); with ``LLMAPI_STANDIN_LORA_DEVICE_BYTES`` (stand-in only:
+    the device memory the KV cache left) a load beyond it fails as CUDA does ("CUDA out of memory");
+  - a failure of that load (a missing, unreadable or incomplete folder, bad JSON, device memory) is not a
+    ``RequestError``: ``worker_main`` (``executor/worker.py`` @cc4777e9) treats it as critical: it tells the
+    proxy's dispatch thread to quit (no request in flight gets another response: their results never finish),
+    re-raises it in the worker, and the proxy hands it to the next ``generate_async``, which raises it and shuts
+    the executor down (``executor.py`` ``_handle_background_error``); later calls raise "LLM is shutting down"
+    (fixed after 1.2.1: PR #13517, 2026-05, wraps it in ``RequestError``);
+  - the engine's adapter cache (the C++ ``PeftCacheManager``): peft adapters by ``lora_int_id``, least recently
+    used evicted beyond ``max_cpu_loras``; an evicted id that comes again is read from its folder once more, as
+    1.2.1 may (``_torch/pyexecutor/resource_manager.py`` @d2a5560a ``add_request_peft`` loads
+    ``py_lora_path`` when the C++ cache no longer has the task), and a failure of that read stops the worker as
+    above (no kinder than the load at submission); another path under a cached id gets the cached weights;
+  - without ``lora_config`` the LoRA request is ignored (the worker makes a LoRA manager only when
+    ``lora_config`` is set);
+* an aborted request's abort reaches the executor ``LLMAPI_STANDIN_ABORT_DELAY_MS`` after ``abort()`` (stand-in
+  only; default 0): in 1.2.1 it travels from ``RequestOutput.abort()`` through the proxy's request queue to the
+  worker (``CancellingRequest``, ``worker_main``), then ``PyExecutor.cancel_request`` queues it for the
+  executor loop's next iteration (``executor_request_queue.py`` @007a7508), so under load it takes up to a step
+  of the whole batch;
+* the worker's ``_results`` (``base_worker.py`` @7b437aaa ``submit``): each request's entry is removed only when
+  its final response or error is dispatched (``AwaitResponseHelper.handle_for_worker``), so an aborted request
+  dropped while waiting leaves its entry for the LLM's life (:attr:`Engine.results`);
 * guided decoding (``guided_decoding_backend='xgrammar'``): xgrammar's token bitmask on the logits before
   sampling, the guide compiled on the request's first step.
 
@@ -56,13 +86,14 @@ import json
 import threading
 import time
 import traceback
-from collections import OrderedDict, deque
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Deque, Dict, List, Optional, Sequence
 
 from ..executor.result import EngineResponse, GenerationResult
 from ..sampling_params import SamplingParams, sampling_config_error
+from .lora import LoraStore, LoraWorker, WorkerStopped
 
 TORCH_SAMPLER = "TorchSampler"
 TRTLLM_SAMPLER = "TRTLLMSampler"
@@ -94,8 +125,12 @@ class ActiveRequest:
     logprobs: List[Dict[int, float]] = field(default_factory=list)  # one {token id: log-prob} per token
     sent: int = 0
     abort_requested: bool = False
+    abort_at: float = 0.0  # time.monotonic() when the executor sees the abort (ABORT_DELAY_MS_ENV)
     done: bool = False
     state: Any = None  # the generation state (model or paced)
+
+    def aborted_now(self, now: float) -> bool:
+        return self.abort_requested and now >= self.abort_at
 
 
 def text_token_ids(tokenizer: Any, text: str) -> List[int]:
@@ -176,63 +211,6 @@ def load_scripts(path: str) -> List[tuple]:
             isinstance(s, dict) and isinstance(s.get("when"), str) and isinstance(s.get("ids"), list) for s in scripts):
         raise ValueError(f"stand-in: {path}: expected {{\"scripts\": [{{\"when\": text, \"ids\": [ids]}}, ...]}}")
     return [(s["when"], [int(i) for i in s["ids"]]) for s in scripts]
-
-
-class LoraStore:
-    """Adapters loaded with peft into the model, by ``lora_int_id`` (least recently used evicted beyond
-    ``max_cpu_loras``); used on the engine thread only."""
-
-    def __init__(self, model: Any, max_lora_rank: int, max_cpu_loras: Optional[int]) -> None:
-        self.base = model
-        self.peft = None
-        self.max_lora_rank = max_lora_rank
-        self.max_cpu_loras = max_cpu_loras
-        self._names: "OrderedDict[int, str]" = OrderedDict()
-
-    @property
-    def model(self) -> Any:
-        return self.peft if self.peft is not None else self.base
-
-    def load(self, lora: Any, in_use: set) -> str:
-        """The adapter name of ``lora`` (loaded from its folder unless cached). Raises ValueError for a folder
-        that is not a PEFT LoRA adapter or a rank above max_lora_rank (stand-in texts)."""
-        key = int(lora.lora_int_id)
-        if key in self._names:
-            self._names.move_to_end(key)
-            return self._names[key]
-        folder = Path(lora.lora_path)
-        config_path = folder / "adapter_config.json"
-        if not config_path.is_file():
-            raise ValueError(f"stand-in: {folder} has no adapter_config.json (not a PEFT LoRA adapter)")
-        config = json.loads(config_path.read_text())
-        ranks = [int(config.get("r", 0))] + [int(r) for r in (config.get("rank_pattern") or {}).values()]
-        if max(ranks) > self.max_lora_rank:
-            raise ValueError(f"stand-in: adapter {folder} has rank {max(ranks)}, above lora_config.max_lora_rank "
-                             f"{self.max_lora_rank}")
-        name = f"lora_{key}"
-        from peft import PeftModel  # noqa: PLC0415 - LoRA only
-
-        if self.peft is None:
-            self.peft = PeftModel.from_pretrained(self.base, str(folder), adapter_name=name)
-            self.peft.eval()
-        else:
-            self.peft.load_adapter(str(folder), adapter_name=name)
-        self._names[key] = name
-        while self.max_cpu_loras is not None and len(self._names) > max(1, self.max_cpu_loras):
-            victim = next((k for k in self._names if self._names[k] not in in_use and k != key), None)
-            if victim is None:
-                break
-            self.peft.delete_adapter(self._names.pop(victim))
-        return name
-
-    def use(self, name: Optional[str]):
-        """A context in which a forward pass runs with adapter ``name`` (None: the base model)."""
-        if self.peft is None:
-            return contextlib.nullcontext()
-        if name is None:
-            return self.peft.disable_adapter()
-        self.peft.set_adapter(name)
-        return contextlib.nullcontext()
 
 
 class TorchState:
@@ -355,8 +333,15 @@ class Engine:
                  grammar_compiler: Any = None, paced_step_s: Optional[float] = None,
                  cycle: Sequence[int] = (), log: Callable[[str], None] = lambda message: None,
                  sampler: str = TORCH_SAMPLER, stream_interval: int = 1, scripts: Optional[Sequence[tuple]] = None,
-                 tokenizer: Any = None) -> None:
+                 tokenizer: Any = None, lora_worker: Optional[LoraWorker] = None, abort_delay_s: float = 0.0) -> None:
         self.max_batch_size = max_batch_size
+        self.lora_worker = lora_worker
+        self.abort_delay_s = abort_delay_s
+        #: The worker's ``_results``: request id -> result, removed when its final response or error is dispatched.
+        self.results: Dict[int, GenerationResult] = {}
+        #: The exception that stopped the worker (None while it serves); the next generate_async raises it.
+        self.error: Optional[BaseException] = None
+        self._arrivals: Deque[ActiveRequest] = deque()  # submitted, not yet taken by the worker loop
         self.sampler = sampler
         self.stream_interval = max(1, int(stream_interval))
         self._generator = None
@@ -380,11 +365,14 @@ class Engine:
 
     # -- any thread -------------------------------------------------------------------------------
     def submit(self, request: ActiveRequest) -> None:
+        """The proxy's submit: the request goes to the worker loop (the engine thread), which loads its adapter and
+        enqueues it."""
         with self._cond:
             if self._closing:
                 raise RuntimeError("LLM is shutting down")
-            self._waiting.append(request)
+            self._arrivals.append(request)
             self._by_id[request.request_id] = request
+            self.results[request.request_id] = request.result
             self._cond.notify()
 
     def abort_request(self, request_id: int) -> None:
@@ -394,6 +382,7 @@ class Engine:
                 self.log(f"Request of client_id {request_id} is finished, cannot abort it.")
                 return
             request.abort_requested = True
+            request.abort_at = time.monotonic() + self.abort_delay_s
             self._cond.notify()
 
     def is_shutdown(self) -> bool:
@@ -406,10 +395,13 @@ class Engine:
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout_s)
         with self._cond:
-            left = list(self._active) + list(self._waiting)
+            left = list(self._active) + list(self._waiting) + list(self._arrivals)
             self._active.clear()
             self._waiting.clear()
+            self._arrivals.clear()
             self._by_id.clear()
+        if self.error is not None:
+            return  # the worker is dead: the proxy's abort of each request reaches nobody, nothing answers them
         self._dispatch([(r.result, EngineResponse(error="LLM is shutting down", finished=True)) for r in left])
 
     def shared_generator(self):
@@ -442,19 +434,41 @@ class Engine:
 
     # -- the engine thread ------------------------------------------------------------------------
     def _run(self) -> None:
+        try:
+            self._loop()
+        except WorkerStopped as stopped:
+            self._die(stopped.__cause__ or stopped)
+
+    def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._closing and not self._active and not self._waiting:
+                while not self._closing and not self._active and not self._waiting and not self._arrivals:
                     self._cond.wait()
                     if self.clock is not None:
                         self.clock.idle()
                 if self._closing:
                     return
+                arrivals = list(self._arrivals)
+                self._arrivals.clear()
+            for request in arrivals:  # the worker's request loop: _enqueue_request, the adapter loaded first
+                if request.lora is not None and self.lora_worker is not None:
+                    try:
+                        self.lora_worker.load(request.lora)
+                    except Exception as exc:  # noqa: BLE001 - outside the RequestError path: critical
+                        raise WorkerStopped(exc) from exc
+            with self._cond:
+                self._waiting.extend(arrivals)
                 while self._waiting and len(self._active) < self.max_batch_size:
                     self._active.append(self._waiting.popleft())
-                if any(r.abort_requested for r in self._waiting):
-                    self._drop_aborted_waiting()
+                now = time.monotonic()
+                if any(r.aborted_now(now) for r in self._waiting):
+                    self._drop_aborted_waiting(now)
                 turn = list(self._active)
+                waiting_aborts = any(r.abort_requested for r in self._waiting)
+            if not turn:
+                if waiting_aborts:  # a slow abort of a waiting request: look again when it has arrived
+                    time.sleep(min(0.01, self.abort_delay_s or 0.01))
+                continue
             if self.clock is not None:
                 self.clock.await_step()
             self.steps += 1
@@ -470,10 +484,18 @@ class Engine:
                         self._by_id.pop(request.request_id, None)
             self._dispatch(deliveries)
 
-    def _drop_aborted_waiting(self) -> None:
+    def _die(self, cause: BaseException) -> None:
+        """``worker_main``'s critical path: the worker stops, the proxy's dispatch thread is told to quit (nothing in
+        flight gets another response), and the error waits for the next ``generate_async``."""
+        self.log(f"stand-in: the executor worker stopped (a failure outside the RequestError path, as TensorRT-LLM "
+                 f"1.2.1's worker_main): {type(cause).__name__}: {cause}")
+        with self._cond:
+            self.error = cause
+
+    def _drop_aborted_waiting(self, now: float) -> None:
         """1.2.1's ``update_waiting_queue``: aborted requests still waiting leave the queue with no response (their
-        results never finish). Holds ``_cond``."""
-        for request in [r for r in self._waiting if r.abort_requested]:
+        results never finish, and their ``_results`` entries stay). Holds ``_cond``."""
+        for request in [r for r in self._waiting if r.aborted_now(now)]:
             self._waiting.remove(request)
             self._by_id.pop(request.request_id, None)
             self.log(f"stand-in: request {request.request_id} was aborted while waiting: dropped without a response, "
@@ -487,7 +509,7 @@ class Engine:
         return EngineResponse(list(request.tokens[start:]), logprobs, True, reason, stop_reason)
 
     def _advance(self, request: ActiveRequest) -> Optional[EngineResponse]:
-        if request.abort_requested:
+        if request.aborted_now(time.monotonic()):
             return self._finish(request, "cancelled")
         try:
             if request.state is None:
@@ -506,6 +528,8 @@ class Engine:
                 token, log_prob = request.state.next_token(self, request)
             else:
                 token, log_prob = request.state.next_token(request)
+        except WorkerStopped:
+            raise
         except Exception as exc:  # noqa: BLE001 - one request's failure (RequestError upstream)
             self.log(f"stand-in: request {request.request_id} failed: {traceback.format_exc()}")
             request.done = True
@@ -526,12 +550,16 @@ class Engine:
         logprobs = request.logprobs[start:] if request.params.logprobs else None
         return EngineResponse(list(request.tokens[start:]), logprobs)
 
-    @staticmethod
-    def _dispatch(deliveries: list) -> None:
+    def _dispatch(self, deliveries: list) -> None:
         """Hand responses to their results: one wake-up of each event loop for the whole step (upstream's
         ``AwaitResponseHelper.handle_for_worker``, executor/base_worker.py @7b437aaa, puts each response in its
-        result's queue and notifies the loop once for all of them, ``_SyncQueue.notify_many``)."""
+        result's queue and notifies the loop once for all of them, ``_SyncQueue.notify_many``, and removes the
+        ``_results`` entry of each final or error response)."""
         by_loop: Dict[Any, list] = {}
+        with self._cond:
+            for result, response in deliveries:
+                if response.finished or response.error is not None:
+                    self.results.pop(result.request_id, None)
         for result, response in deliveries:
             by_loop.setdefault(result._loop, []).append((result, response))
         for loop, items in by_loop.items():

@@ -22,6 +22,9 @@ Facts followed (NVIDIA/TensorRT-LLM ``tensorrt_llm/llmapi/llm.py`` @4c05a748, th
   than deduced `default_max_tokens` (D), using default_max_tokens instead."); ``max_seq_len`` is the argument,
   else what the model engine sets (the checkpoint's ``max_position_embeddings`` here);
 * ``shutdown()`` stops the executor;
+* a worker stopped by a failure outside the ``RequestError`` path (a LoRA load, see :mod:`.._standin.engine`):
+  the next ``generate_async`` raises that failure and shuts the executor down (``executor/executor.py``
+  ``_handle_background_error``: the proxy's ``submit`` calls it), and later ones raise "LLM is shutting down";
 * the sampler is chosen once for the LLM from ``sampler_type`` and ``max_beam_width`` (see
   :mod:`.._standin.engine`; ``self.sampler`` names it, a stand-in attribute).
 
@@ -98,7 +101,14 @@ class LLM:
     def _build(self) -> None:
         from transformers import AutoConfig, AutoTokenizer  # noqa: PLC0415
 
-        from .._standin.engine import Engine, LoraStore, instantiate_sampler, load_scripts, text_token_ids  # noqa: PLC0415
+        from .._standin.engine import Engine, instantiate_sampler, load_scripts, text_token_ids  # noqa: PLC0415
+        from .._standin.lora import (  # noqa: PLC0415
+            ABORT_DELAY_MS_ENV,
+            LORA_DEVICE_BYTES_ENV,
+            LoraStore,
+            LoraWorker,
+            dtype_bytes,
+        )
 
         args = self.args
         model_dir = str(args.model)
@@ -109,7 +119,7 @@ class LLM:
         config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
         self.max_seq_len = int(args.max_seq_len or getattr(config, "max_position_embeddings", 0) or 2048)
         step_ms = os.environ.get(STEP_MS_ENV, "").strip()
-        model = lora = compiler = None
+        model = lora = compiler = lora_worker = None
         cycle: List[int] = []
         if step_ms:
             if self.tokenizer is None:
@@ -136,6 +146,9 @@ class LLM:
             vocab = int(model.get_input_embeddings().num_embeddings)
             if args.lora_config is not None:
                 lora = LoraStore(model, args.lora_config.max_lora_rank, args.lora_config.max_cpu_loras)
+                budget = os.environ.get(LORA_DEVICE_BYTES_ENV, "").strip()
+                dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or "bfloat16"
+                lora_worker = LoraWorker(dtype_bytes(dtype), int(budget) if budget else None)
             if args.guided_decoding_backend == "xgrammar":
                 import xgrammar  # noqa: PLC0415
 
@@ -151,7 +164,8 @@ class LLM:
         self._executor = Engine(
             max_batch_size=int(args.max_batch_size or DEFAULT_MAX_BATCH_SIZE), vocab_size=vocab, model=model,
             lora=lora, grammar_compiler=compiler, paced_step_s=step_s, cycle=cycle, log=logger.warning,
-            sampler=self.sampler, stream_interval=args.stream_interval, scripts=scripts, tokenizer=self.tokenizer)
+            sampler=self.sampler, stream_interval=args.stream_interval, scripts=scripts, tokenizer=self.tokenizer,
+            lora_worker=lora_worker, abort_delay_s=float(os.environ.get(ABORT_DELAY_MS_ENV, "").strip() or 0) / 1e3)
 
     # -- generation -------------------------------------------------------------------------------
     def generate_async(self, inputs: Any, sampling_params: Optional[SamplingParams] = None,
@@ -162,6 +176,10 @@ class LLM:
         """Submit one request; returns its :class:`RequestOutput` at once (see the module docstring)."""
         if self._executor is None or self._executor.is_shutdown():
             raise RuntimeError("LLM is shutting down")
+        if self._executor.error is not None:  # the worker died: _handle_background_error raises it and shuts down
+            error = self._executor.error
+            self.shutdown()
+            raise error
         sampling_params = self._prepare_sampling_params(sampling_params)
         prompt = self._prompt_token_ids(inputs)
         self._check_arguments(len(prompt), 0, sampling_params)
