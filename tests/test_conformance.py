@@ -1118,8 +1118,7 @@ def test_a_bad_adapter_is_that_requests_error_and_the_next_request_is_served(ser
         from tests.lora_adapters import adapter_config
 
         spec = inspect_weights(CHECKPOINT, reference_lora={"max_lora_rank": 8, "lora_target_modules": LORA_MODULES}).lora
-        tensors = convert(adapter_config(folder), (folder / "adapter_model.safetensors").read_bytes(), spec,
-                          "a").tensors
+        tensors = convert(adapter_config(folder), folder / "adapter_model.safetensors", spec, "a").tensors
         good["lora_weights"] = np.frombuffer(tensors.weights, np.float32).reshape(1, tensors.rows, tensors.width)
         good["lora_config"] = np.frombuffer(tensors.config, np.int32).reshape(1, tensors.rows, 3)
     tokens, errors = grpc_call(server, FEATURES_MODEL, scalars(prompts["haiku"], 8, **good))
