@@ -13,6 +13,7 @@ import concurrent.futures
 import fcntl
 import http.server
 import os
+import socket
 import threading
 import time
 from pathlib import Path
@@ -31,6 +32,7 @@ from cog_triton.plan import StoreLimits
 from cog_triton.streaming.lora.tasks import Adapters
 from cog_triton.weights import fetch_weights
 from tensorrtllm_backend.lora import LoraSpec
+from tests.dropnet import DropNet
 from tests.slow_server import SlowServer, certificate
 
 #: Far above every deadline here: a per-operation timeout never ends these fetches.
@@ -153,6 +155,10 @@ def _point_the_hub_at(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(constants, "ENDPOINT", url)
     monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", url + "/{repo_id}/resolve/{revision}/{filename}")
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    import huggingface_hub.file_download as file_download  # 0.x binds the template at import (tests/hub_server.py)
+
+    if hasattr(file_download, "HUGGINGFACE_CO_URL_TEMPLATE"):
+        monkeypatch.setattr(file_download, "HUGGINGFACE_CO_URL_TEMPLATE", constants.HUGGINGFACE_CO_URL_TEMPLATE)
 
 
 def test_a_hub_that_drips_ends_an_hf_fetch_at_its_deadline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -225,6 +231,131 @@ def test_waiting_for_another_processs_fetch_of_the_same_adapter_ends_at_the_dead
             os.close(fd)
         assert "did not finish within the deadline of 1 s (COG_TRITON_ADAPTER_DOWNLOAD_DEADLINE_S): another " \
                "process has been fetching into" in info.value.message, info.value.message
+
+
+# --- names with many addresses that drop connection attempts ------------------------------------------------
+#
+# The addresses are a network namespace's (tests/dropnet.py): real connection attempts, answered by nothing. The
+# one mock is the name lookup: socket.getaddrinfo answers the test names below with those addresses (every client
+# a fetch uses resolves through it: httpcore's SyncBackend, the fetch guard, urllib3), and passes every other name
+# on. The Cog server tests (tests/test_fetch_hardening_integration.py) resolve with glibc instead.
+
+#: Resolves to one dropping address (the baseline), to eight, and not at all until the test ends (a resolver that
+#: does not answer).
+ONE, MULTI, SLOW_DNS = "one.drop.test", "multi.drop.test", "slow-dns.drop.test"
+
+
+@pytest.fixture(scope="module")
+def dropnet() -> Iterator[DropNet]:
+    with DropNet(count=8) as net:
+        yield net
+
+
+@pytest.fixture
+def drop_names(dropnet: DropNet, monkeypatch: pytest.MonkeyPatch) -> Iterator[DropNet]:
+    real = socket.getaddrinfo
+    table = {ONE: dropnet.addresses[:1], MULTI: dropnet.addresses}
+    released = threading.Event()
+
+    def getaddrinfo(host: Any, port: Any, family: int = 0, type: int = 0, proto: int = 0, flags: int = 0) -> Any:
+        name = host.decode() if isinstance(host, bytes) else host
+        if name == SLOW_DNS:
+            released.wait(120)  # a resolver that does not answer (released when the test ends)
+            raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+        if name in table:
+            return [(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (address, int(port or 0)))
+                    for address in table[name]]
+        return real(host, port, family, type, proto, flags)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    yield dropnet
+    released.set()
+
+
+def _rules(net: DropNet) -> FetchRules:
+    """The default rules but for http:// and the namespace's network (a mirror's network, as an operator lists it)."""
+    return FetchRules(allow_http=True, allow_networks=(net.network,))
+
+
+def _timed(fetch: Any) -> tuple[BaseException, float]:
+    started = time.monotonic()
+    with pytest.raises((FetchDeadlineError, LoraAdapterError)) as info:
+        fetch()
+    return info.value, time.monotonic() - started
+
+
+DEADLINE_S = 2.0
+
+
+@pytest.mark.parametrize("guarded", [False, True], ids=["operator", "rules"])
+def test_a_name_with_many_dropping_addresses_ends_a_download_at_its_deadline(
+        tmp_path: Path, drop_names: DropNet, guarded: bool) -> None:
+    """A URL whose name resolves to 8 addresses that drop connection attempts: the download ends at its deadline,
+    as one to a single such address does (the baseline, in this test); trying each address with the whole connect
+    timeout held it 8 deadlines. The operator's weights (no rules: httpx's own connect) and an input's (the guarded
+    connect) alike; a name that never resolves ends at the deadline too."""
+    rules = _rules(drop_names) if guarded else None
+
+    def fetch(host: str) -> Any:
+        return lambda: fetch_weights(f"http://{host}/weights.tar.gz", tmp_path / host, timeout_s=TIMEOUT_S,
+                                     retries=2, deadline_s=DEADLINE_S, rules=rules)
+
+    (one, took_one), (many, took_many), (slow, took_slow) = (_timed(fetch(h)) for h in (ONE, MULTI, SLOW_DNS))
+    for error, host in ((one, ONE), (many, MULTI), (slow, SLOW_DNS)):
+        assert error.message.startswith(f"the download of http://{host}/weights.tar.gz did not finish within the "
+                                        f"deadline of 2 s (COG_TRITON_DOWNLOAD_DEADLINE_S)"), error.message
+    assert took_one >= DEADLINE_S
+    assert took_many < took_one + DEADLINE_S, f"8 addresses: {took_many:.1f} s, 1 address: {took_one:.1f} s"
+    assert took_slow < took_one + DEADLINE_S, f"a resolver that does not answer: {took_slow:.1f} s"
+
+
+def test_a_name_with_many_dropping_addresses_ends_a_urllib3_fetch_at_its_deadline(drop_names: DropNet) -> None:
+    """huggingface_hub 0.x's stack (the guarded requests session): the same, against the same baseline."""
+
+    def fetch(host: str) -> Any:
+        def run() -> None:
+            deadline = FetchDeadline(DEADLINE_S, what="the fetch of hf://owner/repo",
+                                     setting="COG_TRITON_DOWNLOAD_DEADLINE_S")
+            session = guarded_requests_session(FetchGuard(_rules(drop_names), what="weights", deadline=deadline))
+            with deadline:
+                session.get(f"http://{host}/a", timeout=TIMEOUT_S)
+        return run
+
+    (one, took_one), (many, took_many), (slow, took_slow) = (_timed(fetch(h)) for h in (ONE, MULTI, SLOW_DNS))
+    for error in (one, many, slow):
+        assert error.message == ("the fetch of hf://owner/repo did not finish within the deadline of 2 s "
+                                 "(COG_TRITON_DOWNLOAD_DEADLINE_S)"), error.message
+    assert took_many < took_one + DEADLINE_S, f"8 addresses: {took_many:.1f} s, 1 address: {took_one:.1f} s"
+    assert took_slow < took_one + DEADLINE_S, f"a resolver that does not answer: {took_slow:.1f} s"
+
+
+def test_a_hub_with_many_dropping_addresses_ends_hf_fetches_at_their_deadline(
+        tmp_path: Path, drop_names: DropNet, monkeypatch: pytest.MonkeyPatch) -> None:
+    """hf:// weights (setup's) and hf:// adapters, with HF_ENDPOINT on a name of 8 dropping addresses: each ends at
+    its deadline, as with a Hub of one such address (the baseline, in this test)."""
+
+    def weights(host: str) -> Any:
+        def run() -> None:
+            _point_the_hub_at(f"http://{host}", monkeypatch)
+            fetch_weights("hf://owner/model", tmp_path / f"w-{host}", timeout_s=TIMEOUT_S, deadline_s=DEADLINE_S)
+        return run
+
+    def adapter(host: str) -> Any:
+        def run() -> None:
+            _point_the_hub_at(f"http://{host}", monkeypatch)
+            store = AdapterStore(StoreLimits(root=tmp_path / f"a-{host}", timeout_s=TIMEOUT_S, deadline_s=DEADLINE_S,
+                                             rules=_rules(drop_names)))
+            store.get(parse_adapter_ref("hf://owner/adapter"))
+        return run
+
+    for fetch, expected in ((weights, "the fetch of hf://owner/model did not finish within the deadline of 2 s "
+                                      "(COG_TRITON_DOWNLOAD_DEADLINE_S)"),
+                            (adapter, "lora_weights hf://owner/adapter could not be fetched: the fetch of "
+                                      "hf://owner/adapter did not finish within the deadline of 2 s "
+                                      "(COG_TRITON_ADAPTER_DOWNLOAD_DEADLINE_S)")):
+        (one, took_one), (many, took_many) = _timed(fetch(ONE)), _timed(fetch(MULTI))
+        assert one.message == many.message == expected, (one.message, many.message)
+        assert took_many < took_one + DEADLINE_S, f"8 addresses: {took_many:.1f} s, 1 address: {took_one:.1f} s"
 
 
 # --- setup() through the real Cog server -----------------------------------------------------------------------

@@ -6,7 +6,8 @@ the same code meets other exceptions and another HTTP client under the fetch gua
 scripts/setup installs the 0.x packages beside the venv, into build/hub0; here a pytest subprocess runs the Hub
 tests with that folder first on PYTHONPATH: tests/test_hub_errors.py (the classification), tests/test_weights_hub.py
 (hf:// weights against the local Hub stand-in: every refusal and failure message, HF_HUB_OFFLINE, the fetch guard's
-connections) and tests/test_lora_store.py (hf:// adapters, under the fetch rules). It starts a process, so it is in
+connections), tests/test_lora_store.py (hf:// adapters, under the fetch rules) and test_fetch_deadline.py's Hub tests
+(the deadline over urllib3's connections and connects). It starts a process, so it is in
 the integration tier."""
 
 from __future__ import annotations
@@ -23,7 +24,10 @@ from tensorrtllm_backend.pins import HUB0_DIR, HUB0_PACKAGES
 pytestmark = pytest.mark.integration
 
 HUB0 = REPO_ROOT / HUB0_DIR
-MODULES = ("tests/test_hub_errors.py", "tests/test_weights_hub.py", "tests/test_lora_store.py")
+MODULES = ("tests/test_hub_errors.py", "tests/test_weights_hub.py", "tests/test_lora_store.py",
+           # the deadline through 0.x's requests/urllib3: a dripping Hub, dropping addresses (tests/dropnet.py)
+           "tests/test_fetch_deadline.py::test_a_hub_that_drips_ends_an_hf_fetch_at_its_deadline",
+           "tests/test_fetch_deadline.py::test_a_hub_with_many_dropping_addresses_ends_hf_fetches_at_their_deadline")
 #: Run in the subprocess: the versions imported there (before pytest runs), then the modules, in one process.
 SCRIPT = """
 import sys, huggingface_hub, transformers, pytest
