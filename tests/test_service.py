@@ -410,6 +410,36 @@ def test_setup_starts_the_metrics_endpoint_first_and_shutdown_stops_it(tmp_path:
         httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30)
 
 
+def test_setup_serves_the_metrics_on_the_configured_address_with_the_configured_bounds(tmp_path: Path) -> None:
+    """COG_TRITON_PROMETHEUS_ADDRESS=127.0.0.2 and the endpoint's bounds set: the kernel's table of listening
+    sockets shows the one socket on 127.0.0.2 (not 0.0.0.0, nor 127.0.0.1: unreachable there), and the endpoint
+    holds the bounds the settings gave."""
+    import httpx
+
+    from common.errors import WeightsError
+    from cog_triton.local import free_port
+    from tests.proc import listening_on
+
+    port = free_port()
+    service = LLMService(Settings(prometheus_port=port, prometheus_address="127.0.0.2", metrics_port=free_port(),
+                                  prometheus_max_connections=5, prometheus_backlog=9, prometheus_request_timeout_s=3,
+                                  prometheus_reuse_s=0.5, prometheus_triton_timeout_s=0.25,
+                                  weights_dir=tmp_path / "weights", model_repo_dir=tmp_path / "repo"))
+    try:
+        with pytest.raises(WeightsError):
+            service.setup(str(tmp_path / "no-such-weights.tar"))
+        assert [address for address, _ in listening_on(port)] == ["127.0.0.2"]
+        assert httpx.get(f"http://127.0.0.2:{port}/metrics", timeout=30).status_code == 200
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30)
+        server = service.metrics_server
+        assert server is not None
+        assert (server.max_connections, server.backlog, server.request_timeout_s, server.reuse_s,
+                server.triton_timeout_s) == (5, 9, 3, 0.5, 0.25)
+    finally:
+        service.shutdown()
+
+
 @pytest.mark.parametrize("trust", [False, True])
 def test_setup_fetches_a_hub_checkpoints_code_only_with_the_trust_setting(tmp_path: Path, monkeypatch, trust) -> None:
     """setup() hands COG_TRITON_LLM_TRUST_REMOTE_CODE to the hf:// fetch and to the checkpoint check, before

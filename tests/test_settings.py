@@ -285,6 +285,19 @@ def test_weights_hardening_defaults_match_fetch_weights() -> None:
     assert s.weights.verify is VerifyMode.FAST
 
 
+def test_the_prometheus_endpoints_bounds_default_to_the_exporters(clean_env: pytest.MonkeyPatch) -> None:
+    from cog_triton.worker import exporter
+
+    m = Settings.from_env().metrics
+    assert (m.prometheus_max_connections, m.prometheus_backlog, m.prometheus_request_timeout_s, m.prometheus_reuse_s,
+            m.prometheus_triton_timeout_s) == (exporter.MAX_CONNECTIONS, exporter.BACKLOG, exporter.REQUEST_TIMEOUT_S,
+                                               exporter.REUSE_S, exporter.TRITON_SCRAPE_TIMEOUT_S) == (64, 1024, 10, 1, 2)
+    clean_env.setenv("COG_TRITON_PROMETHEUS_MAX_CONNECTIONS", "7")
+    clean_env.setenv("COG_TRITON_PROMETHEUS_REUSE_S", "0")
+    m = Settings.from_env().metrics
+    assert (m.prometheus_max_connections, m.prometheus_reuse_s) == (7, 0)
+
+
 def test_weights_hardening_settings_from_env(clean_env: pytest.MonkeyPatch) -> None:
     from cog_triton.settings import VerifyMode
 
@@ -398,7 +411,7 @@ def _sample(group: type[BaseModel], name: str) -> str:
 
 
 def test_every_field_has_its_own_variable() -> None:
-    assert len(variables()) == sum(len(group.model_fields) for group in _groups().values()) == 81
+    assert len(variables()) == sum(len(group.model_fields) for group in _groups().values()) == 86
     assert all(variable.startswith(ENV_PREFIX) and variable.isupper() for variable in variables())
 
 

@@ -138,9 +138,14 @@ class LLMService:
             )
         self.shutdown()
         # First: a port in use fails setup before a download of many GB.
-        self.metrics_server = serve_metrics(self.metrics, settings.metrics.prometheus_address,
-                                            settings.metrics.prometheus_port,
-                                            triton_metrics_port=settings.triton.metrics_port)
+        endpoint = settings.metrics
+        self.metrics_server = serve_metrics(self.metrics, endpoint.prometheus_address, endpoint.prometheus_port,
+                                            triton_metrics_port=settings.triton.metrics_port,
+                                            max_connections=endpoint.prometheus_max_connections,
+                                            request_timeout_s=endpoint.prometheus_request_timeout_s,
+                                            backlog=endpoint.prometheus_backlog,
+                                            reuse_s=endpoint.prometheus_reuse_s,
+                                            triton_timeout_s=endpoint.prometheus_triton_timeout_s)
         fetched = fetch_weights(
             source,
             settings.weights.path,
