@@ -67,8 +67,8 @@ class Looping:
     def __enter__(self) -> "Looping":
         from cog_triton.settings import REPO_ROOT  # noqa: PLC0415 - the repository, for ``-m tests.scrape_load``
 
-        self.proc = subprocess.Popen(self.args, cwd=REPO_ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,  # noqa: S603
-                                     text=True)
+        self.proc = subprocess.Popen(  # noqa: S603
+            self.args, cwd=REPO_ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         if line.strip() != "ready":
