@@ -585,7 +585,7 @@ class StreamSettings(Group):
 
 
 class MetricsSettings(Group):
-    """The predictor's metrics: the Prometheus endpoint (cog_triton/worker/exporter.py; docs/operations.md,
+    """The predictor's metrics: the Prometheus endpoint (cog_triton/worker/metrics_endpoint.py; docs/operations.md,
     Metrics) and the timing metric."""
 
     prometheus_port: int = Field(
@@ -601,7 +601,7 @@ class MetricsSettings(Group):
         min_length=1,
         description="Address the Prometheus endpoint listens on; 127.0.0.1 keeps it inside the container.",
     )
-    # the defaults equal cog_triton.worker.exporter's constants (tests/test_settings.py checks)
+    # the defaults equal cog_triton.worker.metrics_endpoint's constants (tests/test_settings.py checks)
     prometheus_max_connections: int = Field(
         default=64, ge=1, le=10000,
         description="Most connections the Prometheus endpoint holds at once. A new one beyond it closes the oldest "

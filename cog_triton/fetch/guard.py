@@ -20,6 +20,11 @@ the same connect). A guard without rules (``rules=None``) checks nothing else.
 
 Split from :mod:`cog_triton.fetch.rules` so that the rules stay pure (addresses, names, lists) and this module
 holds what touches httpx, httpcore and huggingface_hub.
+
+Why one module (about 640 lines): one concern, holding a fetch's connections to its rules and its deadline, once
+for every HTTP client a fetch may use (httpx, huggingface_hub's httpx2 or requests/urllib3); each client's adapter
+is a thin layer over the one connect (:meth:`FetchGuard.connect`), and apart they would share it only through a
+private interface.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ Cog worker.
 Why one module (about 550 lines): one concern, the predictor's life in the Cog worker: setup (weights,
 model repository, Triton, stream processes, the Prometheus endpoint, self-test), each prediction's path
 (validate, wait for Triton, hand it to a stream process, count it in the metrics) and shutdown. What it
-drives lives in its own modules (weights/, stream_pool, supervisor, exporter, generation); the helpers
-above the class are the setup's.
+drives lives in its own modules (weights/, stream_pool, supervisor, exporter, metrics_endpoint, generation); the
+helpers above the class are the setup's.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ from cog_triton.plan import GeneratorConfig
 from cog_triton.settings import Settings, VerifyMode
 from cog_triton.weights import fetch_weights
 from cog_triton.worker.cog_bridge import on_end, then
-from cog_triton.worker.exporter import MetricsServer, ServiceMetrics, serve_metrics
+from cog_triton.worker.exporter import ServiceMetrics
+from cog_triton.worker.metrics_endpoint import MetricsServer, serve_metrics
 from cog_triton.worker.inputs import validate_inputs
 from cog_triton.worker.metrics import OUTPUT_TOKEN_COUNT, MetricSink, performance_lines
 from cog_triton.worker.planning import ServingPlan, plan_serving, reference_limits
