@@ -25,6 +25,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Optional, 
 
 from common.errors import ConfigError, InputError, ManifestError, TritonDiedError, TritonError
 from cog_triton.fetch.adapter_refs import check_adapter_allowed
+from cog_triton.fetch.redaction import errors_redacted, redact_error
 from cog_triton.fetch.rules import FetchRules
 from cog_triton.ipc import PredictInputs
 from cog_triton.plan import GeneratorConfig
@@ -129,6 +130,10 @@ class LLMService:
             TritonError: the self-test generation failed.
             ConfigError: the Prometheus endpoint cannot listen on COG_TRITON_PROMETHEUS_ADDRESS:PORT.
         """
+        with errors_redacted():  # the caller and coglet's log get the message: no URL's secret in it
+            self._setup(weights)
+
+    def _setup(self, weights: Union[str, Path, None]) -> None:
         started = time.monotonic()
         settings = self.settings
         source = str(weights) if weights not in (None, "") else settings.weights.default_source()
@@ -357,7 +362,10 @@ class LLMService:
             return checked
         except Exception as exc:
             self.metrics.refused(exc)
-            raise
+            safe = redact_error(exc)  # the caller and coglet's log get the message (an input may hold a URL)
+            if safe is exc:
+                raise
+            raise safe from None
 
     def seed_note(self, inputs: PredictInputs) -> str:
         """What the prediction's log says of its seed: the seed sent, or why none is."""
@@ -419,7 +427,10 @@ class LLMService:
         except BaseException as exc:
             if tracker is not None:
                 tracker.finish(exc)
-            raise
+            safe = redact_error(exc)  # the caller and coglet's log get the message (an adapter's fetch error)
+            if safe is exc:
+                raise
+            raise safe from None
         if tracker is not None:
             on_end(stream, tracker.finish)
         if inputs.log_performance_metrics:
