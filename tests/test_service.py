@@ -440,6 +440,34 @@ def test_setup_serves_the_metrics_on_the_configured_address_with_the_configured_
         service.shutdown()
 
 
+def test_setup_and_validation_raise_their_errors_redacted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What setup() and validate() raise reaches the caller and coglet's log as its text: a library's error quoting
+    a signed URL (stood in for by a fetch_weights that raises it: the test is about the boundary, not the fetch), and
+    an input error quoting a URL with a password, leave without their secrets, keeping their types."""
+    from cog_triton.local import free_port
+    from cog_triton.worker import service as service_module
+
+    def fetch_weights(*args: Any, **kwargs: Any) -> Any:
+        raise ValueError("huggingface_hub: Cannot access content at: https://cdn.example/f?X-Amz-Signature=q-setup.")
+
+    def validate_inputs(**inputs: Any) -> Any:
+        raise InputError("lora_weights https://deploy:pw-input@mirror.example/a.tar.gz is not allowed here")
+
+    monkeypatch.setattr(service_module, "fetch_weights", fetch_weights)
+    monkeypatch.setattr(service_module, "validate_inputs", validate_inputs)
+    service = LLMService(Settings(prometheus_port=free_port(), prometheus_address="127.0.0.1", metrics_port=free_port(),
+                                  weights_dir=tmp_path / "weights", model_repo_dir=tmp_path / "repo"))
+    try:
+        with pytest.raises(ValueError) as setup_error:
+            service.setup("https://example.com/w.tar.gz")
+        with pytest.raises(InputError) as input_error:
+            service.validate(prompt="hi")
+    finally:
+        service.shutdown()
+    assert str(setup_error.value) == "huggingface_hub: Cannot access content at: https://cdn.example/f."
+    assert input_error.value.message == "lora_weights https://mirror.example/a.tar.gz is not allowed here"
+
+
 @pytest.mark.parametrize("trust", [False, True])
 def test_setup_fetches_a_hub_checkpoints_code_only_with_the_trust_setting(tmp_path: Path, monkeypatch, trust) -> None:
     """setup() hands COG_TRITON_LLM_TRUST_REMOTE_CODE to the hf:// fetch and to the checkpoint check, before
