@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import http.server
 import socket
 import statistics
@@ -23,6 +24,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from common.errors import ConfigError, InferenceError, InputError, TritonDiedError
+from common.http import default_ssl_context
 from cog_triton.settings import Settings
 from cog_triton.worker.exporter import CONTENT_TYPE, ServiceMetrics
 from cog_triton.worker.metrics_endpoint import MAX_CONNECTIONS, REUSE_S, MetricsServer, serve_metrics
@@ -489,29 +491,32 @@ def test_scrapes_that_arrive_during_a_rendering_share_the_next_and_triton_is_fet
 
 
 def test_a_rendering_answers_the_scrapes_of_its_interval(triton_metrics) -> None:
-    """With the default reuse (COG_TRITON_PROMETHEUS_REUSE_S): scrapes within the interval get the rendering that
-    started it (the same text, though a prediction ended meanwhile), one after it a new one."""
-    assert Settings().metrics.prometheus_reuse_s == REUSE_S > 0
+    """COG_TRITON_PROMETHEUS_REUSE_S (its default, 1 s, is checked in tests/test_settings.py): with a 60-s interval,
+    scrapes after the first get its rendering (the same text, though a prediction ended meanwhile; Triton asked
+    once); with 0.2 s, a scrape once the interval has passed gets a new one, showing the prediction."""
     url, handler = triton_metrics
     metrics = ServiceMetrics()
-    server = serve_metrics(metrics, "127.0.0.1", free_port(), triton_metrics_port=httpx.URL(url).port)
-    assert server is not None
+    servers = [MetricsServer(metrics, "127.0.0.1", 0, triton_url=url, reuse_s=reuse) for reuse in (60, 0.2)]
+    for server in servers:
+        server.start()
+    long, short = servers
+    get = functools.partial(httpx.get, timeout=10, verify=default_ssl_context())
     try:
-        started = time.monotonic()
-        first = httpx.get(server.url, timeout=10).text
+        first = get(long.url).text
+        short_started = time.monotonic()  # before its rendering started
+        short_first = get(short.url).text
         metrics.track(None, time.monotonic()).finish()
-        again = [httpx.get(server.url, timeout=10).text for _ in range(3)]
-        within = time.monotonic() - started < REUSE_S
-        later = first
-        while later == first and time.monotonic() - started < 30:  # the bound only means "not hung"
+        again = [get(long.url).text for _ in range(3)]
+        later = short_first
+        while later == short_first and time.monotonic() - short_started < 30:  # the bound only means "not hung"
             time.sleep(0.05)
-            later = httpx.get(server.url, timeout=10).text
-        changed_after_s = time.monotonic() - started
+            later = get(short.url).text
+        changed_after_s = time.monotonic() - short_started
     finally:
-        server.stop()
-    assert within, "the scrapes took longer than the reuse interval: nothing to compare"
-    assert again == [first] * 3
-    assert changed_after_s >= REUSE_S and handler.requests == 2 and server.renderings == 2
+        for server in servers:
+            server.stop()
+    assert again == [first] * 3 and long.renderings == 1
+    assert changed_after_s >= 0.2 and short.renderings == 2 and handler.requests == 3
     succeeded = [s.value for s in families(later)["cog_triton_predictions"].samples
                  if s.name.endswith("_total") and s.labels == {"outcome": "succeeded"}]
     assert succeeded == [1]
