@@ -24,11 +24,12 @@ from tensorrtllm_backend.pins import HUB0_DIR, HUB0_PACKAGES
 pytestmark = pytest.mark.integration
 
 HUB0 = REPO_ROOT / HUB0_DIR
+DEADLINE = "tests/test_fetch_deadline.py::test_a_"
 MODULES = ("tests/test_hub_errors.py", "tests/test_weights_hub.py", "tests/test_lora_store.py",
            # the deadline through 0.x's requests/urllib3: a dripping Hub, dropping addresses (tests/dropnet.py)
-           "tests/test_fetch_deadline.py::test_a_hub_that_drips_ends_an_hf_fetch_at_its_deadline",
-           "tests/test_fetch_deadline.py::test_a_hub_with_many_dropping_addresses_ends_hf_fetches_at_their_deadline",
-           "tests/test_fetch_deadline.py::test_a_name_with_many_dropping_addresses_ends_a_urllib3_fetch_at_its_deadline",
+           f"{DEADLINE}hub_that_drips_ends_an_hf_fetch_at_its_deadline",
+           f"{DEADLINE}hub_with_many_dropping_addresses_ends_hf_fetches_at_their_deadline",
+           f"{DEADLINE}name_with_many_dropping_addresses_ends_a_urllib3_fetch_at_its_deadline",
            # no signed CDN URL in an hf:// adapter's error (the weights' is in test_weights_hub.py)
            "tests/test_redaction.py::test_an_adapter_whose_cdn_answers_an_error_shows_no_signed_url")
 #: Run in the subprocess: the versions imported there (before pytest runs), then the modules, in one process.
