@@ -167,8 +167,9 @@ def _coglet_time(log: Path, fragment: str) -> datetime.datetime:
 def _setup_fails(net: dict[str, Any], name: str, weights: str) -> tuple[str, float, Path]:
     """A Cog server whose setup() fetches ``weights`` under the test's resolver; (its SETUP_FAILED report, the
     seconds its fetch took, its log). The fetch's time is read from the Cog server's log, from the line setup writes
-    just before it fetches (the Prometheus endpoint's) to coglet's "Setup failed", so that the process's start,
-    which varies more than the fetch, is not counted."""
+    just before it fetches (the Prometheus endpoint's) to coglet's "Worker initialization failed" (its orchestrator
+    writes it once the worker reported the failure; the worker's own "Setup failed" line may be lost as it exits),
+    so that the process's start, which varies more than the fetch, is not counted."""
     work = net["work"] / name
     env = serving_env(weights, work=work, COG_TRITON_DOWNLOAD_DEADLINE_S=str(DEADLINE_S), **net["hub"].env())
     with CogServer(env, log_file=work / "cog.log", prefix=net["prefix"]) as cog:
@@ -177,7 +178,8 @@ def _setup_fails(net: dict[str, Any], name: str, weights: str) -> tuple[str, flo
         health = json.dumps(cog.health())
     assert "SETUP_FAILED" in str(info.value), str(info.value)[-2000:]
     log = work / "cog.log"
-    took = _coglet_time(log, '"Setup failed"') - _coglet_time(log, "Prometheus metrics (the predictor's, then")
+    took = (_coglet_time(log, '"Worker initialization failed"')
+            - _coglet_time(log, "Prometheus metrics (the predictor's, then"))
     return str(info.value) + health, took.total_seconds(), log
 
 
