@@ -168,7 +168,8 @@ def _setup_fails(net: dict[str, Any], name: str, weights: str) -> tuple[str, flo
     """A Cog server whose setup() fetches ``weights`` under the test's resolver; (its SETUP_FAILED report, the
     seconds its fetch took, its log). The fetch's time is read from the Cog server's log, from the line setup writes
     just before it fetches (the Prometheus endpoint's) to coglet's "Worker initialization failed" (its orchestrator
-    writes it once the worker reported the failure; the worker's own "Setup failed" line may be lost as it exits),
+    writes it once the worker reported the failure: replicate/cog 6110c912 crates/coglet-python/src/lib.rs; the
+    worker's own "Setup failed" line may be lost as it exits),
     so that the process's start, which varies more than the fetch, is not counted."""
     work = net["work"] / name
     env = serving_env(weights, work=work, COG_TRITON_DOWNLOAD_DEADLINE_S=str(DEADLINE_S), **net["hub"].env())
