@@ -10,7 +10,8 @@ destination that is not local, with forwarding off, is dropped, and a blackhole 
 a connection attempt (a SYN) or a DNS query to one of them waits for ever, as one to a firewalled host does; and
 nothing leaves this machine (the route points into the namespace, and the namespace has no other link). The
 namespace is checked to drop before it is used (a connect to one address times out, rather than being refused or
-unreachable), and deleted with the veth pair and its route on exit.
+unreachable), and deleted with the veth pair and its route on exit (one left by a run that was killed is deleted by
+the next run).
 
 Neither iptables nor nft is needed (the test machines have neither): the namespace's routing drops. It needs root
 (``CAP_NET_ADMIN``), which the tests and CI have.
@@ -31,6 +32,7 @@ import random
 import secrets
 import socket
 import subprocess
+import time
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
@@ -47,6 +49,32 @@ def _ip(*args: str, netns: Optional[str] = None, check: bool = True) -> subproce
     return run
 
 
+#: The names of the namespaces these tests make: ``<PREFIX><pid>-<random>``.
+PREFIX = "cogtest-drop-"
+
+
+#: A namespace of a process that is gone is swept once it is this old (seconds): no run holds one this long, and a
+#: run whose process this one cannot see (another PID namespace on the same network) keeps its own meanwhile.
+STALE_S = 3600
+
+
+def _sweep() -> None:
+    """Delete the namespaces of runs that were killed before they could (a SIGKILL skips every cleanup): those whose
+    process is gone, made over :data:`STALE_S` ago (``/run/netns/<name>``, the file ``ip netns add`` mounts it on).
+    One whose pid is alive (its run, or a process that reused the pid) is left alone."""
+    for line in _ip("netns", "list", check=False).stdout.splitlines():
+        name = line.split()[0] if line.strip() else ""
+        pid = name[len(PREFIX):].split("-", 1)[0] if name.startswith(PREFIX) else ""
+        if not pid.isdigit() or Path(f"/proc/{pid}").exists():
+            continue
+        try:
+            age_s = time.time() - Path(f"/run/netns/{name}").stat().st_mtime
+        except OSError:
+            continue
+        if age_s > STALE_S:
+            _ip("netns", "del", name, check=False)  # its veth pair and route go with it
+
+
 class DropNet:
     """``count`` addresses (:attr:`addresses`) in a /24 (:attr:`network`) whose connection attempts are dropped,
     and :attr:`nameserver`, an address of the same /24 for a resolver that never answers. See the module docstring.
@@ -56,8 +84,8 @@ class DropNet:
     """
 
     def __init__(self, count: int = 8) -> None:
-        tag = f"{os.getpid() % 100000:05d}{secrets.token_hex(2)}"
-        self.netns = f"cogtest-drop-{tag}"
+        tag = secrets.token_hex(4)
+        self.netns = f"{PREFIX}{os.getpid()}-{tag}"  # the pid: a run killed before its exit is swept by the next one
         self._outer, self._inner = f"cd{tag}a", f"cd{tag}b"  # interface names: at most 15 characters
         self.count = count
         self.network: Optional[ipaddress.IPv4Network] = None
@@ -77,6 +105,7 @@ class DropNet:
         self.close()
 
     def _make(self) -> None:
+        _sweep()
         _ip("netns", "add", self.netns)
         self._made = True
         _ip("link", "add", self._outer, "type", "veth", "peer", "name", self._inner)
@@ -143,4 +172,4 @@ def resolver_prefix(folder: Path, names: Mapping[str, Sequence[str]], nameserver
             str(resolv)]
 
 
-__all__ = ("DropNet", "resolver_prefix")
+__all__ = ("PREFIX", "DropNet", "resolver_prefix")
