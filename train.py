@@ -27,6 +27,7 @@ from typing import Optional
 from cog import BaseModel, Input, Path, Secret
 
 from common.errors import BuildConfigError, FetchRefusedError
+from cog_triton.fetch.redaction import errors_redacted
 from cog_triton.fetch.rules import FetchRules
 from cog_triton.settings import REPO_ROOT, Settings
 from tensorrtllm_backend.build_config import NAME_PATTERN
@@ -137,7 +138,8 @@ async def train(
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     token = hf_token.get_secret_value() if hf_token is not None else ""
-    archive = await asyncio.to_thread(build_archive, config, checkpoint.strip(), hf_token=token or None)
+    with errors_redacted():  # the caller and coglet's log get the message: no URL's secret in it
+        archive = await asyncio.to_thread(build_archive, config, checkpoint.strip(), hf_token=token or None)
     return TrainingOutput(weights=Path(archive))
 
 

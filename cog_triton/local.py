@@ -26,7 +26,7 @@ import threading
 import time
 from functools import partial
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional
+from typing import Any, Iterator, Mapping, Optional, Sequence
 
 import httpx
 
@@ -133,6 +133,8 @@ class CogServer:
         work_dir: run another predictor: coglet's working directory, holding that predictor's
             ``predict.py`` and ``.cog/openapi_schema.json`` (default: this repository, with the
             committed schema put in place); the repository is on its PYTHONPATH.
+        prefix: a command the server runs under (``[*prefix, python, -m, cog.server.http, ...]``), which must
+            ``exec`` it (the server keeps its process); e.g. a resolver of the tests' own (tests/dropnet.py).
     """
 
     def __init__(
@@ -145,6 +147,7 @@ class CogServer:
         host: str = "127.0.0.1",
         mode: str = "predict",
         work_dir: Optional[Path] = None,
+        prefix: Sequence[str] = (),
     ) -> None:
         if mode not in ("predict", "train"):
             raise ValueError(f"mode must be 'predict' or 'train', got {mode!r}")
@@ -155,6 +158,7 @@ class CogServer:
         self.max_concurrency = max_concurrency
         self.extra_env = dict(env)
         self.work_dir = work_dir
+        self.prefix = list(prefix)
         self.proc: Optional[subprocess.Popen[bytes]] = None
         #: ``409 At capacity`` answers retried by :meth:`predict` and :meth:`stream` (see :data:`AT_CAPACITY_RETRIES`).
         self.retried_409 = 0
@@ -188,7 +192,7 @@ class CogServer:
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         sink = open(self.log_file, "ab")  # noqa: SIM115 - owned by the child
         self.proc = subprocess.Popen(  # noqa: S603
-            [sys.executable, "-m", "cog.server.http", "--host", self.host]
+            [*self.prefix, sys.executable, "-m", "cog.server.http", "--host", self.host]
             + (["--x-mode", "train"] if self.mode == "train" else []),
             cwd=self.work_dir or REPO_ROOT,
             env=env,

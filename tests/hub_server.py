@@ -107,6 +107,16 @@ class FakeHub:
         #: metadata: ``utils/_http.py`` ``_httpx2_follow_hub_redirects_with_backoff``), with ``X-Linked-Size`` and
         #: ``X-Linked-Etag``; the CDN URL serves the file.
         self.cdn_secret: Optional[str] = None
+        #: Where the signed CDN URLs point (scheme://host[:port], e.g. a name whose addresses drop connections);
+        #: None: this server, as ``http://localhost:<port>``. ``cdn_for``: the same for one repository.
+        self.cdn_base: Optional[str] = None
+        self.cdn_for: dict[str, str] = {}
+        #: When set, (status, content type, body) the CDN path answers instead of the file, as a CDN refusing a
+        #: signed URL does: S3's ``SignatureDoesNotMatch`` 403 (XML) echoes the signature it was given and the
+        #: canonical request with the query string (docs.aws.amazon.com, "REST Authentication ... Troubleshooting").
+        self.cdn_error: Optional[tuple[int, str, bytes]] = None
+        #: The requests that reached the CDN path: (method, path with its query string).
+        self.cdn_requests: list[tuple[str, str]] = []
         self.repos: dict[str, HubRepo] = {}
         self.requests: list[tuple[str, str, Optional[str]]] = []
         self.gets: list[tuple[str, str, str]] = []
@@ -251,6 +261,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         elif len(parts) >= 5 and parts[2] == "resolve":
             self._resolve(parts, body)
         elif len(parts) >= 5 and parts[0] == "cdn":
+            with self.owner._lock:
+                self.owner.cdn_requests.append((self.command, self.path))
+            if self.owner.cdn_error is not None:
+                status, content_type, text = self.owner.cdn_error
+                self._send(status, {"Content-Type": content_type}, text, body)
+                return
             self._resolve([parts[1], parts[2], "resolve", *parts[3:]], body, cdn=True)
         else:
             self._error(404, "EntryNotFound", f"no route {url.path}", body)
@@ -312,8 +328,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         sha1, sha256 = repo.digests(path)
         size = repo.size(path)
         if self.owner.cdn_secret and path.endswith(".safetensors") and not cdn:
-            port = self.server.server_address[1]
-            location = (f"http://localhost:{port}/cdn/{repo.repo_id}/{commit}/{path}?X-Amz-Algorithm=AWS4-HMAC-SHA256"
+            base = (self.owner.cdn_for.get(repo.repo_id) or self.owner.cdn_base
+                    or f"http://localhost:{self.server.server_address[1]}")
+            location = (f"{base}/cdn/{repo.repo_id}/{commit}/{path}?X-Amz-Algorithm=AWS4-HMAC-SHA256"
                         f"&X-Amz-Credential=AKIAFAKEHUB%2F20260101&X-Amz-Signature={self.owner.cdn_secret}")
             self._send(302, {"Location": location, "X-Repo-Commit": commit, "X-Linked-Etag": f'"{sha256}"',
                              "X-Linked-Size": str(size)}, b"", body)
@@ -355,6 +372,23 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 left -= len(chunk)
 
 
+def s3_signature_refusal(signature: str, credential: str = "AKIAFAKEHUB") -> tuple[int, str, bytes]:
+    """What S3 answers a presigned URL whose signature does not match (``FakeHub.cdn_error``): 403 and an XML body
+    that echoes the request's credential, the signature provided and the canonical request with its query string
+    ("The error response includes the canonical request and the string to sign that the service calculated",
+    docs.aws.amazon.com/IAM/latest/UserGuide/signature-v4-troubleshooting.html), not HTML, so huggingface_hub
+    appends it to its error message (``utils/_http.py`` ``_format``, 0.36.0 and 2.4.0)."""
+    body = (
+        '<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SignatureDoesNotMatch</Code><Message>The request '
+        "signature we calculated does not match the signature you provided. Check your key and signing method."
+        f"</Message><AWSAccessKeyId>{credential}</AWSAccessKeyId><StringToSign>AWS4-HMAC-SHA256\n20260101T000000Z"
+        f"</StringToSign><SignatureProvided>{signature}</SignatureProvided><CanonicalRequest>GET\n/cdn/file\n"
+        f"X-Amz-Algorithm=AWS4-HMAC-SHA256&amp;X-Amz-Credential={credential}%2F20260101&amp;X-Amz-SignedHeaders=host"
+        "\nhost:cdn</CanonicalRequest></Error>"
+    )
+    return 403, "application/xml", body.encode()
+
+
 def tiny_checkpoint(architecture: str = "LlamaForCausalLM", **config: object) -> dict[str, bytes]:
     """The files of a small Hugging Face checkpoint (a config.json with ``config`` merged in, one safetensors
     file holding one tensor, a tokenizer_config.json): enough for the fetch and inspection, not for inference."""
@@ -375,4 +409,4 @@ def tiny_checkpoint(architecture: str = "LlamaForCausalLM", **config: object) ->
     }
 
 
-__all__ = ("FakeHub", "HubRepo", "commit_of", "tiny_checkpoint")
+__all__ = ("FakeHub", "HubRepo", "commit_of", "s3_signature_refusal", "tiny_checkpoint")

@@ -25,6 +25,7 @@ from typing import Any, AsyncIterator, Iterator
 import httpx
 import pytest
 
+from common.errors import InferenceError
 from common.http import default_ssl_context
 from cog_triton.worker import cog_bridge
 from cog_triton.local import free_port
@@ -410,3 +411,17 @@ def test_the_end_callback_follows_a_chained_generator() -> None:
     output.end()
     assert list(wrapped) == ["a"]
     assert calls == [(None, False), ("at_end", False)]
+
+
+def test_a_failed_stream_raises_its_error_redacted() -> None:
+    """The error a stream fails with reaches the caller and coglet's "Prediction failed" log line as its text: it
+    leaves the generator without any URL's userinfo, query string or fragment (cog_triton.fetch.redaction)."""
+    output = cog_bridge.PredictionOutput()
+    generator = cog_bridge.output_generator(output)
+    output.put("some text ")
+    output.fail(InferenceError("Triton said: adapter https://u:pw-stream@h.example/a.tar.gz?sig=q-stream is gone"))
+    assert next(generator) == "some text "
+    with pytest.raises(InferenceError) as info:
+        next(generator)
+    assert info.value.message == "Triton said: adapter https://h.example/a.tar.gz is gone"
+    assert "pw-stream" not in str(info.value) and "q-stream" not in str(info.value)

@@ -12,7 +12,9 @@ from __future__ import annotations
 import concurrent.futures
 import fcntl
 import http.server
+import ipaddress
 import os
+import socket
 import threading
 import time
 from pathlib import Path
@@ -31,6 +33,7 @@ from cog_triton.plan import StoreLimits
 from cog_triton.streaming.lora.tasks import Adapters
 from cog_triton.weights import fetch_weights
 from tensorrtllm_backend.lora import LoraSpec
+from tests.dropnet import DropNet
 from tests.slow_server import SlowServer, certificate
 
 #: Far above every deadline here: a per-operation timeout never ends these fetches.
@@ -153,6 +156,10 @@ def _point_the_hub_at(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(constants, "ENDPOINT", url)
     monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", url + "/{repo_id}/resolve/{revision}/{filename}")
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    import huggingface_hub.file_download as file_download  # 0.x binds the template at import (tests/hub_server.py)
+
+    if hasattr(file_download, "HUGGINGFACE_CO_URL_TEMPLATE"):
+        monkeypatch.setattr(file_download, "HUGGINGFACE_CO_URL_TEMPLATE", constants.HUGGINGFACE_CO_URL_TEMPLATE)
 
 
 def test_a_hub_that_drips_ends_an_hf_fetch_at_its_deadline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -225,6 +232,137 @@ def test_waiting_for_another_processs_fetch_of_the_same_adapter_ends_at_the_dead
             os.close(fd)
         assert "did not finish within the deadline of 1 s (COG_TRITON_ADAPTER_DOWNLOAD_DEADLINE_S): another " \
                "process has been fetching into" in info.value.message, info.value.message
+
+
+# --- names with many addresses that drop connection attempts ------------------------------------------------
+#
+# The addresses are a network namespace's (tests/dropnet.py): real connection attempts, answered by nothing. The
+# one mock is the name lookup: socket.getaddrinfo answers the test names below with those addresses (every client
+# a fetch uses resolves through it: httpcore's SyncBackend, the fetch guard, urllib3), and passes every other name
+# on. The Cog server tests (tests/test_fetch_hardening_integration.py) resolve with glibc instead.
+
+#: Resolves to one dropping address (the baseline), to eight, and not at all until the test ends (a resolver that
+#: does not answer).
+ONE, MULTI, SLOW_DNS = "one.drop.test", "multi.drop.test", "slow-dns.drop.test"
+
+
+@pytest.fixture(scope="module")
+def dropnet() -> Iterator[DropNet]:
+    with DropNet(count=8) as net:
+        yield net
+
+
+@pytest.fixture
+def drop_names(dropnet: DropNet, monkeypatch: pytest.MonkeyPatch) -> Iterator[DropNet]:
+    real = socket.getaddrinfo
+    table = {ONE: dropnet.addresses[:1], MULTI: dropnet.addresses}
+    released = threading.Event()
+
+    def getaddrinfo(host: Any, port: Any, family: int = 0, type: int = 0, proto: int = 0, flags: int = 0) -> Any:
+        name = host.decode() if isinstance(host, bytes) else host
+        if name == SLOW_DNS:
+            released.wait(120)  # a resolver that does not answer (released when the test ends)
+            raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+        if name in table:
+            return [(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (address, int(port or 0)))
+                    for address in table[name]]
+        return real(host, port, family, type, proto, flags)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    yield dropnet
+    released.set()
+
+
+def _rules(net: DropNet) -> FetchRules:
+    """The default rules but for http:// and the namespace's network (a mirror's network, as an operator lists it),
+    and 127.0.0.1 (the dripping server of the baselines)."""
+    return FetchRules(allow_http=True, allow_networks=(net.network, ipaddress.ip_network("127.0.0.1/32")))
+
+
+def _timed(fetch: Any) -> tuple[BaseException, float]:
+    started = time.monotonic()
+    with pytest.raises((FetchDeadlineError, LoraAdapterError)) as info:
+        fetch()
+    return info.value, time.monotonic() - started
+
+
+DEADLINE_S = 2.0
+
+
+def _ends_like_the_baseline(fetch: Any, message: Any) -> None:
+    """``fetch(host)`` from a server that drips its response headers (tests/slow_server.py: a fetch the watchdog
+    ends at its deadline, the baseline, measured here), then from a name of one dropping address, of eight, and one
+    the resolver never answers: each fails with a message starting ``message(host)`` and ends less than one
+    deadline after the baseline. Trying each address with the whole connect timeout held the 8-address fetch 8
+    timeouts (a timeout of more than the deadline: the time left when the attempt began, or the client's own)."""
+    with SlowServer("headers") as drip:
+        baseline_host = drip.url.split("//", 1)[1]
+        baseline, baseline_s = _timed(fetch(baseline_host))
+        assert baseline.message.startswith(message(baseline_host)), baseline.message
+        took = {}
+        for host in (ONE, MULTI, SLOW_DNS):
+            error, took[host] = _timed(fetch(host))
+            assert error.message.startswith(message(host)), error.message
+    assert baseline_s >= DEADLINE_S
+    for host, seconds in took.items():
+        assert seconds < baseline_s + DEADLINE_S, f"{host}: {seconds:.1f} s; the baseline: {baseline_s:.1f} s"
+
+
+@pytest.mark.parametrize("guarded", [False, True], ids=["operator", "rules"])
+def test_a_name_with_many_dropping_addresses_ends_a_download_at_its_deadline(
+        tmp_path: Path, drop_names: DropNet, guarded: bool) -> None:
+    """A URL whose name resolves to 8 addresses that drop connection attempts, or one, or none (a resolver that
+    does not answer): the download ends at its deadline (see _ends_like_the_baseline). The operator's weights (no
+    rules: httpx's own connect, held through bound_connects) and an input's (the guarded connect) alike."""
+    rules = _rules(drop_names) if guarded else None
+
+    def fetch(host: str) -> Any:
+        return lambda: fetch_weights(f"http://{host}/weights.tar.gz", tmp_path / host.replace(":", "-"),
+                                     timeout_s=TIMEOUT_S, retries=2, deadline_s=DEADLINE_S, rules=rules)
+
+    _ends_like_the_baseline(fetch, lambda host: f"the download of http://{host}/weights.tar.gz did not finish within "
+                                                "the deadline of 2 s (COG_TRITON_DOWNLOAD_DEADLINE_S): ")
+
+
+def test_a_name_with_many_dropping_addresses_ends_a_urllib3_fetch_at_its_deadline(drop_names: DropNet) -> None:
+    """huggingface_hub 0.x's stack (the guarded requests session, urllib3's connections): the same."""
+
+    def fetch(host: str) -> Any:
+        def run() -> None:
+            deadline = FetchDeadline(DEADLINE_S, what="the fetch of hf://owner/repo",
+                                     setting="COG_TRITON_DOWNLOAD_DEADLINE_S")
+            session = guarded_requests_session(FetchGuard(_rules(drop_names), what="weights", deadline=deadline))
+            with deadline:
+                session.get(f"http://{host}/a", timeout=TIMEOUT_S)
+        return run
+
+    _ends_like_the_baseline(fetch, lambda host: "the fetch of hf://owner/repo did not finish within the deadline of "
+                                                "2 s (COG_TRITON_DOWNLOAD_DEADLINE_S)")
+
+
+@pytest.mark.parametrize("what", ["weights", "adapter"])
+def test_a_hub_with_many_dropping_addresses_ends_hf_fetches_at_their_deadline(
+        tmp_path: Path, drop_names: DropNet, monkeypatch: pytest.MonkeyPatch, what: str) -> None:
+    """hf:// weights (setup's) and hf:// adapters, with HF_ENDPOINT on a name of 8 dropping addresses, of one, or
+    that the resolver never answers: each ends at its deadline, against a Hub that drips (the baseline)."""
+
+    def fetch(host: str) -> Any:
+        def run() -> None:
+            _point_the_hub_at(f"http://{host}", monkeypatch)
+            folder = tmp_path / f"{what}-{host.replace(':', '-')}"
+            if what == "weights":
+                fetch_weights("hf://owner/model", folder, timeout_s=TIMEOUT_S, deadline_s=DEADLINE_S)
+                return
+            store = AdapterStore(StoreLimits(root=folder, timeout_s=TIMEOUT_S, deadline_s=DEADLINE_S,
+                                             rules=_rules(drop_names)))
+            store.get(parse_adapter_ref("hf://owner/adapter"))
+        return run
+
+    expected = ("the fetch of hf://owner/model did not finish within the deadline of 2 s "
+                "(COG_TRITON_DOWNLOAD_DEADLINE_S)") if what == "weights" else (
+                "lora_weights hf://owner/adapter could not be fetched: the fetch of hf://owner/adapter did not finish "
+                "within the deadline of 2 s (COG_TRITON_ADAPTER_DOWNLOAD_DEADLINE_S)")
+    _ends_like_the_baseline(fetch, lambda host: expected)
 
 
 # --- setup() through the real Cog server -----------------------------------------------------------------------

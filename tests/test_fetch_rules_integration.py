@@ -357,19 +357,24 @@ class TestRules:
         assert "hunter2" not in doc["error"] and host not in doc["error"]
 
     def test_no_line_of_the_cog_servers_log_shows_a_secret_of_a_url(self, stack: dict[str, Any]) -> None:
-        """Predictions with credentials, a signed query string and a fragment in lora_weights, one whose Hub file
-        redirects to a signed CDN URL, and an unparsable one: the whole log of the Cog server (coglet, the worker,
-        the stream process, Triton's output) holds none of their secrets."""
+        """Predictions with credentials, a signed query string and a fragment in lora_weights, a password alone, one
+        whose Hub file redirects to a signed CDN URL, and an unparsable one: the whole log of the Cog server (coglet,
+        the worker, the stream process, Triton's output) holds none of their secrets."""
         mirror = stack["mirror"].url
         signed = f"{mirror.replace('https://', 'https://alice-user:alice-pass@')}/a.tar.gz?X-Amz-Signature=s1gq#fr4g"
         assert _output(self._predict(stack, signed)) != ""
+        # a password alone (the URL above would be redacted whole for its query string's sake), served and failing
+        alone = mirror.replace("https://", "https://bob-user:bob-pass-alone@")
+        assert _output(self._predict(stack, f"{alone}/a.tar.gz")) != ""
+        missing = self._predict(stack, f"{alone}/missing.tar.gz")
+        assert missing["status"] == "failed" and "bob-pass-alone" not in missing["error"], missing["error"]
         assert _output(self._predict(stack, "hf://trusted/cdn-adapter")) != ""
         assert stack["hub"].cdn_hits == ["adapter_model.safetensors"], "the signed CDN redirect was followed"
         self._predict(stack, f"https://deploy:pw-hunter2/pw-SECRET@{mirror.split('//', 1)[1]}/a.tar.gz")
         text = stack["log"].read_text(errors="replace")
         assert f"adapter {mirror}/a.tar.gz ready" in text  # the log names the adapter, redacted
         for secret in ("alice-user", "alice-pass", "s1gq", "fr4g", "cdn-s1gnature", "AKIAFAKECDN", "pw-hunter2",
-                       "pw-SECRET"):
+                       "pw-SECRET", "bob-user", "bob-pass-alone"):
             lines = [line for line in text.splitlines() if secret in line]
             assert not lines, (secret, lines[:3])
 

@@ -6,6 +6,7 @@ stack, through the guarded session), every logger at DEBUG. Real HTTP servers on
 
 from __future__ import annotations
 
+import asyncio
 import http.server
 import logging
 import threading
@@ -21,10 +22,11 @@ from cog_triton.fetch.adapter_refs import check_adapter_allowed, parse_adapter_r
 from cog_triton.streaming.lora.store import AdapterStore
 from cog_triton.plan import StoreLimits
 from cog_triton.fetch.redaction import (
-    HTTP_LOGGERS, UNPARSABLE, UnparsableURL, install_log_redaction, parse_url, redact_text, redact_url,
+    HTTP_LOGGERS, UNPARSABLE, UnparsableURL, errors_redacted, install_log_redaction, parse_url, redact_error,
+    redact_text, redact_url,
 )
 from cog_triton.weights import fetch_weights
-from tests.hub_server import FakeHub
+from tests.hub_server import FakeHub, s3_signature_refusal
 from tests.lora_adapters import pack_files
 
 #: httpx's parser and urllib.parse both read "deploy:hunter2" as host:port: the password's "/" ends the authority.
@@ -60,6 +62,9 @@ def test_a_url_the_client_cannot_parse_is_refused_without_its_text(url: str, rea
     ("https://u:p@host:8443/a/b.tgz?sig=1#frag", "https://host:8443/a/b.tgz"),
     ("https://user:pa%2Fss@example.com/a.tar.gz?X-Amz-Signature=abc", "https://example.com/a.tar.gz"),
     ("http://a@b@c/x", "http://c/x"),  # the last "@" ends the userinfo, for httpx as for the server
+    ("https://user:pw-alone@example.com/a.tar.gz", "https://example.com/a.tar.gz"),  # a password alone
+    ("https://example.com/a.tar.gz?X-Amz-Signature=q-alone", "https://example.com/a.tar.gz"),  # a query alone
+    ("https://example.com/a.tar.gz#f-alone", "https://example.com/a.tar.gz"),  # a fragment alone
     ("https://example.com\\@evil.com/x", "https://evil.com/x"),  # the host httpx connects to
     ("https://b\u00fccher.ch/x", "https://xn--bcher-kva.ch/x"),  # as it is resolved
     ("https://[::1]:8080/x", "https://[::1]:8080/x"),
@@ -78,6 +83,42 @@ def test_the_host_the_rules_judge_is_the_host_the_client_connects_to() -> None:
     ref = parse_adapter_ref("https://example.com\\@evil.com/x.tar.gz")
     with pytest.raises(LoraAdapterError, match="the host evil.com is not on the list"):
         check_adapter_allowed(ref, rules)
+
+
+@pytest.mark.parametrize("url", ["https://deploy:pw-alone@h.example/x.tar.gz",
+                                 "https://h.example/x.tar.gz?X-Amz-Signature=q-alone",
+                                 "https://h.example/x.tar.gz#f-alone"],
+                         ids=["password", "query", "fragment"])
+def test_each_secret_alone_is_redacted_from_free_text_and_errors(url: str) -> None:
+    """One secret at a time (a URL with a password and a query string is redacted whole for the query's sake: it
+    would hide a password left in place), in a log line, in our error and in a library's."""
+    secret = "alone"
+    assert secret not in redact_text(f"GET {url} failed") and "https://h.example/x.tar.gz failed" in redact_text(
+        f"GET {url} failed")
+    ours = redact_error(WeightsError(f"could not download {url}: HTTP 404"))
+    assert isinstance(ours, WeightsError) and secret not in str(ours) and secret not in ours.message
+    assert ours.message == "could not download https://h.example/x.tar.gz: HTTP 404"
+    theirs = redact_error(ValueError(f"bad answer from {url}"))
+    assert isinstance(theirs, ValueError) and secret not in str(theirs)
+
+
+def test_errors_leave_our_code_redacted() -> None:
+    """A library's error quoting a relative request line keeps its type, less the query string; one whose text
+    does not come from its arguments (an OSError's file name) becomes a RuntimeError of its redacted text; a
+    cancellation is left alone; errors_redacted() re-raises each so."""
+    relative = redact_error(ConnectionError("Max retries exceeded with url: /cdn/f?X-Amz-Signature=q-rel (refused)"))
+    assert isinstance(relative, ConnectionError) and "q-rel" not in str(relative) and "/cdn/f" in str(relative)
+    named = OSError(2, "No such file", "https://h.example/f?token=q-name")
+    swapped = redact_error(named)
+    assert type(swapped) is RuntimeError and "q-name" not in str(swapped) and "No such file" in str(swapped)
+    cancelled = asyncio.CancelledError("https://h.example/f?token=q-cancel")
+    assert redact_error(cancelled) is cancelled
+    with pytest.raises(LoraAdapterError) as info, errors_redacted():
+        raise LoraAdapterError("lora_weights https://u:pw-raised@h.example/a.tar.gz could not be fetched")
+    assert "pw-raised" not in str(info.value)
+    with pytest.raises(RuntimeError) as swapped_info, errors_redacted():
+        raise named
+    assert "q-name" not in str(swapped_info.value)
 
 
 def test_free_text_loses_every_urls_secrets() -> None:
@@ -121,7 +162,7 @@ class _Files(http.server.BaseHTTPRequestHandler):
 
 
 SECRETS = ("pw-hunter2", "pw-SECRET-part", "alice-user", "alice-pass", "s1gnature-q", "AKIAFAKEHUB", "cdn-s1gnature",
-           "fr4gment", "t0ken-q")
+           "fr4gment", "t0ken-q", "only-user", "only-pass")
 
 
 def test_no_log_record_of_a_run_shows_a_urls_secrets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -147,6 +188,12 @@ def test_no_log_record_of_a_run_shows_a_urls_secrets(tmp_path: Path, monkeypatch
             hub.add_repo("owner/adapter", adapter)
             authed = base.replace("http://", "http://alice-user:alice-pass@")
             fetch_weights(f"{authed}/signed?token=t0ken-q", tmp_path / "weights", allow_zip=True)
+            # a password alone (no query string to make the whole URL redacted for its sake)
+            only = base.replace("http://", "http://only-user:only-pass@")
+            fetch_weights(f"{only}/a.tar.gz", tmp_path / "weights-pw", allow_zip=True)
+            with pytest.raises(WeightsError) as missing:
+                fetch_weights(f"{only}/missing.tar.gz", tmp_path / "weights-none", retries=0)
+            assert "only-pass" not in str(missing.value) and "only-user" not in str(missing.value)
             store = AdapterStore(StoreLimits(root=tmp_path / "cache", retries=0, rules=FetchRules.open()))
             assert store.get(parse_adapter_ref("hf://owner/adapter")).config["r"] == 2
             assert [path for _, _, path in hub.gets] == ["adapter_config.json", "adapter_model.safetensors"]
@@ -170,3 +217,26 @@ def test_no_log_record_of_a_run_shows_a_urls_secrets(tmp_path: Path, monkeypatch
              if any(secret in formatter.format(record) for secret in SECRETS)]
     assert not leaks, leaks
     assert any("/cdn/" in record.getMessage() for record in caplog.records if record.name.startswith("httpx2"))
+
+
+def test_an_adapter_whose_cdn_answers_an_error_shows_no_signed_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """hf:// adapter whose safetensors file the Hub redirects to a signed CDN URL, answered with S3's 403 (its body
+    echoes the credential and the signature): the adapter's error names the CDN's answer and holds neither, nor does
+    any log record. huggingface_hub's own message held both, and the adapter's error passed it on."""
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    caplog.set_level(logging.DEBUG)
+    adapter = {"adapter_config.json": b'{"peft_type": "LORA", "r": 2}', "adapter_model.safetensors": b"\0" * 16}
+    with FakeHub() as hub:
+        hub.use(monkeypatch)
+        hub.add_repo("owner/adapter", adapter)
+        hub.cdn_secret = "cdn-s1g-adapter"
+        hub.cdn_error = s3_signature_refusal("cdn-s1g-adapter", "AKIACDNADAPTER")
+        store = AdapterStore(StoreLimits(root=tmp_path / "cache", retries=0, rules=FetchRules.open()))
+        with pytest.raises(LoraAdapterError) as info:
+            store.get(parse_adapter_ref("hf://owner/adapter"))
+    assert hub.cdn_requests and all("cdn-s1g-adapter" in path for _, path in hub.cdn_requests)
+    message = info.value.message  # as the store raised it (redact_error, the service's boundary, is not needed)
+    assert "403" in message and "/cdn/owner/adapter/" in message, message
+    for secret in ("cdn-s1g-adapter", "AKIACDNADAPTER", "X-Amz"):
+        assert secret not in message and secret not in caplog.text, (secret, message)

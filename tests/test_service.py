@@ -410,6 +410,64 @@ def test_setup_starts_the_metrics_endpoint_first_and_shutdown_stops_it(tmp_path:
         httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30)
 
 
+def test_setup_serves_the_metrics_on_the_configured_address_with_the_configured_bounds(tmp_path: Path) -> None:
+    """COG_TRITON_PROMETHEUS_ADDRESS=127.0.0.2 and the endpoint's bounds set: the kernel's table of listening
+    sockets shows the one socket on 127.0.0.2 (not 0.0.0.0, nor 127.0.0.1: unreachable there), and the endpoint
+    holds the bounds the settings gave."""
+    import httpx
+
+    from common.errors import WeightsError
+    from cog_triton.local import free_port
+    from tests.proc import listening_on
+
+    port = free_port()
+    service = LLMService(Settings(prometheus_port=port, prometheus_address="127.0.0.2", metrics_port=free_port(),
+                                  prometheus_max_connections=5, prometheus_backlog=9, prometheus_request_timeout_s=3,
+                                  prometheus_reuse_s=0.5, prometheus_triton_timeout_s=0.25,
+                                  weights_dir=tmp_path / "weights", model_repo_dir=tmp_path / "repo"))
+    try:
+        with pytest.raises(WeightsError):
+            service.setup(str(tmp_path / "no-such-weights.tar"))
+        assert [address for address, _ in listening_on(port)] == ["127.0.0.2"]
+        assert httpx.get(f"http://127.0.0.2:{port}/metrics", timeout=30).status_code == 200
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30)
+        server = service.metrics_server
+        assert server is not None
+        assert (server.max_connections, server.backlog, server.request_timeout_s, server.reuse_s,
+                server.triton_timeout_s) == (5, 9, 3, 0.5, 0.25)
+    finally:
+        service.shutdown()
+
+
+def test_setup_and_validation_raise_their_errors_redacted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What setup() and validate() raise reaches the caller and coglet's log as its text: a library's error quoting
+    a signed URL (stood in for by a fetch_weights that raises it: the test is about the boundary, not the fetch), and
+    an input error quoting a URL with a password, leave without their secrets, keeping their types."""
+    from cog_triton.local import free_port
+    from cog_triton.worker import service as service_module
+
+    def fetch_weights(*args: Any, **kwargs: Any) -> Any:
+        raise ValueError("huggingface_hub: Cannot access content at: https://cdn.example/f?X-Amz-Signature=q-setup.")
+
+    def validate_inputs(**inputs: Any) -> Any:
+        raise InputError("lora_weights https://deploy:pw-input@mirror.example/a.tar.gz is not allowed here")
+
+    monkeypatch.setattr(service_module, "fetch_weights", fetch_weights)
+    monkeypatch.setattr(service_module, "validate_inputs", validate_inputs)
+    service = LLMService(Settings(prometheus_port=free_port(), prometheus_address="127.0.0.1", metrics_port=free_port(),
+                                  weights_dir=tmp_path / "weights", model_repo_dir=tmp_path / "repo"))
+    try:
+        with pytest.raises(ValueError) as setup_error:
+            service.setup("https://example.com/w.tar.gz")
+        with pytest.raises(InputError) as input_error:
+            service.validate(prompt="hi")
+    finally:
+        service.shutdown()
+    assert str(setup_error.value) == "huggingface_hub: Cannot access content at: https://cdn.example/f."
+    assert input_error.value.message == "lora_weights https://mirror.example/a.tar.gz is not allowed here"
+
+
 @pytest.mark.parametrize("trust", [False, True])
 def test_setup_fetches_a_hub_checkpoints_code_only_with_the_trust_setting(tmp_path: Path, monkeypatch, trust) -> None:
     """setup() hands COG_TRITON_LLM_TRUST_REMOTE_CODE to the hf:// fetch and to the checkpoint check, before

@@ -285,6 +285,20 @@ def test_weights_hardening_defaults_match_fetch_weights() -> None:
     assert s.weights.verify is VerifyMode.FAST
 
 
+def test_the_prometheus_endpoints_bounds_default_to_its_modules(clean_env: pytest.MonkeyPatch) -> None:
+    from cog_triton.worker import metrics_endpoint as endpoint
+
+    m = Settings.from_env().metrics
+    ours = (m.prometheus_max_connections, m.prometheus_backlog, m.prometheus_request_timeout_s, m.prometheus_reuse_s,
+            m.prometheus_triton_timeout_s)
+    assert ours == (endpoint.MAX_CONNECTIONS, endpoint.BACKLOG, endpoint.REQUEST_TIMEOUT_S, endpoint.REUSE_S,
+                    endpoint.TRITON_SCRAPE_TIMEOUT_S) == (64, 1024, 10, 1, 2)
+    clean_env.setenv("COG_TRITON_PROMETHEUS_MAX_CONNECTIONS", "7")
+    clean_env.setenv("COG_TRITON_PROMETHEUS_REUSE_S", "0")
+    m = Settings.from_env().metrics
+    assert (m.prometheus_max_connections, m.prometheus_reuse_s) == (7, 0)
+
+
 def test_weights_hardening_settings_from_env(clean_env: pytest.MonkeyPatch) -> None:
     from cog_triton.settings import VerifyMode
 
@@ -398,7 +412,7 @@ def _sample(group: type[BaseModel], name: str) -> str:
 
 
 def test_every_field_has_its_own_variable() -> None:
-    assert len(variables()) == sum(len(group.model_fields) for group in _groups().values()) == 84
+    assert len(variables()) == sum(len(group.model_fields) for group in _groups().values()) == 89
     assert all(variable.startswith(ENV_PREFIX) and variable.isupper() for variable in variables())
 
 

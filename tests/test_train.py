@@ -214,3 +214,17 @@ def test_cog_train_through_the_real_cog_server(tiny_checkpoint_url: str, tmp_pat
         ).json()
         assert failed["status"] == "failed"
         assert "[build_failed]" in failed["error"] and "needs an NVIDIA GPU" in failed["error"]
+
+
+def test_a_trainings_error_leaves_redacted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a training raises reaches the caller and coglet's log as its text: a library's error quoting a URL with
+    a password (stood in for by a build that raises it: the test is about the boundary) leaves without it."""
+    import train as train_module
+
+    def build_archive(*args: object, **kwargs: object) -> Path:
+        raise RuntimeError("snapshot_download failed for https://u:pw-train@mirror.example/org/model")
+
+    monkeypatch.setattr(train_module, "build_archive", build_archive)
+    with pytest.raises(RuntimeError) as info:
+        asyncio.run(train(config=TINY_CONFIG, checkpoint="", hf_token=None))
+    assert str(info.value) == "snapshot_download failed for https://mirror.example/org/model"

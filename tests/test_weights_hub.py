@@ -19,7 +19,7 @@ from cog_triton.weights.hub import select_files
 from cog_triton.weights.sources import parse_hub_ref
 from cog_triton.settings import REPO_ROOT
 from tensorrtllm_backend.engine import inspect_weights
-from tests.hub_server import FakeHub, commit_of, tiny_checkpoint
+from tests.hub_server import FakeHub, commit_of, s3_signature_refusal, tiny_checkpoint
 
 TOKEN = "hf_secretTOKENvalue1234567890"
 DEFAULT_CHECKPOINT = REPO_ROOT / "build" / "default_model" / "checkpoint"
@@ -319,6 +319,25 @@ def test_an_error_answer_is_a_download_error_naming_the_status(hub, tmp_path, fa
         fetch_weights("hf://me/tiny", target)
     assert info.value.message == f"hf://me/tiny could not be fetched: the Hub answered HTTP {status} (not now)"
     assert_untouched(target)
+
+
+def test_a_cdn_answering_an_error_after_the_hubs_redirect_shows_no_signed_url(hub, tmp_path, caplog):
+    """The Hub redirects the checkpoint's safetensors file to a signed URL of its CDN, which answers S3's 403
+    echoing the credential and the signature: the error names the file storage's answer (its URL without the
+    query string) and holds neither, and no log record does. huggingface_hub's own message held both."""
+    hub.add_repo("me/tiny", tiny_checkpoint())
+    hub.cdn_secret = "cdn-s1g-weights"
+    hub.cdn_error = s3_signature_refusal("cdn-s1g-weights", "AKIACDNWEIGHTS")
+    caplog.set_level(logging.DEBUG)
+    with pytest.raises(DownloadError) as info:
+        fetch_weights("hf://me/tiny", tmp_path / "w")
+    assert hub.cdn_requests and all("cdn-s1g-weights" in path for _, path in hub.cdn_requests)
+    commit = commit_of("me/tiny", "main")
+    assert info.value.message == (f"hf://me/tiny could not be fetched: the Hub's file storage (http://localhost:"
+                                  f"{hub.url.rsplit(':', 1)[1]}/cdn/me/tiny/{commit}/model.safetensors) answered "
+                                  "HTTP 403"), info.value.message
+    for secret in ("cdn-s1g-weights", "AKIACDNWEIGHTS", "X-Amz"):
+        assert secret not in str(info.value) and secret not in caplog.text, secret
 
 
 def test_an_endpoint_that_is_not_a_hub_is_named(hub, tmp_path):

@@ -6,7 +6,8 @@ the same code meets other exceptions and another HTTP client under the fetch gua
 scripts/setup installs the 0.x packages beside the venv, into build/hub0; here a pytest subprocess runs the Hub
 tests with that folder first on PYTHONPATH: tests/test_hub_errors.py (the classification), tests/test_weights_hub.py
 (hf:// weights against the local Hub stand-in: every refusal and failure message, HF_HUB_OFFLINE, the fetch guard's
-connections) and tests/test_lora_store.py (hf:// adapters, under the fetch rules). It starts a process, so it is in
+connections), tests/test_lora_store.py (hf:// adapters, under the fetch rules) and test_fetch_deadline.py's Hub tests
+(the deadline over urllib3's connections and connects). It starts a process, so it is in
 the integration tier."""
 
 from __future__ import annotations
@@ -23,7 +24,14 @@ from tensorrtllm_backend.pins import HUB0_DIR, HUB0_PACKAGES
 pytestmark = pytest.mark.integration
 
 HUB0 = REPO_ROOT / HUB0_DIR
-MODULES = ("tests/test_hub_errors.py", "tests/test_weights_hub.py", "tests/test_lora_store.py")
+DEADLINE = "tests/test_fetch_deadline.py::test_a_"
+MODULES = ("tests/test_hub_errors.py", "tests/test_weights_hub.py", "tests/test_lora_store.py",
+           # the deadline through 0.x's requests/urllib3: a dripping Hub, dropping addresses (tests/dropnet.py)
+           f"{DEADLINE}hub_that_drips_ends_an_hf_fetch_at_its_deadline",
+           f"{DEADLINE}hub_with_many_dropping_addresses_ends_hf_fetches_at_their_deadline",
+           f"{DEADLINE}name_with_many_dropping_addresses_ends_a_urllib3_fetch_at_its_deadline",
+           # no signed CDN URL in an hf:// adapter's error (the weights' is in test_weights_hub.py)
+           "tests/test_redaction.py::test_an_adapter_whose_cdn_answers_an_error_shows_no_signed_url")
 #: Run in the subprocess: the versions imported there (before pytest runs), then the modules, in one process.
 SCRIPT = """
 import sys, huggingface_hub, transformers, pytest

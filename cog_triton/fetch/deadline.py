@@ -28,8 +28,15 @@ redirects of all its attempts, and which no server can hold past its end:
   ``getresponse``; whatever a client makes of it, the callers (:func:`cog_triton.weights.fetch_weights`,
   :class:`cog_triton.streaming.lora.store.AdapterStore`) report the deadline once it has passed.
 
-Name resolution is not interrupted (``getaddrinfo`` cannot be); it is bounded by the resolver's own timeouts. A
-connect in progress is bounded by the operation timeout, which callers cap at the time left.
+**The connect** is held to the deadline where it is made, not by the watchdog (a socket still connecting is not
+handed over until it has connected): :meth:`cog_triton.fetch.guard.FetchGuard.connect` resolves the name within
+the time left and dials each address the name resolves to with at most the time left, and tries none once the
+deadline has passed. Without that, each address got the whole connect timeout: a name with 8 addresses that drop
+connection attempts held a fetch 8 timeouts (16.1 s against a 3 s deadline), whatever the deadline. Every fetch
+connects that way: the guarded transport and urllib3 connections of fetches under the rules, huggingface_hub's
+client, and the operator's own downloads (:func:`cog_triton.fetch.guard.bound_connects`). ``getaddrinfo`` cannot
+be interrupted, so a resolution runs in a thread of its own which the fetch stops waiting for at the deadline; the
+thread ends when the resolver gives up (its own timeouts), and its answer is dropped.
 """
 
 from __future__ import annotations

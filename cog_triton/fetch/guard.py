@@ -12,10 +12,19 @@
 
 A guard may carry the fetch's deadline (:class:`cog_triton.fetch.deadline.FetchDeadline`): the transport hands it
 each request's connections through httpcore's ``trace`` extension, the urllib3 connections register theirs, and
-after it no request or connection starts.
+after it no request or connection starts. The connect itself is held to it too (:meth:`FetchGuard.connect`): the name
+is resolved within the time left, each address is tried with at most the time left, and once the deadline has passed
+no further address is tried, so no answer of the resolver, however many addresses it names or however long it takes,
+makes a fetch outlive its deadline (:func:`bound_connects` gives the operator's own downloads, which have no rules,
+the same connect). A guard without rules (``rules=None``) checks nothing else.
 
 Split from :mod:`cog_triton.fetch.rules` so that the rules stay pure (addresses, names, lists) and this module
 holds what touches httpx, httpcore and huggingface_hub.
+
+Why one module (about 640 lines): one concern, holding a fetch's connections to its rules and its deadline, once
+for every HTTP client a fetch may use (httpx, huggingface_hub's httpx2 or requests/urllib3); each client's adapter
+is a thin layer over the one connect (:meth:`FetchGuard.connect`), and apart they would share it only through a
+private interface.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ import contextlib
 import contextvars
 import functools
 import importlib
+import ipaddress
 import logging
 import os
 import socket
@@ -41,6 +51,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 Resolver = Callable[[str, int], Sequence[str]]
+#: dial(address, the most seconds it may take, or None for its own timeout) -> an open connection.
+Dialler = Callable[[str, Optional[float]], T]
 
 
 def resolve(host: str, port: int) -> list[str]:
@@ -57,26 +69,69 @@ def resolve(host: str, port: int) -> list[str]:
     return seen
 
 
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return False
+    return True
+
+
+def _resolve_within(resolver: Resolver, host: str, port: int, deadline: FetchDeadline) -> Sequence[str]:
+    """``resolver(host, port)`` within the deadline's time left.
+
+    ``getaddrinfo`` cannot be interrupted, so the resolution runs in a daemon thread of its own and the fetch waits
+    for it only until the deadline; a resolver that has not answered by then is left to finish on its own (glibc
+    bounds it by resolv.conf's ``timeout`` x ``attempts`` per nameserver: at most 30 s x 5 x 3) and its answer is
+    dropped. An address literal needs no resolver and gets no thread.
+
+    Raises:
+        FetchDeadlineError: the deadline passed first. OSError: what the resolver raised.
+    """
+    deadline.check()
+    if _is_address(host):
+        return resolver(host, port)
+    answer: dict[str, Any] = {}
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            answer["addresses"] = resolver(host, port)
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+            answer["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="fetch-resolve", daemon=True).start()
+    if not done.wait(deadline.remaining()):
+        log.info("%s: %s was not resolved within the deadline of %g s", deadline.what, host, deadline.seconds)
+        raise deadline.error()
+    if "error" in answer:
+        raise answer["error"]
+    return answer["addresses"]
+
+
 @dataclass
 class FetchGuard:
     """The rules applied to one fetch (one download and its redirects, or one Hub call): what the transport and
     the network backend ask before each request and each connection.
 
     Args:
-        rules: the rules.
+        rules: the rules; None: none (the operator's own weights): only the connect's deadline
+            (:meth:`connect`) applies.
         what: what is fetched, for messages ("adapters", "checkpoints").
         check_hosts: apply the host allow-list (URLs a caller gives; not the Hub's own hops).
-        resolver: host, port -> addresses (:func:`resolve`; tests give their own).
+        resolver: host, port -> addresses (None: :func:`resolve`, looked up per call; tests give their own).
         single_url: the fetch is one URL and its redirects (a refused later hop is named as the redirect); False
             for a client that makes several requests (the Hub's): a refusal names the request's URL.
         deadline: the fetch's one deadline (:mod:`cog_triton.fetch.deadline`), held on every request and
             connection made under this guard; None: none.
     """
 
-    rules: FetchRules
+    rules: Optional[FetchRules]
     what: str
     check_hosts: bool = True
-    resolver: Resolver = resolve
+    resolver: Optional[Resolver] = None
     single_url: bool = True
     deadline: Optional[FetchDeadline] = None
     first_url: Optional[str] = field(default=None, init=False)
@@ -91,6 +146,8 @@ class FetchGuard:
         """
         if self.first_url is None:
             self.first_url, self.first_host = url, normalize_host(host)
+        if self.rules is None:
+            return
         refusal = self.rules.scheme_refusal(scheme, self.what)
         if refusal is None and self.check_hosts:
             refusal = self.rules.host_refusal(host, self.what)
@@ -108,28 +165,40 @@ class FetchGuard:
         Raises:
             FetchRefusedError: naming the rule.
         """
+        if self.rules is None:
+            return
         refusal = self.rules.address_refusal(address, host, self.what, dialled)
         if refusal is not None:
             later = self.single_url and self.first_host not in (None, normalize_host(host))
             hop = f"the redirect to {host}: " if later else ""
             raise FetchRefusedError(hop + refusal)
 
-    def connect(self, host: str, port: int, *, dial: Callable[[str], T], peer_of: Callable[[T], str],
+    def connect(self, host: str, port: int, *, dial: Dialler[T], peer_of: Callable[[T], str],
                 failures: tuple[type[BaseException], ...], error: Callable[[str], BaseException]) -> T:
         """A connection for ``host``:``port`` to an allowed address: resolve once (:attr:`resolver`), skip refused
         addresses, ``dial`` an allowed one (the address itself, so no second resolution can answer differently),
         then check the connected peer (``peer_of``, the socket's ``getpeername``) before returning it.
 
+        Under a deadline (:attr:`deadline`) the whole connect is held to it: the resolution waits at most the time
+        left (:func:`_resolve_within`), each address is dialled with at most the time left (its own connect timeout
+        otherwise: every address got the whole timeout, so 8 addresses that drop connection attempts held a fetch 8
+        timeouts), and once the deadline has passed no further address is tried.
+
         Args:
-            dial: address -> an open connection (it raises one of ``failures`` when it cannot connect).
+            dial: (address, the most seconds the connect may take, or None for the dialler's own timeout) -> an open
+                connection (it raises one of ``failures`` when it cannot connect).
             error: message -> the client library's connection error (no address, unresolvable).
 
         Raises:
+            FetchDeadlineError: the deadline passed before a connection was made (the last address's failure is its
+                cause).
             FetchRefusedError: every address is refused, or the connected peer is (that connection closed).
             One of ``failures`` / ``error``: no allowed address could be connected to, or the name does not resolve.
         """
+        deadline = self.deadline
+        resolver = self.resolver or resolve
         try:
-            addresses = self.resolver(host, port)
+            addresses = resolver(host, port) if deadline is None else _resolve_within(resolver, host, port, deadline)
         except OSError as exc:
             raise error(f"cannot resolve {host}: {exc}") from exc
         refused: Optional[FetchRefusedError] = None
@@ -140,8 +209,10 @@ class FetchGuard:
             except FetchRefusedError as exc:
                 refused = refused or exc
                 continue
+            if deadline is not None and deadline.passed():
+                raise deadline.error() from failed
             try:
-                conn = dial(address)
+                conn = dial(address, None if deadline is None else deadline.remaining())
             except failures as exc:
                 failed = exc
                 continue
@@ -151,11 +222,20 @@ class FetchGuard:
                 conn.close()  # type: ignore[attr-defined]
                 raise
             return conn
+        if deadline is not None and deadline.passed():
+            raise deadline.error() from failed
         if failed is not None:
             raise failed
         if refused is not None:
             raise refused
         raise error(f"{host} resolves to no address")
+
+
+def _capped(timeout: Optional[float], cap: Optional[float]) -> Optional[float]:
+    """The smaller of a connect timeout (None: none) and a cap (None: none), at least 1 ms."""
+    if cap is None:
+        return timeout
+    return max(0.001, cap if timeout is None else min(timeout, cap))
 
 
 class GuardedBackend:
@@ -183,8 +263,9 @@ class GuardedBackend:
                     local_address: Optional[str] = None, socket_options: Optional[Iterable[Any]] = None) -> Any:
         return self._guard().connect(
             host, port,
-            dial=lambda address: self._inner.connect_tcp(address, port, timeout=timeout, local_address=local_address,
-                                                         socket_options=socket_options),
+            dial=lambda address, cap: self._inner.connect_tcp(address, port, timeout=_capped(timeout, cap),
+                                                              local_address=local_address,
+                                                              socket_options=socket_options),
             peer_of=lambda stream: str(stream.get_extra_info("server_addr")[0]),
             failures=(self._core.ConnectError, self._core.ConnectTimeout),
             error=self._core.ConnectError,
@@ -196,6 +277,36 @@ class GuardedBackend:
 
     def sleep(self, seconds: float) -> None:
         self._inner.sleep(seconds)
+
+
+def bound_connects(client: Any, deadline: FetchDeadline) -> None:
+    """Hold every connection ``client`` (an ``httpx.Client`` without a guarded transport: the operator's own
+    weights, which honour ``HTTP(S)_PROXY``) makes to ``deadline``, as :meth:`FetchGuard.connect` holds a guarded
+    fetch's: each of its connection pools (the default transport's and each proxy mount's) connects through a
+    :class:`GuardedBackend` without rules around the backend it had.
+
+    httpcore's own ``SyncBackend.connect_tcp`` is ``socket.create_connection``, which tries every address the name
+    resolves to with the whole timeout (httpcore 1.0.9 ``_backends/sync.py``; CPython ``socket.py``): 8 addresses that
+    drop connection attempts held a download 8 timeouts, whatever its deadline. httpx keeps the pools on its
+    transports (``Client._transport``, ``Client._mounts``; ``HTTPTransport._pool``, an httpcore ``ConnectionPool`` or
+    ``HTTPProxy`` whose connections call ``_network_backend.connect_tcp``: httpx 0.28.1 ``_client.py`` and
+    ``_transports/default.py``, httpcore 1.0.9 ``_sync/connection_pool.py``), which is where this reaches.
+
+    Raises:
+        TypeError: a transport without such a pool (another httpx): the deadline could not be held.
+    """
+    import httpcore  # noqa: PLC0415 - httpx's own
+
+    guard = FetchGuard(None, what="weights", deadline=deadline)
+    transports = [client._transport, *(t for t in client._mounts.values() if t is not None)]
+    for transport in transports:
+        pool = getattr(transport, "_pool", None)
+        inner = getattr(pool, "_network_backend", None)
+        if inner is None:
+            raise TypeError(f"{type(transport).__name__} has no httpcore pool: its connects cannot be held to the "
+                            "fetch's deadline")
+        if not isinstance(inner, GuardedBackend):
+            pool._network_backend = GuardedBackend(httpcore, guard, inner)
 
 
 def _guarded_transport_class(httpx_module: ModuleType, core: ModuleType) -> type:
@@ -225,8 +336,9 @@ def _guarded_transport_class(httpx_module: ModuleType, core: ModuleType) -> type
             guard.check_request(str(url), url.scheme, url.raw_host.decode("ascii"))
             if guard.deadline is not None:  # its watchdog learns the request's connections (httpcore's trace)
                 guard.deadline.check()
-                request.extensions = {**request.extensions, "trace": _chained(request.extensions.get("trace"),
-                                                                             guard.deadline.trace)}
+                trace = request.extensions.get("trace")
+                if trace != guard.deadline.trace:  # (a caller that passed it already: once is enough)
+                    request.extensions = {**request.extensions, "trace": _chained(trace, guard.deadline.trace)}
             return super().handle_request(request)
 
     return GuardedTransport
@@ -363,9 +475,14 @@ def _requests_classes(guard_of: Callable[[], FetchGuard],
             return response
 
         def _new_conn(self: Any) -> socket.socket:
-            def dial(address: str) -> socket.socket:
+            def dial(address: str, cap: Optional[float]) -> socket.socket:
+                # self.timeout: seconds, None (none) or urllib3's default sentinel (the socket default's); under a
+                # deadline, the time left caps the first and replaces the others
+                timeout = self.timeout
+                if cap is not None:
+                    timeout = _capped(timeout if isinstance(timeout, (int, float)) else None, cap)
                 try:
-                    return u3util.create_connection((address, self.port), self.timeout,
+                    return u3util.create_connection((address, self.port), timeout,
                                                     source_address=self.source_address,
                                                     socket_options=self.socket_options)
                 except TimeoutError as exc:
@@ -515,6 +632,7 @@ def hub_guard(rules: FetchRules, what: str = "adapters",
 __all__ = (
     "FetchGuard",
     "GuardedBackend",
+    "bound_connects",
     "guarded_requests_session",
     "guarded_transport",
     "hub_guard",

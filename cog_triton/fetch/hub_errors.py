@@ -22,6 +22,15 @@ catches (read in huggingface_hub 0.36.0 and 2.4.0, ``errors.py``, ``file_downloa
   a code) -> ``RepositoryNotFoundError``, ``GatedRepo`` -> ``GatedRepoError`` (a ``RepositoryNotFoundError``),
   ``RevisionNotFound`` -> ``RevisionNotFoundError``, ``EntryNotFound`` -> the missing-file error above.
 * ``HF_HUB_OFFLINE`` makes every request raise ``OfflineModeIsEnabled`` (a builtin ``ConnectionError``).
+
+**Secrets in the messages.** huggingface_hub's messages quote the URL of the request that failed, in full, and for
+an error answer also the answer's body when it is not JSON or HTML (``_format``, 0.36.0 and 2.4.0). A file in the
+Hub's LFS storage is fetched from a signed URL of its CDN (the Hub's ``302``), so a CDN that answers an error puts
+the signed URL (``X-Amz-Signature``, ``X-Amz-Credential``) in the message, and an S3 refusal's body echoes the
+signature and the canonical request. What a :class:`HubFailure` gives to show (:attr:`HubFailure.text`,
+:attr:`~HubFailure.detail`, :attr:`~HubFailure.server_message`) is therefore redacted here, once, for every caller
+(:func:`cog_triton.fetch.redaction.redact_text`: no userinfo, query string or fragment of any URL in it), and the
+body of an answer from any host other than the Hub endpoint's is not quoted at all.
 """
 
 from __future__ import annotations
@@ -29,6 +38,8 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 from typing import Optional
+
+from cog_triton.fetch.redaction import UnparsableURL, parse_url, redact_text, redact_url
 
 #: :attr:`HubFailure.kind` values, in the order :func:`classify_hub_error` tests them.
 KINDS = (
@@ -53,20 +64,62 @@ class HubFailure:
     Attributes:
         kind: one of :data:`KINDS`.
         error: the exception that says what happened (the ``__cause__`` of a wrapping ``LocalEntryNotFoundError``).
-        status: the HTTP status of the Hub's answer (kinds revision/gated/repository/file/http), else None.
-        server_message: the Hub's ``X-Error-Message`` or body message, "" when none. May quote the request; scrub
-            tokens before showing it.
+            Its own text may hold secrets: show :attr:`text` or :attr:`detail` instead.
+        status: the HTTP status of the answer (kinds revision/gated/repository/file/http), else None.
+        server_message: the Hub's ``X-Error-Message`` or body message, redacted; "" when none, or when the answer
+            came from another host than the Hub endpoint (its file CDN: its body may echo the signed request).
+            Scrub tokens before showing it.
+        answered_by: the URL that answered with the error (kinds with a status), redacted; "" when none.
+        text: the error's message, redacted (every URL without userinfo, query string and fragment), without the
+            body of an answer from another host than the Hub endpoint.
     """
 
     kind: str
     error: BaseException
     status: Optional[int] = None
     server_message: str = ""
+    answered_by: str = ""
+    text: str = ""
 
     @property
     def detail(self) -> str:
-        """``<exception type>: <message>`` of :attr:`error` (unscrubbed)."""
-        return f"{type(self.error).__name__}: {self.error}"
+        """``<exception type>: <message>`` of :attr:`error`, redacted (:attr:`text`)."""
+        return f"{type(self.error).__name__}: {self.text}"
+
+    @property
+    def from_hub(self) -> bool:
+        """The answer (if any) came from the Hub endpoint itself, not from another host (its file CDN)."""
+        return not self.answered_by or _same_origin(self.answered_by, _endpoint())
+
+
+def _endpoint() -> str:
+    from huggingface_hub import constants  # noqa: PLC0415 - only where the Hub is used
+
+    return str(constants.ENDPOINT)
+
+
+def _same_origin(url: str, other: str) -> bool:
+    try:
+        a, b = parse_url(url), parse_url(other)
+    except UnparsableURL:
+        return False
+    return (a.scheme, a.host, a.port) == (b.scheme, b.host, b.port)
+
+
+def _failure(kind: str, exc: BaseException, answered: bool = False) -> HubFailure:
+    """The :class:`HubFailure` of ``exc``, its texts redacted (see the module docstring)."""
+    raw_text = str(exc)
+    if not answered:
+        return HubFailure(kind, exc, text=redact_text(raw_text))
+    response = getattr(exc, "response", None)
+    url = getattr(response, "url", None)
+    answered_by = redact_url(str(url)) if url is not None else ""
+    raw_message = str(getattr(exc, "server_message", None) or "")
+    if answered_by and not _same_origin(str(url), _endpoint()):
+        if raw_message:  # the CDN's body is not quoted: huggingface_hub appends it to the message as it came
+            raw_text = raw_text.replace(raw_message, "").rstrip()
+        raw_message = ""
+    return HubFailure(kind, exc, _status(exc), redact_text(raw_message), answered_by, redact_text(raw_text))
 
 
 def _classes(module: str, *names: str) -> tuple[type, ...]:
@@ -111,32 +164,31 @@ def classify_hub_error(exc: BaseException) -> HubFailure:
     if isinstance(exc, local_missing) and exc.__cause__ is not None:
         exc = exc.__cause__  # what hf_hub_download's HEAD really met
     if isinstance(exc, hf.OfflineModeIsEnabled):
-        return HubFailure("offline", exc)
+        return _failure("offline", exc)
     answered = isinstance(exc, hf.HfHubHTTPError) and not isinstance(exc, local_missing)
-    message = str(getattr(exc, "server_message", None) or "") if answered else ""
     if isinstance(exc, hf.RevisionNotFoundError):
-        return HubFailure("revision", exc, _status(exc), message)
+        return _failure("revision", exc, answered)
     if isinstance(exc, hf.GatedRepoError):  # before RepositoryNotFoundError, its base
-        return HubFailure("gated", exc, _status(exc), message)
+        return _failure("gated", exc, answered)
     if isinstance(exc, hf.RepositoryNotFoundError):
-        return HubFailure("repository", exc, _status(exc), message)
+        return _failure("repository", exc, answered)
     # 1.x+: RemoteEntryNotFoundError; 0.x: EntryNotFoundError, which LocalEntryNotFoundError subclasses there.
     remote_missing = getattr(hf, "RemoteEntryNotFoundError", hf.EntryNotFoundError)
     if isinstance(exc, remote_missing) and not isinstance(exc, local_missing):
-        return HubFailure("file", exc, _status(exc), message)
+        return _failure("file", exc, answered)
     if answered:
-        return HubFailure("http", exc, _status(exc), message)
+        return _failure("http", exc, answered)
     if isinstance(exc, hf.FileMetadataError):  # an OSError: before the disk's
-        return HubFailure("not_a_hub", exc)
+        return _failure("not_a_hub", exc)
     if isinstance(exc, local_missing):  # not found locally, no cause given: nothing was asked or answered
-        return HubFailure("unreachable", exc)
+        return _failure("unreachable", exc)
     if isinstance(exc, _unreachable_classes()):  # requests' are OSErrors: before the disk's
-        return HubFailure("unreachable", exc)
+        return _failure("unreachable", exc)
     if isinstance(exc, _transport_classes()):
-        return HubFailure("transport", exc)
+        return _failure("transport", exc)
     if isinstance(exc, OSError):
-        return HubFailure("local", exc)
-    return HubFailure("other", exc)
+        return _failure("local", exc)
+    return _failure("other", exc)
 
 
 __all__ = ("KINDS", "HubFailure", "classify_hub_error")

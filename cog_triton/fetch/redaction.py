@@ -19,6 +19,12 @@ by **the parser the HTTP client uses** (``httpx.URL``, httpx 0.28.1 ``httpx/_url
   its :func:`redact_url` form, and, with ``relative=True``, the query string and fragment of relative URLs (a
   redirect's ``Location: /path?sig=...`` in httpcore's DEBUG lines, urllib3's ``"GET /path?sig=... HTTP/1.1"``)
   removed too.
+* :func:`redact_error` / :func:`errors_redacted`: an exception's message redacted in place before it leaves our code
+  (the error a caller gets: coglet shows and logs ``<type>: <str(error)>`` in its own "Prediction failed" line, which
+  the log redaction below cannot reach: replicate/cog 6110c912 ``crates/coglet-python/src/predictor.rs``,
+  ``crates/coglet/src/orchestrator.rs``). Our own errors (``CogTritonError``) lose every absolute URL's secrets; any
+  other exception's text (a library's, which may quote a request line) loses relative URLs' query strings and
+  fragments too.
 * :func:`install_log_redaction`: every log record the process creates passes through :func:`redact_text`
   (message, and the traceback text of a record with ``exc_info``) before any handler sees it: a record factory
   (``logging.setLogRecordFactory``, the standard library's hook for every record of every logger, present or
@@ -32,11 +38,12 @@ text that holds one is scanned.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import threading
 import traceback
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import httpx
 
@@ -174,6 +181,48 @@ def redact_record(record: logging.LogRecord) -> logging.LogRecord:
     return record
 
 
+def redact_error(error: BaseException) -> BaseException:
+    """``error``, its message redacted (see the module docstring); the same object, changed in place, when its text
+    comes from its arguments (``CogTritonError.message``, ``args``), else a ``RuntimeError`` of its redacted text
+    (``<type>: <message>``). Exceptions that are not errors (``CancelledError``, ``GeneratorExit``, ...) are left
+    alone."""
+    from common.errors import CogTritonError  # noqa: PLC0415 - the error tree, below this package
+
+    if not isinstance(error, Exception):
+        return error
+    if isinstance(error, CogTritonError):
+        message = redact_text(error.message, relative=False)
+        if message != error.message:
+            error.message = message
+            error.args = (message,)
+        return error
+    try:
+        text = str(error)
+    except Exception:  # noqa: BLE001 - an exception whose str() fails: nothing of it is shown
+        return error
+    if redact_text(text) == text:
+        return error
+    error.args = tuple(redact_text(arg) if isinstance(arg, str) else arg for arg in error.args)
+    try:
+        if redact_text(str(error)) == str(error):
+            return error
+    except Exception:  # noqa: BLE001
+        pass
+    return RuntimeError(redact_text(f"{type(error).__name__}: {text}"))
+
+
+@contextlib.contextmanager
+def errors_redacted() -> Iterator[None]:
+    """Every error raised in the block leaves it redacted (:func:`redact_error`)."""
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001 - re-raised, redacted
+        safe = redact_error(exc)
+        if safe is exc:
+            raise
+        raise safe from None
+
+
 _installed_lock = threading.Lock()
 
 
@@ -195,6 +244,6 @@ def install_log_redaction() -> None:
 
 
 __all__ = (
-    "HTTP_LOGGERS", "UNPARSABLE", "UnparsableURL", "install_log_redaction", "parse_url", "redact_record",
-    "redact_text", "redact_url",
+    "HTTP_LOGGERS", "UNPARSABLE", "UnparsableURL", "errors_redacted", "install_log_redaction", "parse_url",
+    "redact_error", "redact_record", "redact_text", "redact_url",
 )

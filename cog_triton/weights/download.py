@@ -21,7 +21,7 @@ from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_aft
 
 from cog_triton.fetch.deadline import FetchDeadline
 from cog_triton.fetch.folders import check_free_space
-from cog_triton.fetch.guard import FetchGuard, guarded_transport
+from cog_triton.fetch.guard import FetchGuard, bound_connects, guarded_transport
 from cog_triton.fetch.rules import FetchRules
 from cog_triton.fetch.redaction import install_log_redaction, redact_text
 from common.errors import DownloadError, FetchDeadlineError, WeightsError
@@ -221,12 +221,17 @@ def download_file(url: str, display: str, dest: Path, limits: FetchLimits) -> tu
     # Under fetch rules every request and connection (redirects too) goes through the guarded transport. No proxy:
     # a Client given a transport mounts none from HTTP(S)_PROXY (httpx 0.28.1 _client.py, Client.__init__:
     # allow_env_proxies = trust_env and transport is None), and trust_env=False also drops .netrc credentials.
+    # Either way each connect is held to the deadline (the guard's connect; the operator's through bound_connects):
+    # the name resolved and every address tried within the time left.
     if limits.rules is not None:
-        guarded = {"transport": guarded_transport(FetchGuard(limits.rules, what=limits.what)), "trust_env": False}
+        guard = FetchGuard(limits.rules, what=limits.what, deadline=watchdog)
+        guarded = {"transport": guarded_transport(guard), "trust_env": False}
     with httpx.Client(
         timeout=httpx.Timeout(limits.timeout_s), follow_redirects=True, headers={"Accept-Encoding": "identity"},
         **guarded,
     ) as client, (watchdog or contextlib.nullcontext()):
+        if watchdog is not None and limits.rules is None:
+            bound_connects(client, watchdog)
         try:
             retrying(_download_once, client, url, display, transfer, limits)
         except _TransientDownloadError as exc:

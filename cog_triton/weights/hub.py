@@ -382,7 +382,8 @@ def _failure_error(failure: HubFailure, display: str, ref: HubRef, staging: Path
                    token_note: str) -> WeightsError:
     """The error of a failed fetch (:func:`cog_triton.fetch.hub_errors.classify_hub_error`), the same text under
     huggingface_hub 0.x, 1.x and 2.x: WeightsError for what the repository lacks or the disk refused, DownloadError
-    for a Hub that could not be reached or answered with an error. Quoted text of the Hub's is scrubbed."""
+    for a Hub that could not be reached or answered with an error (or whose file CDN did). The failure's texts come
+    redacted (no signed URL); the token is scrubbed here too."""
     kind = failure.kind
     server = f" ({_scrub(failure.server_message, token)})" if failure.server_message else ""
     if kind == "revision":
@@ -398,7 +399,8 @@ def _failure_error(failure: HubFailure, display: str, ref: HubRef, staging: Path
     if kind == "offline":
         return DownloadError(f"{display} cannot be fetched: HF_HUB_OFFLINE is set, which forbids reaching the Hub")
     if kind == "http":
-        return DownloadError(f"{display} could not be fetched: the Hub answered HTTP {failure.status or '?'}{server}")
+        who = "the Hub" if failure.from_hub else f"the Hub's file storage ({failure.answered_by})"
+        return DownloadError(f"{display} could not be fetched: {who} answered HTTP {failure.status or '?'}{server}")
     if kind == "not_a_hub":
         return DownloadError(f"{display} could not be fetched: the answer lacks the headers of a Hugging Face Hub "
                              f"(X-Repo-Commit, ETag); is HF_ENDPOINT a Hugging Face Hub? "
@@ -410,7 +412,7 @@ def _failure_error(failure: HubFailure, display: str, ref: HubRef, staging: Path
         return DownloadError(f"{display} could not be fetched: the connection to the Hub failed "
                              f"({_scrub(failure.detail, token)})")
     if kind == "local":
-        return WeightsError(f"{display} could not be written to {staging}: {_scrub(str(failure.error), token)}")
+        return WeightsError(f"{display} could not be written to {staging}: {_scrub(failure.text, token)}")
     return DownloadError(f"{display} could not be fetched: {_scrub(failure.detail, token)}")
 
 

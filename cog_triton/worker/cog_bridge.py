@@ -37,6 +37,8 @@ import threading
 import weakref
 from typing import Callable, Iterator, Optional
 
+from cog_triton.fetch.redaction import redact_error
+
 log = logging.getLogger(__name__)
 
 _DONE = object()
@@ -77,9 +79,10 @@ class PredictionOutput:
         self.queue.put(_DONE)
 
     def fail(self, error: BaseException) -> None:
-        """The stream failed: the generator raises ``error`` after the text already put."""
+        """The stream failed: the generator raises ``error`` after the text already put, its message redacted
+        (:func:`cog_triton.fetch.redaction.redact_error`: it reaches the caller and coglet's log)."""
         self.ended = True
-        self.queue.put(error)
+        self.queue.put(redact_error(error))
 
     def rebind_cancel(self, on_cancel: Optional[Callable[[], None]]) -> None:
         """Have a later cancel call ``on_cancel`` instead (the prediction was sent again: its new producer); None: a

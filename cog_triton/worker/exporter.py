@@ -14,13 +14,12 @@ Prometheus endpoint; this module gives the predictor one:
   vllm-project/vllm ``vllm/engine/metrics.py`` @f0afa0c2).
 * :class:`PredictionTracker`: one prediction's part, recorded once per prediction (never per token: the time
   per output token is (last token - first token) / (tokens - 1), observed once at its end).
-* :class:`MetricsServer`: ``GET /metrics`` on ``COG_TRITON_PROMETHEUS_ADDRESS:COG_TRITON_PROMETHEUS_PORT``
-  in a thread of the Cog worker (the process where the metrics live; never on coglet's event loop), one thread
-  with non-blocking I/O whatever its clients do (idle and half-sent connections time out, their number is
-  capped; the class says why this design). Each scrape
-  returns the service's registry (``prometheus_client.generate_latest``) followed by the text Triton's own
-  ``/metrics`` answered at that moment, unchanged (fetched with a short timeout; when Triton cannot be
-  read, the service's metrics still come back, with ``cog_triton_triton_metrics_up 0``).
+* the endpoint, :class:`cog_triton.worker.metrics_endpoint.MetricsServer`: ``GET /metrics`` on
+  ``COG_TRITON_PROMETHEUS_ADDRESS:COG_TRITON_PROMETHEUS_PORT`` in a thread of the Cog worker (the process where the
+  metrics live; never on coglet's event loop). Each scrape returns the service's registry
+  (``prometheus_client.generate_latest``) followed by the text Triton's own ``/metrics`` answered, unchanged
+  (fetched with a short timeout; when Triton cannot be read, the service's metrics still come back, with
+  ``cog_triton_triton_metrics_up 0``).
 
 Both parts are in the Prometheus text format 0.0.4, which is what Triton serves (its metrics names do not
 overlap ours: they start with ``nv_``), so the response is sent with that content type.
@@ -37,20 +36,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import threading
 import time
-from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
-from http import HTTPStatus
-from typing import Callable, Mapping, Optional, Union
+from typing import Mapping, Optional, Union
 
-import h11
-import httpx
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 
-from common.errors import CogTritonError, ConfigError
-from common.http import default_ssl_context
+from common.errors import CogTritonError
 from cog_triton.worker.metrics import (
     ANSWER_TOKEN_COUNT,
     INPUT_TOKEN_COUNT,
@@ -70,8 +62,6 @@ disable_created_metrics()
 
 #: The text exposition format both parts of a scrape are in (Triton's /metrics is version 0.0.4).
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-#: How long a scrape waits for Triton's own metrics, seconds.
-TRITON_SCRAPE_TIMEOUT_S = 2.0
 #: Seconds. From a few ms (a warm, idle engine) to minutes (a long queue, a LoRA download before the first token).
 TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0,
                 40.0, 80.0, 160.0)
@@ -299,275 +289,7 @@ def _is_cancel(error: BaseException) -> bool:
     return isinstance(error, (asyncio.CancelledError, GeneratorExit))
 
 
-#: Seconds a connection has to deliver its whole request (request line and headers), and then to take the answer;
-#: then it is closed. Prometheus sends its request at once and reads the answer within its scrape_timeout (10 s by
-#: default: prometheus/prometheus ``config/config.go`` DefaultGlobalConfig).
-REQUEST_TIMEOUT_S = 10.0
-#: Most connections the endpoint holds at once. A new one beyond it closes the oldest that is still waiting for its
-#: request (an idle or half-sent one), so a scrape gets in whatever the others do.
-MAX_CONNECTIONS = 64
-#: A request head still incomplete past this many bytes is refused (h11's ``max_incomplete_event_size``: 431).
-MAX_REQUEST_BYTES = 8192
-_READ_BYTES = 4096
-
-
-class MetricsServer:
-    """``GET /metrics`` on ``host:port``: the service's metrics, then Triton's (see the module docstring).
-
-    **One thread with non-blocking I/O** (an asyncio event loop of its own, parsing with h11), not prometheus_client's
-    WSGI app under a threaded server: that server (prometheus_client 0.26 ``exposition.py`` ``ThreadingWSGIServer``,
-    and the standard library's ``ThreadingHTTPServer`` this endpoint used) starts a thread per connection and keeps
-    it for as long as the client keeps the connection, and a socket timeout bounds only each read, so a client
-    dripping a byte per timeout holds its thread for ever; 400 idle connections left 400 threads in the Cog worker.
-    No WSGI server with a deadline for a whole request is installed here. On the event loop an idle connection costs
-    a socket and a small task, never a thread:
-
-    * each connection has :data:`REQUEST_TIMEOUT_S` for its whole request head (however it is dripped) and again
-      for taking the answer, then it is closed; one request per connection (``Connection: close``);
-    * at most :data:`MAX_CONNECTIONS` are held: a new one beyond closes the oldest still waiting for its request;
-    * the threads are two, whatever the clients do: the loop's, and one that renders each scrape
-      (:meth:`scrape`: our registry, then Triton's text, up to ``triton_timeout_s``), so the loop never blocks.
-
-    Args:
-        metrics: the service's metrics.
-        host / port: where to listen (port 0: any free port, for tests); an address with ":" is IPv6.
-        triton_url: Triton's own metrics URL (``http://127.0.0.1:<COG_TRITON_METRICS_PORT>/metrics``), or a
-            callable giving it (None: no Triton yet); None: not included.
-        triton_timeout_s: how long a scrape waits for Triton, seconds.
-        request_timeout_s / max_connections: :data:`REQUEST_TIMEOUT_S`, :data:`MAX_CONNECTIONS` (tests).
-    """
-
-    def __init__(self, metrics: ServiceMetrics, host: str, port: int,
-                 triton_url: Union[str, Callable[[], Optional[str]], None] = None,
-                 triton_timeout_s: float = TRITON_SCRAPE_TIMEOUT_S, *, request_timeout_s: float = REQUEST_TIMEOUT_S,
-                 max_connections: int = MAX_CONNECTIONS) -> None:
-        self.metrics = metrics
-        self.host = host
-        self.requested_port = port
-        self.triton_url = triton_url
-        self.triton_timeout_s = triton_timeout_s
-        self.request_timeout_s = request_timeout_s
-        self.max_connections = max_connections
-        self._port: Optional[int] = None
-        self._loop: Optional[asyncio.AbstractEventLoop] = None
-        self._thread: Optional[threading.Thread] = None
-        self._scraper: Optional[ThreadPoolExecutor] = None
-        self._open: "OrderedDict[asyncio.StreamWriter, bool]" = OrderedDict()  # writer -> still waiting for its request
-        self._lock = threading.Lock()
-
-    @property
-    def port(self) -> int:
-        """The port it listens on (after :meth:`start`)."""
-        assert self._port is not None, "not started"
-        return self._port
-
-    @property
-    def url(self) -> str:
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host  # noqa: S104 - a URL to reach it by
-        host = f"[{host}]" if ":" in host else host
-        return f"http://{host}:{self.port}/metrics"
-
-    @property
-    def connections(self) -> int:
-        """Connections held now."""
-        return len(self._open)
-
-    def start(self) -> None:
-        """Listen on ``host:port`` (bound here, so a failure is raised here) and serve in a daemon thread.
-
-        Raises:
-            ConfigError: the address cannot be bound (in use, not an address of this host); names it and
-                the settings.
-        """
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as http.server does: restart after a stop
-            sock.bind((self.host, self.requested_port))
-            sock.listen(128)
-            sock.setblocking(False)
-        except OSError as exc:
-            sock.close()
-            raise ConfigError(
-                f"the Prometheus endpoint cannot listen on {self.host}:{self.requested_port} "
-                f"(COG_TRITON_PROMETHEUS_ADDRESS, COG_TRITON_PROMETHEUS_PORT): {exc.strerror or exc}; choose another "
-                "port, or set COG_TRITON_PROMETHEUS_PORT=0 to turn the endpoint off"
-            ) from None
-        self._port = int(sock.getsockname()[1])
-        self._scraper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prometheus-scrape")
-        self._loop = asyncio.new_event_loop()
-        started = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(sock, started), name="prometheus-endpoint",
-                                        daemon=True)
-        self._thread.start()
-        started.wait()
-
-    def stop(self) -> None:
-        """Stop listening and close every connection (idempotent)."""
-        loop, thread, self._loop, self._thread = self._loop, self._thread, None, None
-        if loop is not None and thread is not None:
-            try:
-                loop.call_soon_threadsafe(loop.stop)
-            except RuntimeError:  # the loop has already ended
-                pass
-            thread.join(timeout=10)
-        if self._scraper is not None:
-            self._scraper.shutdown(wait=False, cancel_futures=True)
-            self._scraper = None
-
-    # ------------------------------------------------------------------ the event loop's thread
-    def _run(self, sock: socket.socket, started: threading.Event) -> None:
-        loop = self._loop
-        assert loop is not None
-        asyncio.set_event_loop(loop)
-        try:
-            server = loop.run_until_complete(asyncio.start_server(self._serve, sock=sock))
-        except BaseException:
-            log.exception("the Prometheus endpoint could not start serving")
-            sock.close()
-            loop.close()
-            return
-        finally:
-            started.set()
-        try:
-            loop.run_forever()
-        finally:
-            server.close()  # the listening socket
-            for writer in list(self._open):
-                writer.transport.abort()
-            tasks = [task for task in asyncio.all_tasks(loop) if not task.done()]
-            for task in tasks:
-                task.cancel()
-            loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
-            loop.run_until_complete(server.wait_closed())
-            loop.close()
-
-    def _admit(self, writer: asyncio.StreamWriter) -> bool:
-        """Count a new connection; at :attr:`max_connections`, close the oldest still waiting for its request (or
-        this one, when every held one is being answered). False when this one was closed."""
-        if len(self._open) >= self.max_connections:
-            oldest = next((w for w, waiting in self._open.items() if waiting), None)
-            if oldest is None:
-                writer.transport.abort()
-                return False
-            del self._open[oldest]
-            oldest.transport.abort()
-            log.debug("metrics endpoint: %d connections held; closed the oldest idle one", self.max_connections)
-        self._open[writer] = True
-        return True
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if not self._admit(writer):
-            return
-        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_REQUEST_BYTES)
-        try:
-            try:
-                request = await asyncio.wait_for(self._read_request(reader, conn), self.request_timeout_s)
-            except h11.RemoteProtocolError as exc:
-                await self._answer(writer, conn, exc.error_status_hint, b"bad request\n", head_only=False)
-                return
-            if request is None:
-                return
-            self._open[writer] = False  # being answered: never closed to make room
-            status, body = 200, b""
-            if request.method not in (b"GET", b"HEAD"):
-                status, body = 405, b"only GET /metrics is served here\n"
-            elif request.target.split(b"?", 1)[0] != b"/metrics":
-                status, body = 404, b"only /metrics is served here\n"
-            else:
-                try:
-                    body = await asyncio.get_running_loop().run_in_executor(self._scraper, self.scrape)
-                except Exception:  # noqa: BLE001 - a scrape must answer, whatever broke
-                    log.exception("rendering the metrics failed")
-                    status, body = 500, b"rendering the metrics failed; see the predictor's log\n"
-            await self._answer(writer, conn, status, body, head_only=request.method == b"HEAD")
-        except (asyncio.TimeoutError, ConnectionError, OSError, h11.LocalProtocolError):
-            pass  # too slow, gone, or broken: closed below
-        finally:
-            self._open.pop(writer, None)
-            writer.transport.abort()
-
-    @staticmethod
-    async def _read_request(reader: asyncio.StreamReader, conn: h11.Connection) -> Optional[h11.Request]:
-        """The request's head (h11), or None when the client closed first.
-
-        Raises:
-            h11.RemoteProtocolError: not HTTP/1.x, or a head over :data:`MAX_REQUEST_BYTES`.
-        """
-        while True:
-            event = conn.next_event()
-            if event is h11.NEED_DATA:
-                conn.receive_data(await reader.read(_READ_BYTES))  # b"": end of file
-                continue
-            if isinstance(event, h11.Request):
-                return event
-            return None  # ConnectionClosed (or PAUSED, which a first request never is)
-
-    async def _answer(self, writer: asyncio.StreamWriter, conn: h11.Connection, status: int, body: bytes,
-                      head_only: bool) -> None:
-        """Send ``status`` and ``body`` (text/plain, or the metrics' type for 200), then ``Connection: close``;
-        the client has :attr:`request_timeout_s` to take it."""
-        content_type = CONTENT_TYPE if status == 200 else "text/plain; charset=utf-8"
-        headers = [("Content-Type", content_type), ("Content-Length", str(len(body))), ("Connection", "close")]
-        try:
-            reason = HTTPStatus(status).phrase.encode()
-            data = conn.send(h11.Response(status_code=status, headers=headers, reason=reason)) or b""
-            if not head_only:
-                data += conn.send(h11.Data(data=body)) or b""
-            data += conn.send(h11.EndOfMessage()) or b""
-        except h11.LocalProtocolError:  # no answer is possible in this state
-            return
-        writer.write(data)
-        writer.close()  # after what is buffered has been sent
-        await asyncio.wait_for(writer.wait_closed(), self.request_timeout_s)
-
-    # ------------------------------------------------------------------ what a scrape answers
-    def scrape(self) -> bytes:
-        """What ``GET /metrics`` answers: the service's metrics, then Triton's text as Triton sent it."""
-        triton = self._triton_text()
-        with self._lock:  # the gauge and the text of one scrape belong together
-            self.metrics.triton_up.set(1 if triton is not None else 0)
-            ours = self.metrics.render()
-        if not triton:
-            return ours
-        return ours + triton if triton.endswith(b"\n") else ours + triton + b"\n"
-
-    def _triton_text(self) -> Optional[bytes]:
-        url = self.triton_url() if callable(self.triton_url) else self.triton_url
-        if not url:
-            return None
-        try:
-            # loopback: never a proxy; one SSL context per process, not one per scrape (common.http says why)
-            response = httpx.get(url, timeout=self.triton_timeout_s, trust_env=False, verify=default_ssl_context())
-        except httpx.HTTPError as exc:
-            log.debug("Triton's metrics could not be read from %s: %s", url, exc)
-            return None
-        if response.status_code != 200:
-            log.debug("Triton's metrics answered HTTP %d", response.status_code)
-            return None
-        return response.content
-
-
-def serve_metrics(metrics: ServiceMetrics, address: str, port: int, *,
-                  triton_metrics_port: Optional[int]) -> Optional[MetricsServer]:
-    """Start the Prometheus endpoint on ``address:port`` (COG_TRITON_PROMETHEUS_ADDRESS/PORT), with Triton's metrics
-    from ``http://127.0.0.1:<triton_metrics_port>/metrics``; None when ``port`` is 0 (off).
-
-    Raises:
-        ConfigError: the address cannot be bound.
-    """
-    if not port:
-        log.info("Prometheus endpoint off (COG_TRITON_PROMETHEUS_PORT=0)")
-        return None
-    triton = f"http://127.0.0.1:{triton_metrics_port}/metrics" if triton_metrics_port else None
-    server = MetricsServer(metrics, address, port, triton_url=triton)
-    server.start()
-    log.info("Prometheus metrics (the predictor's, then Triton's) on http://%s:%d/metrics "
-             "(COG_TRITON_PROMETHEUS_ADDRESS, COG_TRITON_PROMETHEUS_PORT)", address, server.port)
-    return server
-
-
 __all__ = (
-    "CONTENT_TYPE", "LORA_COUNTS", "MAX_CONNECTIONS", "MetricsServer", "PredictionTracker", "REQUEST_TIMEOUT_S",
-    "ServiceMetrics", "TPOT_BUCKETS", "TRITON_SCRAPE_TIMEOUT_S", "TTFT_BUCKETS", "error_code", "serve_metrics",
+    "CONTENT_TYPE", "LORA_COUNTS", "OUTCOMES", "PredictionTracker", "ServiceMetrics", "TPOT_BUCKETS", "TTFT_BUCKETS",
+    "error_code",
 )

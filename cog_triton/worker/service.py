@@ -7,8 +7,8 @@ Cog worker.
 Why one module (about 550 lines): one concern, the predictor's life in the Cog worker: setup (weights,
 model repository, Triton, stream processes, the Prometheus endpoint, self-test), each prediction's path
 (validate, wait for Triton, hand it to a stream process, count it in the metrics) and shutdown. What it
-drives lives in its own modules (weights/, stream_pool, supervisor, exporter, generation); the helpers
-above the class are the setup's.
+drives lives in its own modules (weights/, stream_pool, supervisor, exporter, metrics_endpoint, generation); the
+helpers above the class are the setup's.
 """
 
 from __future__ import annotations
@@ -25,15 +25,17 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Optional, 
 
 from common.errors import ConfigError, InputError, ManifestError, TritonDiedError, TritonError
 from cog_triton.fetch.adapter_refs import check_adapter_allowed
+from cog_triton.fetch.redaction import errors_redacted, redact_error
 from cog_triton.fetch.rules import FetchRules
 from cog_triton.ipc import PredictInputs
 from cog_triton.plan import GeneratorConfig
 from cog_triton.settings import Settings, VerifyMode
 from cog_triton.weights import fetch_weights
 from cog_triton.worker.cog_bridge import on_end, then
-from cog_triton.worker.exporter import MetricsServer, ServiceMetrics, serve_metrics
+from cog_triton.worker.exporter import ServiceMetrics
 from cog_triton.worker.inputs import resolve_reasoning, validate_inputs
 from cog_triton.worker.metrics import OUTPUT_TOKEN_COUNT, REASONING_EFFORT_APPLIED, MetricSink, performance_lines
+from cog_triton.worker.metrics_endpoint import MetricsServer, serve_metrics
 from cog_triton.worker.planning import ServingPlan, plan_serving, reference_limits
 from cog_triton.worker.stream_pool import StreamPool
 from cog_triton.worker.supervisor import Health, State, Supervisor
@@ -128,6 +130,10 @@ class LLMService:
             TritonError: the self-test generation failed.
             ConfigError: the Prometheus endpoint cannot listen on COG_TRITON_PROMETHEUS_ADDRESS:PORT.
         """
+        with errors_redacted():  # the caller and coglet's log get the message: no URL's secret in it
+            self._setup(weights)
+
+    def _setup(self, weights: Union[str, Path, None]) -> None:
         started = time.monotonic()
         settings = self.settings
         source = str(weights) if weights not in (None, "") else settings.weights.default_source()
@@ -138,9 +144,14 @@ class LLMService:
             )
         self.shutdown()
         # First: a port in use fails setup before a download of many GB.
-        self.metrics_server = serve_metrics(self.metrics, settings.metrics.prometheus_address,
-                                            settings.metrics.prometheus_port,
-                                            triton_metrics_port=settings.triton.metrics_port)
+        endpoint = settings.metrics
+        self.metrics_server = serve_metrics(self.metrics, endpoint.prometheus_address, endpoint.prometheus_port,
+                                            triton_metrics_port=settings.triton.metrics_port,
+                                            max_connections=endpoint.prometheus_max_connections,
+                                            request_timeout_s=endpoint.prometheus_request_timeout_s,
+                                            backlog=endpoint.prometheus_backlog,
+                                            reuse_s=endpoint.prometheus_reuse_s,
+                                            triton_timeout_s=endpoint.prometheus_triton_timeout_s)
         fetched = fetch_weights(
             source,
             settings.weights.path,
@@ -360,7 +371,10 @@ class LLMService:
             return checked
         except Exception as exc:
             self.metrics.refused(exc)
-            raise
+            safe = redact_error(exc)  # the caller and coglet's log get the message (an input may hold a URL)
+            if safe is exc:
+                raise
+            raise safe from None
 
     def seed_note(self, inputs: PredictInputs) -> str:
         """What the prediction's log says of its seed: the seed sent, or why none is."""
@@ -426,7 +440,10 @@ class LLMService:
         except BaseException as exc:
             if tracker is not None:
                 tracker.finish(exc)
-            raise
+            safe = redact_error(exc)  # the caller and coglet's log get the message (an adapter's fetch error)
+            if safe is exc:
+                raise
+            raise safe from None
         if tracker is not None:
             on_end(stream, tracker.finish)
         if inputs.log_performance_metrics:
