@@ -49,6 +49,7 @@ from cog_triton.worker.metrics import (
     INPUT_TOKEN_COUNT,
     OUTPUT_TOKEN_COUNT,
     REASONING_TOKEN_COUNT,
+    THINKING_BUDGET_REACHED,
     MetricSink,
     record_time_to_first_token,
 )
@@ -74,13 +75,15 @@ class RoutedPrediction:
     """
 
     __slots__ = ("sid", "request_id", "process", "output", "metric", "loop", "accepted", "pool", "stop_request_on_cancel",
-                 "timing", "__weakref__")
+                 "timing", "budgeted", "__weakref__")
 
     def __init__(self, pool: "StreamPool", sid: int, request_id: str, process: "StreamProcess",
-                 metric: Optional[MetricSink], loop: asyncio.AbstractEventLoop) -> None:
+                 metric: Optional[MetricSink], loop: asyncio.AbstractEventLoop, budgeted: bool = False) -> None:
         self.pool = pool
         self.sid = sid
         self.request_id = request_id
+        #: The prediction has a thinking budget: Triton may also run its answer request (ipc.answer_request_id).
+        self.budgeted = budgeted
         self.process = process
         self.metric = metric
         self.loop = loop
@@ -342,7 +345,8 @@ class StreamPool:
             if process is None:
                 with queued() if queued is not None else contextlib.nullcontext():
                     process = await loop.run_in_executor(None, self._wait_for_process)
-            prediction = RoutedPrediction(self, next(self._sids), request_id, process, metric, loop)
+            prediction = RoutedPrediction(self, next(self._sids), request_id, process, metric, loop,
+                                          budgeted=inputs.thinking_budget_tokens > 0)
             with self._lock:
                 process.predictions[prediction.sid] = prediction
             self._register(prediction)
@@ -472,9 +476,12 @@ class StreamPool:
             case ipc.Accepted(prompt_tokens=prompt_tokens):
                 prediction.record(INPUT_TOKEN_COUNT, prompt_tokens)
                 prediction.settle_open(prompt_tokens)
-            case ipc.End(output_tokens=output_tokens, reasoning_tokens=reasoning_tokens):
+            case ipc.End(output_tokens=output_tokens, reasoning_tokens=reasoning_tokens,
+                         thinking_budget_reached=budget_reached):
                 if self.forget(prediction):
                     self._record_tokens(prediction, output_tokens, reasoning_tokens)
+                    if budget_reached is not None:
+                        prediction.record(THINKING_BUDGET_REACHED, budget_reached)
                     prediction.output.end()
             case ipc.Rejected(error=error):
                 if self.forget(prediction):
@@ -542,6 +549,8 @@ class StreamPool:
             prediction.settle_open(error)
             prediction.output.fail(error)
             self.stop_request(prediction.request_id)  # the backup for Triton's own cancellation
+            if prediction.budgeted:  # its answer request, if its thinking budget had run out
+                self.stop_request(ipc.answer_request_id(prediction.request_id))
         if process.start_failures >= MAX_START_FAILURES:
             log.error("stream process %s failed to start %d times in a row: not restarting it (%s)",
                       process.name, process.start_failures, process.start_error)

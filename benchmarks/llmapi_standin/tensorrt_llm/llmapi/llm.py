@@ -124,6 +124,8 @@ class LLM:
                 raise ValueError(f"stand-in: {STEP_MS_ENV} must be positive, got {step_ms}")
             script = os.environ.get(SCRIPT_ENV, "").strip()
             scripts = load_scripts(script) if script else None
+            if scripts is not None:  # scripted mode replays a guided request's tokens through its guide
+                compiler = self._grammar_compiler(vocab)
         else:
             step_s = None
             scripts = None
@@ -136,14 +138,7 @@ class LLM:
             vocab = int(model.get_input_embeddings().num_embeddings)
             if args.lora_config is not None:
                 lora = LoraStore(model, args.lora_config.max_lora_rank, args.lora_config.max_cpu_loras)
-            if args.guided_decoding_backend == "xgrammar":
-                import xgrammar  # noqa: PLC0415
-
-                info = xgrammar.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=vocab,
-                                                               stop_token_ids=[int(self.tokenizer.eos_token_id)])
-                compiler = xgrammar.GrammarCompiler(info, max_threads=1, cache_enabled=True)
-            elif args.guided_decoding_backend is not None:
-                raise ValueError(f"stand-in: guided_decoding_backend {args.guided_decoding_backend!r} is not emulated")
+            compiler = self._grammar_compiler(vocab)
         self.vocab_size = vocab
         if args.speculative_config is not None:
             raise ValueError("stand-in: speculative decoding (its sampler replaces sampler_type) is not emulated")
@@ -152,6 +147,23 @@ class LLM:
             max_batch_size=int(args.max_batch_size or DEFAULT_MAX_BATCH_SIZE), vocab_size=vocab, model=model,
             lora=lora, grammar_compiler=compiler, paced_step_s=step_s, cycle=cycle, log=logger.warning,
             sampler=self.sampler, stream_interval=args.stream_interval, scripts=scripts, tokenizer=self.tokenizer)
+
+    def _grammar_compiler(self, vocab: int) -> Any:
+        """xgrammar's compiler for ``guided_decoding_backend='xgrammar'`` (None without a backend).
+
+        Raises:
+            ValueError: another backend (not emulated).
+        """
+        backend = self.args.guided_decoding_backend
+        if backend is None:
+            return None
+        if backend != "xgrammar":
+            raise ValueError(f"stand-in: guided_decoding_backend {backend!r} is not emulated")
+        import xgrammar  # noqa: PLC0415
+
+        info = xgrammar.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=vocab,
+                                                       stop_token_ids=[int(self.tokenizer.eos_token_id)])
+        return xgrammar.GrammarCompiler(info, max_threads=1, cache_enabled=True)
 
     # -- generation -------------------------------------------------------------------------------
     def generate_async(self, inputs: Any, sampling_params: Optional[SamplingParams] = None,
