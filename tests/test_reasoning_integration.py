@@ -272,6 +272,7 @@ def pytorch_stack(tmp_path_factory):
         ("HMARK", rf.ids(tok, "4.") + end),  # the answer request after a thinking budget ran out
         ("Q-H-LONG", rf.ids(tok, "<|channel|>analysis<|message|>HMARK" + LONG + "<|end|><|start|>assistant"
                                  "<|channel|>final<|message|>Too late.") + end),
+        ("Q-H-JSON-BAD", rf.ids(tok, HARMONY.format('{"b": 4}')) + end),
         ("Q-H-JSON", rf.ids(tok, HARMONY.format('{"a": 4}')) + end),
         ("Reasoning: high", rf.ids(tok, HARMONY.format("High answer.")) + end),
         ("Reasoning: medium", rf.ids(tok, HARMONY.format("Medium answer.")) + end),
@@ -332,6 +333,8 @@ def test_a_guide_lets_harmonys_thinking_through_on_the_pytorch_backend(pytorch_s
     text, final = _stream(pytorch_stack["cog"], {"prompt": "Q-H-JSON", "temperature": 0, "json_schema": SCHEMA})
     assert final["status"] == "succeeded", final
     assert text == '<think>Think it through.</think>{"a": 4}'
+    doc = pytorch_stack["cog"].predict({"prompt": "Q-H-JSON-BAD", "temperature": 0, "json_schema": SCHEMA})
+    assert doc["status"] == "failed" and "failed to accept last new token" in doc["error"], doc
 
 
 def test_a_thinking_budget_ends_harmonys_thinking_with_the_final_channel_on_the_pytorch_backend(pytorch_stack) -> None:
