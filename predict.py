@@ -122,7 +122,7 @@ class Predictor(BaseRunner):
             default=0.0, ge=-2, le=2
         ),
         stop_sequences: str = Input(
-            description='Comma-separated stop sequences (or a JSON array, e.g. ["a,b", "c"]); never emitted.',
+            description='Comma-separated stop sequences (or a JSON array, e.g. ["a,b", "c"]); never emitted. For a model that thinks they are matched in the answer, never in the thinking.',  # noqa: E501 - one literal
             default="",
             max_length=8192,
         ),
@@ -131,7 +131,7 @@ class Predictor(BaseRunner):
             default=None, ge=0, le=9007199254740991
         ),
         json_schema: str = Input(
-            description='A JSON Schema (as text): the output is then a JSON document valid against it (guided decoding). The json_schema object of an OpenAI response_format ({"name", "schema", "strict"}) is accepted too. Empty: off.',  # noqa: E501 - one literal
+            description='A JSON Schema (as text): the output (for a model that thinks, its answer after the thinking) is then a JSON document valid against it (guided decoding). The json_schema object of an OpenAI response_format ({"name", "schema", "strict"}) is accepted too. Empty: off.',  # noqa: E501 - one literal
             default="",
             max_length=100000,
         ),
@@ -141,12 +141,12 @@ class Predictor(BaseRunner):
             choices=["text", "json_object"],
         ),
         regex: str = Input(
-            description="A regular expression the whole output must match (guided decoding). Empty: off.",
+            description="A regular expression the whole output (for a model that thinks, its answer) must match (guided decoding). Empty: off.",  # noqa: E501 - one literal
             default="",
             max_length=10000,
         ),
         grammar: str = Input(
-            description="An EBNF grammar (the GBNF dialect of xgrammar, starting at rule root) the output must follow (guided decoding). Empty: off.",  # noqa: E501 - one literal
+            description="An EBNF grammar (the GBNF dialect of xgrammar, starting at rule root) the output (for a model that thinks, its answer) must follow (guided decoding). Empty: off.",  # noqa: E501 - one literal
             default="",
             max_length=100000,
         ),
@@ -192,7 +192,7 @@ class Predictor(BaseRunner):
             max_length=100000,
         ),
         thinking_budget_tokens: int = Input(
-            description="Most tokens the model may spend thinking before its answer; 0 = no budget (max_tokens bounds the thinking and the answer together). Not applied yet: only 0 is accepted.",  # noqa: E501 - one literal
+            description="Most tokens the model may spend thinking before its answer, its thinking markers included: when they run out the thinking is ended and the model writes its answer. 0 = no budget (max_tokens bounds the thinking and the answer together). Refused for a model that does not think or whose thinking is off.",  # noqa: E501 - one literal
             default=0,
             ge=0,
             le=2147483647,

@@ -250,6 +250,13 @@ class Config(NamedTuple):
     stream_interval_streams: float = 0.0
 
 
+def answer_request_id(request_id: str) -> str:
+    """The Triton request id of the answer request of prediction ``request_id`` whose thinking its budget ended
+    (:mod:`cog_triton.streaming.thinking_generation`): known to both processes, so that the worker can stop it when
+    the stream process that sent it dies."""
+    return f"{request_id}-answer"
+
+
 class Start(NamedTuple):
     """Prepare and stream ``inputs`` as stream ``sid``; ``started_at`` is the worker's ``time.monotonic()`` when
     the prediction began (the clock is the same in every process of the host)."""
@@ -316,11 +323,12 @@ class FirstToken(NamedTuple):
 class End(NamedTuple):
     """Stream ``sid`` ended normally after ``output_tokens`` tokens (finished, or cut by a stop sequence), the first
     ``reasoning_tokens`` of them its thinking (:mod:`cog_triton.streaming.thinking`; 0 for a model that does not
-    think)."""
+    think); ``thinking_budget_reached``: whether its thinking budget ended the thinking (None: it had no budget)."""
 
     sid: int
     output_tokens: int
     reasoning_tokens: int = 0
+    thinking_budget_reached: Optional[bool] = None
 
 
 class Failed(NamedTuple):
@@ -411,5 +419,5 @@ class FrameReader:
 __all__ = (
     "Accepted", "Cancel", "Cancelled", "Command", "Config", "End", "Event", "Failed", "FirstToken", "Frame",
     "FrameReader", "HEADER", "MAX_FRAME_BYTES", "Ready", "Reconnect", "Rejected", "Start", "Stats", "StopRequest",
-    "decode", "encode",
+    "answer_request_id", "decode", "encode",
 )

@@ -25,6 +25,10 @@ those docs/deploy.md cites for each family):
 :func:`build` writes one into a folder that also holds the default model's ``config.json`` with the vocabulary
 enlarged to the added tokens, and its weights linked, so that it can be served as a checkpoint (the scripted
 stand-in engines do not run the model). :func:`tokenizer` loads one (built once under build/, cached per process).
+
+:func:`build_model_markers` writes the one fixture the real model serves: SmolLM2's tokenizer with two of its own
+special tokens renamed to the markers (so the vocabulary, and the model, are unchanged), for a real run of guided
+decoding through the CPU reference model with the thinking let through.
 """
 
 from __future__ import annotations
@@ -218,3 +222,53 @@ def tokenizer(name: str) -> Any:
 def ids(tok: Any, text: str) -> list[int]:
     """``text``'s token ids (its marker and control tokens as one token each, no BOS)."""
     return list(tok(text, add_special_tokens=False)["input_ids"])
+
+
+#: The ids :func:`build_model_markers` renames, and their names in SmolLM2's tokenizer: ``<jupyter_text>`` becomes
+#: ``<think>``, and ``<|im_start|>`` ``</think>``. SmolLM2-135M-Instruct, greedy, in a few-shot prompt of thoughts
+#: between the markers (:data:`FEW_SHOT`), ends its own thought with ``<|im_start|>`` once the end token is masked
+#: (its first choice there is ``<|im_end|>``, which a grammar inside the thinking refuses; id 13, the token after
+#: ``<jupyter_text>``, is not among its ten first): so that token, renamed, is a closing marker the real model writes.
+MODEL_MARKERS = {12: ("<jupyter_text>", "<think>"), 1: ("<|im_start|>", "</think>")}
+#: A ``prompt_template`` whose examples think between the markers and answer in JSON; it ends by opening the thinking.
+FEW_SHOT = ("Q: What is 1+1?\nA: <think>One plus one.</think>{\"answer\": 2}\n"
+            "Q: What is 2+3?\nA: <think>Two plus three.</think>{\"answer\": 5}\n"
+            "Q: {prompt}\nA: <think>")
+
+
+def build_model_markers(folder: Path) -> Path:
+    """Write SmolLM2's checkpoint (its weights linked) into ``folder`` with :data:`MODEL_MARKERS` renamed (plain added
+    tokens, as Qwen3's markers are) and the Qwen3-format chat template; returns it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for item in CHECKPOINT.iterdir():
+        if item.name != "model.safetensors":
+            shutil.copy(item, folder / item.name)
+    os.symlink(CHECKPOINT / "model.safetensors", folder / "model.safetensors")
+    renamed = {old: new for old, new in MODEL_MARKERS.values()}
+    document = json.loads((folder / "tokenizer.json").read_text())
+    for token in document["added_tokens"]:
+        if token["id"] in MODEL_MARKERS:
+            old, new = MODEL_MARKERS[token["id"]]
+            token.update(content=new, special=False)
+            vocab = document["model"]["vocab"]
+            vocab[new] = vocab.pop(old)
+    (folder / "tokenizer.json").write_text(json.dumps(document))
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    for key, token in config.get("added_tokens_decoder", {}).items():
+        if int(key) in MODEL_MARKERS:
+            token.update(content=MODEL_MARKERS[int(key)][1], special=False)
+    for path, document in ((folder / "tokenizer_config.json", config),
+                           (folder / "special_tokens_map.json", None)):
+        if document is None:
+            if not path.exists():
+                continue
+            document = json.loads(path.read_text())
+        listed = document.get("additional_special_tokens")
+        if isinstance(listed, list):
+            document["additional_special_tokens"] = [t for t in listed if t not in renamed]
+        for key in ("bos_token", "eos_token", "pad_token", "unk_token"):
+            if document.get(key) in renamed:  # SmolLM2's BOS, <|im_start|>, which its tokenizer never adds
+                document[key] = None
+        path.write_text(json.dumps(document))
+    (folder / "chat_template.jinja").write_text(QWEN3)
+    return folder

@@ -860,6 +860,31 @@ def test_guided_decoding_constrains_the_output(server, prompts, hf_tokenizer):
     assert status == 200 and isinstance(json.loads(hf_tokenizer.decode(_ids(body["output_ids"]))), (dict, list))
 
 
+def test_a_grammar_that_lets_a_thought_through_then_holds_the_answer_constrains_both(server, prompts, hf_tokenizer):
+    """11b. The grammar the predictor sends for a model that thinks (cog_triton.streaming.guided: xgrammar's
+    ``TagDispatch`` free text up to a closing string, a little whitespace, then the guide's grammar, as EBNF text) is an
+    ``ebnf_grammar`` guide both take: the C++ backend maps the type to ``GuideType::kEBNF_GRAMMAR`` (utils.cc
+    ``getGuidedDecodingParamsFromTensors``) and compiles it with ``Grammar::FromEBNF``; the PyTorch backend's
+    ``GuidedDecodingParams(grammar=...)`` is compiled by ``compile_grammar`` (``_torch/pyexecutor/grammar_matcher.py``).
+    The default model has no thinking markers, so "." closes the thought here: free text, then a valid document."""
+    from cog_triton.ipc import Guide
+    from cog_triton.reasoning import ThinkingFormat
+    from cog_triton.streaming.guided import GuideChecker, thinking_head
+
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
+              "additionalProperties": False}
+    period = ThinkingFormat("tags", open_id=0, close_id=0, open_text="<think>", close_text=".")
+    sent = GuideChecker(hf_tokenizer).thinking_guide(Guide("json_schema", json.dumps(schema), "json_schema"),
+                                                      thinking_head(period, "open"))
+    status, body = generate(server["url"], request(prompts["haiku"], 60, end_id=[EOS], exclude_input_in_output=[True],
+                                                   guided_decoding_guide_type=[sent.guide_type],
+                                                   guided_decoding_guide=[sent.guide]), model=FEATURES_MODEL)
+    assert status == 200, body
+    thought, _, answer = hf_tokenizer.decode(_ids(body["output_ids"])).partition(".")
+    document = json.loads(answer)
+    assert thought.strip() and set(document) == {"n"} and isinstance(document["n"], int), (thought, answer)
+
+
 @pytest.fixture(scope="module")
 def adapter(tmp_path_factory, prompts):
     """A PEFT adapter of the default model (peft, random weights) and transformers + peft's greedy output with it."""

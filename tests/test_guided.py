@@ -582,3 +582,129 @@ def test_without_xgrammar_guided_decoding_is_a_configuration_error(tokenizer, mo
 
 def test_xgrammar_reason_strips_only_trailing_full_stops() -> None:
     assert xgrammar_reason(ValueError("value out of range: MAX.")) == "value out of range: MAX"
+
+
+# --- a model that thinks: one grammar lets the thinking through, then the guide (issue 51) ---------------------
+
+from cog_triton.reasoning import ThinkingFormat  # noqa: E402
+from cog_triton.streaming.guided import ANSWER_GAP, after_thinking_head, thinking_head  # noqa: E402
+from cog_triton.streaming.template_info import thinking_format  # noqa: E402
+from tests import reasoning_fixtures as rf  # noqa: E402
+
+ANSWER_SCHEMA = Guide("json_schema", json.dumps({"type": "object", "properties": {"a": {"type": "integer"}},
+                                                  "required": ["a"]}), "json_schema")
+
+
+@pytest.fixture(scope="module")
+def family_checkers() -> dict[str, GuideChecker]:
+    return {}
+
+
+def _family(name: str, checkers: dict[str, GuideChecker]) -> tuple[Any, ThinkingFormat, GuideChecker]:
+    tok = rf.tokenizer(name)
+    if name not in checkers:
+        checkers[name] = GuideChecker(tok)
+    fmt = thinking_format(tok)
+    assert fmt is not None
+    return tok, fmt, checkers[name]
+
+
+def _engine_accepts(checker: GuideChecker, guide: Guide, ids: list[int]) -> bool:
+    """What the engine's matcher does with the grammar sent: every token accepted, then the end token."""
+    return checker.is_complete(guide, ids)
+
+
+@pytest.mark.parametrize(("name", "start", "output"), [
+    ("qwen3", "none", "<think>\nLet me see: a < b, so 3.\n</think>\n\n{\"a\": 3}"),
+    ("qwen3", "none", "{\"a\": 3}"),  # the template lets the model skip the block
+    ("deepseek_r1", "open", "Hmm, 3.\n</think>\n\n{\"a\": 3}"),  # the prompt opened it
+    ("glm45", "none", "<think>Special markers.</think>\n{\"a\": 3}"),
+    ("magistral", "none", "[THINK]Mistral thinks. [THINK] twice.[/THINK]{\"a\": 3}"),
+    ("gpt_oss", None, "<|channel|>analysis<|message|>One.<|end|><|start|>assistant<|channel|>commentary<|message|>"
+                      "Two.<|end|><|start|>assistant<|channel|>final<|message|>{\"a\": 3}"),
+    ("gpt_oss", "analysis", "still thinking<|end|><|start|>assistant<|channel|>final<|message|>{\"a\": 3}"),
+])
+def test_the_grammar_lets_each_familys_thinking_through_then_holds_the_answer_to_the_guide(
+        name: str, start: Any, output: str, family_checkers) -> None:
+    """The grammar sent to the engine (an EBNF grammar, compiled from its text as the engine compiles it) accepts the
+    model's thinking, its markers as the model's own marker tokens, then a valid answer; not an answer the guide
+    refuses, and not an end before the answer."""
+    tok, fmt, checker = _family(name, family_checkers)
+    head = thinking_head(fmt, start)
+    assert head is not None
+    sent = checker.thinking_guide(ANSWER_SCHEMA, head)
+    assert (sent.guide_type, sent.source) == ("ebnf_grammar", "json_schema")
+    ids = rf.ids(tok, output)
+    markers = {fmt.open_id, fmt.close_id} if fmt.kind == "tags" else {fmt.channel_id, fmt.message_id, fmt.end_id}
+    assert markers & set(ids) or "<" not in output  # the markers are single tokens here, as a model writes them
+    assert _engine_accepts(checker, sent, ids)
+    wrong = rf.ids(tok, output.replace('{"a": 3}', '{"b": 3}'))
+    assert not _engine_accepts(checker, sent, wrong)
+    thought_only = ids[: len(ids) - len(rf.ids(tok, '{"a": 3}'))]
+    assert not _engine_accepts(checker, sent, thought_only)  # the end token before the answer: refused
+
+
+def test_where_the_prompt_opened_the_thinking_the_grammar_requires_its_end(family_checkers) -> None:
+    tok, fmt, checker = _family("deepseek_r1", family_checkers)
+    sent = checker.thinking_guide(ANSWER_SCHEMA, thinking_head(fmt, "open"))
+    assert not _engine_accepts(checker, sent, rf.ids(tok, '{"a": 3}'))  # inside the thinking: no end allowed
+    assert _engine_accepts(checker, sent, rf.ids(tok, '{"a": 3}</think>{"a": 4}'))  # JSON as thought is fine
+
+
+def test_where_the_prompt_closed_the_thinking_there_is_no_head_and_the_guide_is_sent_as_it_is() -> None:
+    qwen = thinking_format(rf.tokenizer("qwen3"))
+    oss = thinking_format(rf.tokenizer("gpt_oss"))
+    assert qwen is not None and oss is not None
+    assert thinking_head(qwen, "closed") is None and thinking_head(oss, "final") is None
+    assert after_thinking_head(qwen) == f"root ::= {ANSWER_GAP}" and after_thinking_head(oss) is None
+
+
+def test_whitespace_between_the_thinking_and_the_answer_is_bounded(family_checkers) -> None:
+    tok, fmt, checker = _family("qwen3", family_checkers)
+    sent = checker.thinking_guide(ANSWER_SCHEMA, thinking_head(fmt, "none"))
+    assert _engine_accepts(checker, sent, rf.ids(tok, "<think>x</think>\n \n\t{\"a\": 1}"))
+    assert not _engine_accepts(checker, sent, rf.ids(tok, "<think>x</think>" + "\n" * 5 + "{\"a\": 1}"))
+    assert not _engine_accepts(checker, sent, rf.ids(tok, " {\"a\": 1}"))  # no block: the answer at once
+
+
+def test_every_guide_type_follows_the_thinking_and_a_users_rule_names_do_not_clash(family_checkers) -> None:
+    tok, fmt, checker = _family("qwen3", family_checkers)
+    head = thinking_head(fmt, "none")
+    grammar = Guide("ebnf_grammar", 'root ::= "yes" | thinking_text\nthinking_text ::= "no"', "grammar")
+    for guide, good, bad in (
+        (Guide("json", "", "response_format"), '{"x": [1]}', "[1"),
+        (Guide("regex", "(yes|no)", "regex"), "no", "maybe"),
+        (grammar, "no", "yesno"),
+    ):
+        sent = checker.thinking_guide(guide, head)
+        assert _engine_accepts(checker, sent, rf.ids(tok, "<think>hm</think>" + good)), guide
+        assert not _engine_accepts(checker, sent, rf.ids(tok, "<think>hm</think>" + bad)), guide
+    with pytest.raises(InputError, match="grammar is not an EBNF grammar that guided decoding accepts"):
+        checker.thinking_guide(Guide("ebnf_grammar", "root ::= nothing", "grammar"), head)
+
+
+def test_a_marker_spelled_with_ordinary_tokens_satisfies_the_grammar_which_is_why_the_answer_is_checked_again(
+        family_checkers) -> None:
+    """xgrammar matches text: the closing marker's text written as ordinary tokens also ends the thinking for the
+    grammar, while the stream (which splits by token ids) would still be in the thinking. The answer the caller
+    gets is therefore checked on its own (accepts_text)."""
+    tok, fmt, checker = _family("qwen3", family_checkers)
+    sent = checker.thinking_guide(ANSWER_SCHEMA, thinking_head(fmt, "none"))
+    pieces = [fmt.open_id, *rf.ids(tok, "x</"), *rf.ids(tok, "think>"), *rf.ids(tok, '{"a": 1}')]
+    assert fmt.close_id not in pieces and _engine_accepts(checker, sent, pieces)
+    assert checker.accepts_text(ANSWER_SCHEMA, '{"a": 1}')
+    assert not checker.accepts_text(ANSWER_SCHEMA, 'x</think>{"a": 1}') and not checker.accepts_text(ANSWER_SCHEMA, "")
+    assert not checker.accepts_text(ANSWER_SCHEMA, '{"a": 1')  # a prefix is no document
+
+
+def test_markers_whose_text_xgrammar_does_not_have_cannot_be_written(family_checkers) -> None:
+    tok, fmt, checker = _family("qwen3", family_checkers)
+    assert checker.unwritable_markers(fmt) == []
+    _, oss, oss_checker = _family("gpt_oss", family_checkers)
+    assert oss_checker.unwritable_markers(oss) == []  # harmony's control tokens are text to xgrammar 0.1.32
+    other = ThinkingFormat("tags", open_id=fmt.open_id, close_id=rf.ids(tok, "hello")[0], open_text="<think>",
+                           close_text="</think>")
+    assert checker.unwritable_markers(other) == ["</think>"]
+    beyond = ThinkingFormat("tags", open_id=fmt.open_id, close_id=len(tok) + 10, open_text="<think>",
+                            close_text="</think>")
+    assert checker.unwritable_markers(beyond) == ["</think>"]

@@ -177,3 +177,119 @@ def test_prompt_state_reads_the_last_marker_of_the_prompts_tail() -> None:
     assert prompt_state(rf.ids(tok, "<|im_start|>assistant\n"), fmt) == "none"
     far = rf.ids(tok, "<think>") + rf.ids(tok, " word" * 100)
     assert prompt_state(far, fmt) == "none"  # a marker further back belongs to an earlier turn
+
+
+# --- the thinking apart from the answer (stop sequences, guides) and a thinking budget --------------------------
+
+
+@pytest.mark.parametrize("step", [1, 3, 100])
+def test_push_parts_gives_the_thinking_and_the_answer_apart_in_stream_order(step: int) -> None:
+    """The thinking's part (with the convention's markers) and the answer's, whatever the responses' sizes: joined
+    they are the stream, and the answer's part is the answer alone."""
+    for decoder, tok, text, answer in (
+        (tags("qwen3"), rf.tokenizer("qwen3"), QWEN_OUTPUT, "The answer is 4 😀."),
+        (harmony(), rf.tokenizer("gpt_oss"), HARMONY, "2 + 2 = 4."),
+    ):
+        ids = rf.ids(tok, text)
+        parts = [decoder.push_parts(ids[i:i + step]) for i in range(0, len(ids), step)] + [decoder.finish_parts()]
+        thinking = "".join(think for think, _ in parts)
+        assert "".join(said for _, said in parts) == answer
+        assert thinking.startswith("<think>") and thinking.endswith("</think>") and answer not in thinking
+        said_first = next(i for i, (_, said) in enumerate(parts) if said)
+        assert all(not think for think, _ in parts[said_first + 1:])  # no thinking text after the answer began
+        assert decoder.ended_by_marker
+
+
+def test_a_thinking_the_stream_closed_or_that_never_began_did_not_end_by_its_marker() -> None:
+    tok = rf.tokenizer("qwen3")
+    cut = tags("qwen3")
+    stream(cut, rf.ids(tok, "<think>Still going"))
+    none = tags("qwen3")
+    stream(none, rf.ids(tok, "Just the answer."))
+    spelled = tags("qwen3")  # the closing marker written with ordinary tokens: not the marker
+    stream(spelled, [fmt_of("qwen3").open_id, *rf.ids(tok, "hm</"), *rf.ids(tok, "think>"), *rf.ids(tok, "{}")])
+    assert not cut.ended_by_marker and not none.ended_by_marker and not spelled.ended_by_marker
+
+
+def _budgeted(decoder, ids: list[int], budget: int) -> tuple[str, list[int], tuple | None]:
+    """push_within_budget over ``ids`` in one response: (the text, the ids kept, the forced ending)."""
+    from cog_triton.streaming.thinking_generation import push_within_budget
+
+    kept: list[int] = []
+    think, said, forced = push_within_budget(decoder, ids, budget, kept)
+    return think + said, kept, forced
+
+
+@pytest.mark.parametrize("budget", [2, 3, 7])
+def test_a_budget_ends_a_tag_thinking_with_its_closing_marker_within_the_budget(budget: int) -> None:
+    """A thought longer than the budget: the first budget - 1 tokens are kept (the opening marker among them), then
+    the closing marker ends it, so the thinking is exactly the budget; pushed, the ending closes the block once."""
+    tok = rf.tokenizer("qwen3")
+    fmt = fmt_of("qwen3")
+    ids = [fmt.open_id, *rf.ids(tok, " one two three four five six seven eight")]
+    decoder = tags("qwen3")
+    text, kept, forced = _budgeted(decoder, ids, budget)
+    assert kept == ids[:budget - 1] and forced == (0, [fmt.close_id])
+    assert decoder.thinking_open and decoder.reasoning_tokens == budget - 1
+    think, said = decoder.push_parts(forced[1])
+    assert not decoder.thinking_open and decoder.reasoning_tokens == budget and decoder.ended_by_marker
+    answer = decoder.push_parts(rf.ids(tok, "\n\nDone."))
+    assert text + think + "".join(answer) + decoder.finish() == \
+        "<think>" + tok.decode(ids[1:budget - 1]) + "</think>Done."
+
+
+def test_a_thinking_that_ends_within_its_budget_is_left_alone() -> None:
+    tok = rf.tokenizer("qwen3")
+    ids = rf.ids(tok, "<think>Short.</think>\n\nThe answer, longer than the budget.")
+    close = ids.index(fmt_of("qwen3").close_id)
+    for budget in (close + 1, close + 50):  # the model's own closing marker may be the budget's last token
+        decoder = tags("qwen3")
+        text, kept, forced = _budgeted(decoder, ids, budget)
+        assert forced is None and text == "<think>Short.</think>The answer, longer than the budget."
+        assert decoder.reasoning_tokens == close + 1 and kept == ids[:close + 1]
+    answer_first = tags("qwen3")  # no block: the budget never applies
+    assert _budgeted(answer_first, rf.ids(tok, "No thinking at all."), 2)[2] is None
+    opened = tags("deepseek_r1", prompt="open")  # the prompt opened it: every token counts
+    r1 = rf.ids(rf.tokenizer("deepseek_r1"), "a b c d")
+    assert _budgeted(opened, r1, 3)[1:] == (r1[:2], (0, [fmt_of("deepseek_r1").close_id]))
+
+
+def test_a_budget_ends_a_harmony_thinking_message_with_the_final_channels_header() -> None:
+    tok = rf.tokenizer("gpt_oss")
+    fmt = fmt_of("gpt_oss")
+    decoder = harmony()
+    most = decoder.forced_end_max
+    ids = rf.ids(tok, "<|channel|>analysis<|message|>" + " think" * 30)
+    budget = most + 5
+    text, kept, forced = _budgeted(decoder, ids, budget)
+    assert kept == ids[:5] and forced is not None
+    drop, ending = forced
+    assert drop == 0 and tok.decode(ending, skip_special_tokens=False) == \
+        "<|end|><|start|>assistant<|channel|>final<|message|>"
+    think, _ = decoder.push_parts(ending)
+    assert text + think == "<think> think think</think>" and not decoder.thinking_open
+    assert decoder.reasoning_tokens == 5 + len(ending) <= budget
+    assert decoder.push(rf.ids(tok, "4.")) == "4."
+
+
+@pytest.mark.parametrize(("before", "kept_text", "ending"), [
+    ("", "", "<|channel|>final<|message|>"),  # the model's first header, begun: dropped
+    ("<|channel|>analysis<|message|>x<|end|>", "<|channel|>analysis<|message|>x<|end|>",
+     "<|start|>assistant<|channel|>final<|message|>"),
+    ("<|channel|>analysis<|message|>x<|end|><|start|>", "<|channel|>analysis<|message|>x<|end|><|start|>",
+     "assistant<|channel|>final<|message|>"),
+])
+def test_a_budget_that_runs_out_in_a_harmony_header_drops_it(before: str, kept_text: str, ending: str) -> None:
+    """A header the model had begun (never shown) is dropped and the final channel's header written in its place,
+    so the continued output is well-formed harmony; the counts leave the dropped tokens out."""
+    tok = rf.tokenizer("gpt_oss")
+    decoder = harmony()
+    begun = "assistant<|channel|>anal" if before.endswith("<|start|>") else "<|channel|>anal"
+    head = rf.ids(tok, before) + rf.ids(tok, begun)
+    decoder.push(head)
+    drop, ids = decoder.force_end()
+    assert tok.decode(head[:len(head) - drop], skip_special_tokens=False) == kept_text
+    assert tok.decode(ids, skip_special_tokens=False) == ending
+    assert decoder.num_tokens == len(head) - drop
+    decoder.push(ids)
+    assert not decoder.thinking_open and decoder.push(rf.ids(tok, "A.")) == "A."

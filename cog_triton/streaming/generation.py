@@ -60,7 +60,7 @@ from cog_triton.streaming.lora.tasks import Adapter, Adapters, is_cache_full, is
 from cog_triton.streaming.prompt import PromptTokenizer
 from cog_triton.streaming.stop import StopSequenceMatcher
 from cog_triton.streaming.template_info import PromptStarts, inspect_chat_template
-from cog_triton.streaming.thinking import thinking_decoder
+from cog_triton.streaming.thinking_generation import ThinkingBudget, plan_thinking, thinking_deltas
 from cog_triton.streaming.token_floor import TokenFloor
 from tensorrtllm_backend.engine import ModelLimits
 from tensorrtllm_backend.samplers import takes_seed
@@ -75,13 +75,15 @@ WATCHDOG_PERIOD_S = 0.5
 class Prepared:
     """A request ready to send: the gRPC request, the prompt's length in tokens, its LoRA adapter (or None), and,
     for a model that thinks, where the prompt leaves the thinking (``thinking``: True; ``thinking_start``: a
-    :data:`~cog_triton.reasoning.PromptState` for tags, the channel of a message the prompt left open for harmony)."""
+    :data:`~cog_triton.reasoning.PromptState` for tags, the channel of a message the prompt left open for harmony)
+    and its thinking budget (``budget``; :mod:`cog_triton.streaming.thinking_generation`)."""
 
     request: GenerateRequest
     prompt_tokens: int
     adapter: Optional[Adapter] = None
     thinking: bool = False
     thinking_start: Any = None
+    budget: Optional[ThinkingBudget] = None
 
 
 @dataclass(eq=False, slots=True)  # identity: kept in a set
@@ -91,6 +93,8 @@ class RequestState:
     Attributes:
         output_tokens: tokens generated so far (the end token is never counted).
         reasoning_tokens: of them, the thinking's (:mod:`cog_triton.streaming.thinking`; set when the stream ends).
+        thinking_budget_reached: the prediction's thinking budget ended its thinking
+            (:mod:`cog_triton.streaming.thinking_generation`).
         first_token_at: ``time.monotonic()`` when the first token arrived, or None.
         cut_by_stop_sequence: the output was cut by a stop sequence.
         finished: the engine sent its final response and the output is complete (not cancelled,
@@ -103,6 +107,7 @@ class RequestState:
 
     output_tokens: int = 0
     reasoning_tokens: int = 0
+    thinking_budget_reached: bool = False
     first_token_at: Optional[float] = None
     cut_by_stop_sequence: bool = False
     finished: bool = False
@@ -265,12 +270,16 @@ class Generator:
         )
         thinking = self.template.thinking is not None
         start: Any = None
+        plan: Optional[ThinkingBudget] = None
         if thinking:
             chat = inputs.prompt_template is None and self.prompts.has_chat_template
             start = self.starts.start(prompt, inputs.template_kwargs, chat=chat)
-            if inputs.guide is not None:
-                self._refuse_guided_thinking(inputs, start)
-        guided = self._guide_fields(inputs.guide)
+            guided, plan = plan_thinking(self, inputs, start, prompt_tokens, budget)
+        else:
+            if inputs.thinking_budget_tokens:
+                raise InputError(f"thinking_budget_tokens={inputs.thinking_budget_tokens} bounds a model's thinking, "
+                                 f"and this model does not think ({self.template.why()}); give 0")
+            guided = self._guide_fields(inputs.guide)
         lora: dict[str, object] = {}
         if inputs.lora is not None:
             adapter = adapter or self.resolve_adapter(inputs.lora)
@@ -304,35 +313,7 @@ class Generator:
         )
         if not thinking:
             return Prepared(request, prompt_tokens, adapter)
-        return Prepared(request, prompt_tokens, adapter, thinking=True, thinking_start=start)
-
-    def _refuse_guided_thinking(self, inputs: PredictInputs, start: Any) -> None:
-        """A guide constrains the output from its first token (both backends), so it would constrain the thinking
-        where the model must think first: refused there, not served wrong (making guides apply to the answer alone
-        is issue 51). Harmony's output begins with its channel tokens, which no guide allows; a prompt that opened
-        the thinking (DeepSeek-R1's) would put the guided document inside the thinking. A model that may open a
-        block itself can be guided: the guide keeps it from opening one, so the output is the answer.
-
-        Raises:
-            InputError: the combination, naming the guide's input and what to do instead.
-        """
-        fmt = self.template.thinking
-        assert fmt is not None and inputs.guide is not None
-        if fmt.kind == "harmony":
-            why = "this model writes harmony channels (its thinking first), which no guide allows"
-        elif start == "open":
-            why = (f"this model's prompt opens its thinking ({fmt.open_text}), so the guide would constrain the "
-                   "thinking, not the answer")
-        else:
-            return
-        levels = self.template.levels()
-        instead = ("use reasoning_effort=none to turn the thinking off, or leave " if "none" in levels
-                   else "leave ")
-        raise InputError(
-            f"{inputs.guide.source} asks for structured output, and guides constrain the output from its first "
-            f"token: {why}; {instead}{inputs.guide.source} empty (guides that apply to the answer alone are not "
-            "built yet)"
-        )
+        return Prepared(request, prompt_tokens, adapter, thinking=True, thinking_start=start, budget=plan)
 
     def _refuse_far_too_long(self, inputs: PredictInputs, limits: ModelLimits) -> None:
         """Refuse, before rendering and tokenizing it, a prompt whose text alone is more tokens than the
@@ -391,7 +372,7 @@ class Generator:
         )
 
     # -------------------------------------------------------------------- per token
-    async def text_deltas(
+    def text_deltas(
         self,
         inputs: PredictInputs,
         prepared: Prepared,
@@ -416,6 +397,13 @@ class Generator:
                 (the caller decides whether Triton died).
             IncompleteOutputError: a guided output reached the token limit before its document closed.
         """
+        if prepared.thinking:  # a model that thinks: the one stream convention, the answer apart (its own module)
+            return thinking_deltas(self, inputs, prepared, state, on_first_token)
+        return self._plain_deltas(inputs, prepared, state, on_first_token)
+
+    async def _plain_deltas(self, inputs: PredictInputs, prepared: Prepared, state: RequestState,
+                            on_first_token: Optional[Callable[[float], None]]) -> AsyncIterator[str]:
+        """:meth:`text_deltas` for a model that does not think: the detokenizer, the stop sequences, the guide."""
         request = prepared.request
         task = asyncio.current_task()
         assert task is not None
@@ -423,13 +411,7 @@ class Generator:
             state.task = task
         state.last_response_at = time.monotonic()
         self._running.add(state)
-        if prepared.thinking:  # a model that thinks: the one stream convention (cog_triton.streaming.thinking)
-            fmt = self.template.thinking
-            assert fmt is not None
-            detok: Any = thinking_decoder(self.tokenizer, fmt, prepared.thinking_start, inputs.include_reasoning,
-                                          self.noop_ids)
-        else:
-            detok = IncrementalDetokenizer(self.tokenizer, skip_special_tokens=True, noop_ids=self.noop_ids)
+        detok = IncrementalDetokenizer(self.tokenizer, skip_special_tokens=True, noop_ids=self.noop_ids)
         stops = StopSequenceMatcher(inputs.stop_sequences)
         guided_ids: Optional[list[int]] = [] if inputs.guide is not None else None  # to check the document
         engine_done = False  # the engine sent its final response: nothing to stop
@@ -477,8 +459,6 @@ class Generator:
         finally:
             self._running.discard(state)
             state.output_tokens = detok.num_tokens
-            if prepared.thinking:
-                state.reasoning_tokens = detok.reasoning_tokens
             if not engine_done and state.send_stop_request:
                 # Cancelled, cut by a stop sequence, or failed: make Triton stop generating too.
                 self.send_stop_request_in_background(request.request_id)

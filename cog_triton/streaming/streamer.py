@@ -269,14 +269,21 @@ class PredictionRunner:
             self.load.ended()
             log.info(
                 "generated %d tokens%s for a %d-token prompt in %.2f s%s",
-                state.output_tokens, f" ({state.reasoning_tokens} thinking)" if prepared.thinking else "",
+                state.output_tokens, _thinking_note(state) if prepared.thinking else "",
                 prepared.prompt_tokens, time.monotonic() - started_at,
                 " (stop sequence)" if state.cut_by_stop_sequence else "",
             )
             if inputs.lora is not None:
                 self._report_lora()  # a request sent again after the engine's cache miss counts there
         flusher.close()
-        send(ipc.End(sid, state.output_tokens, state.reasoning_tokens))
+        send(ipc.End(sid, state.output_tokens, state.reasoning_tokens,
+                     state.thinking_budget_reached if inputs.thinking_budget_tokens else None))
+
+
+def _thinking_note(state: RequestState) -> str:
+    """The log line's count of a prediction's thinking tokens."""
+    budget = ", ended by its budget" if state.thinking_budget_reached else ""
+    return f" ({state.reasoning_tokens} thinking{budget})"
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -31,6 +31,12 @@ Token counts: :attr:`reasoning_tokens` counts every generated token up to and in
 thinking (the markers, harmony's headers and control tokens), :attr:`num_tokens` every token; the answer's tokens
 are the difference.
 
+``push_parts`` returns a response's text as (thinking, answer), the thinking's part first (the convention's markers
+belong to it), so that the caller matches stop sequences and checks a guide in the answer alone
+(:mod:`cog_triton.streaming.thinking_generation`); ``push`` joins them. For a thinking budget, ``must_end`` says
+whether a token would take the thinking past the budget, and ``force_end`` gives the ids that end the thinking there
+(``</think>``; harmony's end of message and final channel header), which are then pushed like the model's own.
+
 Cost per token (only predictions on a model that thinks use these): in the answer, one set-disjointness test of a
 response's ids against the markers, then the same detokenizer push as without reasoning.
 """
@@ -48,6 +54,9 @@ from cog_triton.streaming.detokenizer import IncrementalDetokenizer
 PROMPT_TAIL_TOKENS = 64
 
 _START, _THINKING, _ANSWER = 0, 1, 2
+_NOTHING = ("", "")
+#: Tokens that end a "tags" model's thinking when its budget runs out: the closing marker.
+FORCED_TAG_TOKENS = 1
 
 
 def prompt_state(ids: Sequence[int], fmt: ThinkingFormat) -> PromptState:
@@ -102,6 +111,7 @@ class _Sections:
         self._reasoning = 0
         self._opened = False  # the stream's <think> was emitted (or would have been: include_reasoning false)
         self._closed = False  # and its </think>
+        self._ended_by_marker = False  # the thinking ended at a marker token (the model's, or one a budget forced)
 
     @property
     def num_tokens(self) -> int:
@@ -112,6 +122,28 @@ class _Sections:
     def reasoning_tokens(self) -> int:
         """Tokens of the thinking so far, from the first generated token through the one that ended it."""
         return self._reasoning
+
+    @property
+    def ended_by_marker(self) -> bool:
+        """The thinking ended at its closing marker token (harmony: the final channel's header), the model's own or
+        one a thinking budget forced; False while it runs, when it never began, or when the stream closed it."""
+        return self._ended_by_marker
+
+    def push_parts(self, token_ids: Iterable[int]) -> tuple[str, str]:  # pragma: no cover - each format has its own
+        raise NotImplementedError
+
+    def finish_parts(self) -> tuple[str, str]:  # pragma: no cover - each format has its own
+        raise NotImplementedError
+
+    def push(self, token_ids: Iterable[int]) -> str:
+        """Append a response's generated ids; return the stream text that became stable."""
+        think, answer = self.push_parts(token_ids)
+        return think + answer
+
+    def finish(self) -> str:
+        """The rest of the stream; a thinking block the model left open is closed."""
+        think, answer = self.finish_parts()
+        return think + answer
 
     def _open(self) -> str:
         """Start the stream's thinking block (once)."""
@@ -182,51 +214,77 @@ class TagThinking(_Sections):
         self._state = {"open": _THINKING, "closed": _ANSWER, "none": _START}[prompt]
         self._prompt_opened = prompt == "open"
 
-    def push(self, token_ids: Iterable[int]) -> str:
-        """Append a response's generated ids; return the stream text that became stable."""
+    def push_parts(self, token_ids: Iterable[int]) -> tuple[str, str]:
+        """Append a response's generated ids; return the stream text that became stable as (thinking, answer): the
+        thinking's part (the markers of the convention included) comes first in the stream, then the answer's."""
         ids = token_ids if isinstance(token_ids, list) else list(token_ids)
         if not ids:
-            return ""
+            return _NOTHING
         if self._state == _ANSWER and self._markers.isdisjoint(ids):
-            return self._say(ids)  # the answer: no marker to look for
-        parts: list[str] = [self._open()] if self._prompt_opened and not self._opened else []
+            return "", self._say(ids)  # the answer: no marker to look for
+        think: list[str] = [self._open()] if self._prompt_opened and not self._opened else []
+        answer: list[str] = []
         run: list[int] = []
         for token in ids:
             if self._state == _START:
                 self._state = _ANSWER
                 if token == self._open_id:
                     self._state = _THINKING
-                    parts.append(self._open())
+                    think.append(self._open())
                     self._tokens += 1
                     self._reasoning = self._tokens
                     continue
             if token not in self._markers:
                 run.append(token)
                 continue
-            parts.append(self._flush(run))
+            self._flush(run, think, answer)
             run = []
             self._tokens += 1
             if token == self._close_id and self._state == _THINKING:
                 self._reasoning = self._tokens
                 self._state = _ANSWER
-                parts.append(self._close())
+                self._ended_by_marker = True
+                think.append(self._close())
             elif self._state == _THINKING:
                 self._reasoning = self._tokens  # a marker out of place inside the thinking: part of it, not shown
-        parts.append(self._flush(run))
-        return "".join(parts)
+        self._flush(run, think, answer)
+        return "".join(think), "".join(answer)
 
-    def _flush(self, run: list[int]) -> str:
-        if not run:
-            return ""
-        return self._think(run) if self._state == _THINKING else self._say(run)
+    def _flush(self, run: list[int], think: list[str], answer: list[str]) -> None:
+        if run:
+            if self._state == _THINKING:
+                think.append(self._think(run))
+            else:
+                answer.append(self._say(run))
 
-    def finish(self) -> str:
-        """The rest of the stream; a thinking block the model left open is closed."""
-        parts = [self._open()] if self._prompt_opened and not self._opened else []
-        parts.append(self._close())
-        parts.append(self._finish_answer())
+    @property
+    def thinking_open(self) -> bool:
+        """The thinking has not ended: the model is in its block, or may still open one with its next token."""
+        return self._state != _ANSWER
+
+    def must_end(self, token: int, budget_tokens: int) -> bool:
+        """Whether the thinking must be ended before ``token`` (not yet pushed) to stay within ``budget_tokens``
+        thinking tokens, its closing marker (:meth:`force_end`) included. The model's own closing marker, or a first
+        token that does not open a block, never must."""
+        if self._state == _START:
+            return token == self._open_id and 1 + FORCED_TAG_TOKENS > budget_tokens
+        return self._state == _THINKING and token != self._close_id and \
+            self._reasoning + 1 + FORCED_TAG_TOKENS > budget_tokens
+
+    #: The most tokens :meth:`force_end` appends.
+    forced_end_max = FORCED_TAG_TOKENS
+
+    def force_end(self) -> tuple[int, list[int]]:
+        """End the thinking here (a thinking budget ran out): ``(0, [closing marker])``, the ids that continue the
+        model's output so that it writes its answer next; push them (:meth:`push_parts`) to close the block."""
+        return 0, [self._close_id]
+
+    def finish_parts(self) -> tuple[str, str]:
+        """The rest of the stream as (thinking, answer); a thinking block the model left open is closed."""
+        think = self._open() if self._prompt_opened and not self._opened else ""
+        think += self._close()
         self._state = _ANSWER
-        return "".join(parts)
+        return think, self._finish_answer()
 
 
 class HarmonyThinking(_Sections):
@@ -249,6 +307,8 @@ class HarmonyThinking(_Sections):
         self._fmt = fmt
         self._ends = frozenset(t for t in (fmt.end_id, fmt.return_id, fmt.call_id, fmt.start_id) if t >= 0)
         self._header: list[int] = []
+        self._header_after = "prompt"  # what the header being read follows: the prompt, an <|end|>, a <|start|>
+        self._words: Optional[tuple[list[int], list[int]]] = None
         self._thinking_messages = 0
         self._final = False  # the current message is on the final channel
         self._state = self._HEADER
@@ -262,6 +322,7 @@ class HarmonyThinking(_Sections):
         if self._final:
             text = self._close()
             self._closed = True  # the answer began: later thinking is not shown
+            self._ended_by_marker = True
             return text
         if self._closed:
             return ""  # thinking after the answer began: counted, not shown
@@ -271,37 +332,41 @@ class HarmonyThinking(_Sections):
         self._thinking_messages += 1
         return text
 
-    def push(self, token_ids: Iterable[int]) -> str:
-        """Append a response's generated ids; return the stream text that became stable."""
+    def push_parts(self, token_ids: Iterable[int]) -> tuple[str, str]:
+        """Append a response's generated ids; return the stream text that became stable as (thinking, answer): the
+        thinking's part (the markers of the convention included) comes first in the stream, then the answer's."""
         ids = token_ids if isinstance(token_ids, list) else list(token_ids)
         if not ids:
-            return ""
+            return _NOTHING
         if self._state == self._MESSAGE and self._final and self._ends.isdisjoint(ids):
-            return self._say(ids)  # the answer: no control token to look for
-        parts: list[str] = []
+            return "", self._say(ids)  # the answer: no control token to look for
+        think: list[str] = []
+        answer: list[str] = []
         run: list[int] = []
         for token in ids:
             if self._state == self._MESSAGE:
                 if token not in self._ends:
                     run.append(token)
                     continue
-                parts.append(self._flush(run))
+                self._flush(run, think, answer)
                 run = []
                 self._count_control()
                 self._state = self._HEADER
                 self._header = []
+                self._header_after = "start" if token == self._fmt.start_id else "end"
                 if self._final:
-                    parts.append(self._finish_answer())
+                    answer.append(self._finish_answer())
                 continue
             self._count_control()
             if token == self._fmt.message_id:
-                parts.append(self._begin(_channel(self._tokenizer, self._fmt, self._header)))
+                think.append(self._begin(_channel(self._tokenizer, self._fmt, self._header)))
             elif token == self._fmt.start_id:
                 self._header = []
+                self._header_after = "start"
             else:
                 self._header.append(token)
-        parts.append(self._flush(run))
-        return "".join(parts)
+        self._flush(run, think, answer)
+        return "".join(think), "".join(answer)
 
     def _count_control(self) -> None:
         """A header or control token: thinking until the answer begins, counted with it after."""
@@ -309,19 +374,74 @@ class HarmonyThinking(_Sections):
         if not self._closed:
             self._reasoning = self._tokens
 
-    def _flush(self, run: list[int]) -> str:
+    def _flush(self, run: list[int], think: list[str], answer: list[str]) -> None:
         if not run:
-            return ""
+            return
         if self._final:
-            return self._say(run)
-        if self._closed:  # a thinking message after the answer: counted, not shown
+            answer.append(self._say(run))
+        elif self._closed:  # a thinking message after the answer: counted, not shown
             self._tokens += len(run)
-            return ""
-        return self._think(run)
+        else:
+            think.append(self._think(run))
 
-    def finish(self) -> str:
-        """The rest of the stream; a thinking block the model left open is closed."""
-        return self._close() + self._finish_answer()
+    def finish_parts(self) -> tuple[str, str]:
+        """The rest of the stream as (thinking, answer); a thinking block the model left open is closed."""
+        return self._close(), self._finish_answer()
+
+    @property
+    def thinking_open(self) -> bool:
+        """The answer (the final channel) has not begun."""
+        return not self._closed
+
+    def _forced_words(self) -> tuple[list[int], list[int]]:
+        """The ids of ``assistant`` and of ``final`` (the role and channel of the answer's header), found once."""
+        if self._words is None:
+            self._words = harmony_forced_words(self._tokenizer)
+        return self._words
+
+    @property
+    def forced_end_max(self) -> int:
+        """The most tokens :meth:`force_end` appends: ``<|end|><|start|>assistant<|channel|>final<|message|>``."""
+        role, final = self._forced_words()
+        return 4 + len(role) + len(final)
+
+    def must_end(self, token: int, budget_tokens: int) -> bool:
+        """Whether the thinking must be ended before ``token`` (not yet pushed) to stay within ``budget_tokens``
+        thinking tokens, its forced ending (:meth:`force_end`, at most :attr:`forced_end_max` tokens) included."""
+        return not self._closed and self._reasoning + 1 + self.forced_end_max > budget_tokens
+
+    def force_end(self) -> tuple[int, list[int]]:
+        """End the thinking here (a thinking budget ran out): ``(drop, ids)``: drop the last ``drop`` generated ids
+        (a message header the model had begun, never shown) and continue with ``ids``, which end the message and
+        open the final channel, so that the model writes its answer next; push them (:meth:`push_parts`) to close
+        the block."""
+        fmt = self._fmt
+        role, final = self._forced_words()
+        header = [fmt.channel_id, *final, fmt.message_id]
+        if self._state == self._MESSAGE:
+            return 0, [fmt.end_id, fmt.start_id, *role, *header]
+        drop = len(self._header)
+        self._tokens -= drop
+        self._reasoning = self._tokens
+        self._header = []
+        if self._header_after == "end":
+            return drop, [fmt.start_id, *role, *header]
+        if self._header_after == "start":
+            return drop, [*role, *header]
+        return drop, header  # the prompt's own <|start|>assistant
+
+def harmony_forced_words(tokenizer: Any) -> tuple[list[int], list[int]]:
+    """The token ids of ``assistant`` and ``final``: the role and the channel of the header a thinking budget writes to
+    open a harmony model's answer."""
+    role, final = (list(tokenizer(word, add_special_tokens=False)["input_ids"]) for word in ("assistant", "final"))
+    return role, final
+
+
+def harmony_forced_end_max(tokenizer: Any) -> int:
+    """The most tokens a thinking budget adds to end a harmony model's thinking:
+    ``<|end|><|start|>assistant<|channel|>final<|message|>``."""
+    role, final = harmony_forced_words(tokenizer)
+    return 4 + len(role) + len(final)
 
 
 def thinking_decoder(tokenizer: Any, fmt: ThinkingFormat, prompt: Any, include_reasoning: bool,
@@ -334,5 +454,6 @@ def thinking_decoder(tokenizer: Any, fmt: ThinkingFormat, prompt: Any, include_r
     return TagThinking(tokenizer, fmt, prompt, include_reasoning, noop_ids)
 
 
-__all__ = ("HarmonyThinking", "PROMPT_TAIL_TOKENS", "TagThinking", "harmony_prompt_channel", "prompt_state",
+__all__ = ("FORCED_TAG_TOKENS", "HarmonyThinking", "PROMPT_TAIL_TOKENS", "TagThinking", "harmony_forced_end_max",
+           "harmony_forced_words", "harmony_prompt_channel", "prompt_state",
            "thinking_decoder")

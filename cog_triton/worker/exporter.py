@@ -49,6 +49,7 @@ from cog_triton.worker.metrics import (
     OUTPUT_TOKEN_COUNT,
     REASONING_EFFORT_APPLIED,
     REASONING_TOKEN_COUNT,
+    THINKING_BUDGET_REACHED,
     TIME_TO_FIRST_TOKEN_NAMES,
     MetricSink,
 )
@@ -132,6 +133,10 @@ class ServiceMetrics:
             "Predictions on a model that thinks (or given reasoning_effort), by the level applied: default (the chat "
             "template's), none, low, medium, high, or on (a level on a template that only turns thinking on or off, "
             "or always thinks).", ["level"], registry=r)
+        self.thinking_budget_reached = Counter(
+            "cog_triton_thinking_budget_reached",
+            "Predictions given thinking_budget_tokens whose budget ended their thinking (the answer was then asked for "
+            "with a second request to Triton).", registry=r)
         self.triton_restarts = Counter(
             "cog_triton_triton_restarts", "Times the supervisor restarted Triton after a fault.", registry=r)
         self.stream_process_restarts = Counter(
@@ -257,6 +262,9 @@ class PredictionTracker:
             m.answer_tokens.inc(int(value))
         elif name == REASONING_EFFORT_APPLIED:
             m.reasoning_levels.labels(str(value)).inc()
+        elif name == THINKING_BUDGET_REACHED:
+            if value:
+                m.thinking_budget_reached.inc()
         if self.sink is not None:
             self.sink(name, value)
 

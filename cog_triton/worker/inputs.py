@@ -395,22 +395,6 @@ def parse_template_kwargs(value: Any) -> dict[str, Any]:
     return parsed
 
 
-def check_thinking_budget(value: Any) -> int:
-    """``thinking_budget_tokens``: declared, not applied yet (issue 51), so anything but 0 is refused rather than
-    ignored.
-
-    Raises:
-        InputError: not an integer in its bounds, or not 0.
-    """
-    budget = check_integer("thinking_budget_tokens", value)
-    if budget:
-        raise InputError(
-            f"thinking_budget_tokens={budget} is not applied yet: give 0 (no budget); max_tokens bounds the thinking "
-            "and the answer together, and reasoning_effort=none (where the model can) turns the thinking off"
-        )
-    return budget
-
-
 #: Inputs whose value needs more than their schema type says: name -> parser of the value as given (it checks it).
 PARSERS: dict[str, Callable[[Any], Any]] = {
     # -1 means "off" like 0 (replicate/cog-triton predict.py: "if top_k < 0: top_k = 0")
@@ -418,7 +402,6 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     # text or a list (a direct call); its size was checked first
     "stop_sequences": parse_stop_sequences,
     "chat_template_kwargs": parse_template_kwargs,
-    "thinking_budget_tokens": check_thinking_budget,
 }
 
 
@@ -507,6 +490,6 @@ def resolve_reasoning(inputs: PredictInputs, template: TemplateInfo) -> PredictI
 
 __all__: Sequence[str] = (
     "CONTENT_PARTS", "PARSERS", "RULES", "RULE_INPUTS", "check_boolean", "check_input", "check_number",
-    "check_integer", "check_text", "check_thinking_budget", "parse_messages", "parse_template_kwargs",
+    "check_integer", "check_text", "parse_messages", "parse_template_kwargs",
     "resolve_reasoning", "validate_inputs",
 )

@@ -23,6 +23,9 @@ ANSWER_TOKEN_COUNT = "answer_token_count"
 #: The reasoning level applied (:attr:`cog_triton.reasoning.Resolved.applied`: default, none, low, medium, high, or
 #: on), a string, for a prediction on a model that thinks or that was given reasoning_effort.
 REASONING_EFFORT_APPLIED = "reasoning_effort_applied"
+#: For a prediction given ``thinking_budget_tokens``: whether the budget ended its thinking (a bool; its
+#: ``reasoning_token_count`` is then at most the budget, the ending the budget added included).
+THINKING_BUDGET_REACHED = "thinking_budget_reached"
 #: Both names of the time to first token (seconds, from predict() to the first token).
 TIME_TO_FIRST_TOKEN_NAMES = ("time_to_first_token", "time_to_first_token_s")
 
@@ -53,6 +56,6 @@ def performance_lines(output_tokens: int, seconds: float, time_to_first_token: O
 
 __all__ = (
     "ANSWER_TOKEN_COUNT", "INPUT_TOKEN_COUNT", "OUTPUT_TOKEN_COUNT", "REASONING_EFFORT_APPLIED",
-    "REASONING_TOKEN_COUNT", "TIME_TO_FIRST_TOKEN_NAMES", "performance_lines",
+    "REASONING_TOKEN_COUNT", "THINKING_BUDGET_REACHED", "TIME_TO_FIRST_TOKEN_NAMES", "performance_lines",
     "record_time_to_first_token",
 )

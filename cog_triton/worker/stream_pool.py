@@ -59,6 +59,7 @@ from cog_triton.worker.metrics import (
     INPUT_TOKEN_COUNT,
     OUTPUT_TOKEN_COUNT,
     REASONING_TOKEN_COUNT,
+    THINKING_BUDGET_REACHED,
     MetricSink,
     record_time_to_first_token,
 )
@@ -84,17 +85,20 @@ class RoutedPrediction:
     """
 
     __slots__ = ("sid", "request_id", "process", "output", "metric", "loop", "accepted", "pool", "stop_request_on_cancel",
-                 "timing", "inputs", "started_at", "queued", "tokens_seen", "resending", "resent", "__weakref__")
+                 "timing", "inputs", "started_at", "queued", "tokens_seen", "resending", "resent", "budgeted",
+                 "__weakref__")
 
     def __init__(self, pool: "StreamPool", sid: int, request_id: str, process: "StreamProcess",
                  metric: Optional[MetricSink], loop: asyncio.AbstractEventLoop, *,
                  inputs: Optional[PredictInputs] = None, started_at: float = 0.0,
                  queued: Optional[Callable[[], AbstractContextManager[None]]] = None,
                  output: Optional[PredictionOutput] = None, accepted: "Optional[asyncio.Future[int]]" = None,
-                 resent: bool = False) -> None:
+                 resent: bool = False, budgeted: bool = False) -> None:
         self.pool = pool
         self.sid = sid
         self.request_id = request_id
+        #: The prediction has a thinking budget: Triton may also run its answer request (ipc.answer_request_id).
+        self.budgeted = budgeted
         self.process = process
         self.metric = metric
         self.loop = loop
@@ -399,7 +403,8 @@ class StreamPool:
             prediction = RoutedPrediction(
                 self, next(self._sids), request_id, process, metric, loop, inputs=inputs, started_at=started_at,
                 queued=queued, output=resend_of.output if resend_of is not None else None,
-                accepted=resend_of.accepted if resend_of is not None else None, resent=resend_of is not None)
+                accepted=resend_of.accepted if resend_of is not None else None, resent=resend_of is not None,
+                budgeted=inputs.thinking_budget_tokens > 0)
             with self._lock:
                 process.predictions[prediction.sid] = prediction
             self._register(prediction)
@@ -576,9 +581,12 @@ class StreamPool:
             case ipc.Accepted(prompt_tokens=prompt_tokens):
                 prediction.record(INPUT_TOKEN_COUNT, prompt_tokens)
                 prediction.settle_open(prompt_tokens)
-            case ipc.End(output_tokens=output_tokens, reasoning_tokens=reasoning_tokens):
+            case ipc.End(output_tokens=output_tokens, reasoning_tokens=reasoning_tokens,
+                         thinking_budget_reached=budget_reached):
                 if self.forget(prediction):
                     self._record_tokens(prediction, output_tokens, reasoning_tokens)
+                    if budget_reached is not None:
+                        prediction.record(THINKING_BUDGET_REACHED, budget_reached)
                     prediction.output.end()
             case ipc.Rejected(error=error):
                 if self.forget(prediction):
@@ -651,6 +659,8 @@ class StreamPool:
             prediction.settle_open(error)
             prediction.output.fail(error)
             self.stop_request(prediction.request_id)  # the backup for Triton's own cancellation
+            if prediction.budgeted:  # its answer request, if its thinking budget had run out
+                self.stop_request(ipc.answer_request_id(prediction.request_id))
         if process.start_failures >= MAX_START_FAILURES:
             log.error("stream process %s failed to start %d times in a row: not restarting it (%s)",
                       process.name, process.start_failures, process.start_error)

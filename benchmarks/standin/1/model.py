@@ -50,6 +50,13 @@ Behaviour:
   on the end token (at the script's end, or at an id equal to the request's ``end_id``, which is not returned), or
   at ``request_output_len`` tokens; a prompt no script matches fails with an error response. It makes a given token
   sequence (a reasoning model's markers, say) come out of the real Triton path without a model that writes it.
+  A guided request (``guided_decoding_backend`` xgrammar, as the reference loads it) replays each scripted token
+  through the guide's matcher, and the end of the script through its end token: where the guide refuses one, the
+  request fails, naming the token, because the C++ executor's guided decoder masks every token the grammar refuses
+  (``batch_manager/guidedDecoder.cpp`` ``GuidedDecoder::build``/``execute``), so no engine emits it; the PyTorch
+  backend's fails a request the same way (``_torch/pyexecutor/guided_decoder.py`` "failed to accept last new
+  token"). A script therefore shows that a guide lets a model's output through. Outside scripted mode no guided
+  decoder is loaded (the cycled text is no document), so a guided request fails as on an engine without one.
 * **Cancellation checks** are cached for ``cancellation_check_period_ms`` (default 100, upstream's
   ``cancellation_check_period_ms`` default read in the same constructor; its ``WaitForCancel``
   thread polls at that period) instead of one IPC round trip per request per step.
@@ -198,7 +205,7 @@ class StandinGeneration:
 
     def __init__(self, prompt_ids: Sequence[int], params: Any, clock: StepClock, cycle: Sequence[int],
                  end_id_after: int = 0, stop_word_end: Optional[Callable[..., Optional[int]]] = None,
-                 script: Optional[Sequence[int]] = None) -> None:
+                 script: Optional[Sequence[int]] = None, matcher: Any = None) -> None:
         self.prompt_ids: List[int] = [int(t) for t in prompt_ids]
         self.params = params
         self.tokens: List[int] = []
@@ -208,6 +215,7 @@ class StandinGeneration:
         self._clock = clock
         self._cycle = cycle
         self._script = None if script is None else [int(t) for t in script]
+        self._matcher = matcher  # scripted mode with a guide: xgrammar's matcher of the request's grammar
         self._start = int(params.seed) % len(cycle)
         self._end_id_after = int(end_id_after)
         self._stop_word_end = stop_word_end
@@ -238,9 +246,15 @@ class StandinGeneration:
         n = len(self.tokens)
         if self._script is not None:
             if n >= len(self._script) or (p.end_id is not None and self._script[n] == p.end_id):
+                if self._matcher is not None and p.end_id is not None and not self._matcher.accept_token(p.end_id):
+                    raise RuntimeError(f"the guide refuses the end token {p.end_id} after {n} scripted tokens: a "
+                                       "guided engine would not end there")
                 self.finish("end_id")  # the script's end, as the end token: never returned
                 return []
             token = self._script[n]
+            if self._matcher is not None and not self._matcher.accept_token(token):
+                raise RuntimeError(f"the guide refuses scripted token {token} (the {n + 1}th): a guided engine "
+                                   "masks it, so none emits it")
         elif p.end_id is not None and self._end_id_after > 0 and n >= max(self._end_id_after, p.min_tokens):
             self.finish("end_id")  # the end token is never returned
             return []
@@ -428,14 +442,19 @@ def standin_class(ref):
             )
             vocab = int(config.get("vocab_size") or len(tokenizer))
             n_pos = int(config.get("max_position_embeddings") or 0) or 2048
+            if self.scripts is not None:  # the reference's: guided requests compile as there (tests only)
+                self.load_guided_decoder(params, vocab)
             return vocab, n_pos
 
         def create_generation(self, parsed) -> StandinGeneration:
-            script = None
+            script = matcher = None
             if self.scripts is not None:
                 script = pick_script(self.scripts, self.tokenizer.decode(list(parsed.prompt_ids)))
+                if getattr(parsed, "grammar", None) is not None:
+                    matcher = self._xgr.GrammarMatcher(parsed.grammar)
             return StandinGeneration(parsed.prompt_ids, parsed.params, self.clock, self.cycle,
-                                     end_id_after=self.end_id_after, stop_word_end=self.stop_word_end, script=script)
+                                     end_id_after=self.end_id_after, stop_word_end=self.stop_word_end, script=script,
+                                     matcher=matcher)
 
         def create_sink(self, sender) -> ThreadedSink:
             return self.senders.sink(ref.TritonSink(sender))

@@ -180,9 +180,16 @@ class PacedState:
 class ScriptedState:
     """A request's tokens in scripted mode (tests only: ``LLMAPI_STANDIN_SCRIPT``): the ids of the first script whose
     ``when`` text is in its decoded prompt, then the end token (the request's ``end_id``; as any token equal to it,
-    it ends the request with finish reason 'stop', as the sampler's end-token check does)."""
+    it ends the request with finish reason 'stop', as the sampler's end-token check does).
 
-    def __init__(self, request: ActiveRequest, scripts: Sequence[tuple], tokenizer: Any) -> None:
+    A guided request replays each token through its guide's matcher (``guided_decoding_backend='xgrammar'``): a token
+    the guide refuses fails the request, as the PyTorch backend's guided decoder fails a request whose new token its
+    matcher does not accept (``_torch/pyexecutor/guided_decoder.py`` ``GuidedDecoder._build``: "failed to accept last
+    new token"; a real model never gets there, its logits being masked), so a script shows that a guide lets a model's
+    output through."""
+
+    def __init__(self, request: ActiveRequest, scripts: Sequence[tuple], tokenizer: Any,
+                 engine: Optional["Engine"] = None) -> None:
         text = tokenizer.decode(list(request.prompt))
         for when, ids in scripts:
             if when in text:
@@ -190,11 +197,22 @@ class ScriptedState:
                 break
         else:
             raise ValueError(f"stand-in scripted mode: no script's 'when' is in the prompt {text[-200:]!r}")
+        self.matcher = None
+        guide = request.params.guided_decoding
+        if guide is not None:
+            if engine is None or engine.grammar_compiler is None:
+                raise ValueError("stand-in: a guided request to an LLM without guided_decoding_backend")
+            import xgrammar  # noqa: PLC0415
+
+            self.matcher = xgrammar.GrammarMatcher(engine.compile_guide(guide))
 
     def next_token(self, request: ActiveRequest) -> tuple[int, Optional[Dict[int, float]]]:
         n = len(request.tokens)
         end = request.params.end_id
         token = self.ids[n] if n < len(self.ids) else (end if end is not None else self.ids[-1])
+        if self.matcher is not None and not self.matcher.accept_token(int(token)):
+            raise ValueError(f"Request {request.request_id} failed to accept last new token: {int(token)} "
+                             "(stand-in scripted mode: the guide refuses the script's token)")
         return int(token), ({int(token): 0.0} if request.params.logprobs else None)
 
 
@@ -519,7 +537,7 @@ class Engine:
                 if error is not None:
                     raise ValueError(error)
                 if self.scripts is not None:
-                    request.state = ScriptedState(request, self.scripts, self.tokenizer)
+                    request.state = ScriptedState(request, self.scripts, self.tokenizer, self)
                 elif self.clock is not None:
                     request.state = PacedState(request, self.cycle)
                 else:

@@ -134,6 +134,8 @@ class LLM:
                 raise ValueError(f"stand-in: {STEP_MS_ENV} must be positive, got {step_ms}")
             script = os.environ.get(SCRIPT_ENV, "").strip()
             scripts = load_scripts(script) if script else None
+            if scripts is not None:  # scripted mode replays a guided request's tokens through its guide
+                compiler = self._grammar_compiler(vocab)
         else:
             step_s = None
             scripts = None
@@ -149,14 +151,7 @@ class LLM:
                 budget = os.environ.get(LORA_DEVICE_BYTES_ENV, "").strip()
                 dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or "bfloat16"
                 lora_worker = LoraWorker(dtype_bytes(dtype), int(budget) if budget else None)
-            if args.guided_decoding_backend == "xgrammar":
-                import xgrammar  # noqa: PLC0415
-
-                info = xgrammar.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=vocab,
-                                                               stop_token_ids=[int(self.tokenizer.eos_token_id)])
-                compiler = xgrammar.GrammarCompiler(info, max_threads=1, cache_enabled=True)
-            elif args.guided_decoding_backend is not None:
-                raise ValueError(f"stand-in: guided_decoding_backend {args.guided_decoding_backend!r} is not emulated")
+            compiler = self._grammar_compiler(vocab)
         self.vocab_size = vocab
         if args.speculative_config is not None:
             raise ValueError("stand-in: speculative decoding (its sampler replaces sampler_type) is not emulated")
@@ -166,6 +161,23 @@ class LLM:
             lora=lora, grammar_compiler=compiler, paced_step_s=step_s, cycle=cycle, log=logger.warning,
             sampler=self.sampler, stream_interval=args.stream_interval, scripts=scripts, tokenizer=self.tokenizer,
             lora_worker=lora_worker, abort_delay_s=float(os.environ.get(ABORT_DELAY_MS_ENV, "").strip() or 0) / 1e3)
+
+    def _grammar_compiler(self, vocab: int) -> Any:
+        """xgrammar's compiler for ``guided_decoding_backend='xgrammar'`` (None without a backend).
+
+        Raises:
+            ValueError: another backend (not emulated).
+        """
+        backend = self.args.guided_decoding_backend
+        if backend is None:
+            return None
+        if backend != "xgrammar":
+            raise ValueError(f"stand-in: guided_decoding_backend {backend!r} is not emulated")
+        import xgrammar  # noqa: PLC0415
+
+        info = xgrammar.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=vocab,
+                                                       stop_token_ids=[int(self.tokenizer.eos_token_id)])
+        return xgrammar.GrammarCompiler(info, max_threads=1, cache_enabled=True)
 
     # -- generation -------------------------------------------------------------------------------
     def generate_async(self, inputs: Any, sampling_params: Optional[SamplingParams] = None,
