@@ -287,6 +287,9 @@ class RenderOptions:
     #: checkpoint, ``tensorrt_llm`` is then the PyTorch-backend model (``tensorrt_llm_pytorch``) and this dict its
     #: ``1/llm_args.json`` (:func:`write_llm_args`). None: the CPU reference model serves a checkpoint.
     llm_args: Optional[Mapping[str, Any]] = None
+    #: The PyTorch-backend model serves images (its ``images`` parameter): the checkpoint's architecture takes them
+    #: in TensorRT-LLM 1.2.1 and they are on (cog_triton.worker.planning decides).
+    images: bool = False
 
 
 def lora_cache_values(options: RenderOptions, info: WeightsInfo) -> dict[str, object]:
@@ -609,6 +612,7 @@ def pytorch_values(options: RenderOptions, common: Mapping[str, object], lora_dt
         "exclude_input_in_output": True,
         "cancellation_check_period_ms": None,
         "guided_decoding_backend": llm_args.get("guided_decoding_backend"),
+        "images": options.images,
     }
 
 

@@ -46,7 +46,14 @@ workers. Unlike that model:
   log-probabilities returned are always the generated tokens' (a response whose log-prob is keyed by another
   token fails the request);
 * a known ``lora_task_id`` sent with a folder that holds another adapter is refused (the LLM API would serve the
-  adapter cached under the id).
+  adapter cached under the id);
+* images: an image request (``text_input`` with ``image_bytes``, ``translate.py``) is given to the LLM as a text
+  prompt with ``multi_modal_data`` (TensorRT-LLM 1.2.1 takes images only so); its images are decoded in a worker
+  thread, off the event loop; its stop words are matched over the prompt ids the LLM's input processor made
+  (``RequestOutput.prompt_token_ids``); and each of its responses carries ``prompt_tokens`` and ``image_tokens``
+  (the prompt's ids holding the checkpoint's image token, ``image_token_index`` / ``image_token_id`` of its
+  config.json). The model's ``images`` parameter says whether it serves images; when it does not, they are
+  refused (a text-only checkpoint's default input processor would drop them: ``inputs/registry.py``).
 
 What a client sees, as from the C++ backend (the conformance tests run each against both models:
 tests/test_conformance.py):
@@ -209,6 +216,7 @@ class InFlightRequest:
     task: Any = None  # the asyncio task running _generate (event loop)
     final_queued: bool = False  # its final response (or error) is queued (event loop)
     queued: int = 0  # tokens queued for sending so far (event loop)
+    counts: Any = None  # an image request's prompt_tokens and image_tokens tensors, sent with each response
     next_at: float = 0.0  # stream_interval_ms: when held tokens may leave (event loop; monotonic seconds)
     answered: bool = False  # a response was sent (the response thread's: first responses go first)
 
@@ -241,8 +249,8 @@ class TritonPythonModel:
     """The PyTorch-backend ``tensorrt_llm`` model (decoupled; see the module docstring).
 
     Model parameters (string values): ``exclude_input_in_output`` (default false, with the C++ backend's
-    warning when absent), ``cancellation_check_period_ms`` (default 100). The LLM's arguments:
-    ``llm_args.json`` beside this file (:meth:`load_llm_args`).
+    warning when absent), ``cancellation_check_period_ms`` (default 100), ``images`` (default false: image requests
+    are refused). The LLM's arguments: ``llm_args.json`` beside this file (:meth:`load_llm_args`).
     """
 
     # -- hooks (a stand-in or a test may override them) ---------------------------------------------
@@ -291,6 +299,14 @@ class TritonPythonModel:
         self.guided_decoding = llm_args.get("guided_decoding_backend") is not None
         self.lora_enabled = llm_args.get("lora_config") is not None
         self.vocab_size = self._vocab_size(llm_args)
+        self.images = glue.param(params, "images", False, bool)
+        self.image_token_id = self._image_token_id(llm_args)
+        self.images_off = None if self.images else (
+            "its parameter images is false (the predictor serves images only on a checkpoint whose architecture "
+            "TensorRT-LLM 1.2.1's PyTorch backend takes them for, with COG_TRITON_IMAGES on)")
+        if self.images and self.image_token_id is None:
+            raise ValueError("parameter images is true, but the checkpoint's config.json names no image token "
+                             "(image_token_index or image_token_id)")
         self.sampler = _samplers.effective_sampler(llm_args)
         if _CLEARED_MPI_VARIABLES:
             self._log("info", f"removed inherited MPI variables before starting the LLM: {', '.join(_CLEARED_MPI_VARIABLES)}")
@@ -343,6 +359,20 @@ class TritonPythonModel:
             return int(config.get("vocab_size") or config.get("text_config", {}).get("vocab_size"))
         except (OSError, ValueError, TypeError, AttributeError):
             return _translate.NO_LIMIT
+
+    @staticmethod
+    def _image_token_id(llm_args: Dict[str, Any]) -> Optional[int]:
+        """The checkpoint's image token (config.json ``image_token_index``, Gemma 3 and LLaVA's name, or
+        ``image_token_id``, Qwen2-VL's), or None."""
+        try:
+            config = json.loads((Path(str(llm_args["model"])) / "config.json").read_text())
+        except (OSError, ValueError, TypeError):
+            return None
+        for key in ("image_token_index", "image_token_id"):
+            value = config.get(key) if isinstance(config, dict) else None
+            if isinstance(value, int):
+                return value
+        return None
 
     def _start_engine(self):
         """Build the LLM on the event-loop thread and return it; raise its error when it fails (never hang while
@@ -427,7 +457,8 @@ class TritonPythonModel:
             submission = to_submission(get, vocab_size=self.vocab_size,
                                        exclude_input_in_output=self.exclude_input_in_output,
                                        guided_decoding=self.guided_decoding, lora_enabled=self.lora_enabled,
-                                       known_paths=known, sampler=self.sampler, request_number=number)
+                                       known_paths=known, sampler=self.sampler, request_number=number,
+                                       images_off=self.images_off)
         except RequestError as exc:
             self._send_now(sender, error_response(str(exc)))
             return
@@ -512,8 +543,15 @@ class TritonPythonModel:
                 task_id, path = s.lora
                 await self._check_adapter_identity(task_id, path)
                 lora_request = LoRARequest(f"lora_{task_id}", task_id, path)
-            output = self.llm.generate_async(s.prompt_ids, sampling_params=SamplingParams(**kwargs),
+            inputs: Any = s.prompt_ids
+            if s.images is not None:
+                pictures = await asyncio.get_running_loop().run_in_executor(None, _translate.decode_images, s.images)
+                inputs = {"prompt": s.text, "multi_modal_data": {"image": pictures}}
+            output = self.llm.generate_async(inputs, sampling_params=SamplingParams(**kwargs),
                                              lora_request=lora_request, streaming=s.llm_streaming)
+            if s.images is not None:
+                s.prompt_ids = list(output.prompt_token_ids)
+                inflight.counts = self._counts(s.prompt_ids)
             if s.lora is not None:
                 with self._lock:
                     self._lora_paths[s.lora[0]] = s.lora[1]
@@ -550,6 +588,15 @@ class TritonPythonModel:
             inflight.final_queued = True
             self._log("warn", f"request {inflight.request_id!r} failed: {type(exc).__name__}: {exc}")
             self._queue_of(inflight).put(QueuedError(inflight, error_response(str(exc))))
+
+    def _counts(self, prompt_ids: List[int]) -> list:
+        """``prompt_tokens`` and ``image_tokens`` [1, 1] INT32 of an image request whose prompt the LLM made
+        ``prompt_ids``."""
+        import numpy as np  # noqa: PLC0415 - Triton's stub has it
+
+        image = sum(1 for token in prompt_ids if token == self.image_token_id)
+        return [pb_utils.Tensor("prompt_tokens", np.asarray([[len(prompt_ids)]], dtype=np.int32)),
+                pb_utils.Tensor("image_tokens", np.asarray([[image]], dtype=np.int32))]
 
     async def _digest(self, path: str) -> Optional[str]:
         """``adapter_digest(path)``, computed once per folder, off the event loop."""
@@ -672,8 +719,8 @@ class TritonPythonModel:
                 pending = merged.pop(inflight.number, None)
                 if pending is not None:
                     order = [entry for entry in order if entry is not pending]
-                    self._send(inflight, token_response(pending.tokens, pending.log_probs, pending.cum_log_prob),
-                               pending.final)
+                    self._send(inflight, token_response(pending.tokens, pending.log_probs, pending.cum_log_prob,
+                                                        inflight.counts), pending.final)
                 self._send(inflight, item.response, True)
                 continue
             entry = merged.get(inflight.number)
@@ -691,7 +738,8 @@ class TritonPythonModel:
         # responses stay in order).
         order.sort(key=lambda entry: entry.request.answered)
         for entry in order:
-            self._send(entry.request, token_response(entry.tokens, entry.log_probs, entry.cum_log_prob), entry.final)
+            self._send(entry.request, token_response(entry.tokens, entry.log_probs, entry.cum_log_prob,
+                                                     entry.request.counts), entry.final)
 
     def _send(self, inflight: InFlightRequest, response, final: bool) -> None:
         if inflight.final_sent:
