@@ -19,8 +19,8 @@ from PIL import Image, ImageFile
 
 from common.errors import ImageInputError
 from cog_triton.fetch.rules import FetchRules
-from cog_triton.streaming.images import (ImageLimits, ImageRef, check_image, load_images, read_data_uri,
-                                         read_file)
+from cog_triton.plan import ImageLimits
+from cog_triton.streaming.images import ImageRef, check_image, load_images, read_data_uri, read_file
 from tests.slow_server import SlowServer
 
 LIMITS = ImageLimits(max_count=3, max_pixels=1000 * 1000, max_bytes=200_000, fetch_deadline_s=5.0,

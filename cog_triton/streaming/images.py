@@ -48,7 +48,7 @@ from common.errors import FetchDeadlineError, FetchRefusedError, ImageInputError
 from cog_triton.fetch.deadline import FetchDeadline
 from cog_triton.fetch.guard import FetchGuard, guarded_transport
 from cog_triton.fetch.redaction import UnparsableURL, parse_url, redact_url
-from cog_triton.fetch.rules import FetchRules
+from cog_triton.plan import ImageLimits
 
 log = logging.getLogger(__name__)
 
@@ -65,32 +65,6 @@ FETCH_OPERATION_TIMEOUT_S = 10.0
 #: What image fetches are called in the fetch rules' messages.
 WHAT = "image URLs"
 _DATA_URI = re.compile(r"^data:(image/[A-Za-z0-9.+-]+)?(;[^,;]*=[^,;]*)*;base64,", re.IGNORECASE)
-
-
-@dataclass(frozen=True)
-class ImageLimits:
-    """What one prediction's images may be (see the module docstring).
-
-    Attributes:
-        max_count: images per prediction.
-        max_pixels: width x height of one image, pixels.
-        max_bytes: bytes of one image file.
-        fetch_deadline_s: all of a prediction's image URLs, seconds.
-        rules: the fetch rules of image URLs (None: URLs are refused, no rules were configured).
-    """
-
-    max_count: int = 8
-    max_pixels: int = 4096 * 4096
-    max_bytes: int = 20 << 20
-    fetch_deadline_s: float = 30.0
-    rules: Optional[FetchRules] = None
-
-    @classmethod
-    def from_settings(cls, settings: Any) -> "ImageLimits":
-        """The limits of a :class:`cog_triton.settings.Settings` (``images`` and ``fetch`` groups)."""
-        images = settings.images
-        return cls(max_count=images.max_count, max_pixels=images.max_pixels, max_bytes=images.max_bytes,
-                   fetch_deadline_s=images.fetch_deadline_s, rules=FetchRules.from_settings(settings))
 
 
 @dataclass(frozen=True)
@@ -297,5 +271,5 @@ def load_images(refs: Sequence[ImageRef], limits: ImageLimits) -> list[CheckedIm
     return checked
 
 
-__all__ = ["ALLOWED_FORMATS", "CheckedImage", "ImageLimits", "ImageRef", "check_image", "fetch_url", "load_images",
+__all__ = ["ALLOWED_FORMATS", "CheckedImage", "ImageRef", "check_image", "fetch_url", "load_images",
            "read_data_uri", "read_file"]

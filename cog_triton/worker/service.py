@@ -27,7 +27,7 @@ from common.errors import ConfigError, InputError, ManifestError, TritonDiedErro
 from cog_triton.fetch.adapter_refs import check_adapter_allowed
 from cog_triton.fetch.rules import FetchRules
 from cog_triton.ipc import PredictInputs
-from cog_triton.plan import GeneratorConfig
+from cog_triton.plan import GeneratorConfig, ImageLimits
 from cog_triton.settings import Settings, VerifyMode
 from cog_triton.weights import fetch_weights
 from cog_triton.worker.cog_bridge import on_end, then
@@ -204,6 +204,8 @@ class LLMService:
             sampler=plan.sampler,
             model_interval_ms=(round(plan.interval_s * 1e3) if takes_stream_interval(rendered["tensorrt_llm"])
                                else None),
+            images_off=plan.images_off,
+            image_limits=ImageLimits.from_settings(settings),
         )
         # The stream processes load their tokenizers while Triton loads its models.
         self.pool = StreamPool(

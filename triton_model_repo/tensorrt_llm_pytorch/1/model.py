@@ -52,7 +52,8 @@ workers. Unlike that model:
   thread, off the event loop; its stop words are matched over the prompt ids the LLM's input processor made
   (``RequestOutput.prompt_token_ids``); and each of its responses carries ``prompt_tokens`` and ``image_tokens``
   (the prompt's ids holding the checkpoint's image token, ``image_token_index`` / ``image_token_id`` of its
-  config.json). The model's ``images`` parameter says whether it serves images; when it does not, they are
+  config.json, or an id past the vocabulary, where TensorRT-LLM's input processors put the image's positions for
+  some models). The model's ``images`` parameter says whether it serves images; when it does not, they are
   refused (a text-only checkpoint's default input processor would drop them: ``inputs/registry.py``).
 
 What a client sees, as from the C++ backend (the conformance tests run each against both models:
@@ -594,7 +595,11 @@ class TritonPythonModel:
         ``prompt_ids``."""
         import numpy as np  # noqa: PLC0415 - Triton's stub has it
 
-        image = sum(1 for token in prompt_ids if token == self.image_token_id)
+        # the image's features fill the positions of the image token, or of ids past the vocabulary: TensorRT-LLM's
+        # multimodal ids (Qwen2-VL's input processor writes vocab_size + 1 there, modeling_qwen2vl.py _postprocess;
+        # registry.py find_mm_token_positions takes ids >= vocab_size as multimodal)
+        image_id, vocab = self.image_token_id, self.vocab_size
+        image = sum(1 for token in prompt_ids if token == image_id or token >= vocab)
         return [pb_utils.Tensor("prompt_tokens", np.asarray([[len(prompt_ids)]], dtype=np.int32)),
                 pb_utils.Tensor("image_tokens", np.asarray([[image]], dtype=np.int32))]
 
