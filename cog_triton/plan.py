@@ -48,6 +48,10 @@ class StoreLimits:
     fetches: int = 4
 
 
+#: What image fetches are called in the fetch rules' messages (the worker's early check and the stream process's fetch).
+IMAGE_URLS = "image URLs"
+
+
 @dataclass(frozen=True)
 class ImageLimits:
     """What one prediction's images may be (:mod:`cog_triton.streaming.images`; COG_TRITON_IMAGE_*).
@@ -118,4 +122,4 @@ class GeneratorConfig:
     image_limits: ImageLimits = ImageLimits()
 
 
-__all__ = ("GeneratorConfig", "ImageLimits", "StoreLimits")
+__all__ = ("IMAGE_URLS", "GeneratorConfig", "ImageLimits", "StoreLimits")

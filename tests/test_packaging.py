@@ -37,6 +37,7 @@ IMPORT_TO_DISTRIBUTION = {
     "jinja2": "jinja2",
     "huggingface_hub": "huggingface-hub",
     "tenacity": "tenacity",
+    "PIL": "pillow",
     "cog": "cog",
     "torch": "torch",
     "safetensors": "safetensors",
@@ -71,6 +72,7 @@ PREDICT_INPUTS = [
     "include_reasoning",
     "chat_template_kwargs",
     "thinking_budget_tokens",
+    "image_input",
 ]
 
 

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Optional
 
 from common.errors import (
+    ImageInputError,
     IncompleteOutputError,
     InferenceError,
     InputError,
@@ -48,8 +49,8 @@ from common.errors import (
     LoraCacheFullError,
     TritonError,
 )
-from cog_triton.plan import GeneratorConfig
-from cog_triton.streaming.client import GenerateChunk, GenerateRequest, TritonClient
+from cog_triton.plan import GeneratorConfig, ImageLimits
+from cog_triton.streaming.client import CountedChunk, GenerateChunk, GenerateRequest, TritonClient
 from cog_triton.reasoning import TemplateInfo
 from cog_triton.streaming.detokenizer import IncrementalDetokenizer, find_noop_ids
 from cog_triton.streaming.guided import GuideChecker
@@ -57,6 +58,8 @@ from cog_triton.ipc import Guide
 from cog_triton.ipc import PredictInputs
 from cog_triton.fetch.adapter_refs import AdapterRef
 from cog_triton.streaming.lora.tasks import Adapter, Adapters, is_cache_full, is_cache_miss
+from cog_triton.streaming.image_prompt import ImagePrompts
+from cog_triton.streaming.images import load_images
 from cog_triton.streaming.prompt import PromptTokenizer
 from cog_triton.streaming.stop import StopSequenceMatcher
 from cog_triton.streaming.template_info import PromptStarts, inspect_chat_template
@@ -73,15 +76,18 @@ WATCHDOG_PERIOD_S = 0.5
 
 @dataclass(frozen=True)
 class Prepared:
-    """A request ready to send: the gRPC request, the prompt's length in tokens, its LoRA adapter (or None), and,
-    for a model that thinks, where the prompt leaves the thinking (``thinking``: True; ``thinking_start``: a
-    :data:`~cog_triton.reasoning.PromptState` for tags, the channel of a message the prompt left open for harmony)."""
+    """A request ready to send: the gRPC request, the prompt's length in tokens (None for a request with images,
+    whose prompt the LLM's input processor tokenizes: the engine reports it, ``on_counts``), its LoRA adapter (or
+    None), for a model that thinks, where the prompt leaves the thinking (``thinking``: True; ``thinking_start``: a
+    :data:`~cog_triton.reasoning.PromptState` for tags, the channel of a message the prompt left open for harmony),
+    and its images (how many)."""
 
     request: GenerateRequest
-    prompt_tokens: int
+    prompt_tokens: Optional[int]
     adapter: Optional[Adapter] = None
     thinking: bool = False
     thinking_start: Any = None
+    images: int = 0
 
 
 @dataclass(eq=False, slots=True)  # identity: kept in a set
@@ -110,6 +116,7 @@ class RequestState:
     error: Optional[BaseException] = None
     send_stop_request: bool = True
     last_response_at: float = field(default_factory=time.monotonic)
+    prompt_tokens: Optional[int] = None  # a request with images: its prompt's length as the engine reported it
 
     def cancel(self, error: Optional[BaseException] = None, *, send_stop_request: bool = True) -> None:
         """Cancel the request's task with a reason (on its loop's thread): ``error`` is raised by the stream instead
@@ -122,6 +129,17 @@ class RequestState:
             self.send_stop_request = False
         if self.task is not None:
             self.task.cancel()
+
+
+async def _counted(responses: AsyncIterator[GenerateChunk],
+                   on_counts: Optional[Callable[[int, int], None]]) -> AsyncIterator[GenerateChunk]:
+    """``responses`` of a request with images, ``on_counts`` called with the first counts they carry."""
+    reported = on_counts is None
+    async for chunk in responses:
+        if not reported and isinstance(chunk, CountedChunk):
+            reported = True
+            on_counts(chunk.prompt_tokens, chunk.image_tokens)  # type: ignore[misc]
+        yield chunk
 
 
 def build_generator(config: GeneratorConfig, tokenizer: Any = None) -> "Generator":
@@ -143,6 +161,7 @@ def build_generator(config: GeneratorConfig, tokenizer: Any = None) -> "Generato
         special_tokens_in_user_text=config.special_tokens_in_user_text,
         reasoning_key=template.message_reasoning_key,
     )
+    image_prompts = ImagePrompts(prompts) if config.images_off is None else None
     return Generator(
         tokenizer,
         prompts,
@@ -157,6 +176,9 @@ def build_generator(config: GeneratorConfig, tokenizer: Any = None) -> "Generato
         send_seed=takes_seed(config.sampler),
         model_interval_ms=config.model_interval_ms,
         template=template,
+        image_prompts=image_prompts,
+        images_off=config.images_off,
+        image_limits=config.image_limits,
     )
 
 
@@ -177,6 +199,8 @@ class Generator:
         model_interval_ms: each request's ``stream_interval_ms`` (None: not sent; :class:`GeneratorConfig`).
         template: what the tokenizer's chat template says about reasoning
             (:func:`cog_triton.streaming.template_info.inspect_chat_template`); None: a model that does not think.
+        image_prompts: renders the prompts of predictions with images (None: images are refused, ``images_off``).
+        images_off: why images are refused (:class:`GeneratorConfig`); image_limits: what an image may be.
     """
 
     def __init__(
@@ -194,6 +218,9 @@ class Generator:
         send_seed: bool = True,
         model_interval_ms: Optional[int] = None,
         template: Optional[TemplateInfo] = None,
+        image_prompts: Optional[ImagePrompts] = None,
+        images_off: Optional[str] = "images are not served",
+        image_limits: ImageLimits = ImageLimits(),
     ) -> None:
         self.tokenizer = tokenizer
         self.prompts = prompts
@@ -208,6 +235,14 @@ class Generator:
         self.model_interval_ms = model_interval_ms
         self.template = template if template is not None else TemplateInfo()
         self.starts = PromptStarts(tokenizer, prompts, self.template.thinking)
+        self.image_prompts = image_prompts
+        self.images_off = (images_off or "images are not served") if image_prompts is None else image_prompts.off_reason
+        self.image_limits = image_limits
+        # an image request goes to tensorrt_llm directly: its end and pad ids, as the ensemble's preprocessing fills
+        # them for a text request (triton_model_repo/preprocessing: eos, pad else eos)
+        self.end_id = int(tokenizer.eos_token_id) if getattr(tokenizer, "eos_token_id", None) is not None else 0
+        pad = getattr(tokenizer, "pad_token_id", None)
+        self.pad_id = int(pad) if pad is not None else self.end_id
         self._running: set[RequestState] = set()
         self._background: set[asyncio.Task[None]] = set()
         self.floor = TokenFloor.of(tokenizer)
@@ -252,6 +287,8 @@ class Generator:
                 template refuses the input, or the guide does not compile / guided decoding is off.
             LoraAdapterError: see :meth:`resolve_adapter`.
         """
+        if inputs.image_count:
+            return self._prepare_images(inputs, request_id, adapter)
         limits = self.limits
         self._refuse_far_too_long(inputs, limits)
         kwargs = inputs.template_kwargs
@@ -271,17 +308,7 @@ class Generator:
             if inputs.guide is not None:
                 self._refuse_guided_thinking(inputs, start)
         guided = self._guide_fields(inputs.guide)
-        lora: dict[str, object] = {}
-        if inputs.lora is not None:
-            adapter = adapter or self.resolve_adapter(inputs.lora)
-            assert self.adapters is not None
-            if adapter.path is not None:  # the PyTorch backend: the folder with every request
-                lora = {"lora_task_id": adapter.task_id, "lora_path": str(adapter.path)}
-            else:
-                held = adapter.task_id in self.adapters.held
-                lora = {"lora_task_id": adapter.task_id, "lora": None if held else adapter.tensors}
-        else:
-            adapter = None
+        lora, adapter = self._lora_fields(inputs, adapter)
         greedy = inputs.greedy
         request = GenerateRequest(
             input_ids=prompt.ids,
@@ -333,6 +360,59 @@ class Generator:
             f"token: {why}; {instead}{inputs.guide.source} empty (guides that apply to the answer alone are not "
             "built yet)"
         )
+
+    def _lora_fields(self, inputs: PredictInputs, adapter: Optional[Adapter]) -> tuple[dict[str, object],
+                                                                                         Optional[Adapter]]:
+        """GenerateRequest fields of the prediction's adapter, and the adapter (resolved here when not given)."""
+        if inputs.lora is None:
+            return {}, None
+        adapter = adapter or self.resolve_adapter(inputs.lora)
+        assert self.adapters is not None
+        if adapter.path is not None:  # the PyTorch backend: the folder with every request
+            return {"lora_task_id": adapter.task_id, "lora_path": str(adapter.path)}, adapter
+        held = adapter.task_id in self.adapters.held
+        return {"lora_task_id": adapter.task_id, "lora": None if held else adapter.tensors}, adapter
+
+    def _prepare_images(self, inputs: PredictInputs, request_id: str, adapter: Optional[Adapter]) -> Prepared:
+        """:meth:`prepare` of a prediction with images: its prompt rendered as text with the images' placeholders
+        (:mod:`cog_triton.streaming.image_prompt`), its images read, fetched and checked
+        (:mod:`cog_triton.streaming.images`), and a request for ``tensorrt_llm`` itself (the client's
+        ``image_request``). The prompt is tokenized by the LLM's input processor, so its length is not known here:
+        ``max_tokens`` goes as given, and the LLM holds it to its ``max_seq_len`` (``_deduce_max_tokens``).
+
+        Raises:
+            ImageInputError: images are not served, or one is refused (count, size, format, pixels, animation, its
+                URL); InputError: see :meth:`prepare`.
+        """
+        if self.image_prompts is None or self.image_prompts.off_reason is not None:
+            raise ImageInputError(f"{inputs.image_count} image(s) were given, but {self.images_off}")
+        text, refs = self.image_prompts.render(inputs)
+        images = load_images(refs, self.image_limits)
+        guided = self._guide_fields(inputs.guide)
+        lora, adapter = self._lora_fields(inputs, adapter)
+        greedy = inputs.greedy
+        request = GenerateRequest(
+            input_ids=[],
+            max_tokens=inputs.max_tokens,
+            min_tokens=inputs.min_tokens,
+            temperature=1.0 if greedy else inputs.temperature,
+            top_k=1 if greedy else inputs.top_k,
+            top_p=1.0 if greedy else inputs.top_p,
+            repetition_penalty=inputs.repetition_penalty,
+            presence_penalty=inputs.presence_penalty,
+            frequency_penalty=inputs.frequency_penalty,
+            length_penalty=inputs.length_penalty,
+            seed=inputs.seed if self.send_seed else None,
+            stream_interval_ms=self.model_interval_ms,
+            request_id=request_id,
+            text_input=text,
+            image_bytes=tuple(image.data for image in images),
+            end_id=self.end_id,
+            pad_id=self.pad_id,
+            **guided,
+            **lora,  # type: ignore[arg-type]
+        )
+        return Prepared(request, None, adapter, images=len(images))
 
     def _refuse_far_too_long(self, inputs: PredictInputs, limits: ModelLimits) -> None:
         """Refuse, before rendering and tokenizing it, a prompt whose text alone is more tokens than the
@@ -397,11 +477,14 @@ class Generator:
         prepared: Prepared,
         state: RequestState,
         on_first_token: Optional[Callable[[float], None]] = None,
+        on_counts: Optional[Callable[[int, int], None]] = None,
     ) -> AsyncIterator[str]:
         """Stream the completion as text deltas, filling ``state`` as it goes.
 
         ``on_first_token(t)`` is called once, with ``time.monotonic()``, when the first token arrives
-        (whether or not it makes text yet).
+        (whether or not it makes text yet). ``on_counts(prompt_tokens, image_tokens)`` is called once for a
+        request with images, with the counts of its first response (the prompt as the LLM's input processor made
+        it, and how many of those tokens the images fill).
 
         The deltas concatenate to the full decode of the generated tokens, cut before the first
         stop sequence (which is never emitted). Must run in ``state.task`` (set to the running task when
@@ -438,6 +521,8 @@ class Generator:
             responses = (
                 self.client.generate_stream(request) if prepared.adapter is None else self._responses(prepared)
             )
+            if prepared.images:  # only a request with images reads the counts (a layer of its own)
+                responses = _counted(responses, on_counts)
             async for chunk in responses:
                 state.last_response_at = now = time.monotonic()
                 ids = chunk.output_ids

@@ -48,7 +48,7 @@ from common.errors import FetchDeadlineError, FetchRefusedError, ImageInputError
 from cog_triton.fetch.deadline import FetchDeadline
 from cog_triton.fetch.guard import FetchGuard, guarded_transport
 from cog_triton.fetch.redaction import UnparsableURL, parse_url, redact_url
-from cog_triton.plan import ImageLimits
+from cog_triton.plan import IMAGE_URLS, ImageLimits
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ DEADLINE_SETTING = "COG_TRITON_IMAGE_FETCH_DEADLINE_S"
 #: Longest wait for one network operation of an image fetch (connect, a read), seconds; capped by the deadline.
 FETCH_OPERATION_TIMEOUT_S = 10.0
 #: What image fetches are called in the fetch rules' messages.
-WHAT = "image URLs"
+WHAT = IMAGE_URLS
 _DATA_URI = re.compile(r"^data:(image/[A-Za-z0-9.+-]+)?(;[^,;]*=[^,;]*)*;base64,", re.IGNORECASE)
 
 

@@ -56,10 +56,12 @@ ADAPTER_THREADS = 4
 
 
 def _inline(inputs: PredictInputs) -> bool:
-    if inputs.guide is not None:  # (an adapter is resolved before, on the adapter threads)
+    if inputs.guide is not None or inputs.image_input:  # (an adapter is resolved before, on the adapter threads)
         return False
     size = len(inputs.prompt) + len(inputs.system_prompt) + len(inputs.prompt_template or "")
     for message in inputs.messages or ():
+        if not isinstance(message["content"], str):
+            return False  # parts: images are read and checked there
         size += len(message["content"]) + len(message["role"]) + len(message.get("reasoning_content", ""))
     return size <= INLINE_PREPARE_CHARS
 
@@ -253,8 +255,14 @@ class PredictionRunner:
         self.served += 1
         self.load.started()
         try:
+            counts = None
+            if prepared.images:
+                def counts(prompt: int, image: int, images: int = prepared.images) -> None:
+                    state.prompt_tokens = prompt
+                    send(ipc.ImageCounts(sid, images, prompt, image))
             async for text in generator.text_deltas(
-                inputs, prepared, state, on_first_token=lambda t: send(ipc.FirstToken(sid, t - started_at))
+                inputs, prepared, state, on_first_token=lambda t: send(ipc.FirstToken(sid, t - started_at)),
+                on_counts=counts,
             ):
                 push(text)
         except asyncio.CancelledError:
@@ -268,9 +276,10 @@ class PredictionRunner:
         finally:
             self.load.ended()
             log.info(
-                "generated %d tokens%s for a %d-token prompt in %.2f s%s",
+                "generated %d tokens%s for a %s-token prompt%s in %.2f s%s",
                 state.output_tokens, f" ({state.reasoning_tokens} thinking)" if prepared.thinking else "",
-                prepared.prompt_tokens, time.monotonic() - started_at,
+                state.prompt_tokens if prepared.images else prepared.prompt_tokens,
+                f" with {prepared.images} image(s)" if prepared.images else "", time.monotonic() - started_at,
                 " (stop sequence)" if state.cut_by_stop_sequence else "",
             )
             if inputs.lora is not None:

@@ -23,6 +23,10 @@ ANSWER_TOKEN_COUNT = "answer_token_count"
 #: The reasoning level applied (:attr:`cog_triton.reasoning.Resolved.applied`: default, none, low, medium, high, or
 #: on), a string, for a prediction on a model that thinks or that was given reasoning_effort.
 REASONING_EFFORT_APPLIED = "reasoning_effort_applied"
+#: A prediction with images: how many it carried, and how many of its input tokens they fill (the engine's count;
+#: its input_token_count is the engine's too, the images' tokens included). Recorded only for such predictions.
+IMAGE_COUNT = "image_count"
+IMAGE_TOKEN_COUNT = "image_token_count"
 #: Both names of the time to first token (seconds, from predict() to the first token).
 TIME_TO_FIRST_TOKEN_NAMES = ("time_to_first_token", "time_to_first_token_s")
 
@@ -52,7 +56,7 @@ def performance_lines(output_tokens: int, seconds: float, time_to_first_token: O
 
 
 __all__ = (
-    "ANSWER_TOKEN_COUNT", "INPUT_TOKEN_COUNT", "OUTPUT_TOKEN_COUNT", "REASONING_EFFORT_APPLIED",
-    "REASONING_TOKEN_COUNT", "TIME_TO_FIRST_TOKEN_NAMES", "performance_lines",
+    "ANSWER_TOKEN_COUNT", "IMAGE_COUNT", "IMAGE_TOKEN_COUNT", "INPUT_TOKEN_COUNT", "OUTPUT_TOKEN_COUNT",
+    "REASONING_EFFORT_APPLIED", "REASONING_TOKEN_COUNT", "TIME_TO_FIRST_TOKEN_NAMES", "performance_lines",
     "record_time_to_first_token",
 )
