@@ -62,6 +62,9 @@ class ImageLimits:
         max_bytes: bytes of one image file.
         fetch_deadline_s: all of a prediction's image URLs, seconds.
         rules: the fetch rules of image URLs (None: URLs are refused, no rules were configured).
+        fetches: predictions whose images one stream process reads, fetches and decodes at once, each on a thread of
+            its own: one per prediction slot (COG_MAX_CONCURRENCY), so that a slow image URL (held until its deadline)
+            or a large image delays no other prediction's start.
     """
 
     max_count: int = 8
@@ -69,13 +72,15 @@ class ImageLimits:
     max_bytes: int = 20 << 20
     fetch_deadline_s: float = 30.0
     rules: Optional[FetchRules] = None
+    fetches: int = 4
 
     @classmethod
     def from_settings(cls, settings: Any) -> "ImageLimits":
         """The limits of a :class:`cog_triton.settings.Settings` (``images`` and ``fetch`` groups)."""
         images = settings.images
         return cls(max_count=images.max_count, max_pixels=images.max_pixels, max_bytes=images.max_bytes,
-                   fetch_deadline_s=images.fetch_deadline_s, rules=FetchRules.from_settings(settings))
+                   fetch_deadline_s=images.fetch_deadline_s, rules=FetchRules.from_settings(settings),
+                   fetches=settings.predictor.max_concurrency)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ import json
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -34,6 +35,8 @@ pytestmark = pytest.mark.integration
 
 RED, BLUE, GREEN = (220, 30, 30), (30, 30, 220), (30, 200, 30)
 QUESTION = "What color is it?"
+#: The stack's COG_TRITON_IMAGE_FETCH_DEADLINE_S (seconds).
+DEADLINE_S = 8
 
 
 def encoded(fmt: str, size=(40, 30), frames: int = 1) -> bytes:
@@ -88,6 +91,9 @@ def stack(tmp_path_factory, checkpoint_dir: Path) -> Iterator[dict[str, Any]]:
         env = serving_env(
             "hf://me/gemma3-tiny", work=work, COG_TRITON_LLM_MAX_SEQ_LEN="512", COG_TRITON_STOP_TIMEOUT_S="5",
             COG_TRITON_IMAGE_MAX_COUNT="3", COG_TRITON_IMAGE_MAX_PIXELS="1000000", TMPDIR=str(tmp), **hub.env(),
+            # 127.0.0.1 stands for a public image host (127.0.0.2, loopback too, stays refused); plain http here
+            COG_TRITON_FETCH_ALLOW_NETWORKS="127.0.0.1/32", COG_TRITON_FETCH_ALLOW_HTTP="true",
+            COG_TRITON_IMAGE_FETCH_DEADLINE_S=str(DEADLINE_S),
             PATH=os.pathsep.join([str(smi), str(overlay / "bin"), str(Path(sys.executable).parent),
                                   os.environ["PATH"]]),
         )
@@ -159,6 +165,45 @@ def test_image_parts_of_messages_in_their_places(stack: dict[str, Any]) -> None:
     assert final["metrics"]["image_count"] == 2 and final["metrics"]["image_token_count"] == 2 * TOKENS_PER_IMAGE
 
 
+def test_an_image_url_part_is_fetched_by_the_server_under_its_rules(stack: dict[str, Any]) -> None:
+    reference, pictures = stack["reference"], stack["pictures"]
+    messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": f"{pictures.url}/blue.png"}},
+                                             {"type": "text", "text": QUESTION}]}]
+    before = len(pictures.paths)
+    text, final = answer(stack, {"messages": json.dumps(messages)})
+    assert text == streamed(reference.generate(reference.prompt(QUESTION, 1), [Image.new("RGB", (48, 40), BLUE)],
+                                               8)[0])
+    assert pictures.paths[before:] == ["/blue.png"] and final["metrics"]["image_count"] == 1
+
+
+def test_a_slow_image_url_holds_only_its_own_prediction(stack: dict[str, Any]) -> None:
+    """An image URL whose server drips its answer ends at COG_TRITON_IMAGE_FETCH_DEADLINE_S, the client hanging up;
+    meanwhile a prediction prepared off the streams' loop (a guided one: its guide is compiled on the prepare thread)
+    in the same stream process is served and done first: the images are fetched on a thread of their own."""
+    from tests.slow_server import SlowServer
+
+    with SlowServer("headers", interval_s=0.2, hold_s=60) as slow:
+        messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": f"{slow.url}/a.png"}},
+                                                 {"type": "text", "text": QUESTION}]}]
+        ended: dict[str, Any] = {}
+
+        def slow_prediction() -> None:
+            ended["image"] = refused(stack, {"prompt": "", "messages": json.dumps(messages)})
+            ended["image_at"] = time.monotonic()
+
+        thread = threading.Thread(target=slow_prediction)
+        thread.start()
+        assert slow.wait(accepted=1, timeout_s=60)  # its fetch is under way
+        text, _ = answer(stack, {"prompt": "Say hi.", "regex": "hi", "max_tokens": 4})
+        served_at = time.monotonic()
+        assert text == "hi"
+        thread.join(120)
+        assert "image" in ended and served_at < ended["image_at"]
+        assert f"did not finish within the deadline of {DEADLINE_S} s (COG_TRITON_IMAGE_FETCH_DEADLINE_S)" in \
+            ended["image"], ended["image"]
+        assert slow.wait(ended=1, timeout_s=30) and slow.ended == ["client"]
+
+
 def test_a_prediction_without_images_still_goes_through_the_ensemble(stack: dict[str, Any]) -> None:
     reference = stack["reference"]
     text, final = answer(stack, {"prompt": "Say hi."})
@@ -175,12 +220,12 @@ def test_a_prediction_without_images_still_goes_through_the_ensemble(stack: dict
                                     "1000000 pixels (COG_TRITON_IMAGE_MAX_PIXELS)"),
     ({"image_input": ["/etc/hostname"]}, "image_input[0]='/etc/hostname' is not an image Cog received"),
     ({"prompt_template": "Q: {prompt}", "image_input": ["red.png"]}, "prompt_template cannot be used with it"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "{url}/red.png"}}]}]},
-     "messages[0].content[0] {url}/red.png is refused: plain http:// is refused; image URLs are fetched only over "
-     "https://"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url",
-                                                  "image_url": {"url": "https://127.0.0.1:9/red.png"}}]}]},
-     "messages[0].content[0] https://127.0.0.1:9/red.png is refused: "),
+                                                  "image_url": {"url": "http://127.0.0.2:9/red.png"}}]}]},
+     "messages[0].content[0] http://127.0.0.2:9/red.png is refused: "),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url",
+                                                  "image_url": {"url": "http://169.254.169.254/latest"}}]}]},
+     "messages[0].content[0] http://169.254.169.254/latest is refused: "),
 ])
 def test_refusals_name_what_is_allowed_and_the_server_keeps_serving(stack: dict[str, Any], inputs: dict[str, Any],
                                                                       phrase: str) -> None:

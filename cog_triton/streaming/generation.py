@@ -59,7 +59,7 @@ from cog_triton.ipc import PredictInputs
 from cog_triton.fetch.adapter_refs import AdapterRef
 from cog_triton.streaming.lora.tasks import Adapter, Adapters, is_cache_full, is_cache_miss
 from cog_triton.streaming.image_prompt import ImagePrompts
-from cog_triton.streaming.images import load_images
+from cog_triton.streaming.images import CheckedImage, load_images
 from cog_triton.streaming.prompt import PromptTokenizer
 from cog_triton.streaming.stop import StopSequenceMatcher
 from cog_triton.streaming.template_info import PromptStarts, inspect_chat_template
@@ -72,6 +72,15 @@ log = logging.getLogger(__name__)
 
 #: How often the watchdog looks for silent streams, seconds.
 WATCHDOG_PERIOD_S = 0.5
+
+
+@dataclass(frozen=True)
+class PredictionImages:
+    """A prediction's prompt rendered as text with its images' placeholders, and its images read and checked
+    (:meth:`Generator.load_images`)."""
+
+    text: str
+    images: tuple[CheckedImage, ...]
 
 
 @dataclass(frozen=True)
@@ -274,11 +283,26 @@ class Generator:
         if self.adapters is not None:
             self.adapters.held.clear()
 
-    def prepare(self, inputs: PredictInputs, request_id: str, adapter: Optional[Adapter] = None) -> Prepared:
+    def load_images(self, inputs: PredictInputs) -> PredictionImages:
+        """Render the prompt of a prediction with images as text and read, fetch and check its images (blocking: its
+        image URLs within their deadline, and decoding; the stream process runs it on a thread of its own).
+
+        Raises:
+            ImageInputError: images are not served, or one is refused (count, size, format, pixels, animation, its
+                URL); InputError: user text with a special token, or the chat template refuses the conversation.
+        """
+        if self.image_prompts is None or self.image_prompts.off_reason is not None:
+            raise ImageInputError(f"{inputs.image_count} image(s) were given, but {self.images_off}")
+        text, refs = self.image_prompts.render(inputs)
+        return PredictionImages(text, tuple(load_images(refs, self.image_limits)))
+
+    def prepare(self, inputs: PredictInputs, request_id: str, adapter: Optional[Adapter] = None,
+                images: Optional[PredictionImages] = None) -> Prepared:
         """Render and tokenize the prompt (once; :mod:`cog_triton.streaming.prompt`) and build the request.
 
         With ``inputs.lora``, ``adapter`` is its resolved adapter (resolved here when not given): the request
-        carries its ``lora_task_id``, and its tensors unless this process has had the task served already.
+        carries its ``lora_task_id``, and its tensors unless this process has had the task served already. With
+        images, ``images`` are its :meth:`load_images` (loaded here when not given).
 
         Blocking (tokenizer, chat template, guide compilation, adapter download): call it off the event loop.
 
@@ -288,7 +312,7 @@ class Generator:
             LoraAdapterError: see :meth:`resolve_adapter`.
         """
         if inputs.image_count:
-            return self._prepare_images(inputs, request_id, adapter)
+            return self._prepare_images(inputs, request_id, adapter, images or self.load_images(inputs))
         limits = self.limits
         self._refuse_far_too_long(inputs, limits)
         kwargs = inputs.template_kwargs
@@ -373,21 +397,17 @@ class Generator:
         held = adapter.task_id in self.adapters.held
         return {"lora_task_id": adapter.task_id, "lora": None if held else adapter.tensors}, adapter
 
-    def _prepare_images(self, inputs: PredictInputs, request_id: str, adapter: Optional[Adapter]) -> Prepared:
-        """:meth:`prepare` of a prediction with images: its prompt rendered as text with the images' placeholders
-        (:mod:`cog_triton.streaming.image_prompt`), its images read, fetched and checked
-        (:mod:`cog_triton.streaming.images`), and a request for ``tensorrt_llm`` itself (the client's
-        ``image_request``). The prompt is tokenized by the LLM's input processor, so its length is not known here:
-        ``max_tokens`` goes as given, and the LLM holds it to its ``max_seq_len`` (``_deduce_max_tokens``).
+    def _prepare_images(self, inputs: PredictInputs, request_id: str, adapter: Optional[Adapter],
+                        loaded: PredictionImages) -> Prepared:
+        """:meth:`prepare` of a prediction with images (``loaded``: its prompt as text and its images,
+        :meth:`load_images`): a request for ``tensorrt_llm`` itself (the client's ``image_request``). The prompt is
+        tokenized by the LLM's input processor, so its length is not known here: ``max_tokens`` goes as given, and
+        the LLM holds it to its ``max_seq_len`` (``_deduce_max_tokens``).
 
         Raises:
-            ImageInputError: images are not served, or one is refused (count, size, format, pixels, animation, its
-                URL); InputError: see :meth:`prepare`.
+            InputError: the guide does not compile or guided decoding is off; LoraAdapterError: see :meth:`prepare`.
         """
-        if self.image_prompts is None or self.image_prompts.off_reason is not None:
-            raise ImageInputError(f"{inputs.image_count} image(s) were given, but {self.images_off}")
-        text, refs = self.image_prompts.render(inputs)
-        images = load_images(refs, self.image_limits)
+        text, images = loaded.text, loaded.images
         guided = self._guide_fields(inputs.guide)
         lora, adapter = self._lora_fields(inputs, adapter)
         greedy = inputs.greedy

@@ -92,16 +92,24 @@ class PredictionRunner:
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._prepare_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="streamer-prepare")
         self._adapter_pool = ThreadPoolExecutor(max_workers=ADAPTER_THREADS, thread_name_prefix="streamer-adapter")
+        # a prediction's images are read, fetched and decoded here, not on the one prepare thread (ipc.Config sizes it)
+        self._image_pool = ThreadPoolExecutor(max_workers=ADAPTER_THREADS, thread_name_prefix="streamer-images")
         self.served = 0
 
     def _adapter_threads(self, config: GeneratorConfig) -> None:
         """One adapter thread per prediction this process can have (``StoreLimits.fetches``: the prediction slots),
-        so that a request's adapter never waits for a thread that slow sources hold; threads start as needed."""
+        so that a request's adapter never waits for a thread that slow sources hold; threads start as needed. The
+        same for images (``ImageLimits.fetches``): a slow image URL, held until its deadline, or a large image holds
+        only its own prediction."""
         limits = config.adapter_limits
         if limits is not None and limits.fetches != ADAPTER_THREADS:
             self._adapter_pool.shutdown(wait=False)
             self._adapter_pool = ThreadPoolExecutor(max_workers=max(1, limits.fetches),
                                                     thread_name_prefix="streamer-adapter")
+        if config.image_limits.fetches != ADAPTER_THREADS:
+            self._image_pool.shutdown(wait=False)
+            self._image_pool = ThreadPoolExecutor(max_workers=max(1, config.image_limits.fetches),
+                                                  thread_name_prefix="streamer-images")
 
     # ------------------------------------------------------------------ events out
     def _send(self, event: ipc.Event) -> None:
@@ -167,6 +175,7 @@ class PredictionRunner:
                 state.cancel()
             self._prepare_pool.shutdown(wait=False, cancel_futures=True)
             self._adapter_pool.shutdown(wait=False, cancel_futures=True)
+            self._image_pool.shutdown(wait=False, cancel_futures=True)
 
     @staticmethod
     async def _read(reader: asyncio.StreamReader) -> ipc.Command:
@@ -231,7 +240,12 @@ class PredictionRunner:
                 adapter = await loop.run_in_executor(self._adapter_pool, generator.resolve_adapter, inputs.lora)
             if generator.model_interval_ms is not None:  # the model joins responses over the interval now due
                 generator.model_interval_ms = round(self.load.seconds * 1e3)
-            if _inline(inputs):
+            if inputs.image_count:  # read, fetched and decoded on a thread of their own, then prepared as usual
+                images = await loop.run_in_executor(self._image_pool, generator.load_images, inputs)
+                prepared = await loop.run_in_executor(
+                    self._prepare_pool, generator.prepare, inputs, request_id, adapter, images
+                )
+            elif _inline(inputs):
                 prepared = generator.prepare(inputs, request_id, adapter)  # the adapter resolved above, once
             else:
                 prepared = await loop.run_in_executor(
