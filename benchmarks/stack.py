@@ -101,7 +101,8 @@ def pytorch_standin_config(*, step_ms: float, text_file: Path = STANDIN_TEXT,
 
     product = (PYTORCH_MODEL_DIR / "config.pbtxt").read_text()
     reference = placeholders((REFERENCE_MODEL.parent.parent / "config.pbtxt").read_text())
-    own = {"cancellation_check_period_ms": cancellation_check_period_ms}
+    # images off: the benchmark's requests are text (the product renders it on only for an image checkpoint)
+    own = {"cancellation_check_period_ms": cancellation_check_period_ms, "images": "false"}
     unknown = placeholders(product) - reference - set(own)
     if unknown:
         raise ValueError(f"tensorrt_llm_pytorch/config.pbtxt has placeholders the benchmark does not fill: {unknown}")
