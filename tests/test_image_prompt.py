@@ -132,3 +132,54 @@ def test_the_bos_the_tokenizer_adds_is_written_once(vlm_tokenizer, files: list[P
     assert ids.count(bos_adding.bos_token_id) == 1 and ids[0] == bos_adding.bos_token_id  # the model sees one
     plain = ImagePrompts(PromptTokenizer(vlm_tokenizer))
     assert plain.leading_bos == ""  # SmolLM2's tokenizer adds nothing: the template's text is kept as written
+
+
+# Qwen3-VL's format in short (ChatML, an image as <|vision_start|><|image_pad|><|vision_end|>), with Qwen3's switch:
+# enable_thinking false closes an empty thinking block in the generation prompt.
+THINKING_VL = (
+    "{%- for message in messages %}{{- '<|im_start|>' + message.role + '\\n' }}"
+    "{%- if message.content is string %}{{- message.content }}{%- else %}{%- for part in message.content %}"
+    "{%- if part.type == 'image' %}{{- '<|vision_start|><|image_pad|><|vision_end|>' }}{%- else %}{{- part.text }}"
+    "{%- endif %}{%- endfor %}{%- endif %}{{- '<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and not enable_thinking %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
+    "{%- endif %}"
+)
+
+
+def test_a_model_that_thinks_renders_images_with_the_reasoning_switch_and_streams_its_thinking(tmp_path: Path) -> None:
+    """Images and reasoning together: the image prompt is rendered with the template's keyword arguments the worker
+    resolved (reasoning_effort=none closes the thinking), and the prediction's stream is parsed from where that
+    prompt leaves the thinking, as a text prediction's is (Generator.prepare)."""
+    import dataclasses
+
+    from PIL import Image
+    from transformers import AutoTokenizer
+
+    from cog_triton.plan import GeneratorConfig
+    from cog_triton.reasoning import resolve
+    from cog_triton.streaming.generation import build_generator
+    from tensorrtllm_backend.engine import ModelLimits
+    from tests import reasoning_fixtures as rf
+
+    folder = rf.tokenizer_dir("qwen3")
+    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    tokenizer.add_tokens(["<|vision_start|>", "<|image_pad|>", "<|vision_end|>"], special_tokens=True)
+    tokenizer.chat_template = THINKING_VL
+    config = GeneratorConfig(tokenizer_dir=folder, limits=ModelLimits(4, max_input_len=512, max_seq_len=1024),
+                             grpc_address="127.0.0.1:9", images_off=None)
+    generator = build_generator(config, tokenizer=tokenizer)
+    image = tmp_path / "a.png"
+    Image.new("RGB", (8, 8), (200, 10, 10)).save(image)
+
+    def prepared(**given: Any):
+        values = validate_inputs(prompt="What is it?", image_input=[image], seed=1, **given)
+        resolved = resolve(generator.template, values.reasoning_effort, values.chat_template_kwargs)
+        return generator.prepare(dataclasses.replace(values, template_kwargs=resolved.template_kwargs), "r")
+
+    off = prepared(reasoning_effort="none")
+    assert off.request.text_input == ("<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>What is it?"
+                                      "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert (off.thinking, off.thinking_start, off.images, off.prompt_tokens) == (True, "closed", 1, None)
+    default = prepared()
+    assert default.request.text_input.endswith("<|im_start|>assistant\n") and default.thinking_start == "none"

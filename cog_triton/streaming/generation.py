@@ -41,7 +41,6 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Optional
 
 from common.errors import (
-    ImageInputError,
     IncompleteOutputError,
     InferenceError,
     InputError,
@@ -49,8 +48,8 @@ from common.errors import (
     LoraCacheFullError,
     TritonError,
 )
-from cog_triton.plan import GeneratorConfig, ImageLimits
-from cog_triton.streaming.client import CountedChunk, GenerateChunk, GenerateRequest, TritonClient
+from cog_triton.plan import GeneratorConfig
+from cog_triton.streaming.client import GenerateChunk, GenerateRequest, TritonClient
 from cog_triton.reasoning import TemplateInfo
 from cog_triton.streaming.detokenizer import IncrementalDetokenizer, find_noop_ids
 from cog_triton.streaming.guided import GuideChecker
@@ -58,8 +57,7 @@ from cog_triton.ipc import Guide
 from cog_triton.ipc import PredictInputs
 from cog_triton.fetch.adapter_refs import AdapterRef
 from cog_triton.streaming.lora.tasks import Adapter, Adapters, is_cache_full, is_cache_miss
-from cog_triton.streaming.image_prompt import ImagePrompts
-from cog_triton.streaming.images import CheckedImage, load_images
+from cog_triton.streaming.image_requests import ImageRequests, PredictionImages, counted
 from cog_triton.streaming.prompt import PromptTokenizer
 from cog_triton.streaming.stop import StopSequenceMatcher
 from cog_triton.streaming.template_info import PromptStarts, inspect_chat_template
@@ -72,15 +70,6 @@ log = logging.getLogger(__name__)
 
 #: How often the watchdog looks for silent streams, seconds.
 WATCHDOG_PERIOD_S = 0.5
-
-
-@dataclass(frozen=True)
-class PredictionImages:
-    """A prediction's prompt rendered as text with its images' placeholders, and its images read and checked
-    (:meth:`Generator.load_images`)."""
-
-    text: str
-    images: tuple[CheckedImage, ...]
 
 
 @dataclass(frozen=True)
@@ -140,17 +129,6 @@ class RequestState:
             self.task.cancel()
 
 
-async def _counted(responses: AsyncIterator[GenerateChunk],
-                   on_counts: Optional[Callable[[int, int], None]]) -> AsyncIterator[GenerateChunk]:
-    """``responses`` of a request with images, ``on_counts`` called with the first counts they carry."""
-    reported = on_counts is None
-    async for chunk in responses:
-        if not reported and isinstance(chunk, CountedChunk):
-            reported = True
-            on_counts(chunk.prompt_tokens, chunk.image_tokens)  # type: ignore[misc]
-        yield chunk
-
-
 def build_generator(config: GeneratorConfig, tokenizer: Any = None) -> "Generator":
     """A :class:`Generator` for ``config``; loads the tokenizer unless one is given (seconds: imports
     transformers, and xgrammar when guided decoding is on).
@@ -170,7 +148,6 @@ def build_generator(config: GeneratorConfig, tokenizer: Any = None) -> "Generato
         special_tokens_in_user_text=config.special_tokens_in_user_text,
         reasoning_key=template.message_reasoning_key,
     )
-    image_prompts = ImagePrompts(prompts) if config.images_off is None else None
     return Generator(
         tokenizer,
         prompts,
@@ -185,9 +162,7 @@ def build_generator(config: GeneratorConfig, tokenizer: Any = None) -> "Generato
         send_seed=takes_seed(config.sampler),
         model_interval_ms=config.model_interval_ms,
         template=template,
-        image_prompts=image_prompts,
-        images_off=config.images_off,
-        image_limits=config.image_limits,
+        images=ImageRequests.of(config, tokenizer, prompts),
     )
 
 
@@ -208,8 +183,7 @@ class Generator:
         model_interval_ms: each request's ``stream_interval_ms`` (None: not sent; :class:`GeneratorConfig`).
         template: what the tokenizer's chat template says about reasoning
             (:func:`cog_triton.streaming.template_info.inspect_chat_template`); None: a model that does not think.
-        image_prompts: renders the prompts of predictions with images (None: images are refused, ``images_off``).
-        images_off: why images are refused (:class:`GeneratorConfig`); image_limits: what an image may be.
+        images: prepares predictions with images (:mod:`cog_triton.streaming.image_requests`); None: refused.
     """
 
     def __init__(
@@ -227,9 +201,7 @@ class Generator:
         send_seed: bool = True,
         model_interval_ms: Optional[int] = None,
         template: Optional[TemplateInfo] = None,
-        image_prompts: Optional[ImagePrompts] = None,
-        images_off: Optional[str] = "images are not served",
-        image_limits: ImageLimits = ImageLimits(),
+        images: Optional[ImageRequests] = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.prompts = prompts
@@ -244,14 +216,7 @@ class Generator:
         self.model_interval_ms = model_interval_ms
         self.template = template if template is not None else TemplateInfo()
         self.starts = PromptStarts(tokenizer, prompts, self.template.thinking)
-        self.image_prompts = image_prompts
-        self.images_off = (images_off or "images are not served") if image_prompts is None else image_prompts.off_reason
-        self.image_limits = image_limits
-        # an image request goes to tensorrt_llm directly: its end and pad ids, as the ensemble's preprocessing fills
-        # them for a text request (triton_model_repo/preprocessing: eos, pad else eos)
-        self.end_id = int(tokenizer.eos_token_id) if getattr(tokenizer, "eos_token_id", None) is not None else 0
-        pad = getattr(tokenizer, "pad_token_id", None)
-        self.pad_id = int(pad) if pad is not None else self.end_id
+        self.images = images if images is not None else ImageRequests(tokenizer, None)
         self._running: set[RequestState] = set()
         self._background: set[asyncio.Task[None]] = set()
         self.floor = TokenFloor.of(tokenizer)
@@ -283,26 +248,14 @@ class Generator:
         if self.adapters is not None:
             self.adapters.held.clear()
 
-    def load_images(self, inputs: PredictInputs) -> PredictionImages:
-        """Render the prompt of a prediction with images as text and read, fetch and check its images (blocking: its
-        image URLs within their deadline, and decoding; the stream process runs it on a thread of its own).
-
-        Raises:
-            ImageInputError: images are not served, or one is refused (count, size, format, pixels, animation, its
-                URL); InputError: user text with a special token, or the chat template refuses the conversation.
-        """
-        if self.image_prompts is None or self.image_prompts.off_reason is not None:
-            raise ImageInputError(f"{inputs.image_count} image(s) were given, but {self.images_off}")
-        text, refs = self.image_prompts.render(inputs)
-        return PredictionImages(text, tuple(load_images(refs, self.image_limits)))
-
     def prepare(self, inputs: PredictInputs, request_id: str, adapter: Optional[Adapter] = None,
                 images: Optional[PredictionImages] = None) -> Prepared:
         """Render and tokenize the prompt (once; :mod:`cog_triton.streaming.prompt`) and build the request.
 
         With ``inputs.lora``, ``adapter`` is its resolved adapter (resolved here when not given): the request
         carries its ``lora_task_id``, and its tensors unless this process has had the task served already. With
-        images, ``images`` are its :meth:`load_images` (loaded here when not given).
+        images, ``images`` are its prompt and images (``self.images.load``, here when not given): a request with the
+        prompt as text, untokenized, ``max_tokens`` as given (:mod:`cog_triton.streaming.image_requests`).
 
         Blocking (tokenizer, chat template, guide compilation, adapter download): call it off the event loop.
 
@@ -311,19 +264,21 @@ class Generator:
                 template refuses the input, or the guide does not compile / guided decoding is off.
             LoraAdapterError: see :meth:`resolve_adapter`.
         """
-        if inputs.image_count:
-            return self._prepare_images(inputs, request_id, adapter, images or self.load_images(inputs))
-        limits = self.limits
-        self._refuse_far_too_long(inputs, limits)
-        kwargs = inputs.template_kwargs
-        if inputs.messages is not None:
-            prompt = self.prompts.encode_messages(inputs.messages, inputs.system_prompt, kwargs)
-        else:
-            prompt = self.prompts.encode(inputs.prompt, inputs.system_prompt, inputs.prompt_template, kwargs)
-        prompt_tokens = len(prompt.ids)
-        budget = inputs.token_budget(
-            prompt_tokens, limits.executor_max_input_len(), limits.max_seq_len, limits.input_limit_reason()
-        )
+        loaded = (images or self.images.load(inputs)) if inputs.image_count else None
+        if loaded is None:
+            limits = self.limits
+            self._refuse_far_too_long(inputs, limits)
+            kwargs = inputs.template_kwargs
+            if inputs.messages is not None:
+                prompt = self.prompts.encode_messages(inputs.messages, inputs.system_prompt, kwargs)
+            else:
+                prompt = self.prompts.encode(inputs.prompt, inputs.system_prompt, inputs.prompt_template, kwargs)
+            prompt_tokens, extra = len(prompt.ids), {}
+            budget = inputs.token_budget(
+                prompt_tokens, limits.executor_max_input_len(), limits.max_seq_len, limits.input_limit_reason()
+            )
+        else:  # rendered by the chat template (image_prompt), not tokenized: no prompt_template, no ids
+            prompt, prompt_tokens, budget, extra = loaded.prompt, None, inputs.max_tokens, self.images.fields(loaded)
         thinking = self.template.thinking is not None
         start: Any = None
         if thinking:
@@ -332,7 +287,17 @@ class Generator:
             if inputs.guide is not None:
                 self._refuse_guided_thinking(inputs, start)
         guided = self._guide_fields(inputs.guide)
-        lora, adapter = self._lora_fields(inputs, adapter)
+        lora: dict[str, object] = {}
+        if inputs.lora is not None:
+            adapter = adapter or self.resolve_adapter(inputs.lora)
+            assert self.adapters is not None
+            if adapter.path is not None:  # the PyTorch backend: the folder with every request
+                lora = {"lora_task_id": adapter.task_id, "lora_path": str(adapter.path)}
+            else:
+                held = adapter.task_id in self.adapters.held
+                lora = {"lora_task_id": adapter.task_id, "lora": None if held else adapter.tensors}
+        else:
+            adapter = None
         greedy = inputs.greedy
         request = GenerateRequest(
             input_ids=prompt.ids,
@@ -350,12 +315,14 @@ class Generator:
             seed=inputs.seed if self.send_seed else None,
             stream_interval_ms=self.model_interval_ms,
             request_id=request_id,
+            **extra,
             **guided,
             **lora,  # type: ignore[arg-type]
         )
+        count = len(loaded.images) if loaded is not None else 0
         if not thinking:
-            return Prepared(request, prompt_tokens, adapter)
-        return Prepared(request, prompt_tokens, adapter, thinking=True, thinking_start=start)
+            return Prepared(request, prompt_tokens, adapter, images=count)
+        return Prepared(request, prompt_tokens, adapter, thinking=True, thinking_start=start, images=count)
 
     def _refuse_guided_thinking(self, inputs: PredictInputs, start: Any) -> None:
         """A guide constrains the output from its first token (both backends), so it would constrain the thinking
@@ -385,54 +352,6 @@ class Generator:
             "built yet)"
         )
 
-    def _lora_fields(self, inputs: PredictInputs, adapter: Optional[Adapter]) -> tuple[dict[str, object],
-                                                                                         Optional[Adapter]]:
-        """GenerateRequest fields of the prediction's adapter, and the adapter (resolved here when not given)."""
-        if inputs.lora is None:
-            return {}, None
-        adapter = adapter or self.resolve_adapter(inputs.lora)
-        assert self.adapters is not None
-        if adapter.path is not None:  # the PyTorch backend: the folder with every request
-            return {"lora_task_id": adapter.task_id, "lora_path": str(adapter.path)}, adapter
-        held = adapter.task_id in self.adapters.held
-        return {"lora_task_id": adapter.task_id, "lora": None if held else adapter.tensors}, adapter
-
-    def _prepare_images(self, inputs: PredictInputs, request_id: str, adapter: Optional[Adapter],
-                        loaded: PredictionImages) -> Prepared:
-        """:meth:`prepare` of a prediction with images (``loaded``: its prompt as text and its images,
-        :meth:`load_images`): a request for ``tensorrt_llm`` itself (the client's ``image_request``). The prompt is
-        tokenized by the LLM's input processor, so its length is not known here: ``max_tokens`` goes as given, and
-        the LLM holds it to its ``max_seq_len`` (``_deduce_max_tokens``).
-
-        Raises:
-            InputError: the guide does not compile or guided decoding is off; LoraAdapterError: see :meth:`prepare`.
-        """
-        text, images = loaded.text, loaded.images
-        guided = self._guide_fields(inputs.guide)
-        lora, adapter = self._lora_fields(inputs, adapter)
-        greedy = inputs.greedy
-        request = GenerateRequest(
-            input_ids=[],
-            max_tokens=inputs.max_tokens,
-            min_tokens=inputs.min_tokens,
-            temperature=1.0 if greedy else inputs.temperature,
-            top_k=1 if greedy else inputs.top_k,
-            top_p=1.0 if greedy else inputs.top_p,
-            repetition_penalty=inputs.repetition_penalty,
-            presence_penalty=inputs.presence_penalty,
-            frequency_penalty=inputs.frequency_penalty,
-            length_penalty=inputs.length_penalty,
-            seed=inputs.seed if self.send_seed else None,
-            stream_interval_ms=self.model_interval_ms,
-            request_id=request_id,
-            text_input=text,
-            image_bytes=tuple(image.data for image in images),
-            end_id=self.end_id,
-            pad_id=self.pad_id,
-            **guided,
-            **lora,  # type: ignore[arg-type]
-        )
-        return Prepared(request, None, adapter, images=len(images))
 
     def _refuse_far_too_long(self, inputs: PredictInputs, limits: ModelLimits) -> None:
         """Refuse, before rendering and tokenizing it, a prompt whose text alone is more tokens than the
@@ -542,7 +461,7 @@ class Generator:
                 self.client.generate_stream(request) if prepared.adapter is None else self._responses(prepared)
             )
             if prepared.images:  # only a request with images reads the counts (a layer of its own)
-                responses = _counted(responses, on_counts)
+                responses = counted(responses, on_counts)
             async for chunk in responses:
                 state.last_response_at = now = time.monotonic()
                 ids = chunk.output_ids

@@ -19,7 +19,12 @@ tokenized: the LLM's processor tokenizes it, once. Three things follow:
   with its defaults, e.g. Gemma 3's ``<bos>``), so when the tokenizer adds its BOS and the template wrote it too, the
   rendered text's leading BOS is left out (the model sees it once, as with a prompt of token ids).
 
-Blocking (the chat template): runs in the thread that prepares a request.
+The conversation is rendered as a text prompt's is
+(:meth:`cog_triton.streaming.prompt.PromptTokenizer.render_messages`): with the chat template's keyword arguments the worker resolved (the reasoning switches, ``chat_template_kwargs``),
+an earlier turn's thinking under the key the template reads.
+
+Blocking (the chat template): runs on the thread that loads a prediction's images
+(:meth:`cog_triton.streaming.image_requests.ImageRequests.load`).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from typing import Any, Optional, Sequence
 
 from common.errors import ImageInputError, InputError
 from cog_triton.streaming.images import ImageRef
-from cog_triton.streaming.prompt import PromptTokenizer
+from cog_triton.streaming.prompt import REASONING_KEY, Prompt, PromptTokenizer
 
 #: The part a chat template renders as an image (Hugging Face's chat format).
 IMAGE_PART = {"type": "image"}
@@ -66,8 +71,22 @@ class ImagePrompts:
         return None
 
     def render(self, inputs: Any) -> tuple[str, list[ImageRef]]:
-        """The prompt of ``inputs`` (a :class:`cog_triton.ipc.PredictInputs` with images) as text, and its images in
-        the order of their placeholders.
+        """The prompt of ``inputs`` (a :class:`cog_triton.ipc.PredictInputs` with images) as the LLM is given it
+        (:meth:`sent`), and its images in the order of their placeholders (see :meth:`rendered`)."""
+        prompt, refs = self.rendered(inputs)
+        return self.sent(prompt), refs
+
+    def sent(self, prompt: Prompt) -> str:
+        """The text of a :meth:`rendered` prompt as the LLM is given it: its leading BOS left out where the
+        processor's tokenizer adds it (see the module docstring)."""
+        text = prompt.text
+        return text[len(self.leading_bos):] if self.leading_bos and text.startswith(self.leading_bos) else text
+
+    def rendered(self, inputs: Any) -> tuple[Prompt, list[ImageRef]]:
+        """The prompt of ``inputs`` (a :class:`cog_triton.ipc.PredictInputs` with images) as the chat template
+        rendered it (a :class:`cog_triton.streaming.prompt.Prompt` without ids, with the conversation rendered: where
+        it leaves a thinking model's thinking is read from it as from a text prompt), and its images in the order of
+        their placeholders.
 
         Raises:
             ImageInputError: the template takes no images, ``prompt_template`` is given, or ``messages`` have no user
@@ -89,11 +108,11 @@ class ImagePrompts:
         else:
             conversation, refs, texts = self._conversation(inputs.messages, files)
             texts.append(inputs.system_prompt)
+            if self.prompts.reasoning_key:  # an earlier turn's thinking the template reads is user text too
+                texts += [str(m[REASONING_KEY]) for m in inputs.messages if REASONING_KEY in m]
         self._refuse_special_text(texts)
-        text, _ = self.prompts.render_messages(conversation, inputs.system_prompt)
-        if self.leading_bos and text.startswith(self.leading_bos):
-            text = text[len(self.leading_bos):]
-        return text, refs
+        text, rendered = self.prompts.render_messages(conversation, inputs.system_prompt, inputs.template_kwargs)
+        return Prompt(text=text, ids=[], add_special_tokens=False, conversation=rendered), refs
 
     @staticmethod
     def _conversation(messages: Sequence[dict[str, Any]],

@@ -241,7 +241,7 @@ class PredictionRunner:
             if generator.model_interval_ms is not None:  # the model joins responses over the interval now due
                 generator.model_interval_ms = round(self.load.seconds * 1e3)
             if inputs.image_count:  # read, fetched and decoded on a thread of their own, then prepared as usual
-                images = await loop.run_in_executor(self._image_pool, generator.load_images, inputs)
+                images = await loop.run_in_executor(self._image_pool, generator.images.load, inputs)
                 prepared = await loop.run_in_executor(
                     self._prepare_pool, generator.prepare, inputs, request_id, adapter, images
                 )
