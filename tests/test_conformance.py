@@ -217,7 +217,7 @@ def render_pytorch_config(name: str) -> str:
     text = "\n".join(line for line in text.splitlines() if '"exclude_input_in_output" value' not in line)
     text = string.Template(text).substitute(
         triton_max_batch_size=MAX_ACTIVE, decoupled_mode="true", max_queue_delay_microseconds=0,
-        lora_weights_datatype="TYPE_FP32", cancellation_check_period_ms="", guided_decoding_backend="")
+        lora_weights_datatype="TYPE_FP32", cancellation_check_period_ms="", guided_decoding_backend="", images="false")
     text, count = re.subn(r'^name: "tensorrt_llm"$', f'name: "{name}"', text, flags=re.M)
     assert count == 1
     return text
