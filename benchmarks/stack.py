@@ -101,9 +101,10 @@ def pytorch_standin_config(*, step_ms: float, text_file: Path = STANDIN_TEXT,
 
     product = (PYTORCH_MODEL_DIR / "config.pbtxt").read_text()
     reference = placeholders((REFERENCE_MODEL.parent.parent / "config.pbtxt").read_text())
-    # the model's own defaults for the rest (empty parameters are dropped when rendered); the benchmark sends no adapter
+    # the model's own defaults for the rest (empty parameters are dropped when rendered); the benchmark sends no adapter;
+    # images off: the benchmark's requests are text (the product renders it on only for an image checkpoint)
     own = {"cancellation_check_period_ms": cancellation_check_period_ms, "unanswered_stop_timeout_ms": "",
-           "max_adapters_per_llm": "", "adapter_snapshot_dir": ""}
+           "max_adapters_per_llm": "", "adapter_snapshot_dir": "", "images": "false"}
     unknown = placeholders(product) - reference - set(own)
     if unknown:
         raise ValueError(f"tensorrt_llm_pytorch/config.pbtxt has placeholders the benchmark does not fill: {unknown}")
