@@ -83,6 +83,24 @@ def checkpoint_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def pytorch_model_module(tmp_path_factory, checkpoint_dir: Path):
+    """The PyTorch-backend model.py of a repository rendered for the default checkpoint (llm_args.json beside it),
+    with the recording pb_utils (tests/fake_pb_utils.py; Triton's stub cannot run in-process). One per session: the
+    model's code registers its folder as the package ``tensorrt_llm_pytorch`` and refuses another folder under that
+    name in one process, so every test module that loads it shares this one (each instance reads its LLM's
+    arguments through ``load_llm_args``, which a test may replace)."""
+    from tests import fake_pb_utils
+    from tests.llmapi_overlay import render_pytorch_repository
+    from tests.modules import load_file
+
+    repo = tmp_path_factory.mktemp("pytorch_model") / "repo"
+    render_pytorch_repository(repo, checkpoint_dir, max_batch_size=4)
+    module = load_file("pytorch_model_under_test", repo / "tensorrt_llm" / "1" / "model.py")
+    module.pb_utils = module.glue.pb_utils = fake_pb_utils
+    return module
+
+
+@pytest.fixture(scope="session")
 def default_archive(checkpoint_dir: Path) -> Path:
     """The .tar.gz weights archive of the default model, with a .sha256 file beside it."""
     if not ARCHIVE.is_file():

@@ -20,6 +20,9 @@ STACK_SETTINGS = {
     "COG_TRITON_REFERENCE_MAX_SEQ_LEN": "768",
     "COG_TRITON_STOP_TIMEOUT_S": "5",
     "COG_TRITON_STREAM_PROCESSES": "2",
+    # each scrape answered by a rendering that starts after it arrives: tests compare metrics before and after a
+    # prediction, which the default 1-s shared rendering (cog_triton.worker.metrics_endpoint) may not show yet
+    "COG_TRITON_PROMETHEUS_REUSE_S": "0",
 }
 STACK_SLOTS = 4
 

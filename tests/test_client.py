@@ -420,7 +420,8 @@ def pytorch_model_config() -> model_config_pb2.ModelConfig:
     text = (REPO_ROOT / "triton_model_repo" / "tensorrt_llm_pytorch" / "config.pbtxt").read_text()
     values = {"triton_max_batch_size": 8, "lora_weights_datatype": "TYPE_FP16", "decoupled_mode": True,
               "max_queue_delay_microseconds": 0, "exclude_input_in_output": True, "cancellation_check_period_ms": "",
-              "guided_decoding_backend": "", "images": True}
+              "guided_decoding_backend": "", "images": True, "unanswered_stop_timeout_ms": "", "max_adapters_per_llm": "",
+              "adapter_snapshot_dir": ""}
     return parse_model_config(fill_template(text, values, source="tensorrt_llm"), source="tensorrt_llm")
 
 

@@ -1002,6 +1002,11 @@ def test_a_sampling_input_takes_effect_or_is_refused(server, url, prompts, greed
             name = "bad_words_list" if case == "bad_words" else case
             assert error.startswith(name) and "cannot be applied here: leave" in error, (model, error)
             assert "TorchSampler" in error and "COG_TRITON_LLM_SAMPLER" not in error, (model, error)
+            # the model logs through its stub to Triton's log apart from the error response: wait for the line
+            deadline = time.monotonic() + 30
+            while (server["log"].read_text(errors="replace").count("COG_TRITON_LLM_SAMPLER=TRTLLMSampler") <= remedies
+                   and time.monotonic() < deadline):
+                time.sleep(0.05)
             log = server["log"].read_text(errors="replace")
             assert log.count("COG_TRITON_LLM_SAMPLER=TRTLLMSampler") > remedies, "the remedy was logged"
 

@@ -24,8 +24,7 @@ import pytest
 
 from tests import fake_pb_utils
 from tests.fake_pb_utils import FakeRequest, FakeSender
-from tests.llmapi_overlay import render_pytorch_repository, standin_imported
-from tests.modules import load_file
+from tests.llmapi_overlay import standin_imported
 
 EOS = 2
 
@@ -37,13 +36,9 @@ def trtllm():
 
 
 @pytest.fixture(scope="module")
-def model_module(tmp_path_factory, checkpoint_dir, trtllm):
-    """The model.py of a rendered repository (llm_args.json beside it), with the recording pb_utils."""
-    repo = tmp_path_factory.mktemp("pytorch_model") / "repo"
-    render_pytorch_repository(repo, checkpoint_dir, max_batch_size=4)
-    module = load_file("pytorch_model_under_test", repo / "tensorrt_llm" / "1" / "model.py")
-    module.pb_utils = module.glue.pb_utils = fake_pb_utils
-    return module
+def model_module(pytorch_model_module, trtllm):
+    """The model.py of a rendered repository (conftest's ``pytorch_model_module``), the stand-in importable."""
+    return pytorch_model_module
 
 
 @pytest.fixture(scope="module")

@@ -19,10 +19,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests import fake_pb_utils
 from tests.fake_pb_utils import FakeRequest
-from tests.llmapi_overlay import render_pytorch_repository, standin_imported
-from tests.modules import load_file
+from tests.llmapi_overlay import standin_imported
 from tests.vlm_checkpoint import TOKENS_PER_IMAGE, VlmReference, build_vlm_checkpoint, solid_png
 
 EOS = 2
@@ -46,12 +44,10 @@ def reference(vlm_dir) -> VlmReference:
 
 
 @pytest.fixture(scope="module")
-def model_module(tmp_path_factory, vlm_dir, trtllm):
-    repo = tmp_path_factory.mktemp("pytorch_model_images") / "repo"
-    render_pytorch_repository(repo, vlm_dir, max_batch_size=4)
-    module = load_file("pytorch_model_images_under_test", repo / "tensorrt_llm" / "1" / "model.py")
-    module.pb_utils = module.glue.pb_utils = fake_pb_utils
-    return module
+def model_module(pytorch_model_module, trtllm):
+    """The PyTorch-backend model.py (conftest's ``pytorch_model_module``: one per process); each instance here is
+    given the tiny vision-language checkpoint's LLM arguments (:func:`make`)."""
+    return pytorch_model_module
 
 
 def make(model_module, vlm_dir, images: bool = True):

@@ -34,6 +34,7 @@ from cog_triton.local import CogServer, serving_env
 from tests import reasoning_fixtures as rf
 from tests.gpu_fakes import fake_nvidia_smi, gpus
 from tests.llmapi_overlay import overlay_venv
+from tests.stacks import STACK_SETTINGS
 
 pytestmark = pytest.mark.integration
 
@@ -100,6 +101,7 @@ def engine_stack(tmp_path_factory):
     ])
     templates = write_standin_templates(work / "templates", step_ms=2, sender_threads=1, script_file=scripts)
     env = serving_env(str(checkpoint), work=work, COG_TRITON_TEMPLATE_DIR=str(templates),
+                      COG_TRITON_PROMETHEUS_REUSE_S=STACK_SETTINGS["COG_TRITON_PROMETHEUS_REUSE_S"],
                       COG_TRITON_CHECKPOINT_BACKEND="reference", COG_TRITON_STOP_TIMEOUT_S="5",
                       COG_TRITON_REFERENCE_MAX_SEQ_LEN="512")
     cog = CogServer(env, log_file=work / "cog.log", max_concurrency=2)
@@ -282,7 +284,7 @@ def pytorch_stack(tmp_path_factory):
     smi = fake_nvidia_smi(work / "gpu", gpus(1))
     env = serving_env(
         str(checkpoint), work=work, COG_TRITON_LLM_MAX_SEQ_LEN="512", COG_TRITON_LLM_MAX_NUM_TOKENS="384",
-        COG_TRITON_STOP_TIMEOUT_S="5",
+        COG_TRITON_STOP_TIMEOUT_S="5", COG_TRITON_PROMETHEUS_REUSE_S=STACK_SETTINGS["COG_TRITON_PROMETHEUS_REUSE_S"],
         LLMAPI_STANDIN_STEP_MS="2", LLMAPI_STANDIN_TEXT=str(STANDIN_TEXT), LLMAPI_STANDIN_SCRIPT=str(scripts),
         PATH=os.pathsep.join([str(smi), str(overlay / "bin"), str(Path(sys.executable).parent), os.environ["PATH"]]),
     )

@@ -211,31 +211,45 @@ class MetricsServer:
             loop.close()
 
     def _idle(self) -> Optional["_Connection"]:
-        """The oldest connection still waiting for its request, once it has waited :data:`IDLE_GRACE_S`."""
-        oldest = next((c for c, waiting in self._open.items() if waiting), None)
-        return oldest if oldest is not None and time.monotonic() - oldest.admitted_at >= IDLE_GRACE_S else None
+        """The oldest connection still waiting for its request, once it has waited :data:`IDLE_GRACE_S`, and with no
+        byte unread in its socket: one whose request arrived while this loop was busy (a loaded host) is not idle,
+        its ``data_received`` is due in the loop's next pass."""
+        now = time.monotonic()
+        for connection, waiting in self._open.items():  # in the order they were admitted
+            if not waiting:
+                continue
+            if now - connection.admitted_at < IDLE_GRACE_S:
+                return None  # the later ones were admitted later still
+            if not connection.bytes_unread():
+                return connection
+        return None
 
-    async def _room_for_one(self) -> None:
-        """Until a connection can be held: below the bound, or an idle one to close (see the class docstring)."""
+    async def _room_for_one(self) -> Optional["_Connection"]:
+        """Until a connection can be held: below the bound (None), or an idle one to close (returned; see the class
+        docstring)."""
         room = self._room
         assert room is not None
-        while len(self._open) >= self.max_connections and self._idle() is None:
+        while len(self._open) >= self.max_connections:
+            idle = self._idle()
+            if idle is not None:
+                return idle
             oldest = next((c for c, waiting in self._open.items() if waiting), None)
             room.clear()
             if oldest is None:  # every one being answered: until one ends
                 await room.wait()
                 continue
-            try:  # until one ends, or the oldest waiting one has waited long enough to be idle
+            try:  # until one ends, or the oldest waiting one has waited long enough to be idle (or was read)
                 await asyncio.wait_for(room.wait(), max(0.0, oldest.admitted_at + IDLE_GRACE_S - time.monotonic()))
             except asyncio.TimeoutError:
                 pass
+        return None
 
     async def _accept(self, listener: socket.socket) -> None:
         """Accept connections while one can be held (see the class docstring: admission); meanwhile they wait in
         the kernel's queue. Each is accepted right after the check that it can be held, nothing awaited between."""
         loop = asyncio.get_running_loop()
         while True:
-            await self._room_for_one()
+            idle = await self._room_for_one()
             try:
                 conn, _ = listener.accept()
             except BlockingIOError:  # none waiting: until one is
@@ -251,15 +265,14 @@ class MetricsServer:
                 await asyncio.sleep(0.1)
                 continue
             self.accepted += 1
-            if len(self._open) >= self.max_connections:
-                idle = self._idle()
-                assert idle is not None  # _room_for_one, nothing awaited since
+            if idle is not None:  # chosen by _room_for_one, nothing awaited since
                 self._closed(idle)  # forgotten now: its connection_lost comes later
                 idle.abort()
                 log.debug("metrics endpoint: %d connections held; closed the oldest idle one", self.max_connections)
             conn.setblocking(False)
+            connection = _Connection(self, conn)
             try:
-                await loop.connect_accepted_socket(lambda: _Connection(self), sock=conn)
+                await loop.connect_accepted_socket(lambda: connection, sock=conn)
             except OSError:
                 conn.close()
 
@@ -376,13 +389,23 @@ class _Connection(asyncio.Protocol):
     """One connection to the endpoint: its request head parsed with h11 within the request timeout, one answer,
     then closed (after the client took the answer, within the request timeout again)."""
 
-    def __init__(self, server: MetricsServer) -> None:
+    def __init__(self, server: MetricsServer, sock: Optional[socket.socket] = None) -> None:
         self.server = server
+        self.sock = sock  # the accepted socket, to peek at (the transport reads it)
         self.transport: Optional[asyncio.Transport] = None
         self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_REQUEST_BYTES)
         self.timer: Optional[asyncio.TimerHandle] = None
         self.answered = False
         self.admitted_at = time.monotonic()
+
+    def bytes_unread(self) -> bool:
+        """Whether the client's bytes wait in the socket, not yet read by the loop (peeked, never consumed)."""
+        if self.sock is None:
+            return False
+        try:
+            return bool(self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))  # b"": the client closed
+        except OSError:  # BlockingIOError: nothing there; another error: nothing to wait for
+            return False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
