@@ -9,7 +9,7 @@ failing to parse an empty string, except :data:`REQUIRED_TENSORRT_LLM_PARAMETERS
 backend reads without a default: those stay, empty meaning "off".
 
 Template folders -> live model names:
-    ensemble, preprocessing                                    -> same name
+    ensemble_ids, preprocessing                                -> same name
     tensorrt_llm            (C++ backend, engine weights)      -> tensorrt_llm
     tensorrt_llm_reference  (CPU reference, HF checkpoint)     -> tensorrt_llm
     tensorrt_llm_pytorch    (PyTorch backend over the LLM API, HF checkpoint with ``RenderOptions.llm_args``)
@@ -399,7 +399,7 @@ def template_values(options: RenderOptions, info: WeightsInfo) -> dict[str, dict
     }
     return {
         "tensorrt_llm_pytorch": pytorch_values(options, common, lora_dtype),
-        "ensemble": {**common, "lora_weights_datatype": lora_dtype},
+        "ensemble_ids": {**common, "lora_weights_datatype": lora_dtype},
         "preprocessing": {
             **common,
             "max_queue_delay_microseconds": options.max_queue_delay_microseconds,
@@ -532,7 +532,7 @@ def render_model_repository(options: RenderOptions, info: WeightsInfo) -> dict[s
     folders = {  # tensorrt_llm first: the ensemble forwards the optional inputs it declares (forward_model_inputs)
         "tensorrt_llm": llm_folder,
         "preprocessing": "preprocessing",
-        "ensemble": "ensemble",
+        "ensemble_ids": "ensemble_ids",
     }
     target = options.model_repo_dir
     staging = target.with_name(target.name + ".staging")
@@ -544,7 +544,7 @@ def render_model_repository(options: RenderOptions, info: WeightsInfo) -> dict[s
             source = options.template_dir / folder
             keep = frozenset(REQUIRED_TENSORRT_LLM_PARAMETERS) if folder == "tensorrt_llm" else frozenset()
             config = render_config(source / "config.pbtxt", values[folder], keep)
-            if name == "ensemble":
+            if name == "ensemble_ids":
                 forward_model_inputs(config, rendered["tensorrt_llm"])
             if config.name != name:
                 raise TemplateError(f"{source / 'config.pbtxt'}: model name is {config.name!r}, expected {name!r}")

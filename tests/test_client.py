@@ -31,7 +31,7 @@ def response(ids: Optional[list[int]], final: bool = False, request_id: str = ""
     """A streamed response as Triton's gRPC frontend sends it (outputs as raw little-endian INT32)."""
     message = service_pb2.ModelStreamInferResponse()
     infer = message.infer_response
-    infer.model_name = "ensemble"
+    infer.model_name = "ensemble_ids"
     infer.id = request_id
     if ids is not None:
         for name in names:
@@ -167,9 +167,9 @@ def sent_tensors(request: service_pb2.ModelInferRequest) -> dict[str, tuple[str,
 
 
 def ensemble_config() -> model_config_pb2.ModelConfig:
-    text = (REPO_ROOT / "triton_model_repo" / "ensemble" / "config.pbtxt").read_text()
+    text = (REPO_ROOT / "triton_model_repo" / "ensemble_ids" / "config.pbtxt").read_text()
     values = {"triton_max_batch_size": 8, "lora_weights_datatype": "TYPE_FP16"}
-    return parse_model_config(fill_template(text, values, source="ensemble"), source="ensemble")
+    return parse_model_config(fill_template(text, values, source="ensemble_ids"), source="ensemble_ids")
 
 
 def test_the_request_carries_the_ensembles_tensors(triton: Running) -> None:
@@ -183,7 +183,7 @@ def test_the_request_carries_the_ensembles_tensors(triton: Running) -> None:
     )
     collect(TritonClient(triton.address), request)
     [sent] = triton.state.requests
-    assert sent.model_name == "ensemble" and sent.id == "abc"
+    assert sent.model_name == "ensemble_ids" and sent.id == "abc"
     assert sent_tensors(sent) == {
         "input_ids": ("INT32", [1, 3], [5, 6, 7]),
         "max_tokens": ("INT32", [1, 1], [8]),
@@ -198,7 +198,7 @@ def test_the_request_carries_the_ensembles_tensors(triton: Running) -> None:
         "stream": ("BOOL", [1, 1], [True]),
     }  # no stop_words: matched by the predictor, on the text
     assert sent.parameters["triton_enable_empty_final_response"].bool_param
-    defaults = sent_tensors(GenerateRequest(input_ids=[1], max_tokens=1).to_grpc("ensemble"))
+    defaults = sent_tensors(GenerateRequest(input_ids=[1], max_tokens=1).to_grpc("ensemble_ids"))
     assert {name: value for name, (_, _, value) in defaults.items() if name not in ("input_ids", "max_tokens")} == {
         "temperature": [1.0], "top_k": [0], "top_p": [1.0], "repetition_penalty": [1.0], "presence_penalty": [0.0],
         "frequency_penalty": [0.0], "seed": [0], "stream": [True],
@@ -212,7 +212,7 @@ def test_each_tensor_sent_is_an_ensemble_input_of_its_type_wired_to_the_engine_i
     ensemble = ensemble_config()
     declared = {t.name: t for t in ensemble.input}
     request = GenerateRequest(input_ids=[1, 2], max_tokens=3, min_tokens=1, length_penalty=2.0, guide_type="regex",
-                              guide="a+", lora_task_id=4).to_grpc("ensemble")
+                              guide="a+", lora_task_id=4).to_grpc("ensemble_ids")
     for t in request.inputs:
         assert t.name in declared, t.name
         want = model_config_pb2.DataType.Name(declared[t.name].data_type).removeprefix("TYPE_")
@@ -232,7 +232,7 @@ def test_each_tensor_sent_is_an_ensemble_input_of_its_type_wired_to_the_engine_i
 
 
 def test_unused_optional_tensors_are_left_out_and_guides_are_bytes_tensors() -> None:
-    plain = GenerateRequest(input_ids=[1], max_tokens=4).to_grpc("ensemble")
+    plain = GenerateRequest(input_ids=[1], max_tokens=4).to_grpc("ensemble_ids")
     names = {t.name for t in plain.inputs}
     assert "min_tokens" not in names and "guided_decoding_guide" not in names and plain.id == ""
     guided = GenerateRequest(input_ids=[1], max_tokens=4, guide_type="json_schema", guide='{"a": "é"}').to_grpc("e")
@@ -248,7 +248,7 @@ def test_an_adapter_folder_goes_as_lora_path_beside_its_task_id() -> None:
     from tensorrtllm_backend.templates import forward_model_inputs
 
     request = GenerateRequest(input_ids=[1], max_tokens=2, lora_task_id=9, lora_path="/cache/adapters/é",
-                              lora=LoraTensors("FP32", 1, 1, b"\0" * 4, b"\0" * 12)).to_grpc("ensemble")
+                              lora=LoraTensors("FP32", 1, 1, b"\0" * 4, b"\0" * 12)).to_grpc("ensemble_ids")
     names = [t.name for t in request.inputs]
     assert "lora_weights" not in names and "lora_config" not in names
     assert tensor(request, "lora_path") == ("BYTES", [1, 1], I32.pack(len("/cache/adapters/é".encode()))
@@ -262,7 +262,7 @@ def test_an_adapter_folder_goes_as_lora_path_beside_its_task_id() -> None:
     assert model_config_pb2.DataType.Name(declared["lora_path"].data_type) == "TYPE_STRING"
     (engine,) = [s for s in ensemble.ensemble_scheduling.step if s.model_name == "tensorrt_llm"]
     assert engine.input_map["lora_path"] == "lora_path"
-    without = GenerateRequest(input_ids=[1], max_tokens=2, lora_path="/x").to_grpc("ensemble")
+    without = GenerateRequest(input_ids=[1], max_tokens=2, lora_path="/x").to_grpc("ensemble_ids")
     assert "lora_path" not in {t.name for t in without.inputs}  # only with a task id, as the tensors
 
 
@@ -405,11 +405,11 @@ def test_stop_refused_and_stop_against_a_closed_port(triton: Running) -> None:
 def test_length_penalty_is_sent_as_the_ensemble_input_that_maps_to_len_penalty() -> None:
     """replicate/cog-triton sends length_penalty to its ensemble; ours maps the ensemble input
     length_penalty to tensorrt_llm's len_penalty (triton_model_repo/ensemble/config.pbtxt)."""
-    request = GenerateRequest(input_ids=[1, 2], max_tokens=3, length_penalty=2.5).to_grpc("ensemble")
+    request = GenerateRequest(input_ids=[1, 2], max_tokens=3, length_penalty=2.5).to_grpc("ensemble_ids")
     names = [tensor.name for tensor in request.inputs]
     index = names.index("length_penalty")
     assert request.inputs[index].datatype == "FP32" and list(request.inputs[index].shape) == [1, 1]
     assert struct.unpack("<f", request.raw_input_contents[index]) == (2.5,)
     assert "length_penalty" not in [t.name for t in GenerateRequest(input_ids=[1], max_tokens=1).to_grpc("e").inputs]
-    ensemble = (REPO_ROOT / "triton_model_repo" / "ensemble" / "config.pbtxt").read_text()
+    ensemble = (REPO_ROOT / "triton_model_repo" / "ensemble_ids" / "config.pbtxt").read_text()
     assert 'input_map { key: "len_penalty" value: "length_penalty" }' in ensemble
