@@ -17,7 +17,9 @@ per request, batch dimension b first):
     upstream's ensemble step (``top_k`` -> ``runtime_top_k``, ``length_penalty`` -> ``len_penalty``, ``stream`` ->
     ``streaming``), so the engine validates them and its errors come back as they are.
 Outputs of each response:
-    text_output         BYTES [1, s]   s = 1, or the beam width: the text of this response (see below)
+    text_output         BYTES [s]      s = 1, or the beam width: the text of this response (see below); one
+                                       dimension, as upstream's postprocessing sends it (its client reads
+                                       ``text_output[0]`` as the string)
     batch_index         INT32 [1, 1]   the row of the request this response belongs to
     sequence_index      INT32 [1, 1]   which of num_return_sequences (0 without)
     cum_log_probs       FP32  [1, s]   with return_log_probs, as ``tensorrt_llm`` sent them
@@ -157,7 +159,7 @@ def _bool_param(params, name, default):
 
 
 def _bytes(texts):
-    return np.array([t.encode("utf-8") for t in texts], dtype=object).reshape(1, -1)
+    return np.array([t.encode("utf-8") for t in texts], dtype=object)
 
 
 class TritonPythonModel:
