@@ -197,6 +197,10 @@ class Predictor(BaseRunner):
             ge=0,
             le=2147483647,
         ),
+        image_input: list[Path] = Input(
+            description="Images for the model to see (files or URLs: JPEG, PNG, WebP or still GIF), placed in the user turn (the last one of messages) before its text, where the model's chat template writes images. For an image model served from a Hugging Face checkpoint on the PyTorch backend; at most 8 images by default, counting image parts of messages.",  # noqa: E501 - one literal
+            default=[],
+        ),
     ) -> ConcatenateIterator[str]:
         """Stream the model's answer as text deltas.
 

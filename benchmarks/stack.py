@@ -62,7 +62,7 @@ def write_standin_templates(target: Path, *, step_ms: float, sender_threads: int
     ``benchmarks/standin/1/model.py``)."""
     shutil.rmtree(target, ignore_errors=True)
     source = REPO_ROOT / "triton_model_repo"
-    for folder in ("ensemble_ids", "preprocessing", "tensorrt_llm"):
+    for folder in ("ensemble", "ensemble_ids", "preprocessing", "tensorrt_llm"):
         shutil.copytree(source / folder, target / folder, ignore=shutil.ignore_patterns("__pycache__"))
     llm = target / "tensorrt_llm_reference"
     (llm / "1").mkdir(parents=True)
@@ -101,9 +101,10 @@ def pytorch_standin_config(*, step_ms: float, text_file: Path = STANDIN_TEXT,
 
     product = (PYTORCH_MODEL_DIR / "config.pbtxt").read_text()
     reference = placeholders((REFERENCE_MODEL.parent.parent / "config.pbtxt").read_text())
-    # the model's own defaults for the rest (empty parameters are dropped when rendered); the benchmark sends no adapter
+    # the model's own defaults for the rest (empty parameters are dropped when rendered); the benchmark sends no adapter;
+    # images off: the benchmark's requests are text (the product renders it on only for an image checkpoint)
     own = {"cancellation_check_period_ms": cancellation_check_period_ms, "unanswered_stop_timeout_ms": "",
-           "max_adapters_per_llm": "", "adapter_snapshot_dir": ""}
+           "max_adapters_per_llm": "", "adapter_snapshot_dir": "", "images": "false"}
     unknown = placeholders(product) - reference - set(own)
     if unknown:
         raise ValueError(f"tensorrt_llm_pytorch/config.pbtxt has placeholders the benchmark does not fill: {unknown}")
@@ -129,7 +130,7 @@ def write_pytorch_standin_templates(target: Path, *, step_ms: float, text_file: 
     benchmark wrapper as ``tensorrt_llm_reference`` (the folder setup() renders for a checkpoint)."""
     shutil.rmtree(target, ignore_errors=True)
     source = REPO_ROOT / "triton_model_repo"
-    for folder in ("ensemble_ids", "preprocessing", "tensorrt_llm"):
+    for folder in ("ensemble", "ensemble_ids", "preprocessing", "tensorrt_llm"):
         shutil.copytree(source / folder, target / folder, ignore=shutil.ignore_patterns("__pycache__"))
     llm = target / "tensorrt_llm_reference"
     (llm / "1").mkdir(parents=True)

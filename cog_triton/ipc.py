@@ -32,6 +32,8 @@ one, is always queued before its end.
   about reasoning (the worker maps each prediction's reasoning inputs onto it).
 * :class:`Accepted` / :class:`Rejected`: the prediction was prepared and sent to Triton, or refused (an
   input error, which predict() raises).
+* :class:`ImageCounts`: a prediction with images: how many, and its prompt's and the images' tokens as the
+  engine made them (once, with its first response).
 * :class:`FirstToken`: time from the prediction's start to its first token.
 * :class:`End` / :class:`Failed`: the stream ended normally (finished or cut by a stop sequence), or failed, with its
   token counts (for a model that thinks, the thinking's among them).
@@ -106,6 +108,17 @@ class _PredictInputsMethods:
         """True when decoding is greedy: temperature 0, top_k 1 or top_p 0."""
         return self.temperature == 0.0 or self.top_k == 1 or self.top_p == 0.0
 
+    @property
+    def image_count(self) -> int:
+        """Images the prediction carries: ``image_input``'s files and the image parts of ``messages`` (a message's
+        content is text, or a list of ``{"type": "text", "text"}`` and ``{"type": "image", "url"}`` parts)."""
+        count = len(getattr(self, "image_input", ()) or ())
+        for message in self.messages or ():
+            content = message.get("content")
+            if isinstance(content, list):
+                count += sum(1 for part in content if part.get("type") == "image")
+        return count
+
     def token_budget(self, prompt_tokens: int, max_input_len: int, max_seq_len: int, limit_reason: str = "") -> int:
         """Tokens to request: ``max_tokens`` capped by what the engine's max_seq_len leaves.
 
@@ -164,6 +177,8 @@ CARRIED_AS: dict[str, tuple[Any, Any]] = {
     "seed": (int, 0),
     # a JSON object -> the dict
     "chat_template_kwargs": (dict[str, Any], field(default_factory=dict)),
+    # the files Cog received -> their paths (read and checked in the stream process)
+    "image_input": (tuple[str, ...], ()),
 }
 
 #: Fields that are no input: what validation derives from the inputs (name, type, default).
@@ -300,10 +315,21 @@ class Ready(NamedTuple):
 
 
 class Accepted(NamedTuple):
-    """Stream ``sid`` was prepared and sent to Triton; its prompt is ``prompt_tokens`` tokens."""
+    """Stream ``sid`` was prepared and sent to Triton; its prompt is ``prompt_tokens`` tokens (None for a prediction
+    with images: the engine reports its length, :class:`ImageCounts`)."""
 
     sid: int
+    prompt_tokens: Optional[int]
+
+
+class ImageCounts(NamedTuple):
+    """Stream ``sid`` carries ``images`` images; the engine made its prompt ``prompt_tokens`` tokens, of which the
+    images fill ``image_tokens`` (sent once, with its first response)."""
+
+    sid: int
+    images: int
     prompt_tokens: int
+    image_tokens: int
 
 
 class Rejected(NamedTuple):
@@ -366,7 +392,7 @@ class Timings(NamedTuple):
     first_text_at: float
 
 
-Event = Union[Ready, Accepted, Rejected, FirstToken, End, Failed, Cancelled, Stats, Timings]
+Event = Union[Ready, Accepted, ImageCounts, Rejected, FirstToken, End, Failed, Cancelled, Stats, Timings]
 
 
 class Frame(NamedTuple):
@@ -418,6 +444,7 @@ class FrameReader:
 
 __all__ = (
     "Accepted", "Cancel", "Cancelled", "Command", "Config", "End", "Event", "Failed", "FirstToken", "Frame",
+    "ImageCounts",
     "FrameReader", "HEADER", "MAX_FRAME_BYTES", "Ready", "Reconnect", "Rejected", "Start", "Stats", "StopRequest",
     "answer_request_id", "decode", "encode",
 )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 from cog_triton.fetch.rules import FetchRules
 from tensorrtllm_backend.engine import ModelLimits
@@ -55,6 +55,41 @@ class StoreLimits:
     fetches: int = 4
 
 
+#: What image fetches are called in the fetch rules' messages (the worker's early check and the stream process's fetch).
+IMAGE_URLS = "image URLs"
+
+
+@dataclass(frozen=True)
+class ImageLimits:
+    """What one prediction's images may be (:mod:`cog_triton.streaming.images`; COG_TRITON_IMAGE_*).
+
+    Attributes:
+        max_count: images per prediction.
+        max_pixels: width x height of one image, pixels.
+        max_bytes: bytes of one image file.
+        fetch_deadline_s: all of a prediction's image URLs, seconds.
+        rules: the fetch rules of image URLs (None: URLs are refused, no rules were configured).
+        fetches: predictions whose images one stream process reads, fetches and decodes at once, each on a thread of
+            its own: one per prediction slot (COG_MAX_CONCURRENCY), so that a slow image URL (held until its deadline)
+            or a large image delays no other prediction's start.
+    """
+
+    max_count: int = 8
+    max_pixels: int = 4096 * 4096
+    max_bytes: int = 20 << 20
+    fetch_deadline_s: float = 30.0
+    rules: Optional[FetchRules] = None
+    fetches: int = 4
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> "ImageLimits":
+        """The limits of a :class:`cog_triton.settings.Settings` (``images`` and ``fetch`` groups)."""
+        images = settings.images
+        return cls(max_count=images.max_count, max_pixels=images.max_pixels, max_bytes=images.max_bytes,
+                   fetch_deadline_s=images.fetch_deadline_s, rules=FetchRules.from_settings(settings),
+                   fetches=settings.predictor.max_concurrency)
+
+
 @dataclass(frozen=True)
 class GeneratorConfig:
     """Everything needed to build a :class:`Generator` in another process (picklable).
@@ -77,6 +112,9 @@ class GeneratorConfig:
             (the PyTorch-backend model: its responses joined per interval, the first at once, so that one LLM
             instance's responses to Triton keep up with a GPU; the stream interval of the text, milliseconds);
             None: not sent.
+        images_off: why predictions may carry no images (:func:`cog_triton.worker.planning.images_off_reason`);
+            None: they may (the PyTorch-backend model takes them, sent to it directly).
+        image_limits: what a prediction's images may be.
     """
 
     tokenizer_dir: Path
@@ -92,6 +130,8 @@ class GeneratorConfig:
     backend: Literal["engine", "pytorch"] = "engine"
     sampler: Optional[str] = None
     model_interval_ms: Optional[int] = None
+    images_off: Optional[str] = "images are not served"
+    image_limits: ImageLimits = ImageLimits()
 
 
-__all__ = ("GeneratorConfig", "StoreLimits")
+__all__ = ("IMAGE_URLS", "GeneratorConfig", "ImageLimits", "StoreLimits")

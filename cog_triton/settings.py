@@ -528,6 +528,35 @@ class FetchSettings(Group):
         return ",".join(str(item) for item in parse(value))
 
 
+class ImageSettings(Group):
+    """Images in predictions (image_input, image parts of messages) on the PyTorch backend: how many, how large, and
+    how long an image URL may take (cog_triton/streaming/images.py)."""
+
+    enabled: bool = Field(
+        default=True, validation_alias="images",
+        description="Accept images (image_input, image parts of messages) on a checkpoint whose architecture "
+        "TensorRT-LLM 1.2.1 serves with images; false refuses every prediction that gives one, saying so."
+    )
+    max_count: int = Field(
+        default=8, ge=1, le=64, validation_alias="image_max_count",
+        description="Most images one prediction may carry (image_input and image parts together)."
+    )
+    max_pixels: int = Field(
+        default=4096 * 4096, ge=1, le=1 << 30, validation_alias="image_max_pixels",
+        description="Most pixels (width x height) an image may have, checked from its header before it is "
+        "decoded (a decompression bomb is refused unread)."
+    )
+    max_bytes: int = Field(
+        default=20 << 20, ge=1, le=1 << 30, validation_alias="image_max_bytes",
+        description="Most bytes one image file may have (a data URI's decoded bytes; an image URL's download)."
+    )
+    fetch_deadline_s: float = Field(
+        default=30.0, gt=0, le=3600, validation_alias="image_fetch_deadline_s",
+        description="Deadline of fetching a prediction's image URLs (image parts of messages), all of them "
+        "together, enforced from outside the reads (seconds)."
+    )
+
+
 class TritonSettings(Group):
     """The Triton process: its binary, ports, deadlines and log."""
 
@@ -699,6 +728,7 @@ class Settings(BaseSettings):
     llm: LlmSettings = Field(default_factory=LlmSettings, title="Hugging Face checkpoints and the PyTorch backend")
     reference: ReferenceSettings = Field(default_factory=ReferenceSettings, title="CPU reference backend")
     fetch: FetchSettings = Field(default_factory=FetchSettings, title="Fetch rules")
+    images: ImageSettings = Field(default_factory=ImageSettings, title="Images")
     triton: TritonSettings = Field(default_factory=TritonSettings, title="Triton process")
     stream: StreamSettings = Field(default_factory=StreamSettings, title="Streaming")
     metrics: MetricsSettings = Field(default_factory=MetricsSettings, title="Metrics")

@@ -138,6 +138,13 @@ class FetchRefusedError(InputError):
     code = "fetch_refused"
 
 
+class ImageInputError(InputError):
+    """An image of a prediction cannot be served: refused (count, size, format, animation, its URL), unreadable,
+    or given to a model that takes none."""
+
+    code = "invalid_image"
+
+
 class IncompleteOutputError(CogTritonError):
     """Structured output: the generation reached its token limit before the guided document was complete."""
 

@@ -158,6 +158,25 @@ PROCESSOR_ARCHITECTURES: dict[str, str] = {
     "Qwen3VLMoeForConditionalGeneration": "modeling_qwen3vl.py @002f3cc3: Qwen3VLInputProcessorBase, a "
                                           f"Qwen2VLInputProcessorBase, {_LOADS}",
 }
+#: Architectures this image serves images for on the PyTorch backend -> the source read (1.2-era stored versions of
+#: NVIDIA/TensorRT-LLM; none is stored at v1.2.1). Each registers an input processor that takes the prompt as text
+#: with ``multi_modal_data["image"]`` (PIL images) and lets the model's Hugging Face processor tokenize it and expand
+#: the placeholders its chat template writes (``tensorrt_llm/inputs/registry.py``). Other registered multimodal
+#: architectures (PROCESSOR_ARCHITECTURES) are served text-only: their image path is not verified here.
+IMAGE_ARCHITECTURES: dict[str, str] = {
+    "Gemma3ForConditionalGeneration": "modeling_gemma3vl.py @0f8dcd9d Gemma3InputProcessor: processor(text=prompt, "
+                                      "images=...) expands <start_of_image>; run end to end here over the LLM API "
+                                      "stand-in, which emulates it",
+    "Qwen2VLForConditionalGeneration": "modeling_qwen2vl.py (index copy 2926488359) Qwen2VLInputProcessorBase: "
+                                       "processor(text=[prompt], images=...), the image positions written as "
+                                       "vocab_size + 1; read, not run here (its processor needs torchvision)",
+    "Qwen2_5_VLForConditionalGeneration": "modeling_qwen2vl.py (index copy 2926488359) Qwen2VLInputProcessorBase, as "
+                                          "Qwen2-VL; read, not run here",
+    "Qwen3VLForConditionalGeneration": "modeling_qwen3vl.py @002f3cc3 Qwen3VLInputProcessorBase, a "
+                                       "Qwen2VLInputProcessorBase; read, not run here",
+    "Qwen3VLMoeForConditionalGeneration": "modeling_qwen3vl.py @002f3cc3 Qwen3VLInputProcessorBase, a "
+                                          "Qwen2VLInputProcessorBase; read, not run here",
+}
 #: The Hugging Face processor's files, read from the checkpoint folder when present (preprocessor_config.json is
 #: required for :data:`PROCESSOR_ARCHITECTURES`); an hf:// source fetches them (cog_triton.weights.hub).
 PROCESSOR_CONFIG = "preprocessor_config.json"
@@ -458,7 +477,7 @@ def check_pytorch_checkpoint(info: "WeightsInfo", gpus: Sequence["GPU"] = (), tr
 
 
 __all__ = (
-    "AUTO_MAP_FILES", "FACTS_VERSION", "KV_CACHE_QUANT_ALGOS", "MODELOPT_QUANT_ALGOS", "NOT_TEXT_GENERATION",
+    "AUTO_MAP_FILES", "FACTS_VERSION", "IMAGE_ARCHITECTURES", "KV_CACHE_QUANT_ALGOS", "MODELOPT_QUANT_ALGOS", "NOT_TEXT_GENERATION",
     "PROCESSOR_ARCHITECTURES", "PROCESSOR_CONFIG", "PROCESSOR_FILES", "PYTORCH_ARCHITECTURES",
     "REMOTE_CODE_ARCHITECTURES", "TRUST_REMOTE_CODE_SETTING", "CheckpointQuantization", "CodeReference",
     "architecture_support", "check_checkpoint_files", "check_pytorch_checkpoint", "checkpoint_quantization",

@@ -294,6 +294,9 @@ class RenderOptions:
     #: folder of its adapter snapshots (None: a temporary folder of the model's); see its ``adapters.py``.
     max_adapters_per_llm: Optional[int] = None
     adapter_snapshot_dir: Optional[str] = None
+    #: The PyTorch-backend model serves images (its ``images`` parameter): the checkpoint's architecture takes them
+    #: in TensorRT-LLM 1.2.1 and they are on (cog_triton.worker.planning decides).
+    images: bool = False
 
 
 def lora_cache_values(options: RenderOptions, info: WeightsInfo) -> dict[str, object]:
@@ -624,6 +627,7 @@ def pytorch_values(options: RenderOptions, common: Mapping[str, object], lora_dt
         "max_adapters_per_llm": options.max_adapters_per_llm,
         "adapter_snapshot_dir": options.adapter_snapshot_dir,
         "guided_decoding_backend": llm_args.get("guided_decoding_backend"),
+        "images": options.images,
     }
 
 

@@ -52,7 +52,7 @@ def standin_installation(installation: TritonInstallation, overlay: Path) -> Tri
 
 
 def render_pytorch_repository(target: Path, checkpoint: Path, *, llm_args: Optional[Mapping[str, Any]] = None,
-                              max_batch_size: int = 4, guided_decoding: bool = False) -> dict:
+                              max_batch_size: int = 4, guided_decoding: bool = False, images: bool = False) -> dict:
     """The product's model repository in ``target`` for ``checkpoint`` with the PyTorch-backend model; returns the
     rendered configs. ``llm_args`` defaults to ``{"model": checkpoint, "max_batch_size": max_batch_size}``."""
     from tensorrtllm_backend.engine import inspect_weights  # noqa: PLC0415
@@ -61,7 +61,7 @@ def render_pytorch_repository(target: Path, checkpoint: Path, *, llm_args: Optio
     info = inspect_weights(checkpoint, reference_max_batch_size=max_batch_size, reference_max_seq_len=512)
     args = dict(llm_args) if llm_args is not None else {"model": str(checkpoint), "max_batch_size": max_batch_size}
     options = RenderOptions(template_dir=REPO_ROOT / "triton_model_repo", model_repo_dir=target,
-                            guided_decoding=guided_decoding, llm_args=args)
+                            guided_decoding=guided_decoding, llm_args=args, images=images)
     return render_model_repository(options, info)
 
 

@@ -76,7 +76,7 @@ def test_standin_has_the_reference_models_tensors_and_placeholders(tmp_path: Pat
     assert Path(params["text_file"]).is_file()
     model_py = templates / "tensorrt_llm_reference" / "1" / "model.py"
     assert model_py.read_text() == (STANDIN / "1" / "model.py").read_text()
-    for folder in ("ensemble_ids", "preprocessing", "tensorrt_llm"):
+    for folder in ("ensemble", "ensemble_ids", "preprocessing", "tensorrt_llm"):
         product = REPO_ROOT / "triton_model_repo" / folder / "config.pbtxt"
         assert (templates / folder / "config.pbtxt").read_text() == product.read_text()
 
@@ -511,6 +511,7 @@ def test_the_pytorch_wrapper_has_the_product_models_tensors_and_the_reference_pl
     params = {k: v.string_value for k, v in wrapper.parameters.items()}
     assert params["step_ms"] == "7" and params["cancellation_check_period_ms"] == "100.0"
     assert params["hf_model_dir"] == "/weights" and params["max_seq_len"] == "200"
+    assert params["images"] == "false"  # the benchmark's requests are text
     assert Path(params["pytorch_model"]) == (product_path.parent / "1" / "model.py").resolve()
     assert (Path(params["standin_root"]) / "tensorrt_llm" / "__init__.py").is_file()
     assert (templates / "tensorrt_llm_reference" / "1" / "model.py").read_text() == (

@@ -413,3 +413,108 @@ def test_length_penalty_is_sent_as_the_ensemble_input_that_maps_to_len_penalty()
     assert "length_penalty" not in [t.name for t in GenerateRequest(input_ids=[1], max_tokens=1).to_grpc("e").inputs]
     ensemble = (REPO_ROOT / "triton_model_repo" / "ensemble_ids" / "config.pbtxt").read_text()
     assert 'input_map { key: "len_penalty" value: "length_penalty" }' in ensemble
+
+
+# ------------------------------------------------------------------------------------------------ image requests
+def pytorch_model_config() -> model_config_pb2.ModelConfig:
+    text = (REPO_ROOT / "triton_model_repo" / "tensorrt_llm_pytorch" / "config.pbtxt").read_text()
+    values = {"triton_max_batch_size": 8, "lora_weights_datatype": "TYPE_FP16", "decoupled_mode": True,
+              "max_queue_delay_microseconds": 0, "exclude_input_in_output": True, "cancellation_check_period_ms": "",
+              "guided_decoding_backend": "", "images": True}
+    return parse_model_config(fill_template(text, values, source="tensorrt_llm"), source="tensorrt_llm")
+
+
+IMAGE = GenerateRequest(input_ids=[], max_tokens=8, min_tokens=2, temperature=0.5, top_k=7, top_p=0.25,
+                        repetition_penalty=1.25, presence_penalty=0.75, frequency_penalty=-0.5, seed=9,
+                        length_penalty=1.5, request_id="img", text_input="<start_of_image>What is it?",
+                        image_bytes=(b"\x89PNG-a", b"JFIF-bb"), end_id=2, pad_id=3, stream_interval_ms=20,
+                        guide_type="regex", guide="a+")
+
+
+def test_an_image_request_goes_to_the_model_itself_in_its_tensor_names() -> None:
+    """Each sampling value reaches the tensorrt_llm input the ensemble maps the text request's to; the prompt is
+    text_input, the files image_bytes (Triton's length-prefixed BYTES), input_lengths 0, and end_id / pad_id are
+    sent (preprocessing fills them for a text request)."""
+    request = IMAGE.to_grpc("ensemble_ids")
+    assert request.model_name == "tensorrt_llm" and request.id == "img"
+    assert [o.name for o in request.outputs] == ["output_ids", "sequence_length", "prompt_tokens", "image_tokens"]
+    declared = {t.name: t for t in pytorch_model_config().input}
+    for t in request.inputs:
+        assert t.name in declared, t.name
+        want = model_config_pb2.DataType.Name(declared[t.name].data_type).removeprefix("TYPE_")
+        assert t.datatype == ("BYTES" if want == "STRING" else want), t.name
+    numbers = {name: value for name, value in (
+        (t.name, sent) for t in request.inputs if t.datatype != "BYTES"
+        for sent in [sent_tensors_of(request)[t.name]])}
+    text = GenerateRequest(input_ids=[1], max_tokens=8, min_tokens=2, temperature=0.5, top_k=7, top_p=0.25,
+                           repetition_penalty=1.25, presence_penalty=0.75, frequency_penalty=-0.5, seed=9,
+                           length_penalty=1.5, stream_interval_ms=20).to_grpc("ensemble_ids")
+    (engine,) = [s for s in ensemble_config().ensemble_scheduling.step if s.model_name == "tensorrt_llm"]
+    mapped = {engine.input_map[name]: name for name in engine.input_map}
+    for ensemble_name, value in sent_tensors_of(text).items():
+        if ensemble_name in ("input_ids", "max_tokens"):
+            continue
+        assert numbers[mapped.get(ensemble_name, ensemble_name)] == value, ensemble_name
+    assert numbers["request_output_len"][2] == [8] and numbers["input_lengths"][2] == [0]
+    assert numbers["end_id"][2] == [2] and numbers["pad_id"][2] == [3]
+    assert tensor(request, "text_input") == ("BYTES", [1, 1], I32.pack(27) + b"<start_of_image>What is it?")
+    assert tensor(request, "image_bytes") == ("BYTES", [1, 2], I32.pack(6) + b"\x89PNG-a" + I32.pack(7) + b"JFIF-bb")
+    assert "input_ids" not in {t.name for t in request.inputs}
+
+
+def sent_tensors_of(request: service_pb2.ModelInferRequest) -> dict[str, tuple[str, list[int], list[Any]]]:
+    return {name: value for name, value in (
+        (t.name, (t.datatype, list(t.shape), list(struct.unpack(
+            f"<{len(raw) // struct.calcsize(DECODE[t.datatype])}{DECODE[t.datatype]}", raw))))
+        for t, raw in zip(request.inputs, request.raw_input_contents, strict=True) if t.datatype != "BYTES")}
+
+
+def test_a_text_request_asks_for_no_outputs_and_keeps_the_ensemble() -> None:
+    request = GenerateRequest(input_ids=[1], max_tokens=2).to_grpc("ensemble_ids")
+    assert request.model_name == "ensemble_ids" and list(request.outputs) == []
+    assert {"text_input", "image_bytes", "end_id", "pad_id"}.isdisjoint(t.name for t in request.inputs)
+
+
+def test_an_image_request_needs_its_parts() -> None:
+    for missing in ({"image_bytes": ()}, {"end_id": None}):
+        fields = {"image_bytes": (b"i",), "end_id": 2, **missing}
+        with pytest.raises(ValueError, match="an image request needs text_input, image_bytes and end_id"):
+            GenerateRequest(input_ids=[], max_tokens=1, text_input="x", **fields).to_grpc("ensemble_ids")
+
+
+def counted(ids: list[int], prompt: int, image: int, final: bool = False) -> service_pb2.ModelStreamInferResponse:
+    message = response(ids, final=final)
+    for name, value in (("prompt_tokens", prompt), ("image_tokens", image)):
+        out = message.infer_response.outputs.add()
+        out.name, out.datatype = name, "INT32"
+        out.shape.extend([1, 1])
+        message.infer_response.raw_output_contents.append(I32.pack(value))
+    return message
+
+
+def test_an_image_requests_stream_carries_the_counts(triton: Running) -> None:
+    async def scenario(request):
+        yield counted([5, 6], 40, 8)
+        yield counted([7], 40, 8, final=True)
+
+    triton.state.scenario = scenario
+    chunks, failure = collect(TritonClient(triton.address), IMAGE)
+    assert failure is None
+    assert [(c.output_ids, c.prompt_tokens, c.image_tokens) for c in chunks] == [([5, 6], 40, 8), ([7], 40, 8)]
+    (sent,) = triton.state.requests
+    assert sent.model_name == "tensorrt_llm"
+
+
+def test_counts_are_read_only_for_image_requests() -> None:
+    from cog_triton.streaming.client import CountedChunk, parse_image_response
+
+    chunk, final = parse_response(counted([5], 40, 8).infer_response)
+    assert type(chunk) is GenerateChunk  # a text request's parse reads ids only
+    chunk, final = parse_image_response(counted([5], 40, 8, final=True).infer_response)
+    assert isinstance(chunk, CountedChunk) and (chunk.prompt_tokens, chunk.image_tokens, final) == (40, 8, True)
+    empty, final = parse_image_response(response(None, final=True).infer_response)
+    assert type(empty) is GenerateChunk and empty.output_ids == [] and final
+    bad = counted([5], 40, 8).infer_response
+    bad.raw_output_contents[2] = b"\x00\x00"
+    with pytest.raises(InferenceError, match="prompt_tokens of 2 bytes"):
+        parse_image_response(bad)

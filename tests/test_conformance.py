@@ -222,7 +222,8 @@ def render_pytorch_config(name: str, **values: object) -> str:
     text = string.Template(text).substitute({
         **dict(triton_max_batch_size=MAX_ACTIVE, decoupled_mode="true", max_queue_delay_microseconds=0,
                lora_weights_datatype="TYPE_FP32", cancellation_check_period_ms="", guided_decoding_backend="",
-               unanswered_stop_timeout_ms="", max_adapters_per_llm="", adapter_snapshot_dir=""),
+               unanswered_stop_timeout_ms="", max_adapters_per_llm="", adapter_snapshot_dir="",
+               images="false"),
         **values})
     text, count = re.subn(r'^name: "tensorrt_llm"$', f'name: "{name}"', text, flags=re.M)
     assert count == 1

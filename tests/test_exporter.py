@@ -155,6 +155,27 @@ def test_a_thinking_models_tokens_count_apart_also_for_cancelled_streams() -> No
                     ANSWER_TOKEN_COUNT: 3}  # passed on to Cog unchanged
 
 
+def test_a_predictions_images_and_their_tokens_are_counted() -> None:
+    """The tracker counts the images and image tokens the stream pool records for a prediction with images (the
+    engine's counts), passed on to Cog unchanged; a prediction without images records neither."""
+    from cog_triton.worker.metrics import IMAGE_COUNT, IMAGE_TOKEN_COUNT
+
+    m = ServiceMetrics()
+    seen: dict = {}
+    for images, image_tokens in ((2, 512), (1, 256)):
+        tracker = m.track(lambda name, v: seen.__setitem__(name, v), time.monotonic())
+        tracker(INPUT_TOKEN_COUNT, image_tokens + 20)
+        tracker(IMAGE_COUNT, images)
+        tracker(IMAGE_TOKEN_COUNT, image_tokens)
+        tracker.finish()
+    text = m.track(lambda name, v: None, time.monotonic())
+    text(INPUT_TOKEN_COUNT, 7)
+    text.finish()
+    assert value(m, "cog_triton_images_total") == 3 and value(m, "cog_triton_image_tokens_total") == 768
+    assert value(m, "cog_triton_prompt_tokens_total") == 532 + 276 + 7
+    assert seen == {INPUT_TOKEN_COUNT: 276, IMAGE_COUNT: 1, IMAGE_TOKEN_COUNT: 256}
+
+
 def test_every_metric_is_named_for_the_service() -> None:
     metrics = ServiceMetrics()
     names = [family.name for family in metrics.registry.collect()]

@@ -476,7 +476,7 @@ def test_messages_are_parsed_in_order_and_kept_as_given() -> None:
         ('[{"role": 1, "content": "a"}]', "messages[0].role must be a non-empty string, got 1"),
         ('[{"role": "user"}]', "messages[0].content must be a string or a list of content parts, got None"),
         ('[{"role": "user", "content": ["a"]}]',
-         "messages[0].content[0] must be an object with a type (text), got 'a'"),
+         "messages[0].content[0] must be an object with a type (text, image_url), got 'a'"),
         ('[{"role": "user", "content": "a"}, {"role": "user", "content": "b", "name": "x", "id": 1}]',
          "messages[1] has unknown key(s) id, name; each message has role and content (and an assistant message may "
          "have reasoning_content)"),
@@ -751,9 +751,9 @@ def test_content_may_be_a_list_of_text_parts() -> None:
                 {"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "there"}]}]
     assert validate(prompt="", messages=_json.dumps(messages)).messages == [
         {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi\nthere"}]
-    image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://x/y.png"}}]}]
-    assert rejected_message(prompt="", messages=_json.dumps(image)) == (
-        "messages[0].content[0] has type 'image_url'; the content part types taken: text")
+    audio = [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}]}]
+    assert rejected_message(prompt="", messages=_json.dumps(audio)) == (
+        "messages[0].content[0] has type 'input_audio'; the content part types taken: text, image_url")
     bad = [{"role": "user", "content": [{"type": "text", "text": 3}]}]
     assert rejected_message(prompt="", messages=_json.dumps(bad)) == (
         "messages[0].content[0].text must be a string, got 3")
@@ -797,3 +797,70 @@ def test_a_value_equal_to_the_default_but_of_another_type_is_still_checked(name:
     itself, not a value of another type that compares equal to it."""
     assert rejected_message(**{name: value}) == message
     assert getattr(validate(), name) == input_specs()[name].default
+
+
+# ------------------------------------------------------------------------------------------------ images
+def test_image_input_is_the_paths_of_the_files_cog_received(tmp_path: Path) -> None:
+    first, second = tmp_path / "a.png", tmp_path / "b.jpg"
+    first.write_bytes(b"x")
+    second.write_bytes(b"y")
+    inputs = validate(image_input=[first, second])
+    assert inputs.image_input == (str(first), str(second)) and inputs.image_count == 2
+    assert validate().image_input == () and validate().image_count == 0
+    assert validate(image_input=None).image_input == ()
+
+
+def test_image_input_refuses_what_cog_passes_on_undownloaded(tmp_path: Path) -> None:
+    """coglet 0.23.1 hands a path on the server (or a file:// URL) over as a string, and the URLs of a list mixing
+    them undownloaded (tests/test_coglet_path_inputs.py): none of them is read."""
+    class URLPath(type(Path())):  # cog.types.URLPath, as coglet leaves it
+        pass
+
+    assert "image_input[0]='/etc/hostname' is not an image Cog received" in rejected(image_input=["/etc/hostname"])
+    assert "is not an image Cog received" in rejected(image_input=["file:///etc/hostname"])
+    undownloaded = rejected(image_input=[URLPath("https://example.com/a.png")])
+    assert "image_input[0]" in undownloaded and "was not downloaded" in undownloaded
+    assert "is not a file Cog received" in rejected(image_input=[tmp_path / "gone.png"])
+    assert "image_input must be a list of images" in rejected(image_input="https://example.com/a.png")
+    assert "image_input[0] must be an image file or URL, got 3 (int)" in rejected(image_input=[3])
+
+
+def test_message_parts_text_only_become_text_and_image_parts_stay_in_order() -> None:
+    import json
+
+    text_only = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
+    assert validate(prompt="", messages=json.dumps(text_only)).messages == [{"role": "user", "content": "a\nb"}]
+    parts = [{"role": "system", "content": "Be brief."},
+             {"role": "user", "content": [{"type": "text", "text": "Compare"},
+                                          {"type": "image_url", "image_url": {"url": "https://example.com/1.png"}},
+                                          {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA",
+                                                                              "detail": "auto"}}]}]
+    inputs = validate(prompt="", messages=json.dumps(parts))
+    assert inputs.messages[1]["content"] == [{"type": "text", "text": "Compare"},
+                                             {"type": "image", "url": "https://example.com/1.png"},
+                                             {"type": "image", "url": "data:image/png;base64,AAAA"}]
+    assert inputs.image_count == 2
+
+
+@pytest.mark.parametrize("content, phrase", [
+    (5, "messages[0].content must be a string or a list of content parts, got 5"),
+    ([{"type": "audio"}], "messages[0].content[0] has type 'audio'; the content part types taken: text, image_url"),
+    ([{"type": "text", "text": 1}], "messages[0].content[0].text must be a string, got 1"),
+    ([{"type": "image_url", "image_url": "https://x/a.png"}], 'must be {"type": "image_url", "image_url": {"url"'),
+    ([{"type": "image_url", "image_url": {"url": "file:///etc/passwd"}}], "must be an https URL or a data URI"),
+    ([{"type": "image_url", "image_url": {"url": "https://x/a.png", "detail": "high"}}],
+     "detail='high' is not taken"),
+])
+def test_bad_message_parts_are_refused_naming_the_part(content: Any, phrase: str) -> None:
+    import json
+
+    assert phrase in rejected(prompt="", messages=json.dumps([{"role": "user", "content": content}]))
+
+
+def test_images_go_in_user_messages() -> None:
+    import json
+
+    messages = [{"role": "user", "content": "hi"},
+                {"role": "assistant", "content": [{"type": "image_url", "image_url": {"url": "https://x/a.png"}}]}]
+    assert "messages[1].content[0] is an image in a 'assistant' message" in rejected(prompt="",
+                                                                                    messages=json.dumps(messages))

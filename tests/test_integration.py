@@ -178,6 +178,9 @@ MODEL_INVALID = [
     ({"prompt": "hi", "stop_sequences": '["unterminated'}, ["stop_sequences"]),
     ({"prompt": "hi", "temperature": 1e-300}, ["temperature=1e-300", "float32"]),
     ({"prompt": "word " * 1000}, ["too long", "tokens", str(MAX_INPUT_LEN)]),
+    # a checkpoint on the CPU reference model takes no images (the file Cog decoded from the data URI is not read)
+    ({"prompt": "hi", "image_input": ["data:image/png;base64,iVBORw0KGgo="]},
+     ["[invalid_image] 1 image(s) were given", "served by the CPU reference model, which takes text only"]),
 ]
 
 

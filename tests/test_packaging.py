@@ -38,6 +38,7 @@ IMPORT_TO_DISTRIBUTION = {
     "huggingface_hub": "huggingface-hub",
     "tenacity": "tenacity",
     "numpy": "numpy",
+    "PIL": "pillow",
     "cog": "cog",
     "torch": "torch",
     "safetensors": "safetensors",
@@ -72,6 +73,7 @@ PREDICT_INPUTS = [
     "include_reasoning",
     "chat_template_kwargs",
     "thinking_budget_tokens",
+    "image_input",
 ]
 
 

@@ -100,3 +100,29 @@ def test_lora_on_the_pytorch_backend_bounds_the_adapters_per_llm_and_snapshots_b
     never = plan_serving(Settings(llm_enable_lora=True, llm_max_adapters_per_llm=0), checkpoint, None, [H100])
     assert never.render.max_adapters_per_llm == 0 and "never recycled for LoRA adapters" in never.describe()
     assert "recycled" not in plan_serving(Settings(), checkpoint, None, [H100]).describe()  # LoRA off
+
+
+@pytest.fixture(scope="module")
+def vlm_checkpoint(tmp_path_factory):
+    from tests.vlm_checkpoint import build_vlm_checkpoint
+
+    return inspect_weights(build_vlm_checkpoint(tmp_path_factory.mktemp("vlm") / "gemma3-tiny", CHECKPOINT))
+
+
+def test_images_are_served_for_an_image_architecture_on_the_pytorch_backend(vlm_checkpoint, checkpoint,
+                                                                             tmp_path: Path) -> None:
+    """Only a checkpoint of IMAGE_ARCHITECTURES on the PyTorch backend, with COG_TRITON_IMAGES on: the plan says so,
+    renders the model's images parameter, and gives every other case its reason."""
+    plan = plan_serving(Settings(), vlm_checkpoint, None, [H100])
+    assert (plan.backend, plan.images_off, plan.render.images) == ("pytorch", None, True)
+    assert plan.describe().endswith("; images on")
+    off = plan_serving(Settings(images=False), vlm_checkpoint, None, [H100])
+    assert off.images_off == "images are switched off on this server (COG_TRITON_IMAGES=false)"
+    assert not off.render.images and off.describe().endswith("; images off")
+    text_only = plan_serving(Settings(), checkpoint, None, [H100])
+    assert text_only.images_off.startswith("architecture LlamaForCausalLM is served text only") and \
+        "Gemma3ForConditionalGeneration" in text_only.images_off and not text_only.render.images
+    cpu = plan_serving(Settings(), vlm_checkpoint, None, [])
+    assert cpu.backend == "reference" and cpu.images_off.startswith("this checkpoint is served by the CPU reference")
+    engine = plan_serving(Settings(), engine_info(tmp_path), None, [H100])
+    assert engine.images_off.startswith("this model is a prebuilt engine on TensorRT-LLM's C++ backend")

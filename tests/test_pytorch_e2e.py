@@ -124,6 +124,17 @@ def test_inputs_the_default_sampler_would_ignore_are_refused_and_a_drawn_seed_is
         before + 1
 
 
+def test_images_on_a_text_only_checkpoint_are_refused_naming_the_image_architectures(stack: dict[str, Any]) -> None:
+    """TensorRT-LLM 1.2.1's default input processor would drop them without a word (the stand-in does too:
+    tests/test_llmapi_standin_images.py); the predictor refuses them instead."""
+    doc = stack["cog"].predict({"prompt": PROMPT, "max_tokens": 4, "temperature": 0,
+                                "image_input": ["data:image/png;base64,iVBORw0KGgo="]})
+    assert doc["status"] == "failed", doc
+    assert "[invalid_image] 1 image(s) were given (image_input, image parts of messages), but architecture " \
+           "LlamaForCausalLM is served text only" in doc["error"]
+    assert "Gemma3ForConditionalGeneration" in doc["error"]
+
+
 def test_a_prediction_waiting_in_the_llm_when_triton_dies_is_sent_again_after_the_restart(
         stack: dict[str, Any]) -> None:
     """The PyTorch path (COG_TRITON_LLM_MAX_BATCH_SIZE=1: a second prediction waits in the LLM's queue, no token,

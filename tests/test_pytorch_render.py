@@ -46,7 +46,10 @@ def test_a_checkpoint_with_llm_args_is_served_by_the_pytorch_model(tmp_path: Pat
     assert config == returned["tensorrt_llm"] and config.backend == "python"
     assert config.model_transaction_policy.decoupled
     assert {key: value.string_value for key, value in config.parameters.items()} == {
-        "exclude_input_in_output": "true"}  # empty parameters dropped: the model applies its defaults
+        "exclude_input_in_output": "true", "images": "false"}  # empty parameters dropped: the model's defaults
+    with_images = render_model_repository(options(tmp_path / "images", llm_args=ARGS, images=True),
+                                          checkpoint_info(tmp_path))["tensorrt_llm"]
+    assert with_images.parameters["images"].string_value == "true"
 
 
 def test_the_ensemble_gets_lora_path_only_with_the_pytorch_model(tmp_path: Path) -> None:
@@ -64,9 +67,10 @@ def test_the_ensemble_gets_lora_path_only_with_the_pytorch_model(tmp_path: Path)
     assert not (tmp_path / "b" / "model_repository" / "tensorrt_llm" / "1" / LLM_ARGS_FILE).exists()
 
 
-def test_the_pytorch_model_has_the_reference_models_tensors_plus_its_own_two() -> None:
+def test_the_pytorch_model_has_the_reference_models_tensors_plus_its_own() -> None:
     """One contract: every input and output of the CPU reference model (the C++ backend's subset), same types; plus
-    lora_path and stream_interval_ms, both optional (a client that sends neither gets the C++ contract)."""
+    its own optional inputs (lora_path, stream_interval_ms, and text_input with image_bytes for images: a client that
+    sends none gets the C++ contract) and the two outputs of an image request."""
     values = template_values(RenderOptions(template_dir=TEMPLATE_DIR, model_repo_dir=Path("/x"), llm_args=ARGS),
                              checkpoint_info(Path("/w")))
     configs = {}
@@ -74,10 +78,11 @@ def test_the_pytorch_model_has_the_reference_models_tensors_plus_its_own_two() -
         text = (TEMPLATE_DIR / folder / "config.pbtxt").read_text()
         configs[folder] = parse_model_config(fill_template(text, values[folder], source=folder), source=folder)
     reference, pytorch = configs["tensorrt_llm_reference"], configs["tensorrt_llm_pytorch"]
-    own = {"lora_path", "stream_interval_ms"}
+    own = {"lora_path", "stream_interval_ms", "text_input", "image_bytes"}
     assert {t.name: t for t in pytorch.input if t.name not in own} == {t.name: t for t in reference.input}
     assert all(t.optional for t in pytorch.input if t.name in own) and own <= {t.name for t in pytorch.input}
-    assert list(pytorch.output) == list(reference.output)
+    assert list(pytorch.output)[:len(reference.output)] == list(reference.output)
+    assert [t.name for t in pytorch.output][len(reference.output):] == ["prompt_tokens", "image_tokens"]
     assert pytorch.max_batch_size == reference.max_batch_size
 
 

@@ -412,7 +412,7 @@ def _sample(group: type[BaseModel], name: str) -> str:
 
 
 def test_every_field_has_its_own_variable() -> None:
-    assert len(variables()) == sum(len(group.model_fields) for group in _groups().values()) == 90
+    assert len(variables()) == sum(len(group.model_fields) for group in _groups().values()) == 95
     assert all(variable.startswith(ENV_PREFIX) and variable.isupper() for variable in variables())
 
 
@@ -477,7 +477,8 @@ def test_variable_names_match_in_any_case(clean_env: pytest.MonkeyPatch) -> None
 RENAMED = {"COG_TRITON_WEIGHTS": "weights.source", "COG_TRITON_VERIFY_WEIGHTS": "weights.verify",
            "COG_TRITON_MAX_TOKENS_IN_PAGED_KV_CACHE": "kv_cache.max_tokens",
            "COG_TRITON_ENABLE_KV_CACHE_REUSE": "kv_cache.enable_reuse", "COG_TRITON_LORA_ADAPTERS": "adapters.enabled",
-           "COG_TRITON_TIMING_METRICS": "metrics.timing"}
+           "COG_TRITON_TIMING_METRICS": "metrics.timing",
+           "COG_TRITON_IMAGES": "images.enabled"}
 
 
 def test_a_fields_name_ends_its_variables_name_unless_renamed() -> None:

@@ -19,6 +19,17 @@ The PyTorch-backend model (triton_model_repo/tensorrt_llm_pytorch) takes the ada
 ``lora_path`` BYTES [1, 1] with the ``lora_task_id`` (the LLM API loads folders, ``LoRARequest``, and caches an
 adapter under its id), sent with every request of the adapter.
 
+Images (the PyTorch-backend model only): a request with ``text_input`` goes to the ``tensorrt_llm`` model itself,
+not the ensemble (:data:`IMAGE_MODEL`). TensorRT-LLM 1.2.1's LLM API takes images only with the prompt as text,
+which the model's input processor tokenizes and expands (triton_model_repo/tensorrt_llm_pytorch/1/translate.py has
+the sources), so the ensemble's ``preprocessing`` step has nothing to do for it. Such a request carries that model's
+own tensor names (``request_output_len``, ``runtime_top_k``, ``streaming``, ... as the ensemble maps them, and
+``end_id`` / ``pad_id``, which ``preprocessing`` would have filled in), ``input_lengths`` 0 (no ids),
+``text_input`` BYTES [1, 1] and ``image_bytes`` BYTES [1, n] (one encoded image file each), and asks for
+``prompt_tokens`` and ``image_tokens`` beside the ids: every response of it carries the prompt's length as the LLM
+made it and how many of those tokens the images fill (:func:`parse_image_response`, :class:`CountedChunk`). A text
+request is built and read exactly as before.
+
 Why gRPC and not the HTTP generate extension. Measured on this machine (scripts/benchmark,
 token-rate stand-in engine, 128 streams through Cog): with HTTP ``generate_stream``, 107–215 of
 256 predictions ended early, the text an exact prefix of what the engine sent, while the engine had
@@ -62,6 +73,11 @@ _INT32 = struct.Struct("<i")
 #: Most bytes one request may carry (LoRA weights travel with the first request of an adapter; gRPC's own
 #: ceiling is 2 GiB). Triton's gRPC server accepts messages up to INT32_MAX bytes.
 MAX_REQUEST_BYTES = 1 << 30
+
+#: The model an image request goes to directly (see the module docstring).
+IMAGE_MODEL = "tensorrt_llm"
+#: The outputs an image request asks for.
+IMAGE_OUTPUTS = ("output_ids", "sequence_length", "prompt_tokens", "image_tokens")
 
 #: gRPC channel options. Triton is local, so reconnecting is cheap: gRPC's default reconnect backoff
 #: (1 s, growing to 120 s, during which every call fails at once with UNAVAILABLE) is cut to 0.1-1 s.
@@ -113,6 +129,9 @@ class GenerateRequest:
     backend may not hold the task (see :mod:`cog_triton.streaming.lora.tasks`); ``lora_path``: its folder instead, for the
     PyTorch-backend model. ``stream_interval_ms``: the PyTorch-backend model's own input (its responses joined per
     interval, the first at once); None: not sent (the C++ backend's models have no such input).
+    ``text_input``: an image request's prompt as text (``input_ids`` then empty), with ``image_bytes`` (encoded image
+    files) and the ``end_id`` / ``pad_id`` the ensemble's preprocessing would fill in: sent to :data:`IMAGE_MODEL`
+    (see the module docstring).
     """
 
     input_ids: list[int]
@@ -134,9 +153,16 @@ class GenerateRequest:
     lora: Optional[LoraTensors] = None
     lora_path: Optional[str] = None
     stream_interval_ms: Optional[int] = None
+    text_input: Optional[str] = None
+    image_bytes: tuple[bytes, ...] = ()
+    end_id: Optional[int] = None
+    pad_id: Optional[int] = None
 
     def to_grpc(self, model: str) -> service_pb2.ModelInferRequest:
-        """The ``ModelInferRequest`` for ``model``; optional tensors are left out when unused."""
+        """The ``ModelInferRequest`` for ``model``; optional tensors are left out when unused. An image request
+        (``text_input``) is for :data:`IMAGE_MODEL`, whatever ``model`` says (:meth:`image_request`)."""
+        if self.text_input is not None:
+            return self.image_request()
         request = service_pb2.ModelInferRequest(model_name=model, id=self.request_id)
         _add(request, "input_ids", "INT32", [1, len(self.input_ids)], struct.pack(f"<{len(self.input_ids)}i", *self.input_ids))
         _add(request, "max_tokens", "INT32", [1, 1], _INT32.pack(self.max_tokens))
@@ -170,6 +196,51 @@ class GenerateRequest:
         request.parameters["triton_enable_empty_final_response"].bool_param = True
         return request
 
+    def image_request(self) -> service_pb2.ModelInferRequest:
+        """The ``ModelInferRequest`` of an image request, in :data:`IMAGE_MODEL`'s own tensor names (the ensemble's
+        maps: triton_model_repo/ensemble/config.pbtxt), asking for :data:`IMAGE_OUTPUTS`.
+
+        Raises:
+            ValueError: no ``text_input``, no image, or no ``end_id``.
+        """
+        if self.text_input is None or not self.image_bytes or self.end_id is None:
+            raise ValueError("an image request needs text_input, image_bytes and end_id")
+        request = service_pb2.ModelInferRequest(model_name=IMAGE_MODEL, id=self.request_id)
+        _add(request, "input_lengths", "INT32", [1, 1], _INT32.pack(0))
+        _add(request, "request_output_len", "INT32", [1, 1], _INT32.pack(self.max_tokens))
+        _add(request, "end_id", "INT32", [1, 1], _INT32.pack(self.end_id))
+        _add(request, "pad_id", "INT32", [1, 1], _INT32.pack(self.end_id if self.pad_id is None else self.pad_id))
+        _add(request, "temperature", "FP32", [1, 1], struct.pack("<f", self.temperature))
+        _add(request, "runtime_top_k", "INT32", [1, 1], _INT32.pack(self.top_k))
+        _add(request, "runtime_top_p", "FP32", [1, 1], struct.pack("<f", self.top_p))
+        _add(request, "repetition_penalty", "FP32", [1, 1], struct.pack("<f", self.repetition_penalty))
+        _add(request, "presence_penalty", "FP32", [1, 1], struct.pack("<f", self.presence_penalty))
+        _add(request, "frequency_penalty", "FP32", [1, 1], struct.pack("<f", self.frequency_penalty))
+        if self.seed is not None:
+            _add(request, "seed", "UINT64", [1, 1], struct.pack("<Q", self.seed))
+        _add(request, "streaming", "BOOL", [1, 1], b"\x01" if self.stream else b"\x00")
+        if self.min_tokens:
+            _add(request, "min_tokens", "INT32", [1, 1], _INT32.pack(self.min_tokens))
+        if self.stream_interval_ms is not None:
+            _add(request, "stream_interval_ms", "INT32", [1, 1], _INT32.pack(self.stream_interval_ms))
+        if self.length_penalty is not None:
+            _add(request, "len_penalty", "FP32", [1, 1], struct.pack("<f", self.length_penalty))
+        if self.guide_type:
+            _add(request, "guided_decoding_guide_type", "BYTES", [1, 1], _bytes_tensor(self.guide_type))
+            if self.guide:
+                _add(request, "guided_decoding_guide", "BYTES", [1, 1], _bytes_tensor(self.guide))
+        if self.lora_task_id is not None:
+            _add(request, "lora_task_id", "UINT64", [1, 1], struct.pack("<Q", self.lora_task_id))
+            if self.lora_path is not None:
+                _add(request, "lora_path", "BYTES", [1, 1], _bytes_tensor(self.lora_path))
+        _add(request, "text_input", "BYTES", [1, 1], _bytes_tensor(self.text_input))
+        _add(request, "image_bytes", "BYTES", [1, len(self.image_bytes)],
+             b"".join(_INT32.pack(len(data)) + data for data in self.image_bytes))
+        for name in IMAGE_OUTPUTS:
+            request.outputs.add().name = name
+        request.parameters["triton_enable_empty_final_response"].bool_param = True
+        return request
+
 
 def _add(request: service_pb2.ModelInferRequest, name: str, datatype: str, shape: list[int], raw: bytes) -> None:
     tensor = request.inputs.add()
@@ -190,6 +261,35 @@ class GenerateChunk:
     """One streamed response: the new token ids (INT32 values; empty in an end-token final)."""
 
     output_ids: list[int]
+
+
+@dataclass(frozen=True)
+class CountedChunk(GenerateChunk):
+    """A response of an image request: the new ids, and the prompt's tokens as the LLM made them and how many of
+    those the images fill (``prompt_tokens``, ``image_tokens``; tokens)."""
+
+    prompt_tokens: int = 0
+    image_tokens: int = 0
+
+
+def parse_image_response(response: service_pb2.ModelInferResponse) -> tuple[GenerateChunk, bool]:
+    """:func:`parse_response` of an image request's response: a :class:`CountedChunk` when it carries the counts
+    (the empty final response carries none).
+
+    Raises:
+        InferenceError: see :func:`parse_response`; or a count that is not one INT32 value.
+    """
+    chunk, final = parse_response(response)
+    names = [output.name for output in response.outputs]
+    if "prompt_tokens" not in names or "image_tokens" not in names:
+        return chunk, final
+    counts = []
+    for name in ("prompt_tokens", "image_tokens"):
+        raw = response.raw_output_contents[names.index(name)]
+        if len(raw) != 4:
+            raise InferenceError(f"Triton sent {name} of {len(raw)} bytes, not one INT32 value")
+        counts.append(_INT32.unpack(raw)[0])
+    return CountedChunk(chunk.output_ids, prompt_tokens=counts[0], image_tokens=counts[1]), final
 
 
 def parse_response(response: service_pb2.ModelInferResponse) -> tuple[GenerateChunk, bool]:
@@ -344,9 +444,10 @@ class TritonClient:
             TritonError: the connection failed, broke off, or ended without the final response
                 (the caller checks whether Triton died and raises TritonDiedError then).
         """
+        parse = parse_response if request.text_input is None else parse_image_response
         try:
             async for response in self._stream(request.to_grpc(self.model)):
-                chunk, final = parse_response(response)
+                chunk, final = parse(response)
                 yield chunk
                 if final:
                     return

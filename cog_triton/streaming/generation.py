@@ -57,6 +57,7 @@ from cog_triton.ipc import Guide
 from cog_triton.ipc import PredictInputs
 from cog_triton.fetch.adapter_refs import AdapterRef
 from cog_triton.streaming.lora.tasks import Adapter, Adapters, is_cache_full, is_cache_miss
+from cog_triton.streaming.image_requests import ImageRequests, PredictionImages, counted
 from cog_triton.streaming.prompt import PromptTokenizer
 from cog_triton.streaming.stop import StopSequenceMatcher
 from cog_triton.streaming.template_info import PromptStarts, inspect_chat_template
@@ -73,17 +74,20 @@ WATCHDOG_PERIOD_S = 0.5
 
 @dataclass(frozen=True)
 class Prepared:
-    """A request ready to send: the gRPC request, the prompt's length in tokens, its LoRA adapter (or None), and,
-    for a model that thinks, where the prompt leaves the thinking (``thinking``: True; ``thinking_start``: a
+    """A request ready to send: the gRPC request, the prompt's length in tokens (None for a request with images,
+    whose prompt the LLM's input processor tokenizes: the engine reports it, ``on_counts``), its LoRA adapter (or
+    None), for a model that thinks, where the prompt leaves the thinking (``thinking``: True; ``thinking_start``: a
     :data:`~cog_triton.reasoning.PromptState` for tags, the channel of a message the prompt left open for harmony)
-    and its thinking budget (``budget``; :mod:`cog_triton.streaming.thinking_generation`)."""
+    and its thinking budget (``budget``; :mod:`cog_triton.streaming.thinking_generation`), and its images (how
+    many)."""
 
     request: GenerateRequest
-    prompt_tokens: int
+    prompt_tokens: Optional[int]
     adapter: Optional[Adapter] = None
     thinking: bool = False
     thinking_start: Any = None
     budget: Optional[ThinkingBudget] = None
+    images: int = 0
 
 
 @dataclass(eq=False, slots=True)  # identity: kept in a set
@@ -115,6 +119,7 @@ class RequestState:
     error: Optional[BaseException] = None
     send_stop_request: bool = True
     last_response_at: float = field(default_factory=time.monotonic)
+    prompt_tokens: Optional[int] = None  # a request with images: its prompt's length as the engine reported it
 
     def cancel(self, error: Optional[BaseException] = None, *, send_stop_request: bool = True) -> None:
         """Cancel the request's task with a reason (on its loop's thread): ``error`` is raised by the stream instead
@@ -162,6 +167,7 @@ def build_generator(config: GeneratorConfig, tokenizer: Any = None) -> "Generato
         send_seed=takes_seed(config.sampler),
         model_interval_ms=config.model_interval_ms,
         template=template,
+        images=ImageRequests.of(config, tokenizer, prompts),
     )
 
 
@@ -182,6 +188,7 @@ class Generator:
         model_interval_ms: each request's ``stream_interval_ms`` (None: not sent; :class:`GeneratorConfig`).
         template: what the tokenizer's chat template says about reasoning
             (:func:`cog_triton.streaming.template_info.inspect_chat_template`); None: a model that does not think.
+        images: prepares predictions with images (:mod:`cog_triton.streaming.image_requests`); None: refused.
     """
 
     def __init__(
@@ -199,6 +206,7 @@ class Generator:
         send_seed: bool = True,
         model_interval_ms: Optional[int] = None,
         template: Optional[TemplateInfo] = None,
+        images: Optional[ImageRequests] = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.prompts = prompts
@@ -213,6 +221,7 @@ class Generator:
         self.model_interval_ms = model_interval_ms
         self.template = template if template is not None else TemplateInfo()
         self.starts = PromptStarts(tokenizer, prompts, self.template.thinking)
+        self.images = images if images is not None else ImageRequests(tokenizer, None)
         self._running: set[RequestState] = set()
         self._background: set[asyncio.Task[None]] = set()
         self.floor = TokenFloor.of(tokenizer)
@@ -244,11 +253,14 @@ class Generator:
         if self.adapters is not None:
             self.adapters.held.clear()
 
-    def prepare(self, inputs: PredictInputs, request_id: str, adapter: Optional[Adapter] = None) -> Prepared:
+    def prepare(self, inputs: PredictInputs, request_id: str, adapter: Optional[Adapter] = None,
+                images: Optional[PredictionImages] = None) -> Prepared:
         """Render and tokenize the prompt (once; :mod:`cog_triton.streaming.prompt`) and build the request.
 
         With ``inputs.lora``, ``adapter`` is its resolved adapter (resolved here when not given): the request
-        carries its ``lora_task_id``, and its tensors unless this process has had the task served already.
+        carries its ``lora_task_id``, and its tensors unless this process has had the task served already. With
+        images, ``images`` are its prompt and images (``self.images.load``, here when not given): a request with the
+        prompt as text, untokenized, ``max_tokens`` as given (:mod:`cog_triton.streaming.image_requests`).
 
         Blocking (tokenizer, chat template, guide compilation, adapter download): call it off the event loop.
 
@@ -257,17 +269,27 @@ class Generator:
                 template refuses the input, or the guide does not compile / guided decoding is off.
             LoraAdapterError: see :meth:`resolve_adapter`.
         """
-        limits = self.limits
-        self._refuse_far_too_long(inputs, limits)
-        kwargs = inputs.template_kwargs
-        if inputs.messages is not None:
-            prompt = self.prompts.encode_messages(inputs.messages, inputs.system_prompt, kwargs)
-        else:
-            prompt = self.prompts.encode(inputs.prompt, inputs.system_prompt, inputs.prompt_template, kwargs)
-        prompt_tokens = len(prompt.ids)
-        budget = inputs.token_budget(
-            prompt_tokens, limits.executor_max_input_len(), limits.max_seq_len, limits.input_limit_reason()
-        )
+        loaded = (images or self.images.load(inputs)) if inputs.image_count else None
+        if loaded is None:
+            limits = self.limits
+            self._refuse_far_too_long(inputs, limits)
+            kwargs = inputs.template_kwargs
+            if inputs.messages is not None:
+                prompt = self.prompts.encode_messages(inputs.messages, inputs.system_prompt, kwargs)
+            else:
+                prompt = self.prompts.encode(inputs.prompt, inputs.system_prompt, inputs.prompt_template, kwargs)
+            prompt_tokens, extra = len(prompt.ids), {}
+            budget = inputs.token_budget(
+                prompt_tokens, limits.executor_max_input_len(), limits.max_seq_len, limits.input_limit_reason()
+            )
+        else:  # rendered by the chat template (image_prompt), not tokenized: no prompt_template, no ids
+            if inputs.thinking_budget_tokens:
+                # the budget's answer request continues the first one's prompt in token ids, and a request with
+                # images carries its prompt as text for the LLM's input processor (image_requests): not combined
+                raise InputError(f"thinking_budget_tokens={inputs.thinking_budget_tokens} is not applied to a "
+                                 f"prediction with images ({len(loaded.images)} given): give 0 (max_tokens bounds "
+                                 "the thinking and the answer together), or leave image_input and image parts out")
+            prompt, prompt_tokens, budget, extra = loaded.prompt, None, inputs.max_tokens, self.images.fields(loaded)
         thinking = self.template.thinking is not None
         start: Any = None
         plan: Optional[ThinkingBudget] = None
@@ -308,12 +330,15 @@ class Generator:
             seed=inputs.seed if self.send_seed else None,
             stream_interval_ms=self.model_interval_ms,
             request_id=request_id,
+            **extra,
             **guided,
             **lora,  # type: ignore[arg-type]
         )
+        count = len(loaded.images) if loaded is not None else 0
         if not thinking:
-            return Prepared(request, prompt_tokens, adapter)
-        return Prepared(request, prompt_tokens, adapter, thinking=True, thinking_start=start, budget=plan)
+            return Prepared(request, prompt_tokens, adapter, images=count)
+        return Prepared(request, prompt_tokens, adapter, thinking=True, thinking_start=start, budget=plan,
+                        images=count)
 
     def _refuse_far_too_long(self, inputs: PredictInputs, limits: ModelLimits) -> None:
         """Refuse, before rendering and tokenizing it, a prompt whose text alone is more tokens than the
@@ -378,11 +403,14 @@ class Generator:
         prepared: Prepared,
         state: RequestState,
         on_first_token: Optional[Callable[[float], None]] = None,
+        on_counts: Optional[Callable[[int, int], None]] = None,
     ) -> AsyncIterator[str]:
         """Stream the completion as text deltas, filling ``state`` as it goes.
 
         ``on_first_token(t)`` is called once, with ``time.monotonic()``, when the first token arrives
-        (whether or not it makes text yet).
+        (whether or not it makes text yet). ``on_counts(prompt_tokens, image_tokens)`` is called once for a
+        request with images, with the counts of its first response (the prompt as the LLM's input processor made
+        it, and how many of those tokens the images fill).
 
         The deltas concatenate to the full decode of the generated tokens, cut before the first
         stop sequence (which is never emitted). Must run in ``state.task`` (set to the running task when
@@ -398,11 +426,12 @@ class Generator:
             IncompleteOutputError: a guided output reached the token limit before its document closed.
         """
         if prepared.thinking:  # a model that thinks: the one stream convention, the answer apart (its own module)
-            return thinking_deltas(self, inputs, prepared, state, on_first_token)
-        return self._plain_deltas(inputs, prepared, state, on_first_token)
+            return thinking_deltas(self, inputs, prepared, state, on_first_token, on_counts)
+        return self._plain_deltas(inputs, prepared, state, on_first_token, on_counts)
 
     async def _plain_deltas(self, inputs: PredictInputs, prepared: Prepared, state: RequestState,
-                            on_first_token: Optional[Callable[[float], None]]) -> AsyncIterator[str]:
+                            on_first_token: Optional[Callable[[float], None]],
+                            on_counts: Optional[Callable[[int, int], None]]) -> AsyncIterator[str]:
         """:meth:`text_deltas` for a model that does not think: the detokenizer, the stop sequences, the guide."""
         request = prepared.request
         task = asyncio.current_task()
@@ -420,6 +449,8 @@ class Generator:
             responses = (
                 self.client.generate_stream(request) if prepared.adapter is None else self._responses(prepared)
             )
+            if prepared.images:  # only a request with images reads the counts (a layer of its own)
+                responses = counted(responses, on_counts)
             async for chunk in responses:
                 state.last_response_at = now = time.monotonic()
                 ids = chunk.output_ids

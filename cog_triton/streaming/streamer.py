@@ -56,10 +56,12 @@ ADAPTER_THREADS = 4
 
 
 def _inline(inputs: PredictInputs) -> bool:
-    if inputs.guide is not None:  # (an adapter is resolved before, on the adapter threads)
+    if inputs.guide is not None or inputs.image_input:  # (an adapter is resolved before, on the adapter threads)
         return False
     size = len(inputs.prompt) + len(inputs.system_prompt) + len(inputs.prompt_template or "")
     for message in inputs.messages or ():
+        if not isinstance(message["content"], str):
+            return False  # parts: images are read and checked there
         size += len(message["content"]) + len(message["role"]) + len(message.get("reasoning_content", ""))
     return size <= INLINE_PREPARE_CHARS
 
@@ -90,16 +92,24 @@ class PredictionRunner:
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._prepare_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="streamer-prepare")
         self._adapter_pool = ThreadPoolExecutor(max_workers=ADAPTER_THREADS, thread_name_prefix="streamer-adapter")
+        # a prediction's images are read, fetched and decoded here, not on the one prepare thread (ipc.Config sizes it)
+        self._image_pool = ThreadPoolExecutor(max_workers=ADAPTER_THREADS, thread_name_prefix="streamer-images")
         self.served = 0
 
     def _adapter_threads(self, config: GeneratorConfig) -> None:
         """One adapter thread per prediction this process can have (``StoreLimits.fetches``: the prediction slots),
-        so that a request's adapter never waits for a thread that slow sources hold; threads start as needed."""
+        so that a request's adapter never waits for a thread that slow sources hold; threads start as needed. The
+        same for images (``ImageLimits.fetches``): a slow image URL, held until its deadline, or a large image holds
+        only its own prediction."""
         limits = config.adapter_limits
         if limits is not None and limits.fetches != ADAPTER_THREADS:
             self._adapter_pool.shutdown(wait=False)
             self._adapter_pool = ThreadPoolExecutor(max_workers=max(1, limits.fetches),
                                                     thread_name_prefix="streamer-adapter")
+        if config.image_limits.fetches != ADAPTER_THREADS:
+            self._image_pool.shutdown(wait=False)
+            self._image_pool = ThreadPoolExecutor(max_workers=max(1, config.image_limits.fetches),
+                                                  thread_name_prefix="streamer-images")
 
     # ------------------------------------------------------------------ events out
     def _send(self, event: ipc.Event) -> None:
@@ -165,6 +175,7 @@ class PredictionRunner:
                 state.cancel()
             self._prepare_pool.shutdown(wait=False, cancel_futures=True)
             self._adapter_pool.shutdown(wait=False, cancel_futures=True)
+            self._image_pool.shutdown(wait=False, cancel_futures=True)
 
     @staticmethod
     async def _read(reader: asyncio.StreamReader) -> ipc.Command:
@@ -229,7 +240,12 @@ class PredictionRunner:
                 adapter = await loop.run_in_executor(self._adapter_pool, generator.resolve_adapter, inputs.lora)
             if generator.model_interval_ms is not None:  # the model joins responses over the interval now due
                 generator.model_interval_ms = round(self.load.seconds * 1e3)
-            if _inline(inputs):
+            if inputs.image_count:  # read, fetched and decoded on a thread of their own, then prepared as usual
+                images = await loop.run_in_executor(self._image_pool, generator.images.load, inputs)
+                prepared = await loop.run_in_executor(
+                    self._prepare_pool, generator.prepare, inputs, request_id, adapter, images
+                )
+            elif _inline(inputs):
                 prepared = generator.prepare(inputs, request_id, adapter)  # the adapter resolved above, once
             else:
                 prepared = await loop.run_in_executor(
@@ -253,8 +269,14 @@ class PredictionRunner:
         self.served += 1
         self.load.started()
         try:
+            counts = None
+            if prepared.images:
+                def counts(prompt: int, image: int, images: int = prepared.images) -> None:
+                    state.prompt_tokens = prompt
+                    send(ipc.ImageCounts(sid, images, prompt, image))
             async for text in generator.text_deltas(
-                inputs, prepared, state, on_first_token=lambda t: send(ipc.FirstToken(sid, t - started_at))
+                inputs, prepared, state, on_first_token=lambda t: send(ipc.FirstToken(sid, t - started_at)),
+                on_counts=counts,
             ):
                 push(text)
         except asyncio.CancelledError:
@@ -268,9 +290,10 @@ class PredictionRunner:
         finally:
             self.load.ended()
             log.info(
-                "generated %d tokens%s for a %d-token prompt in %.2f s%s",
+                "generated %d tokens%s for a %s-token prompt%s in %.2f s%s",
                 state.output_tokens, _thinking_note(state) if prepared.thinking else "",
-                prepared.prompt_tokens, time.monotonic() - started_at,
+                state.prompt_tokens if prepared.images else prepared.prompt_tokens,
+                f" with {prepared.images} image(s)" if prepared.images else "", time.monotonic() - started_at,
                 " (stop sequence)" if state.cut_by_stop_sequence else "",
             )
             if inputs.lora is not None:

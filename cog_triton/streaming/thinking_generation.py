@@ -54,6 +54,7 @@ from common.errors import IncompleteOutputError, InputError
 from cog_triton.ipc import Guide, PredictInputs, answer_request_id
 from cog_triton.reasoning import ThinkingFormat
 from cog_triton.streaming.guided import after_thinking_head, thinking_head
+from cog_triton.streaming.image_requests import counted
 from cog_triton.streaming.stop import StopSequenceMatcher
 from cog_triton.streaming.thinking import FORCED_TAG_TOKENS, harmony_forced_end_max, thinking_decoder
 
@@ -194,8 +195,11 @@ def _answer_request(gen: "Generator", prepared: "Prepared", budget: ThinkingBudg
     return dataclasses.replace(prepared, request=request)
 
 
+# Why one function: it is one stream's per-token loop (the hot path), with the budget's second request continuing the
+# same decoder and stop matcher; split into generators, each token would cross one more generator layer.
 async def thinking_deltas(gen: "Generator", inputs: PredictInputs, prepared: "Prepared", state: "RequestState",
-                          on_first_token: Optional[Callable[[float], None]] = None) -> AsyncIterator[str]:
+                          on_first_token: Optional[Callable[[float], None]] = None,
+                          on_counts: Optional[Callable[[int, int], None]] = None) -> AsyncIterator[str]:
     """:meth:`cog_triton.streaming.generation.Generator.text_deltas` for a model that thinks (see the module
     docstring): the stream convention, stop sequences in the answer, the guided answer checked, the budget applied.
 
@@ -223,6 +227,8 @@ async def thinking_deltas(gen: "Generator", inputs: PredictInputs, prepared: "Pr
             forced: Optional[tuple[int, list[int]]] = None
             responses = (gen.client.generate_stream(current.request) if current.adapter is None
                          else gen._responses(current))
+            if current.images:  # a request with images (never given a budget: Generator.prepare) reads its counts
+                responses = counted(responses, on_counts)
             try:
                 async for chunk in responses:
                     state.last_response_at = now = time.monotonic()

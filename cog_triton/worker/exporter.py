@@ -45,6 +45,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 from common.errors import CogTritonError
 from cog_triton.worker.metrics import (
     ANSWER_TOKEN_COUNT,
+    IMAGE_COUNT,
+    IMAGE_TOKEN_COUNT,
     INPUT_TOKEN_COUNT,
     OUTPUT_TOKEN_COUNT,
     REASONING_EFFORT_APPLIED,
@@ -116,6 +118,12 @@ class ServiceMetrics:
             buckets=TPOT_BUCKETS, registry=r)
         self.prompt_tokens = Counter(
             "cog_triton_prompt_tokens", "Prompt tokens of the predictions sent to Triton.", registry=r)
+        self.images = Counter(
+            "cog_triton_images", "Images of the predictions sent to Triton (image_input and image parts of messages).",
+            registry=r)
+        self.image_tokens = Counter(
+            "cog_triton_image_tokens", "Prompt tokens the images of those predictions fill (the engine's count).",
+            registry=r)
         self.generation_tokens = Counter(
             "cog_triton_generation_tokens",
             "Tokens generated: each prediction's output_token_count; for a stream stopped early (a cancel, a "
@@ -265,6 +273,10 @@ class PredictionTracker:
         elif name == THINKING_BUDGET_REACHED:
             if value:
                 m.thinking_budget_reached.inc()
+        elif name == IMAGE_COUNT:
+            m.images.inc(int(value))
+        elif name == IMAGE_TOKEN_COUNT:
+            m.image_tokens.inc(int(value))
         if self.sink is not None:
             self.sink(name, value)
 

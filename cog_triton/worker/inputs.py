@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import random
 from typing import Any, Callable, Mapping, Optional, Sequence
 
@@ -124,24 +125,49 @@ def _text_part(where: str, part: Mapping[str, Any]) -> str:
     return text
 
 
+#: ``image_url.detail`` values taken: the model's processor decides the resolution, so only "auto" means what it says.
+IMAGE_DETAILS = ("auto",)
+
+
+def _image_url_part(where: str, part: Mapping[str, Any]) -> dict[str, str]:
+    """A ``{"type": "image_url", "image_url": {"url": ..., "detail": "auto"}}`` content part (an https or http URL, or
+    a ``data:image/...;base64,...`` URI): the part as the conversation carries it, ``{"type": "image", "url"}`` (the
+    chat format's image part; fetched and checked in a stream process, :mod:`cog_triton.streaming.images`)."""
+    image = part.get("image_url")
+    if set(part) - {"type", "image_url"} or not isinstance(image, dict) or set(image) - {"url", "detail"}:
+        raise InputError(f"{where} must be {{\"type\": \"image_url\", \"image_url\": {{\"url\": <string>}}}}, got "
+                         f"{_show(part)}")
+    url = image.get("url")
+    if not isinstance(url, str) or not url.lower().startswith(("https://", "http://", "data:")):
+        raise InputError(f"{where}.image_url.url must be an https URL or a data URI (data:image/<type>;base64,...), "
+                         f"got {_show(url)}")
+    detail = image.get("detail", "auto")
+    if detail not in IMAGE_DETAILS:
+        raise InputError(f"{where}.image_url.detail={_show(detail)} is not taken: the model's processor decides the "
+                         "resolution; leave it out or give \"auto\"")
+    return {"type": "image", "url": url}
+
+
 #: The content parts a message's ``content`` may list, by their OpenAI ``type``: type -> the part's parser, which
-#: checks it (``where`` names it in errors, e.g. ``messages[2].content[0]``) and returns its text. vLLM and
+#: checks it (``where`` names it in errors, e.g. ``messages[2].content[0]``) and returns its text, or, for a part that
+#: is not text, the part as the conversation carries it (an image: ``{"type": "image", "url"}``). vLLM and
 #: trtllm-serve take the same parts, and join a message's text parts with a line break for a template that renders
 #: content as a string (vllm-project/vllm ``vllm/entrypoints/chat_utils.py``, ``_parse_chat_message_content_parts``),
-#: as :func:`parse_messages` does. The place for other kinds of parts (images: issue 52) is here: a parser for its
-#: type, and :func:`_content` keeping a message's parts as a list when they are not all text.
-CONTENT_PARTS: dict[str, Callable[[str, Mapping[str, Any]], str]] = {"text": _text_part}
+#: as :func:`parse_messages` does; a message with an image keeps its parts as a list (:func:`_content`).
+CONTENT_PARTS: dict[str, Callable[[str, Mapping[str, Any]], Any]] = {"text": _text_part, "image_url": _image_url_part}
 #: The keys a message may have (``reasoning_content``: an assistant turn's earlier thinking).
 MESSAGE_KEYS = ("role", "content", REASONING_KEY)
 
 
-def _content(where: str, content: Any) -> str:
-    """A message's ``content``: a string, or a list of content parts (:data:`CONTENT_PARTS`), joined."""
+def _content(where: str, content: Any) -> Any:
+    """A message's ``content``: a string, or a list of content parts (:data:`CONTENT_PARTS`): their texts joined when
+    they are all text, else the list as ``{"type": "text", "text"}`` and ``{"type": "image", "url"}`` parts in order
+    (placed by the chat template, :mod:`cog_triton.streaming.image_prompt`)."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise InputError(f"{where} must be a string or a list of content parts, got {_show(content)}")
-    texts: list[str] = []
+    parsed: list[Any] = []
     for index, part in enumerate(content):
         at = f"{where}[{index}]"
         kind = part.get("type") if isinstance(part, dict) else None
@@ -149,8 +175,10 @@ def _content(where: str, content: Any) -> str:
             raise InputError(f"{at} must be an object with a type ({', '.join(CONTENT_PARTS)}), got {_show(part)}")
         if kind not in CONTENT_PARTS:
             raise InputError(f"{at} has type {kind!r}; the content part types taken: {', '.join(CONTENT_PARTS)}")
-        texts.append(CONTENT_PARTS[kind](at, part))
-    return "\n".join(texts)
+        parsed.append(CONTENT_PARTS[kind](at, part))
+    if all(isinstance(text, str) for text in parsed):
+        return "\n".join(parsed)
+    return [{"type": "text", "text": item} if isinstance(item, str) else item for item in parsed]
 
 
 def _earlier_thinking(where: str, role: str, content: str, reasoning: Any) -> tuple[str, Optional[str]]:
@@ -174,22 +202,24 @@ def _earlier_thinking(where: str, role: str, content: str, reasoning: Any) -> tu
     return content, reasoning
 
 
-def parse_messages(text: str) -> list[dict[str, str]]:
+def parse_messages(text: str) -> list[dict[str, Any]]:
     """Parse the ``messages`` input: a JSON array of ``{"role": str, "content": str or [content parts]}`` objects;
     an assistant message may carry its earlier thinking, as ``reasoning_content`` or as a leading
     ``<think>...</think>`` in its content (how the output streams it).
 
     Returns:
         The messages as ``{"role", "content"}`` dicts (the content one string, its text parts joined with a line
-        break), with ``reasoning_content`` where an assistant message carried thinking (the chat template decides
-        what to render of it: :mod:`cog_triton.streaming.prompt`).
+        break; a user message with images keeps its parts as a list, :func:`_content`), with ``reasoning_content``
+        where an assistant message carried thinking (the chat template decides what to render of it:
+        :mod:`cog_triton.streaming.prompt`).
 
     Only the structure is checked here; which roles the model's chat template accepts is checked by
     :class:`cog_triton.streaming.prompt.PromptTokenizer`.
 
     Raises:
         InputError: not JSON, not a non-empty array, or an item without a string role and content
-            (the message names the item's index and, for a content part, the part's).
+            (the message names the item's index and, for a content part, the part's), or an image part outside a
+            user message.
     """
     try:
         value = json.loads(text)
@@ -202,7 +232,7 @@ def parse_messages(text: str) -> list[dict[str, str]]:
         raise InputError(
             f"messages must be a non-empty JSON array of {{\"role\", \"content\"}} objects, got {_show(value)}"
         )
-    messages: list[dict[str, str]] = []
+    messages: list[dict[str, Any]] = []
     for index, item in enumerate(value):
         if not isinstance(item, dict):
             raise InputError(f"messages[{index}] must be an object with role and content, got {_show(item)}")
@@ -216,12 +246,50 @@ def parse_messages(text: str) -> list[dict[str, str]]:
                 "assistant message may have reasoning_content)"
             )
         content = _content(f"messages[{index}].content", item.get("content"))
+        if isinstance(content, list) and role != "user":
+            number = next(n for n, part in enumerate(content) if part["type"] != "text")
+            raise InputError(f"messages[{index}].content[{number}] is an image in a {role!r} message; images go in "
+                             "user messages")
         content, reasoning = _earlier_thinking(f"messages[{index}]", role, content, item.get(REASONING_KEY))
         message = {"role": role, "content": content}
         if reasoning is not None:
             message[REASONING_KEY] = reasoning
         messages.append(message)
     return messages
+
+
+def parse_image_input(value: Any) -> tuple[str, ...]:
+    """``image_input`` -> the paths of its files, in order.
+
+    Cog downloads the URLs given to a ``list[Path]`` input (and decodes data URIs) into files before ``predict()``
+    runs, so each item is such a file (a ``pathlib.Path``). coglet 0.23.1 passes anything else on as it came
+    (tests/test_coglet_path_inputs.py): a path on the server or a ``file://`` URL as a plain string, and the URLs of a
+    list that mixes URLs with such strings undownloaded (``URLPath``). Those are refused: a caller's string must not
+    make the server read its own files.
+
+    Raises:
+        InputError: not a list, or an item that is not a file Cog received (naming the item).
+    """
+    if value is None or value == "":
+        return ()
+    if not isinstance(value, (list, tuple)):
+        raise InputError(f"image_input must be a list of images (files or URLs), got {_show(value)}")
+    paths = []
+    for index, item in enumerate(value):
+        where = f"image_input[{index}]"
+        if type(item).__name__ == "URLPath":  # cog.types.URLPath: a URL Cog did not download
+            raise InputError(f"{where} ({_show(str(item))}) was not downloaded: Cog downloads the URLs of image_input "
+                             "only when every item is a URL or a file upload; give each image as one of those")
+        if isinstance(item, os.PathLike):
+            if not os.path.isfile(item):
+                raise InputError(f"{where} is not a file Cog received ({_show(str(item))} does not exist)")
+            paths.append(os.fspath(item))
+        elif isinstance(item, str):
+            raise InputError(f"{where}={_show(item)} is not an image Cog received: give an https URL, a data URI or "
+                             "a file upload (a path on the server is not taken)")
+        else:
+            raise InputError(f"{where} must be an image file or URL, got {_show(item)} ({type(item).__name__})")
+    return tuple(paths)
 
 
 def _choice(name: str, value: Any) -> str:
@@ -402,6 +470,8 @@ PARSERS: dict[str, Callable[[Any], Any]] = {
     # text or a list (a direct call); its size was checked first
     "stop_sequences": parse_stop_sequences,
     "chat_template_kwargs": parse_template_kwargs,
+    # the files Cog received, as paths (their contents are read and checked in a stream process)
+    "image_input": parse_image_input,
 }
 
 
@@ -490,6 +560,6 @@ def resolve_reasoning(inputs: PredictInputs, template: TemplateInfo) -> PredictI
 
 __all__: Sequence[str] = (
     "CONTENT_PARTS", "PARSERS", "RULES", "RULE_INPUTS", "check_boolean", "check_input", "check_number",
-    "check_integer", "check_text", "parse_messages", "parse_template_kwargs",
-    "resolve_reasoning", "validate_inputs",
+    "check_integer", "check_text", "parse_image_input", "parse_messages",
+    "parse_template_kwargs", "resolve_reasoning", "validate_inputs",
 )

@@ -26,6 +26,10 @@ REASONING_EFFORT_APPLIED = "reasoning_effort_applied"
 #: For a prediction given ``thinking_budget_tokens``: whether the budget ended its thinking (a bool; its
 #: ``reasoning_token_count`` is then at most the budget, the ending the budget added included).
 THINKING_BUDGET_REACHED = "thinking_budget_reached"
+#: A prediction with images: how many it carried, and how many of its input tokens they fill (the engine's count;
+#: its input_token_count is the engine's too, the images' tokens included). Recorded only for such predictions.
+IMAGE_COUNT = "image_count"
+IMAGE_TOKEN_COUNT = "image_token_count"
 #: Both names of the time to first token (seconds, from predict() to the first token).
 TIME_TO_FIRST_TOKEN_NAMES = ("time_to_first_token", "time_to_first_token_s")
 
@@ -55,7 +59,8 @@ def performance_lines(output_tokens: int, seconds: float, time_to_first_token: O
 
 
 __all__ = (
-    "ANSWER_TOKEN_COUNT", "INPUT_TOKEN_COUNT", "OUTPUT_TOKEN_COUNT", "REASONING_EFFORT_APPLIED",
-    "REASONING_TOKEN_COUNT", "THINKING_BUDGET_REACHED", "TIME_TO_FIRST_TOKEN_NAMES", "performance_lines",
+    "ANSWER_TOKEN_COUNT", "IMAGE_COUNT", "IMAGE_TOKEN_COUNT", "INPUT_TOKEN_COUNT", "OUTPUT_TOKEN_COUNT",
+    "REASONING_EFFORT_APPLIED", "REASONING_TOKEN_COUNT", "THINKING_BUDGET_REACHED", "TIME_TO_FIRST_TOKEN_NAMES",
+    "performance_lines",
     "record_time_to_first_token",
 )

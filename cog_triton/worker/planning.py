@@ -20,6 +20,7 @@ from typing import Literal, Optional, Sequence
 from cog_triton.fetch.rules import FetchRules
 from cog_triton.plan import StoreLimits
 from cog_triton.settings import Settings
+from tensorrtllm_backend.checkpoint import FACTS_VERSION, IMAGE_ARCHITECTURES
 from tensorrtllm_backend.engine import ModelLimits, WeightsInfo
 from tensorrtllm_backend.gpus import GPU
 from tensorrtllm_backend.lora import DTYPE_BYTES
@@ -70,6 +71,7 @@ class ServingPlan:
             the running predictions the first serves (:class:`cog_triton.streaming.coalesce.StreamLoad`).
         adapter_limits: the LoRA adapter cache and its download bounds (None: adapters are refused).
         warnings: what setup warns about (logged at WARNING).
+        images_off: why predictions may carry no images (None: they may; :func:`images_off_reason`).
     """
 
     info: WeightsInfo
@@ -84,6 +86,7 @@ class ServingPlan:
     interval_streams: int
     adapter_limits: Optional[StoreLimits]
     warnings: tuple[str, ...] = ()
+    images_off: Optional[str] = None
 
     @property
     def sampler(self) -> Optional[str]:
@@ -117,7 +120,8 @@ class ServingPlan:
                      "TensorRT-LLM 1.2.1 keeps every distinct adapter's GPU tensors for the LLM's life")
         return (f"plan: {served}{held}; {ranks}; {self.stream_processes} stream process(es), stream interval "
                 f"{self.interval_s * 1e3:g} ms (up to {self.interval_max_s * 1e3:g} ms beyond {self.interval_streams} "
-                f"running predictions); LoRA adapters {'on' if self.adapter_limits else 'off'}")
+                f"running predictions); LoRA adapters {'on' if self.adapter_limits else 'off'}; images "
+                f"{'on' if self.images_off is None else 'off'}")
 
 
 def adapter_limits(settings: Settings) -> Optional[StoreLimits]:
@@ -142,8 +146,29 @@ def adapter_limits(settings: Settings) -> Optional[StoreLimits]:
     )
 
 
-def render_options(settings: Settings, llm_args: Optional[dict] = None) -> RenderOptions:
-    """The model repository's values from the settings (``llm_args``: the PyTorch backend's LLM arguments)."""
+def images_off_reason(settings: Settings, backend: Backend, info: WeightsInfo) -> Optional[str]:
+    """Why predictions of these weights may carry no images, in words for the refusal; None when they may: a Hugging
+    Face checkpoint on the PyTorch backend whose architecture TensorRT-LLM 1.2.1 serves with images
+    (:data:`tensorrtllm_backend.checkpoint.IMAGE_ARCHITECTURES`), with ``COG_TRITON_IMAGES`` on."""
+    served = ", ".join(sorted(IMAGE_ARCHITECTURES))
+    if backend == "engine":
+        return ("this model is a prebuilt engine on TensorRT-LLM's C++ backend, which this image serves text only; "
+                f"images are served from a Hugging Face checkpoint on the PyTorch backend ({served})")
+    if backend == "reference":
+        return ("this checkpoint is served by the CPU reference model, which takes text only; images are served on "
+                f"the PyTorch backend (a GPU) from a checkpoint of {served}")
+    if info.architecture not in IMAGE_ARCHITECTURES:
+        return (f"architecture {info.architecture} is served text only (TensorRT-LLM {FACTS_VERSION}'s PyTorch backend "
+                "takes no images for it here: its default input processor would drop them); images are served for "
+                f"{served}")
+    if not settings.images.enabled:
+        return "images are switched off on this server (COG_TRITON_IMAGES=false)"
+    return None
+
+
+def render_options(settings: Settings, llm_args: Optional[dict] = None, images: bool = False) -> RenderOptions:
+    """The model repository's values from the settings (``llm_args``: the PyTorch backend's LLM arguments; ``images``:
+    the PyTorch-backend model serves images)."""
     repo, kv, lora = settings.repository, settings.kv_cache, settings.lora_cache
     add_special_tokens = settings.tokenizer.add_special_tokens
     return RenderOptions(
@@ -175,6 +200,7 @@ def render_options(settings: Settings, llm_args: Optional[dict] = None) -> Rende
         # beside the adapter disk cache's own folder (<cache>/adapters, which it evicts from), on its file system:
         # the model's snapshots are hard links to the cached files
         adapter_snapshot_dir=str(settings.path(settings.adapters.cache_dir) / "llm-snapshots"),
+        images=images,
     )
 
 
@@ -229,12 +255,13 @@ def plan_serving(settings: Settings, info: WeightsInfo, manifest: Optional[Manif
         log_verbose=settings.triton.log_verbose,
         mpirun=settings.triton.mpirun,
     )
+    images_off = images_off_reason(settings, backend, info)
     return ServingPlan(
         info=info,
         backend=backend,
         pytorch=pytorch,
         limits=limits,
-        render=render_options(settings, pytorch.args if pytorch else None),
+        render=render_options(settings, pytorch.args if pytorch else None, images=images_off is None),
         launch=launch,
         stream_processes=settings.stream.process_count(),
         interval_s=settings.stream.interval_ms / 1e3,
@@ -242,7 +269,8 @@ def plan_serving(settings: Settings, info: WeightsInfo, manifest: Optional[Manif
         interval_streams=settings.stream.interval_streams,
         adapter_limits=adapter_limits(settings),
         warnings=tuple(warnings),
+        images_off=images_off,
     )
 
 
-__all__ = ("ServingPlan", "adapter_limits", "plan_serving", "reference_limits", "render_options")
+__all__ = ("ServingPlan", "adapter_limits", "images_off_reason", "plan_serving", "reference_limits", "render_options")

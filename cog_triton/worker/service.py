@@ -23,12 +23,12 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Optional, TypeVar, Union
 
-from common.errors import ConfigError, InputError, ManifestError, TritonDiedError, TritonError
+from common.errors import ConfigError, ImageInputError, InputError, ManifestError, TritonDiedError, TritonError
 from cog_triton.fetch.adapter_refs import check_adapter_allowed
-from cog_triton.fetch.redaction import errors_redacted, redact_error
+from cog_triton.fetch.redaction import errors_redacted, redact_error, redact_url
 from cog_triton.fetch.rules import FetchRules
 from cog_triton.ipc import PredictInputs
-from cog_triton.plan import GeneratorConfig
+from cog_triton.plan import IMAGE_URLS, GeneratorConfig, ImageLimits
 from cog_triton.settings import Settings, VerifyMode
 from cog_triton.weights import fetch_weights
 from cog_triton.worker.cog_bridge import on_end, then
@@ -215,6 +215,8 @@ class LLMService:
             sampler=plan.sampler,
             model_interval_ms=(round(plan.interval_s * 1e3) if takes_stream_interval(rendered["tensorrt_llm"])
                                else None),
+            images_off=plan.images_off,
+            image_limits=ImageLimits.from_settings(settings),
         )
         # The stream processes load their tokenizers while Triton loads its models.
         self.pool = StreamPool(
@@ -368,6 +370,7 @@ class LLMService:
             if problem is not None:
                 log.warning("%s", problem.log_line())  # the operator's remedy; the caller's error says what they can do
                 raise InputError(problem.message)
+            self._check_images(checked)
             return checked
         except Exception as exc:
             self.metrics.refused(exc)
@@ -375,6 +378,42 @@ class LLMService:
             if safe is exc:
                 raise
             raise safe from None
+
+    def _check_images(self, inputs: PredictInputs) -> None:
+        """Refuse a prediction's images here, before a stream process, when the model serves none (the C++ engine
+        path, a text-only or CPU-served checkpoint, or COG_TRITON_IMAGES off: ``GeneratorConfig.images_off``) or when
+        there are more than ``COG_TRITON_IMAGE_MAX_COUNT``. Their contents are checked in the stream process
+        (:mod:`cog_triton.streaming.images`).
+
+        Image URLs of ``messages`` are held to the fetch rules as far as that needs no connection (scheme, host list,
+        an address given as the host), as ``lora_weights`` is; their addresses are checked when fetched.
+
+        Raises:
+            ImageInputError: naming the count, the reason and what is allowed, or the URL and the rule.
+        """
+        count = inputs.image_count
+        if not count:
+            return
+        config = self.generator_config
+        off = config.images_off if config is not None else "setup() has not completed"
+        if off is not None:
+            raise ImageInputError(f"{count} image(s) were given (image_input, image parts of messages), but {off}")
+        limit = config.image_limits.max_count
+        if count > limit:
+            raise ImageInputError(f"{count} images were given; a prediction may carry at most {limit} "
+                                  "(COG_TRITON_IMAGE_MAX_COUNT), counting image_input and image parts of messages")
+        rules = config.image_limits.rules
+        for index, message in enumerate(inputs.messages or ()):
+            if isinstance(message["content"], str):
+                continue
+            for number, part in enumerate(message["content"]):
+                url = part.get("url", "") if part.get("type") == "image" else ""
+                if not url.lower().startswith(("https://", "http://")):
+                    continue  # a data URI: read in the stream process
+                refusal = rules.url_refusal(url, IMAGE_URLS) if rules is not None else "no fetch rules are configured"
+                if refusal is not None:  # the scheme, the host list, an IP address: here, before a stream process
+                    raise ImageInputError(f"messages[{index}].content[{number}] {redact_url(url)} is refused: "
+                                          f"{refusal}")
 
     def seed_note(self, inputs: PredictInputs) -> str:
         """What the prediction's log says of its seed: the seed sent, or why none is."""

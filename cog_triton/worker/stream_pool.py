@@ -56,6 +56,8 @@ from cog_triton.ipc import PredictInputs
 from cog_triton.reasoning import TemplateInfo
 from cog_triton.worker.metrics import (
     ANSWER_TOKEN_COUNT,
+    IMAGE_COUNT,
+    IMAGE_TOKEN_COUNT,
     INPUT_TOKEN_COUNT,
     OUTPUT_TOKEN_COUNT,
     REASONING_TOKEN_COUNT,
@@ -579,8 +581,13 @@ class StreamPool:
             case ipc.Timings(received_at=received, prepared_at=prepared, first_text_at=first_text):
                 prediction.timing.stream_process(received, prepared, first_text)
             case ipc.Accepted(prompt_tokens=prompt_tokens):
+                if prompt_tokens is not None:  # None: a prediction with images, counted by the engine (below)
+                    prediction.record(INPUT_TOKEN_COUNT, prompt_tokens)
+                prediction.settle_open(prompt_tokens or 0)
+            case ipc.ImageCounts(images=images, prompt_tokens=prompt_tokens, image_tokens=image_tokens):
                 prediction.record(INPUT_TOKEN_COUNT, prompt_tokens)
-                prediction.settle_open(prompt_tokens)
+                prediction.record(IMAGE_COUNT, images)
+                prediction.record(IMAGE_TOKEN_COUNT, image_tokens)
             case ipc.End(output_tokens=output_tokens, reasoning_tokens=reasoning_tokens,
                          thinking_budget_reached=budget_reached):
                 if self.forget(prediction):

@@ -69,6 +69,14 @@ workers. Unlike that model:
   token fails the request);
 * a known ``lora_task_id`` sent with a folder that holds another adapter is refused (the LLM API would serve the
   adapter cached under the id); the same adapter in another folder is served under the id's snapshot.
+* images: an image request (``text_input`` with ``image_bytes``, ``translate.py``) is given to the LLM as a text
+  prompt with ``multi_modal_data`` (TensorRT-LLM 1.2.1 takes images only so); its images are decoded in a worker
+  thread, off the event loop; its stop words are matched over the prompt ids the LLM's input processor made
+  (``RequestOutput.prompt_token_ids``); and each of its responses carries ``prompt_tokens`` and ``image_tokens``
+  (the prompt's ids holding the checkpoint's image token, ``image_token_index`` / ``image_token_id`` of its
+  config.json, or an id past the vocabulary, where TensorRT-LLM's input processors put the image's positions for
+  some models). The model's ``images`` parameter says whether it serves images; when it does not, they are
+  refused (a text-only checkpoint's default input processor would drop them: ``inputs/registry.py``).
 
 What a client sees, as from the C++ backend (the conformance tests run each against both models:
 tests/test_conformance.py):
@@ -256,6 +264,7 @@ class InFlightRequest:
     task: Any = None  # the asyncio task running _generate (event loop)
     final_queued: bool = False  # its final response (or error) is queued (event loop)
     queued: int = 0  # tokens queued for sending so far (event loop)
+    counts: Any = None  # an image request's prompt_tokens and image_tokens tensors, sent with each response
     next_at: float = 0.0  # stream_interval_ms: when held tokens may leave (event loop; monotonic seconds)
     answered: bool = False  # a response was sent (the response thread's: first responses go first)
     responded: bool = False  # the LLM answered it at least once: it has a batch slot (event loop)
@@ -292,7 +301,8 @@ class TritonPythonModel:
     Model parameters (string values): ``exclude_input_in_output`` (default false, with the C++ backend's
     warning when absent), ``cancellation_check_period_ms`` (default 100), ``unanswered_stop_timeout_ms`` (default
     1000: :data:`DEFAULT_UNANSWERED_STOP_TIMEOUT_MS`), ``max_adapters_per_llm`` (default 0: no bound),
-    ``adapter_snapshot_dir`` (default: a temporary folder). The LLM's arguments: ``llm_args.json`` beside this file
+    ``adapter_snapshot_dir`` (default: a temporary folder), ``images`` (default false: image
+    requests are refused). The LLM's arguments: ``llm_args.json`` beside this file
     (:meth:`load_llm_args`).
     """
 
@@ -346,6 +356,7 @@ class TritonPythonModel:
         self.guided_decoding = llm_args.get("guided_decoding_backend") is not None
         self.lora_enabled = llm_args.get("lora_config") is not None
         self.vocab_size = self._vocab_size(llm_args)
+        self._init_images(params, llm_args)
         self.sampler = _samplers.effective_sampler(llm_args)
         if _CLEARED_MPI_VARIABLES:
             self._log("info", f"removed inherited MPI variables before starting the LLM: {', '.join(_CLEARED_MPI_VARIABLES)}")
@@ -394,6 +405,21 @@ class TritonPythonModel:
                           f"lora={'on' if self.lora_enabled else 'off'} sampler={self.sampler} "
                           f"max_adapters_per_llm={self.max_adapters_per_llm or 'unbounded'} "
                           f"unanswered_stop_timeout_ms={unanswered_ms:g}")
+
+    def _init_images(self, params: dict, llm_args: Dict[str, Any]) -> None:
+        """Whether image requests are served (parameter ``images``, default false) and the checkpoint's image token.
+
+        Raises:
+            ValueError: ``images`` is true and the checkpoint's config.json names no image token.
+        """
+        self.images = glue.param(params, "images", False, bool)
+        self.image_token_id = self._image_token_id(llm_args)
+        self.images_off = None if self.images else (
+            "its parameter images is false (the predictor serves images only on a checkpoint whose architecture "
+            "TensorRT-LLM 1.2.1's PyTorch backend takes them for, with COG_TRITON_IMAGES on)")
+        if self.images and self.image_token_id is None:
+            raise ValueError("parameter images is true, but the checkpoint's config.json names no image token "
+                             "(image_token_index or image_token_id)")
 
     def _init_adapters(self, params: dict, llm_args: Dict[str, Any], args: dict) -> None:
         """The LoRA adapters' state (parameters ``max_adapters_per_llm``, ``adapter_snapshot_dir``; the LLM's
@@ -445,6 +471,20 @@ class TritonPythonModel:
             return int(config.get("vocab_size") or config.get("text_config", {}).get("vocab_size"))
         except (OSError, ValueError, TypeError, AttributeError):
             return _translate.NO_LIMIT
+
+    @staticmethod
+    def _image_token_id(llm_args: Dict[str, Any]) -> Optional[int]:
+        """The checkpoint's image token (config.json ``image_token_index``, Gemma 3 and LLaVA's name, or
+        ``image_token_id``, Qwen2-VL's), or None."""
+        try:
+            config = json.loads((Path(str(llm_args["model"])) / "config.json").read_text())
+        except (OSError, ValueError, TypeError):
+            return None
+        for key in ("image_token_index", "image_token_id"):
+            value = config.get(key) if isinstance(config, dict) else None
+            if isinstance(value, int):
+                return value
+        return None
 
     def _start_engine(self):
         """Build the LLM on the event-loop thread and return it; raise its error when it fails (never hang while
@@ -529,7 +569,8 @@ class TritonPythonModel:
             submission = to_submission(get, vocab_size=self.vocab_size,
                                        exclude_input_in_output=self.exclude_input_in_output,
                                        guided_decoding=self.guided_decoding, lora_enabled=self.lora_enabled,
-                                       known_paths=known, sampler=self.sampler, request_number=number)
+                                       known_paths=known, sampler=self.sampler, request_number=number,
+                                       images_off=self.images_off)
         except RequestError as exc:
             if isinstance(exc, _translate.SamplerRefusal):
                 self._log("warn", f"request {request_id!r}: {exc.refusal.log_line()}")  # the operator's remedy
@@ -640,6 +681,10 @@ class TritonPythonModel:
                 task_id, path = s.lora
                 snapshot = await self._adapter_for_llm(task_id, path)
                 lora_request = LoRARequest(f"lora_{task_id}", task_id, snapshot)
+            inputs: Any = s.prompt_ids
+            if s.images is not None:
+                pictures = await asyncio.get_running_loop().run_in_executor(None, _translate.decode_images, s.images)
+                inputs = {"prompt": s.text, "multi_modal_data": {"image": pictures}}
             if self._broken is not None:
                 raise RequestError(self._broken)
             if inflight.abort_requested:  # stopped before it reached the LLM: nothing to stop there
@@ -647,12 +692,15 @@ class TritonPythonModel:
                     self._queue_final(inflight)
                 return
             try:
-                output = self.llm.generate_async(s.prompt_ids, sampling_params=SamplingParams(**kwargs),
+                output = self.llm.generate_async(inputs, sampling_params=SamplingParams(**kwargs),
                                                  lora_request=lora_request, streaming=s.llm_streaming)
             except RuntimeError as exc:
                 if str(exc) == LLM_SHUT_DOWN and not self._closing and self._broken is None:
                     self._llm_died()
                 raise
+            if s.images is not None:
+                s.prompt_ids = list(output.prompt_token_ids)
+                inflight.counts = self._counts(s.prompt_ids)
             inflight.output = output
             self._submitted.add(inflight)
             submitted = True
@@ -695,6 +743,19 @@ class TritonPythonModel:
                 self._submitted.discard(inflight)
                 if not self._submitted:
                     self._drained.set()
+
+    def _counts(self, prompt_ids: List[int]) -> list:
+        """``prompt_tokens`` and ``image_tokens`` [1, 1] INT32 of an image request whose prompt the LLM made
+        ``prompt_ids``."""
+        import numpy as np  # noqa: PLC0415 - Triton's stub has it
+
+        # the image's features fill the positions of the image token, or of ids past the vocabulary: TensorRT-LLM's
+        # multimodal ids (Qwen2-VL's input processor writes vocab_size + 1 there, modeling_qwen2vl.py _postprocess;
+        # registry.py find_mm_token_positions takes ids >= vocab_size as multimodal)
+        image_id, vocab = self.image_token_id, self.vocab_size
+        image = sum(1 for token in prompt_ids if token == image_id or token >= vocab)
+        return [pb_utils.Tensor("prompt_tokens", np.asarray([[len(prompt_ids)]], dtype=np.int32)),
+                pb_utils.Tensor("image_tokens", np.asarray([[image]], dtype=np.int32))]
 
     # -- LoRA adapters and the LLM's life ------------------------------------------------------------
     async def _verify(self, path: str) -> AdapterFacts:
@@ -922,8 +983,8 @@ class TritonPythonModel:
                 pending = merged.pop(inflight.number, None)
                 if pending is not None:
                     order = [entry for entry in order if entry is not pending]
-                    self._send(inflight, token_response(pending.tokens, pending.log_probs, pending.cum_log_prob),
-                               pending.final)
+                    self._send(inflight, token_response(pending.tokens, pending.log_probs, pending.cum_log_prob,
+                                                        inflight.counts), pending.final)
                 self._send(inflight, item.response, True)
                 continue
             entry = merged.get(inflight.number)
@@ -941,7 +1002,8 @@ class TritonPythonModel:
         # responses stay in order).
         order.sort(key=lambda entry: entry.request.answered)
         for entry in order:
-            self._send(entry.request, token_response(entry.tokens, entry.log_probs, entry.cum_log_prob), entry.final)
+            self._send(entry.request, token_response(entry.tokens, entry.log_probs, entry.cum_log_prob,
+                                                     entry.request.counts), entry.final)
 
     def _send(self, inflight: InFlightRequest, response, final: bool) -> None:
         if inflight.final_sent:

@@ -34,6 +34,18 @@ How the C++ semantics become ``SamplingParams`` (TensorRT-LLM 1.2.1's LLM API; s
 * ``stream_interval_ms`` (this model's own optional input, not the C++ backend's): a streaming request's new
   tokens are sent at most every that many milliseconds, the first at once and the last with the final response
   (:attr:`Submission.interval_s`); absent or 0, each step's tokens as they come (the C++ backend's responses);
+* images (this model's own optional inputs, not the C++ backend's): ``text_input`` (the prompt as text, one
+  placeholder per image where the model's chat template writes it) with ``image_bytes`` (one encoded image file per
+  element), in place of ``input_ids``. TensorRT-LLM 1.2.1's LLM API takes images only with a text prompt
+  (``{"prompt": ..., "multi_modal_data": {"image": [...]}}``): the model's input processor tokenizes the text and
+  expands each placeholder into the image's tokens (``inputs/registry.py``, e.g. ``Gemma3InputProcessor`` in
+  ``_torch/models/modeling_gemma3vl.py`` @0f8dcd9d); token ids with images are decoded back into text for a model
+  with its own input processor, and their images dropped for one without (``llmapi/llm.py`` ``generate_async``,
+  the 1.2-era index copy 323158958). So an image request carries no ids (:attr:`Submission.text`,
+  :attr:`Submission.images`); the images are decoded here (:func:`decode_images`) as trtllm-serve's loader decodes
+  them (RGB, an alpha channel over white: ``tensorrt_llm/inputs/utils.py`` ``convert_image_mode``, index id
+  51982902165), with their EXIF orientation applied. A model that serves no images (its ``images`` parameter false:
+  a text-only architecture, whose default input processor would drop them, or images switched off) refuses them;
 * LoRA: ``lora_path`` (the adapter's PEFT folder) with ``lora_task_id`` -> ``LoRARequest(name, id, path)``;
   the id is the LLM's adapter cache key (``base_worker.py`` @7b437aaa ``_load_lora_adapter`` returns False for
   a loaded id, ``lora_manager.py`` @30e6fb55 keeps the weights first loaded), so a known id sent with another
@@ -62,6 +74,9 @@ NO_LIMIT = 2**62
 #: The longest ``stream_interval_ms`` a request may ask for, milliseconds.
 MAX_STREAM_INTERVAL_MS = 10_000
 
+#: The image formats the model decodes (the stream process refuses any other: cog_triton/streaming/images.py).
+IMAGE_FORMATS = ("JPEG", "PNG", "WEBP", "GIF")
+
 GUIDE_KEYS = {"json": ("json_object", True), "json_schema": ("json", None), "regex": ("regex", None),
               "ebnf_grammar": ("grammar", None)}
 
@@ -81,6 +96,9 @@ class Submission:
         return_log_probs: send cum_log_probs / output_log_probs.
         interval_s: ``stream_interval_ms`` in seconds (0: every step's tokens as they come).
         warnings: server log lines (the client never sees them).
+        text: an image request's prompt (``text_input``), None for a request of token ids; its ``prompt_ids`` are
+            the LLM's (set once the LLM has the request).
+        images: an image request's encoded image files (``image_bytes``), None otherwise.
     """
 
     prompt_ids: List[int]
@@ -93,6 +111,8 @@ class Submission:
     return_log_probs: bool = False
     interval_s: float = 0.0
     warnings: List[str] = field(default_factory=list)
+    text: Optional[str] = None
+    images: Optional[List[bytes]] = None
 
     @property
     def llm_streaming(self) -> bool:
@@ -153,9 +173,68 @@ def _lora(get: Callable[[str], Optional[np.ndarray]], lora_enabled: bool,
     return task_id, path
 
 
+def _image_request(get: Callable[[str], Optional[np.ndarray]],
+                   images_off: Optional[str]) -> Tuple[Optional[str], Optional[List[bytes]]]:
+    """(text, encoded images) of an image request, or (None, None) for a request of token ids.
+
+    Raises:
+        RequestError: one of text_input / image_bytes without the other, either with input_ids, no image, or images
+            to a model that serves none (``images_off``: why, None when it serves them).
+    """
+    arr = get("image_bytes")
+    text = _string(get, "text_input")
+    if text is None and arr is None:
+        return None, None
+    if text is None:
+        raise RequestError("image_bytes was given without text_input: send the prompt as text_input, with one "
+                           "placeholder per image where the model's chat template writes it")
+    if arr is None:
+        raise RequestError("text_input is taken with image_bytes only (an image request); send a text prompt as "
+                           "input_ids")
+    if get("input_ids") is not None:
+        raise RequestError("an image request sends its prompt as text_input (the LLM's input processor tokenizes it "
+                           "with the images), not input_ids: send one of them")
+    images = [bytes(v) if isinstance(v, (bytes, bytearray)) else str(v).encode("latin-1")
+              for v in np.asarray(arr, dtype=object).reshape(-1)]
+    if not images:
+        raise RequestError("image_bytes holds no image")
+    if images_off is not None:
+        raise RequestError(f"{len(images)} image(s) were given, but this model serves none: {images_off}")
+    return text, images
+
+
+def decode_images(blobs: List[bytes]) -> List[Any]:
+    """The PIL images (RGB) the LLM gets for ``image_bytes`` (see the module docstring). Blocking (decoding).
+
+    Raises:
+        RequestError: an image that does not decode, naming it.
+    """
+    import io  # noqa: PLC0415
+
+    from PIL import Image, ImageOps  # noqa: PLC0415 - image requests only
+
+    pictures = []
+    for index, data in enumerate(blobs):
+        try:
+            image = Image.open(io.BytesIO(data), formats=IMAGE_FORMATS)
+            image = ImageOps.exif_transpose(image)
+            if image.mode in ("RGBA", "LA") or (image.mode == "P" and "transparency" in image.info):
+                image = image.convert("RGBA")
+                rgb = Image.new("RGB", image.size, (255, 255, 255))
+                rgb.paste(image, mask=image.getchannel("A"))
+                image = rgb
+            elif image.mode != "RGB":
+                image = image.convert("RGB")
+            image.load()
+        except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
+            raise RequestError(f"image_bytes[{index}] could not be decoded: {exc}") from None
+        pictures.append(image)
+    return pictures
+
+
 def to_submission(get: Callable[[str], Optional[np.ndarray]], *, vocab_size: int, exclude_input_in_output: bool,
                   guided_decoding: bool, lora_enabled: bool, known_paths: Dict[int, str], sampler: str,
-                  request_number: int = 0) -> Submission:
+                  request_number: int = 0, images_off: Optional[str] = "images are off") -> Submission:
     """Read one (non-stop) request's tensors into a :class:`Submission` (see the module docstring).
 
     Args:
@@ -167,6 +246,7 @@ def to_submission(get: Callable[[str], Optional[np.ndarray]], *, vocab_size: int
         known_paths: adapter folders by id, of requests served before (a request may send only the id).
         sampler: the LLM's sampler (``samplers.effective_sampler``).
         request_number: used in executor-style error texts.
+        images_off: why the model serves no images (an image request is refused with it); None: it serves them.
 
     Raises:
         RequestError: the first problem found, with the C++ backend's text where it has one, or (a
@@ -174,7 +254,8 @@ def to_submission(get: Callable[[str], Optional[np.ndarray]], *, vocab_size: int
     """
     limits = ModelLimits(max_input_len=NO_LIMIT, max_seq_len=NO_LIMIT, vocab_size=vocab_size,
                          exclude_input_in_output=exclude_input_in_output, guided_decoding=guided_decoding, lora=None)
-    parsed = parse_request(get, limits, request_number=request_number)
+    text, images = _image_request(get, images_off)
+    parsed = parse_request(get, limits, request_number=request_number, prompt_ids=None if text is None else [])
     lora = _lora(get, lora_enabled, known_paths)
     p = parsed.params
     seed_given = get("seed") is not None
@@ -227,6 +308,7 @@ def to_submission(get: Callable[[str], Optional[np.ndarray]], *, vocab_size: int
         prompt_ids=parsed.prompt_ids, sampling=sampling, streaming=parsed.streaming,
         exclude_input_in_output=parsed.exclude_input_in_output, end_id=p.end_id, stop_words=p.stop_words,
         lora=lora, return_log_probs=p.return_log_probs, interval_s=interval_ms / 1e3, warnings=list(parsed.warnings),
+        text=text, images=images,
     )
 
 
@@ -404,5 +486,6 @@ def stop_word_end(context: List[int], n_new: int, stop_words: List[List[int]]) -
     return None
 
 
-__all__ = ["ADAPTER_FILES", "GUIDE_KEYS", "MAX_STREAM_INTERVAL_MS", "NO_LIMIT", "AdapterFacts", "SamplerRefusal", "Submission",
-           "adapter_signature", "check_adapter", "stop_word_end", "to_submission"]
+__all__ = ["ADAPTER_FILES", "GUIDE_KEYS", "IMAGE_FORMATS", "MAX_STREAM_INTERVAL_MS", "NO_LIMIT", "AdapterFacts",
+           "SamplerRefusal", "Submission", "adapter_signature", "check_adapter", "decode_images", "stop_word_end",
+           "to_submission"]

@@ -315,7 +315,8 @@ def executor_error(request_number: int, message: str) -> str:
 
 
 def parse_request(
-    get: Callable[[str], Optional[np.ndarray]], limits: ModelLimits, request_number: int = 0
+    get: Callable[[str], Optional[np.ndarray]], limits: ModelLimits, request_number: int = 0,
+    prompt_ids: Optional[List[int]] = None,
 ) -> ParsedRequest:
     """Read and validate one (non-stop) request's tensors, in upstream's order: tensors and sampling
     config first (backend ``utils.cc``), then ``LlmRequest::validate`` (end_id, prompt length,
@@ -326,11 +327,13 @@ def parse_request(
             as in the module docstring, with or without the batch dimension).
         limits: the model's limits and defaults.
         request_number: used in executor-style error texts (upstream's executor request id).
+        prompt_ids: the prompt when it is not ``input_ids`` (the PyTorch-backend model's text prompt with images,
+            whose ids the LLM's input processor makes: ``[]``); None reads and checks ``input_ids``.
 
     Raises:
         RequestError: the first problem found, with upstream's key phrase.
     """
-    prompt = _prompt_ids(get, limits)
+    prompt = _prompt_ids(get, limits) if prompt_ids is None else prompt_ids
     params, warnings = _sampling_params(get)
     parsed = ParsedRequest(
         prompt_ids=prompt,

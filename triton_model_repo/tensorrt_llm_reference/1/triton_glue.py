@@ -157,9 +157,11 @@ def error_response(message: str):
     return pb_utils.InferenceResponse(output_tensors=[], error=triton_error(message))
 
 
-def token_response(tokens: List[int], log_probs: Optional[List[float]], cum_log_prob: Optional[float]):
+def token_response(tokens: List[int], log_probs: Optional[List[float]], cum_log_prob: Optional[float],
+                   extra: Optional[list] = None):
     """A response with output_ids [1, 1, n] and sequence_length [[n]] (n may be 0), plus cum_log_probs [[c]] (0.0
-    when None) and output_log_probs [1, 1, len(log_probs)] when ``log_probs`` is not None."""
+    when None) and output_log_probs [1, 1, len(log_probs)] when ``log_probs`` is not None, and the tensors ``extra``
+    (the PyTorch-backend model's prompt_tokens / image_tokens of an image request) when given."""
     outputs = [
         pb_utils.Tensor("output_ids", np.asarray(tokens, dtype=np.int32).reshape(1, 1, len(tokens))),
         pb_utils.Tensor("sequence_length", np.asarray([[len(tokens)]], dtype=np.int32)),
@@ -169,6 +171,8 @@ def token_response(tokens: List[int], log_probs: Optional[List[float]], cum_log_
         outputs.append(pb_utils.Tensor("cum_log_probs", np.asarray([[cum]], dtype=np.float32)))
         outputs.append(pb_utils.Tensor("output_log_probs",
                                        np.asarray(log_probs, dtype=np.float32).reshape(1, 1, len(log_probs))))
+    if extra:
+        outputs.extend(extra)
     return pb_utils.InferenceResponse(output_tensors=outputs)
 
 

@@ -55,7 +55,12 @@ docstrings, with sources):
   its final response or error is dispatched (``AwaitResponseHelper.handle_for_worker``), so an aborted request
   dropped while waiting leaves its entry for the LLM's life (:attr:`Engine.results`);
 * guided decoding (``guided_decoding_backend='xgrammar'``): xgrammar's token bitmask on the logits before
-  sampling, the guide compiled on the request's first step.
+  sampling, the guide compiled on the request's first step;
+* images (a request with multimodal data, ``inputs/registry.py``): the prompt's first forward pass takes the pixel
+  values (bfloat16 from the input processor, run in float32 here), and the prompt positions holding the model's
+  image token (``image_token_index``) are marked as the image's, so that they attend to one another
+  (``Gemma3VLM.forward`` @0f8dcd9d: ``mm_token_mask = torch.isin(input_ids, self.image_token_ids)`` passed as
+  ``image_token_mask``; transformers' Gemma 3 reads the same mark from ``token_type_ids``).
 
 Sampling (model mode) follows the sampler 1.2.1 instantiates (``_torch/pyexecutor/_util.py``
 ``instantiate_sampler``: TRTLLMSampler for ``sampler_type`` TRTLLMSampler, or ``auto`` with ``max_beam_width`` > 1;
@@ -77,6 +82,9 @@ a multinomial draw; the guide's bitmask before sampling.
   sampled token.
 
 The PyTorch backend's sampler kernels are not emulated further (sampled tokens differ from a GPU's anyway).
+
+Why one module: it is the executor, one thread's loop and the request states it advances (admission, a step,
+sampling, finishing, aborts); the adapters' memory (``lora.py``) and the input processors (``inputs/``) are apart.
 """
 
 from __future__ import annotations
@@ -121,6 +129,7 @@ class ActiveRequest:
     result: GenerationResult
     max_new_tokens: int
     lora: Any = None  # LoRARequest when the engine serves LoRA
+    multimodal: Any = None  # {"image": {"pixel_values": tensor}} of an image request
     tokens: List[int] = field(default_factory=list)
     logprobs: List[Dict[int, float]] = field(default_factory=list)  # one {token id: log-prob} per token
     sent: int = 0
@@ -252,6 +261,9 @@ class TorchState:
             self.matcher = xgrammar.GrammarMatcher(engine.compile_guide(p.guided_decoding))
             self.bitmask = xgrammar.allocate_token_bitmask(1, engine.vocab_size)
         self.cache = None
+        self.images = (request.multimodal or {}).get("image")
+        if self.images is not None and engine.image_token_id is None:
+            raise ValueError("stand-in: an image request to a model without image_token_index")
         self.pending: Optional[int] = None
         self.torch_sampler = engine.sampler == TORCH_SAMPLER
         if self.torch_sampler:
@@ -268,8 +280,12 @@ class TorchState:
         torch = self.torch
         model, adapter = (engine.lora.model, engine.lora.use(self.adapter)) if engine.lora is not None else (
             engine.model, contextlib.nullcontext())
+        extra = {}
+        if self.cache is None and self.images is not None:  # the prompt's pass: the pixels and the image positions
+            extra = {"pixel_values": self.images["pixel_values"].to(torch.float32),
+                     "token_type_ids": (torch.tensor([ids]) == engine.image_token_id).to(torch.long)}
         with adapter:
-            out = model(input_ids=torch.tensor([ids]), past_key_values=self.cache, use_cache=True)
+            out = model(input_ids=torch.tensor([ids]), past_key_values=self.cache, use_cache=True, **extra)
         self.cache = out.past_key_values
         return out.logits[0, -1, :].float().unsqueeze(0)
 
@@ -351,8 +367,10 @@ class Engine:
                  grammar_compiler: Any = None, paced_step_s: Optional[float] = None,
                  cycle: Sequence[int] = (), log: Callable[[str], None] = lambda message: None,
                  sampler: str = TORCH_SAMPLER, stream_interval: int = 1, scripts: Optional[Sequence[tuple]] = None,
-                 tokenizer: Any = None, lora_worker: Optional[LoraWorker] = None, abort_delay_s: float = 0.0) -> None:
+                 tokenizer: Any = None, lora_worker: Optional[LoraWorker] = None, abort_delay_s: float = 0.0,
+                 image_token_id: Optional[int] = None) -> None:
         self.max_batch_size = max_batch_size
+        self.image_token_id = image_token_id
         self.lora_worker = lora_worker
         self.abort_delay_s = abort_delay_s
         #: The worker's ``_results``: request id -> result, removed when its final response or error is dispatched.

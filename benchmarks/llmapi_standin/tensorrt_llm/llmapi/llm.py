@@ -21,6 +21,17 @@ Facts followed (NVIDIA/TensorRT-LLM ``tensorrt_llm/llmapi/llm.py`` @4c05a748, th
   ``max_seq_len - prompt length`` is reduced to it with a warning ("User-specified `max_tokens` (M) is greater
   than deduced `default_max_tokens` (D), using default_max_tokens instead."); ``max_seq_len`` is the argument,
   else what the model engine sets (the checkpoint's ``max_position_embeddings`` here);
+* prompts (``generate_async`` @323158958, the 1.2-era index copy of ``llm.py`` nearest 1.2.1: ``orchestrator_type``
+  and ``TrtLlmArgs`` still there): ``inputs`` go through ``prompt_inputs`` (``inputs/data.py``); token ids **with**
+  ``multi_modal_data`` on a checkpoint whose input processor is not the default one are decoded with
+  ``self.tokenizer`` into a text prompt ("VLMs need to process/tokenize the prompt in their own way"; an
+  ``AttributeError`` without a tokenizer) and ``sampling_params.add_special_tokens`` set False; token ids are then the
+  prompt as they are (**their images dropped** on a text-only checkpoint); a text prompt with ``multi_modal_data``
+  runs through ``create_input_processor_with_hash(self.input_processor)``, one without through the input processor
+  itself (``inputs/registry.py`` has both); ``RequestOutput.prompt_token_ids`` are the processor's ids (for an
+  image, its expanded tokens) and ``prompt`` the text;
+* ``LLM.tokenizer`` is the input processor's tokenizer (``BaseLLM.tokenizer`` property; ``_TorchLLM._build_model``
+  makes the input processor with the loaded tokenizer, None under ``skip_tokenizer_init``);
 * ``shutdown()`` stops the executor;
 * a worker stopped by a failure outside the ``RequestError`` path (a LoRA load, see :mod:`.._standin.engine`):
   the next ``generate_async`` raises that failure and shuts the executor down (``executor/executor.py``
@@ -37,7 +48,7 @@ import itertools
 import logging
 import os
 from pathlib import Path
-from typing import Any, List, Optional, Union
+from typing import Any, List, Optional, Tuple, Union
 
 from ..executor.request import LoRARequest
 from ..executor.result import GenerationResult
@@ -59,9 +70,11 @@ class RequestOutput(GenerationResult):
     """The output of one request (``tensorrt_llm.llmapi.llm.RequestOutput``): request_id, prompt_token_ids,
     outputs, finished, abort(), aborted(); iterate it with ``async for`` (see ``executor/result.py``)."""
 
+    _prompt: Optional[str] = None
+
     @property
     def prompt(self) -> Optional[str]:
-        return None
+        return self._prompt
 
 
 class LLM:
@@ -116,8 +129,15 @@ class LLM:
         if not args.skip_tokenizer_init:
             self.tokenizer = AutoTokenizer.from_pretrained(str(args.tokenizer or model_dir), local_files_only=True,
                                                            use_fast=args.tokenizer_mode != "slow")
+        from ..inputs.registry import create_input_processor  # noqa: PLC0415
+
+        self.input_processor = create_input_processor(model_dir, self.tokenizer)
+        self.tokenizer = getattr(self.input_processor, "tokenizer", self.tokenizer)
         config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
-        self.max_seq_len = int(args.max_seq_len or getattr(config, "max_position_embeddings", 0) or 2048)
+        architecture = (getattr(config, "architectures", None) or [""])[0]
+        text_config = getattr(config, "text_config", None) or config  # Gemma3VLM.infer_max_seq_len: the LLM's
+        self.max_seq_len = int(args.max_seq_len or getattr(text_config, "max_position_embeddings", 0) or 2048)
+        image_token = getattr(config, "image_token_index", None)
         step_ms = os.environ.get(STEP_MS_ENV, "").strip()
         model = lora = compiler = lora_worker = None
         cycle: List[int] = []
@@ -142,7 +162,11 @@ class LLM:
             import torch  # noqa: PLC0415
             from transformers import AutoModelForCausalLM  # noqa: PLC0415
 
-            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, local_files_only=True)
+            if architecture == "Gemma3ForConditionalGeneration":
+                from transformers import Gemma3ForConditionalGeneration as model_class  # noqa: PLC0415
+            else:
+                model_class = AutoModelForCausalLM
+            model = model_class.from_pretrained(model_dir, dtype=torch.float32, local_files_only=True)
             model.eval()
             model.requires_grad_(False)
             vocab = int(model.get_input_embeddings().num_embeddings)
@@ -160,7 +184,8 @@ class LLM:
             max_batch_size=int(args.max_batch_size or DEFAULT_MAX_BATCH_SIZE), vocab_size=vocab, model=model,
             lora=lora, grammar_compiler=compiler, paced_step_s=step_s, cycle=cycle, log=logger.warning,
             sampler=self.sampler, stream_interval=args.stream_interval, scripts=scripts, tokenizer=self.tokenizer,
-            lora_worker=lora_worker, abort_delay_s=float(os.environ.get(ABORT_DELAY_MS_ENV, "").strip() or 0) / 1e3)
+            lora_worker=lora_worker, abort_delay_s=float(os.environ.get(ABORT_DELAY_MS_ENV, "").strip() or 0) / 1e3,
+            image_token_id=image_token)
 
     def _grammar_compiler(self, vocab: int) -> Any:
         """xgrammar's compiler for ``guided_decoding_backend='xgrammar'`` (None without a backend).
@@ -193,7 +218,7 @@ class LLM:
             self.shutdown()
             raise error
         sampling_params = self._prepare_sampling_params(sampling_params)
-        prompt = self._prompt_token_ids(inputs)
+        prompt, text, multimodal = self._process_inputs(inputs, sampling_params)
         self._check_arguments(len(prompt), 0, sampling_params)
         max_new = self._deduce_max_tokens(len(prompt), sampling_params.max_tokens)
         from .._standin.engine import ActiveRequest  # noqa: PLC0415
@@ -201,9 +226,10 @@ class LLM:
         request_id = next(self._ids)
         result = RequestOutput(request_id, prompt, sampling_params, bool(streaming), self._executor,
                                tokenizer=self.tokenizer)
+        result._prompt = text
         lora = lora_request if self.args.lora_config is not None else None
         self._executor.submit(ActiveRequest(request_id, prompt, sampling_params, bool(streaming), result, max_new,
-                                            lora=lora))
+                                            lora=lora, multimodal=multimodal))
         return result
 
     def _prepare_sampling_params(self, sampling_params: Optional[SamplingParams]) -> SamplingParams:
@@ -220,15 +246,32 @@ class LLM:
             raise NotImplementedError("stand-in: stop / stop_token_ids / bad strings are not emulated")
         return sampling_params
 
-    def _prompt_token_ids(self, inputs: Any) -> List[int]:
-        if isinstance(inputs, list) and all(isinstance(t, int) for t in inputs):
-            return list(inputs)
-        if isinstance(inputs, dict) and "prompt_token_ids" in inputs:
-            return list(inputs["prompt_token_ids"])
-        if isinstance(inputs, str):
-            if self.tokenizer is None:
-                raise ValueError("stand-in: a text prompt needs the tokenizer")
-            return list(self.tokenizer.encode(inputs))
+    def _process_inputs(self, inputs: Any, sampling_params: SamplingParams) -> Tuple[List[int], Optional[str], Any]:
+        """(prompt token ids, prompt text or None, multimodal data or None) of ``inputs`` as ``generate_async`` makes
+        them (see the module docstring)."""
+        from ..inputs.data import prompt_inputs  # noqa: PLC0415
+        from ..inputs.registry import DefaultInputProcessor, create_input_processor_with_hash  # noqa: PLC0415
+
+        inputs = prompt_inputs(inputs)
+        if not inputs.get("prompt") and inputs.get("prompt_token_ids") and (
+                inputs.get("multi_modal_data") or inputs.get("multi_modal_embeddings")) and not isinstance(
+                    self.input_processor, DefaultInputProcessor):
+            # VLMs need to process/tokenize the prompt in their own way (upstream's words)
+            prompt = self.tokenizer.decode(inputs["prompt_token_ids"])
+            inputs = {"prompt": prompt, "multi_modal_data": inputs.get("multi_modal_data"),
+                      "mm_processor_kwargs": inputs.get("mm_processor_kwargs")}
+            sampling_params.add_special_tokens = False
+        if "prompt_token_ids" in inputs:
+            return list(inputs["prompt_token_ids"]), None, None
+        if "prompt" in inputs:
+            if "multi_modal_data" in inputs:
+                ids, extra = create_input_processor_with_hash(self.input_processor)(inputs, sampling_params)
+            elif "multi_modal_embeddings" in inputs:
+                raise NotImplementedError("stand-in: multi_modal_embeddings are not emulated")
+            else:
+                ids, extra = self.input_processor(inputs, sampling_params)
+            data = (extra or {}).get("multimodal_data")
+            return list(ids), inputs["prompt"], data or None
         raise TypeError(f"The inputs must be type str or list of int, but got {type(inputs)}")
 
     def _check_arguments(self, prompt_len: int, query_len: int, sampling_params: SamplingParams) -> None:
