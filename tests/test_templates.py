@@ -34,9 +34,10 @@ from tensorrtllm_backend.templates import (
 
 TEMPLATE_DIR = REPO_ROOT / "triton_model_repo"
 FILL_TEMPLATE = REPO_ROOT / "scripts" / "fill_template.py"
-MODELS = ("ensemble_ids", "preprocessing", "tensorrt_llm")
-PYTHON_LIVE_MODELS = ("preprocessing",)
+MODELS = ("ensemble", "ensemble_ids", "preprocessing", "tensorrt_llm")
+PYTHON_LIVE_MODELS = ("ensemble", "preprocessing")
 TEMPLATE_FOLDERS = (
+    "ensemble",
     "ensemble_ids",
     "preprocessing",
     "tensorrt_llm",
