@@ -46,7 +46,8 @@ UPSTREAM_INPUTS = {
     "length_penalty": ("TYPE_FP32", [1]), "repetition_penalty": ("TYPE_FP32", [1]), "min_tokens": ("TYPE_INT32", [1]),
     "presence_penalty": ("TYPE_FP32", [1]), "frequency_penalty": ("TYPE_FP32", [1]), "seed": ("TYPE_UINT64", [1]),
     "return_log_probs": ("TYPE_BOOL", [1]), "beam_width": ("TYPE_INT32", [1]), "stream": ("TYPE_BOOL", [1]),
-    "lora_task_id": ("TYPE_UINT64", [1]), "lora_weights": ("TYPE_FP32", [-1, -1]), "lora_config": ("TYPE_INT32", [-1, 3]),
+    "lora_task_id": ("TYPE_UINT64", [1]), "lora_weights": ("TYPE_FP32", [-1, -1]),
+    "lora_config": ("TYPE_INT32", [-1, 3]),
     "guided_decoding_guide_type": ("TYPE_STRING", [1]), "guided_decoding_guide": ("TYPE_STRING", [1]),
 }
 UPSTREAM_OUTPUTS = {"text_output": ("TYPE_STRING", [-1]), "cum_log_probs": ("TYPE_FP32", [-1]),
@@ -129,7 +130,8 @@ def test_the_model_forwards_what_the_renderer_checks() -> None:
     assert load_model_module().LLM_INPUTS == TEXT_ENSEMBLE_LLM_INPUTS
 
 
-@pytest.mark.parametrize("text", ["Hello, world! Héllo wörld.", "日本語のテキスト 🤖🎉 end", "  two  spaces\n\nnew lines"])
+@pytest.mark.parametrize("text", ["Hello, world! Héllo wörld.", "日本語のテキスト 🤖🎉 end",
+                                  "  two  spaces\n\nnew lines"])
 def test_incremental_text_is_one_decode_and_never_half_a_character(hf_tokenizer, text: str) -> None:
     ids = hf_tokenizer.encode(text, add_special_tokens=False)
     incremental = load_model_module().IncrementalText(hf_tokenizer)
