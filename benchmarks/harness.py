@@ -8,8 +8,8 @@ paths in the same run:
 
 * ``tensorrt_llm``: Triton's ``/v2/models/tensorrt_llm/generate_stream`` with token ids (the engine
   alone inside Triton);
-* ``ensemble``: ``/v2/models/ensemble/generate_stream`` with ``input_ids`` (+ preprocessing and
-  Triton's ensemble scheduling);
+* ``ensemble_ids``: the predictor's ids ensemble, ``/v2/models/ensemble_ids/generate_stream`` with ``input_ids``
+  (+ preprocessing and Triton's ensemble scheduling);
 * ``cog``: ``POST /predictions`` streamed over SSE (+ the predictor: validation, tokenization,
   Triton client, incremental detokenization, coglet);
 * ``floor``: a bare predictor under its own Cog HTTP server (``benchmarks/floor/predict.py``): no
@@ -423,7 +423,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="scripts/benchmark",
         description="Serving cost per token on the real stack (Triton + Cog) with a token-rate stand-in engine: "
-        "tensorrt_llm direct vs ensemble vs Cog /predictions, swept over concurrent streams.",
+        "tensorrt_llm direct vs ensemble_ids vs Cog /predictions, swept over concurrent streams.",
     )
     parser.add_argument("--concurrency", type=_int_list, default=None,
                         help="comma-separated stream counts (default 1,8,32,64,128; --engine reference 1,2,4; "

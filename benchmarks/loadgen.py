@@ -14,7 +14,7 @@ as they would for any client.
 
 Paths (``spec["path"]``):
 
-* ``tensorrt_llm`` and ``ensemble``: Triton's ``generate_stream``; an event carries ``output_ids``
+* ``tensorrt_llm`` and ``ensemble_ids``: Triton's ``generate_stream``; an event carries ``output_ids``
   (cut to ``sequence_length``) or ``error``. Tokens are counted and compared with the expected ids.
 * ``cog``: coglet's ``POST /predictions`` with ``Accept: text/event-stream``; ``output`` events carry
   text chunks, ``completed`` the prediction (status, ``metrics.output_token_count``). The token

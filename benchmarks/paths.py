@@ -40,7 +40,7 @@ LLMAPI_STANDIN_ROOT = REPO_ROOT / "benchmarks" / "llmapi_standin"
 PACED_ENGINES = ("standin", "pytorch")
 
 
-PATHS = ("tensorrt_llm", "ensemble", "cog", "floor")
+PATHS = ("tensorrt_llm", "ensemble_ids", "cog", "floor")
 
 
 GUIDED_PATH = "cog_json"

@@ -62,7 +62,7 @@ def write_standin_templates(target: Path, *, step_ms: float, sender_threads: int
     ``benchmarks/standin/1/model.py``)."""
     shutil.rmtree(target, ignore_errors=True)
     source = REPO_ROOT / "triton_model_repo"
-    for folder in ("ensemble", "preprocessing", "tensorrt_llm"):
+    for folder in ("ensemble", "ensemble_ids", "preprocessing", "tensorrt_llm"):
         shutil.copytree(source / folder, target / folder, ignore=shutil.ignore_patterns("__pycache__"))
     llm = target / "tensorrt_llm_reference"
     (llm / "1").mkdir(parents=True)
@@ -130,7 +130,7 @@ def write_pytorch_standin_templates(target: Path, *, step_ms: float, text_file: 
     benchmark wrapper as ``tensorrt_llm_reference`` (the folder setup() renders for a checkpoint)."""
     shutil.rmtree(target, ignore_errors=True)
     source = REPO_ROOT / "triton_model_repo"
-    for folder in ("ensemble", "preprocessing", "tensorrt_llm"):
+    for folder in ("ensemble", "ensemble_ids", "preprocessing", "tensorrt_llm"):
         shutil.copytree(source / folder, target / folder, ignore=shutil.ignore_patterns("__pycache__"))
     llm = target / "tensorrt_llm_reference"
     (llm / "1").mkdir(parents=True)

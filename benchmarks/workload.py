@@ -80,7 +80,7 @@ class Workload:
             if getattr(self.args, "model_interval_ms", None) is not None:  # the PyTorch-backend model's own input
                 body["stream_interval_ms"] = [self.args.model_interval_ms]
             return body
-        if path == "ensemble":
+        if path == "ensemble_ids":
             return {"input_ids": self.prompt_ids, "max_tokens": n, "min_tokens": n, "top_k": 1, "seed": seed,
                     "stream": True}
         if path == FLOOR_PATH:

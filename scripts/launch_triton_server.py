@@ -47,8 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if args.world_size < 1:
         parser.error(f"--world_size must be >= 1, got {args.world_size}")
-    if not (args.model_repo / "ensemble").is_dir() and not args.dry_run:
-        parser.error(f"{args.model_repo} is not a rendered model repository (no ensemble/ folder)")
+    if not (args.model_repo / "ensemble_ids").is_dir() and not args.dry_run:
+        parser.error(f"{args.model_repo} is not a rendered model repository (no ensemble_ids/ folder)")
     try:
         installation = locate_tritonserver(args.tritonserver, work_dir=REPO_ROOT / "build")
         cfg = LaunchConfig(

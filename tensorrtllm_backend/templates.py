@@ -9,7 +9,8 @@ failing to parse an empty string, except :data:`REQUIRED_TENSORRT_LLM_PARAMETERS
 backend reads without a default: those stay, empty meaning "off".
 
 Template folders -> live model names:
-    ensemble, preprocessing                                    -> same name
+    ensemble_ids, preprocessing                                -> same name
+    ensemble (text in, text out; RenderOptions.text_ensemble)  -> same name, its inputs cut to what tensorrt_llm takes
     tensorrt_llm            (C++ backend, engine weights)      -> tensorrt_llm
     tensorrt_llm_reference  (CPU reference, HF checkpoint)     -> tensorrt_llm
     tensorrt_llm_pytorch    (PyTorch backend over the LLM API, HF checkpoint with ``RenderOptions.llm_args``)
@@ -134,7 +135,7 @@ OPTIONAL_TENSORRT_LLM_PARAMETERS = (
     "enable_trt_overlap",
 )
 
-PYTHON_MODELS = ("preprocessing", "tensorrt_llm_reference", "tensorrt_llm_pytorch")
+PYTHON_MODELS = ("preprocessing", "ensemble", "tensorrt_llm_reference", "tensorrt_llm_pytorch")
 
 
 def placeholders(text: str) -> set[str]:
@@ -275,6 +276,8 @@ class RenderOptions:
     enable_chunked_context: bool = False
     gpu_device_ids: Optional[str] = None
     preprocessing_instance_count: int = 1
+    #: Render ``ensemble``, the text model of TensorRT-LLM's ensemble contract (triton_model_repo/ensemble).
+    text_ensemble: bool = True
     add_special_tokens: bool = True
     reference_torch_threads: int = 0
     tensorrt_llm_parameters: str = ""
@@ -402,7 +405,8 @@ def template_values(options: RenderOptions, info: WeightsInfo) -> dict[str, dict
     }
     return {
         "tensorrt_llm_pytorch": pytorch_values(options, common, lora_dtype),
-        "ensemble": {**common, "lora_weights_datatype": lora_dtype},
+        "ensemble_ids": {**common, "lora_weights_datatype": lora_dtype},
+        "ensemble": {**common, "lora_weights_datatype": lora_dtype, "tokenizer_dir": tokenizer},
         "preprocessing": {
             **common,
             "max_queue_delay_microseconds": options.max_queue_delay_microseconds,
@@ -535,8 +539,10 @@ def render_model_repository(options: RenderOptions, info: WeightsInfo) -> dict[s
     folders = {  # tensorrt_llm first: the ensemble forwards the optional inputs it declares (forward_model_inputs)
         "tensorrt_llm": llm_folder,
         "preprocessing": "preprocessing",
-        "ensemble": "ensemble",
+        "ensemble_ids": "ensemble_ids",
     }
+    if options.text_ensemble:
+        folders["ensemble"] = "ensemble"
     target = options.model_repo_dir
     staging = target.with_name(target.name + ".staging")
     shutil.rmtree(staging, ignore_errors=True)
@@ -547,8 +553,10 @@ def render_model_repository(options: RenderOptions, info: WeightsInfo) -> dict[s
             source = options.template_dir / folder
             keep = frozenset(REQUIRED_TENSORRT_LLM_PARAMETERS) if folder == "tensorrt_llm" else frozenset()
             config = render_config(source / "config.pbtxt", values[folder], keep)
-            if name == "ensemble":
+            if name == "ensemble_ids":
                 forward_model_inputs(config, rendered["tensorrt_llm"])
+            if name == "ensemble":
+                cut_text_ensemble_inputs(config, rendered["tensorrt_llm"])
             if config.name != name:
                 raise TemplateError(f"{source / 'config.pbtxt'}: model name is {config.name!r}, expected {name!r}")
             model_dir = staging / name
@@ -675,3 +683,30 @@ def forward_model_inputs(ensemble: model_config_pb2.ModelConfig, llm: model_conf
 def takes_stream_interval(llm: model_config_pb2.ModelConfig) -> bool:
     """Whether a rendered ``tensorrt_llm`` model takes ``stream_interval_ms`` (the PyTorch-backend model)."""
     return any(t.name == "stream_interval_ms" for t in llm.input)
+
+
+#: The text ``ensemble``'s inputs that its model passes to ``tensorrt_llm`` as they are, by the name they have there
+#: (upstream's ensemble step, triton_backend/all_models/inflight_batcher_llm/ensemble/config.pbtxt @2a9abd95). Equal
+#: to ``LLM_INPUTS`` of triton_model_repo/ensemble/1/model.py (tests/test_text_ensemble.py checks).
+TEXT_ENSEMBLE_LLM_INPUTS = {
+    "exclude_input_in_output": "exclude_input_in_output", "top_k": "runtime_top_k", "top_p": "runtime_top_p",
+    "temperature": "temperature", "length_penalty": "len_penalty", "repetition_penalty": "repetition_penalty",
+    "min_tokens": "min_tokens", "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
+    "seed": "seed", "return_log_probs": "return_log_probs", "beam_width": "beam_width",
+    "num_return_sequences": "num_return_sequences", "stream": "streaming", "lora_task_id": "lora_task_id",
+    "lora_weights": "lora_weights", "lora_config": "lora_config",
+    "guided_decoding_guide_type": "guided_decoding_guide_type", "guided_decoding_guide": "guided_decoding_guide",
+}
+
+
+def cut_text_ensemble_inputs(ensemble: model_config_pb2.ModelConfig, llm: model_config_pb2.ModelConfig) -> list[str]:
+    """Remove from the text ``ensemble`` each input whose ``tensorrt_llm`` input the rendered model ``llm`` does not
+    declare (``num_return_sequences`` on the reference and PyTorch-backend models), so that Triton refuses it by
+    name ("unexpected inference input") instead of the model failing later. Returns the names removed."""
+    declared = {t.name for t in llm.input}
+    cut = [t.name for t in ensemble.input
+           if t.name in TEXT_ENSEMBLE_LLM_INPUTS and TEXT_ENSEMBLE_LLM_INPUTS[t.name] not in declared]
+    kept = [t for t in ensemble.input if t.name not in cut]
+    del ensemble.input[:]
+    ensemble.input.extend(kept)
+    return cut

@@ -76,7 +76,7 @@ def test_standin_has_the_reference_models_tensors_and_placeholders(tmp_path: Pat
     assert Path(params["text_file"]).is_file()
     model_py = templates / "tensorrt_llm_reference" / "1" / "model.py"
     assert model_py.read_text() == (STANDIN / "1" / "model.py").read_text()
-    for folder in ("ensemble", "preprocessing", "tensorrt_llm"):
+    for folder in ("ensemble", "ensemble_ids", "preprocessing", "tensorrt_llm"):
         product = REPO_ROOT / "triton_model_repo" / folder / "config.pbtxt"
         assert (templates / folder / "config.pbtxt").read_text() == product.read_text()
 
@@ -323,13 +323,13 @@ def test_standin_in_triton_streams_the_text_and_answers_stop(standin_triton, hf_
 def test_arguments_and_defaults() -> None:
     args = harness.parse_args([])
     assert args.concurrency == [1, 8, 32, 64, 128] and args.tokens == 256 and args.step_ms == 10.0
-    assert args.paths == ["tensorrt_llm", "ensemble", "cog", "floor"] and args.sender_threads == 4
+    assert args.paths == ["tensorrt_llm", "ensemble_ids", "cog", "floor"] and args.sender_threads == 4
     assert args.batch_limit == 128 and args.cog_concurrency == 160
     assert args.groups == [(10.0, [1, 8, 32, 64, 128])]
     assert args.engine_instances == max(1, min(4, len(os.sched_getaffinity(0)) // 4))
     ref_args = harness.parse_args(["--engine", "reference"])
     assert ref_args.concurrency == [1, 2, 4] and ref_args.tokens == 64
-    assert ref_args.paths == ["tensorrt_llm", "ensemble", "cog", "cog_json"]  # guidance measured next to cog
+    assert ref_args.paths == ["tensorrt_llm", "ensemble_ids", "cog", "cog_json"]  # guidance measured next to cog
     with pytest.raises(SystemExit):
         harness.parse_args(["--paths", "cog,cog_json"])  # the stand-in does not enforce guides
     with pytest.raises(SystemExit):
@@ -348,7 +348,7 @@ def test_arguments_and_defaults() -> None:
         harness.parse_args(["--paths", "bogus"])
 
 
-SMOKE_PATHS = ["tensorrt_llm", "ensemble", "cog", "floor", "cog_lora"]
+SMOKE_PATHS = ["tensorrt_llm", "ensemble_ids", "cog", "floor", "cog_lora"]
 
 
 @pytest.fixture(scope="module")
@@ -527,7 +527,7 @@ def _weights():
 
 def test_the_pytorch_engine_runs_the_paced_paths_only() -> None:
     args = harness.parse_args(["--engine", "pytorch"])
-    assert args.paths == ["tensorrt_llm", "ensemble", "cog", "floor"] and args.engine_instances == 1
+    assert args.paths == ["tensorrt_llm", "ensemble_ids", "cog", "floor"] and args.engine_instances == 1
     assert args.tokens == 256 and args.concurrency == [1, 8, 32, 64, 128]
     for bad in (["--engine", "pytorch", "--paths", "cog,cog_json"], ["--engine", "pytorch", "--paths", "cog_lora"],
                 ["--engine", "pytorch", "--engine-instances", "2"]):
@@ -548,7 +548,7 @@ def test_smoke_run_of_the_pytorch_engine_delivers_every_token(tmp_path: Path, de
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     doc = json.loads((out / "results.json").read_text())
-    assert doc["meta"]["engine"] == "pytorch" and doc["meta"]["paths"] == ["tensorrt_llm", "ensemble", "cog", "floor"]
+    assert doc["meta"]["engine"] == "pytorch" and doc["meta"]["paths"] == ["tensorrt_llm", "ensemble_ids", "cog", "floor"]
     for p in doc["points"]:
         assert p["errors"] == 0 and p["count_mismatches"] == 0 and p["content_mismatches"] == 0, p
         assert p["tokens"] == p["expected_tokens"] == p["requests"] * doc["meta"]["tokens"], p["path"]
@@ -587,7 +587,7 @@ def test_loadgen_parses_chunked_sse_however_it_is_split(split: int) -> None:
 def test_loadgen_reads_errors_and_end_token_finals() -> None:
     from benchmarks.loadgen import SSEParser, triton_ids
 
-    assert triton_ids(b'{"model_name":"ensemble","output_ids":[5,6],"sequence_length":1}') == [5]
+    assert triton_ids(b'{"model_name":"ensemble_ids","output_ids":[5,6],"sequence_length":1}') == [5]
     assert triton_ids(b'{"output_ids":[],"sequence_length":0}') == []
     assert triton_ids(b'{"error":"boom"}') is None and triton_ids(b'{"id":"x"}') is None
     ends = []

@@ -31,7 +31,7 @@ def response(ids: Optional[list[int]], final: bool = False, request_id: str = ""
     """A streamed response as Triton's gRPC frontend sends it (outputs as raw little-endian INT32)."""
     message = service_pb2.ModelStreamInferResponse()
     infer = message.infer_response
-    infer.model_name = "ensemble"
+    infer.model_name = "ensemble_ids"
     infer.id = request_id
     if ids is not None:
         for name in names:
@@ -167,9 +167,9 @@ def sent_tensors(request: service_pb2.ModelInferRequest) -> dict[str, tuple[str,
 
 
 def ensemble_config() -> model_config_pb2.ModelConfig:
-    text = (REPO_ROOT / "triton_model_repo" / "ensemble" / "config.pbtxt").read_text()
+    text = (REPO_ROOT / "triton_model_repo" / "ensemble_ids" / "config.pbtxt").read_text()
     values = {"triton_max_batch_size": 8, "lora_weights_datatype": "TYPE_FP16"}
-    return parse_model_config(fill_template(text, values, source="ensemble"), source="ensemble")
+    return parse_model_config(fill_template(text, values, source="ensemble_ids"), source="ensemble_ids")
 
 
 def test_the_request_carries_the_ensembles_tensors(triton: Running) -> None:
@@ -183,7 +183,7 @@ def test_the_request_carries_the_ensembles_tensors(triton: Running) -> None:
     )
     collect(TritonClient(triton.address), request)
     [sent] = triton.state.requests
-    assert sent.model_name == "ensemble" and sent.id == "abc"
+    assert sent.model_name == "ensemble_ids" and sent.id == "abc"
     assert sent_tensors(sent) == {
         "input_ids": ("INT32", [1, 3], [5, 6, 7]),
         "max_tokens": ("INT32", [1, 1], [8]),
@@ -198,7 +198,7 @@ def test_the_request_carries_the_ensembles_tensors(triton: Running) -> None:
         "stream": ("BOOL", [1, 1], [True]),
     }  # no stop_words: matched by the predictor, on the text
     assert sent.parameters["triton_enable_empty_final_response"].bool_param
-    defaults = sent_tensors(GenerateRequest(input_ids=[1], max_tokens=1).to_grpc("ensemble"))
+    defaults = sent_tensors(GenerateRequest(input_ids=[1], max_tokens=1).to_grpc("ensemble_ids"))
     assert {name: value for name, (_, _, value) in defaults.items() if name not in ("input_ids", "max_tokens")} == {
         "temperature": [1.0], "top_k": [0], "top_p": [1.0], "repetition_penalty": [1.0], "presence_penalty": [0.0],
         "frequency_penalty": [0.0], "seed": [0], "stream": [True],
@@ -212,7 +212,7 @@ def test_each_tensor_sent_is_an_ensemble_input_of_its_type_wired_to_the_engine_i
     ensemble = ensemble_config()
     declared = {t.name: t for t in ensemble.input}
     request = GenerateRequest(input_ids=[1, 2], max_tokens=3, min_tokens=1, length_penalty=2.0, guide_type="regex",
-                              guide="a+", lora_task_id=4).to_grpc("ensemble")
+                              guide="a+", lora_task_id=4).to_grpc("ensemble_ids")
     for t in request.inputs:
         assert t.name in declared, t.name
         want = model_config_pb2.DataType.Name(declared[t.name].data_type).removeprefix("TYPE_")
@@ -232,7 +232,7 @@ def test_each_tensor_sent_is_an_ensemble_input_of_its_type_wired_to_the_engine_i
 
 
 def test_unused_optional_tensors_are_left_out_and_guides_are_bytes_tensors() -> None:
-    plain = GenerateRequest(input_ids=[1], max_tokens=4).to_grpc("ensemble")
+    plain = GenerateRequest(input_ids=[1], max_tokens=4).to_grpc("ensemble_ids")
     names = {t.name for t in plain.inputs}
     assert "min_tokens" not in names and "guided_decoding_guide" not in names and plain.id == ""
     guided = GenerateRequest(input_ids=[1], max_tokens=4, guide_type="json_schema", guide='{"a": "é"}').to_grpc("e")
@@ -248,7 +248,7 @@ def test_an_adapter_folder_goes_as_lora_path_beside_its_task_id() -> None:
     from tensorrtllm_backend.templates import forward_model_inputs
 
     request = GenerateRequest(input_ids=[1], max_tokens=2, lora_task_id=9, lora_path="/cache/adapters/é",
-                              lora=LoraTensors("FP32", 1, 1, b"\0" * 4, b"\0" * 12)).to_grpc("ensemble")
+                              lora=LoraTensors("FP32", 1, 1, b"\0" * 4, b"\0" * 12)).to_grpc("ensemble_ids")
     names = [t.name for t in request.inputs]
     assert "lora_weights" not in names and "lora_config" not in names
     assert tensor(request, "lora_path") == ("BYTES", [1, 1], I32.pack(len("/cache/adapters/é".encode()))
@@ -262,7 +262,7 @@ def test_an_adapter_folder_goes_as_lora_path_beside_its_task_id() -> None:
     assert model_config_pb2.DataType.Name(declared["lora_path"].data_type) == "TYPE_STRING"
     (engine,) = [s for s in ensemble.ensemble_scheduling.step if s.model_name == "tensorrt_llm"]
     assert engine.input_map["lora_path"] == "lora_path"
-    without = GenerateRequest(input_ids=[1], max_tokens=2, lora_path="/x").to_grpc("ensemble")
+    without = GenerateRequest(input_ids=[1], max_tokens=2, lora_path="/x").to_grpc("ensemble_ids")
     assert "lora_path" not in {t.name for t in without.inputs}  # only with a task id, as the tensors
 
 
@@ -405,13 +405,13 @@ def test_stop_refused_and_stop_against_a_closed_port(triton: Running) -> None:
 def test_length_penalty_is_sent_as_the_ensemble_input_that_maps_to_len_penalty() -> None:
     """replicate/cog-triton sends length_penalty to its ensemble; ours maps the ensemble input
     length_penalty to tensorrt_llm's len_penalty (triton_model_repo/ensemble/config.pbtxt)."""
-    request = GenerateRequest(input_ids=[1, 2], max_tokens=3, length_penalty=2.5).to_grpc("ensemble")
+    request = GenerateRequest(input_ids=[1, 2], max_tokens=3, length_penalty=2.5).to_grpc("ensemble_ids")
     names = [tensor.name for tensor in request.inputs]
     index = names.index("length_penalty")
     assert request.inputs[index].datatype == "FP32" and list(request.inputs[index].shape) == [1, 1]
     assert struct.unpack("<f", request.raw_input_contents[index]) == (2.5,)
     assert "length_penalty" not in [t.name for t in GenerateRequest(input_ids=[1], max_tokens=1).to_grpc("e").inputs]
-    ensemble = (REPO_ROOT / "triton_model_repo" / "ensemble" / "config.pbtxt").read_text()
+    ensemble = (REPO_ROOT / "triton_model_repo" / "ensemble_ids" / "config.pbtxt").read_text()
     assert 'input_map { key: "len_penalty" value: "length_penalty" }' in ensemble
 
 
@@ -436,7 +436,7 @@ def test_an_image_request_goes_to_the_model_itself_in_its_tensor_names() -> None
     """Each sampling value reaches the tensorrt_llm input the ensemble maps the text request's to; the prompt is
     text_input, the files image_bytes (Triton's length-prefixed BYTES), input_lengths 0, and end_id / pad_id are
     sent (preprocessing fills them for a text request)."""
-    request = IMAGE.to_grpc("ensemble")
+    request = IMAGE.to_grpc("ensemble_ids")
     assert request.model_name == "tensorrt_llm" and request.id == "img"
     assert [o.name for o in request.outputs] == ["output_ids", "sequence_length", "prompt_tokens", "image_tokens"]
     declared = {t.name: t for t in pytorch_model_config().input}
@@ -449,7 +449,7 @@ def test_an_image_request_goes_to_the_model_itself_in_its_tensor_names() -> None
         for sent in [sent_tensors_of(request)[t.name]])}
     text = GenerateRequest(input_ids=[1], max_tokens=8, min_tokens=2, temperature=0.5, top_k=7, top_p=0.25,
                            repetition_penalty=1.25, presence_penalty=0.75, frequency_penalty=-0.5, seed=9,
-                           length_penalty=1.5, stream_interval_ms=20).to_grpc("ensemble")
+                           length_penalty=1.5, stream_interval_ms=20).to_grpc("ensemble_ids")
     (engine,) = [s for s in ensemble_config().ensemble_scheduling.step if s.model_name == "tensorrt_llm"]
     mapped = {engine.input_map[name]: name for name in engine.input_map}
     for ensemble_name, value in sent_tensors_of(text).items():
@@ -471,8 +471,8 @@ def sent_tensors_of(request: service_pb2.ModelInferRequest) -> dict[str, tuple[s
 
 
 def test_a_text_request_asks_for_no_outputs_and_keeps_the_ensemble() -> None:
-    request = GenerateRequest(input_ids=[1], max_tokens=2).to_grpc("ensemble")
-    assert request.model_name == "ensemble" and list(request.outputs) == []
+    request = GenerateRequest(input_ids=[1], max_tokens=2).to_grpc("ensemble_ids")
+    assert request.model_name == "ensemble_ids" and list(request.outputs) == []
     assert {"text_input", "image_bytes", "end_id", "pad_id"}.isdisjoint(t.name for t in request.inputs)
 
 
@@ -480,7 +480,7 @@ def test_an_image_request_needs_its_parts() -> None:
     for missing in ({"image_bytes": ()}, {"end_id": None}):
         fields = {"image_bytes": (b"i",), "end_id": 2, **missing}
         with pytest.raises(ValueError, match="an image request needs text_input, image_bytes and end_id"):
-            GenerateRequest(input_ids=[], max_tokens=1, text_input="x", **fields).to_grpc("ensemble")
+            GenerateRequest(input_ids=[], max_tokens=1, text_input="x", **fields).to_grpc("ensemble_ids")
 
 
 def counted(ids: list[int], prompt: int, image: int, final: bool = False) -> service_pb2.ModelStreamInferResponse:

@@ -339,7 +339,7 @@ def test_hostile_inputs_do_not_stall_a_running_stream(stack) -> None:
 
     def read_direct() -> None:  # the same engine's pace, without Cog: one event per token
         payload = {"text_input": inputs["prompt"], "max_tokens": 200, "min_tokens": 200, "top_k": 1, "stream": True}
-        with httpx.stream("POST", f"{stack['triton']}/v2/models/ensemble/generate_stream", json=payload,
+        with httpx.stream("POST", f"{stack['triton']}/v2/models/ensemble_ids/generate_stream", json=payload,
                           timeout=120) as response:
             for line in response.iter_lines():
                 if line.startswith("data:"):

@@ -146,12 +146,12 @@ def _bytes_inputs(request) -> dict[str, str]:
 
 
 def test_request_carries_the_guide_tensors() -> None:
-    plain = _bytes_inputs(GenerateRequest(input_ids=[1], max_tokens=4).to_grpc("ensemble"))
+    plain = _bytes_inputs(GenerateRequest(input_ids=[1], max_tokens=4).to_grpc("ensemble_ids"))
     assert "guided_decoding_guide_type" not in plain and "guided_decoding_guide" not in plain
     body = _bytes_inputs(GenerateRequest(input_ids=[1], max_tokens=4, guide_type="json_schema",
-                                         guide='{"type":"object"}').to_grpc("ensemble"))
+                                         guide='{"type":"object"}').to_grpc("ensemble_ids"))
     assert body["guided_decoding_guide_type"] == "json_schema" and body["guided_decoding_guide"] == '{"type":"object"}'
-    json_only = _bytes_inputs(GenerateRequest(input_ids=[1], max_tokens=4, guide_type="json").to_grpc("ensemble"))
+    json_only = _bytes_inputs(GenerateRequest(input_ids=[1], max_tokens=4, guide_type="json").to_grpc("ensemble_ids"))
     assert json_only["guided_decoding_guide_type"] == "json" and "guided_decoding_guide" not in json_only
 
 
@@ -256,12 +256,12 @@ def test_engine_config_turns_guided_decoding_on_with_the_archives_tokenizer_info
     assert _params(on)["guided_decoding_backend"] == "xgrammar" and _params(on)["xgrammar_tokenizer_info_path"] == str(info_file)
     # both guide tensors are inputs of tensorrt_llm and of the ensemble, which maps them through
     rendered = render_model_repository(opts, info)
-    for model in ("tensorrt_llm", "ensemble"):
+    for model in ("tensorrt_llm", "ensemble_ids"):
         inputs = {i.name: i for i in rendered[model].input}
         for name in ("guided_decoding_guide_type", "guided_decoding_guide"):
             assert inputs[name].data_type == model_config_pb2.TYPE_STRING and list(inputs[name].dims) == [1]
             assert inputs[name].optional
-    step = next(s for s in rendered["ensemble"].ensemble_scheduling.step if s.model_name == "tensorrt_llm")
+    step = next(s for s in rendered["ensemble_ids"].ensemble_scheduling.step if s.model_name == "tensorrt_llm")
     assert step.input_map["guided_decoding_guide_type"] == "guided_decoding_guide_type"
     assert step.input_map["guided_decoding_guide"] == "guided_decoding_guide"
     # off when the predictor cannot check guides (no xgrammar)

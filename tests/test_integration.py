@@ -266,7 +266,7 @@ def test_concurrent_predictions_all_complete_correctly(stack, hf_model, hf_token
 
 
 def _ensemble_events(stack, body: dict[str, Any]) -> list[dict[str, Any]]:
-    url = f"http://127.0.0.1:{stack['env']['COG_TRITON_HTTP_PORT']}/v2/models/ensemble/generate_stream"
+    url = f"http://127.0.0.1:{stack['env']['COG_TRITON_HTTP_PORT']}/v2/models/ensemble_ids/generate_stream"
     events = []
     with httpx.stream("POST", url, json=body, timeout=120) as response:
         for line in response.iter_lines():  # an error before the first response comes as HTTP 400 + one event

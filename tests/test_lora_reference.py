@@ -150,7 +150,7 @@ def test_an_unknown_task_without_weights_is_upstreams_cache_miss(lora_env):
 
 def test_lora_tensors_without_a_task_id_are_ignored(lora_env):
     """utils.cc getLoraConfigFromTensors reads lora_weights and lora_config only with lora_task_id."""
-    raw = _request(lora_env, "a1").to_grpc("ensemble")
+    raw = _request(lora_env, "a1").to_grpc("ensemble_ids")
     names = [t.name for t in raw.inputs]
     index = names.index("lora_task_id")
     del raw.inputs[index]
@@ -198,7 +198,7 @@ def test_the_executors_checks_have_upstreams_text(lora_env, config, width, text)
     ("lora_weights", "Request for LoRA inference must have both lora_weights and lora_keys"),
 ])
 def test_weights_and_config_go_together(lora_env, drop, text):
-    raw = _request(lora_env, "a1", task=4444).to_grpc("ensemble")
+    raw = _request(lora_env, "a1", task=4444).to_grpc("ensemble_ids")
     names = [t.name for t in raw.inputs]
     index = names.index(drop)
     del raw.inputs[index]

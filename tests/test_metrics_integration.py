@@ -129,8 +129,8 @@ def test_a_scrape_during_and_after_a_run_finds_the_counts_it_caused(stack) -> No
     assert get(before, "cog_triton_predictions_total", outcome="succeeded") == 0
     assert get(before, "cog_triton_triton_metrics_up") == 1
     # (prometheus_client's parser names a counter's samples <name>_total; Triton's text says nv_inference_count)
-    assert get(before, "nv_inference_count_total", model="ensemble", version="1") > 0  # the self-test's request
-    assert 'nv_inference_count{model="ensemble",version="1"}' in text
+    assert get(before, "nv_inference_count_total", model="ensemble_ids", version="1") > 0  # the self-test's request
+    assert 'nv_inference_count{model="ensemble_ids",version="1"}' in text
     assert "# TYPE nv_inference_request_success counter" in text
 
     succeeded = [cog.predict({"prompt": prompt, "max_tokens": n, "temperature": 0})
@@ -142,8 +142,8 @@ def test_a_scrape_during_and_after_a_run_finds_the_counts_it_caused(stack) -> No
     assert "[invalid_input]" in refused["error"] and "too long" in too_long["error"]
     # Triton's own count, in the same endpoint: the ensemble served the 3 (the refused ones never reached it).
     served = wait_until(stack, lambda s: delta(s, before, "nv_inference_request_success_total",
-                                               model="ensemble", version="1") >= 3)
-    assert delta(served, before, "nv_inference_request_success_total", model="ensemble", version="1") == 3
+                                               model="ensemble_ids", version="1") >= 3)
+    assert delta(served, before, "nv_inference_request_success_total", model="ensemble_ids", version="1") == 3
 
     # A long prediction: scraped while it streams, then cancelled.
     running = Streamed(cog, {"prompt": "Write a very long story about a robot.", "max_tokens": 400,

@@ -55,7 +55,7 @@ def generator(checkpoint_dir: Path, hf_tokenizer):
 def test_the_seed_input_goes_into_the_request_and_its_tensor(generator, seed: int) -> None:
     prepared = generator.prepare(validate_inputs(prompt="Hi", seed=seed, temperature=0.7), "seeded")
     assert prepared.request.seed == seed
-    assert _uint64(prepared.request.to_grpc("ensemble"), "seed") == seed
+    assert _uint64(prepared.request.to_grpc("ensemble_ids"), "seed") == seed
 
 
 def test_a_drawn_seed_is_the_one_the_request_carries(generator) -> None:
@@ -64,7 +64,7 @@ def test_a_drawn_seed_is_the_one_the_request_carries(generator) -> None:
     drawn = [validate_inputs(prompt="Hi") for _ in range(2)]
     sent = [generator.prepare(inputs, f"drawn-{i}").request for i, inputs in enumerate(drawn)]
     assert [r.seed for r in sent] == [i.seed for i in drawn]
-    assert [_uint64(r.to_grpc("ensemble"), "seed") for r in sent] == [i.seed for i in drawn]
+    assert [_uint64(r.to_grpc("ensemble_ids"), "seed") for r in sent] == [i.seed for i in drawn]
     assert drawn[0].seed != drawn[1].seed  # 2**31 values: equal once in two billion runs
 
 
@@ -75,7 +75,7 @@ def test_no_seed_is_sent_to_a_sampler_that_takes_none(checkpoint_dir: Path, hf_t
         config = GeneratorConfig(tokenizer_dir=checkpoint_dir, limits=LIMITS, grpc_address="127.0.0.1:9",
                                  backend="engine" if sampler is None else "pytorch", sampler=sampler)
         request = build_generator(config, tokenizer=hf_tokenizer).prepare(validate_inputs(prompt="Hi"), "s").request
-        names = [t.name for t in request.to_grpc("ensemble").inputs]
+        names = [t.name for t in request.to_grpc("ensemble_ids").inputs]
         assert ("seed" in names) is sends and (request.seed is not None) is sends, sampler
 
 
@@ -85,7 +85,7 @@ def test_the_model_interval_goes_only_to_a_model_that_takes_it(checkpoint_dir: P
         config = GeneratorConfig(tokenizer_dir=checkpoint_dir, limits=LIMITS, grpc_address="127.0.0.1:9",
                                  model_interval_ms=interval)
         grpc = build_generator(config, tokenizer=hf_tokenizer).prepare(validate_inputs(prompt="Hi"), "i")\
-            .request.to_grpc("ensemble")
+            .request.to_grpc("ensemble_ids")
         if interval is None:
             assert "stream_interval_ms" not in [t.name for t in grpc.inputs]
         else:
@@ -125,12 +125,12 @@ def test_two_adapters_get_two_task_ids_and_one_adapter_one_id_from_two_urls(lora
     urls = adapters
     sent = {name: lora_generator.prepare(validate_inputs(prompt="Hi", seed=1, lora_weights=url), name).request
             for name, url in urls.items()}
-    ids = {name: _uint64(request.to_grpc("ensemble"), "lora_task_id") for name, request in sent.items()}
+    ids = {name: _uint64(request.to_grpc("ensemble_ids"), "lora_task_id") for name, request in sent.items()}
     assert ids["a"] == ids["a-again"] != ids["c"], ids
     assert {name: request.lora_task_id for name, request in sent.items()} == ids
     assert sent["a"].lora is not None and sent["c"].lora is not None  # nothing was served yet: weights go along
     base = lora_generator.prepare(validate_inputs(prompt="Hi", seed=1), "base").request
-    assert base.lora_task_id is None and "lora_task_id" not in [t.name for t in base.to_grpc("ensemble").inputs]
+    assert base.lora_task_id is None and "lora_task_id" not in [t.name for t in base.to_grpc("ensemble_ids").inputs]
 
 
 def test_another_process_gives_each_adapter_the_same_task_id(lora_generator, adapters, checkpoint_dir: Path,

@@ -54,7 +54,7 @@ def test_a_checkpoint_with_llm_args_is_served_by_the_pytorch_model(tmp_path: Pat
 
 def test_the_ensemble_gets_lora_path_only_with_the_pytorch_model(tmp_path: Path) -> None:
     pytorch = render_model_repository(options(tmp_path / "a", llm_args=ARGS), checkpoint_info(tmp_path))
-    ensemble = pytorch["ensemble"]
+    ensemble = pytorch["ensemble_ids"]
     (lora_path,) = [t for t in ensemble.input if t.name == "lora_path"]
     assert lora_path.optional and list(lora_path.dims) == [1]
     (step,) = [s for s in ensemble.ensemble_scheduling.step if s.model_name == "tensorrt_llm"]
@@ -63,7 +63,7 @@ def test_the_ensemble_gets_lora_path_only_with_the_pytorch_model(tmp_path: Path)
     assert set(step.input_map) <= declared
     assert {t.name for t in pytorch["tensorrt_llm"].output} >= set(step.output_map)
     reference = render_model_repository(options(tmp_path / "b"), checkpoint_info(tmp_path))
-    assert "lora_path" not in {t.name for t in reference["ensemble"].input}
+    assert "lora_path" not in {t.name for t in reference["ensemble_ids"].input}
     assert not (tmp_path / "b" / "model_repository" / "tensorrt_llm" / "1" / LLM_ARGS_FILE).exists()
 
 
@@ -117,7 +117,7 @@ def test_the_ensemble_forwards_the_pytorch_models_own_inputs_once(tmp_path: Path
     from tensorrtllm_backend.templates import forward_model_inputs, takes_stream_interval
 
     rendered = render_model_repository(options(tmp_path / "p", llm_args=ARGS), checkpoint_info(tmp_path))
-    ensemble = rendered["ensemble"]
+    ensemble = rendered["ensemble_ids"]
     declared = {t.name: t for t in ensemble.input}
     assert declared["stream_interval_ms"].optional and declared["stream_interval_ms"].data_type == \
         rendered["tensorrt_llm"].input[[t.name for t in rendered["tensorrt_llm"].input].index("stream_interval_ms")].data_type
@@ -128,7 +128,7 @@ def test_the_ensemble_forwards_the_pytorch_models_own_inputs_once(tmp_path: Path
     assert len(ensemble.input) == count and [t.name for t in ensemble.input].count("lora_path") == 1
     for info in (checkpoint_info(tmp_path), engine_info(tmp_path)):
         other = render_model_repository(options(tmp_path / "r"), info)
-        assert not {"lora_path", "stream_interval_ms"} & {t.name for t in other["ensemble"].input}
+        assert not {"lora_path", "stream_interval_ms"} & {t.name for t in other["ensemble_ids"].input}
         assert not takes_stream_interval(other["tensorrt_llm"])
     del ensemble.input[:]
     for step in ensemble.ensemble_scheduling.step:

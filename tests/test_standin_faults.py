@@ -161,7 +161,7 @@ def test_a_whole_answer_through_the_standin(stack: dict[str, Any], tokenizer: An
     text, final, asked = predict(stack, {"ids": ids})
     assert final["status"] == "succeeded", final
     assert text == "".join(final["output"]) == tokenizer.decode(ids)
-    assert [(r["model"], r["stop"]) for r in asked] == [("ensemble", False)]
+    assert [(r["model"], r["stop"]) for r in asked] == [("ensemble_ids", False)]
 
 
 def test_a_stream_ending_without_its_final_response_fails_keeping_the_partial_text(
@@ -175,7 +175,7 @@ def test_a_stream_ending_without_its_final_response_fails_keeping_the_partial_te
     assert final["status"] == "failed", final
     assert "ended without the final response" in final["error"] and stack["grpc"] in final["error"], final
     assert text == "".join(final["output"]) == tokenizer.decode(ids[:5])
-    assert [(r["model"], r["stop"]) for r in asked] == [("ensemble", False), ("tensorrt_llm", True)], asked
+    assert [(r["model"], r["stop"]) for r in asked] == [("ensemble_ids", False), ("tensorrt_llm", True)], asked
     assert asked[1]["id"] == asked[0]["id"]
     whole, after, _ = predict(stack, {"ids": ids})  # the next prediction is unaffected
     assert after["status"] == "succeeded" and whole == tokenizer.decode(ids), after
@@ -193,5 +193,5 @@ def test_a_stream_that_stops_sending_fails_after_the_request_timeout(stack: dict
     assert final["error"].endswith("InferenceError: [inference_error] no token from Triton for 3 s "
                                    "(COG_TRITON_REQUEST_TIMEOUT_S)"), final
     assert text == "".join(final["output"]) == tokenizer.decode(ids[:4])
-    assert [(r["model"], r["stop"]) for r in asked] == [("ensemble", False), ("tensorrt_llm", True)], asked
+    assert [(r["model"], r["stop"]) for r in asked] == [("ensemble_ids", False), ("tensorrt_llm", True)], asked
     assert asked[1]["id"] == asked[0]["id"]

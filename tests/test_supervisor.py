@@ -74,7 +74,7 @@ print("stand-in: serving on", port, flush=True)
 Server(("127.0.0.1", port), Handler).serve_forever()
 """
 
-MODELS = ["ensemble", "preprocessing", "tensorrt_llm"]
+MODELS = ["ensemble_ids", "preprocessing", "tensorrt_llm"]
 NOT_HUNG_S = 60  # only "not hung": the supervisor polls every 0.05 s here
 
 

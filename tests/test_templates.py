@@ -34,10 +34,11 @@ from tensorrtllm_backend.templates import (
 
 TEMPLATE_DIR = REPO_ROOT / "triton_model_repo"
 FILL_TEMPLATE = REPO_ROOT / "scripts" / "fill_template.py"
-MODELS = ("ensemble", "preprocessing", "tensorrt_llm")
-PYTHON_LIVE_MODELS = ("preprocessing",)
+MODELS = ("ensemble", "ensemble_ids", "preprocessing", "tensorrt_llm")
+PYTHON_LIVE_MODELS = ("ensemble", "preprocessing")
 TEMPLATE_FOLDERS = (
     "ensemble",
+    "ensemble_ids",
     "preprocessing",
     "tensorrt_llm",
     "tensorrt_llm_reference",
@@ -333,7 +334,7 @@ def test_render_engine_repository(tmp_path: Path) -> None:
         assert (repo / name / "1" / "model.py").read_bytes() == (TEMPLATE_DIR / name / "1" / "model.py").read_bytes()
     for name in MODELS:
         assert configs[name].max_batch_size == 64, name
-    assert configs["ensemble"].platform == "ensemble"
+    assert configs["ensemble_ids"].platform == "ensemble"
     assert params(configs["preprocessing"])["tokenizer_dir"] == str(info.tokenizer_dir)
     # no staging or backup folders are left beside the repository
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model_repository"]
@@ -460,7 +461,7 @@ def test_render_replaces_previous_repository(tmp_path: Path) -> None:
     [
         ("preprocessing", lambda t: t.replace('"${tokenizer_dir}"', '"${tokenizer_dir}" ${not_a_value}')),
         ("preprocessing", lambda t: t.replace("dynamic_batching {", "dynamic_batching { bogus_field: 1")),
-        ("ensemble", lambda t: t + "\nprice: $5\n"),
+        ("ensemble_ids", lambda t: t + "\nprice: $5\n"),
         ("tensorrt_llm", lambda t: t.replace('name: "tensorrt_llm"', 'name: "something_else"')),
     ],
 )
@@ -497,8 +498,8 @@ def test_missing_model_py_is_an_error(tmp_path: Path) -> None:
 
 def test_missing_template_is_an_error(tmp_path: Path) -> None:
     templates = copy_templates(tmp_path / "templates")
-    (templates / "ensemble" / "config.pbtxt").unlink()
-    with pytest.raises(TemplateError, match="ensemble"):
+    (templates / "ensemble_ids" / "config.pbtxt").unlink()
+    with pytest.raises(TemplateError, match="ensemble_ids"):
         render_model_repository(options(tmp_path, template_dir=templates), engine_info(tmp_path))
 
 
@@ -511,7 +512,7 @@ def tensors(items) -> dict[str, model_config_pb2.ModelInput]:
 
 def test_ensemble_steps_match_model_configs(rendered) -> None:
     _, configs = rendered
-    ensemble = configs["ensemble"]
+    ensemble = configs["ensemble_ids"]
     steps = ensemble.ensemble_scheduling.step
     assert [s.model_name for s in steps] == ["preprocessing", "tensorrt_llm"]
     available = {name: t.data_type for name, t in tensors(ensemble.input).items()}
@@ -534,7 +535,7 @@ def test_ensemble_steps_match_model_configs(rendered) -> None:
 
 def test_every_ensemble_input_is_used(rendered) -> None:
     _, configs = rendered
-    ensemble = configs["ensemble"]
+    ensemble = configs["ensemble_ids"]
     used = {value for step in ensemble.ensemble_scheduling.step for value in step.input_map.values()}
     unused = {t.name for t in ensemble.input} - used
     assert not unused
@@ -544,8 +545,8 @@ def test_reference_declares_every_input_the_ensemble_maps() -> None:
     options_ = RenderOptions(template_dir=TEMPLATE_DIR, model_repo_dir=Path("/x"))
     values = template_values(options_, engine_info(Path("/weights")))
     ensemble = parse_model_config(
-        fill_template((TEMPLATE_DIR / "ensemble" / "config.pbtxt").read_text(), values["ensemble"], source="e"),
-        source="ensemble",
+        fill_template((TEMPLATE_DIR / "ensemble_ids" / "config.pbtxt").read_text(), values["ensemble_ids"], source="e"),
+        source="ensemble_ids",
     )
     (step,) = [s for s in ensemble.ensemble_scheduling.step if s.model_name == "tensorrt_llm"]
     for folder in ("tensorrt_llm", "tensorrt_llm_reference"):
@@ -757,12 +758,12 @@ def test_the_decoupled_engine_is_the_ensembles_last_step(rendered) -> None:
     than one instance of it, tokens came back out of order (tensorrtllm_backend #614). The ensemble
     ends at tensorrt_llm, whose responses for one request are sent in order by one sender."""
     _, configs = rendered
-    steps = configs["ensemble"].ensemble_scheduling.step
+    steps = configs["ensemble_ids"].ensemble_scheduling.step
     assert steps[-1].model_name == "tensorrt_llm"
     assert configs["tensorrt_llm"].model_transaction_policy.decoupled
     for step in steps[:-1]:
         assert not configs[step.model_name].model_transaction_policy.decoupled
-    assert {t.name for t in configs["ensemble"].output} == {"output_ids", "sequence_length"}
+    assert {t.name for t in configs["ensemble_ids"].output} == {"output_ids", "sequence_length"}
 
 
 # --- LoRA ----------------------------------------------------------------------------------------
@@ -794,7 +795,7 @@ def test_an_engine_with_lora_gets_its_lora_cache_sized_and_its_weights_dtype(tmp
     assert p["lora_cache_host_memory_bytes"] == str(4 * 2 * 768 * 5120 * 2)
     for key in ("lora_cache_optimal_adapter_size", "lora_cache_gpu_memory_fraction", "lora_prefetch_dir"):
         assert key not in p  # the backend's defaults
-    for model in ("tensorrt_llm", "ensemble"):
+    for model in ("tensorrt_llm", "ensemble_ids"):
         weights = {t.name: t for t in configs[model].input}["lora_weights"]
         assert model_config_pb2.DataType.Name(weights.data_type) == "TYPE_BF16", model
 
@@ -1089,7 +1090,7 @@ def test_an_engine_without_lora_declares_lora_weights_in_the_engines_dtype(
 
     info = dataclasses.replace(engine_info(tmp_path), dtype=dtype)
     configs = render_model_repository(options(tmp_path), info)
-    for model in ("tensorrt_llm", "ensemble"):
+    for model in ("tensorrt_llm", "ensemble_ids"):
         weights = {t.name: t for t in configs[model].input}["lora_weights"]
         assert model_config_pb2.DataType.Name(weights.data_type) == datatype, model
 

@@ -330,7 +330,7 @@ class TritonClient:
 
     Args:
         address: Triton's gRPC endpoint, ``host:port``.
-        model: the model to call (``ensemble``).
+        model: the model to call (``ensemble_ids``, the ids ensemble; see triton_model_repo/ensemble_ids).
         token_timeout_s: longest wait for the next response, seconds (enforced by the caller's
             supervisor, see :attr:`token_timeout_s`; nothing per token here).
         connect_timeout_s: how long a request waits for the connection, seconds.
@@ -340,7 +340,7 @@ class TritonClient:
         self,
         address: str,
         *,
-        model: str = "ensemble",
+        model: str = "ensemble_ids",
         token_timeout_s: float = 120.0,
         connect_timeout_s: float = 5.0,
     ) -> None:

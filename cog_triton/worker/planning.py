@@ -185,7 +185,8 @@ def render_options(settings: Settings, llm_args: Optional[dict] = None, images: 
         enable_chunked_context=kv.enable_chunked_context,
         gpu_device_ids=repo.gpu_device_ids,
         preprocessing_instance_count=repo.preprocessing_instance_count,
-        # for text_input sent to the ensemble by other clients; the predictor sends token ids
+        text_ensemble=repo.text_ensemble,
+        # for text_input sent to `ensemble` (and ensemble_ids) by other clients; the predictor sends token ids
         add_special_tokens=add_special_tokens if add_special_tokens is not None else True,
         reference_torch_threads=settings.reference.torch_threads,
         tensorrt_llm_parameters=repo.tensorrt_llm_parameters,

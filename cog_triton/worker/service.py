@@ -236,7 +236,8 @@ class LLMService:
         log.info("Triton ready in %.1f s", ready_s)
         self.supervisor = Supervisor(
             self.server,
-            ["ensemble", "preprocessing", "tensorrt_llm"],
+            ["ensemble_ids", "preprocessing", "tensorrt_llm"]
+            + (["ensemble"] if settings.repository.text_ensemble else []),
             startup_timeout_s=settings.triton.startup_timeout_s,
             on_restart=self._triton_restarted,
         )
