@@ -10,8 +10,6 @@ shows: reading model parameters and logging. The recording pb_utils
 
 from __future__ import annotations
 
-import importlib
-import sys
 from pathlib import Path
 
 import pytest
