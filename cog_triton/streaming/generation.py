@@ -564,7 +564,7 @@ class Generator:
         it schedules that step (triton-inference-server/core ensemble_scheduler.cc ``ScheduleSteps``;
         server issue #6739), so it reaches ``tensorrt_llm`` only if it comes before generation
         starts. For a generation already running, this explicit stop is what ends it (see
-        :meth:`cog_triton.streaming.client.TritonClient.stop`); for the other case it is the backup.
+        :meth:`cog_triton.streaming.client.TritonClient.send_stop_request`); for the other case it is the backup.
         """
         client = self.client
 
