@@ -15,7 +15,7 @@ Template folders -> live model names:
     tensorrt_llm_pytorch    (PyTorch backend over the LLM API, HF checkpoint with ``RenderOptions.llm_args``)
                                                                -> tensorrt_llm, the LLM's arguments in 1/llm_args.json
 
-Why one module (about 610 lines): one concern, turning settings and the weights' facts into the rendered
+Why one module: one concern, turning settings and the weights' facts into the rendered
 model repository. The three ``tensorrt_llm`` implementations share the ensemble, the placeholders, the
 guided-decoding and LoRA parameters and the validation; splitting them would spread one renderer's rules.
 """

@@ -106,7 +106,7 @@ input tensors, responses, errors and logging, as the two models share them) and 
 (``tensorrtllm_backend/samplers.py``: what each sampler applies). Triton imports this file as ``1.model``, so it imports
 them relatively (see the reference model's docstring).
 
-Why one module (about 1,000 lines): one concern, hosting the LLM in Triton's Python backend: the three threads,
+Why one module: one concern, hosting the LLM in Triton's Python backend: the three threads,
 a request's life from ``execute`` to its final response, the responses, and the LLM's own life (its adapters and its
 recycling); the request's meaning is ``translate.py``'s, the adapter folders' bookkeeping ``adapters.py``'s.
 """
