@@ -551,11 +551,6 @@ class Generator:
             ))
         return len(silent)
 
-    @property
-    def active_streams(self) -> int:
-        """Streams reading from Triton right now."""
-        return len(self._running)
-
     def send_stop_request_in_background(self, request_id: str) -> None:
         """Send TensorRT-LLM's stop signal for ``request_id`` without waiting (best effort).
 

@@ -106,11 +106,6 @@ class LLMService:
         self.metrics_server: Optional[MetricsServer] = None
         atexit.register(self.shutdown)
 
-    @property
-    def interval_s(self) -> float:
-        """The stream interval, seconds (COG_TRITON_STREAM_INTERVAL_MS)."""
-        return self.settings.stream.interval_ms / 1e3
-
     # ----------------------------------------------------------------- setup
     def setup(self, weights: Union[str, Path, None] = None) -> None:
         """Fetch weights, render the model repository, start Triton and the stream processes, run a self-test.

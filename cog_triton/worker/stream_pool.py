@@ -275,11 +275,6 @@ class StreamPool:
         self._closing = False
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self) -> None:
-        """:meth:`launch`, then :meth:`wait_ready`."""
-        self.launch()
-        self.wait_ready()
-
     def launch(self) -> None:
         """Start every process (returns at once; each loads its tokenizer in parallel)."""
         for process in self.processes:
