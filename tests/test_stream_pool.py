@@ -576,7 +576,8 @@ def test_the_timing_metric_has_every_step_of_the_start_in_order(pool, triton: Ru
 
     config = GeneratorConfig(tokenizer_dir=CHECKPOINT, limits=LIMITS, grpc_address=triton.address, token_timeout_s=5)
     timed = StreamPool(config, 1, interval_s=INTERVAL_S, start_timeout_s=120, timing=True)
-    timed.start()
+    timed.launch()
+    timed.wait_ready()
     process = timed.processes[0]
     send = process.send
 
