@@ -61,7 +61,7 @@ class Predictor(BaseRunner):
             raise RuntimeError(health.reason)  # coglet: "Healthcheck failed: <reason>"
         return True
 
-    # Why one function (about 165 lines): its parameters are the Cog inputs' literal Input(...) declarations, which
+    # Why one function: its parameters are the Cog inputs' literal Input(...) declarations, which
     # Cog's static schema generator reads from this signature (cog build runs no code); the body hands them over.
     @cog.streaming  # x-cog-streaming in the schema: coglet then streams the output over SSE
     @cog.concurrent(max=64)  # predictions at once (cog 0.23, #3089); COG_MAX_CONCURRENCY overrides it at run time

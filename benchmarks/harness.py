@@ -53,7 +53,7 @@ CPU), :mod:`benchmarks.stack` (the servers), :mod:`benchmarks.workload` (request
 :mod:`benchmarks.report` (tables and plot), :mod:`benchmarks.loadgen` (the load generator process), and
 this one: running points, the soak, the command line.
 
-Why one module (about 610 lines): one concern, running the benchmark: its command line (about a quarter of it,
+Why one module: one concern, running the benchmark: its command line (about a quarter of it,
 each option's help with the fact behind its default), a point's runs and the soak; what a run needs (servers,
 requests, reports, processes) lives in the modules above.
 """

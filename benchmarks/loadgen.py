@@ -25,7 +25,7 @@ other) and ``soak`` (``concurrency`` streams until ``duration_s``; every ``cance
 prediction is cancelled through ``POST /predictions/<id>/cancel`` after ``cancel_after_tokens``
 output events; one record per prediction).
 
-Why one module (about 660 lines): it is one program, run as its own process, that imports nothing of the
+Why one module: it is one program, run as its own process, that imports nothing of the
 harness so that its start-up and per-read cost stay small; its parts (the selector loop, the HTTP/SSE
 parser, request starts, the checks and the summary) are used only together, by ``main``.
 """

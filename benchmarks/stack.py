@@ -84,13 +84,14 @@ def write_standin_templates(target: Path, *, step_ms: float, sender_threads: int
     return target
 
 
-def pytorch_standin_config(*, step_ms: float, text_file: Path = STANDIN_TEXT,
+def pytorch_standin_config(*, pytorch_model: Path, step_ms: float, text_file: Path = STANDIN_TEXT,
                            cancellation_check_period_ms: float = 100.0, llm_stream_interval: int = 1) -> str:
     """The config.pbtxt of the ``--engine pytorch`` wrapper (``benchmarks/standin_pytorch``), made from the
     product's PyTorch-backend template: its tensors and parameters as they are, its own placeholders that setup()
     fills for the reference model kept as placeholders, the rest filled here, and a parameter for every other
     placeholder of the reference template (setup() renders this folder as ``tensorrt_llm_reference``, and refuses
-    a value that names no placeholder), plus the wrapper's own parameters.
+    a value that names no placeholder), plus the wrapper's own parameters. ``pytorch_model``: the product model.py the
+    wrapper loads, in a folder with the code it shares (:func:`write_pytorch_standin_templates`).
 
     Raises:
         ValueError: the product template has a placeholder this function does not know.
@@ -115,7 +116,7 @@ def pytorch_standin_config(*, step_ms: float, text_file: Path = STANDIN_TEXT,
     # sampler_type TRTLLMSampler: the benchmark's requests carry min_tokens (every request exactly --tokens) and a
     # seed (the paced stand-in's token cycle starts there), which TorchSampler would refuse (tensorrtllm_backend/
     # samplers.py); the paced stand-in does the same work under either sampler.
-    for key, value in (("pytorch_model", (PYTORCH_MODEL_DIR / "1" / "model.py").resolve()),
+    for key, value in (("pytorch_model", pytorch_model.resolve()),
                        ("standin_root", LLMAPI_STANDIN_ROOT.resolve()), ("step_ms", step_ms),
                        ("text_file", text_file.resolve()), ("sampler_type", "TRTLLMSampler"),
                        ("stream_interval", llm_stream_interval)):
@@ -127,7 +128,10 @@ def pytorch_standin_config(*, step_ms: float, text_file: Path = STANDIN_TEXT,
 def write_pytorch_standin_templates(target: Path, *, step_ms: float, text_file: Path = STANDIN_TEXT,
                                     llm_stream_interval: int = 1) -> Path:
     """A template folder (for COG_TRITON_TEMPLATE_DIR): the product's templates, with the PyTorch-backend model's
-    benchmark wrapper as ``tensorrt_llm_reference`` (the folder setup() renders for a checkpoint)."""
+    benchmark wrapper as ``tensorrt_llm_reference`` (the folder setup() renders for a checkpoint), and the product
+    model's code as the renderer puts it together, in ``tensorrt_llm_pytorch_code/1`` (which the wrapper loads)."""
+    from tensorrtllm_backend.templates import copy_model_code  # noqa: PLC0415
+
     shutil.rmtree(target, ignore_errors=True)
     source = REPO_ROOT / "triton_model_repo"
     for folder in ("ensemble", "ensemble_ids", "preprocessing", "tensorrt_llm"):
@@ -135,7 +139,11 @@ def write_pytorch_standin_templates(target: Path, *, step_ms: float, text_file: 
     llm = target / "tensorrt_llm_reference"
     (llm / "1").mkdir(parents=True)
     shutil.copy2(PYTORCH_STANDIN_DIR / "1" / "model.py", llm / "1" / "model.py")
-    (llm / "config.pbtxt").write_text(pytorch_standin_config(step_ms=step_ms, text_file=text_file,
+    product = target / "tensorrt_llm_pytorch_code" / "1"
+    product.mkdir(parents=True)
+    copy_model_code(source, PYTORCH_MODEL_DIR.name, product)
+    (llm / "config.pbtxt").write_text(pytorch_standin_config(pytorch_model=product / "model.py", step_ms=step_ms,
+                                                            text_file=text_file,
                                                             llm_stream_interval=llm_stream_interval))
     return target
 

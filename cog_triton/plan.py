@@ -92,7 +92,7 @@ class ImageLimits:
 
 @dataclass(frozen=True)
 class GeneratorConfig:
-    """Everything needed to build a :class:`Generator` in another process (picklable).
+    """Everything needed to build a :class:`cog_triton.streaming.generation.Generator` in another process (picklable).
 
     Attributes:
         tokenizer_dir: the Hugging Face tokenizer folder.

@@ -22,8 +22,8 @@ without its group (several groups' errors are no longer reported together); regr
 ``model_validator(mode="before")`` comes after the merge, where ``weights``, both a group and COG_TRITON_WEIGHTS,
 is one key: the weights from one source would replace the other source's whole group, or the other way round.
 
-Why one module (about 890 lines): one concern, the operator's settings: the fields (about 540 lines: 84, each
-with the description docs/settings.md is generated from, in 14 groups), the source that fills the groups from the
+Why one module: one concern, the operator's settings: the fields (each with the description
+docs/settings.md is generated from, in groups), the source that fills the groups from the
 flat variables, their validation, and the typed views other modules take of them (``llm_api_options``, paths, the
 stream process count).
 """

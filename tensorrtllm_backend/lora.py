@@ -230,10 +230,6 @@ class LoraCachePages:
         """Pages a cache of ``cache_bytes`` has: ceil(floor(bytes / slot bytes) / slots per page)."""
         return -(-(cache_bytes // self.slot_bytes) // self.slots_per_page)
 
-    def adapters_held(self, cache_bytes: int) -> int:
-        """How many adapters of the maximum size a cache of ``cache_bytes`` holds at once."""
-        return self.pages_of(cache_bytes) // self.adapter_pages
-
     def accepts(self, cache_bytes: int) -> bool:
         """Whether the backend starts with a cache of ``cache_bytes`` (its one-max-sized-LoRA check)."""
         return cache_bytes // self.slot_bytes >= self.min_slots

@@ -31,7 +31,7 @@ before), files whose size and mtime still equal the record's are not read again;
 is hashed. A full check removes the record first and writes it again only when every file
 matched, so the record never vouches for bytes that were not hashed.
 
-Why one module (about 620 lines): one file format and what it guarantees: the manifest's schema,
+Why one module: one file format and what it guarantees: the manifest's schema,
 writing it with the archive, reading it, and verifying an unpacked archive against it (files, the
 verification record that saves re-hashing, the TensorRT-LLM version, GPUs); each part reads the others'
 types.

@@ -36,8 +36,8 @@ after the release/1.2 cut of 2026-01-15, e.g. #9675):
   #18232), so it is not the default here.
 
 :func:`refusal` is used twice with the same facts: by the PyTorch-backend ``tensorrt_llm`` Triton model for each
-request (``triton_model_repo/tensorrt_llm_pytorch/1/samplers.py`` is a link to this file), and by the predictor
-before a request leaves the Cog worker (so a Cog caller gets an input error at once). Pure: no imports beyond
+request (the renderer copies this file into its version folder: ``templates.py`` ``PACKAGE_MODEL_CODE``), and by the
+predictor before a request leaves the Cog worker (so a Cog caller gets an input error at once). Pure: no imports beyond
 the standard library (the Triton model imports it inside Triton's Python backend).
 """
 

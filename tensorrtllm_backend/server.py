@@ -31,7 +31,7 @@ Replaces the upstream ``scripts/launch_triton_server.py`` of tensorrtllm_backend
 
 Every endpoint binds 127.0.0.1 only.
 
-Why one module (about 650 lines): one concern, the life of the ``tritonserver`` process: where it is
+Why one module: one concern, the life of the ``tritonserver`` process: where it is
 installed, how it is launched (ranks, environment, shared-memory prefix), watched (its stubs, its state)
 and stopped; :class:`TritonServer` is half of it, and the shared-memory cleanup is its own part of a stop.
 """

@@ -16,7 +16,7 @@ Template folders -> live model names:
     tensorrt_llm_pytorch    (PyTorch backend over the LLM API, HF checkpoint with ``RenderOptions.llm_args``)
                                                                -> tensorrt_llm, the LLM's arguments in 1/llm_args.json
 
-Why one module (about 610 lines): one concern, turning settings and the weights' facts into the rendered
+Why one module: one concern, turning settings and the weights' facts into the rendered
 model repository. The three ``tensorrt_llm`` implementations share the ensemble, the placeholders, the
 guided-decoding and LoRA parameters and the validation; splitting them would spread one renderer's rules.
 """
@@ -136,6 +136,16 @@ OPTIONAL_TENSORRT_LLM_PARAMETERS = (
 )
 
 PYTHON_MODELS = ("preprocessing", "ensemble", "tensorrt_llm_reference", "tensorrt_llm_pytorch")
+#: The code a Python model shares with another, kept in one place and copied into its version folder beside the
+#: folder's own ``1/*.py`` when the repository is rendered (:func:`copy_model_code`): template folder -> files
+#: relative to the template directory (the CPU reference model's, which the PyTorch-backend model reuses).
+SHARED_MODEL_CODE: dict[str, tuple[str, ...]] = {
+    "tensorrt_llm_pytorch": ("tensorrt_llm_reference/1/lora.py", "tensorrt_llm_reference/1/parsing.py",
+                             "tensorrt_llm_reference/1/triton_glue.py"),
+}
+#: Modules of this package a Python model imports too, copied the same way: template folder -> file names here
+#: (``samplers.py``: what each sampler applies, which the predictor checks before a request reaches the model).
+PACKAGE_MODEL_CODE: dict[str, tuple[str, ...]] = {"tensorrt_llm_pytorch": ("samplers.py",)}
 
 
 def placeholders(text: str) -> set[str]:
@@ -521,6 +531,33 @@ def render_config(
     return config
 
 
+def copy_model_code(template_dir: Path, folder: str, version_dir: Path) -> list[str]:
+    """Copy the Python code of the template folder ``folder`` into ``version_dir``: its ``1/*.py`` (``model.py`` and
+    the modules it imports), then what it shares (:data:`SHARED_MODEL_CODE`, :data:`PACKAGE_MODEL_CODE`), as plain
+    files. Triton's Python backend imports ``model.py`` as ``1.model`` with the model's folder on ``sys.path``
+    (triton-inference-server/python_backend ``src/pb_stub.cc`` ``ModelContext::StubSetup``, r24.10), so the model
+    imports these relatively.
+
+    Returns:
+        the names of the files written, sorted.
+
+    Raises:
+        TemplateError: ``1/model.py`` or a shared file is missing.
+    """
+    source = template_dir / folder / "1"
+    model_py = source / "model.py"
+    if not model_py.is_file():
+        raise TemplateError(f"{model_py} is missing (Python backend model)")
+    files = sorted(source.glob("*.py"))
+    files += [template_dir / name for name in SHARED_MODEL_CODE.get(folder, ())]
+    files += [Path(__file__).resolve().parent / name for name in PACKAGE_MODEL_CODE.get(folder, ())]
+    for path in files:
+        if not path.is_file():
+            raise TemplateError(f"{path} is missing (code the {folder} model shares)")
+        shutil.copy2(path, version_dir / path.name)
+    return sorted(path.name for path in files)
+
+
 def render_model_repository(options: RenderOptions, info: WeightsInfo) -> dict[str, model_config_pb2.ModelConfig]:
     """Write the live model repository for ``info`` into ``options.model_repo_dir``.
 
@@ -562,11 +599,7 @@ def render_model_repository(options: RenderOptions, info: WeightsInfo) -> dict[s
             model_dir = staging / name
             (model_dir / "1").mkdir(parents=True)
             if folder in PYTHON_MODELS:
-                model_py = source / "1" / "model.py"
-                if not model_py.is_file():
-                    raise TemplateError(f"{model_py} is missing (Python backend model)")
-                for module in sorted((source / "1").glob("*.py")):  # model.py and the modules it loads
-                    shutil.copy2(module, model_dir / "1" / module.name)
+                copy_model_code(options.template_dir, folder, model_dir / "1")
             if folder == PYTORCH_FOLDER:
                 write_llm_args(model_dir / "1", options.llm_args or {})
             (model_dir / "config.pbtxt").write_text(text_format.MessageToString(config))

@@ -85,10 +85,9 @@ def checkpoint_dir() -> Path:
 @pytest.fixture(scope="session")
 def pytorch_model_module(tmp_path_factory, checkpoint_dir: Path):
     """The PyTorch-backend model.py of a repository rendered for the default checkpoint (llm_args.json beside it),
-    with the recording pb_utils (tests/fake_pb_utils.py; Triton's stub cannot run in-process). One per session: the
-    model's code registers its folder as the package ``tensorrt_llm_pytorch`` and refuses another folder under that
-    name in one process, so every test module that loads it shares this one (each instance reads its LLM's
-    arguments through ``load_llm_args``, which a test may replace)."""
+    with the recording pb_utils (tests/fake_pb_utils.py; Triton's stub cannot run in-process). One per session, shared
+    by every test module that loads it (each instance reads its LLM's arguments through ``load_llm_args``, which a
+    test may replace): rendering and importing it once is enough."""
     from tests import fake_pb_utils
     from tests.llmapi_overlay import render_pytorch_repository
     from tests.modules import load_file

@@ -512,7 +512,10 @@ def test_the_pytorch_wrapper_has_the_product_models_tensors_and_the_reference_pl
     assert params["step_ms"] == "7" and params["cancellation_check_period_ms"] == "100.0"
     assert params["hf_model_dir"] == "/weights" and params["max_seq_len"] == "200"
     assert params["images"] == "false"  # the benchmark's requests are text
-    assert Path(params["pytorch_model"]) == (product_path.parent / "1" / "model.py").resolve()
+    product_code = templates / "tensorrt_llm_pytorch_code" / "1"
+    assert Path(params["pytorch_model"]) == (product_code / "model.py").resolve()
+    assert (product_code / "model.py").read_text() == (product_path.parent / "1" / "model.py").read_text()
+    assert {p.name for p in product_code.iterdir()} >= {"parsing.py", "triton_glue.py", "samplers.py"}
     assert (Path(params["standin_root"]) / "tensorrt_llm" / "__init__.py").is_file()
     assert (templates / "tensorrt_llm_reference" / "1" / "model.py").read_text() == (
         REPO_ROOT / "benchmarks" / "standin_pytorch" / "1" / "model.py").read_text()

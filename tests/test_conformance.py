@@ -231,11 +231,12 @@ def render_pytorch_config(name: str, **values: object) -> str:
 
 
 def write_model(target: Path, source: Path, config: str, llm_args: dict | None = None) -> None:
-    """A model folder: ``source``'s 1/*.py (links copied as files, as the renderer does), the config, and
+    """A model folder: ``source``'s code as the renderer copies it (with the code it shares), the config, and
     llm_args.json for the PyTorch-backend model."""
+    from tensorrtllm_backend.templates import copy_model_code
+
     (target / "1").mkdir(parents=True)
-    for module in (source / "1").glob("*.py"):
-        shutil.copy2(module, target / "1" / module.name)
+    copy_model_code(source.parent, source.name, target / "1")
     (target / "config.pbtxt").write_text(config)
     if llm_args is not None:
         (target / "1" / "llm_args.json").write_text(json.dumps(llm_args))

@@ -63,10 +63,14 @@ def test_no_product_file_refers_to_the_stand_in() -> None:
     assert found == []
 
 
-def test_the_product_model_imports_tensorrt_llm_only_when_it_loads() -> None:
-    """Module-level imports of model.py and its modules name no tensorrt_llm (it is imported in initialize, after
-    the MPI environment and, upstream, CUDA_VISIBLE_DEVICES are settled: llmapi model.py @044a90d2)."""
-    for path in sorted((REPO_ROOT / "triton_model_repo" / "tensorrt_llm_pytorch" / "1").glob("*.py")):
+def test_the_product_model_imports_tensorrt_llm_only_when_it_loads(tmp_path: Path) -> None:
+    """Module-level imports of model.py and its modules (those it shares included, as the renderer copies them) name
+    no tensorrt_llm (it is imported in initialize, after the MPI environment and, upstream, CUDA_VISIBLE_DEVICES are
+    settled: llmapi model.py @044a90d2)."""
+    from tensorrtllm_backend.templates import copy_model_code
+
+    copy_model_code(REPO_ROOT / "triton_model_repo", "tensorrt_llm_pytorch", tmp_path)
+    for path in sorted(tmp_path.glob("*.py")):
         tree = ast.parse(path.read_text())
         for node in tree.body:
             names = []

@@ -10,6 +10,7 @@ prompt's and the images' token counts, a text request's responses do not, and ea
 
 from __future__ import annotations
 
+import importlib
 import io
 import json
 import threading
@@ -102,14 +103,13 @@ def test_an_image_request_reaches_the_llm_as_a_text_prompt_with_decoded_images(m
 
 def test_the_images_are_decoded_off_the_event_loop(model, model_module, reference, monkeypatch):
     threads = []
-    translate = model_module._translate
-    original = translate.decode_images
+    original = model_module.decode_images
 
     def decode(blobs):
         threads.append(threading.current_thread().name)
         return original(blobs)
 
-    monkeypatch.setattr(translate, "decode_images", decode)
+    monkeypatch.setattr(model_module, "decode_images", decode)
     run(model, image_request(reference.prompt("Hi", 1), [solid_png(BLUE)], n=1))
     assert threads and threads[0] != "trtllm-pytorch-event-loop"
 
@@ -195,7 +195,7 @@ def test_images_need_the_checkpoints_image_token(model_module, checkpoint_dir):
 
 # ------------------------------------------------------------------------------------------------ decode_images
 def _translate(model_module):
-    return model_module._translate
+    return importlib.import_module(f"{model_module.__name__}.translate")  # the module beside model.py
 
 
 def test_decoding_gives_rgb_with_alpha_over_white(model_module):

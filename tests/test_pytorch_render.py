@@ -35,13 +35,14 @@ def test_a_checkpoint_with_llm_args_is_served_by_the_pytorch_model(tmp_path: Pat
     assert json.loads((live / LLM_ARGS_FILE).read_text()) == ARGS
     assert sorted(p.name for p in live.iterdir()) == ["adapters.py", "llm_args.json", "lora.py", "model.py", "parsing.py",
                                                       "samplers.py", "translate.py", "triton_glue.py"]
-    for module in ("parsing.py", "lora.py", "triton_glue.py"):  # links in the template, files in the live repository
+    for module in ("parsing.py", "lora.py", "triton_glue.py"):  # kept once, in the reference model's folder
         assert not (live / module).is_symlink()
         assert (live / module).read_text() == (TEMPLATE_DIR / "tensorrt_llm_reference" / "1" / module).read_text()
     samplers = Path(__file__).resolve().parents[1] / "tensorrtllm_backend" / "samplers.py"
     assert not (live / "samplers.py").is_symlink() and (live / "samplers.py").read_text() == samplers.read_text()
     assert "class TritonPythonModel" in (live / "model.py").read_text()
-    assert "tensorrt_llm_pytorch" in (live / "model.py").read_text()
+    for module in ("model.py", "translate.py", "adapters.py"):  # the model's own
+        assert (live / module).read_text() == (TEMPLATE_DIR / "tensorrt_llm_pytorch" / "1" / module).read_text()
     config = read_rendered(opts.model_repo_dir)["tensorrt_llm"]
     assert config == returned["tensorrt_llm"] and config.backend == "python"
     assert config.model_transaction_policy.decoupled

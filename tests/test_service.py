@@ -99,8 +99,10 @@ def service_for(triton: Running, pools: dict[GeneratorConfig, StreamPool]  # noq
                                     token_timeout_s=token_timeout_s, **config)
         pool = pools.get(generator)
         if pool is None:
-            pool = pools[generator] = StreamPool(generator, 1, interval_s=service.interval_s, start_timeout_s=120)
-            pool.start()
+            pool = pools[generator] = StreamPool(generator, 1, interval_s=service.settings.stream.interval_ms / 1e3,
+                                                 start_timeout_s=120)
+            pool.launch()
+            pool.wait_ready()
         pool.on_transport_error, pool.metrics = service._died_or, service.metrics
         process: Any = AliveProcess()
         service.server = process

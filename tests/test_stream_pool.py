@@ -99,7 +99,8 @@ def pool(triton: Running) -> Iterator[tuple[StreamPool, Watcher, list[BaseExcept
     watcher = Watcher()
     pool = StreamPool(config, 2, interval_s=INTERVAL_S, start_timeout_s=120, on_transport_error=on_transport_error,
                       register=watcher.register, unregister=watcher.unregister, metrics=ServiceMetrics())
-    pool.start()
+    pool.launch()
+    pool.wait_ready()
     yield pool, watcher, transport_errors
     pool.stop()
 
@@ -560,7 +561,8 @@ def test_a_stream_process_that_cannot_start_fails_start_with_its_error(tmp_path:
     config = GeneratorConfig(tokenizer_dir=tmp_path / "no-tokenizer", limits=LIMITS, grpc_address=triton.address)
     pool = StreamPool(config, 1, interval_s=0.05, start_timeout_s=120)
     with pytest.raises(ConfigError) as caught:
-        pool.start()
+        pool.launch()
+        pool.wait_ready()
     assert "stream process stream-0 could not start" in caught.value.message
     assert "no-tokenizer" in caught.value.message
     assert pool.processes[0].popen is not None and pool.processes[0].popen.poll() is not None
@@ -574,7 +576,8 @@ def test_the_timing_metric_has_every_step_of_the_start_in_order(pool, triton: Ru
 
     config = GeneratorConfig(tokenizer_dir=CHECKPOINT, limits=LIMITS, grpc_address=triton.address, token_timeout_s=5)
     timed = StreamPool(config, 1, interval_s=INTERVAL_S, start_timeout_s=120, timing=True)
-    timed.start()
+    timed.launch()
+    timed.wait_ready()
     process = timed.processes[0]
     send = process.send
 

@@ -1,16 +1,15 @@
 """Unit tests of the Triton glue both Python ``tensorrt_llm`` models share
-(triton_model_repo/tensorrt_llm_reference/1/triton_glue.py, linked into tensorrt_llm_pytorch/1/).
+(triton_model_repo/tensorrt_llm_reference/1/triton_glue.py, copied into tensorrt_llm_pytorch's version folder when the
+repository is rendered).
 
 What it does with requests and responses is tested through the models, in a real Triton
 (tests/test_conformance.py, both models) and outside it (tests/test_pytorch_model.py); here, what no request
-shows: reading model parameters, making a model's folder a package, and logging. The recording pb_utils
+shows: reading model parameters and logging. The recording pb_utils
 (tests/fake_pb_utils.py) stands in for Triton's where a Logger is needed.
 """
 
 from __future__ import annotations
 
-import importlib
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,9 +23,10 @@ GLUE = REPO_ROOT / "triton_model_repo" / "tensorrt_llm_reference" / "1" / "trito
 glue = load_file("triton_glue_under_test", GLUE)
 
 
-def test_both_models_load_the_same_glue() -> None:
-    link = REPO_ROOT / "triton_model_repo" / "tensorrt_llm_pytorch" / "1" / "triton_glue.py"
-    assert link.is_symlink() and link.resolve() == GLUE.resolve()
+def test_the_model_repository_holds_no_links() -> None:
+    """Shared model code is kept once and copied when the repository is rendered (tests/test_pytorch_render.py), so a
+    checkout without symlinks, or ``triton_model_repo`` copied alone, has every file."""
+    assert [p for p in (REPO_ROOT / "triton_model_repo").rglob("*") if p.is_symlink()] == []
 
 
 def _params(**values: str) -> dict:
@@ -53,26 +53,6 @@ def test_a_parameter_that_does_not_convert_is_named_with_its_value() -> None:
     with pytest.raises(ValueError, match=r"^parameter max_seq_len must be int, got '1.5'$"):
         glue.param(_params(max_seq_len="1.5"), "max_seq_len", None, int)
     assert glue.param(_params(period="1.5"), "period", None, float) == 1.5
-
-
-def test_a_models_folder_becomes_a_package_once(tmp_path: Path) -> None:
-    name = "triton_glue_test_package"
-    first, second = tmp_path / "a" / "1", tmp_path / "b" / "1"
-    for folder, word in ((first, "a"), (second, "b")):
-        folder.mkdir(parents=True)
-        (folder / "model.py").write_text("")
-        (folder / "sibling.py").write_text(f"from . import other\nWORD = other.PREFIX + {word!r}\n")
-        (folder / "other.py").write_text("PREFIX = 'from '\n")
-    try:
-        assert glue.sibling_package(name, str(first / "model.py")) == name
-        assert importlib.import_module(f"{name}.sibling").WORD == "from a"  # siblings import one another
-        assert glue.sibling_package(name, str(first / "model.py")) == name  # the same folder again: no change
-        with pytest.raises(RuntimeError, match=f"module '{name}' is already .*/a/1'?], not .*/b/1"):
-            glue.sibling_package(name, str(second / "model.py"))
-        assert sys.modules[name].__path__ == [str(first.resolve())]
-    finally:
-        for module in [m for m in sys.modules if m == name or m.startswith(f"{name}.")]:
-            del sys.modules[module]
 
 
 def test_a_requests_inputs_are_read_once_and_got_by_name() -> None:

@@ -17,7 +17,7 @@ redirects of all its attempts, and which no server can hold past its end:
   the plain socket is already detached into the ``SSLSocket`` being built, so a duplicate of its descriptor
   (``socket.dup``: ``shutdown`` acts on the connection, not the descriptor) is watched until the handshake ends.
   urllib3's connections (huggingface_hub 0.x) are watched by :mod:`cog_triton.fetch.guard` through the same
-  :meth:`watch`.
+  :meth:`FetchDeadline.watch`.
 * **The error**: once the deadline has passed, every trace event that starts a step (connecting, a TLS
   handshake, sending a request) and every failure the shutdown causes raises :class:`FetchDeadlineError`, which
   httpx and httpcore pass through unchanged (only httpcore's own exceptions are mapped, ``httpx/_transports/

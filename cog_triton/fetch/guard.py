@@ -21,7 +21,7 @@ the same connect). A guard without rules (``rules=None``) checks nothing else.
 Split from :mod:`cog_triton.fetch.rules` so that the rules stay pure (addresses, names, lists) and this module
 holds what touches httpx, httpcore and huggingface_hub.
 
-Why one module (about 640 lines): one concern, holding a fetch's connections to its rules and its deadline, once
+Why one module: one concern, holding a fetch's connections to its rules and its deadline, once
 for every HTTP client a fetch may use (httpx, huggingface_hub's httpx2 or requests/urllib3); each client's adapter
 is a thin layer over the one connect (:meth:`FetchGuard.connect`), and apart they would share it only through a
 private interface.
@@ -425,7 +425,7 @@ def _hub_client(flavor: str) -> Any:
                          event_hooks={"request": [lambda request: _refuse_if_offline(str(request.url))]})
 
 
-# Why one function (about 90 lines): the guarded urllib3 connection, its two pool classes and the requests adapter
+# Why one function: the guarded urllib3 connection, its two pool classes and the requests adapter
 # are made together, each closing over ``guard_of`` and ``before_send``; apart, they would carry both as state.
 def _requests_classes(guard_of: Callable[[], FetchGuard],
                       before_send: Optional[Callable[[str], None]] = None) -> tuple[type, type, type]:

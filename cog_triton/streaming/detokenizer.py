@@ -79,7 +79,7 @@ class IncrementalDetokenizer:
                 such as ``<|im_end|>`` produce no text.
             max_window: at most this many ids (tokens) carried over from earlier pushes in the
                 decode window before streaming gives up and leaves the rest to :meth:`finish`.
-            noop_ids: :func:`noop_ids` of ``tokenizer``, found once for many detokenizers (a decode per special
+            noop_ids: :func:`find_noop_ids` of ``tokenizer``, found once for many detokenizers (a decode per special
                 token: about 0.2 ms for SmolLM2's 17, more for vocabularies with hundreds); None: found here.
 
         Raises:

@@ -551,11 +551,6 @@ class Generator:
             ))
         return len(silent)
 
-    @property
-    def active_streams(self) -> int:
-        """Streams reading from Triton right now."""
-        return len(self._running)
-
     def send_stop_request_in_background(self, request_id: str) -> None:
         """Send TensorRT-LLM's stop signal for ``request_id`` without waiting (best effort).
 
@@ -564,7 +559,7 @@ class Generator:
         it schedules that step (triton-inference-server/core ensemble_scheduler.cc ``ScheduleSteps``;
         server issue #6739), so it reaches ``tensorrt_llm`` only if it comes before generation
         starts. For a generation already running, this explicit stop is what ends it (see
-        :meth:`cog_triton.streaming.client.TritonClient.stop`); for the other case it is the backup.
+        :meth:`cog_triton.streaming.client.TritonClient.send_stop_request`); for the other case it is the backup.
         """
         client = self.client
 

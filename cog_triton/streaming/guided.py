@@ -106,8 +106,8 @@ def thinking_head(fmt: ThinkingFormat, start: Any) -> Optional[str]:
 
 def after_thinking_head(fmt: ThinkingFormat) -> Optional[str]:
     """The EBNF grammar (rule ``root``) of what comes between an ended thinking and the answer, for the answer request
-    of a thinking budget (:mod:`cog_triton.streaming.budget`): :data:`ANSWER_GAP` after a closing marker; None for
-    harmony, whose forced ending is the final channel's header."""
+    of a thinking budget (:mod:`cog_triton.streaming.thinking_generation`): :data:`ANSWER_GAP` after a closing
+    marker; None for harmony, whose forced ending is the final channel's header."""
     return None if fmt.kind == "harmony" else f"root ::= {ANSWER_GAP}"
 
 

@@ -5,7 +5,8 @@ TensorRT-LLM 1.2.1 takes images only with the prompt as text (:mod:`cog_triton.s
 prediction is not tokenized here: :meth:`ImageRequests.load` renders its prompt with the images' placeholders and
 reads, fetches and checks its images (:mod:`cog_triton.streaming.images`), and :meth:`ImageRequests.fields` gives the
 request's own fields: the text, the images' bytes, and the end and pad ids the ensemble's preprocessing would fill
-in for a text request (the client sends it to ``tensorrt_llm`` itself: :meth:`GenerateRequest.image_request`). The
+in for a text request (the client sends it to ``tensorrt_llm`` itself:
+:meth:`cog_triton.streaming.client.GenerateRequest.image_request`). The
 LLM's input processor tokenizes the prompt, so its length is known only from the engine's responses
 (:func:`counted` reads it there), and ``max_tokens`` goes as given: the LLM holds it to its ``max_seq_len``
 (``_deduce_max_tokens``). The rest of the request (sampling, guide, adapter) and the stream are

@@ -27,9 +27,9 @@ left out; the answer's leading whitespace after a thinking block is left out (Qw
 the answer reads the same with thinking on or off). With ``include_reasoning`` false the thinking is not decoded at
 all and nothing of the block is emitted: the stream is the answer alone.
 
-Token counts: :attr:`reasoning_tokens` counts every generated token up to and including the one that ends the
-thinking (the markers, harmony's headers and control tokens), :attr:`num_tokens` every token; the answer's tokens
-are the difference.
+Token counts: :attr:`_Sections.reasoning_tokens` counts every generated token up to and including the one that ends
+the thinking (the markers, harmony's headers and control tokens), :attr:`_Sections.num_tokens` every token; the
+answer's tokens are the difference.
 
 ``push_parts`` returns a response's text as (thinking, answer), the thinking's part first (the convention's markers
 belong to it), so that the caller matches stop sequences and checks a guide in the answer alone

@@ -24,9 +24,9 @@ its contents in ``target_dir``:
   Python (the filter is missing before 3.10.12 / 3.11.4): modes lose setuid, setgid, sticky and
   group/other write bits, files get owner read+write, directory modes and all owners in the archive
   are ignored (nothing is ever chowned). A per-member check names the offending member: absolute
-  paths, ``..`` components, paths deeper than :data:`MAX_MEMBER_DEPTH` components or longer than
-  :data:`MAX_MEMBER_PATH_BYTES`, links that resolve outside the target, device files, FIFOs and
-  sparse files are refused with :class:`~common.errors.ArchiveError`.
+  paths, ``..`` components, paths deeper than :data:`~cog_triton.weights.archive.MAX_MEMBER_DEPTH` components or
+  longer than :data:`~cog_triton.weights.archive.MAX_MEMBER_PATH_BYTES`, links that resolve outside the target,
+  device files, FIFOs and sparse files are refused with :class:`~common.errors.ArchiveError`.
 * The unpacked size is bounded (see :func:`fetch_weights`, ``max_extracted_bytes``): every
   member's declared size and every byte written count, and free disk space is checked before the
   extraction and before each file (:func:`cog_triton.fetch.folders.check_free_space`).
@@ -35,7 +35,7 @@ its contents in ``target_dir``:
   deadline (``unpack_in_deadline``); the operator's own weights keep neither.
 * Everything is unpacked (or copied) into a staging folder beside ``target_dir`` which then
   replaces ``target_dir`` by rename, so a failed fetch leaves the previous weights in place.
-* A marker file (:data:`MARKER_NAME`) records what was fetched; the next identical fetch whose
+* A marker file (:data:`~common.files.MARKER_NAME`) records what was fetched; the next identical fetch whose
   files are all still present with their recorded sizes is skipped. Verification records
   (:data:`~common.files.VERIFIED_NAME`) in an archive or a copied folder are dropped: only this
   machine's own hashing writes them.

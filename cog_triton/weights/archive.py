@@ -2,7 +2,7 @@
 checked member by member, within a byte budget and the free disk space; for an archive an API caller gave (an
 adapter), also within a member limit counted before anything is written, and within the fetch's deadline.
 
-Why one module (about 640 lines): one concern, unpacking an archive within its bounds: tar and zip share the member
+Why one module: one concern, unpacking an archive within its bounds: tar and zip share the member
 rules (:func:`_member_problem`), the byte budget (:class:`_Budget`) and the member limit's refusal, which would
 otherwise be public names of the package for two modules' sake.
 

@@ -131,8 +131,9 @@ def fetch_weights(
         rate_grace_s: length of that window in seconds; the first starts with each attempt.
         max_extracted_bytes: most bytes an archive may unpack to. ``None`` (automatic): the sizes
             of the files listed in the archive's own manifest.json plus
-            :data:`MANIFEST_SLACK_BYTES` once that member is met, until then (and without one)
-            :data:`EXTRACT_RATIO` times the archive's size, at least :data:`EXTRACT_FLOOR_BYTES`.
+            :data:`~cog_triton.weights.archive.MANIFEST_SLACK_BYTES` once that member is met, until then (and
+            without one) :data:`~cog_triton.weights.archive.EXTRACT_RATIO` times the archive's size, at least
+            :data:`~cog_triton.weights.archive.EXTRACT_FLOOR_BYTES`.
         max_download_bytes: most bytes an http(s) download may have (``None``: no cap); a larger
             ``Content-Length`` fails before the body is read, a longer body as soon as it passes the cap.
         allow_zip: accept zip archives too (unpacked under the same rules; refused otherwise).

@@ -4,7 +4,7 @@
 Triton process, its supervisor, the stream processes and the Prometheus endpoint for the lifetime of the
 Cog worker.
 
-Why one module (about 550 lines): one concern, the predictor's life in the Cog worker: setup (weights,
+Why one module: one concern, the predictor's life in the Cog worker: setup (weights,
 model repository, Triton, stream processes, the Prometheus endpoint, self-test), each prediction's path
 (validate, wait for Triton, hand it to a stream process, count it in the metrics) and shutdown. What it
 drives lives in its own modules (weights/, stream_pool, supervisor, exporter, metrics_endpoint, generation); the
@@ -105,11 +105,6 @@ class LLMService:
         self.metrics = ServiceMetrics()
         self.metrics_server: Optional[MetricsServer] = None
         atexit.register(self.shutdown)
-
-    @property
-    def interval_s(self) -> float:
-        """The stream interval, seconds (COG_TRITON_STREAM_INTERVAL_MS)."""
-        return self.settings.stream.interval_ms / 1e3
 
     # ----------------------------------------------------------------- setup
     def setup(self, weights: Union[str, Path, None] = None) -> None:

@@ -28,7 +28,7 @@ Faults:
   coglet's generator never knows; nothing of the first attempt reached the user, so no token is duplicated. A
   prediction that had tokens, or was sent once more already, fails with the error as before.
 
-Why one module (about 660 lines): one concern, a prediction's life between the Cog worker and a stream process
+Why one module: one concern, a prediction's life between the Cog worker and a stream process
 (routed, relayed, ended, failed or sent again) and the processes that carry it; the routing, the receiver thread
 and the fault paths share the same per-prediction state and locks, which a split would spread over modules.
 """
@@ -275,11 +275,6 @@ class StreamPool:
         self._closing = False
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self) -> None:
-        """:meth:`launch`, then :meth:`wait_ready`."""
-        self.launch()
-        self.wait_ready()
-
     def launch(self) -> None:
         """Start every process (returns at once; each loads its tokenizer in parallel)."""
         for process in self.processes:

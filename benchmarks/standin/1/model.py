@@ -388,7 +388,9 @@ def load_reference(path: str):
     source = Path(path)
     if not source.is_file():
         raise ValueError(f"parameter reference_model: {source} is not a file (the reference model.py)")
-    spec = importlib.util.spec_from_file_location(REFERENCE_MODULE_NAME, source)
+    # a package of its folder: the reference model imports the modules beside it relatively, as in Triton (1.model)
+    spec = importlib.util.spec_from_file_location(REFERENCE_MODULE_NAME, source,
+                                                  submodule_search_locations=[str(source.parent)])
     module = importlib.util.module_from_spec(spec)
     sys.modules[REFERENCE_MODULE_NAME] = module  # dataclasses look their module up here
     try:

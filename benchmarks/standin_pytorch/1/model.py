@@ -44,7 +44,9 @@ def load_product_model(path: str):
         return module
     if not Path(path).is_file():
         raise ValueError(f"parameter pytorch_model: {path} is not a file (the product's tensorrt_llm_pytorch model.py)")
-    spec = importlib.util.spec_from_file_location(MODULE_NAME, path)
+    # a package of its folder: the model imports the modules beside it relatively, as in Triton (1.model)
+    spec = importlib.util.spec_from_file_location(MODULE_NAME, path,
+                                                  submodule_search_locations=[str(Path(path).parent)])
     module = importlib.util.module_from_spec(spec)
     sys.modules[MODULE_NAME] = module
     try:

@@ -14,7 +14,7 @@ So, per LLM life (:class:`AdapterLife`):
   file system): the adapter disk cache, or a client, may remove or replace its folder while the id is live, and the
   LLM still reads what was checked. The snapshots are removed when the LLM is recycled or the model unloaded;
 * the number of distinct ids is bounded (``max_adapters_per_llm``): past it, the model recycles the LLM
-  (``model.py`` :meth:`TritonPythonModel._recycle`), which releases everything the old one kept.
+  (``model.py`` :meth:`model.TritonPythonModel._recycle`), which releases everything the old one kept.
 
 Pure file-system work, called off the event loop (blocking: a copy may read many MB).
 """

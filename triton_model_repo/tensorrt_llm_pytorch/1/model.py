@@ -99,13 +99,14 @@ prompt limits and the ``max_seq_len`` reduction are the LLM's (its texts: ``llma
 ``max_queue_size``); LoRA adapters come as folders (``lora_path``), not converted tensors.
 
 Modules beside this file: ``translate.py`` (tensors -> LLM request, and the adapter folder's check), ``adapters.py``
-(the adapters of one LLM's life: snapshots and the bound), ``parsing.py`` and ``lora.py`` (links to the CPU reference
-model's, whose checks and texts ``translate.py`` reuses), ``triton_glue.py`` (a link to the reference model's too:
-parameters, input tensors, responses, errors and logging, as the two models share them), ``samplers.py`` (a link to
-``tensorrtllm_backend/samplers.py``: what each sampler applies). Triton loads this file by its path, so it loads
-``triton_glue.py`` by its path as well, which makes the folder the package :data:`PACKAGE` to import the others.
+(the adapters of one LLM's life: snapshots and the bound), and, copied here when the repository is rendered
+(``tensorrtllm_backend/templates.py`` ``SHARED_MODEL_CODE``), ``parsing.py`` and ``lora.py`` (the CPU reference
+model's, whose checks and texts ``translate.py`` reuses), ``triton_glue.py`` (the reference model's too: parameters,
+input tensors, responses, errors and logging, as the two models share them) and ``samplers.py``
+(``tensorrtllm_backend/samplers.py``: what each sampler applies). Triton imports this file as ``1.model``, so it imports
+them relatively (see the reference model's docstring).
 
-Why one module (about 1,000 lines): one concern, hosting the LLM in Triton's Python backend: the three threads,
+Why one module: one concern, hosting the LLM in Triton's Python backend: the three threads,
 a request's life from ``execute`` to its final response, the responses, and the LLM's own life (its adapters and its
 recycling); the request's meaning is ``translate.py``'s, the adapter folders' bookkeeping ``adapters.py``'s.
 """
@@ -114,8 +115,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import importlib
-import importlib.util
 import itertools
 import json
 import os
@@ -162,8 +161,21 @@ try:
 except ImportError:  # imported by tests, outside Triton
     pb_utils = None
 
-#: The package this folder's modules are imported as.
-PACKAGE = "tensorrt_llm_pytorch"
+from . import triton_glue as glue  # noqa: E402 (after the MPI variables are cleared, as before)
+from .adapters import AdapterLife, VerifiedFolders, life_folder, remove_stale_lives  # noqa: E402
+from .parsing import RequestError, is_stop_request  # noqa: E402
+from .samplers import effective_sampler  # noqa: E402
+from .translate import (  # noqa: E402
+    NO_LIMIT,
+    AdapterFacts,
+    SamplerRefusal,
+    Submission,
+    check_adapter,
+    decode_images,
+    stop_word_end,
+    to_submission,
+)
+
 #: How this model's log lines begin.
 LOG_TAG = "tensorrt_llm pytorch"
 #: The file the renderer writes the LLM's arguments to, beside this one.
@@ -191,28 +203,6 @@ LLM_SHUT_DOWN = "LLM is shutting down"
 ADAPTERS_METRIC = "cog_triton_llm_lora_adapters"
 RECYCLES_METRIC = "cog_triton_llm_recycles"
 
-
-# Triton loads this file by its path: the glue beside it is loaded so too, then makes this folder the package PACKAGE.
-_glue_file = Path(__file__).resolve().parent / "triton_glue.py"
-_glue_spec = importlib.util.spec_from_file_location(f"{PACKAGE}.triton_glue", _glue_file)
-glue = importlib.util.module_from_spec(_glue_spec)
-_glue_spec.loader.exec_module(glue)
-_package = glue.sibling_package(PACKAGE, __file__)
-_translate = importlib.import_module(f"{_package}.translate")
-_parsing = importlib.import_module(f"{_package}.parsing")
-_samplers = importlib.import_module(f"{_package}.samplers")
-_adapters = importlib.import_module(f"{_package}.adapters")
-
-RequestError = _parsing.RequestError
-Submission = _translate.Submission
-to_submission = _translate.to_submission
-is_stop_request = _parsing.is_stop_request
-stop_word_end = _translate.stop_word_end
-
-
-AdapterFacts = _translate.AdapterFacts
-AdapterLife = _adapters.AdapterLife
-life_folder = _adapters.life_folder
 
 error_response = glue.error_response
 token_response = glue.token_response
@@ -357,7 +347,7 @@ class TritonPythonModel:
         self.lora_enabled = llm_args.get("lora_config") is not None
         self.vocab_size = self._vocab_size(llm_args)
         self._init_images(params, llm_args)
-        self.sampler = _samplers.effective_sampler(llm_args)
+        self.sampler = effective_sampler(llm_args)
         if _CLEARED_MPI_VARIABLES:
             self._log("info", f"removed inherited MPI variables before starting the LLM: {', '.join(_CLEARED_MPI_VARIABLES)}")
         # tensorrt_llm is imported only now (upstream's later model defers it so that CUDA_VISIBLE_DEVICES can be set
@@ -436,12 +426,12 @@ class TritonPythonModel:
         lora_config = llm_args.get("lora_config") if isinstance(llm_args.get("lora_config"), dict) else {}
         self.max_lora_rank = int(lora_config.get("max_lora_rank") or DEFAULT_MAX_LORA_RANK)
         self._lora_paths: Dict[int, str] = {}  # id -> the folder the current LLM was given for it
-        self._verified = _adapters.VerifiedFolders()  # event loop only
+        self._verified = VerifiedFolders()  # event loop only
         self._life_number = 0
         root = glue.param(params, "adapter_snapshot_dir", "", str)
         self._snapshot_root = Path(root) if root else Path(tempfile.mkdtemp(prefix="trtllm-lora-"))
         self._snapshot_root.mkdir(parents=True, exist_ok=True)
-        stale = _adapters.remove_stale_lives(self._snapshot_root)
+        stale = remove_stale_lives(self._snapshot_root)
         if stale:
             self._log("info", f"removed adapter snapshots of processes that are gone: {', '.join(stale)}")
         self._life = AdapterLife(life_folder(self._snapshot_root, 0), self.max_adapters_per_llm)
@@ -470,7 +460,7 @@ class TritonPythonModel:
             config = json.loads((Path(str(llm_args["model"])) / "config.json").read_text())
             return int(config.get("vocab_size") or config.get("text_config", {}).get("vocab_size"))
         except (OSError, ValueError, TypeError, AttributeError):
-            return _translate.NO_LIMIT
+            return NO_LIMIT
 
     @staticmethod
     def _image_token_id(llm_args: Dict[str, Any]) -> Optional[int]:
@@ -572,7 +562,7 @@ class TritonPythonModel:
                                        known_paths=known, sampler=self.sampler, request_number=number,
                                        images_off=self.images_off)
         except RequestError as exc:
-            if isinstance(exc, _translate.SamplerRefusal):
+            if isinstance(exc, SamplerRefusal):
                 self._log("warn", f"request {request_id!r}: {exc.refusal.log_line()}")  # the operator's remedy
             self._send_now(sender, error_response(str(exc)))
             return
@@ -683,7 +673,7 @@ class TritonPythonModel:
                 lora_request = LoRARequest(f"lora_{task_id}", task_id, snapshot)
             inputs: Any = s.prompt_ids
             if s.images is not None:
-                pictures = await asyncio.get_running_loop().run_in_executor(None, _translate.decode_images, s.images)
+                pictures = await asyncio.get_running_loop().run_in_executor(None, decode_images, s.images)
                 inputs = {"prompt": s.text, "multi_modal_data": {"image": pictures}}
             if self._broken is not None:
                 raise RequestError(self._broken)
@@ -768,7 +758,7 @@ class TritonPythonModel:
         facts = self._verified.cached(path)
         if facts is None:
             facts = await asyncio.get_running_loop().run_in_executor(
-                None, _translate.check_adapter, path, self.max_lora_rank)
+                None, check_adapter, path, self.max_lora_rank)
             self._verified.remember(path, facts)
         return facts
 

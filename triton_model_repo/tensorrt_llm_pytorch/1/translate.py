@@ -66,7 +66,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .parsing import ModelLimits, RequestError, _scalar, parse_request
+from .parsing import ModelLimits, RequestError, parse_request, scalar_input
 from .samplers import Refusal, SamplingInputs, refusal, takes_seed
 
 #: Limits the C++ executor would apply and the LLM applies instead (never reached here).
@@ -272,7 +272,7 @@ def to_submission(get: Callable[[str], Optional[np.ndarray]], *, vocab_size: int
     }
     if seed_given and takes_seed(sampler):
         sampling["seed"] = p.seed
-    pad_id = _scalar(get, "pad_id", int, None)
+    pad_id = scalar_input(get, "pad_id", int, None)
     if pad_id is not None:
         sampling["pad_id"] = pad_id
     if p.greedy:
@@ -300,7 +300,7 @@ def to_submission(get: Callable[[str], Optional[np.ndarray]], *, vocab_size: int
     if guide is not None:
         key, value = GUIDE_KEYS[guide.guide_type]
         sampling["guided_decoding"] = {key: guide.guide if value is None else value}
-    interval_ms = _scalar(get, "stream_interval_ms", int, 0)
+    interval_ms = scalar_input(get, "stream_interval_ms", int, 0)
     if not 0 <= interval_ms <= MAX_STREAM_INTERVAL_MS:
         raise RequestError(f"stream_interval_ms must be 0 (every step's tokens) to {MAX_STREAM_INTERVAL_MS} "
                            f"milliseconds, got {interval_ms}")

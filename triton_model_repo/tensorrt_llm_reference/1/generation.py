@@ -42,7 +42,7 @@ def stop_word_end(context: Sequence[int], n_new: int, stop_words: Sequence[Seque
 
 
 class TokenGenerator(Protocol):
-    """What the :class:`Scheduler` needs from a request's generation.
+    """What the :class:`scheduler.Scheduler` needs from a request's generation.
 
     Attributes:
         prompt_ids: the prompt.

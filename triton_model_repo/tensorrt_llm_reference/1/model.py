@@ -97,10 +97,10 @@ are applied with peft: ``lora.py`` beside this file has the upstream sources and
 miss and cache full errors, the bounded cache that evicts, different adapters in one batch).
 
 Modules beside this file, one concern each, so that another engine (e.g. a token-rate stand-in) can
-reuse all but the generation. Triton loads ``model.py`` by its path, not as a package, so this file
-loads ``triton_glue.py`` by its path and has it make the folder the package ``tensorrt_llm_reference``
-(``triton_glue.sibling_package``), then imports the others from it; the names tests and the stand-in use
-are re-exported here:
+reuse all but the generation. Triton's Python backend imports this file as ``<version>.model`` (``1.model``), with
+the model's folder on ``sys.path`` (triton-inference-server/python_backend ``src/pb_stub.cc``
+``ModelContext::StubSetup``, r24.10), so it imports the others relatively; a test or the benchmark's stand-in
+loading it by its path makes it a package of its folder. The names tests and the stand-in use are re-exported here:
 
 * ``parsing.py``, request parsing: :func:`parse_word_list`, :class:`SamplingParams`,
   :class:`ModelLimits`, :func:`parse_request` (numpy only);
@@ -111,7 +111,8 @@ are re-exported here:
   :class:`ResponseSink`;
 * ``lora.py``, LoRA adapters with the executor's semantics;
 * ``triton_glue.py``, what both Triton models do with Triton (parameters, input tensors, responses,
-  errors, logging; the PyTorch-backend model links it), here as :data:`glue`;
+  errors, logging; the PyTorch-backend model's folder gets a copy when the repository is rendered), here as
+  :data:`glue`;
 * here, the model: :class:`TritonSink` and :class:`TritonPythonModel` (``create_generation``
   is the one place that builds generation objects, ``create_sink`` the one that builds response
   sinks).
@@ -119,16 +120,36 @@ are re-exported here:
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import itertools
 import json
 import time
 import traceback
-from pathlib import Path
 from typing import Optional
 
 import torch
+
+from . import lora as lora_support
+from . import triton_glue as glue
+# Re-exported besides: the tests and the benchmark's stand-in use these names from here.
+from .generation import Generation, TokenGenerator, load_model, stop_word_end, vocab_size_of  # noqa: F401
+from .parsing import (  # noqa: F401
+    GUIDE_TYPES,
+    TOP_K_MAX,
+    GuideSpec,
+    ModelLimits,
+    ParsedRequest,
+    QueueFullError,
+    RequestError,
+    SamplingParams,
+    executor_error,
+    executor_response_error,
+    is_stop_request,
+    lora_error_text,
+    parse_guide,
+    parse_request,
+    parse_word_list,
+)
+from .scheduler import Job, ResponseSink, Scheduler
 
 try:
     import triton_python_backend_utils as pb_utils
@@ -139,46 +160,9 @@ TRTLLM_VERSION = "1.1.0"  # the TensorRT-LLM release whose tensorrtllm backend w
 #: The C++ backend's lora_cache_host_memory_bytes default (PeftCacheManagerConfig::kDefaultHostCacheSize, 1 GiB).
 DEFAULT_LORA_CACHE_BYTES = 1 << 30
 
-#: The package this folder's modules are imported as.
-PACKAGE = "tensorrt_llm_reference"
 #: How this model's log lines begin.
 LOG_TAG = "tensorrt_llm reference"
 
-# Triton loads this file by its path: the glue beside it is loaded so too, then makes this folder the package PACKAGE.
-_glue_file = Path(__file__).resolve().parent / "triton_glue.py"
-_glue_spec = importlib.util.spec_from_file_location(f"{PACKAGE}.triton_glue", _glue_file)
-glue = importlib.util.module_from_spec(_glue_spec)
-_glue_spec.loader.exec_module(glue)
-_package = glue.sibling_package(PACKAGE, __file__)
-lora_support = importlib.import_module(f"{_package}.lora")
-_parsing = importlib.import_module(f"{_package}.parsing")
-_generation = importlib.import_module(f"{_package}.generation")
-_scheduler = importlib.import_module(f"{_package}.scheduler")
-
-# Re-exported: the model below, the tests and the benchmark's stand-in use these names from here.
-RequestError = _parsing.RequestError
-QueueFullError = _parsing.QueueFullError
-TOP_K_MAX = _parsing.TOP_K_MAX
-GUIDE_TYPES = _parsing.GUIDE_TYPES
-GuideSpec = _parsing.GuideSpec
-ModelLimits = _parsing.ModelLimits
-ParsedRequest = _parsing.ParsedRequest
-SamplingParams = _parsing.SamplingParams
-parse_word_list = _parsing.parse_word_list
-parse_guide = _parsing.parse_guide
-parse_request = _parsing.parse_request
-is_stop_request = _parsing.is_stop_request
-executor_error = _parsing.executor_error
-executor_response_error = _parsing.executor_response_error
-lora_error_text = _parsing.lora_error_text
-TokenGenerator = _generation.TokenGenerator
-Generation = _generation.Generation
-load_model = _generation.load_model
-vocab_size_of = _generation.vocab_size_of
-stop_word_end = _generation.stop_word_end
-Job = _scheduler.Job
-ResponseSink = _scheduler.ResponseSink
-Scheduler = _scheduler.Scheduler
 
 
 # ------------------------------------------------------------------------------------------------

@@ -234,7 +234,14 @@ class ParsedRequest:
     adapter: Optional[str] = None  # the applier's name of its cached LoRA task, set before generation
 
 
-def _scalar(get: Callable[[str], Optional[np.ndarray]], name: str, kind: type, default):
+def scalar_input(get: Callable[[str], Optional[np.ndarray]], name: str, kind: type, default):
+    """The one value of the request's input tensor ``name`` as ``kind`` (bool, int or float), or ``default`` when the
+    request has no such tensor.
+
+    Raises:
+        RequestError: the tensor is empty, or holds more than one value (the C++ backend's ``extractSingleton``,
+            ``utils.h``).
+    """
     arr = get(name)
     if arr is None:
         return default
@@ -295,7 +302,7 @@ def parse_guide(get: Callable[[str], Optional[np.ndarray]]) -> Optional[GuideSpe
 def is_stop_request(get: Callable[[str], Optional[np.ndarray]]) -> bool:
     """True when the request's ``stop`` input is true. Upstream checks it before reading any other
     input (``ModelInstanceState::handleStopRequest``)."""
-    return bool(_scalar(get, "stop", bool, False))
+    return bool(scalar_input(get, "stop", bool, False))
 
 
 def executor_response_error(request_number: int, message: str) -> str:
@@ -338,8 +345,8 @@ def parse_request(
     parsed = ParsedRequest(
         prompt_ids=prompt,
         params=params,
-        streaming=_scalar(get, "streaming", bool, False),
-        exclude_input_in_output=_scalar(get, "exclude_input_in_output", bool, limits.exclude_input_in_output),
+        streaming=scalar_input(get, "streaming", bool, False),
+        exclude_input_in_output=scalar_input(get, "exclude_input_in_output", bool, limits.exclude_input_in_output),
         guide=parse_guide(get),
         warnings=warnings,
     )
@@ -382,7 +389,7 @@ def _prompt_ids(get: Callable[[str], Optional[np.ndarray]], limits: ModelLimits)
     prompt = [int(t) for t in ids]
 
     if get("input_lengths") is not None:
-        input_len = _scalar(get, "input_lengths", int, None)
+        input_len = scalar_input(get, "input_lengths", int, None)
         if input_len != len(prompt):
             raise RequestError(f"input_lengths is {input_len} but input_ids has {len(prompt)} tokens; they must match")
     if not prompt:
@@ -401,32 +408,32 @@ def _sampling_params(get: Callable[[str], Optional[np.ndarray]]) -> Tuple[Sampli
     to :data:`TOP_K_MAX`; and the server log line of that clamp (or no line)."""
     if get("request_output_len") is None:
         raise RequestError("request_output_len is not present in the request")
-    output_len = _scalar(get, "request_output_len", int, None)
+    output_len = scalar_input(get, "request_output_len", int, None)
 
-    beam_width = _scalar(get, "beam_width", int, 1)
+    beam_width = scalar_input(get, "beam_width", int, 1)
     if beam_width != 1:
         raise RequestError(
             f"beam_width must be 1 (beam search is not supported by this model), got {beam_width}"
         )
 
-    top_p = _scalar(get, "runtime_top_p", float, None)
+    top_p = scalar_input(get, "runtime_top_p", float, None)
     if top_p is not None and top_p <= 0.0:
         top_p = None  # backend utils.cc getSamplingConfigFromTensors: "if (topP <= 0) topP.reset()"
     params = SamplingParams(
         max_new_tokens=output_len,
-        end_id=_scalar(get, "end_id", int, None),
-        temperature=_scalar(get, "temperature", float, 1.0),
-        top_k=_scalar(get, "runtime_top_k", int, 0),
+        end_id=scalar_input(get, "end_id", int, None),
+        temperature=scalar_input(get, "temperature", float, 1.0),
+        top_k=scalar_input(get, "runtime_top_k", int, 0),
         top_p=top_p,
-        length_penalty=_scalar(get, "len_penalty", float, 0.0),
-        repetition_penalty=_scalar(get, "repetition_penalty", float, 1.0),
-        presence_penalty=_scalar(get, "presence_penalty", float, 0.0),
-        frequency_penalty=_scalar(get, "frequency_penalty", float, 0.0),
-        min_tokens=_scalar(get, "min_tokens", int, 0),
-        seed=_scalar(get, "seed", int, 0),
+        length_penalty=scalar_input(get, "len_penalty", float, 0.0),
+        repetition_penalty=scalar_input(get, "repetition_penalty", float, 1.0),
+        presence_penalty=scalar_input(get, "presence_penalty", float, 0.0),
+        frequency_penalty=scalar_input(get, "frequency_penalty", float, 0.0),
+        min_tokens=scalar_input(get, "min_tokens", int, 0),
+        seed=scalar_input(get, "seed", int, 0),
         stop_words=parse_word_list(get("stop_words_list"), "stop_words_list"),
         bad_words=parse_word_list(get("bad_words_list"), "bad_words_list"),
-        return_log_probs=_scalar(get, "return_log_probs", bool, False),
+        return_log_probs=scalar_input(get, "return_log_probs", bool, False),
     )
     params.validate()
     warnings = []

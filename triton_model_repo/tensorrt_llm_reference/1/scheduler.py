@@ -17,7 +17,7 @@ from .parsing import QueueFullError
 
 
 class ResponseSink(Protocol):
-    """Where a job's responses go. In Triton this is a response sender (:class:`TritonSink`)."""
+    """Where a job's responses go. In Triton this is a response sender (:class:`model.TritonSink`)."""
 
     def send_tokens(self, tokens: List[int], log_probs: Optional[List[float]], cum_log_prob: Optional[float],
                     final: bool) -> None: ...

@@ -1,11 +1,8 @@
 """The Triton glue both Python ``tensorrt_llm`` models share: the CPU reference model (``model.py`` beside this
-file) and the PyTorch-backend model (``tensorrt_llm_pytorch/1/model.py``, beside a link to this file that the
-renderer copies as a file: ``tensorrtllm_backend/templates.py``), as they share ``parsing.py`` and ``lora.py``.
-
-Triton's Python backend loads a ``model.py`` by its path, not as a package, so the modules beside it cannot be
-imported by name. Each model.py therefore loads this file by its path too (``importlib.util``), and
-:func:`sibling_package` makes its folder a package so that it imports the others from it. This module holds no
-state: a model.py loaded twice (under two names, as the tests and the benchmark's stand-ins do) gets its own copy.
+file) and the PyTorch-backend model (``tensorrt_llm_pytorch/1/model.py``, whose version folder gets a copy of this
+file when the repository is rendered: ``tensorrtllm_backend/templates.py`` ``SHARED_MODEL_CODE``), as they share
+``parsing.py`` and ``lora.py``. It holds no state: a model loaded twice (under two names, as the tests and the
+benchmark's stand-ins do) gets its own copy.
 
 What it does with Triton (upstream sources, read, not copied):
 
@@ -27,9 +24,6 @@ What it does with Triton (upstream sources, read, not copied):
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from typing import Callable, List, Optional
 
 import numpy as np
@@ -41,28 +35,6 @@ except ImportError:  # imported by tests, outside Triton (they set pb_utils to t
 
 #: The outputs a client's list must name (``fillTritonResponse``).
 REQUIRED_OUTPUTS = ("output_ids", "sequence_length")
-
-
-def sibling_package(name: str, model_file: str) -> str:
-    """Make the folder of ``model_file`` the package ``name`` (once per process) and return ``name``.
-
-    A package object whose ``__path__`` is that folder lets its modules import one another relatively
-    (``importlib.import_module(f"{name}.parsing")``).
-
-    Raises:
-        RuntimeError: ``name`` is already another folder's (two copies of one model in one process would otherwise
-            share the first one's modules).
-    """
-    folder = str(Path(model_file).resolve().parent)
-    package = sys.modules.get(name)
-    if package is None:
-        spec = importlib.util.spec_from_loader(name, loader=None, is_package=True)
-        package = importlib.util.module_from_spec(spec)
-        package.__path__ = [folder]
-        sys.modules[name] = package
-    elif list(getattr(package, "__path__", [])) != [folder]:
-        raise RuntimeError(f"module {name!r} is already {list(getattr(package, '__path__', []))}, not {folder}")
-    return name
 
 
 # ------------------------------------------------------------------------------------------------

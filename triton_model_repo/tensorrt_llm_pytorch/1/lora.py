@@ -1,1 +1,0 @@
-../../tensorrt_llm_reference/1/lora.py

@@ -1,1 +1,0 @@
-../../../tensorrtllm_backend/samplers.py
