@@ -118,9 +118,26 @@ def test_one_deadline_ends_a_download_whatever_the_server_does(
 def test_a_tls_handshake_that_starts_late_ends_at_the_deadline(tmp_path: Path, redirector: Any,
                                                                rules: Optional[FetchRules]) -> None:
     """A redirect that takes most of the deadline, to a server that never completes the TLS handshake: the
-    handshake's own timeout (the time left when the attempt began, 3 s) would end it 2.5 s after the deadline; the
-    watchdog ends it at the deadline (the handshake holds a duplicate of the socket it detaches)."""
-    deadline_s, delay_s = 3.0, 2.5
+    handshake's own timeout (the time left when the fetch began, the deadline) would end it about the redirect's
+    delay after the deadline; the watchdog ends it at the deadline (the handshake holds a duplicate of the socket it
+    detaches). The client must reach the TLS server's accept within the time the redirect leaves: at least 0.5 s,
+    or 10 times what reaching it through an immediate redirect takes here, measured first (a loaded machine once took
+    over 0.5 s)."""
+    with SlowServer("silent", tls=certificate(tmp_path)) as probe:
+        redirector.handler.location = f"{probe.url}/weights.tar.gz"
+        accepted: list[float] = []
+        watcher = threading.Thread(target=lambda: probe.wait(accepted=1, timeout_s=60) and
+                                   accepted.append(time.monotonic()))
+        started = time.monotonic()
+        watcher.start()
+        with pytest.raises(FetchDeadlineError):
+            fetch_weights(f"{redirector.url}/w.tar.gz", tmp_path / "probe", timeout_s=TIMEOUT_S, deadline_s=2.0,
+                          rules=rules)
+        watcher.join()
+    assert accepted, "the probe fetch never reached the TLS server"
+    margin_s = max(0.5, 10 * (accepted[0] - started))
+    deadline_s = max(3.0, 2 * margin_s + 1.5)
+    delay_s = deadline_s - margin_s
     with SlowServer("silent", tls=certificate(tmp_path)) as server:
         redirector.handler.location = f"{server.url}/weights.tar.gz"
         redirector.handler.delay_s = delay_s
@@ -130,7 +147,7 @@ def test_a_tls_handshake_that_starts_late_ends_at_the_deadline(tmp_path: Path, r
                           deadline_s=deadline_s, rules=rules)
         late = time.monotonic() - started - deadline_s
         _held_until_the_client_left(server)
-    assert late < delay_s / 2, f"ended {late:.2f} s after the deadline"
+    assert late < (deadline_s - margin_s) / 2, f"ended {late:.2f} s after the deadline"
 
 
 def test_a_deadline_ends_a_fetch_through_urllib3_too(tmp_path: Path) -> None:
