@@ -234,7 +234,8 @@ def predictor_text(triton, hf_tokenizer, prompt: str, max_tokens: int, **extra) 
 
 
 def upstream_inputs(prompts: list[str], max_tokens: int, streaming: bool, **extra):
-    """The tensors upstream's ``prepare_inputs`` builds (batched: one row per prompt), greedy via top_k 1."""
+    """The tensors upstream's ``prepare_inputs`` builds (batched: one row per prompt), greedy via top_k 1; an
+    ``extra`` value None leaves that input out."""
     import tritonclient.grpc as grpcclient  # noqa: PLC0415
     from tritonclient.utils import np_to_triton_dtype  # noqa: PLC0415
 
@@ -249,6 +250,9 @@ def upstream_inputs(prompts: list[str], max_tokens: int, streaming: bool, **extr
         "exclude_input_in_output": np.ones((b, 1), bool),
     }
     for name, value in extra.items():
+        if value is None:  # left out
+            arrays.pop(name)
+            continue
         arrays[name] = value if isinstance(value, np.ndarray) else np.array([value] * b)
     tensors = []
     for name, array in arrays.items():
@@ -300,6 +304,15 @@ def test_grpc_text_equals_the_predictors(triton, hf_tokenizer, streaming: bool) 
     assert len(results) == (1 if not streaming else len(results))
     if streaming:
         assert len(results) > 1 and all(r.as_numpy("text_output")[0] for r in results)
+
+
+@pytestmark_integration
+def test_the_clients_default_request_decodes_greedily(triton, hf_tokenizer) -> None:
+    """Upstream's client by default sends temperature 1.0 and neither top_k nor top_p: TensorRT-LLM then decodes
+    greedily (top_k 0 with top_p unset is arg-max), on both backends, so the text is the predictor's greedy one."""
+    expected = predictor_text(triton, hf_tokenizer, CHAT, 16)
+    results = grpc_stream(triton, upstream_inputs([CHAT], 16, True, top_k=None))
+    assert texts_by_row(results, True) == {0: expected}
 
 
 @pytestmark_integration
