@@ -9,7 +9,11 @@ told apart by ``batch_index``), and the HTTP generate forms of the backend's doc
 interface, not copied. Each text must equal what the predictor makes of the same greedy request: the ids of
 ``ensemble_ids`` (the predictor's model) for the same prompt ids, detokenized by the predictor's detokenizer.
 
-The integration tests serve the CPU reference model as ``tensorrt_llm`` in a real Triton, rendered by the renderer.
+The integration tests run once per backend (:data:`BACKENDS`), each in a real Triton rendered by the renderer: the
+CPU reference model as ``tensorrt_llm`` (the C++ backend's tensors), and the PyTorch-backend model over the LLM API's
+stand-in (benchmarks/llmapi_standin: the one mock, since TensorRT-LLM cannot run here; it generates with the real
+checkpoint through transformers). Both answer the same contract; where the PyTorch backend refuses an input the C++
+backend serves (``bad_words`` under its default sampler, ``beam_width`` > 1), the test checks the refusal names it.
 """
 
 from __future__ import annotations
@@ -130,6 +134,15 @@ def test_the_model_forwards_what_the_renderer_checks() -> None:
     assert load_model_module().LLM_INPUTS == TEXT_ENSEMBLE_LLM_INPUTS
 
 
+def test_engine_errors_name_the_inputs_as_the_client_sent_them() -> None:
+    module = load_model_module()
+    said = "bad_words_list cannot be applied here: leave it out; runtime_top_k and bad_words_list"
+    assert module._client_names(said) == (f"{said} (tensorrt_llm's bad_words_list is this request's bad_words; "
+                                          "tensorrt_llm's runtime_top_k is this request's top_k)")
+    assert module._client_names("temperature is -1; streaming") == "temperature is -1; streaming"  # same names
+    assert set(module.CLIENT_NAMES.values()) <= set(UPSTREAM_INPUTS)
+
+
 @pytest.mark.parametrize("text", ["Hello, world! Héllo wörld.", "日本語のテキスト 🤖🎉 end",
                                   "  two  spaces\n\nnew lines"])
 def test_incremental_text_is_one_decode_and_never_half_a_character(hf_tokenizer, text: str) -> None:
@@ -162,22 +175,40 @@ def _free_ports(n: int) -> list[int]:
     return ports
 
 
-@pytest.fixture(scope="module")
-def triton(tmp_path_factory, checkpoint_dir):
+#: The two ``tensorrt_llm`` models the text ensemble runs over: the CPU reference model (the C++ backend's tensors and
+#: behaviour) and the PyTorch-backend model over TensorRT-LLM 1.2.1's LLM API (its stand-in, benchmarks/llmapi_standin,
+#: the one mock: it runs the real SmolLM2 with transformers on the CPU), each rendered by the renderer.
+BACKENDS = ("reference", "pytorch")
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def triton(request, tmp_path_factory, checkpoint_dir):
+    """One Triton per backend for the module: the rendered repository (``ensemble``, ``ensemble_ids``,
+    ``preprocessing``, ``tensorrt_llm``). The PyTorch-backend one has guided decoding (xgrammar) in its LLM
+    arguments, so the JSON-guide test runs on both; its stub finds the stand-in through the overlay virtualenv
+    (tests/llmapi_overlay.py), as tests/test_pytorch_integration.py starts it."""
     from tensorrtllm_backend.server import LaunchConfig, TritonServer, locate_tritonserver  # noqa: PLC0415
+    from tests.llmapi_overlay import overlay_venv, render_pytorch_repository, standin_installation  # noqa: PLC0415
     from tests.proc import stop_at_once  # noqa: PLC0415
 
-    tmp = tmp_path_factory.mktemp("text_ensemble")
-    render_model_repository(RenderOptions(template_dir=TEMPLATE_DIR, model_repo_dir=tmp / "repo",
-                                          triton_max_batch_size=4), inspect_weights(checkpoint_dir))
+    backend = request.param
+    tmp = tmp_path_factory.mktemp(f"text_ensemble_{backend}")
+    installation = locate_tritonserver(work_dir=tmp / "work")
+    if backend == "pytorch":
+        render_pytorch_repository(tmp / "repo", checkpoint_dir, guided_decoding=True, llm_args={
+            "model": str(checkpoint_dir), "max_batch_size": 4, "guided_decoding_backend": "xgrammar"})
+        installation = standin_installation(installation, overlay_venv(tmp / "overlay"))
+    else:
+        render_model_repository(RenderOptions(template_dir=TEMPLATE_DIR, model_repo_dir=tmp / "repo",
+                                              triton_max_batch_size=4), inspect_weights(checkpoint_dir))
     http, grpc, metrics = _free_ports(3)
-    server = TritonServer(locate_tritonserver(work_dir=tmp / "work"),
+    server = TritonServer(installation,
                           LaunchConfig(model_repo=tmp / "repo", http_port=http, grpc_port=grpc, metrics_port=metrics),
                           log_file=tmp / "triton.log")
     server.start()
     try:
         server.wait_ready(180)
-        yield {"url": server.url, "grpc": f"127.0.0.1:{grpc}"}
+        yield {"backend": backend, "url": server.url, "grpc": f"127.0.0.1:{grpc}"}
     finally:
         stop_at_once(server)
 
@@ -203,7 +234,8 @@ def predictor_text(triton, hf_tokenizer, prompt: str, max_tokens: int, **extra) 
 
 
 def upstream_inputs(prompts: list[str], max_tokens: int, streaming: bool, **extra):
-    """The tensors upstream's ``prepare_inputs`` builds (batched: one row per prompt), greedy via top_k 1."""
+    """The tensors upstream's ``prepare_inputs`` builds (batched: one row per prompt), greedy via top_k 1; an
+    ``extra`` value None leaves that input out."""
     import tritonclient.grpc as grpcclient  # noqa: PLC0415
     from tritonclient.utils import np_to_triton_dtype  # noqa: PLC0415
 
@@ -218,6 +250,9 @@ def upstream_inputs(prompts: list[str], max_tokens: int, streaming: bool, **extr
         "exclude_input_in_output": np.ones((b, 1), bool),
     }
     for name, value in extra.items():
+        if value is None:  # left out
+            arrays.pop(name)
+            continue
         arrays[name] = value if isinstance(value, np.ndarray) else np.array([value] * b)
     tensors = []
     for name, array in arrays.items():
@@ -272,6 +307,15 @@ def test_grpc_text_equals_the_predictors(triton, hf_tokenizer, streaming: bool) 
 
 
 @pytestmark_integration
+def test_the_clients_default_request_decodes_greedily(triton, hf_tokenizer) -> None:
+    """Upstream's client by default sends temperature 1.0 and neither top_k nor top_p: TensorRT-LLM then decodes
+    greedily (top_k 0 with top_p unset is arg-max), on both backends, so the text is the predictor's greedy one."""
+    expected = predictor_text(triton, hf_tokenizer, CHAT, 16)
+    results = grpc_stream(triton, upstream_inputs([CHAT], 16, True, top_k=None))
+    assert texts_by_row(results, True) == {0: expected}
+
+
+@pytestmark_integration
 def test_http_generate_and_generate_stream_equal_the_predictors(triton, hf_tokenizer) -> None:
     expected = predictor_text(triton, hf_tokenizer, PROMPT, 24)
     body = {"text_input": PROMPT, "max_tokens": 24, "top_k": 1, "bad_words": "", "stop_words": ""}
@@ -288,15 +332,60 @@ def test_http_generate_and_generate_stream_equal_the_predictors(triton, hf_token
     assert len(events) > 1 and "".join(e["text_output"] for e in events) == expected
 
 
+def refusal(results) -> str:
+    """The one error a refused request gets (an exception from the stream, nothing before it)."""
+    assert len(results) == 1 and isinstance(results[0], Exception), results
+    return str(results[0])
+
+
 @pytestmark_integration
-def test_stop_and_bad_words_as_upstream_sends_them(triton, hf_tokenizer) -> None:
-    words = {"stop_words": ["."], "bad_words": [" Paris"]}
+def test_stop_words_as_upstream_sends_them(triton, hf_tokenizer) -> None:
+    """``stop_words`` BYTES [1, n] (upstream's client: ``np.array([stop_words], dtype=object)``) end the text at the
+    word, with the word, as the predictor's route ends it, on both backends."""
+    words = {"stop_words": [".", " Paris"]}
     expected = predictor_text(triton, hf_tokenizer, PROMPT, 24, **words)
     extra = {k: np.array([v], dtype=object) for k, v in words.items()}
-    text = texts_by_row(grpc_stream(triton, upstream_inputs([PROMPT], 24, True, **extra)), True)[0]
-    assert text == expected and "Paris" not in text
+    for streaming in (True, False):
+        text = texts_by_row(grpc_stream(triton, upstream_inputs([PROMPT], 24, streaming, **extra)), streaming)[0]
+        assert text == expected and text.endswith((".", " Paris"))
     plain = predictor_text(triton, hf_tokenizer, PROMPT, 24)
-    assert " Paris" in plain and text != plain  # the words changed the answer: they reached the engine
+    assert plain.startswith(expected) and len(plain) > len(expected)  # the words cut the answer: they reached it
+
+
+@pytestmark_integration
+def test_bad_words_as_upstream_sends_them(triton, hf_tokenizer) -> None:
+    """``bad_words`` BYTES [1, n]: the C++ backend applies them; the PyTorch backend's default sampler (TensorRT-LLM
+    1.2.1's TorchSampler) ignores them, so the request is refused by name, at once, as on the predictor's route
+    (triton_model_repo/tensorrt_llm_pytorch/1/samplers.py), never answered as if they had been applied."""
+    words = {"stop_words": ["."], "bad_words": [" Paris"]}
+    extra = {k: np.array([v], dtype=object) for k, v in words.items()}
+    results = grpc_stream(triton, upstream_inputs([PROMPT], 24, True, **extra), timeout_s=30)
+    plain = predictor_text(triton, hf_tokenizer, PROMPT, 24)
+    assert " Paris" in plain
+    if triton["backend"] == "pytorch":
+        message = refusal(results)
+        assert "cannot be applied here" in message and "this request's bad_words" in message, message
+        body = {"input_ids": hf_tokenizer.encode(PROMPT), "max_tokens": 24, "top_k": 1, **words}
+        ids_route = httpx.post(f"{triton['url']}/v2/models/ensemble_ids/generate", json=body, timeout=30)
+        assert ids_route.status_code == 400 and "bad_words" in ids_route.text
+        return
+    expected = predictor_text(triton, hf_tokenizer, PROMPT, 24, **words)
+    text = texts_by_row(results, True)[0]
+    assert text == expected and "Paris" not in text
+    assert text != plain  # the words changed the answer: they reached the engine
+
+
+@pytestmark_integration
+def test_exclude_input_in_output_false_gives_the_prompt_too(triton, hf_tokenizer) -> None:
+    """Not streaming with ``exclude_input_in_output`` false: the engine returns the prompt's ids too, and the text
+    is their one decode with the generated ones (upstream's postprocessing decodes the same ids)."""
+    expected = predictor_text(triton, hf_tokenizer, PROMPT, 8)
+    inputs = upstream_inputs([PROMPT], 8, False, exclude_input_in_output=np.array([[False]]))
+    text = texts_by_row(grpc_stream(triton, inputs), False)[0]
+    assert text.startswith(PROMPT) and text.endswith(expected)
+    prompt_ids = hf_tokenizer.encode(PROMPT)
+    assert text == hf_tokenizer.decode(prompt_ids + hf_tokenizer.encode(expected, add_special_tokens=False),
+                                       skip_special_tokens=True)
 
 
 @pytestmark_integration
@@ -337,6 +426,20 @@ def test_an_input_not_served_is_refused_by_name(triton, name: str, array) -> Non
     results = grpc_stream(triton, upstream_inputs([PROMPT], 8, False, **{name: array}), timeout_s=30)
     assert len(results) == 1 and isinstance(results[0], Exception)
     assert f"unexpected inference input '{name}'" in str(results[0])
+    assert time.monotonic() - started < 30  # answered, not timed out
+
+
+@pytestmark_integration
+@pytest.mark.parametrize("triton", ["pytorch"], indirect=True)  # the C++ backend serves beams
+@pytest.mark.parametrize("streaming", [True, False], ids=["streaming", "non_streaming"])
+def test_beam_search_on_the_pytorch_backend_is_refused_by_name(triton, streaming: bool) -> None:
+    """``beam_width`` 2, as upstream's client sends it ([1, 1] INT32): the PyTorch-backend model takes no beam search
+    (this image sets no ``max_beam_width``; see triton_model_repo/tensorrt_llm_pytorch/1/parsing.py), and the text
+    ensemble passes its error on as the request's one answer, naming the input, instead of waiting."""
+    started = time.monotonic()
+    inputs = upstream_inputs([PROMPT], 8, streaming, beam_width=np.array([[2]], np.int32))
+    message = refusal(grpc_stream(triton, inputs, timeout_s=30))
+    assert "beam_width must be 1" in message and "got 2" in message, message
     assert time.monotonic() - started < 30  # answered, not timed out
 
 

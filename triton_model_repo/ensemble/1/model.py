@@ -43,6 +43,10 @@ each response's ids on its own with ``batch_decode``):
       through upstream's ensemble); a cancelled request is stopped there with a ``stop`` request. Rows of one
       request, and requests without an id, get ids of their own (``<id>/<row>``, ``ensemble-<n>``).
     * An input this model does not declare is refused by Triton before it runs ("unexpected inference input").
+    * ``tensorrt_llm``'s errors come back as the engine wrote them (as through upstream's ensemble), with the
+      inputs they name under ``tensorrt_llm``'s names also named as the client sent them (``bad_words_list`` ->
+      ``bad_words``, ``runtime_top_k`` -> ``top_k``, ...): the PyTorch backend's default sampler refuses
+      ``bad_words_list`` ("leave it out"), which an ``ensemble`` client never sent by that name.
 
 Parameters: tokenizer_dir (path), skip_special_tokens ("true"/"false", upstream's postprocessing parameter; default
 true).
@@ -56,6 +60,7 @@ import concurrent.futures
 import itertools
 import json
 import logging
+import re
 import sys
 
 
@@ -106,6 +111,13 @@ PREPROCESSING_INPUTS = {"text_input": "QUERY", "max_tokens": "REQUEST_OUTPUT_LEN
                         "stop_words": "STOP_WORDS_DICT", "end_id": "END_ID", "pad_id": "PAD_ID"}
 PREPROCESSING_OUTPUTS = ("INPUT_ID", "REQUEST_INPUT_LEN", "REQUEST_OUTPUT_LEN", "BAD_WORDS_IDS", "STOP_WORDS_IDS",
                          "OUT_END_ID", "OUT_PAD_ID")
+#: ``tensorrt_llm`` inputs whose errors a client of this model could not act on by their name: the name of the input
+#: the client sent instead (:func:`_client_names`).
+CLIENT_NAMES = {
+    **{llm: ours for ours, llm in LLM_INPUTS.items() if llm != ours and llm != "streaming"},
+    "bad_words_list": "bad_words", "stop_words_list": "stop_words", "request_output_len": "max_tokens",
+}
+_CLIENT_NAME_PATTERN = re.compile(r"\b(" + "|".join(sorted(CLIENT_NAMES, key=len, reverse=True)) + r")\b")
 REPLACEMENT_CHAR = "\ufffd"
 _ids = itertools.count(1)
 
@@ -145,6 +157,17 @@ class IncrementalText:
         text = self._decode(self._ids[self._prefix:])
         self._prefix = self._read = len(self._ids)
         return text[len(before):]
+
+
+def _client_names(message: str) -> str:
+    """``tensorrt_llm``'s error ``message`` with the inputs it names under ``tensorrt_llm``'s names (e.g. the PyTorch
+    backend's "bad_words_list cannot be applied here: leave it out") named as this model's client sent them too:
+    "... (tensorrt_llm's bad_words_list is this request's bad_words)". The message is kept as the engine wrote it."""
+    named = dict.fromkeys(_CLIENT_NAME_PATTERN.findall(message))
+    if not named:
+        return message
+    notes = (f"tensorrt_llm's {llm} is this request's {CLIENT_NAMES[llm]}" for llm in named)
+    return f"{message} ({'; '.join(notes)})"
 
 
 def _bool_param(params, name, default):
@@ -254,7 +277,7 @@ class TritonPythonModel:
                 await self._stop(request_id)
                 return
             if response.has_error():
-                raise ValueError(response.error().message())
+                raise ValueError(_client_names(response.error().message()))
             ids_tensor = pb_utils.get_output_tensor_by_name(response, "output_ids")
             if ids_tensor is None:  # the empty final response
                 continue
