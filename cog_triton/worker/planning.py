@@ -67,8 +67,8 @@ class ServingPlan:
         render: the model repository's values (``llm_args`` for the PyTorch backend).
         launch: how Triton is started (ports, world size, mpirun).
         stream_processes: the stream processes beside the Cog worker.
-        interval_s / interval_max_s / interval_streams: the stream interval, its longest under load (seconds) and
-            the running predictions the first serves (:class:`cog_triton.streaming.coalesce.StreamLoad`).
+        interval_ms / interval_max_ms / interval_streams: the stream interval, its longest under load
+            (milliseconds) and the running predictions the first serves (:class:`cog_triton.streaming.coalesce.StreamLoad`).
         adapter_limits: the LoRA adapter cache and its download bounds (None: adapters are refused).
         warnings: what setup warns about (logged at WARNING).
         images_off: why predictions may carry no images (None: they may; :func:`images_off_reason`).
@@ -81,8 +81,8 @@ class ServingPlan:
     render: RenderOptions
     launch: LaunchConfig
     stream_processes: int
-    interval_s: float
-    interval_max_s: float
+    interval_ms: int
+    interval_max_ms: int
     interval_streams: int
     adapter_limits: Optional[StoreLimits]
     warnings: tuple[str, ...] = ()
@@ -119,7 +119,7 @@ class ServingPlan:
                      "; the LLM is never recycled for LoRA adapters (COG_TRITON_LLM_MAX_ADAPTERS_PER_LLM=0): "
                      "TensorRT-LLM 1.2.1 keeps every distinct adapter's GPU tensors for the LLM's life")
         return (f"plan: {served}{held}; {ranks}; {self.stream_processes} stream process(es), stream interval "
-                f"{self.interval_s * 1e3:g} ms (up to {self.interval_max_s * 1e3:g} ms beyond {self.interval_streams} "
+                f"{self.interval_ms:g} ms (up to {self.interval_max_ms:g} ms beyond {self.interval_streams} "
                 f"running predictions); LoRA adapters {'on' if self.adapter_limits else 'off'}; images "
                 f"{'on' if self.images_off is None else 'off'}")
 
@@ -264,8 +264,8 @@ def plan_serving(settings: Settings, info: WeightsInfo, manifest: Optional[Manif
         render=render_options(settings, pytorch.args if pytorch else None, images=images_off is None),
         launch=launch,
         stream_processes=settings.stream.process_count(),
-        interval_s=settings.stream.interval_ms / 1e3,
-        interval_max_s=settings.stream.interval_max_ms / 1e3,
+        interval_ms=settings.stream.interval_ms,
+        interval_max_ms=settings.stream.interval_max_ms,
         interval_streams=settings.stream.interval_streams,
         adapter_limits=adapter_limits(settings),
         warnings=tuple(warnings),

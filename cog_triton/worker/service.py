@@ -208,8 +208,7 @@ class LLMService:
             adapter_limits=plan.adapter_limits,
             backend="pytorch" if plan.backend == "pytorch" else "engine",
             sampler=plan.sampler,
-            model_interval_ms=(round(plan.interval_s * 1e3) if takes_stream_interval(rendered["tensorrt_llm"])
-                               else None),
+            sends_stream_interval=takes_stream_interval(rendered["tensorrt_llm"]),
             images_off=plan.images_off,
             image_limits=ImageLimits.from_settings(settings),
         )
@@ -217,12 +216,12 @@ class LLMService:
         self.pool = StreamPool(
             self.generator_config,
             plan.stream_processes,
-            interval_s=plan.interval_s,
+            interval_ms=plan.interval_ms,
             start_timeout_s=settings.triton.startup_timeout_s,
             on_transport_error=self._died_or,
             metrics=self.metrics,
             timing=settings.metrics.timing,
-            interval_max_s=plan.interval_max_s,
+            interval_max_ms=plan.interval_max_ms,
             interval_streams=plan.interval_streams,
         )
         self.pool.launch()
@@ -241,7 +240,7 @@ class LLMService:
         self.pool.wait_ready()
         log.info(
             "streaming: %d stream process(es), stream interval %g ms (COG_TRITON_STREAM_PROCESSES, "
-            "COG_TRITON_STREAM_INTERVAL_MS)", plan.stream_processes, plan.interval_s * 1e3,
+            "COG_TRITON_STREAM_INTERVAL_MS)", plan.stream_processes, plan.interval_ms,
         )
 
     def _verify(self, root: Path, reused: bool = False) -> Optional[Manifest]:
