@@ -2,8 +2,8 @@
 (:func:`cog_triton.worker.planning.plan_serving`, which reads nothing itself).
 
 What is read: the visible GPUs (``nvidia-smi``), the weights' manifest.json (verified: files hashed, TensorRT-LLM
-version, GPU count and compute capability), the weights' own description (:func:`tensorrtllm_backend.engine.inspect_weights`),
-the CPUs this process may run on (its affinity) and whether the xgrammar package is installed.
+version, GPU count and compute capability), the weights' own description
+(:func:`tensorrtllm_backend.engine.inspect_weights`), the CPUs this process may run on (its affinity) and whether the xgrammar package is installed.
 """
 
 from __future__ import annotations

@@ -72,7 +72,8 @@ class ServingPlan:
         launch: how Triton is started (ports, world size, mpirun).
         stream_processes: the stream processes beside the Cog worker.
         interval_ms / interval_max_ms / interval_streams: the stream interval, its longest under load
-            (milliseconds) and the running predictions the first serves (:class:`cog_triton.streaming.coalesce.StreamLoad`).
+            (milliseconds) and the running predictions the first serves
+            (:class:`cog_triton.streaming.coalesce.StreamLoad`).
         adapter_limits: the LoRA adapter cache and its download bounds (None: adapters are refused).
         warnings: what setup warns about (logged at WARNING).
         images_off: why predictions may carry no images (None: they may; :func:`images_off_reason`).
