@@ -256,12 +256,13 @@ class Config(NamedTuple):
     """What the stream process builds its :class:`cog_triton.streaming.generation.Generator` from; the first command."""
 
     generator: "GeneratorConfig"
-    stream_interval_s: float
+    #: The stream interval, milliseconds (COG_TRITON_STREAM_INTERVAL_MS).
+    stream_interval_ms: int
     #: Report when each phase of a prediction's start happened (:class:`Timings`; COG_TRITON_TIMING_METRICS).
     timing: bool = False
-    #: The stream interval under load (:class:`cog_triton.streaming.coalesce.StreamLoad`): its longest, seconds, and the
-    #: running streams of this process the base interval serves (0: it never grows).
-    stream_interval_max_s: float = 0.0
+    #: The stream interval under load (:class:`cog_triton.streaming.coalesce.StreamLoad`): its longest, milliseconds,
+    #: and the running streams of this process the base interval serves (0: it never grows).
+    stream_interval_max_ms: int = 0
     stream_interval_streams: float = 0.0
 
 

@@ -108,10 +108,10 @@ class GeneratorConfig:
             tensors) or "pytorch" (the PyTorch backend over the LLM API: LoRA adapters go as folders).
         sampler: the PyTorch backend's sampler (:mod:`tensorrtllm_backend.samplers`), None for the engine: a seed is
             sent only where it does something (:func:`tensorrtllm_backend.samplers.takes_seed`).
-        model_interval_ms: sent as each request's ``stream_interval_ms`` when the ``tensorrt_llm`` model takes it
-            (the PyTorch-backend model: its responses joined per interval, the first at once, so that one LLM
-            instance's responses to Triton keep up with a GPU; the stream interval of the text, milliseconds);
-            None: not sent.
+        sends_stream_interval: the ``tensorrt_llm`` model takes ``stream_interval_ms`` (the PyTorch-backend model: its
+            responses joined per interval, the first at once, so that one LLM instance's responses to Triton keep up
+            with a GPU): each request carries the stream interval due when it starts
+            (:attr:`cog_triton.streaming.coalesce.StreamLoad.ms`, milliseconds); False: not sent.
         images_off: why predictions may carry no images (:func:`cog_triton.worker.planning.images_off_reason`);
             None: they may (the PyTorch-backend model takes them, sent to it directly).
         image_limits: what a prediction's images may be.
@@ -129,7 +129,7 @@ class GeneratorConfig:
     adapter_limits: Optional[StoreLimits] = None
     backend: Literal["engine", "pytorch"] = "engine"
     sampler: Optional[str] = None
-    model_interval_ms: Optional[int] = None
+    sends_stream_interval: bool = False
     images_off: Optional[str] = "images are not served"
     image_limits: ImageLimits = ImageLimits()
 

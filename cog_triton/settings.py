@@ -625,8 +625,8 @@ class StreamSettings(Group):
             )
         return value
 
-    def process_count(self) -> int:
-        """``processes``, or by default one per 5 CPUs this process may run on, 1 to 8.
+    def process_count(self, cpus: Optional[int] = None) -> int:
+        """``processes``, or by default one per 5 CPUs this process may run on (``cpus``, else its affinity), 1 to 8.
 
         Fewer, busier processes cost less CPU per token than many idle ones: each gRPC response wakes a
         process's poller thread and event loop, and a busy process handles several per wake-up (16-core
@@ -634,6 +634,8 @@ class StreamSettings(Group):
         """
         if self.processes is not None:
             return self.processes
+        if cpus is not None:
+            return max(1, min(8, cpus // 5))
         try:
             cpus = len(os.sched_getaffinity(0))
         except AttributeError:  # not Linux

@@ -56,7 +56,7 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
 def test_the_first_text_leaves_at_once_then_at_most_one_chunk_per_interval(clock: Clock) -> None:
     out: list[tuple[float, str]] = []
     loop = FakeLoop()
-    flusher = IntervalFlusher(0.05, lambda text: out.append((clock.now, text)), loop)  # type: ignore[arg-type]
+    flusher = IntervalFlusher(50, lambda text: out.append((clock.now, text)), loop)  # type: ignore[arg-type]
     flusher.push("A")
     assert out == [(1000.0, "A")] and loop.timers == []  # at once, no timer
     for i, text in enumerate(["b", "c", "d"]):
@@ -81,7 +81,7 @@ def test_the_first_text_leaves_at_once_then_at_most_one_chunk_per_interval(clock
 def test_close_sends_what_is_held_and_nothing_is_lost(clock: Clock) -> None:
     out: list[str] = []
     loop = FakeLoop()
-    flusher = IntervalFlusher(0.05, out.append, loop)  # type: ignore[arg-type]
+    flusher = IntervalFlusher(50, out.append, loop)  # type: ignore[arg-type]
     deltas = ["Hel", "lo", "", " wor", "ld", "!"]
     for delta in deltas:
         flusher.push(delta)
@@ -96,21 +96,21 @@ def test_close_sends_what_is_held_and_nothing_is_lost(clock: Clock) -> None:
 def test_interval_zero_sends_every_delta(clock: Clock) -> None:
     out: list[str] = []
     loop = FakeLoop()
-    flusher = IntervalFlusher(0.0, out.append, loop)  # type: ignore[arg-type]
+    flusher = IntervalFlusher(0, out.append, loop)  # type: ignore[arg-type]
     for delta in ["a", "b", "c"]:
         flusher.push(delta)
     assert out == ["a", "b", "c"] and loop.timers == []
 
 
 def test_a_negative_interval_is_refused() -> None:
-    with pytest.raises(ValueError, match="interval_s must be >= 0"):
-        IntervalFlusher(-0.001, print)
+    with pytest.raises(ValueError, match="interval_ms must be >= 0"):
+        IntervalFlusher(-1, print)
 
 
 def test_on_a_real_loop_the_timer_sends_held_text() -> None:
     async def main() -> list[str]:
         out: list[str] = []
-        flusher = IntervalFlusher(0.05, out.append)
+        flusher = IntervalFlusher(50, out.append)
         flusher.push("a")
         flusher.push("b")  # held
         assert out == ["a"]
@@ -124,36 +124,37 @@ def test_on_a_real_loop_the_timer_sends_held_text() -> None:
 
 
 def test_the_interval_grows_with_the_streams_beyond_those_the_base_serves_up_to_the_longest() -> None:
-    load = coalesce.StreamLoad(0.05, 0.2, 64)
+    load = coalesce.StreamLoad(50, 200, 64)
     seen = []
     for _ in range(300):
         load.started()
-        seen.append((load.running, load.seconds))
-    values = dict(seen)
-    assert values[1] == values[64] == 0.05 and values[128] == pytest.approx(0.1) and values[256] == pytest.approx(0.2)
-    assert values[300] == 0.2  # capped at the longest
+        seen.append((load.running, load.ms, load.seconds))
+    values = {running: ms for running, ms, _ in seen}
+    assert values[1] == values[64] == 50 and values[128] == 100 and values[256] == 200
+    assert values[300] == 200  # capped at the longest
+    assert all(seconds == ms / 1e3 for _, ms, seconds in seen)  # the clock's seconds follow the milliseconds
     for _ in range(200):
         load.ended()
-    assert load.running == 100 and load.seconds == pytest.approx(0.05 * 100 / 64)
+    assert load.running == 100 and load.ms == round(50 * 100 / 64) == 78 and load.seconds == 0.078
     for _ in range(500):  # more ends than starts never go below none running
         load.ended()
-    assert (load.running, load.seconds) == (0, 0.05)
-    fixed = coalesce.StreamLoad(0.05, 0.2, 0)  # 0 streams: never grows
+    assert (load.running, load.ms, load.seconds) == (0, 50, 0.05)
+    fixed = coalesce.StreamLoad(50, 200, 0)  # 0 streams: never grows
     for _ in range(1000):
         fixed.started()
-    assert fixed.seconds == 0.05 and coalesce.StreamLoad(0.05, 0.01, 4).max_s == 0.05  # max below base: base
+    assert fixed.ms == 50 and coalesce.StreamLoad(50, 10, 4).max_ms == 50  # max below base: base
 
 
 def test_a_flusher_on_a_load_spaces_its_chunks_by_the_interval_now(clock: Clock) -> None:
     loop = FakeLoop()
-    load = coalesce.StreamLoad(0.05, 0.2, 2)
+    load = coalesce.StreamLoad(50, 200, 2)
     chunks: list[tuple[float, str]] = []
     flusher = IntervalFlusher(load, lambda text: chunks.append((clock.now, text)), loop)  # type: ignore[arg-type]
-    assert flusher.interval_s == 0.05
+    assert flusher.interval_ms == 50
     flusher.push("a")  # the first at once
     for _ in range(8):  # 8 streams over the 2 the base serves: 4 x 50 ms, capped at 200 ms
         load.started()
-    assert flusher.interval_s == 0.2
+    assert flusher.interval_ms == 200
     clock.now += 0.06
     flusher.push("b")  # the 50 ms due when "a" left have passed: goes, and the next waits 200 ms
     clock.now += 0.1

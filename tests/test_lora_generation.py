@@ -65,7 +65,7 @@ def adapter_url(tmp_path_factory) -> Iterator[str]:
 def _pool(triton: Running, work: Path, lora, metrics: Optional[ServiceMetrics] = None) -> StreamPool:  # noqa: F811
     config = GeneratorConfig(tokenizer_dir=CHECKPOINT, limits=LIMITS, grpc_address=triton.address,
                              token_timeout_s=5.0, lora=lora, adapter_limits=StoreLimits(root=work, retries=0, rules=FetchRules.open()))  # 127.0.0.1
-    pool = StreamPool(config, 1, interval_s=0.0, start_timeout_s=120, metrics=metrics)
+    pool = StreamPool(config, 1, interval_ms=0, start_timeout_s=120, metrics=metrics)
     pool.launch()
     pool.wait_ready()
     return pool
@@ -320,7 +320,7 @@ def pytorch_pool(triton: Running, tmp_path_factory) -> Iterator[StreamPool]:  # 
                              lora=info.lora, adapter_limits=StoreLimits(root=tmp_path_factory.mktemp("pt_cache"),
                                                                         retries=0, rules=FetchRules.open()),
                              backend="pytorch")
-    pool = StreamPool(config, 1, interval_s=0.0, start_timeout_s=120)
+    pool = StreamPool(config, 1, interval_ms=0, start_timeout_s=120)
     pool.launch()
     pool.wait_ready()
     yield pool

@@ -465,7 +465,7 @@ def test_setup_sequence_full_check_after_a_fetch_then_trusted_reuse(
 
 @pytest.mark.parametrize("mode", ["fast", "full"])
 def test_setup_trusts_the_record_only_for_reused_weights_in_fast_mode(tmp_path: Path, mode: str) -> None:
-    from cog_triton.worker.service import LLMService
+    from cog_triton.worker.facts import verify as verify_in
     from cog_triton.settings import Settings
 
     root = tmp_path / "ckpt"  # a reference-backend checkpoint: no GPU needed to verify it
@@ -473,16 +473,20 @@ def test_setup_trusts_the_record_only_for_reused_weights_in_fast_mode(tmp_path: 
     (root / "config.json").write_text("{}")
     (root / "model.safetensors").write_bytes(b"weights " * 1000)
     write_manifest(root, name="tiny", backend="reference", build_config={})
-    service = LLMService(Settings(verify_weights=mode))
-    assert service._verify(root) is not None  # just fetched: full check, writes the record
+    settings = Settings(verify_weights=mode)
+
+    def verify(root: Path, reused: bool = False):
+        return verify_in(root, [], settings, reused)
+
+    assert verify(root) is not None  # just fetched: full check, writes the record
     _flip_byte_keep_mtime(root / "model.safetensors")
     if mode == "fast":
-        assert service._verify(root, reused=True) is not None  # unchanged size and mtime: trusted
+        assert verify(root, reused=True) is not None  # unchanged size and mtime: trusted
     else:
         with pytest.raises(ManifestError, match="model.safetensors has sha256"):
-            service._verify(root, reused=True)
+            verify(root, reused=True)
     with pytest.raises(ManifestError, match="model.safetensors has sha256"):
-        service._verify(root, reused=False)  # a fresh fetch is always hashed in full
+        verify(root, reused=False)  # a fresh fetch is always hashed in full
 
 
 def test_an_ngc_build_suffix_is_the_same_release(tmp_path: Path) -> None:

@@ -80,13 +80,15 @@ def test_no_seed_is_sent_to_a_sampler_that_takes_none(checkpoint_dir: Path, hf_t
 
 
 def test_the_model_interval_goes_only_to_a_model_that_takes_it(checkpoint_dir: Path, hf_tokenizer) -> None:
-    """The PyTorch-backend model's stream_interval_ms (INT32 [1, 1]) is sent when setup found the model takes it."""
-    for interval in (50, None):
+    """The PyTorch-backend model's stream_interval_ms (INT32 [1, 1]) is sent when setup found the model takes it: the
+    value given with the request (the interval due when it starts), none for a model that does not take it."""
+    for sends in (True, False):
         config = GeneratorConfig(tokenizer_dir=checkpoint_dir, limits=LIMITS, grpc_address="127.0.0.1:9",
-                                 model_interval_ms=interval)
-        grpc = build_generator(config, tokenizer=hf_tokenizer).prepare(validate_inputs(prompt="Hi"), "i")\
+                                 sends_stream_interval=sends)
+        grpc = build_generator(config, tokenizer=hf_tokenizer).prepare(validate_inputs(prompt="Hi"), "i",
+                                                                       stream_interval_ms=50)\
             .request.to_grpc("ensemble_ids")
-        if interval is None:
+        if not sends:
             assert "stream_interval_ms" not in [t.name for t in grpc.inputs]
         else:
             tensor, raw = _tensor(grpc, "stream_interval_ms")

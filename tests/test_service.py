@@ -99,7 +99,7 @@ def service_for(triton: Running, pools: dict[GeneratorConfig, StreamPool]  # noq
                                     token_timeout_s=token_timeout_s, **config)
         pool = pools.get(generator)
         if pool is None:
-            pool = pools[generator] = StreamPool(generator, 1, interval_s=service.settings.stream.interval_ms / 1e3,
+            pool = pools[generator] = StreamPool(generator, 1, interval_ms=service.settings.stream.interval_ms,
                                                  start_timeout_s=120)
             pool.launch()
             pool.wait_ready()

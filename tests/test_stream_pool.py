@@ -33,7 +33,7 @@ from tests.test_client import FakeTriton, Running, State, error, response
 
 CHECKPOINT = Path(__file__).resolve().parents[1] / "build" / "default_model" / "checkpoint"
 LIMITS = ModelLimits(max_batch_size=8, max_input_len=64, max_seq_len=1024)
-INTERVAL_S = 0.1
+INTERVAL_MS = 100
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +97,7 @@ def pool(triton: Running) -> Iterator[tuple[StreamPool, Watcher, list[BaseExcept
         return TritonDiedError(f"decided by the service: {exc.message}")
 
     watcher = Watcher()
-    pool = StreamPool(config, 2, interval_s=INTERVAL_S, start_timeout_s=120, on_transport_error=on_transport_error,
+    pool = StreamPool(config, 2, interval_ms=INTERVAL_MS, start_timeout_s=120, on_transport_error=on_transport_error,
                       register=watcher.register, unregister=watcher.unregister, metrics=ServiceMetrics())
     pool.launch()
     pool.wait_ready()
@@ -559,7 +559,7 @@ def test_while_no_stream_process_runs_a_prediction_is_queued(pool, triton: Runni
 
 def test_a_stream_process_that_cannot_start_fails_start_with_its_error(tmp_path: Path, triton: Running) -> None:
     config = GeneratorConfig(tokenizer_dir=tmp_path / "no-tokenizer", limits=LIMITS, grpc_address=triton.address)
-    pool = StreamPool(config, 1, interval_s=0.05, start_timeout_s=120)
+    pool = StreamPool(config, 1, interval_ms=50, start_timeout_s=120)
     with pytest.raises(ConfigError) as caught:
         pool.launch()
         pool.wait_ready()
@@ -575,7 +575,7 @@ def test_the_timing_metric_has_every_step_of_the_start_in_order(pool, triton: Ru
     from cog_triton.worker.timing import TIMING_METRIC, TIMING_STEPS
 
     config = GeneratorConfig(tokenizer_dir=CHECKPOINT, limits=LIMITS, grpc_address=triton.address, token_timeout_s=5)
-    timed = StreamPool(config, 1, interval_s=INTERVAL_S, start_timeout_s=120, timing=True)
+    timed = StreamPool(config, 1, interval_ms=INTERVAL_MS, start_timeout_s=120, timing=True)
     timed.launch()
     timed.wait_ready()
     process = timed.processes[0]

@@ -96,7 +96,7 @@ class Predictor(BasePredictor):
         fields = StreamSettings.model_fields  # a field's variable: COG_TRITON_ + its alias (stream_interval_ms)
         value = lambda name: float(os.environ.get(f"COG_TRITON_{fields[name].validation_alias.upper()}",  # noqa: E731
                                                   fields[name].default))
-        self.load = StreamLoad(value("interval_ms") / 1e3, value("interval_max_ms") / 1e3, value("interval_streams"))
+        self.load = StreamLoad(int(value("interval_ms")), int(value("interval_max_ms")), value("interval_streams"))
         self.clock: Optional[_Clock] = None
 
     @cog.streaming

@@ -28,27 +28,37 @@ from typing import Callable, Optional, Union
 class StreamLoad:
     """The running streams of a process and the stream interval their number calls for (see the module docstring).
 
+    The interval is carried in milliseconds from the setting to each request's ``stream_interval_ms``; ``seconds``
+    is the same interval on the loop's clock, computed when the load changes (per stream's start and end), never
+    per chunk.
+
     Args:
-        base_s: the interval up to ``streams`` running streams, seconds (0: every delta at once, whatever the load).
-        max_s: the longest interval, seconds (``base_s`` or less: the interval never grows).
-        streams: the streams ``base_s`` serves; 0 turns growth off. A process that runs a share of the streams
+        base_ms: the interval up to ``streams`` running streams, milliseconds (0: every delta at once, whatever the
+            load).
+        max_ms: the longest interval, milliseconds (``base_ms`` or less: the interval never grows).
+        streams: the streams ``base_ms`` serves; 0 turns growth off. A process that runs a share of the streams
             (one of several stream processes) passes its share.
 
     Attributes:
         running: streams running now (:meth:`started` / :meth:`ended`, one thread or loop).
-        seconds: the interval now, seconds, read by each :class:`IntervalFlusher` when it emits.
+        ms: the interval now, whole milliseconds, sent as a request's ``stream_interval_ms`` where the model takes it.
+        seconds: ``ms`` on the loop's clock (seconds), read by each :class:`IntervalFlusher` when it emits.
+
+    Raises:
+        ValueError: ``base_ms`` or ``streams`` is negative.
     """
 
-    __slots__ = ("base_s", "max_s", "streams", "running", "seconds")
+    __slots__ = ("base_ms", "max_ms", "streams", "running", "ms", "seconds")
 
-    def __init__(self, base_s: float, max_s: float = 0.0, streams: float = 0.0) -> None:
-        if base_s < 0 or streams < 0:
-            raise ValueError(f"base_s and streams must be >= 0, got {base_s}, {streams}")
-        self.base_s = base_s
-        self.max_s = max(max_s, base_s)
+    def __init__(self, base_ms: int, max_ms: int = 0, streams: float = 0.0) -> None:
+        if base_ms < 0 or streams < 0:
+            raise ValueError(f"base_ms and streams must be >= 0, got {base_ms}, {streams}")
+        self.base_ms = base_ms
+        self.max_ms = max(max_ms, base_ms)
         self.streams = streams
         self.running = 0
-        self.seconds = base_s
+        self.ms = base_ms
+        self.seconds = base_ms / 1e3
 
     def started(self) -> None:
         self.running += 1
@@ -60,33 +70,37 @@ class StreamLoad:
 
     def _update(self) -> None:
         if self.streams > 0 and self.running > self.streams:
-            self.seconds = min(self.max_s, self.base_s * self.running / self.streams)
+            self.ms = min(self.max_ms, round(self.base_ms * self.running / self.streams))
         else:
-            self.seconds = self.base_s
+            self.ms = self.base_ms
+        self.seconds = self.ms / 1e3
 
 
 class IntervalFlusher:
-    """Joins one stream's text deltas and hands them to ``emit`` at most every ``interval_s`` seconds.
+    """Joins one stream's text deltas and hands them to ``emit`` at most every ``interval_ms`` milliseconds.
 
     Runs on an asyncio loop (a timer sends text that is held when no more deltas come). Cost per
     delta: a clock read and a list append; per chunk: one ``emit`` call and at most one timer.
 
     Args:
-        interval_s: the stream interval, seconds (0 emits every delta at once), or a :class:`StreamLoad` whose
-            ``seconds`` is read at each emit (the interval then follows the load).
+        interval_ms: the stream interval, milliseconds (0 emits every delta at once), or a :class:`StreamLoad` whose
+            interval is read at each emit (the interval then follows the load).
         emit: called with each chunk of text (never empty), in order.
         loop: the loop the stream runs on (default: the running loop).
+
+    Raises:
+        ValueError: a negative ``interval_ms``.
     """
 
     __slots__ = ("_load", "_emit", "_loop", "_held", "_next_at", "_timer", "chunks")
 
-    def __init__(self, interval_s: Union[float, StreamLoad], emit: Callable[[str], None],
+    def __init__(self, interval_ms: Union[int, StreamLoad], emit: Callable[[str], None],
                  loop: Optional[asyncio.AbstractEventLoop] = None) -> None:
-        if not isinstance(interval_s, StreamLoad):
-            if interval_s < 0:
-                raise ValueError(f"interval_s must be >= 0, got {interval_s}")
-            interval_s = StreamLoad(float(interval_s))
-        self._load = interval_s
+        if not isinstance(interval_ms, StreamLoad):
+            if interval_ms < 0:
+                raise ValueError(f"interval_ms must be >= 0, got {interval_ms}")
+            interval_ms = StreamLoad(interval_ms)
+        self._load = interval_ms
         self._emit = emit
         self._loop = loop
         self._held: list[str] = []
@@ -95,9 +109,9 @@ class IntervalFlusher:
         self.chunks = 0  # chunks emitted
 
     @property
-    def interval_s(self) -> float:
-        """The interval now, seconds."""
-        return self._load.seconds
+    def interval_ms(self) -> int:
+        """The interval now, milliseconds."""
+        return self._load.ms
 
     def push(self, text: str) -> None:
         """Add a delta: emit it (with anything held) if the interval has passed, else hold it."""

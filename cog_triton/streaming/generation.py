@@ -165,7 +165,7 @@ def build_generator(config: GeneratorConfig, tokenizer: Any = None) -> "Generato
                   if config.lora and config.adapter_limits else None),
         lora_off_reason=config.lora.off_reason if config.lora else "no LoRA support was configured",
         send_seed=takes_seed(config.sampler),
-        model_interval_ms=config.model_interval_ms,
+        sends_stream_interval=config.sends_stream_interval,
         template=template,
         images=ImageRequests.of(config, tokenizer, prompts),
     )
@@ -185,7 +185,8 @@ class Generator:
         adapters: resolves LoRA adapters (None: requests with lora_weights are refused, ``lora_off_reason``).
         send_seed: send each request's seed (False: the engine's sampler takes none, so none is sent; the worker
             refused a prediction whose given seed would have mattered).
-        model_interval_ms: each request's ``stream_interval_ms`` (None: not sent; :class:`GeneratorConfig`).
+        sends_stream_interval: each request carries the ``stream_interval_ms`` :meth:`prepare` is given (False: none is
+            sent; :class:`cog_triton.plan.GeneratorConfig`).
         template: what the tokenizer's chat template says about reasoning
             (:func:`cog_triton.streaming.template_info.inspect_chat_template`); None: a model that does not think.
         images: prepares predictions with images (:mod:`cog_triton.streaming.image_requests`); None: refused.
@@ -204,7 +205,7 @@ class Generator:
         adapters: Optional[Adapters] = None,
         lora_off_reason: str = "",
         send_seed: bool = True,
-        model_interval_ms: Optional[int] = None,
+        sends_stream_interval: bool = False,
         template: Optional[TemplateInfo] = None,
         images: Optional[ImageRequests] = None,
     ) -> None:
@@ -218,7 +219,7 @@ class Generator:
         self.adapters = adapters
         self.lora_off_reason = lora_off_reason
         self.send_seed = send_seed
-        self.model_interval_ms = model_interval_ms
+        self.sends_stream_interval = sends_stream_interval
         self.template = template if template is not None else TemplateInfo()
         self.starts = PromptStarts(tokenizer, prompts, self.template.thinking)
         self.images = images if images is not None else ImageRequests(tokenizer, None)
@@ -254,8 +255,11 @@ class Generator:
             self.adapters.held.clear()
 
     def prepare(self, inputs: PredictInputs, request_id: str, adapter: Optional[Adapter] = None,
-                images: Optional[PredictionImages] = None) -> Prepared:
+                images: Optional[PredictionImages] = None, stream_interval_ms: Optional[int] = None) -> Prepared:
         """Render and tokenize the prompt (once; :mod:`cog_triton.streaming.prompt`) and build the request.
+
+        ``stream_interval_ms``: the request's stream interval, milliseconds (the one due when it starts,
+        :attr:`cog_triton.streaming.coalesce.StreamLoad.ms`), sent when the model takes it (``sends_stream_interval``).
 
         With ``inputs.lora``, ``adapter`` is its resolved adapter (resolved here when not given): the request
         carries its ``lora_task_id``, and its tensors unless this process has had the task served already. With
@@ -328,7 +332,7 @@ class Generator:
             frequency_penalty=inputs.frequency_penalty,
             length_penalty=inputs.length_penalty,
             seed=inputs.seed if self.send_seed else None,
-            stream_interval_ms=self.model_interval_ms,
+            stream_interval_ms=stream_interval_ms if self.sends_stream_interval else None,
             request_id=request_id,
             **extra,
             **guided,

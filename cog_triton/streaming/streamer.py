@@ -81,8 +81,7 @@ class PredictionRunner:
         self.sock = sock
         self.name = name
         self.generator: Optional[Generator] = None
-        self.interval_s = 0.0
-        self.load = StreamLoad(0.0)  # this process's streams and the interval they call for (ipc.Config)
+        self.load = StreamLoad(0)  # this process's streams and the interval they call for (ipc.Config)
         self.timing = False  # ipc.Config.timing: send each prediction's Timings
         self._requests: dict[int, RequestState] = {}  # by sid, from its Start until its task ends
         self._texts: list[tuple[int, str]] = []  # the next frame's text chunks
@@ -145,8 +144,7 @@ class PredictionRunner:
         started = time.monotonic()
         generator_config: GeneratorConfig = config.generator
         self._adapter_threads(generator_config)
-        self.interval_s = float(config.stream_interval_s)
-        self.load = StreamLoad(self.interval_s, float(config.stream_interval_max_s),
+        self.load = StreamLoad(config.stream_interval_ms, config.stream_interval_max_ms,
                                float(config.stream_interval_streams))
         self.timing = bool(config.timing)
         try:
@@ -238,18 +236,18 @@ class PredictionRunner:
             adapter = None
             if inputs.lora is not None:
                 adapter = await loop.run_in_executor(self._adapter_pool, generator.resolve_adapter, inputs.lora)
-            if generator.model_interval_ms is not None:  # the model joins responses over the interval now due
-                generator.model_interval_ms = round(self.load.seconds * 1e3)
+            interval_ms = self.load.ms  # the model joins this request's responses over the interval now due
             if inputs.image_count:  # read, fetched and decoded on a thread of their own, then prepared as usual
                 images = await loop.run_in_executor(self._image_pool, generator.images.load, inputs)
                 prepared = await loop.run_in_executor(
-                    self._prepare_pool, generator.prepare, inputs, request_id, adapter, images
+                    self._prepare_pool, generator.prepare, inputs, request_id, adapter, images, interval_ms
                 )
             elif _inline(inputs):
-                prepared = generator.prepare(inputs, request_id, adapter)  # the adapter resolved above, once
+                # the adapter resolved above, once
+                prepared = generator.prepare(inputs, request_id, adapter, None, interval_ms)
             else:
                 prepared = await loop.run_in_executor(
-                    self._prepare_pool, generator.prepare, inputs, request_id, adapter
+                    self._prepare_pool, generator.prepare, inputs, request_id, adapter, None, interval_ms
                 )
         except asyncio.CancelledError:
             return

@@ -1,33 +1,37 @@
-"""setup()'s decisions, made before anything starts: :func:`plan_serving` turns the settings, the weights' info, their
-manifest and the visible GPUs into one :class:`ServingPlan` (which backend serves the weights and with which
-arguments, the limits requests are held to, the model repository's values, how Triton is launched, how many stream
-processes run and how they stream). Pure: it reads no file, starts nothing and logs nothing; the service logs
-:meth:`ServingPlan.describe` (every decision on one line) and launches what the plan says
-(:meth:`cog_triton.worker.service.LLMService.setup`).
+"""setup()'s decisions, made before anything starts: :func:`plan_serving` turns what setup found
+(:class:`cog_triton.worker.facts.Facts`: the weights' info, their manifest, the visible GPUs, the CPUs, the libraries
+installed) and the settings into one :class:`ServingPlan` (which backend serves the weights and with which arguments,
+the limits requests are held to, the model repository's values, how Triton is launched, how many stream processes run
+and how they stream, what the stream processes build their generator from). Pure but for one check: it starts nothing
+and logs nothing; the service logs :meth:`ServingPlan.describe` (every decision on one line) and
+:func:`cog_triton.worker.launch.launch` starts what the plan says. The one file it reads: a checkpoint bound for the
+PyTorch backend is checked for the files its architecture needs
+(:func:`tensorrtllm_backend.checkpoint.check_checkpoint_files`, inside ``plan_pytorch_serving``).
 
-Only the decisions that need the rendered model repository come after it: whether guided decoding is on (the
-rendered ``tensorrt_llm`` config says so) and whether the model takes ``stream_interval_ms``
-(:mod:`tensorrtllm_backend.templates`).
+Only the decisions that need the rendered model repository come after it, in the launch: whether guided decoding is on
+(the rendered ``tensorrt_llm`` config says so), whether the model takes ``stream_interval_ms``
+(:mod:`tensorrtllm_backend.templates`), and Triton's gRPC address.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 from dataclasses import dataclass
-from typing import Literal, Optional, Sequence
+from typing import TYPE_CHECKING, Literal, Optional
 
 from cog_triton.fetch.rules import FetchRules
-from cog_triton.plan import StoreLimits
+from cog_triton.plan import GeneratorConfig, ImageLimits, StoreLimits
 from cog_triton.settings import Settings
 from tensorrtllm_backend.checkpoint import FACTS_VERSION, IMAGE_ARCHITECTURES
 from tensorrtllm_backend.engine import ModelLimits, WeightsInfo
-from tensorrtllm_backend.gpus import GPU
 from tensorrtllm_backend.lora import DTYPE_BYTES
 from tensorrtllm_backend.llmapi_args import PyTorchServing, choose_checkpoint_backend, plan_pytorch_serving
 from tensorrtllm_backend.manifest import Manifest, base_model_of
 from tensorrtllm_backend.server import LaunchConfig
 from tensorrtllm_backend.templates import RenderOptions
+
+if TYPE_CHECKING:
+    from cog_triton.worker.facts import Facts
 
 Backend = Literal["engine", "reference", "pytorch"]
 
@@ -67,11 +71,15 @@ class ServingPlan:
         render: the model repository's values (``llm_args`` for the PyTorch backend).
         launch: how Triton is started (ports, world size, mpirun).
         stream_processes: the stream processes beside the Cog worker.
-        interval_s / interval_max_s / interval_streams: the stream interval, its longest under load (seconds) and
-            the running predictions the first serves (:class:`cog_triton.streaming.coalesce.StreamLoad`).
+        interval_ms / interval_max_ms / interval_streams: the stream interval, its longest under load
+            (milliseconds) and the running predictions the first serves
+            (:class:`cog_triton.streaming.coalesce.StreamLoad`).
         adapter_limits: the LoRA adapter cache and its download bounds (None: adapters are refused).
         warnings: what setup warns about (logged at WARNING).
         images_off: why predictions may carry no images (None: they may; :func:`images_off_reason`).
+        generator: what each stream process builds its generator from; the launch fills in what the rendered model
+            repository and the started Triton decide (``guided``, ``guided_off_reason``, ``sends_stream_interval``,
+            ``grpc_address``).
     """
 
     info: WeightsInfo
@@ -81,10 +89,11 @@ class ServingPlan:
     render: RenderOptions
     launch: LaunchConfig
     stream_processes: int
-    interval_s: float
-    interval_max_s: float
+    interval_ms: int
+    interval_max_ms: int
     interval_streams: int
     adapter_limits: Optional[StoreLimits]
+    generator: GeneratorConfig
     warnings: tuple[str, ...] = ()
     images_off: Optional[str] = None
 
@@ -119,7 +128,7 @@ class ServingPlan:
                      "; the LLM is never recycled for LoRA adapters (COG_TRITON_LLM_MAX_ADAPTERS_PER_LLM=0): "
                      "TensorRT-LLM 1.2.1 keeps every distinct adapter's GPU tensors for the LLM's life")
         return (f"plan: {served}{held}; {ranks}; {self.stream_processes} stream process(es), stream interval "
-                f"{self.interval_s * 1e3:g} ms (up to {self.interval_max_s * 1e3:g} ms beyond {self.interval_streams} "
+                f"{self.interval_ms:g} ms (up to {self.interval_max_ms:g} ms beyond {self.interval_streams} "
                 f"running predictions); LoRA adapters {'on' if self.adapter_limits else 'off'}; images "
                 f"{'on' if self.images_off is None else 'off'}")
 
@@ -166,9 +175,11 @@ def images_off_reason(settings: Settings, backend: Backend, info: WeightsInfo) -
     return None
 
 
-def render_options(settings: Settings, llm_args: Optional[dict] = None, images: bool = False) -> RenderOptions:
+def render_options(settings: Settings, llm_args: Optional[dict] = None, images: bool = False,
+                   xgrammar: bool = False) -> RenderOptions:
     """The model repository's values from the settings (``llm_args``: the PyTorch backend's LLM arguments; ``images``:
-    the PyTorch-backend model serves images)."""
+    the PyTorch-backend model serves images; ``xgrammar``: the xgrammar package is installed, so guided decoding is
+    rendered on)."""
     repo, kv, lora = settings.repository, settings.kv_cache, settings.lora_cache
     add_special_tokens = settings.tokenizer.add_special_tokens
     return RenderOptions(
@@ -190,7 +201,7 @@ def render_options(settings: Settings, llm_args: Optional[dict] = None, images: 
         add_special_tokens=add_special_tokens if add_special_tokens is not None else True,
         reference_torch_threads=settings.reference.torch_threads,
         tensorrt_llm_parameters=repo.tensorrt_llm_parameters,
-        guided_decoding=importlib.util.find_spec("xgrammar") is not None,
+        guided_decoding=xgrammar,
         lora_cache_optimal_adapter_size=lora.optimal_adapter_size,
         lora_cache_max_adapter_size=lora.max_adapter_size,
         lora_cache_gpu_memory_fraction=lora.gpu_memory_fraction,
@@ -204,21 +215,20 @@ def render_options(settings: Settings, llm_args: Optional[dict] = None, images: 
     )
 
 
-def plan_serving(settings: Settings, info: WeightsInfo, manifest: Optional[Manifest],
-                 gpus: Sequence[GPU]) -> ServingPlan:
-    """Decide how ``info``'s weights are served (see the module docstring).
+def plan_serving(facts: "Facts", settings: Settings) -> ServingPlan:
+    """Decide how the weights of ``facts`` are served (see the module docstring).
 
     Args:
+        facts: what setup found (:func:`cog_triton.worker.facts.gather_facts`): the weights as inspected, their
+            verified manifest or None, the GPUs visible, the CPUs, whether xgrammar is installed.
         settings: the service's settings.
-        info: the weights as inspected (:func:`tensorrtllm_backend.engine.inspect_weights`).
-        manifest: their verified manifest, or None.
-        gpus: the GPUs visible.
 
     Raises:
         ConfigError: a checkpoint's LLM API arguments are not valid, or COG_TRITON_CHECKPOINT_BACKEND=pytorch with no
             GPU (:func:`tensorrtllm_backend.llmapi_args.plan_pytorch_serving`, ``choose_checkpoint_backend``).
         IncompatibleWeightsError: the PyTorch backend cannot serve the checkpoint on these GPUs.
     """
+    info, manifest, gpus = facts.info, facts.manifest, facts.gpus
     base_model = base_model_of(manifest)
     if info.kind == "engine" and base_model:  # for the LoRA refusals' messages
         info = dataclasses.replace(info, lora=dataclasses.replace(info.lora, base_model=base_model))
@@ -256,18 +266,35 @@ def plan_serving(settings: Settings, info: WeightsInfo, manifest: Optional[Manif
         mpirun=settings.triton.mpirun,
     )
     images_off = images_off_reason(settings, backend, info)
+    limits_of_adapters = adapter_limits(settings)
+    generator = GeneratorConfig(
+        tokenizer_dir=info.tokenizer_dir,
+        limits=limits,
+        grpc_address="",  # Triton's, once its server is made (the launch)
+        token_timeout_s=settings.stream.request_timeout_s,
+        add_special_tokens=settings.tokenizer.add_special_tokens,
+        special_tokens_in_user_text=settings.tokenizer.special_tokens_in_user_text,
+        lora=info.lora,
+        adapter_limits=limits_of_adapters,
+        backend="pytorch" if backend == "pytorch" else "engine",
+        sampler=pytorch.sampler if pytorch is not None else None,
+        images_off=images_off,
+        image_limits=ImageLimits.from_settings(settings),
+    )
     return ServingPlan(
         info=info,
         backend=backend,
         pytorch=pytorch,
         limits=limits,
-        render=render_options(settings, pytorch.args if pytorch else None, images=images_off is None),
+        render=render_options(settings, pytorch.args if pytorch else None, images=images_off is None,
+                              xgrammar=facts.xgrammar),
         launch=launch,
-        stream_processes=settings.stream.process_count(),
-        interval_s=settings.stream.interval_ms / 1e3,
-        interval_max_s=settings.stream.interval_max_ms / 1e3,
+        stream_processes=settings.stream.process_count(facts.cpus),
+        interval_ms=settings.stream.interval_ms,
+        interval_max_ms=settings.stream.interval_max_ms,
         interval_streams=settings.stream.interval_streams,
-        adapter_limits=adapter_limits(settings),
+        adapter_limits=limits_of_adapters,
+        generator=generator,
         warnings=tuple(warnings),
         images_off=images_off,
     )

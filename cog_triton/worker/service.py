@@ -1,14 +1,14 @@
-"""The predictor's logic: setup (weights -> model repository -> Triton) and streaming generation.
+"""The predictor's logic: setup (fetch the weights, then gather -> plan -> launch) and the request path.
 
 ``predict.py`` only declares Cog inputs and delegates here. One :class:`LLMService` owns the
 Triton process, its supervisor, the stream processes and the Prometheus endpoint for the lifetime of the
 Cog worker.
 
-Why one module: one concern, the predictor's life in the Cog worker: setup (weights,
-model repository, Triton, stream processes, the Prometheus endpoint, self-test), each prediction's path
-(validate, wait for Triton, hand it to a stream process, count it in the metrics) and shutdown. What it
-drives lives in its own modules (weights/, stream_pool, supervisor, exporter, metrics_endpoint, generation); the
-helpers above the class are the setup's.
+Why one module: one concern, the predictor's life in the Cog worker: setup in order (the Prometheus endpoint, the
+weights, :func:`cog_triton.worker.facts.gather_facts`, :func:`cog_triton.worker.planning.plan_serving`,
+:func:`cog_triton.worker.launch.launch`, the self-test), each prediction's path (validate, wait for Triton, hand it
+to a stream process, count it in the metrics) and shutdown. What setup decides and starts lives in those modules; the
+helpers above the class are the request path's.
 """
 
 from __future__ import annotations
@@ -23,28 +23,27 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Optional, TypeVar, Union
 
-from common.errors import ConfigError, ImageInputError, InputError, ManifestError, TritonDiedError, TritonError
+from common.errors import ConfigError, ImageInputError, InputError, TritonDiedError, TritonError
 from cog_triton.fetch.adapter_refs import check_adapter_allowed
 from cog_triton.fetch.redaction import errors_redacted, redact_error, redact_url
 from cog_triton.fetch.rules import FetchRules
 from cog_triton.ipc import PredictInputs
-from cog_triton.plan import IMAGE_URLS, GeneratorConfig, ImageLimits
-from cog_triton.settings import Settings, VerifyMode
+from cog_triton.plan import IMAGE_URLS, GeneratorConfig
+from cog_triton.settings import Settings
 from cog_triton.weights import fetch_weights
 from cog_triton.worker.cog_bridge import on_end, then
 from cog_triton.worker.exporter import ServiceMetrics
 from cog_triton.worker.inputs import resolve_reasoning, validate_inputs
 from cog_triton.worker.metrics import OUTPUT_TOKEN_COUNT, REASONING_EFFORT_APPLIED, MetricSink, performance_lines
 from cog_triton.worker.metrics_endpoint import MetricsServer, serve_metrics
-from cog_triton.worker.planning import ServingPlan, plan_serving, reference_limits
+from cog_triton.worker.facts import gather_facts
+from cog_triton.worker.launch import launch
+from cog_triton.worker.planning import plan_serving
 from cog_triton.worker.stream_pool import StreamPool
 from cog_triton.worker.supervisor import Health, State, Supervisor
-from tensorrtllm_backend.engine import WeightsInfo, find_model_root, inspect_weights
-from tensorrtllm_backend.gpus import GPU, visible_gpus
-from tensorrtllm_backend.manifest import MANIFEST_NAME, Manifest, check_weights_match, reference_lora, verify_weights
+from tensorrtllm_backend.engine import WeightsInfo
 from tensorrtllm_backend.samplers import SamplingInputs, refusal, takes_seed
-from tensorrtllm_backend.server import TritonServer, locate_tritonserver
-from tensorrtllm_backend.templates import guided_decoding_of, render_model_repository, takes_stream_interval
+from tensorrtllm_backend.server import TritonServer
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +97,6 @@ class LLMService:
         self.settings = settings
         self.server: Optional[TritonServer] = None
         self.info: Optional[WeightsInfo] = None
-        self._gpus: list[GPU] = []
         self.supervisor: Optional[Supervisor] = None
         self.generator_config: Optional[GeneratorConfig] = None
         self.pool: Optional[StreamPool] = None  # the stream processes
@@ -160,143 +158,18 @@ class LLMService:
             hub_code=settings.llm.trust_remote_code,
         )
         log.info("weights ready in %s (%s)", fetched.path, "reused" if fetched.skipped else "fetched")
-        manifest = self._verify(find_model_root(settings.weights.path), reused=fetched.skipped)
-        info = inspect_weights(
-            settings.weights.path,
-            tokenizer_dir=settings.path(settings.tokenizer.dir) if settings.tokenizer.dir else None,
-            **reference_limits(settings, manifest),
-            **reference_lora(manifest),
-        )
-        check_weights_match(info, manifest, self._gpus)
-        plan = plan_serving(settings, info, manifest, self._gpus)
+        facts = gather_facts(settings, reused=fetched.skipped)
+        plan = plan_serving(facts, settings)
         for warning in plan.warnings:
             log.warning("%s", warning)
         log.info("%s", plan.describe())
-        self._launch(plan)
+        self.info = plan.info
+        serving = launch(plan, settings, self.metrics, self._died_or, self.metrics.triton_restarts.inc)
+        self.server, self.pool, self.supervisor = serving.server, serving.pool, serving.supervisor
+        self.generator_config = serving.generator_config
         if settings.predictor.self_test:
             self._self_test()
         log.info("setup finished in %.1f s", time.monotonic() - started)
-
-    def _launch(self, plan: ServingPlan) -> None:
-        """Render the model repository, start the stream processes and Triton as ``plan`` says, and wait for both.
-
-        Raises:
-            TemplateError: a template cannot be rendered; TritonStartupError: Triton did not become ready;
-            ConfigError: a stream process could not start.
-        """
-        settings = self.settings
-        rendered = render_model_repository(plan.render, plan.info)
-        guided, off_reason = self._guided_decoding(guided_decoding_of(rendered["tensorrt_llm"]), plan.info)
-        installation = locate_tritonserver(
-            settings.path(settings.triton.tritonserver) if settings.triton.tritonserver else None,
-            settings.path(settings.triton.backend_dir) if settings.triton.backend_dir else None,
-            work_dir=settings.path(Path("build")),
-        )
-        self.server = TritonServer(installation, plan.launch, log_file=settings.path(settings.triton.log_file),
-                                   stop_timeout_s=settings.triton.stop_timeout_s)
-        self.info = plan.info
-        self.generator_config = GeneratorConfig(
-            tokenizer_dir=plan.info.tokenizer_dir,
-            limits=plan.limits,
-            grpc_address=self.server.grpc_address,
-            token_timeout_s=settings.stream.request_timeout_s,
-            add_special_tokens=settings.tokenizer.add_special_tokens,
-            special_tokens_in_user_text=settings.tokenizer.special_tokens_in_user_text,
-            guided=guided,
-            guided_off_reason=off_reason,
-            lora=plan.info.lora,
-            adapter_limits=plan.adapter_limits,
-            backend="pytorch" if plan.backend == "pytorch" else "engine",
-            sampler=plan.sampler,
-            model_interval_ms=(round(plan.interval_s * 1e3) if takes_stream_interval(rendered["tensorrt_llm"])
-                               else None),
-            images_off=plan.images_off,
-            image_limits=ImageLimits.from_settings(settings),
-        )
-        # The stream processes load their tokenizers while Triton loads its models.
-        self.pool = StreamPool(
-            self.generator_config,
-            plan.stream_processes,
-            interval_s=plan.interval_s,
-            start_timeout_s=settings.triton.startup_timeout_s,
-            on_transport_error=self._died_or,
-            metrics=self.metrics,
-            timing=settings.metrics.timing,
-            interval_max_s=plan.interval_max_s,
-            interval_streams=plan.interval_streams,
-        )
-        self.pool.launch()
-        self.server.start()
-        ready_s = self.server.wait_ready(settings.triton.startup_timeout_s)
-        log.info("Triton ready in %.1f s", ready_s)
-        self.supervisor = Supervisor(
-            self.server,
-            ["ensemble_ids", "preprocessing", "tensorrt_llm"]
-            + (["ensemble"] if settings.repository.text_ensemble else []),
-            startup_timeout_s=settings.triton.startup_timeout_s,
-            on_restart=self._triton_restarted,
-        )
-        self.supervisor.start()
-        self.pool.set_watcher(self.supervisor.register, self.supervisor.unregister, self.supervisor.wait_ready)
-        self.pool.wait_ready()
-        log.info(
-            "streaming: %d stream process(es), stream interval %g ms (COG_TRITON_STREAM_PROCESSES, "
-            "COG_TRITON_STREAM_INTERVAL_MS)", plan.stream_processes, plan.interval_s * 1e3,
-        )
-
-    def _verify(self, root: Path, reused: bool = False) -> Optional[Manifest]:
-        """Verify the weights in ``root`` against their manifest.json before Triton starts.
-
-        ``reused``: the fetch was skipped; with COG_TRITON_VERIFY_WEIGHTS=fast (the default) files
-        unchanged in size and mtime since the last successful full check are not hashed again.
-
-        Raises:
-            ManifestError: missing/resized/altered files, or no manifest with require_manifest set.
-            IncompatibleWeightsError: other TensorRT-LLM version, too few GPUs, other compute capability.
-        """
-        self._gpus = visible_gpus()
-        trust = reused and self.settings.weights.verify is VerifyMode.FAST
-        verification = verify_weights(root, self._gpus, trust_record=trust)
-        if verification is None:
-            if self.settings.weights.require_manifest:
-                raise ManifestError(
-                    f"no {MANIFEST_NAME} in {root} and COG_TRITON_REQUIRE_MANIFEST is set: package the weights "
-                    "with scripts/build_engine, or unset COG_TRITON_REQUIRE_MANIFEST"
-                )
-            log.warning(
-                "no %s in %s: file integrity and GPU compatibility are not verified (package with scripts/build_engine)",
-                MANIFEST_NAME,
-                root,
-            )
-            return None
-        manifest = verification.manifest
-        log.info(
-            "verified %d files of %s (%s backend, world size %d%s) against %s in %.1f s",
-            len(manifest.files),
-            manifest.name,
-            manifest.backend,
-            manifest.world_size,
-            f", TensorRT-LLM {manifest.tensorrt_llm_version}" if manifest.tensorrt_llm_version else "",
-            MANIFEST_NAME,
-            verification.seconds,
-        )
-        return manifest
-
-    @staticmethod
-    def _guided_decoding(enabled: bool, info: WeightsInfo) -> tuple[bool, str]:
-        """Structured output is offered when the rendered ``tensorrt_llm`` config turns guided decoding on;
-        returns (on, why it is off)."""
-        if enabled:
-            log.info("guided decoding (structured output) is on (xgrammar)")
-            return True, ""
-        reason = (
-            "its weights have no xgrammar_tokenizer_info.json next to the tokenizer (archives made by "
-            "scripts/build_engine include it when the tokenizer supports it)"
-            if info.kind == "engine"
-            else "the xgrammar package is not installed"
-        )
-        log.info("guided decoding (structured output) is off: %s", reason)
-        return False, reason
 
     def _self_test(self) -> None:
         inputs = validate_inputs(prompt=SELF_TEST_PROMPT, max_tokens=SELF_TEST_TOKENS, temperature=0, seed=0)
@@ -307,13 +180,6 @@ class LLMService:
         started = time.monotonic()
         text = _run_coroutine_sync(run)
         log.info("self-test generated %r in %.2f s", text, time.monotonic() - started)
-
-    def _triton_restarted(self) -> None:
-        """The supervisor restarted Triton (called in its thread before new requests are let through): the
-        gRPC channels to the old Triton are replaced."""
-        self.metrics.triton_restarts.inc()
-        if self.pool is not None:
-            self.pool.reconnect()
 
     # ------------------------------------------------------------- lifecycle
     def shutdown(self) -> None:

@@ -224,7 +224,7 @@ class StreamPool:
     Args:
         config: what each process builds its generator from.
         processes: how many stream processes (>= 1).
-        interval_s: the stream interval, seconds (:mod:`cog_triton.streaming.coalesce`).
+        interval_ms: the stream interval, milliseconds (:mod:`cog_triton.streaming.coalesce`).
         start_timeout_s: how long a process may take to start (import, tokenizer), seconds.
         on_transport_error: async callable run on the prediction's loop for a transport error; returns
             the error the prediction fails with (the service checks whether Triton is dying).
@@ -233,8 +233,9 @@ class StreamPool:
             (stream-process restarts, tokens of cancelled predictions, the processes' LoRA adapter counts).
         timing: record, as each prediction's ``timing`` metric, when its start passed each step
             (:mod:`cog_triton.worker.timing`; COG_TRITON_TIMING_METRICS, for scripts/benchmark).
-        interval_max_s / interval_streams: the stream interval under load (:class:`cog_triton.streaming.coalesce.StreamLoad`:
-            COG_TRITON_STREAM_INTERVAL_MAX_MS, COG_TRITON_STREAM_INTERVAL_STREAMS over all processes).
+        interval_max_ms / interval_streams: the stream interval under load
+            (:class:`cog_triton.streaming.coalesce.StreamLoad`: COG_TRITON_STREAM_INTERVAL_MAX_MS, milliseconds, and
+            COG_TRITON_STREAM_INTERVAL_STREAMS over all processes).
     """
 
     def __init__(
@@ -242,27 +243,27 @@ class StreamPool:
         config: GeneratorConfig,
         processes: int,
         *,
-        interval_s: float,
+        interval_ms: int,
         start_timeout_s: float = 120.0,
         on_transport_error: Optional[Callable[[TritonError], Awaitable[BaseException]]] = None,
         register: Optional[Callable[[RoutedPrediction], None]] = None,
         unregister: Optional[Callable[[RoutedPrediction], None]] = None,
         metrics: Optional["ServiceMetrics"] = None,
         timing: bool = False,
-        interval_max_s: float = 0.0,
+        interval_max_ms: int = 0,
         interval_streams: int = 0,
     ) -> None:
         if processes < 1:
             raise ValueError(f"processes must be >= 1, got {processes}")
         self.config = config
-        self.interval_s = interval_s
+        self.interval_ms = interval_ms
         self.start_timeout_s = start_timeout_s
         self.on_transport_error = on_transport_error
         self._register = register or (lambda prediction: None)
         self._unregister = unregister or (lambda prediction: None)
         self.metrics = metrics
         self.timing = timing
-        self.interval_max_s = interval_max_s
+        self.interval_max_ms = interval_max_ms
         self.interval_streams = interval_streams
         self.processes = [StreamProcess(i) for i in range(processes)]
         #: What the model's chat template says about reasoning, as the stream processes found it (their Ready; the same
@@ -312,7 +313,7 @@ class StreamPool:
         log.info(
             "%d stream process(es) ready (pids %s; loaded in %s s), stream interval %g ms",
             len(self.processes), ", ".join(str(p.pid) for p in self.processes),
-            ", ".join("?" if p.load_s is None else f"{p.load_s:g}" for p in self.processes), self.interval_s * 1e3,
+            ", ".join("?" if p.load_s is None else f"{p.load_s:g}" for p in self.processes), self.interval_ms,
         )
 
     def stop(self) -> None:
@@ -353,7 +354,7 @@ class StreamPool:
         process.sock = ours
         process.predictions = {}
         # Each process runs about 1 / processes of the streams (open() gives a prediction to the least busy one).
-        process.send(ipc.Config(self.config, self.interval_s, self.timing, self.interval_max_s,
+        process.send(ipc.Config(self.config, self.interval_ms, self.timing, self.interval_max_ms,
                                 self.interval_streams / len(self.processes)))
         threading.Thread(target=self._receive, args=(process, ours), name=f"{process.name}-receiver",
                          daemon=True).start()
