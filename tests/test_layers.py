@@ -454,3 +454,19 @@ def test_the_long_function_check_counts_the_body_and_reads_the_comment(tmp_path:
         f"m.py:{source.splitlines().index('def too_long():') + 1} too_long (81 lines)",
         f"m.py:{source.splitlines().index('def not_said():') + 1} not_said (81 lines)",
         f"m.py:{source.splitlines().index('def sized():') + 1} sized: a figure of lines in its reason"]
+
+
+def test_the_request_path_talks_to_one_stream_interface() -> None:
+    """Issue 53: LLMService knows the stream processes only through PredictionStreams (open, reconnect, health,
+    stop); StreamPool, its implementation, has each of those members with the interface's signature."""
+    import inspect
+
+    from cog_triton.worker.stream_pool import StreamPool
+    from cog_triton.worker.streams import PredictionStreams
+
+    for name in ("open", "reconnect", "health", "stop"):
+        assert inspect.signature(getattr(StreamPool, name)) == inspect.signature(getattr(PredictionStreams, name)), name
+    assert "template" in PredictionStreams.__annotations__
+    service = ROOT / "cog_triton" / "worker" / "service.py"
+    assert "cog_triton.worker.stream_pool" not in imported_modules(service)
+    assert "cog_triton.worker.streams" in imported_modules(service)

@@ -39,7 +39,7 @@ from cog_triton.worker.metrics_endpoint import MetricsServer, serve_metrics
 from cog_triton.worker.facts import gather_facts
 from cog_triton.worker.launch import launch
 from cog_triton.worker.planning import plan_serving
-from cog_triton.worker.stream_pool import StreamPool
+from cog_triton.worker.streams import PredictionStreams
 from cog_triton.worker.supervisor import Health, State, Supervisor
 from tensorrtllm_backend.engine import WeightsInfo
 from tensorrtllm_backend.samplers import SamplingInputs, refusal, takes_seed
@@ -99,7 +99,7 @@ class LLMService:
         self.info: Optional[WeightsInfo] = None
         self.supervisor: Optional[Supervisor] = None
         self.generator_config: Optional[GeneratorConfig] = None
-        self.pool: Optional[StreamPool] = None  # the stream processes
+        self.pool: Optional[PredictionStreams] = None  # the stream processes (StreamPool, started by launch)
         self.metrics = ServiceMetrics()
         self.metrics_server: Optional[MetricsServer] = None
         atexit.register(self.shutdown)
