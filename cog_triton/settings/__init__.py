@@ -42,7 +42,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from common.errors import ConfigError
 from tensorrtllm_backend.llmapi_args import LlmApiOptions, parse_llm_args_text
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 ENV_PREFIX = "COG_TRITON_"
 #: predict.py's ``@cog.concurrent(max=...)`` and the Dockerfile's COG_MAX_CONCURRENCY (tests keep them equal).
 DEFAULT_CONCURRENCY = 64
@@ -975,6 +975,3 @@ def settings_markdown() -> str:
             lines.append(f"| `{variable}` | {_shown_default(field.default)} | {meaning} |")
     return "\n".join(lines) + "\n"
 
-
-if __name__ == "__main__":
-    print(settings_markdown(), end="")
