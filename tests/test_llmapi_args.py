@@ -572,7 +572,7 @@ def test_a_tensor_parallel_checkpoint_runs_one_triton_under_mpirun_whose_llm_spa
     with world size 1, i.e. mpirun -n 1 tritonserver): one server, the LLM given tensor_parallel_size spawns its
     ranks; not one server per rank as for an engine. mpirun here is a stand-in that records its argv and exits."""
     from common.errors import TritonStartupError
-    from cog_triton.local import free_port
+    from cog_triton.dev.local import free_port
     from cog_triton.worker.service import LLMService
     from tests.gpu_fakes import fake_nvidia_smi, gpus, path_with
 
