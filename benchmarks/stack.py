@@ -27,7 +27,7 @@ from benchmarks.paths import (
     STANDIN_TEXT,
 )
 from benchmarks.procs import server_processes
-from cog_triton.local import CogServer, WeightsHTTPServer, free_port, serving_env
+from cog_triton.dev.local import CogServer, WeightsHTTPServer, free_port, serving_env
 from cog_triton.settings import REPO_ROOT
 
 log = logging.getLogger("benchmark")

@@ -51,7 +51,6 @@ import struct
 from dataclasses import dataclass, field, make_dataclass
 from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, Optional, Union
 
-from common.errors import InputError
 from cog_triton.fetch.adapter_refs import AdapterRef
 from cog_triton.reasoning import TemplateInfo
 from cog_triton.schema import InputSpec, input_specs
@@ -97,8 +96,6 @@ class _PredictInputsMethods:
 
     __slots__ = ()
     messages: Optional[list[dict[str, Any]]]
-    max_tokens: int
-    min_tokens: int
     temperature: float
     top_p: float
     top_k: int
@@ -118,38 +115,6 @@ class _PredictInputsMethods:
             if isinstance(content, list):
                 count += sum(1 for part in content if part.get("type") == "image")
         return count
-
-    def token_budget(self, prompt_tokens: int, max_input_len: int, max_seq_len: int, limit_reason: str = "") -> int:
-        """Tokens to request: ``max_tokens`` capped by what the engine's max_seq_len leaves.
-
-        ``prompt_tokens`` counts the whole rendered input: with ``messages``, every turn of the
-        conversation plus the chat template's own tokens. ``max_input_len`` is the longest prompt
-        the executor takes (:meth:`tensorrtllm_backend.engine.ModelLimits.executor_max_input_len`),
-        ``limit_reason`` how it was reached (named in the error).
-
-        Raises:
-            InputError: the prompt (or conversation) exceeds ``max_input_len``, leaves no room to
-                generate, or ``min_tokens`` does not fit; the message gives both numbers.
-        """
-        what, unit = ("conversation", "the chat template") if self.messages is not None else ("prompt", "formatting")
-        if prompt_tokens > max_input_len:
-            reason = f" ({limit_reason})" if limit_reason else ""
-            raise InputError(
-                f"the {what} is too long: it has {prompt_tokens} tokens (after {unit}), "
-                f"and the model's maximum input length is {max_input_len} tokens{reason}; shorten the {what}"
-            )
-        room = max_seq_len - prompt_tokens
-        if room < 1:
-            raise InputError(
-                f"the {what} has {prompt_tokens} tokens, which leaves no room to generate within the "
-                f"model's maximum sequence length of {max_seq_len} tokens"
-            )
-        if self.min_tokens > room:
-            raise InputError(
-                f"min_tokens={self.min_tokens} does not fit: the {what} has {prompt_tokens} tokens and the "
-                f"maximum sequence length is {max_seq_len}, so at most {room} tokens can be generated"
-            )
-        return min(self.max_tokens, room)
 
 
 #: The Python type of each JSON Schema type of a Cog input.

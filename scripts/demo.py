@@ -22,7 +22,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cog_triton.local import CogServer, WeightsHTTPServer, serving_env  # noqa: E402
+from cog_triton.dev.local import CogServer, WeightsHTTPServer, serving_env  # noqa: E402
 from cog_triton.settings import REPO_ROOT  # noqa: E402
 
 ARCHIVE = REPO_ROOT / "build" / "default_model" / "smollm2-135m-instruct.tar.gz"

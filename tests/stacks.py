@@ -9,7 +9,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from cog_triton.local import CogServer, WeightsHTTPServer, serving_env
+from cog_triton.dev.local import CogServer, WeightsHTTPServer, serving_env
 from tests.proc import descendants_of, pids_mentioning
 
 #: The settings of the shared stacks: the default model with a 384-token input and 768-token sequence limit

@@ -33,7 +33,7 @@ import pytest
 from common.errors import BuildError, IncompatibleWeightsError, ManifestError, TritonStartupError
 from cog_triton.ipc import PredictInputs
 from cog_triton.worker.inputs import validate_inputs
-from cog_triton.local import WeightsHTTPServer, free_port
+from cog_triton.dev.local import WeightsHTTPServer, free_port
 from cog_triton.worker.service import LLMService
 from cog_triton.settings import REPO_ROOT, Settings
 from cog_triton.weights import fetch_weights

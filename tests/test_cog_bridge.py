@@ -28,7 +28,7 @@ import pytest
 from common.errors import InferenceError
 from common.http import default_ssl_context
 from cog_triton.worker import cog_bridge
-from cog_triton.local import free_port
+from cog_triton.dev.local import free_port
 from cog_triton.settings import REPO_ROOT
 from tests.bridge_source import relay
 

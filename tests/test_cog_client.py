@@ -1,8 +1,8 @@
-"""The local Cog client (cog_triton.local.CogServer) against coglet's spurious ``409 At capacity``.
+"""The local Cog client (cog_triton.dev.local.CogServer) against coglet's spurious ``409 At capacity``.
 
 coglet 0.23.1 answers 409 to a prediction that arrives while another is taking a slot, even with slots free
 (``PermitPool::try_acquire``, replicate/cog 6110c912 ``crates/coglet/src/permit/pool.rs``; see
-``cog_triton.local.AT_CAPACITY_RETRIES``). tests/test_integration.py's four concurrent predictions got it once in a
+``cog_triton.dev.local.AT_CAPACITY_RETRIES``). tests/test_integration.py's four concurrent predictions got it once in a
 fresh clone, once the client no longer spent 70 ms building an SSL context first (common/http.py) and the four
 arrived together. The server here is an HTTP server on a free port that answers as coglet does: the 409 with
 coglet's body a set number of times, then the prediction.
@@ -18,7 +18,7 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
-from cog_triton.local import AT_CAPACITY_RETRIES, CogServer
+from cog_triton.dev.local import AT_CAPACITY_RETRIES, CogServer
 
 #: coglet's answer (crates/coglet/src/transport/http/routes.rs, ``CreatePredictionError::AtCapacity``)
 BUSY = b'{"error":"At capacity - all prediction slots busy","status":"failed"}'

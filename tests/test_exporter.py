@@ -28,7 +28,7 @@ from common.http import default_ssl_context
 from cog_triton.settings import Settings
 from cog_triton.worker.exporter import CONTENT_TYPE, ServiceMetrics
 from cog_triton.worker.metrics_endpoint import MAX_CONNECTIONS, REUSE_S, MetricsServer, serve_metrics
-from cog_triton.local import free_port
+from cog_triton.dev.local import free_port
 from cog_triton.worker.metrics import INPUT_TOKEN_COUNT, OUTPUT_TOKEN_COUNT, record_time_to_first_token
 from tests.scrape_load import Looping, scrape_times
 

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from cog_triton.local import CogServer, WeightsHTTPServer, serving_env
+from cog_triton.dev.local import CogServer, WeightsHTTPServer, serving_env
 from tensorrtllm_backend.server import SHM_DIR, SHM_PREFIX, pid_namespace, shm_region_owner
 from tests.proc import descendants_of, pids_mentioning, wait_for_pids_gone
 

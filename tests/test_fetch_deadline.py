@@ -26,7 +26,7 @@ from common.errors import FetchDeadlineError, LoraAdapterError
 from cog_triton.fetch.deadline import FetchDeadline
 from cog_triton.fetch.guard import FetchGuard, guarded_requests_session
 from cog_triton.fetch.rules import FetchRules
-from cog_triton.local import CogServer, serving_env
+from cog_triton.dev.local import CogServer, serving_env
 from cog_triton.fetch.adapter_refs import parse_adapter_ref
 from cog_triton.streaming.lora.store import AdapterStore
 from cog_triton.plan import StoreLimits

@@ -27,7 +27,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from cog_triton.local import CogServer, serving_env
+from cog_triton.dev.local import CogServer, serving_env
 from tests.dropnet import DropNet, resolver_prefix
 from tests.hub_server import FakeHub, s3_signature_refusal, tiny_checkpoint
 from tests.lora_adapters import ADAPTER_FILES

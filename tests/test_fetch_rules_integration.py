@@ -40,7 +40,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from cog_triton.local import CogServer, WeightsHTTPServer, serving_env
+from cog_triton.dev.local import CogServer, WeightsHTTPServer, serving_env
 from tests.lora_adapters import ADAPTER_FILES, make_adapter, pack
 from tests.slow_server import SlowServer
 from tests.test_lora_integration import _weights_folder

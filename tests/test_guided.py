@@ -22,6 +22,7 @@ from cog_triton.worker.guides import select_guide
 from cog_triton.ipc import PredictInputs
 from cog_triton.worker.inputs import validate_inputs
 from cog_triton.streaming.prompt import PromptTokenizer, template_roles
+from cog_triton.streaming.token_budget import token_budget
 from cog_triton.streaming.generation import Generator
 from cog_triton.settings import REPO_ROOT
 from tensorrtllm_backend.engine import XGRAMMAR_TOKENIZER_INFO_NAME, ModelLimits, WeightsInfo
@@ -134,7 +135,7 @@ def test_messages_input_is_validated(kwargs: dict[str, Any], fragments: list[str
 def test_token_budget_names_the_conversation() -> None:
     inputs = validate_inputs(messages='[{"role": "user", "content": "Hi"}]', seed=1)
     with pytest.raises(InputError) as info:
-        inputs.token_budget(prompt_tokens=500, max_input_len=384, max_seq_len=768)
+        token_budget(inputs, prompt_tokens=500, max_input_len=384, max_seq_len=768)
     message = str(info.value)
     assert "the conversation is too long: it has 500 tokens" in message and "384 tokens" in message
 

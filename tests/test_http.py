@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from common.http import default_ssl_context
-from cog_triton.local import CogServer
+from cog_triton.dev.local import CogServer
 from cog_triton.worker.exporter import ServiceMetrics
 from cog_triton.worker.metrics_endpoint import MetricsServer
 

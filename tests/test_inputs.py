@@ -17,6 +17,7 @@ from cog_triton.ipc import Guide
 from cog_triton.worker.inputs import FLOAT32_TINY, check_text
 from cog_triton.ipc import PredictInputs
 from cog_triton.worker.inputs import validate_inputs
+from cog_triton.streaming.token_budget import token_budget
 from cog_triton.schema import input_specs  # noqa: E402
 from cog_triton.worker.stop_sequences import MAX_STOP_SEQUENCE_LENGTH, MAX_STOP_SEQUENCES
 
@@ -282,23 +283,23 @@ def test_missing_seed_is_drawn_within_range(seed: Any) -> None:
 
 def test_token_budget_prompt_longer_than_max_input_len() -> None:
     with pytest.raises(InputError) as info:
-        validate().token_budget(prompt_tokens=4097, max_input_len=4096, max_seq_len=8192)
+        token_budget(validate(), prompt_tokens=4097, max_input_len=4096, max_seq_len=8192)
     message = str(info.value)
     assert "4097 tokens" in message and "4096 tokens" in message and "shorten the prompt" in message
 
 
 def test_token_budget_caps_max_tokens_by_max_seq_len() -> None:
     inputs = validate(max_tokens=512)
-    assert inputs.token_budget(prompt_tokens=100, max_input_len=1000, max_seq_len=150) == 50
-    assert inputs.token_budget(prompt_tokens=100, max_input_len=1000, max_seq_len=2000) == 512
-    assert inputs.token_budget(prompt_tokens=100, max_input_len=1000, max_seq_len=612) == 512
-    assert inputs.token_budget(prompt_tokens=100, max_input_len=1000, max_seq_len=611) == 511
-    assert inputs.token_budget(prompt_tokens=0, max_input_len=1000, max_seq_len=1) == 1
+    assert token_budget(inputs, prompt_tokens=100, max_input_len=1000, max_seq_len=150) == 50
+    assert token_budget(inputs, prompt_tokens=100, max_input_len=1000, max_seq_len=2000) == 512
+    assert token_budget(inputs, prompt_tokens=100, max_input_len=1000, max_seq_len=612) == 512
+    assert token_budget(inputs, prompt_tokens=100, max_input_len=1000, max_seq_len=611) == 511
+    assert token_budget(inputs, prompt_tokens=0, max_input_len=1000, max_seq_len=1) == 1
 
 
 def test_token_budget_no_room_to_generate() -> None:
     with pytest.raises(InputError) as info:
-        validate().token_budget(prompt_tokens=100, max_input_len=100, max_seq_len=100)
+        token_budget(validate(), prompt_tokens=100, max_input_len=100, max_seq_len=100)
     message = str(info.value)
     assert "100 tokens" in message and "maximum sequence length of 100 tokens" in message
 
@@ -306,11 +307,11 @@ def test_token_budget_no_room_to_generate() -> None:
 def test_token_budget_min_tokens_must_fit() -> None:
     inputs = validate(min_tokens=60, max_tokens=100)
     with pytest.raises(InputError) as info:
-        inputs.token_budget(prompt_tokens=100, max_input_len=1000, max_seq_len=150)
+        token_budget(inputs, prompt_tokens=100, max_input_len=1000, max_seq_len=150)
     message = str(info.value)
     assert "min_tokens=60" in message and "100 tokens" in message and "150" in message and "at most 50" in message
     # Exactly fitting is fine.
-    assert validate(min_tokens=50, max_tokens=100).token_budget(100, 1000, 150) == 50
+    assert token_budget(validate(min_tokens=50, max_tokens=100), 100, 1000, 150) == 50
 
 
 # --- one source of truth: the schema's bounds are exactly the ones enforced --------------------
@@ -617,19 +618,19 @@ def test_a_drawn_seed_spans_the_31_bit_range() -> None:
 def test_the_token_budget_messages_name_the_conversation_and_the_limit() -> None:
     chat = validate(prompt="", messages=CONVERSATION)
     with pytest.raises(InputError) as info:
-        chat.token_budget(prompt_tokens=101, max_input_len=100, max_seq_len=200, limit_reason="max_num_tokens")
+        token_budget(chat, prompt_tokens=101, max_input_len=100, max_seq_len=200, limit_reason="max_num_tokens")
     assert info.value.message == (
         "the conversation is too long: it has 101 tokens (after the chat template), and the model's maximum input "
         "length is 100 tokens (max_num_tokens); shorten the conversation"
     )
     with pytest.raises(InputError) as info:
-        validate().token_budget(prompt_tokens=101, max_input_len=100, max_seq_len=200)
+        token_budget(validate(), prompt_tokens=101, max_input_len=100, max_seq_len=200)
     assert info.value.message == (
         "the prompt is too long: it has 101 tokens (after formatting), and the model's maximum input length is 100 "
         "tokens; shorten the prompt"
     )
     with pytest.raises(InputError) as info:
-        chat.token_budget(prompt_tokens=100, max_input_len=100, max_seq_len=100)
+        token_budget(chat, prompt_tokens=100, max_input_len=100, max_seq_len=100)
     assert info.value.message.startswith("the conversation has 100 tokens, which leaves no room")
 
 

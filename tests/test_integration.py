@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from cog_triton.streaming.prompt import PromptTokenizer
-from cog_triton.local import CogServer, WeightsHTTPServer, serving_env
+from cog_triton.dev.local import CogServer, WeightsHTTPServer, serving_env
 from tests.proc import pids_mentioning
 from tests.stacks import STACK_SETTINGS, stack_processes
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cog_triton.local import free_port
+from cog_triton.dev.local import free_port
 from cog_triton.settings import REPO_ROOT
 from tensorrtllm_backend.engine import inspect_weights
 from tests.proc import wait_for_pids_gone

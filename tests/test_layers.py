@@ -100,7 +100,8 @@ def test_the_module_reason_check_refuses_a_figure(tmp_path: Path) -> None:
 #: the request's fields are made from), ``reasoning`` (what a chat template says about thinking, found in a stream
 #: process, and the levels mapped onto it in the worker) and ``plan`` (what setup decided);
 #: both fetch (setup's weights in the worker, LoRA adapters in the stream processes) through ``fetch`` and
-#: ``weights``, which import neither side; ``settings`` is read in the worker only; ``local`` is a development tool.
+#: ``weights``, which import neither side; ``settings`` is read in the worker only; ``dev`` (the local stack) is a
+#: development tool. docs/architecture.md says the same.
 PARTS: dict[str, set[str]] = {
     "cog_triton.worker": {"cog_triton.ipc", "cog_triton.schema", "cog_triton.reasoning", "cog_triton.plan",
                           "cog_triton.fetch", "cog_triton.weights", "cog_triton.settings"},
@@ -113,7 +114,7 @@ PARTS: dict[str, set[str]] = {
     "cog_triton.weights": {"cog_triton.fetch"},
     "cog_triton.fetch": set(),
     "cog_triton.settings": {"cog_triton.fetch"},
-    "cog_triton.local": {"cog_triton.settings", "cog_triton.worker"},
+    "cog_triton.dev": {"cog_triton.settings", "cog_triton.worker"},
 }
 
 

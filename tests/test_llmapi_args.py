@@ -19,6 +19,7 @@ from common.errors import ConfigError, IncompatibleWeightsError, InputError, Lor
 from cog_triton.ipc import PredictInputs
 from cog_triton.worker.inputs import validate_inputs
 from cog_triton.streaming.lora.convert import convert
+from cog_triton.streaming.token_budget import token_budget
 from cog_triton.settings import REPO_ROOT, Settings
 from tensorrtllm_backend.checkpoint import (
     MODELOPT_QUANT_ALGOS,
@@ -273,10 +274,10 @@ def test_the_prompt_limit_follows_max_num_tokens_without_chunked_prefill(monkeyp
     limits = pytorch_limits(args)
     assert (limits.executor_max_input_len(), limits.max_seq_len, limits.max_batch_size) == (100, 8192, 2048)
     inputs = validate_inputs(prompt="hi", max_tokens=10)
-    assert inputs.token_budget(100, limits.executor_max_input_len(), limits.max_seq_len,
+    assert token_budget(inputs, 100, limits.executor_max_input_len(), limits.max_seq_len,
                                limits.input_limit_reason()) == 10
     with pytest.raises(InputError) as refused:
-        inputs.token_budget(101, limits.executor_max_input_len(), limits.max_seq_len, limits.input_limit_reason())
+        token_budget(inputs, 101, limits.executor_max_input_len(), limits.max_seq_len, limits.input_limit_reason())
     assert ("it has 101 tokens (after formatting), and the model's maximum input length is 100 tokens (the PyTorch "
             "backend's limit with chunked prefill off: min(max_seq_len - 1, max_num_tokens) = min(8191, 100))"
             ) in refused.value.message
@@ -571,7 +572,7 @@ def test_a_tensor_parallel_checkpoint_runs_one_triton_under_mpirun_whose_llm_spa
     with world size 1, i.e. mpirun -n 1 tritonserver): one server, the LLM given tensor_parallel_size spawns its
     ranks; not one server per rank as for an engine. mpirun here is a stand-in that records its argv and exits."""
     from common.errors import TritonStartupError
-    from cog_triton.local import free_port
+    from cog_triton.dev.local import free_port
     from cog_triton.worker.service import LLMService
     from tests.gpu_fakes import fake_nvidia_smi, gpus, path_with
 

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from cog_triton.local import CogServer, WeightsHTTPServer, free_port, serving_env
+from cog_triton.dev.local import CogServer, WeightsHTTPServer, free_port, serving_env
 from cog_triton.streaming.prompt import PromptTokenizer
 from cog_triton.settings import REPO_ROOT
 from tensorrtllm_backend.build_config import parse_build_config

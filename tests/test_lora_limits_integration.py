@@ -34,7 +34,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cog_triton.local import WeightsHTTPServer
+from cog_triton.dev.local import WeightsHTTPServer
 from tests.lora_adapters import make_adapter, pack
 from tests.proc import descendants_of, pids_mentioning
 from tests.stacks import cog_stack

@@ -24,7 +24,7 @@ import pytest
 from common.errors import InputError, LoraAdapterError
 from cog_triton.ipc import PredictInputs
 from cog_triton.worker.inputs import validate_inputs
-from cog_triton.local import WeightsHTTPServer, free_port
+from cog_triton.dev.local import WeightsHTTPServer, free_port
 from cog_triton.fetch.adapter_refs import parse_adapter_ref
 from cog_triton.fetch.rules import FetchRules, parse_owners
 from cog_triton.streaming.lora.store import AdapterStore

@@ -24,7 +24,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cog_triton.local import CogServer, WeightsHTTPServer, serving_env
+from cog_triton.dev.local import CogServer, WeightsHTTPServer, serving_env
 from tests.scrape_load import Looping, scrape_times
 from tests.proc import descendants_of, listening_on, pid_holding_socket, pids_mentioning, thread_count
 

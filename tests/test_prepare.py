@@ -24,7 +24,7 @@ from cog_triton.streaming.generation import build_generator
 from cog_triton.plan import GeneratorConfig
 from cog_triton.ipc import PredictInputs
 from cog_triton.worker.inputs import validate_inputs
-from cog_triton.local import WeightsHTTPServer
+from cog_triton.dev.local import WeightsHTTPServer
 from cog_triton.plan import StoreLimits
 from cog_triton.streaming.lora.tasks import task_id_of
 from tensorrtllm_backend.engine import ModelLimits, inspect_weights

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from cog_triton.local import CogServer, serving_env
+from cog_triton.dev.local import CogServer, serving_env
 from cog_triton.streaming.prompt import PromptTokenizer
 from tests.gpu_fakes import fake_nvidia_smi, gpus
 from tests.hub_server import FakeHub, commit_of

@@ -25,7 +25,7 @@ from typing import Any, Iterator
 import pytest
 from PIL import Image
 
-from cog_triton.local import CogServer, serving_env
+from cog_triton.dev.local import CogServer, serving_env
 from tests.gpu_fakes import fake_nvidia_smi, gpus
 from tests.hub_server import FakeHub
 from tests.llmapi_overlay import overlay_venv

@@ -18,7 +18,7 @@ from cog_triton.streaming.generation import RequestState, build_generator
 from cog_triton.plan import GeneratorConfig
 from cog_triton.ipc import PredictInputs
 from cog_triton.worker.inputs import validate_inputs
-from cog_triton.local import WeightsHTTPServer
+from cog_triton.dev.local import WeightsHTTPServer
 from cog_triton.plan import StoreLimits
 from tensorrtllm_backend.engine import inspect_weights
 from tensorrtllm_backend.server import LaunchConfig, TritonServer, locate_tritonserver

@@ -30,7 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.paths import STANDIN_TEXT
 from benchmarks.stack import write_standin_templates
-from cog_triton.local import CogServer, serving_env
+from cog_triton.dev.local import CogServer, serving_env
 from tests import reasoning_fixtures as rf
 from tests.gpu_fakes import fake_nvidia_smi, gpus
 from tests.llmapi_overlay import overlay_venv

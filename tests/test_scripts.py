@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cog_triton.local import free_port
+from cog_triton.dev.local import free_port
 from cog_triton.settings import REPO_ROOT
 from tests.proc import pids_mentioning
 

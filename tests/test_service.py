@@ -248,7 +248,7 @@ def test_lora_weights_go_once_and_again_after_a_cache_miss_and_count_in_the_serv
     """The adapter is fetched and converted in the stream process, its weights go with the first request only and
     once more after the engine's cache miss, and the process's adapter counts (its STATS events) reach the
     service's own Prometheus metrics."""
-    from cog_triton.local import WeightsHTTPServer
+    from cog_triton.dev.local import WeightsHTTPServer
     from cog_triton.fetch.rules import FetchRules
     from cog_triton.plan import StoreLimits
     from tensorrtllm_backend.engine import inspect_weights
@@ -396,7 +396,7 @@ def test_setup_starts_the_metrics_endpoint_first_and_shutdown_stops_it(tmp_path:
     import httpx
 
     from common.errors import WeightsError
-    from cog_triton.local import free_port
+    from cog_triton.dev.local import free_port
 
     port = free_port()
     service = LLMService(Settings(prometheus_port=port, prometheus_address="127.0.0.1", metrics_port=free_port(),
@@ -419,7 +419,7 @@ def test_setup_serves_the_metrics_on_the_configured_address_with_the_configured_
     import httpx
 
     from common.errors import WeightsError
-    from cog_triton.local import free_port
+    from cog_triton.dev.local import free_port
     from tests.proc import listening_on
 
     port = free_port()
@@ -446,7 +446,7 @@ def test_setup_and_validation_raise_their_errors_redacted(tmp_path: Path, monkey
     """What setup() and validate() raise reaches the caller and coglet's log as its text: a library's error quoting
     a signed URL (stood in for by a fetch_weights that raises it: the test is about the boundary, not the fetch), and
     an input error quoting a URL with a password, leave without their secrets, keeping their types."""
-    from cog_triton.local import free_port
+    from cog_triton.dev.local import free_port
     from cog_triton.worker import service as service_module
 
     def fetch_weights(*args: Any, **kwargs: Any) -> Any:
@@ -479,7 +479,7 @@ def test_setup_fetches_a_hub_checkpoints_code_only_with_the_trust_setting(tmp_pa
     import os
 
     from common.errors import IncompatibleWeightsError
-    from cog_triton.local import free_port
+    from cog_triton.dev.local import free_port
     from tests.gpu_fakes import fake_nvidia_smi, gpus
     from tests.hub_server import FakeHub, tiny_checkpoint
 

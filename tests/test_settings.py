@@ -37,7 +37,7 @@ def config_error(monkeypatch: pytest.MonkeyPatch, name: str, value: str) -> str:
 
 
 def test_repo_root() -> None:
-    assert (REPO_ROOT / "cog_triton" / "settings.py").is_file()
+    assert (REPO_ROOT / "cog_triton" / "settings" / "__init__.py").is_file()
     assert (REPO_ROOT / "predict.py").is_file()
 
 

@@ -29,7 +29,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from cog_triton.local import CogServer, serving_env
+from cog_triton.dev.local import CogServer, serving_env
 from cog_triton.settings import REPO_ROOT
 
 pytestmark = pytest.mark.integration

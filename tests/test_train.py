@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from common.errors import BuildConfigError, BuildError, FetchRefusedError
-from cog_triton.local import CogServer, WeightsHTTPServer
+from cog_triton.dev.local import CogServer, WeightsHTTPServer
 from tests.hub_server import FakeHub
 from tests.hub_server import tiny_checkpoint as tiny_hub_checkpoint
 from cog_triton.weights import fetch_weights

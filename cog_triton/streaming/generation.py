@@ -62,6 +62,7 @@ from cog_triton.streaming.prompt import PromptTokenizer
 from cog_triton.streaming.stop import StopSequenceMatcher
 from cog_triton.streaming.template_info import PromptStarts, inspect_chat_template
 from cog_triton.streaming.thinking_generation import ThinkingBudget, plan_thinking, thinking_deltas
+from cog_triton.streaming.token_budget import token_budget
 from cog_triton.streaming.token_floor import TokenFloor
 from tensorrtllm_backend.engine import ModelLimits
 from tensorrtllm_backend.samplers import takes_seed
@@ -283,8 +284,8 @@ class Generator:
             else:
                 prompt = self.prompts.encode(inputs.prompt, inputs.system_prompt, inputs.prompt_template, kwargs)
             prompt_tokens, extra = len(prompt.ids), {}
-            budget = inputs.token_budget(
-                prompt_tokens, limits.executor_max_input_len(), limits.max_seq_len, limits.input_limit_reason()
+            budget = token_budget(
+                inputs, prompt_tokens, limits.executor_max_input_len(), limits.max_seq_len, limits.input_limit_reason()
             )
         else:  # rendered by the chat template (image_prompt), not tokenized: no prompt_template, no ids
             if inputs.thinking_budget_tokens:

@@ -2,7 +2,7 @@
 
 An image comes as a file Cog downloaded or received (``image_input``: a local path), a ``data:`` URI or an
 ``https://`` URL (image parts of ``messages``). Each one is held to :class:`ImageLimits` (``COG_TRITON_IMAGE_*``,
-``cog_triton/settings.py``), in this order, and the first problem refuses the prediction with an
+``cog_triton/settings/inputs.py``), in this order, and the first problem refuses the prediction with an
 :class:`common.errors.ImageInputError` naming the image (``image_input[1]``, ``messages[0].content[2]``), what was
 wrong and what is allowed:
 

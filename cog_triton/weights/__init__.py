@@ -56,7 +56,7 @@ names (``tests/test_layers.py``). Its modules import each other one way, every i
 * :mod:`~cog_triton.weights.cache`: the marker and the atomic staging swap;
 * :mod:`~cog_triton.weights.hub`: ``hf://`` sources (the files of a checkpoint, at one commit, staged) (← sources,
   cache);
-* :mod:`~cog_triton.weights.fetch`: :func:`fetch_weights`, which puts them together (← all of them).
+* :mod:`~cog_triton.weights.install`: :func:`fetch_weights`, which puts them together (← all of them).
 
 The folder's lock and the free-space check are :mod:`cog_triton.fetch.folders`, the lower fetching layer, since the
 LoRA adapter cache uses them too.
@@ -70,7 +70,7 @@ from cog_triton.weights.download import (
     DEFAULT_DOWNLOAD_MIN_RATE_BYTES_S,
     DEFAULT_DOWNLOAD_RATE_GRACE_S,
 )
-from cog_triton.weights.fetch import WeightsResult, fetch_weights
+from cog_triton.weights.install import WeightsResult, fetch_weights
 from cog_triton.weights.sources import SUPPORTED_KINDS, redact_text, redact_url
 
 __all__ = (

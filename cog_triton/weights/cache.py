@@ -2,7 +2,7 @@
 replaces the target atomically. The folder's lock is :func:`cog_triton.fetch.folders.target_lock` (the LoRA adapter
 cache takes it too).
 
-Part of :mod:`cog_triton.weights` (its public face is the package); :mod:`cog_triton.weights.fetch` and
+Part of :mod:`cog_triton.weights` (its public face is the package); :mod:`cog_triton.weights.install` and
 :mod:`cog_triton.weights.hub` use these helpers.
 """
 

@@ -7,7 +7,7 @@ our validation and coglet's (HTTP 422, when the schema is bundled) apply the sam
 module validates them again because ``predict()`` can be reached without coglet's validation (no
 schema bundled, or a direct call), and adds what the schema cannot say: float32 representability
 (the dtype of TensorRT-LLM's sampling tensors), min_tokens <= max_tokens, and the limits that
-depend on the engine (max input/sequence length, :meth:`PredictInputs.token_budget`).
+depend on the engine (max input/sequence length, :func:`cog_triton.streaming.token_budget.token_budget`).
 
 :func:`validate_inputs` is driven by the schema: every input it declares is checked by its schema type, bounds,
 length and choices (:func:`check_input`), unless it has a parser of its own (:data:`PARSERS`) or a rule that spans

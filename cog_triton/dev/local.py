@@ -34,7 +34,7 @@ from common.http import default_ssl_context
 from cog_triton.worker.schema import install_for_coglet
 from cog_triton.settings import REPO_ROOT
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("cog_triton.local")  # the name its log lines have always carried
 
 #: coglet 0.23.1 answers ``409 At capacity`` to a prediction that arrives while another is taking a slot, even with
 #: slots free: ``PermitPool::try_acquire`` gives up when ``try_lock`` of the pool's receiver fails (replicate/cog

@@ -1,4 +1,4 @@
-"""fetch_weights: a source into a target folder, under its lock, skipped when the marker matches.
+"""fetch_weights: a source installed into a target folder, under its lock, skipped when the marker matches.
 
 Part of :mod:`cog_triton.weights` (its public face is the package).
 """
