@@ -160,3 +160,23 @@ def test_a_flusher_on_a_load_spaces_its_chunks_by_the_interval_now(clock: Clock)
     clock.now += 0.1
     flusher.push("c")
     assert [text for _, text in chunks] == ["a", "b"] and loop.timers[0][0] == pytest.approx(clock.now - 0.1 + 0.2)
+
+
+def test_the_interval_a_request_carries_is_whole_milliseconds_from_a_float_setting() -> None:
+    """COG_TRITON_STREAM_INTERVAL_MS is a float setting (50.0 by default), and the PyTorch-backend model's
+    stream_interval_ms is an INT32 tensor: the interval a request carries is an int at every load (a float there
+    failed every PyTorch-backend setup with "required argument is not an integer" on a GPU host)."""
+    import struct
+
+    load = coalesce.StreamLoad(50.0, 200.0, 2)
+    seen = [load.ms]
+    for _ in range(6):
+        load.started()
+        seen.append(load.ms)
+    for _ in range(6):
+        load.ended()
+        seen.append(load.ms)
+    assert all(type(ms) is int for ms in seen), seen
+    assert seen[:5] == [50, 50, 50, 75, 100] and max(seen) == 150 and seen[-1] == 50
+    assert load.seconds == 0.05
+    struct.pack("<i", load.ms)

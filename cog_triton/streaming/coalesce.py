@@ -50,14 +50,14 @@ class StreamLoad:
 
     __slots__ = ("base_ms", "max_ms", "streams", "running", "ms", "seconds")
 
-    def __init__(self, base_ms: int, max_ms: int = 0, streams: float = 0.0) -> None:
+    def __init__(self, base_ms: float, max_ms: float = 0, streams: float = 0.0) -> None:
         if base_ms < 0 or streams < 0:
             raise ValueError(f"base_ms and streams must be >= 0, got {base_ms}, {streams}")
         self.base_ms = base_ms
         self.max_ms = max(max_ms, base_ms)
         self.streams = streams
         self.running = 0
-        self.ms = base_ms
+        self.ms = round(base_ms)  # an INT32 tensor (COG_TRITON_STREAM_INTERVAL_MS is a float setting)
         self.seconds = base_ms / 1e3
 
     def started(self) -> None:
@@ -70,10 +70,11 @@ class StreamLoad:
 
     def _update(self) -> None:
         if self.streams > 0 and self.running > self.streams:
-            self.ms = min(self.max_ms, round(self.base_ms * self.running / self.streams))
+            self.ms = round(min(self.max_ms, self.base_ms * self.running / self.streams))
+            self.seconds = self.ms / 1e3
         else:
-            self.ms = self.base_ms
-        self.seconds = self.ms / 1e3
+            self.ms = round(self.base_ms)
+            self.seconds = self.base_ms / 1e3
 
 
 class IntervalFlusher:
