@@ -56,7 +56,7 @@ from cog_triton.reasoning import TemplateInfo
 from cog_triton.schema import InputSpec, input_specs
 
 if TYPE_CHECKING:
-    from cog_triton.plan import GeneratorConfig
+    from cog_triton.stream_config import GeneratorConfig
 
 # ------------------------------------------------------------------ what a Start carries
 

@@ -29,7 +29,7 @@ from cog_triton.fetch.rules import FetchRules
 from cog_triton.dev.local import CogServer, serving_env
 from cog_triton.fetch.adapter_refs import parse_adapter_ref
 from cog_triton.streaming.lora.store import AdapterStore
-from cog_triton.plan import StoreLimits
+from cog_triton.stream_config import StoreLimits
 from cog_triton.streaming.lora.tasks import Adapters
 from cog_triton.weights import fetch_weights
 from tensorrtllm_backend.lora import LoraSpec

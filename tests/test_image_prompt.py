@@ -156,7 +156,7 @@ def test_a_model_that_thinks_renders_images_with_the_reasoning_switch_and_stream
     from PIL import Image
     from transformers import AutoTokenizer
 
-    from cog_triton.plan import GeneratorConfig
+    from cog_triton.stream_config import GeneratorConfig
     from cog_triton.reasoning import resolve
     from cog_triton.streaming.generation import build_generator
     from tensorrtllm_backend.engine import ModelLimits

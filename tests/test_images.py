@@ -20,7 +20,7 @@ from PIL import Image, ImageFile
 
 from common.errors import ImageInputError
 from cog_triton.fetch.rules import FetchRules
-from cog_triton.plan import ImageLimits
+from cog_triton.stream_config import ImageLimits
 from cog_triton.streaming.images import ImageRef, check_image, load_images, read_data_uri, read_file
 from tests.slow_server import SlowServer
 

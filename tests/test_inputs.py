@@ -372,7 +372,7 @@ def test_the_generator_holds_prompts_to_the_executors_limit_before_triton() -> N
     here, naming both numbers and the rule, instead of failing in Triton; with chunked context on it fits.
     No Triton runs: prepare() only tokenizes and builds the request (the address is never dialled)."""
     from cog_triton.streaming.generation import build_generator
-    from cog_triton.plan import GeneratorConfig
+    from cog_triton.stream_config import GeneratorConfig
     from tensorrtllm_backend.engine import ModelLimits
 
     limits = ModelLimits(8, max_input_len=4000, max_seq_len=8192, max_num_tokens=64, packed_context_fmha=True)

@@ -10,7 +10,7 @@ import pytest
 
 from common.errors import InputError, TritonDiedError
 from cog_triton import ipc
-from cog_triton.plan import GeneratorConfig
+from cog_triton.stream_config import GeneratorConfig
 from cog_triton.ipc import PredictInputs
 from cog_triton.worker.inputs import validate_inputs
 from tensorrtllm_backend.engine import ModelLimits

@@ -103,14 +103,14 @@ def test_the_module_reason_check_refuses_a_figure(tmp_path: Path) -> None:
 #: ``weights``, which import neither side; ``settings`` is read in the worker only; ``dev`` (the local stack) is a
 #: development tool. docs/architecture.md says the same.
 PARTS: dict[str, set[str]] = {
-    "cog_triton.worker": {"cog_triton.ipc", "cog_triton.schema", "cog_triton.reasoning", "cog_triton.plan",
+    "cog_triton.worker": {"cog_triton.ipc", "cog_triton.schema", "cog_triton.reasoning", "cog_triton.stream_config",
                           "cog_triton.fetch", "cog_triton.weights", "cog_triton.settings"},
-    "cog_triton.streaming": {"cog_triton.ipc", "cog_triton.schema", "cog_triton.reasoning", "cog_triton.plan",
+    "cog_triton.streaming": {"cog_triton.ipc", "cog_triton.schema", "cog_triton.reasoning", "cog_triton.stream_config",
                              "cog_triton.fetch", "cog_triton.weights"},
-    "cog_triton.ipc": {"cog_triton.fetch", "cog_triton.plan", "cog_triton.schema", "cog_triton.reasoning"},
+    "cog_triton.ipc": {"cog_triton.fetch", "cog_triton.stream_config", "cog_triton.schema", "cog_triton.reasoning"},
     "cog_triton.schema": set(),
     "cog_triton.reasoning": set(),
-    "cog_triton.plan": {"cog_triton.fetch"},
+    "cog_triton.stream_config": {"cog_triton.fetch"},
     "cog_triton.weights": {"cog_triton.fetch"},
     "cog_triton.fetch": set(),
     "cog_triton.settings": {"cog_triton.fetch"},

@@ -531,7 +531,7 @@ def test_the_worker_refuses_what_the_sampler_would_ignore(tmp_path, caplog):
     refused before it leaves the Cog worker, its error leading with what the caller can do (the operator's remedy,
     the sampler setting, logged); a drawn seed is not a refusal (it is not sent); the C++ backend and TRTLLMSampler
     take everything."""
-    from cog_triton.plan import GeneratorConfig
+    from cog_triton.stream_config import GeneratorConfig
     from cog_triton.worker.service import LLMService
     from tensorrtllm_backend.engine import ModelLimits
 

@@ -21,10 +21,10 @@ import pytest
 
 from common.errors import InferenceError, LoraAdapterError, LoraCacheFullError
 from cog_triton.worker.exporter import ServiceMetrics
-from cog_triton.plan import GeneratorConfig
+from cog_triton.stream_config import GeneratorConfig
 from cog_triton.dev.local import WeightsHTTPServer
 from cog_triton.fetch.rules import FetchRules
-from cog_triton.plan import StoreLimits
+from cog_triton.stream_config import StoreLimits
 from cog_triton.worker.stream_pool import StreamPool
 from tensorrtllm_backend.engine import ModelLimits, inspect_weights
 from tensorrtllm_backend.lora import engine_lora_spec

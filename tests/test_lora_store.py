@@ -28,7 +28,7 @@ from cog_triton.dev.local import WeightsHTTPServer, free_port
 from cog_triton.fetch.adapter_refs import parse_adapter_ref
 from cog_triton.fetch.rules import FetchRules, parse_owners
 from cog_triton.streaming.lora.store import AdapterStore
-from cog_triton.plan import StoreLimits
+from cog_triton.stream_config import StoreLimits
 from tests.hub_server import FakeHub
 from tests.lora_adapters import pack_files
 

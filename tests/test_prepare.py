@@ -21,11 +21,11 @@ import pytest
 
 from cog_triton.fetch.rules import FetchRules
 from cog_triton.streaming.generation import build_generator
-from cog_triton.plan import GeneratorConfig
+from cog_triton.stream_config import GeneratorConfig
 from cog_triton.ipc import PredictInputs
 from cog_triton.worker.inputs import validate_inputs
 from cog_triton.dev.local import WeightsHTTPServer
-from cog_triton.plan import StoreLimits
+from cog_triton.stream_config import StoreLimits
 from cog_triton.streaming.lora.tasks import task_id_of
 from tensorrtllm_backend.engine import ModelLimits, inspect_weights
 from tests.lora_adapters import AdapterFactory, pack

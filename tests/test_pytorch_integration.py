@@ -15,11 +15,11 @@ import pytest
 from common.errors import TritonStartupError
 from cog_triton.fetch.rules import FetchRules
 from cog_triton.streaming.generation import RequestState, build_generator
-from cog_triton.plan import GeneratorConfig
+from cog_triton.stream_config import GeneratorConfig
 from cog_triton.ipc import PredictInputs
 from cog_triton.worker.inputs import validate_inputs
 from cog_triton.dev.local import WeightsHTTPServer
-from cog_triton.plan import StoreLimits
+from cog_triton.stream_config import StoreLimits
 from tensorrtllm_backend.engine import inspect_weights
 from tensorrtllm_backend.server import LaunchConfig, TritonServer, locate_tritonserver
 from tests.llmapi_overlay import overlay_venv, render_pytorch_repository, standin_installation

@@ -179,7 +179,7 @@ def test_a_template_jinja_cannot_parse_reads_nothing_and_refuses_the_inputs() ->
 
 def _generator(name: str = ""):
     """The Generator of fixture ``name`` (""): the default model's)."""
-    from cog_triton.plan import GeneratorConfig
+    from cog_triton.stream_config import GeneratorConfig
     from cog_triton.streaming.generation import build_generator
     from tensorrtllm_backend.engine import ModelLimits
 
@@ -232,7 +232,7 @@ def test_a_generation_prompt_that_depends_on_the_conversation_is_read_from_the_r
     not this request's, so the request's own is taken off its prompt and read."""
     import copy
 
-    from cog_triton.plan import GeneratorConfig
+    from cog_triton.stream_config import GeneratorConfig
     from cog_triton.streaming.generation import build_generator
     from tensorrtllm_backend.engine import ModelLimits
 

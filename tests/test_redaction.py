@@ -20,7 +20,7 @@ from cog_triton.fetch.guard import FetchGuard, guarded_requests_session
 from cog_triton.fetch.rules import FetchRules
 from cog_triton.fetch.adapter_refs import check_adapter_allowed, parse_adapter_ref
 from cog_triton.streaming.lora.store import AdapterStore
-from cog_triton.plan import StoreLimits
+from cog_triton.stream_config import StoreLimits
 from cog_triton.fetch.redaction import (
     HTTP_LOGGERS, UNPARSABLE, UnparsableURL, errors_redacted, install_log_redaction, parse_url, redact_error,
     redact_text, redact_url,

@@ -18,7 +18,7 @@ import grpc
 import pytest
 
 from common.errors import InferenceError, InputError, TritonError
-from cog_triton.plan import GeneratorConfig
+from cog_triton.stream_config import GeneratorConfig
 from cog_triton.ipc import PredictInputs
 from cog_triton.worker.inputs import validate_inputs
 from cog_triton.worker.service import LLMService
@@ -250,7 +250,7 @@ def test_lora_weights_go_once_and_again_after_a_cache_miss_and_count_in_the_serv
     service's own Prometheus metrics."""
     from cog_triton.dev.local import WeightsHTTPServer
     from cog_triton.fetch.rules import FetchRules
-    from cog_triton.plan import StoreLimits
+    from cog_triton.stream_config import StoreLimits
     from tensorrtllm_backend.engine import inspect_weights
     from tests.lora_adapters import make_adapter, pack
 

@@ -24,7 +24,7 @@ from tritonclient.grpc import service_pb2_grpc
 
 from common.errors import ConfigError, InferenceError, InputError, StreamProcessError, TritonDiedError, TritonError
 from cog_triton.worker.exporter import ServiceMetrics
-from cog_triton.plan import GeneratorConfig
+from cog_triton.stream_config import GeneratorConfig
 from cog_triton.ipc import PredictInputs
 from cog_triton.worker.inputs import validate_inputs
 from cog_triton.worker.stream_pool import RoutedPrediction, StreamPool

@@ -28,7 +28,7 @@ _GENERATORS: dict[tuple[str, bool, int], object] = {}
 
 def generator(name: str, *, guided: bool = True, max_input_len: int = 512):
     """The Generator of fixture ``name`` ("": the default model's), built once per process."""
-    from cog_triton.plan import GeneratorConfig
+    from cog_triton.stream_config import GeneratorConfig
     from cog_triton.streaming.generation import build_generator
     from tensorrtllm_backend.engine import ModelLimits
 

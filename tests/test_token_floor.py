@@ -153,7 +153,7 @@ def test_the_generator_refuses_a_far_too_long_prompt_without_tokenizing_it(monke
     """1,000,000 characters: refused from the floor, before the chat template or the tokenizer run; a prompt
     under the floor but over the limit is still refused with its exact count."""
     from cog_triton.streaming.generation import build_generator
-    from cog_triton.plan import GeneratorConfig
+    from cog_triton.stream_config import GeneratorConfig
     from cog_triton.ipc import PredictInputs
     from cog_triton.worker.inputs import validate_inputs
     from tensorrtllm_backend.engine import ModelLimits

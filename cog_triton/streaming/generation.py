@@ -48,7 +48,7 @@ from common.errors import (
     LoraCacheFullError,
     TritonError,
 )
-from cog_triton.plan import GeneratorConfig
+from cog_triton.stream_config import GeneratorConfig
 from cog_triton.streaming.client import GenerateChunk, GenerateRequest, TritonClient
 from cog_triton.reasoning import TemplateInfo
 from cog_triton.streaming.detokenizer import IncrementalDetokenizer, find_noop_ids
@@ -187,7 +187,7 @@ class Generator:
         send_seed: send each request's seed (False: the engine's sampler takes none, so none is sent; the worker
             refused a prediction whose given seed would have mattered).
         sends_stream_interval: each request carries the ``stream_interval_ms`` :meth:`prepare` is given (False: none is
-            sent; :class:`cog_triton.plan.GeneratorConfig`).
+            sent; :class:`cog_triton.stream_config.GeneratorConfig`).
         template: what the tokenizer's chat template says about reasoning
             (:func:`cog_triton.streaming.template_info.inspect_chat_template`); None: a model that does not think.
         images: prepares predictions with images (:mod:`cog_triton.streaming.image_requests`); None: refused.

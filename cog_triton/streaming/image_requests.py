@@ -20,7 +20,7 @@ from typing import Any, AsyncIterator, Callable, Optional
 
 from common.errors import ImageInputError
 from cog_triton.ipc import PredictInputs
-from cog_triton.plan import GeneratorConfig, ImageLimits
+from cog_triton.stream_config import GeneratorConfig, ImageLimits
 from cog_triton.streaming.client import CountedChunk, GenerateChunk
 from cog_triton.streaming.image_prompt import ImagePrompts
 from cog_triton.streaming.images import CheckedImage, load_images

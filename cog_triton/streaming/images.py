@@ -48,7 +48,7 @@ from common.errors import FetchDeadlineError, FetchRefusedError, ImageInputError
 from cog_triton.fetch.deadline import FetchDeadline
 from cog_triton.fetch.guard import FetchGuard, guarded_transport
 from cog_triton.fetch.redaction import UnparsableURL, parse_url, redact_url
-from cog_triton.plan import IMAGE_URLS, ImageLimits
+from cog_triton.stream_config import IMAGE_URLS, ImageLimits
 
 log = logging.getLogger(__name__)
 

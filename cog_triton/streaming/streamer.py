@@ -39,7 +39,7 @@ from common.errors import CogTritonError
 from cog_triton import ipc
 from cog_triton.streaming.coalesce import IntervalFlusher, StreamLoad
 from cog_triton.streaming.generation import Generator, RequestState, build_generator
-from cog_triton.plan import GeneratorConfig
+from cog_triton.stream_config import GeneratorConfig
 from cog_triton.ipc import PredictInputs
 
 log = logging.getLogger("cog_triton.streaming.streamer")

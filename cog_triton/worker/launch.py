@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Awaitable, Callable, Optional
 
 from common.errors import TritonError
-from cog_triton.plan import GeneratorConfig
+from cog_triton.stream_config import GeneratorConfig
 from cog_triton.settings import Settings
 from cog_triton.worker.exporter import ServiceMetrics
 from cog_triton.worker.planning import ServingPlan

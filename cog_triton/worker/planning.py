@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Optional
 
 from cog_triton.fetch.rules import FetchRules
-from cog_triton.plan import GeneratorConfig, ImageLimits, StoreLimits
+from cog_triton.stream_config import GeneratorConfig, ImageLimits, StoreLimits
 from cog_triton.settings import Settings
 from tensorrtllm_backend.checkpoint import FACTS_VERSION, IMAGE_ARCHITECTURES
 from tensorrtllm_backend.engine import ModelLimits, WeightsInfo

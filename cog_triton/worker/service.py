@@ -28,7 +28,7 @@ from cog_triton.fetch.adapter_refs import check_adapter_allowed
 from cog_triton.fetch.redaction import errors_redacted, redact_error, redact_url
 from cog_triton.fetch.rules import FetchRules
 from cog_triton.ipc import PredictInputs
-from cog_triton.plan import IMAGE_URLS, GeneratorConfig
+from cog_triton.stream_config import IMAGE_URLS, GeneratorConfig
 from cog_triton.settings import Settings
 from cog_triton.weights import fetch_weights
 from cog_triton.worker.cog_bridge import on_end, then

@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Awaitable, Callable, Iterator, Optional, Union
 from common.errors import ConfigError, StreamProcessError, TritonDiedError, TritonError
 from cog_triton import ipc
 from cog_triton.worker.cog_bridge import PredictionOutput, output_generator
-from cog_triton.plan import GeneratorConfig
+from cog_triton.stream_config import GeneratorConfig
 from cog_triton.ipc import PredictInputs
 from cog_triton.reasoning import TemplateInfo
 from cog_triton.worker.metrics import (

@@ -62,7 +62,7 @@ from common.files import CHUNK_BYTES
 from cog_triton.fetch.deadline import FetchDeadline
 from cog_triton.fetch.folders import target_lock
 from cog_triton.fetch.guard import hub_guard
-from cog_triton.plan import StoreLimits
+from cog_triton.stream_config import StoreLimits
 from cog_triton.fetch.hub_errors import HubFailure, classify_hub_error
 from cog_triton.fetch.adapter_refs import WHAT, AdapterRef, check_adapter_allowed
 from cog_triton.streaming.lora.peft_config import CONFIG_MAX_BYTES, parse_config

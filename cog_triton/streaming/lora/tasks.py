@@ -41,7 +41,7 @@ from cog_triton.streaming.client import LoraTensors
 from cog_triton.streaming.lora.convert import ConvertedAdapter, convert
 from cog_triton.fetch.adapter_refs import AdapterRef
 from cog_triton.streaming.lora.store import DEADLINE_SETTING, AdapterStore
-from cog_triton.plan import StoreLimits
+from cog_triton.stream_config import StoreLimits
 from tensorrtllm_backend.lora import LoraSpec
 
 log = logging.getLogger(__name__)
