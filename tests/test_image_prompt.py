@@ -187,4 +187,5 @@ def test_a_model_that_thinks_renders_images_with_the_reasoning_switch_and_stream
     # token ids, and an image request carries its prompt as text); the same prediction without the budget is taken
     with pytest.raises(InputError) as refused:
         prepared(thinking_budget_tokens=64)
-    assert "thinking_budget_tokens=64 is not applied to a prediction with images (1 given): give 0" in str(refused.value)
+    assert "thinking_budget_tokens=64 is not applied to a prediction with images (1 given): give 0" in \
+        str(refused.value)
