@@ -183,3 +183,9 @@ def test_a_model_that_thinks_renders_images_with_the_reasoning_switch_and_stream
     assert (off.thinking, off.thinking_start, off.images, off.prompt_tokens) == (True, "closed", 1, None)
     default = prepared()
     assert default.request.text_input.endswith("<|im_start|>assistant\n") and default.thinking_start == "none"
+    # a thinking budget with images: refused before anything is sent (its answer request would continue the first in
+    # token ids, and an image request carries its prompt as text); the same prediction without the budget is taken
+    with pytest.raises(InputError) as refused:
+        prepared(thinking_budget_tokens=64)
+    assert "thinking_budget_tokens=64 is not applied to a prediction with images (1 given): give 0" in \
+        str(refused.value)

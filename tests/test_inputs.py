@@ -865,3 +865,22 @@ def test_images_go_in_user_messages() -> None:
                 {"role": "assistant", "content": [{"type": "image_url", "image_url": {"url": "https://x/a.png"}}]}]
     assert "messages[1].content[0] is an image in a 'assistant' message" in rejected(prompt="",
                                                                                     messages=json.dumps(messages))
+
+
+def test_lora_weights_with_images_are_refused_naming_what_is_allowed(tmp_path: Path) -> None:
+    """TensorRT-LLM 1.2.1's image models do not (Qwen2-VL) or cannot be shown to (Gemma 3) apply an adapter to their
+    language model (cog_triton/worker/inputs.py validate_inputs has the sources): the combination is refused here,
+    before the adapter is downloaded or an image read; either alone is taken."""
+    import json
+
+    image = tmp_path / "a.png"
+    image.write_bytes(b"x")
+    adapter = "https://example.com/adapter.tar.gz"
+    for given in ({"image_input": [image]},
+                  {"prompt": "", "messages": json.dumps([{"role": "user", "content": [
+                      {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]}])}):
+        message = rejected(lora_weights=adapter, **given)
+        assert "lora_weights cannot be applied to a prediction with images (1 given)" in message, message
+        assert "give lora_weights with a text prediction, or the images without lora_weights" in message
+        assert validate(**given).image_count == 1 and validate(**given).lora is None
+    assert validate(lora_weights=adapter).lora is not None

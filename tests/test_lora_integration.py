@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import time
 from pathlib import Path
@@ -150,6 +151,22 @@ def test_both_adapters_and_the_base_at_once_each_correct(lora_stack):
     for index, name in enumerate(order):
         assert _output(results[index]) == expected[name], name
     assert max(s for s, _ in spans.values()) < min(e for _, e in spans.values()), "not all in flight together"
+
+
+def test_an_adapter_with_a_guide_and_with_a_stop_sequence(lora_stack):
+    """lora_weights with a guide and with a stop sequence, each on the adapter's output. A regex admitting either the
+    adapter's greedy answer or the base model's gives the adapter's with the adapter and the base's without (greedy
+    decoding under the guide's mask follows the adapter's logits, and the guide ends the answer); a stop sequence
+    from the adapter's answer cuts it before its first occurrence."""
+    expected = lora_stack["expected"]
+    a1, base = expected["a1"], expected[None]
+    regex = f"({re.escape(a1)}|{re.escape(base)})"
+    assert _output(_predict(lora_stack, _url(lora_stack, "a1"), regex=regex, max_tokens=N + 4)) == a1
+    assert _output(_predict(lora_stack, regex=regex, max_tokens=N + 4)) == base
+    stop = next(a1[k:k + 2] for k in range(len(a1) // 2, len(a1) - 1)
+                if not a1[k:k + 2].isspace() and a1.index(a1[k:k + 2]) > 0)
+    cut = _output(_predict(lora_stack, _url(lora_stack, "a1"), stop_sequences=json.dumps([stop])))
+    assert cut == a1[:a1.index(stop)] and len(cut) < len(a1), (cut, stop, a1)
 
 
 def _resends(stack) -> int:

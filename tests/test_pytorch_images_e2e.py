@@ -220,6 +220,15 @@ def test_a_prediction_without_images_still_goes_through_the_ensemble(stack: dict
                                     "1000000 pixels (COG_TRITON_IMAGE_MAX_PIXELS)"),
     ({"image_input": ["/etc/hostname"]}, "image_input[0]='/etc/hostname' is not an image Cog received"),
     ({"prompt_template": "Q: {prompt}", "image_input": ["red.png"]}, "prompt_template cannot be used with it"),
+    # the budget's answer request continues the first in token ids; an image request's prompt goes as text (refused in
+    # the stream process, before any reasoning check: cog_triton/streaming/generation.py Generator.prepare)
+    ({"thinking_budget_tokens": 16, "image_input": ["red.png"]},
+     "thinking_budget_tokens=16 is not applied to a prediction with images (1 given): give 0 (max_tokens bounds the "
+     "thinking and the answer together), or leave image_input and image parts out"),
+    # 1.2.1's image models do not apply an adapter to their language model (cog_triton/worker/inputs.py): refused in
+    # the Cog worker, before the adapter's URL is fetched
+    ({"lora_weights": "{url}/adapter.tar.gz", "image_input": ["red.png"]},
+     "lora_weights cannot be applied to a prediction with images (1 given): "),
     ({"messages": [{"role": "user", "content": [{"type": "image_url",
                                                   "image_url": {"url": "http://127.0.0.2:9/red.png"}}]}]},
      "messages[0].content[0] http://127.0.0.2:9/red.png is refused: "),
@@ -235,12 +244,16 @@ def test_refusals_name_what_is_allowed_and_the_server_keeps_serving(stack: dict[
         given["image_input"] = [f"{url}/{name}" if not name.startswith("/") else name for name in given["image_input"]]
     if "messages" in given:
         given["messages"] = json.dumps(given["messages"]).replace("{url}", url)
+    if "lora_weights" in given:
+        given["lora_weights"] = given["lora_weights"].replace("{url}", url)
     given.setdefault("prompt", QUESTION if "messages" not in given else "")
     before = list(stack["pictures"].paths)
     error = refused(stack, given)
     assert phrase.replace("{url}", url) in error, error
     if "messages" in given:
         assert stack["pictures"].paths == before  # the fetch rules refused it before any request
+    if "lora_weights" in given:  # refused in the Cog worker: coglet fetched image_input, nobody the adapter
+        assert "/adapter.tar.gz" not in stack["pictures"].paths[len(before):]
     text, _ = answer(stack, {"prompt": QUESTION, "image_input": [f"{url}/blue.png"]})
     assert text
 
@@ -249,3 +262,35 @@ def test_no_image_file_is_left_behind(stack: dict[str, Any]) -> None:
     """coglet removes the files it downloaded when a prediction ends; the stream processes write none."""
     answer(stack, {"prompt": QUESTION, "image_input": [f"{stack['pictures'].url}/red.png"]})
     assert list(stack["tmp"].iterdir()) == []
+
+
+def test_a_guide_holds_the_answer_about_an_image_to_it(stack: dict[str, Any]) -> None:
+    """json_schema with an image: the guide goes with the image request to the tensorrt_llm model, whose LLM masks
+    the logits with it (the stand-in: xgrammar's bitmask, as 1.2.1's executor); the random model's unguided answer
+    is no JSON document at all."""
+    # one of three JSON strings: the grammar has no free whitespace, which a model of random weights would fill (an
+    # object's grammar allows any whitespace between its tokens)
+    schema = {"enum": ["red", "green", "blue"]}
+    image = [f"{stack['pictures'].url}/red.png"]
+    text, final = answer(stack, {"prompt": QUESTION, "image_input": image, "json_schema": json.dumps(schema),
+                                 "max_tokens": 32})
+    assert json.loads(text) in ("red", "green", "blue"), text
+    assert final["metrics"]["image_count"] == 1
+    unguided, _ = answer(stack, {"prompt": QUESTION, "image_input": image, "max_tokens": 32})
+    with pytest.raises(ValueError):
+        json.loads(unguided)
+
+
+def test_a_stop_sequence_cuts_the_answer_about_an_image(stack: dict[str, Any]) -> None:
+    """stop_sequences with an image: matched on the answer's text in the stream process as for text; the answer is
+    transformers' own for those pixels, cut before the sequence's first occurrence."""
+    reference = stack["reference"]
+    expected = streamed(reference.generate(reference.prompt(QUESTION, 1), [Image.new("RGB", (48, 40), RED)], 16)[0])
+    # a sequence of two visible characters from the answer's second half, not in its first characters
+    stop = next(expected[k:k + 2] for k in range(len(expected) // 2, len(expected) - 1)
+                if not expected[k:k + 2].isspace() and expected.index(expected[k:k + 2]) > 0)
+    cut = expected[:expected.index(stop)]
+    text, final = answer(stack, {"prompt": QUESTION, "image_input": [f"{stack['pictures'].url}/red.png"],
+                                 "max_tokens": 16, "stop_sequences": json.dumps([stop])})
+    assert text == cut and len(cut) < len(expected), (text, stop, expected)
+    assert final["metrics"]["image_count"] == 1

@@ -507,9 +507,19 @@ def validate_inputs(**values: Any) -> PredictInputs:
     Args:
         values: the predict() inputs by name; a missing one takes the schema default.
 
+    ``lora_weights`` with images (``image_input`` or image parts of ``messages``) is refused: TensorRT-LLM 1.2.1's
+    image models do not, or cannot be shown to, apply an adapter to their language model. Qwen2-VL's and
+    Qwen2.5-VL's ``Qwen2VLModelBase.forward`` calls its language model without the request's ``lora_params``
+    (``_torch/models/modeling_qwen2vl.py``, the 1.2-era index copy 2926488359, as at 000a01de); Gemma 3's
+    ``Gemma3VLM.forward`` passes them (``modeling_gemma3vl.py`` @0f8dcd9d), but the HF adapter loader takes any
+    ``<prefix>.<layer>.<module>.lora_A.weight`` key as that layer of the language model whatever its prefix
+    (``lora_manager.py`` ``HF_LORA_PATTERN``, ``iterate_hf_lora``), so an adapter that also targets the vision
+    tower's layers would be read into the language model's, and the v1.2.1 commit itself is not in the public
+    source index (docs/deploy.md, "Which inputs combine").
+
     Raises:
         InputError: an unknown input, or the first invalid one (in the order above), naming it, its value and the
-            allowed values.
+            allowed values; ``lora_weights`` with images.
     """
     specs = input_specs()
     unknown = sorted(set(values) - set(specs))
@@ -529,7 +539,13 @@ def validate_inputs(**values: Any) -> PredictInputs:
             fields[name] = value
         else:
             fields[name] = check_input(spec, value)
-    return PredictInputs(**fields)
+    inputs = PredictInputs(**fields)
+    if inputs.lora is not None and inputs.image_count:  # lora first: a prediction without an adapter pays nothing
+        raise InputError(
+            f"lora_weights cannot be applied to a prediction with images ({inputs.image_count} given): this server's "
+            "TensorRT-LLM (1.2.1) does not apply an adapter to an image model's language model for such a request; "
+            "give lora_weights with a text prediction, or the images without lora_weights")
+    return inputs
 
 
 _plan: tuple[Any, tuple[tuple[str, Any, Optional[Callable[[Any], Any]], InputSpec], ...]] = (None, ())
