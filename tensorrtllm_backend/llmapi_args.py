@@ -300,6 +300,15 @@ def _merge(base: dict[str, Any], extra: Mapping[str, Any], options: LlmApiOption
             base[key] = json.loads(json.dumps(value)) if isinstance(value, (dict, list)) else value
 
 
+#: Architectures whose PyTorch-backend model never hands a request's LoRA weights to its language model, so an
+#: adapter would be silently ignored, for text and images alike: architecture -> the source read.
+LORA_IGNORED_ARCHITECTURES: dict[str, str] = {
+    arch: "modeling_qwen2vl.py Qwen2VLModelBase.forward calls self.llm.forward without lora_params (index copy "
+          "2926488359, and @000a01de)"
+    for arch in ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration")
+}
+
+
 def build_llm_args(options: LlmApiOptions, info: "WeightsInfo") -> dict[str, Any]:
     """The ``LLM(**kwargs)`` arguments for the checkpoint ``info`` describes on the PyTorch backend, validated.
 
@@ -313,7 +322,8 @@ def build_llm_args(options: LlmApiOptions, info: "WeightsInfo") -> dict[str, Any
     Raises:
         ConfigError: the weights are an engine, ``max_seq_len`` exceeds what the checkpoint supports, a LoRA
             module is not one this image checks adapters for, an extra argument repeats a setting or is unknown
-            to TorchLlmArgs (:func:`validate_llm_args`); each message names the value and the limit.
+            to TorchLlmArgs (:func:`validate_llm_args`), or LoRA is on for an architecture whose model ignores
+            adapters (:data:`LORA_IGNORED_ARCHITECTURES`); each message names the value and the limit.
     """
     if info.kind != "hf_checkpoint":
         raise ConfigError("LLM API arguments are built for Hugging Face checkpoints (the PyTorch backend); "
@@ -354,6 +364,12 @@ def build_llm_args(options: LlmApiOptions, info: "WeightsInfo") -> dict[str, Any
     if options.stream_interval != 1:  # TorchLlmArgs' default is 1
         args["stream_interval"] = options.stream_interval
     if options.enable_lora:
+        if info.architecture in LORA_IGNORED_ARCHITECTURES:
+            raise ConfigError(
+                "COG_TRITON_LLM_ENABLE_LORA is on, and TensorRT-LLM 1.2.1 would ignore every adapter on "
+                f"{info.architecture} ({LORA_IGNORED_ARCHITECTURES[info.architecture]}); leave LoRA off for this "
+                "checkpoint"
+            )
         unknown = [m for m in options.lora_target_modules if m not in SUPPORTED_MODULES]
         if unknown or not options.lora_target_modules:
             raise ConfigError(
@@ -502,6 +518,6 @@ def choose_checkpoint_backend(choice: str, gpus: Sequence["GPU"]) -> str:
 
 __all__ = (
     "CHECKPOINT_BACKENDS", "DEFAULT_MAX_BATCH_SIZE", "DEFAULT_MAX_NUM_TOKENS", "NESTED_FIELDS", "TORCH_LLM_ARGS_FIELDS",
-    "LlmApiOptions", "PyTorchServing", "build_llm_args", "choose_checkpoint_backend", "inferred_max_seq_len",
+    "LORA_IGNORED_ARCHITECTURES", "LlmApiOptions", "PyTorchServing", "build_llm_args", "choose_checkpoint_backend", "inferred_max_seq_len",
     "parse_llm_args_text", "plan_pytorch_serving", "pytorch_limits", "pytorch_lora_spec", "validate_llm_args",
 )

@@ -341,6 +341,19 @@ def test_lora_modules_outside_the_checked_ones_are_refused(monkeypatch, smollm2)
         build_llm_args(settings.llm_api_options(), smollm2)
 
 
+@pytest.mark.parametrize("architecture", ["Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration"])
+def test_lora_is_refused_where_the_model_would_ignore_every_adapter(monkeypatch, smollm2, architecture):
+    """TensorRT-LLM 1.2.1's Qwen2-VL models call their language model without lora_params
+    (LORA_IGNORED_ARCHITECTURES cites the source): turning LoRA on for one fails setup, naming the setting."""
+    import dataclasses
+
+    settings = env_settings(monkeypatch, LLM_ENABLE_LORA="true")
+    build_llm_args(settings.llm_api_options(), smollm2)  # a Llama checkpoint: LoRA applies
+    with pytest.raises(ConfigError, match=rf"COG_TRITON_LLM_ENABLE_LORA is on, and TensorRT-LLM 1.2.1 would "
+                                          rf"ignore every adapter on {architecture} \(modeling_qwen2vl.py"):
+        build_llm_args(settings.llm_api_options(), dataclasses.replace(smollm2, architecture=architecture))
+
+
 def test_a_checkpoint_copy_keeps_its_facts(tmp_path, smollm2):
     """inspect_weights reads the config it reports (the limits and arguments are built from it)."""
     copy = tmp_path / "copy"
