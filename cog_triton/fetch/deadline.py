@@ -52,6 +52,20 @@ from common.errors import FetchDeadlineError
 log = logging.getLogger(__name__)
 
 
+#: The download defaults (COG_TRITON_DOWNLOAD_* settings and fetch_weights' own), defined once here, where both
+#: cog_triton.settings and cog_triton.weights may import them.
+#: Default deadline of a whole download, all attempts and the waits between them (seconds; 0: none).
+DEFAULT_DOWNLOAD_DEADLINE_S = 6 * 3600.0
+
+
+#: Default lowest transfer rate (bytes per second; 0: no minimum) ...
+DEFAULT_DOWNLOAD_MIN_RATE_BYTES_S = 100_000
+
+
+#: ... measured over consecutive windows of this many seconds, the first from the start of each attempt.
+DEFAULT_DOWNLOAD_RATE_GRACE_S = 60.0
+
+
 def _num(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else f"{value:g}"
 

@@ -9,6 +9,11 @@ from typing import Optional
 
 from pydantic import Field, field_validator
 
+from cog_triton.fetch.deadline import (
+    DEFAULT_DOWNLOAD_DEADLINE_S,
+    DEFAULT_DOWNLOAD_MIN_RATE_BYTES_S,
+    DEFAULT_DOWNLOAD_RATE_GRACE_S,
+)
 from cog_triton.settings.base import Group, resolve
 
 
@@ -91,14 +96,14 @@ class DownloadSettings(Group):
     retries: int = Field(default=3, ge=0, le=20, validation_alias="download_retries",
                          description="Retries on connection errors and 5xx.")
     # the defaults equal cog_triton.weights.DEFAULT_DOWNLOAD_* (tests/test_settings.py checks)
-    deadline_s: float = Field(default=21600.0, ge=0, validation_alias="download_deadline_s",
+    deadline_s: float = Field(default=DEFAULT_DOWNLOAD_DEADLINE_S, ge=0, validation_alias="download_deadline_s",
         description="Deadline of the weights' whole fetch, "
         "enforced from outside the reads: connections, TLS, headers, body, redirects, retries, hf:// too; 0: none.")
     min_rate_bytes_s: int = Field(
-        default=100_000, ge=0, validation_alias="download_min_rate_bytes_s",
+        default=DEFAULT_DOWNLOAD_MIN_RATE_BYTES_S, ge=0, validation_alias="download_min_rate_bytes_s",
         description="An attempt slower than this (bytes/s) over the grace window fails; 0: off."
     )
     rate_grace_s: float = Field(
-        default=60.0, gt=0, le=86400, validation_alias="download_rate_grace_s",
+        default=DEFAULT_DOWNLOAD_RATE_GRACE_S, gt=0, le=86400, validation_alias="download_rate_grace_s",
         description="Window (seconds) over which the download rate is measured."
     )

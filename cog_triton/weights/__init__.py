@@ -65,7 +65,7 @@ LoRA adapter cache uses them too.
 from __future__ import annotations
 
 from cog_triton.weights.archive import EXTRACT_FLOOR_BYTES, EXTRACT_RATIO, MANIFEST_SLACK_BYTES
-from cog_triton.weights.download import (
+from cog_triton.fetch.deadline import (
     DEFAULT_DOWNLOAD_DEADLINE_S,
     DEFAULT_DOWNLOAD_MIN_RATE_BYTES_S,
     DEFAULT_DOWNLOAD_RATE_GRACE_S,

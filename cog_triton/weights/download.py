@@ -45,16 +45,6 @@ RETRY_INITIAL_BACKOFF_S = 1.0
 RETRY_MAX_BACKOFF_S = 30.0
 
 
-#: Default deadline of a whole download, all attempts and the waits between them (seconds; 0: none).
-DEFAULT_DOWNLOAD_DEADLINE_S = 6 * 3600.0
-
-
-#: Default lowest transfer rate (bytes per second; 0: no minimum) ...
-DEFAULT_DOWNLOAD_MIN_RATE_BYTES_S = 100_000
-
-
-#: ... measured over consecutive windows of this many seconds, the first from the start of each attempt.
-DEFAULT_DOWNLOAD_RATE_GRACE_S = 60.0
 
 
 _CONTENT_RANGE_RE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", re.IGNORECASE)

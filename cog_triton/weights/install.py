@@ -33,13 +33,12 @@ from cog_triton.weights.cache import (
     replace_directory,
     write_marker,
 )
-from cog_triton.weights.download import (
+from cog_triton.fetch.deadline import (
     DEFAULT_DOWNLOAD_DEADLINE_S,
     DEFAULT_DOWNLOAD_MIN_RATE_BYTES_S,
     DEFAULT_DOWNLOAD_RATE_GRACE_S,
-    FetchLimits,
-    download_file,
 )
+from cog_triton.weights.download import FetchLimits, download_file
 from cog_triton.weights.hub import fetch_hub
 from cog_triton.weights.sources import (
     SUPPORTED_KINDS,

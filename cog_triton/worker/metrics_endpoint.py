@@ -26,23 +26,15 @@ from cog_triton.worker.exporter import CONTENT_TYPE, ServiceMetrics
 
 log = logging.getLogger(__name__)
 
-#: How long a rendering waits for Triton's own metrics, seconds (COG_TRITON_PROMETHEUS_TRITON_TIMEOUT_S).
-TRITON_SCRAPE_TIMEOUT_S = 2.0
-#: Seconds a connection has to deliver its whole request (request line and headers), and then to take the answer;
-#: then it is closed. Prometheus sends its request at once and reads the answer within its scrape_timeout (10 s by
-#: default: prometheus/prometheus ``config/config.go`` DefaultGlobalConfig). COG_TRITON_PROMETHEUS_REQUEST_TIMEOUT_S.
-REQUEST_TIMEOUT_S = 10.0
-#: Most connections the endpoint holds at once (COG_TRITON_PROMETHEUS_MAX_CONNECTIONS). A new one beyond it closes the
-#: oldest that is still waiting for its request (an idle or half-sent one); while every one held is being answered,
-#: new ones wait in the kernel's accept queue, in the order they came (:data:`BACKLOG`).
-MAX_CONNECTIONS = 64
-#: Connections the kernel queues for the endpoint to accept (``listen(2)``'s backlog, capped by
-#: ``net.core.somaxconn``; COG_TRITON_PROMETHEUS_BACKLOG). A connection beyond it is not refused: Linux drops its
-#: handshake's last ACK and the client retransmits (a second or more later).
-BACKLOG = 1024
-#: Seconds a rendering of the metrics answers the scrapes that arrive after it started (COG_TRITON_PROMETHEUS_REUSE_S):
-#: however many clients scrape, the metrics are rendered (and Triton's fetched) at most once per this interval.
-REUSE_S = 1.0
+# The bounds' defaults are the settings' (COG_TRITON_PROMETHEUS_*), defined once there with their reasons.
+from cog_triton.settings.metrics import (  # noqa: E402 - beside the module's other constants
+    BACKLOG,
+    MAX_CONNECTIONS,
+    REQUEST_TIMEOUT_S,
+    REUSE_S,
+    TRITON_SCRAPE_TIMEOUT_S,
+)
+
 #: A request head still incomplete past this many bytes is refused (h11's ``max_incomplete_event_size``: 431).
 MAX_REQUEST_BYTES = 8192
 #: Seconds a connection may wait for its request before it counts as idle, and may be closed to make room for a new
