@@ -435,13 +435,18 @@ def check_checkpoint_files(info: "WeightsInfo", trust_remote_code: bool = False)
                 )
 
 
-def check_pytorch_checkpoint(info: "WeightsInfo", gpus: Sequence["GPU"] = (), trust_remote_code: bool = False) -> None:
+def check_pytorch_checkpoint(info: "WeightsInfo", gpus: Sequence["GPU"] = (), trust_remote_code: bool = False, *,
+                             read_files: bool = True,
+                             files_refusal: Optional[IncompatibleWeightsError] = None) -> None:
     """Refuse a checkpoint that TensorRT-LLM 1.2.1's PyTorch backend cannot serve, before Triton starts.
 
     Args:
         info: :func:`tensorrtllm_backend.engine.inspect_weights` of a checkpoint (kind "hf_checkpoint").
         gpus: the visible GPUs; when given, a quantization is checked against the first one's compute capability.
         trust_remote_code: the operator allowed the checkpoint's own code (:func:`check_checkpoint_files`).
+        read_files: run :func:`check_checkpoint_files` here; False: its outcome was read before, and
+            ``files_refusal`` is what it raised (None: nothing), raised here in its place (a caller that reads
+            nothing itself, cog_triton.worker.planning).
 
     Raises:
         IncompatibleWeightsError: an engine was given, the architecture is not served, the checkpoint lacks a file
@@ -457,7 +462,10 @@ def check_pytorch_checkpoint(info: "WeightsInfo", gpus: Sequence["GPU"] = (), tr
     served, reason = architecture_support(info.architecture)
     if not served:
         raise IncompatibleWeightsError(f"{info.weights_dir}: {reason}")
-    check_checkpoint_files(info, trust_remote_code)
+    if read_files:
+        check_checkpoint_files(info, trust_remote_code)
+    elif files_refusal is not None:
+        raise files_refusal
     q = info.quantization
     if q is None:
         return

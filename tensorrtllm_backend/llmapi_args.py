@@ -470,7 +470,8 @@ class PyTorchServing:
 
 
 def plan_pytorch_serving(info: "WeightsInfo", options: LlmApiOptions, gpus: Sequence["GPU"],
-                         base_model: str = "") -> PyTorchServing:
+                         base_model: str = "", *, read_files: bool = True,
+                         files_refusal: Optional[IncompatibleWeightsError] = None) -> PyTorchServing:
     """Check the checkpoint and the machine, and build the arguments, limits and LoRA support to serve it on the
     PyTorch backend (what setup calls once the weights are inspected, before Triton starts).
 
@@ -478,10 +479,12 @@ def plan_pytorch_serving(info: "WeightsInfo", options: LlmApiOptions, gpus: Sequ
         IncompatibleWeightsError: the checkpoint's architecture or quantization is not served, it lacks a file its
             architecture needs, or it needs code ``options.trust_remote_code`` does not allow
             (:func:`tensorrtllm_backend.checkpoint.check_pytorch_checkpoint`, with ``gpus``' compute capability), or
-            fewer GPUs are visible than tensor_parallel_size x pipeline_parallel_size.
+            fewer GPUs are visible than tensor_parallel_size x pipeline_parallel_size. ``read_files`` /
+            ``files_refusal``: as :func:`tensorrtllm_backend.checkpoint.check_pytorch_checkpoint` takes them.
         ConfigError: see :func:`build_llm_args`.
     """
-    check_pytorch_checkpoint(info, gpus, trust_remote_code=options.trust_remote_code)
+    check_pytorch_checkpoint(info, gpus, trust_remote_code=options.trust_remote_code, read_files=read_files,
+                             files_refusal=files_refusal)
     args = build_llm_args(options, info)
     world = int(args["tensor_parallel_size"]) * int(args["pipeline_parallel_size"])
     if world > len(gpus):

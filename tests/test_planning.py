@@ -41,6 +41,27 @@ def test_a_checkpoint_without_a_gpu_is_served_by_the_reference_model(checkpoint)
     assert "one Triton;" in line and "2 stream process(es), stream interval 50 ms (up to 200 ms beyond 64" in line
 
 
+def test_the_plan_reads_no_checkpoint_file_and_raises_what_the_facts_found(checkpoint, monkeypatch) -> None:
+    """A checkpoint's files were checked when the facts were gathered: the plan for the PyTorch backend raises the
+    refusal recorded there and reads nothing itself; the reference backend (no GPU) does not need those files."""
+    import dataclasses
+
+    from common.errors import IncompatibleWeightsError
+    from tensorrtllm_backend import checkpoint as checkpoint_module
+
+    def read(*args, **kwargs):
+        raise AssertionError("the plan read the checkpoint's files")
+
+    monkeypatch.setattr(checkpoint_module, "check_checkpoint_files", read)
+    assert plan_serving(facts(checkpoint, [H100]), Settings()).backend == "pytorch"
+    refusal = IncompatibleWeightsError("the checkpoint lacks preprocessor_config.json")
+    refused = dataclasses.replace(facts(checkpoint, [H100]), checkpoint_files_refusal=refusal)
+    with pytest.raises(IncompatibleWeightsError) as raised:
+        plan_serving(refused, Settings())
+    assert raised.value is refusal
+    assert plan_serving(dataclasses.replace(refused, gpus=()), Settings()).backend == "reference"
+
+
 def test_the_plan_decides_from_the_facts_gathered_not_from_the_machine(checkpoint) -> None:
     """The CPUs, the GPUs and whether xgrammar is installed come from the facts: the stream processes (one per 5 CPUs,
     1 to 8, unless set), guided decoding in the model repository, and the stream processes' generator config."""

@@ -3,7 +3,9 @@
 
 What is read: the visible GPUs (``nvidia-smi``), the weights' manifest.json (verified: files hashed, TensorRT-LLM
 version, GPU count and compute capability), the weights' own description
-(:func:`tensorrtllm_backend.engine.inspect_weights`), the CPUs this process may run on (its affinity) and whether the xgrammar package is installed.
+(:func:`tensorrtllm_backend.engine.inspect_weights`), a checkpoint's files beside its weights
+(:func:`tensorrtllm_backend.checkpoint.check_checkpoint_files`), the CPUs this process may run on (its affinity) and
+whether the xgrammar package is installed.
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from common.errors import ManifestError
+from common.errors import IncompatibleWeightsError, ManifestError
 from cog_triton.settings import Settings, VerifyMode
 from cog_triton.worker.planning import reference_limits
+from tensorrtllm_backend.checkpoint import check_checkpoint_files
 from tensorrtllm_backend.engine import WeightsInfo, find_model_root, inspect_weights
 from tensorrtllm_backend.gpus import GPU, visible_gpus
 from tensorrtllm_backend.manifest import MANIFEST_NAME, Manifest, check_weights_match, reference_lora, verify_weights
@@ -36,6 +39,10 @@ class Facts:
         gpus: the GPUs visible to this process.
         cpus: the CPUs this process may run on (its affinity; every CPU where that cannot be read).
         xgrammar: the xgrammar package is installed (guided decoding can be rendered on).
+        checkpoint_files_refusal: for a Hugging Face checkpoint, what its folder's files beside the weights make
+            the PyTorch backend refuse (:func:`tensorrtllm_backend.checkpoint.check_checkpoint_files`, with
+            ``COG_TRITON_LLM_TRUST_REMOTE_CODE``); None: nothing (or weights that are an engine). The plan raises it
+            if it chooses the PyTorch backend.
     """
 
     info: WeightsInfo
@@ -43,6 +50,7 @@ class Facts:
     gpus: tuple[GPU, ...]
     cpus: int
     xgrammar: bool
+    checkpoint_files_refusal: Optional[IncompatibleWeightsError] = None
 
 
 def usable_cpus() -> int:
@@ -73,7 +81,14 @@ def gather_facts(settings: Settings, reused: bool = False) -> Facts:
         **reference_lora(manifest),
     )
     check_weights_match(info, manifest, gpus)
-    return Facts(info, manifest, tuple(gpus), usable_cpus(), importlib.util.find_spec("xgrammar") is not None)
+    refusal = None
+    if info.kind == "hf_checkpoint":
+        try:
+            check_checkpoint_files(info, settings.llm.trust_remote_code)
+        except IncompatibleWeightsError as exc:
+            refusal = exc
+    return Facts(info, manifest, tuple(gpus), usable_cpus(), importlib.util.find_spec("xgrammar") is not None,
+                 refusal)
 
 
 def verify(root: Path, gpus: list[GPU], settings: Settings, reused: bool = False) -> Optional[Manifest]:

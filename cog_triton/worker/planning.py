@@ -2,11 +2,10 @@
 (:class:`cog_triton.worker.facts.Facts`: the weights' info, their manifest, the visible GPUs, the CPUs, the libraries
 installed) and the settings into one :class:`ServingPlan` (which backend serves the weights and with which arguments,
 the limits requests are held to, the model repository's values, how Triton is launched, how many stream processes run
-and how they stream, what the stream processes build their generator from). Pure but for one check: it starts nothing
-and logs nothing; the service logs :meth:`ServingPlan.describe` (every decision on one line) and
-:func:`cog_triton.worker.launch.launch` starts what the plan says. The one file it reads: a checkpoint bound for the
-PyTorch backend is checked for the files its architecture needs
-(:func:`tensorrtllm_backend.checkpoint.check_checkpoint_files`, inside ``plan_pytorch_serving``).
+and how they stream, what the stream processes build their generator from). Pure: it reads no file, starts nothing
+and logs nothing (a checkpoint's files were checked when the facts were gathered:
+``Facts.checkpoint_files_refusal``); the service logs :meth:`ServingPlan.describe` (every decision on one line) and
+:func:`cog_triton.worker.launch.launch` starts what the plan says.
 
 Only the decisions that need the rendered model repository come after it, in the launch: whether guided decoding is on
 (the rendered ``tensorrt_llm`` config says so), whether the model takes ``stream_interval_ms``
@@ -237,7 +236,8 @@ def plan_serving(facts: "Facts", settings: Settings) -> ServingPlan:
     # A checkpoint is served by TensorRT-LLM's PyTorch backend (the LLM API) on a GPU, else by the CPU reference
     # model (COG_TRITON_CHECKPOINT_BACKEND); its arguments are checked here, before Triton starts.
     if info.kind != "engine" and choose_checkpoint_backend(settings.llm.checkpoint_backend.value, gpus) == "pytorch":
-        pytorch = plan_pytorch_serving(info, settings.llm_api_options(), gpus, base_model)
+        pytorch = plan_pytorch_serving(info, settings.llm_api_options(), gpus, base_model, read_files=False,
+                                       files_refusal=facts.checkpoint_files_refusal)
         info = dataclasses.replace(info, limits=pytorch.limits, lora=pytorch.lora, world_size=pytorch.world_size)
         backend = "pytorch"
     warnings = []
