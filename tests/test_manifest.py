@@ -323,7 +323,7 @@ def test_unpack_keeps_marker_out_of_verification(tmp_path: Path) -> None:
 
 
 def test_reference_limits_come_from_the_build_config_unless_set(tmp_path: Path) -> None:
-    from cog_triton.worker.planning import reference_limits
+    from cog_triton.worker.facts import reference_limits
     from cog_triton.settings import Settings
 
     root = tmp_path / "ckpt"

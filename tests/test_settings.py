@@ -435,7 +435,7 @@ def test_each_variable_reaches_its_field_and_no_other(clean_env: pytest.MonkeyPa
 
 
 def test_unset_settings_are_not_explicit_and_a_default_value_set_is(clean_env: pytest.MonkeyPatch) -> None:
-    """worker.planning.reference_limits lets a variable set, even to the default, win over the archive's limits."""
+    """worker.facts.reference_limits lets a variable set, even to the default, win over the archive's limits."""
     assert all(not getattr(Settings.from_env(), group).model_fields_set for group in _groups())
     clean_env.setenv("COG_TRITON_REFERENCE_MAX_BATCH_SIZE", "8")
     assert Settings.from_env().reference.model_fields_set == {"max_batch_size"}

@@ -19,7 +19,6 @@ from typing import Optional
 
 from common.errors import IncompatibleWeightsError, ManifestError
 from cog_triton.settings import Settings, VerifyMode
-from cog_triton.worker.planning import reference_limits
 from tensorrtllm_backend.checkpoint import check_checkpoint_files
 from tensorrtllm_backend.engine import WeightsInfo, find_model_root, inspect_weights
 from tensorrtllm_backend.gpus import GPU, visible_gpus
@@ -51,6 +50,27 @@ class Facts:
     cpus: int
     xgrammar: bool
     checkpoint_files_refusal: Optional[IncompatibleWeightsError] = None
+
+
+def reference_limits(settings: Settings, manifest: Optional[Manifest]) -> dict[str, Optional[int]]:
+    """Limits of the CPU reference backend: each ``COG_TRITON_REFERENCE_*`` setting that is set wins,
+    else the ``limits`` of the archive's build config (reference-backend manifests), else the defaults.
+
+    Returns:
+        ``reference_max_batch_size`` (requests), ``reference_max_seq_len`` and
+        ``reference_max_input_len`` (tokens; None = derive from the checkpoint), as
+        :func:`tensorrtllm_backend.engine.inspect_weights` takes them.
+    """
+    packed = manifest.build_config.get("limits", {}) if manifest and manifest.backend == "reference" else {}
+    reference = settings.reference
+    batch = reference.max_batch_size
+    if "max_batch_size" not in reference.model_fields_set and isinstance(packed.get("max_batch_size"), int):
+        batch = packed["max_batch_size"]
+    return {
+        "reference_max_batch_size": batch,
+        "reference_max_seq_len": reference.max_seq_len or packed.get("max_seq_len"),
+        "reference_max_input_len": reference.max_input_len or packed.get("max_input_len"),
+    }
 
 
 def usable_cpus() -> int:
@@ -126,4 +146,4 @@ def verify(root: Path, gpus: list[GPU], settings: Settings, reused: bool = False
     return manifest
 
 
-__all__ = ("Facts", "gather_facts", "usable_cpus", "verify")
+__all__ = ("Facts", "gather_facts", "reference_limits", "usable_cpus", "verify")

@@ -25,7 +25,7 @@ from tensorrtllm_backend.checkpoint import FACTS_VERSION, IMAGE_ARCHITECTURES
 from tensorrtllm_backend.engine import ModelLimits, WeightsInfo
 from tensorrtllm_backend.lora import DTYPE_BYTES
 from tensorrtllm_backend.llmapi_args import PyTorchServing, choose_checkpoint_backend, plan_pytorch_serving
-from tensorrtllm_backend.manifest import Manifest, base_model_of
+from tensorrtllm_backend.manifest import base_model_of
 from tensorrtllm_backend.server import LaunchConfig
 from tensorrtllm_backend.templates import RenderOptions
 
@@ -33,27 +33,6 @@ if TYPE_CHECKING:
     from cog_triton.worker.facts import Facts
 
 Backend = Literal["engine", "reference", "pytorch"]
-
-
-def reference_limits(settings: Settings, manifest: Optional[Manifest]) -> dict[str, Optional[int]]:
-    """Limits of the CPU reference backend: each ``COG_TRITON_REFERENCE_*`` setting that is set wins,
-    else the ``limits`` of the archive's build config (reference-backend manifests), else the defaults.
-
-    Returns:
-        ``reference_max_batch_size`` (requests), ``reference_max_seq_len`` and
-        ``reference_max_input_len`` (tokens; None = derive from the checkpoint), as
-        :func:`tensorrtllm_backend.engine.inspect_weights` takes them.
-    """
-    packed = manifest.build_config.get("limits", {}) if manifest and manifest.backend == "reference" else {}
-    reference = settings.reference
-    batch = reference.max_batch_size
-    if "max_batch_size" not in reference.model_fields_set and isinstance(packed.get("max_batch_size"), int):
-        batch = packed["max_batch_size"]
-    return {
-        "reference_max_batch_size": batch,
-        "reference_max_seq_len": reference.max_seq_len or packed.get("max_seq_len"),
-        "reference_max_input_len": reference.max_input_len or packed.get("max_input_len"),
-    }
 
 
 @dataclass(frozen=True)
@@ -300,4 +279,4 @@ def plan_serving(facts: "Facts", settings: Settings) -> ServingPlan:
     )
 
 
-__all__ = ("ServingPlan", "adapter_limits", "images_off_reason", "plan_serving", "reference_limits", "render_options")
+__all__ = ("ServingPlan", "adapter_limits", "images_off_reason", "plan_serving", "render_options")
