@@ -143,7 +143,7 @@ def test_adapters_and_the_base_model_in_one_batch(lora_env):
 def test_an_unknown_task_without_weights_is_upstreams_cache_miss(lora_env):
     message = _error(lora_env, _request(lora_env, "a3", weights=False, task=987654321))
     assert re.fullmatch(
-        r"Triton reported: in ensemble 'ensemble', Executor failed process requestId \d+ due to the following error: "
+        r"Triton reported: in ensemble 'ensemble_ids', Executor failed process requestId \d+ due to the following error: "
         r"LoRA task 987654321 "
         r"not found in cache\. Please send LoRA weights with request", message), message
 
@@ -187,7 +187,7 @@ def _one_row(config: list[int], width: int) -> LoraTensors:
 def test_the_executors_checks_have_upstreams_text(lora_env, config, width, text):
     message = _error(lora_env, _request(lora_env, task=5555, lora=_one_row(config, width)))
     assert re.fullmatch(
-        r"Triton reported: in ensemble 'ensemble', Executor failed process requestId \d+ due to the following error: "
+        r"Triton reported: in ensemble 'ensemble_ids', Executor failed process requestId \d+ due to the following error: "
         r"Encountered an error "
         r"when fetching new request: \[TensorRT-LLM\]\[ERROR\] Assertion failed: " + re.escape(text) + r" \(.*\)",
         message), message
@@ -253,7 +253,7 @@ def test_a_full_cache_is_upstreams_error_and_frees_up_when_requests_end(lora_env
             await client.aclose()
 
     message, after = run(scenario())
-    assert re.fullmatch(r"Triton reported: in ensemble 'ensemble', Executor failed process requestId \d+ due to the "
+    assert re.fullmatch(r"Triton reported: in ensemble 'ensemble_ids', Executor failed process requestId \d+ due to the "
                         r"following error: PEFT "
                         rf"Cache is full\. Could not store taskId={TASK_IDS['a3'] + 100}", message), message
     assert after == expected["a3"]
